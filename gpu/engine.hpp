@@ -1,0 +1,77 @@
+// The engine interface: one model step over a batch of sequences whose KV memory is paged.
+// The continuous batcher drives it; the CPU backend (gpu/cpu_engine.cpp) and the CUDA backend
+// implement it and are checked against the same golden outputs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "model/llama.hpp"
+
+namespace sy {
+
+/// Fixed-size KV blocks handed out from a free list. Ids are [0, n_total).
+class BlockPool {
+ public:
+  explicit BlockPool(int32_t n_blocks);
+  /// A free block, or nullopt when none is left.
+  std::optional<int32_t> alloc();
+  /// Returns a block to the pool; freeing a block that is not in use throws std::logic_error.
+  void free(int32_t id);
+  int32_t n_total() const { return n_total_; }
+  int32_t n_free() const { return static_cast<int32_t>(free_.size()); }
+  int32_t n_used() const { return n_total_ - n_free(); }
+
+ private:
+  int32_t n_total_;
+  std::vector<int32_t> free_;
+  std::vector<uint8_t> in_use_;
+};
+
+/// One sequence's part of a step. The sequence's cached tokens occupy logical slots
+/// [0, n_past); its new tokens go to slots [n_past, n_past + n_tokens). Slot s lives in block
+/// block_table[s / block_size] at offset s % block_size. Token i attends to slots [0, n_past + i].
+struct SeqStep {
+  const int32_t* tokens = nullptr;     // (n_tokens)
+  const int32_t* positions = nullptr;  // (n_tokens) RoPE positions; nullptr: n_past + i
+  int32_t n_tokens = 0;
+  int32_t n_past = 0;
+  const int32_t* block_table = nullptr;  // (n_blocks) must cover n_past + n_tokens slots
+  int32_t n_blocks = 0;
+  bool all_logits = false;  // logits for every new token, not only the last
+};
+
+/// Logits of a step: for sequence i, rows [offset[i], offset[i] + count[i]) of n_vocab floats.
+struct StepOutput {
+  std::vector<float> logits;
+  std::vector<int32_t> offset;
+  std::vector<int32_t> count;
+  const float* row(size_t seq, int32_t k = -1) const;  ///< k = -1: the sequence's last row
+};
+
+struct EngineOptions {
+  int n_threads = 0;         // 0: hardware concurrency
+  int32_t block_size = 16;   // tokens per KV block
+  int32_t n_blocks = 0;      // 0: enough for 4 sequences of the full context
+  bool reference = false;    // plain-loop reference path (test oracle), single thread
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+  virtual const LlamaConfig& config() const = 0;
+  virtual const LlamaModel& model() const = 0;
+  virtual int32_t block_size() const = 0;
+  virtual BlockPool& pool() = 0;
+  /// Runs one step; throws std::invalid_argument for a malformed batch (block table too short,
+  /// token id out of range, ...).
+  virtual void step(const std::vector<SeqStep>& batch, StepOutput& out) = 0;
+};
+
+/// The CPU backend.
+std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<LlamaModel> model,
+                                        const EngineOptions& opts);
+
+}  // namespace sy

@@ -1,0 +1,103 @@
+// The CPU kernel API: weight views over quantized rows, matrix products, the element-wise ops of
+// a Llama step, quantization, and a small thread pool. No model knowledge lives here.
+//
+// Two implementations of every op: `sy::kernels::ref` (kernels/cpu/ref.cpp) is plain loops, the
+// test oracle; `sy::kernels` (kernels/cpu/fast.cpp) is threaded and SIMD, checked against ref.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+namespace sy::kernels {
+
+/// Element types of weight rows; the numbering is ggml's, as in GGUF files.
+enum class DType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, BF16 = 30 };
+
+constexpr int kQK = 32;  ///< elements per Q8_0 / Q4_0 block
+
+/// Q8_0 block: 32 int8 values and one f16 scale: x = d * q.
+struct BlockQ8_0 {
+  uint16_t d;  // f16 bits
+  int8_t qs[kQK];
+};
+/// Q4_0 block: 32 4-bit values and one f16 scale: x = d * (q - 8); element j < 16 is the low
+/// nibble of qs[j], element j + 16 the high nibble.
+struct BlockQ4_0 {
+  uint16_t d;  // f16 bits
+  uint8_t qs[kQK / 2];
+};
+static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18);
+
+float f16_to_f32(uint16_t h);
+uint16_t f32_to_f16(float f);  ///< round to nearest even
+float bf16_to_f32(uint16_t h);
+uint16_t f32_to_bf16(float f);  ///< round to nearest even
+
+/// Bytes taken by a row of n elements (n a multiple of kQK for quantized types).
+size_t row_bytes(DType t, int64_t n);
+
+/// A row-major weight matrix of `rows` output features by `cols` input features, as stored in a
+/// GGUF tensor with dims {cols, rows}. Row r starts at data + r * row_bytes(type, cols).
+struct WeightView {
+  DType type = DType::F32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+/// Converts one row (n elements) of any DType to f32.
+void dequantize_row(DType t, const void* src, float* dst, int64_t n);
+/// Quantizes n floats (n a multiple of kQK) as llama.cpp's reference quantizers do.
+void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t n);
+void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t n);
+/// Converts n floats to `t` (any DType) into dst (row_bytes(t, n) bytes).
+void quantize_row(DType t, const float* src, void* dst, int64_t n);
+
+/// A fixed set of worker threads; parallel_for splits [0, n) into contiguous chunks and returns
+/// when all are done. The calling thread takes part. Not reentrant.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int n_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+  int size() const { return n_threads_; }
+  void parallel_for(int64_t n, const std::function<void(int64_t begin, int64_t end)>& fn);
+
+ private:
+  struct Impl;
+  Impl* impl_;
+  int n_threads_;
+};
+
+// ---- fast path (threaded when pool != nullptr, SIMD) ----
+
+/// y[t * w.rows + r] = dot(row r of w, x + t * w.cols) for t in [0, n_tokens).
+/// For Q8_0/Q4_0 weights the activations are quantized to Q8_0 first (as llama.cpp does).
+void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool);
+float dot(const float* a, const float* b, int64_t n);
+/// y += a * x
+void axpy(float a, const float* x, float* y, int64_t n);
+/// out = x / rms(x) * w   (out may alias x)
+void rmsnorm(float* out, const float* x, const float* w, int64_t n, float eps);
+/// In-place RoPE, llama.cpp's NORM layout (adjacent pairs (2i, 2i+1)) for every head of x
+/// (n_heads * head_dim floats); only the first rope_dim dims of each head rotate.
+void rope(float* x, int n_heads, int head_dim, int rope_dim, int pos, float theta_base);
+/// In-place numerically stable softmax.
+void softmax(float* x, int64_t n);
+/// gate[i] = silu(gate[i]) * up[i]
+void swiglu(float* gate, const float* up, int64_t n);
+
+// ---- reference implementations (plain loops; the oracle for tests) ----
+namespace ref {
+void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y);
+float dot(const float* a, const float* b, int64_t n);
+void axpy(float a, const float* x, float* y, int64_t n);
+void rmsnorm(float* out, const float* x, const float* w, int64_t n, float eps);
+void rope(float* x, int n_heads, int head_dim, int rope_dim, int pos, float theta_base);
+void softmax(float* x, int64_t n);
+void swiglu(float* gate, const float* up, int64_t n);
+}  // namespace ref
+
+}  // namespace sy::kernels

@@ -1,0 +1,155 @@
+// GGUF (versions 2 and 3) reader: metadata, tensor infos and memory-mapped tensor data.
+// Every malformed input raises sy::gguf::Error with a message that names the problem.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace sy::gguf {
+
+/// A malformed or unsupported GGUF file; what() says what is wrong.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// GGUF metadata value types (numbering of the GGUF spec).
+enum class ValueType : uint32_t {
+  UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6, BOOL = 7,
+  STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
+};
+
+/// Tensor element types we support (ggml numbering).
+enum class TensorType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, BF16 = 30 };
+
+/// Name of a tensor type ("f32", "q8_0", ...).
+const char* type_name(TensorType t);
+/// Elements per block (1 for float types, 32 for Q8_0/Q4_0).
+int64_t block_elems(TensorType t);
+/// Bytes per block (4, 2, 2, 34, 18).
+int64_t block_bytes(TensorType t);
+/// Bytes for n elements (n must be a multiple of block_elems).
+int64_t row_bytes(TensorType t, int64_t n);
+
+struct Value;
+/// A homogeneous array value.
+struct Array {
+  ValueType elem_type = ValueType::UINT8;
+  std::vector<Value> items;
+};
+
+/// One metadata value. Integers of every width are stored widened; `type` keeps the file's type.
+struct Value {
+  ValueType type = ValueType::UINT8;
+  std::variant<uint64_t, int64_t, double, bool, std::string, std::shared_ptr<Array>> v;
+
+  std::optional<int64_t> as_int() const;     ///< any integer type (or bool)
+  std::optional<double> as_float() const;    ///< float or integer types
+  std::optional<std::string_view> as_string() const;
+  const Array* as_array() const;
+};
+
+/// One tensor's description; `dims[0]` is the innermost (contiguous) dimension, as in ggml.
+struct TensorInfo {
+  std::string name;
+  std::vector<uint64_t> dims;
+  TensorType type = TensorType::F32;
+  uint64_t offset = 0;      ///< relative to the start of the data section
+  uint64_t n_elements = 0;
+  uint64_t n_bytes = 0;
+};
+
+/// A parsed GGUF file. Tensor data points into a read-only memory mapping (or into the caller's
+/// buffer for from_memory), so resident memory is what the model touches.
+class File {
+ public:
+  /// Opens and parses a file; throws Error naming the problem.
+  static File open(const std::string& path);
+  /// Parses a buffer the caller keeps alive (fuzzing, tests). Throws Error.
+  static File from_memory(const uint8_t* data, size_t size);
+
+  File(File&&) noexcept;
+  File& operator=(File&&) noexcept;
+  ~File();
+
+  uint32_t version() const { return version_; }
+  uint64_t alignment() const { return alignment_; }
+  const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }
+  const Value* find(std::string_view key) const;
+  std::optional<int64_t> get_int(std::string_view key) const;
+  std::optional<double> get_float(std::string_view key) const;
+  std::optional<std::string> get_string(std::string_view key) const;
+  /// An array of strings (e.g. tokenizer.ggml.tokens); empty optional when absent or not strings.
+  std::optional<std::vector<std::string>> get_string_array(std::string_view key) const;
+  std::optional<std::vector<float>> get_float_array(std::string_view key) const;
+  std::optional<std::vector<int64_t>> get_int_array(std::string_view key) const;
+
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const TensorInfo* tensor(std::string_view name) const;
+  /// Pointer to the tensor's bytes (checked to lie inside the file at parse time).
+  const uint8_t* data(const TensorInfo& t) const;
+  /// Total file size in bytes.
+  size_t size() const { return size_; }
+
+ private:
+  File() = default;
+  void parse();
+
+  uint32_t version_ = 0;
+  uint64_t alignment_ = 32;
+  std::vector<std::pair<std::string, Value>> kv_;
+  std::vector<TensorInfo> tensors_;
+  const uint8_t* base_ = nullptr;  // whole file
+  size_t size_ = 0;
+  size_t data_start_ = 0;
+  void* map_ = nullptr;  // mmap'd region we own (nullptr for from_memory)
+  size_t map_size_ = 0;
+};
+
+/// Writes GGUF v3 files (make-model, tests that build bad or small files).
+class Writer {
+ public:
+  explicit Writer(uint64_t alignment = 32) : alignment_(alignment) {}
+  void add(std::string key, Value v);
+  void add_u32(std::string key, uint32_t x);
+  void add_i32(std::string key, int32_t x);
+  void add_f32(std::string key, float x);
+  void add_bool(std::string key, bool x);
+  void add_string(std::string key, std::string x);
+  void add_string_array(std::string key, const std::vector<std::string>& xs);
+  void add_f32_array(std::string key, const std::vector<float>& xs);
+  void add_i32_array(std::string key, const std::vector<int32_t>& xs);
+  /// dims innermost first; `bytes` must hold row_bytes(type, dims[0]) * (product of other dims).
+  void add_tensor(std::string name, TensorType type, std::vector<uint64_t> dims,
+                  std::vector<uint8_t> bytes);
+  /// A tensor whose bytes are produced only while writing (large random models never sit in
+  /// memory whole): `fill(dst, n_bytes)` must write exactly the tensor's bytes.
+  void add_tensor(std::string name, TensorType type, std::vector<uint64_t> dims,
+                  std::function<void(uint8_t* dst, size_t n_bytes)> fill);
+  /// Serializes the whole file to bytes.
+  std::vector<uint8_t> bytes() const;
+  /// Writes to a path; throws std::runtime_error on I/O failure.
+  void write(const std::string& path) const;
+
+ private:
+  uint64_t alignment_;
+  std::vector<std::pair<std::string, Value>> kv_;
+  struct PendingTensor {
+    std::string name;
+    TensorType type;
+    std::vector<uint64_t> dims;
+    std::vector<uint8_t> bytes;
+    std::function<void(uint8_t*, size_t)> fill;  // used when bytes is empty
+  };
+  std::vector<PendingTensor> tensors_;
+};
+
+}  // namespace sy::gguf

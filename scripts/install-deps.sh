@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages Switchyard needs to build, test and run. Idempotent: packages
+# already present are skipped, and nothing is fetched when all are there.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libcaf-dev cppzmq-dev libzmq3-dev libmsgpack-cxx-dev
+  libboost-dev libboost-system-dev libboost-test-dev
+  libyaml-cpp-dev
+  clang libclang-rt-14-dev          # libFuzzer for the GGUF fuzz target
+  python3 python3-zmq python3-msgpack
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -48,6 +48,7 @@ struct StepOutput {
   std::vector<float> logits;
   std::vector<int32_t> offset;
   std::vector<int32_t> count;
+  int32_t n_vocab = 0;  // floats per row
   const float* row(size_t seq, int32_t k = -1) const;  ///< k = -1: the sequence's last row
 };
 
@@ -56,6 +57,7 @@ struct EngineOptions {
   int32_t block_size = 16;   // tokens per KV block
   int32_t n_blocks = 0;      // 0: enough for 4 sequences of the full context
   bool reference = false;    // plain-loop reference path (test oracle), single thread
+  int32_t max_batch_tokens = 0;  // most new tokens in one step; 0: 4096
 };
 
 class Engine {
@@ -66,7 +68,7 @@ class Engine {
   virtual int32_t block_size() const = 0;
   virtual BlockPool& pool() = 0;
   /// Runs one step; throws std::invalid_argument for a malformed batch (block table too short,
-  /// token id out of range, ...).
+  /// token id out of range, ...), checked before any KV slot is written. One step at a time.
   virtual void step(const std::vector<SeqStep>& batch, StepOutput& out) = 0;
 };
 

@@ -75,9 +75,9 @@ class Cursor {
     const size_t at = pos_;
     const uint64_t n = read<uint64_t>(what);
     if (n > remaining())
-      throw Error(std::string("string length ") + std::to_string(n) + " of " + what +
-                  " at offset " + std::to_string(at) + " exceeds the " +
-                  std::to_string(remaining()) + " bytes left in the file (truncated or corrupt)");
+      throw Error(std::string("truncated or corrupt: string length ") + std::to_string(n) +
+                  " of " + what + " at offset " + std::to_string(at) + " exceeds the " +
+                  std::to_string(remaining()) + " bytes left in the file");
     std::string s(reinterpret_cast<const char*>(base_ + pos_), n);
     pos_ += n;
     return s;
@@ -132,7 +132,8 @@ Value read_value(Cursor& c, ValueType type, const std::string& key, int depth) {
   const size_t count_at = c.pos();
   const uint64_t n = c.read<uint64_t>("array count");
   if (n > c.remaining() / min_value_bytes(elem))
-    throw Error("metadata key '" + key + "': array count " + std::to_string(n) + " at offset " +
+    throw Error("truncated or corrupt: metadata key '" + key + "': array count " +
+                std::to_string(n) + " at offset " +
                 std::to_string(count_at) + " exceeds what the " + std::to_string(c.remaining()) +
                 " bytes left in the file can hold");
   auto arr = std::make_shared<Array>();

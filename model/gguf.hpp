@@ -76,23 +76,30 @@ class File {
   /// Parses a buffer the caller keeps alive (fuzzing, tests). Throws Error.
   static File from_memory(const uint8_t* data, size_t size);
 
+  /// Movable, not copyable: the mapping has one owner.
   File(File&&) noexcept;
   File& operator=(File&&) noexcept;
   ~File();
 
-  uint32_t version() const { return version_; }
-  uint64_t alignment() const { return alignment_; }
+  uint32_t version() const { return version_; }      ///< 2 or 3
+  uint64_t alignment() const { return alignment_; }  ///< general.alignment, default 32
+  /// All key/value pairs in file order (keys are unique).
   const std::vector<std::pair<std::string, Value>>& metadata() const { return kv_; }
+  /// The value of `key`, or nullptr.
   const Value* find(std::string_view key) const;
+  /// Typed look-ups: empty when the key is absent or of another kind.
   std::optional<int64_t> get_int(std::string_view key) const;
-  std::optional<double> get_float(std::string_view key) const;
+  std::optional<double> get_float(std::string_view key) const;  ///< floats and integers
   std::optional<std::string> get_string(std::string_view key) const;
   /// An array of strings (e.g. tokenizer.ggml.tokens); empty optional when absent or not strings.
   std::optional<std::vector<std::string>> get_string_array(std::string_view key) const;
+  /// Arrays of numbers (integers convert to float); empty when absent or of another kind.
   std::optional<std::vector<float>> get_float_array(std::string_view key) const;
   std::optional<std::vector<int64_t>> get_int_array(std::string_view key) const;
 
+  /// Tensor infos in file order (names are unique).
   const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  /// The tensor called `name`, or nullptr.
   const TensorInfo* tensor(std::string_view name) const;
   /// Pointer to the tensor's bytes (checked to lie inside the file at parse time).
   const uint8_t* data(const TensorInfo& t) const;
@@ -117,8 +124,12 @@ class File {
 /// Writes GGUF v3 files (make-model, tests that build bad or small files).
 class Writer {
  public:
+  /// `alignment` must be a power of two (checked when writing); other than 32 it is recorded as
+  /// general.alignment unless that key is added explicitly.
   explicit Writer(uint64_t alignment = 32) : alignment_(alignment) {}
+  /// Adds a key in order. Keys are not checked for duplicates (tests write bad files on purpose).
   void add(std::string key, Value v);
+  /// Typed shortcuts for add().
   void add_u32(std::string key, uint32_t x);
   void add_i32(std::string key, int32_t x);
   void add_f32(std::string key, float x);
@@ -136,7 +147,8 @@ class Writer {
                   std::function<void(uint8_t* dst, size_t n_bytes)> fill);
   /// Serializes the whole file to bytes.
   std::vector<uint8_t> bytes() const;
-  /// Writes to a path; throws std::runtime_error on I/O failure.
+  /// Writes to a path (through `path`.partial, renamed at the end); fill tensors are produced
+  /// one at a time into one reused buffer. Throws std::runtime_error on I/O failure.
   void write(const std::string& path) const;
 
  private:

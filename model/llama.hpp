@@ -26,7 +26,8 @@ struct LlamaConfig {
   int rope_dim = 0;      // rotated dims per head (llama.rope.dimension_count, default head_dim)
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
-  int sliding_window = 0;  // 0: none declared by the file
+  int sliding_window = 0;  // 0: none declared by the file. Recorded only: like llama.cpp for
+                           // architecture "llama", attention spans the whole context.
 };
 
 /// Weight views of one transformer block. Norm weights are always f32 (n floats).

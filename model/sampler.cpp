@@ -59,44 +59,51 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab, std::vector<TokenL
     if (logits[i] > logits[best]) best = i;  // strict: ties keep the lowest id
 
   int32_t chosen = best;
-  if (p_.temperature > 0.0f) {
-    const float inv_t = 1.0f / p_.temperature;
-    const float max_scaled = logits[best] * inv_t;
+  const float inv_t = p_.temperature > 0.0f ? 1.0f / p_.temperature : 0.0f;
+  // A temperature so small that 1/T overflows is greedy in all but name.
+  if (p_.temperature > 0.0f && std::isfinite(inv_t)) {
+    const float mx = logits[best];
     scratch_.resize(n);  // no reallocation after the first call at this vocabulary size
     for (size_t i = 0; i < n; ++i) scratch_[i] = {logits[i], static_cast<int32_t>(i)};
 
-    // Candidates: scratch_[0, m). Sorted (best first) only when top-k or top-p need an order.
+    // Candidates: scratch_[0, m); `sorted` of them are in best-first order.
     size_t m = n;
-    bool sorted = false;
+    size_t sorted = 0;
     if (p_.top_k > 0 && static_cast<size_t>(p_.top_k) < n) {
       m = static_cast<size_t>(p_.top_k);
       std::partial_sort(scratch_.begin(), scratch_.begin() + static_cast<ptrdiff_t>(m),
                         scratch_.end(), better);
-      sorted = true;
+      sorted = m;
     }
-    // Weights exp((l - max) / T) replace the logits in place; the maximum maps to 1.
+    // Weights exp((l - max) / T) replace the logits in place (order-preserving; the max maps to 1).
     double total = 0.0;
-    if (p_.top_p < 1.0f && !sorted) {
-      std::sort(scratch_.begin(), scratch_.end(), better);
-      sorted = true;
-    }
     for (size_t i = 0; i < m; ++i) {
-      const float w = std::exp(scratch_[i].first * inv_t - max_scaled);
+      const float w = std::exp((scratch_[i].first - mx) * inv_t);
       scratch_[i].first = w;
       total += w;
     }
     if (p_.top_p < 1.0f) {
       // Nucleus: the smallest best-first prefix whose probability reaches top_p (at least one).
+      // Without top-k, sort only a growing head: the nucleus is usually far smaller than the
+      // vocabulary, and a full sort of 100k+ candidates per token would dominate sampling.
       const double need = static_cast<double>(p_.top_p) * total;
-      double cum = 0.0;
-      size_t keep = 0;
-      while (keep < m) {
-        cum += scratch_[keep].first;
-        ++keep;
-        if (cum >= need) break;
+      size_t head = sorted == m ? m : std::min<size_t>(m, 64);
+      for (;;) {
+        if (sorted < head) {
+          std::partial_sort(scratch_.begin(), scratch_.begin() + static_cast<ptrdiff_t>(head),
+                            scratch_.begin() + static_cast<ptrdiff_t>(m), better);
+          sorted = head;
+        }
+        double cum = 0.0;
+        size_t keep = 0;
+        while (keep < head && cum < need) cum += scratch_[keep++].first;
+        if (cum >= need || head == m) {  // need > 0 (the max weighs 1), so keep >= 1
+          m = keep;
+          total = cum;
+          break;
+        }
+        head = std::min(m, head * 4);
       }
-      m = keep;
-      total = cum;
     }
     // One draw over the kept weights.
     const double target = uniform01(rng_) * total;

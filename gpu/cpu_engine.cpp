@@ -1,0 +1,535 @@
+// The CPU backend of the engine interface: a batched Llama forward pass over a paged KV cache.
+// Two paths: a plain-loop reference (the test oracle) and a threaded SIMD fast path.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "gpu/engine.hpp"
+
+namespace sy {
+namespace {
+
+// Element type of the KV cache. f32 keeps parity with llama.cpp's greedy outputs simple; this is
+// the one place to change (with the load/store below) for a narrower cache.
+using KvElem = float;
+
+// A step larger than this is refused unless the caller raises EngineOptions::max_batch_tokens: it
+// bounds the scratch memory a single malformed request can make the engine allocate.
+constexpr int32_t kDefaultMaxBatchTokens = 4096;
+// Default KV capacity: this many sequences of the full trained context.
+constexpr int64_t kDefaultSeqsOfContext = 4;
+// Multiply-adds below which an op runs on the calling thread: waking the pool costs microseconds
+// (much more when the machine is busy), about what this much work takes on one core, so tiny
+// models and tiny batches gain nothing from threads.
+constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
+// A sequence with at least this many new tokens attends as small matrix products (queries of a
+// tile against the gathered keys); fewer tokens use one dot product per key, which skips the
+// gather and so costs less for decode.
+constexpr int32_t kGemmMinTokens = 4;
+// Query tokens per attention tile: bounds the per-worker score buffer (tile x context floats)
+// while giving the matrix product enough rows to reuse each gathered key.
+constexpr int32_t kQueryTile = 64;
+// Largest accepted KV block: far above useful sizes, small enough for 32-bit slot arithmetic.
+constexpr int32_t kMaxBlockSize = 1 << 16;
+
+template <class T>
+void grow(std::vector<T>& v, size_t n) {
+  if (v.size() < n) v.resize(n);
+}
+
+class CpuEngine final : public Engine {
+ public:
+  CpuEngine(std::shared_ptr<LlamaModel> model, const EngineOptions& opts);
+
+  const LlamaConfig& config() const override { return c_; }
+  const LlamaModel& model() const override { return *model_; }
+  int32_t block_size() const override { return bs_; }
+  BlockPool& pool() override { return pool_; }
+  void step(const std::vector<SeqStep>& batch, StepOutput& out) override;
+
+ private:
+  void validate_and_plan(const std::vector<SeqStep>& batch, StepOutput& out);
+  void forward_reference(const std::vector<SeqStep>& batch, StepOutput& out);
+  void forward_fast(const std::vector<SeqStep>& batch, StepOutput& out);
+  void attention_fast(const std::vector<SeqStep>& batch, int layer);
+  void attend_dot(const SeqStep& s, int32_t row0, int h, const KvElem* kc, const KvElem* vc,
+                  float* ws);
+  void attend_gemm(const SeqStep& s, int32_t row0, int g, int32_t i0, int32_t i1,
+                   const KvElem* kc, const KvElem* vc, float* ws);
+  // The pool for an op of `macs` multiply-adds, or nullptr when it is too small to split.
+  kernels::ThreadPool* pool_for(int64_t macs) const {
+    return macs >= kMinParallelMacs ? threads_.get() : nullptr;
+  }
+  void matmul(const kernels::WeightView& w, const float* x, float* y, int64_t n) const {
+    kernels::matmul(w, x, n, y, pool_for(w.rows * w.cols * n));
+  }
+
+  // Physical slot of logical slot s of a sequence.
+  int64_t slot_of(const SeqStep& s, int64_t logical) const {
+    return int64_t{s.block_table[logical / bs_]} * bs_ + logical % bs_;
+  }
+  KvElem* k_row(int layer, int64_t slot) { return k_cache_.get() + (layer * n_slots_ + slot) * kv_dim_; }
+  KvElem* v_row(int layer, int64_t slot) { return v_cache_.get() + (layer * n_slots_ + slot) * kv_dim_; }
+
+  std::shared_ptr<LlamaModel> model_;
+  const LlamaConfig& c_;
+  const LlamaWeights& w_;
+  EngineOptions opts_;
+  int32_t bs_;
+  int32_t max_tokens_;
+  BlockPool pool_;
+  int64_t n_slots_;  // n_blocks * block_size
+  int64_t q_dim_;    // n_heads * head_dim
+  int64_t kv_dim_;   // n_kv_heads * head_dim
+  // Left uninitialised on purpose: pages are touched only when a slot is first written, so a
+  // large default capacity costs address space, not memory.
+  std::unique_ptr<KvElem[]> k_cache_;  // (n_layers, n_slots, n_kv_heads, head_dim)
+  std::unique_ptr<KvElem[]> v_cache_;  // (n_layers, n_slots, n_kv_heads, head_dim)
+  std::unique_ptr<kernels::ThreadPool> threads_;
+
+  // The step plan, rebuilt each step in buffers that only grow.
+  int32_t n_tok_ = 0;               // T: new tokens in the step
+  std::vector<int32_t> tok_;        // (T) token ids
+  std::vector<int32_t> pos_;        // (T) RoPE positions
+  std::vector<int64_t> slot_;       // (T) physical KV slot written by each token
+  std::vector<int64_t> slot_sort_;  // (T) scratch for the duplicate-slot check
+  std::vector<int32_t> seq_row_;    // (n_seq + 1) first token row of each sequence
+  std::vector<int32_t> out_row_;    // (R) token rows whose logits are returned
+  // One attention task: a query head of a decoding sequence (dot path, gemm = false), or a KV
+  // head with its group of query heads over query tokens [i0, i1) (tiled path, gemm = true).
+  struct AttnUnit {
+    int32_t seq;
+    int32_t head;
+    int32_t i0;
+    int32_t i1;
+    bool gemm;
+  };
+  std::vector<AttnUnit> units_;     // the step's attention tasks, handed out dynamically
+  int64_t attn_macs_ = 0;           // attention work of the step, per layer
+  int64_t ws_floats_ = 0;           // scratch floats one worker needs for any unit
+
+  // Fast-path activations, (T, width) row-major; they only grow.
+  std::vector<float> x_;      // (T, dim) residual stream
+  std::vector<float> xb_;     // (T, dim) normed input / block output
+  std::vector<float> q_;      // (T, n_heads * head_dim)
+  std::vector<float> k_;      // (T, n_kv_heads * head_dim)
+  std::vector<float> v_;      // (T, n_kv_heads * head_dim)
+  std::vector<float> att_;    // (T, n_heads * head_dim) attention output
+  std::vector<float> hb_;     // (T, ffn_dim) gate, then silu(gate) * up
+  std::vector<float> hb2_;    // (T, ffn_dim) up
+  std::vector<float> xr_;     // (R, dim) normed rows that get logits
+  std::vector<float> ws_;     // (n_workers, ws_floats_) attention scratch, one slice per worker
+};
+
+CpuEngine::CpuEngine(std::shared_ptr<LlamaModel> model, const EngineOptions& opts)
+    : model_(std::move(model)),
+      c_(model_->config()),
+      w_(model_->weights()),
+      opts_(opts),
+      bs_(opts.block_size),
+      max_tokens_(opts.max_batch_tokens > 0 ? opts.max_batch_tokens : kDefaultMaxBatchTokens),
+      pool_([&] {
+        if (opts.block_size < 1 || opts.block_size > kMaxBlockSize) {
+          throw std::invalid_argument("EngineOptions::block_size must be in [1, " +
+                                      std::to_string(kMaxBlockSize) + "]");
+        }
+        if (opts.n_blocks < 0) throw std::invalid_argument("EngineOptions::n_blocks < 0");
+        if (opts.n_blocks > 0) return opts.n_blocks;
+        const int64_t per_seq = (int64_t{model_->config().ctx_len} + opts.block_size - 1) /
+                                opts.block_size;
+        return static_cast<int32_t>(std::min<int64_t>(per_seq * kDefaultSeqsOfContext, INT32_MAX));
+      }()) {
+  n_slots_ = int64_t{pool_.n_total()} * bs_;
+  q_dim_ = int64_t{c_.n_heads} * c_.head_dim;
+  kv_dim_ = int64_t{c_.n_kv_heads} * c_.head_dim;
+  const size_t kv_elems = static_cast<size_t>(c_.n_layers * n_slots_ * kv_dim_);
+  k_cache_.reset(new KvElem[kv_elems]);
+  v_cache_.reset(new KvElem[kv_elems]);
+  if (!opts_.reference) {
+    int n = opts_.n_threads > 0 ? opts_.n_threads
+                                : static_cast<int>(std::thread::hardware_concurrency());
+    threads_ = std::make_unique<kernels::ThreadPool>(std::max(n, 1));
+  }
+}
+
+void CpuEngine::step(const std::vector<SeqStep>& batch, StepOutput& out) {
+  validate_and_plan(batch, out);
+  if (n_tok_ == 0) return;
+  if (opts_.reference) {
+    forward_reference(batch, out);
+  } else {
+    forward_fast(batch, out);
+  }
+}
+
+// Checks the whole batch before anything is written, so a refused step leaves the cache as it
+// was; then lays the new tokens of all sequences out as rows [0, T) and sizes the output.
+void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput& out) {
+  const auto bad = [](size_t i, const std::string& what) {
+    throw std::invalid_argument("step: sequence " + std::to_string(i) + ": " + what);
+  };
+  int64_t total = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SeqStep& s = batch[i];
+    if (s.n_tokens < 1) bad(i, "n_tokens must be >= 1");
+    if (!s.tokens) bad(i, "tokens is null");
+    if (s.n_past < 0) bad(i, "n_past must be >= 0");
+    total += s.n_tokens;
+    if (total > max_tokens_) {
+      throw std::invalid_argument("step: more than " + std::to_string(max_tokens_) +
+                                  " new tokens in one batch");
+    }
+    const int64_t end = int64_t{s.n_past} + s.n_tokens;
+    if (end > INT32_MAX) bad(i, "n_past + n_tokens overflows");
+    const int64_t need = (end + bs_ - 1) / bs_;
+    if (s.n_blocks < need || !s.block_table) {
+      bad(i, "block table has " + std::to_string(s.n_blocks) + " blocks, " +
+                 std::to_string(need) + " needed for " + std::to_string(end) + " slots");
+    }
+    for (int64_t b = 0; b < need; ++b) {
+      if (s.block_table[b] < 0 || s.block_table[b] >= pool_.n_total()) {
+        bad(i, "block id " + std::to_string(s.block_table[b]) + " out of range");
+      }
+    }
+    for (int32_t t = 0; t < s.n_tokens; ++t) {
+      if (s.tokens[t] < 0 || s.tokens[t] >= c_.n_vocab) {
+        bad(i, "token id " + std::to_string(s.tokens[t]) + " out of range [0, " +
+                   std::to_string(c_.n_vocab) + ")");
+      }
+      if (s.positions && s.positions[t] < 0) bad(i, "negative position");
+    }
+  }
+
+  const size_t T = static_cast<size_t>(total);
+  n_tok_ = static_cast<int32_t>(total);
+  grow(tok_, T);
+  grow(pos_, T);
+  grow(slot_, T);
+  grow(slot_sort_, T);
+  grow(seq_row_, batch.size() + 1);
+  out_row_.clear();
+  out.offset.resize(batch.size());
+  out.count.resize(batch.size());
+  int32_t row = 0;
+  attn_macs_ = 0;
+  ws_floats_ = 0;
+  units_.clear();
+  const int group = c_.n_heads / c_.n_kv_heads;
+  const int64_t hd = c_.head_dim;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SeqStep& s = batch[i];
+    seq_row_[i] = row;
+    if (opts_.reference) {
+      // The reference path plans no attention tasks.
+    } else if (s.n_tokens >= kGemmMinTokens) {
+      for (int32_t i0 = 0; i0 < s.n_tokens; i0 += kQueryTile) {
+        const int32_t i1 = std::min(s.n_tokens, i0 + kQueryTile);
+        for (int g = 0; g < c_.n_kv_heads; ++g) units_.push_back({static_cast<int32_t>(i), g, i0, i1, true});
+        // keys (nk, hd), values transposed (hd, nk), queries (rows, hd), scores (rows, nk),
+        // output (rows, hd)
+        const int64_t nk = int64_t{s.n_past} + i1, rows = int64_t{group} * (i1 - i0);
+        ws_floats_ = std::max(ws_floats_, 2 * nk * hd + 2 * rows * hd + rows * nk);
+      }
+    } else {
+      for (int h = 0; h < c_.n_heads; ++h) units_.push_back({static_cast<int32_t>(i), h, 0, s.n_tokens, false});
+      ws_floats_ = std::max(ws_floats_, int64_t{s.n_past} + s.n_tokens);  // one score row
+    }
+    // Each query token scores and mixes about n_past + n_tokens / 2 slots, twice head_dim each.
+    attn_macs_ += int64_t{c_.n_heads} * s.n_tokens * (int64_t{s.n_past} + s.n_tokens / 2 + 1) *
+                  2 * c_.head_dim;
+    out.offset[i] = static_cast<int32_t>(out_row_.size());
+    out.count[i] = s.all_logits ? s.n_tokens : 1;
+    for (int32_t t = 0; t < s.n_tokens; ++t, ++row) {
+      tok_[static_cast<size_t>(row)] = s.tokens[t];
+      pos_[static_cast<size_t>(row)] = s.positions ? s.positions[t] : s.n_past + t;
+      slot_[static_cast<size_t>(row)] = slot_of(s, int64_t{s.n_past} + t);
+      if (s.all_logits || t == s.n_tokens - 1) out_row_.push_back(row);
+    }
+  }
+  seq_row_[batch.size()] = row;
+  const int n_workers = threads_ ? threads_->size() : 1;
+  // Rounded up to a cache line so that workers' slices never share one.
+  ws_floats_ = (ws_floats_ + 15) / 16 * 16;
+  grow(ws_, static_cast<size_t>(ws_floats_ * n_workers));
+
+  // Two new tokens writing the same cache slot would overwrite each other's keys.
+  std::copy(slot_.begin(), slot_.begin() + n_tok_, slot_sort_.begin());
+  std::sort(slot_sort_.begin(), slot_sort_.begin() + n_tok_);
+  if (std::adjacent_find(slot_sort_.begin(), slot_sort_.begin() + n_tok_) !=
+      slot_sort_.begin() + n_tok_) {
+    throw std::invalid_argument("step: two new tokens map to the same KV slot");
+  }
+
+  out.n_vocab = c_.n_vocab;
+  out.logits.resize(out_row_.size() * static_cast<size_t>(c_.n_vocab));
+}
+
+// ---- reference path: one token at a time, plain loops over kernels::ref ----
+
+void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput& out) {
+  namespace ref = kernels::ref;
+  const LlamaConfig& c = c_;
+  const int hd = c.head_dim;
+  const int group = c.n_heads / c.n_kv_heads;  // query heads per KV head
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> x(c.dim);            // (dim) residual stream
+  std::vector<float> xb(c.dim);           // (dim) normed input
+  std::vector<float> xb2(c.dim);          // (dim) block output
+  std::vector<float> q(q_dim_);           // (n_heads * head_dim)
+  std::vector<float> k(kv_dim_);          // (n_kv_heads * head_dim)
+  std::vector<float> v(kv_dim_);          // (n_kv_heads * head_dim)
+  std::vector<float> att(q_dim_);         // (n_heads * head_dim)
+  std::vector<float> hb(c.ffn_dim);       // (ffn_dim)
+  std::vector<float> hb2(c.ffn_dim);      // (ffn_dim)
+  std::vector<float> scores;              // (n_past + i + 1) attention weights of one head
+
+  size_t out_i = 0;
+  for (size_t si = 0; si < batch.size(); ++si) {
+    const SeqStep& s = batch[si];
+    for (int32_t i = 0; i < s.n_tokens; ++i) {
+      const int32_t row = seq_row_[si] + i;
+      const int pos = pos_[static_cast<size_t>(row)];
+      const int64_t slot = slot_[static_cast<size_t>(row)];
+      const int64_t n_keys = int64_t{s.n_past} + i + 1;  // causal: slots [0, n_past + i]
+      scores.resize(static_cast<size_t>(n_keys));
+
+      // token embedding: row `tok` of token_embd
+      const kernels::WeightView& E = w_.tok_embd;
+      const auto* erow = static_cast<const uint8_t*>(E.data) +
+                         static_cast<size_t>(s.tokens[i]) * kernels::row_bytes(E.type, E.cols);
+      kernels::dequantize_row(E.type, erow, x.data(), c.dim);
+
+      for (int l = 0; l < c.n_layers; ++l) {
+        const LlamaLayer& L = w_.layers[static_cast<size_t>(l)];
+        // attention: x += wo(attn(rope(wq xb), rope(wk xb), wv xb)), xb = rmsnorm(x)
+        ref::rmsnorm(xb.data(), x.data(), L.attn_norm, c.dim, c.norm_eps);
+        ref::matmul(L.wq, xb.data(), 1, q.data());
+        ref::matmul(L.wk, xb.data(), 1, k.data());
+        ref::matmul(L.wv, xb.data(), 1, v.data());
+        ref::rope(q.data(), c.n_heads, hd, c.rope_dim, pos, c.rope_theta);
+        ref::rope(k.data(), c.n_kv_heads, hd, c.rope_dim, pos, c.rope_theta);
+        std::copy(k.begin(), k.end(), k_row(l, slot));
+        std::copy(v.begin(), v.end(), v_row(l, slot));
+        for (int h = 0; h < c.n_heads; ++h) {
+          const float* qh = q.data() + h * hd;
+          const int64_t kv_off = int64_t{h / group} * hd;
+          for (int64_t j = 0; j < n_keys; ++j) {
+            scores[static_cast<size_t>(j)] = ref::dot(qh, k_row(l, slot_of(s, j)) + kv_off, hd) * scale;
+          }
+          ref::softmax(scores.data(), n_keys);
+          float* oh = att.data() + h * hd;
+          std::fill(oh, oh + hd, 0.0f);
+          for (int64_t j = 0; j < n_keys; ++j) {
+            ref::axpy(scores[static_cast<size_t>(j)], v_row(l, slot_of(s, j)) + kv_off, oh, hd);
+          }
+        }
+        ref::matmul(L.wo, att.data(), 1, xb2.data());
+        for (int d = 0; d < c.dim; ++d) x[d] += xb2[d];
+
+        // feed-forward: x += down(silu(gate xb) * up xb), xb = rmsnorm(x)
+        ref::rmsnorm(xb.data(), x.data(), L.ffn_norm, c.dim, c.norm_eps);
+        ref::matmul(L.w_gate, xb.data(), 1, hb.data());
+        ref::matmul(L.w_up, xb.data(), 1, hb2.data());
+        ref::swiglu(hb.data(), hb2.data(), c.ffn_dim);
+        ref::matmul(L.w_down, hb.data(), 1, xb2.data());
+        for (int d = 0; d < c.dim; ++d) x[d] += xb2[d];
+      }
+
+      if (s.all_logits || i == s.n_tokens - 1) {
+        ref::rmsnorm(xb.data(), x.data(), w_.output_norm, c.dim, c.norm_eps);
+        ref::matmul(w_.output, xb.data(), 1, out.logits.data() + out_i * c.n_vocab);
+        ++out_i;
+      }
+    }
+  }
+}
+
+// ---- fast path: all new tokens of all sequences as one (T, dim) activation matrix ----
+
+void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out) {
+  const LlamaConfig& c = c_;
+  const size_t T = static_cast<size_t>(n_tok_);
+  const int64_t dim = c.dim;
+  grow(x_, T * dim);
+  grow(xb_, T * dim);
+  grow(q_, T * q_dim_);
+  grow(k_, T * kv_dim_);
+  grow(v_, T * kv_dim_);
+  grow(att_, T * q_dim_);
+  grow(hb_, T * c.ffn_dim);
+  grow(hb2_, T * c.ffn_dim);
+  grow(xr_, out_row_.size() * dim);
+
+  const kernels::WeightView& E = w_.tok_embd;
+  const size_t erow_bytes = kernels::row_bytes(E.type, E.cols);
+  for (size_t t = 0; t < T; ++t) {
+    kernels::dequantize_row(E.type, static_cast<const uint8_t*>(E.data) + tok_[t] * erow_bytes,
+                            x_.data() + t * dim, dim);
+  }
+
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LlamaLayer& L = w_.layers[static_cast<size_t>(l)];
+    for (size_t t = 0; t < T; ++t) {
+      kernels::rmsnorm(xb_.data() + t * dim, x_.data() + t * dim, L.attn_norm, dim, c.norm_eps);
+    }
+    matmul(L.wq, xb_.data(), q_.data(), n_tok_);
+    matmul(L.wk, xb_.data(), k_.data(), n_tok_);
+    matmul(L.wv, xb_.data(), v_.data(), n_tok_);
+    for (size_t t = 0; t < T; ++t) {
+      kernels::rope(q_.data() + t * q_dim_, c.n_heads, c.head_dim, c.rope_dim, pos_[t], c.rope_theta);
+      kernels::rope(k_.data() + t * kv_dim_, c.n_kv_heads, c.head_dim, c.rope_dim, pos_[t],
+                    c.rope_theta);
+      std::memcpy(k_row(l, slot_[t]), k_.data() + t * kv_dim_, sizeof(float) * kv_dim_);
+      std::memcpy(v_row(l, slot_[t]), v_.data() + t * kv_dim_, sizeof(float) * kv_dim_);
+    }
+    attention_fast(batch, l);
+    matmul(L.wo, att_.data(), xb_.data(), n_tok_);
+    kernels::axpy(1.0f, xb_.data(), x_.data(), static_cast<int64_t>(T) * dim);
+
+    for (size_t t = 0; t < T; ++t) {
+      kernels::rmsnorm(xb_.data() + t * dim, x_.data() + t * dim, L.ffn_norm, dim, c.norm_eps);
+    }
+    matmul(L.w_gate, xb_.data(), hb_.data(), n_tok_);
+    matmul(L.w_up, xb_.data(), hb2_.data(), n_tok_);
+    kernels::swiglu(hb_.data(), hb2_.data(), static_cast<int64_t>(T) * c.ffn_dim);
+    matmul(L.w_down, hb_.data(), xb_.data(), n_tok_);
+    kernels::axpy(1.0f, xb_.data(), x_.data(), static_cast<int64_t>(T) * dim);
+  }
+
+  const size_t R = out_row_.size();
+  for (size_t r = 0; r < R; ++r) {
+    kernels::rmsnorm(xr_.data() + r * dim, x_.data() + static_cast<size_t>(out_row_[r]) * dim,
+                     w_.output_norm, dim, c.norm_eps);
+  }
+  matmul(w_.output, xr_.data(), out.logits.data(), static_cast<int64_t>(R));
+}
+
+// Causal attention of every new token over its sequence's cached slots. Tasks (AttnUnit) are
+// handed out through an atomic counter, so one long prefill next to many decodes still
+// balances; each worker owns a slice of ws_, so tasks share nothing writable.
+void CpuEngine::attention_fast(const std::vector<SeqStep>& batch, int layer) {
+  const KvElem* kc = k_cache_.get() + layer * n_slots_ * kv_dim_;
+  const KvElem* vc = v_cache_.get() + layer * n_slots_ * kv_dim_;
+  const int64_t n_units = static_cast<int64_t>(units_.size());
+  std::atomic<int64_t> next{0};
+  const auto work = [&](int64_t w_begin, int64_t w_end) {
+    for (int64_t w = w_begin; w < w_end; ++w) {
+      float* ws = ws_.data() + w * ws_floats_;
+      for (int64_t u; (u = next.fetch_add(1, std::memory_order_relaxed)) < n_units;) {
+        const AttnUnit& a = units_[static_cast<size_t>(u)];
+        const SeqStep& s = batch[static_cast<size_t>(a.seq)];
+        const int32_t row0 = seq_row_[static_cast<size_t>(a.seq)];
+        if (a.gemm) {
+          attend_gemm(s, row0, a.head, a.i0, a.i1, kc, vc, ws);
+        } else {
+          attend_dot(s, row0, a.head, kc, vc, ws);
+        }
+      }
+    }
+  };
+  kernels::ThreadPool* tp = pool_for(attn_macs_);
+  if (tp && n_units > 1) {
+    // Through a reference wrapper, std::function stores no copy of the lambda: no allocation.
+    tp->parallel_for(tp->size(), std::cref(work));
+  } else {
+    work(0, 1);
+  }
+}
+
+// Query head h of every new token of s, one dot product and one axpy per attended slot.
+void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int h, const KvElem* kc,
+                           const KvElem* vc, float* sc) {
+  const int hd = c_.head_dim;
+  const int64_t kv_off = int64_t{h / (c_.n_heads / c_.n_kv_heads)} * hd;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (int32_t i = 0; i < s.n_tokens; ++i) {
+    const size_t row = static_cast<size_t>(row0 + i);
+    const float* qh = q_.data() + row * q_dim_ + h * hd;
+    const int64_t n_keys = int64_t{s.n_past} + i + 1;
+    // Walk the block table block by block: no division per key.
+    for (int64_t j = 0, b = 0; j < n_keys; ++b) {
+      const int64_t base = int64_t{s.block_table[b]} * bs_;
+      const int64_t lim = std::min<int64_t>(bs_, n_keys - j);
+      for (int64_t o = 0; o < lim; ++o, ++j) {
+        sc[j] = kernels::dot(qh, kc + (base + o) * kv_dim_ + kv_off, hd) * scale;
+      }
+    }
+    kernels::softmax(sc, n_keys);
+    float* oh = att_.data() + row * q_dim_ + h * hd;
+    std::fill(oh, oh + hd, 0.0f);
+    for (int64_t j = 0, b = 0; j < n_keys; ++b) {
+      const int64_t base = int64_t{s.block_table[b]} * bs_;
+      const int64_t lim = std::min<int64_t>(bs_, n_keys - j);
+      for (int64_t o = 0; o < lim; ++o, ++j) {
+        kernels::axpy(sc[j], vc + (base + o) * kv_dim_ + kv_off, oh, hd);
+      }
+    }
+  }
+}
+
+// KV head g with its group of query heads, query tokens [i0, i1) of s: the keys and values the
+// tile can see are gathered out of the paged cache once, then scores = Q K^T and out = P V are
+// two matrix products (rows = group x tile tokens), with the causal mask applied per row.
+void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int g, int32_t i0, int32_t i1,
+                            const KvElem* kc, const KvElem* vc, float* ws) {
+  const int64_t hd = c_.head_dim;
+  const int group = c_.n_heads / c_.n_kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int64_t nk = int64_t{s.n_past} + i1;  // slots seen by the tile's last token
+  const int64_t qt = i1 - i0;
+  const int64_t rows = group * qt;            // row hh * qt + r: head g * group + hh, token i0 + r
+  float* K = ws;                // (nk, hd)
+  float* Vt = K + nk * hd;      // (hd, nk)
+  float* Q = Vt + hd * nk;      // (rows, hd)
+  float* S = Q + rows * hd;     // (rows, nk)
+  float* O = S + rows * nk;     // (rows, hd)
+
+  for (int64_t j = 0, b = 0; j < nk; ++b) {
+    const int64_t base = int64_t{s.block_table[b]} * bs_;
+    const int64_t lim = std::min<int64_t>(bs_, nk - j);
+    for (int64_t o = 0; o < lim; ++o, ++j) {
+      const KvElem* kr = kc + (base + o) * kv_dim_ + g * hd;
+      const KvElem* vr = vc + (base + o) * kv_dim_ + g * hd;
+      std::copy(kr, kr + hd, K + j * hd);
+      for (int64_t d = 0; d < hd; ++d) Vt[d * nk + j] = vr[d];
+    }
+  }
+  for (int hh = 0; hh < group; ++hh) {
+    const int64_t h = int64_t{g} * group + hh;
+    for (int64_t r = 0; r < qt; ++r) {
+      const float* src = q_.data() + (row0 + i0 + r) * q_dim_ + h * hd;
+      std::copy(src, src + hd, Q + (hh * qt + r) * hd);
+    }
+  }
+  kernels::matmul(kernels::WeightView{kernels::DType::F32, K, nk, hd}, Q, rows, S, nullptr);
+  for (int64_t row = 0; row < rows; ++row) {
+    float* sr = S + row * nk;
+    const int64_t n = int64_t{s.n_past} + i0 + row % qt + 1;  // causal: slots [0, n)
+    for (int64_t j = 0; j < n; ++j) sr[j] *= scale;
+    kernels::softmax(sr, n);
+    std::fill(sr + n, sr + nk, 0.0f);
+  }
+  kernels::matmul(kernels::WeightView{kernels::DType::F32, Vt, hd, nk}, S, rows, O, nullptr);
+  for (int hh = 0; hh < group; ++hh) {
+    const int64_t h = int64_t{g} * group + hh;
+    for (int64_t r = 0; r < qt; ++r) {
+      const float* src = O + (hh * qt + r) * hd;
+      std::copy(src, src + hd, att_.data() + (row0 + i0 + r) * q_dim_ + h * hd);
+    }
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<LlamaModel> model,
+                                        const EngineOptions& opts) {
+  if (!model) throw std::invalid_argument("make_cpu_engine: null model");
+  return std::make_unique<CpuEngine>(std::move(model), opts);
+}
+
+}  // namespace sy

@@ -1,0 +1,838 @@
+// The wire codec: a bounds-checking pre-scan of the raw msgpack, msgpack-c unpacking under explicit
+// limits, then field-by-field conversion into protocol.hpp structs with precise error messages.
+#include "ingress/codec.hpp"
+
+#include <msgpack.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+
+namespace sy::wire {
+
+std::string_view to_string(FinishReason r) {
+  switch (r) {
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::cancelled: return "cancelled";
+  }
+  return "stop";
+}
+
+std::optional<FinishReason> finish_reason_from_string(std::string_view s) {
+  if (s == "stop") return FinishReason::stop;
+  if (s == "length") return FinishReason::length;
+  if (s == "cancelled") return FinishReason::cancelled;
+  return std::nullopt;
+}
+
+std::string_view to_string(JobState s) {
+  switch (s) {
+    case JobState::queued: return "queued";
+    case JobState::running: return "running";
+    case JobState::done: return "done";
+    case JobState::failed: return "failed";
+    case JobState::cancelled: return "cancelled";
+  }
+  return "queued";
+}
+
+std::optional<JobState> job_state_from_string(std::string_view s) {
+  if (s == "queued") return JobState::queued;
+  if (s == "running") return JobState::running;
+  if (s == "done") return JobState::done;
+  if (s == "failed") return JobState::failed;
+  if (s == "cancelled") return JobState::cancelled;
+  return std::nullopt;
+}
+
+namespace {
+
+// A refusal raised anywhere inside decoding; caught at the two public entry points only.
+struct Reject {
+  std::string message;
+};
+
+[[noreturn]] void reject(std::string message) { throw Reject{std::move(message)}; }
+
+std::string num(std::uint64_t v) { return std::to_string(v); }
+std::string num(std::int64_t v) { return std::to_string(v); }
+
+// Shortest round-trip-ish rendering of a double for messages ("0.5", "150", "nan").
+std::string num(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  // Prefer the short form when it reads back the same.
+  char shorter[32];
+  std::snprintf(shorter, sizeof shorter, "%g", v);
+  return std::strtod(shorter, nullptr) == v ? shorter : buf;
+}
+
+// Echoes client-provided text into an error message: at most 64 bytes (the message must stay
+// small however large the input), non-printable bytes as \xNN so logs stay one line.
+std::string quote(std::string_view s) {
+  constexpr std::size_t kMaxEcho = 64;
+  std::string out = "'";
+  for (std::size_t i = 0; i < s.size() && i < kMaxEcho; ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  if (s.size() > kMaxEcho) out += "...";
+  out += "'";
+  return out;
+}
+
+// ---- pre-scan ---------------------------------------------------------------------------------
+//
+// msgpack-c allocates an array or map as soon as it reads its header, so a 5-byte message can make
+// it reserve gigabytes, and every open container along a nesting chain allocates. This scan walks
+// the raw bytes without allocating and refuses a message before msgpack-c sees it when:
+//  - a str/bin/ext/array/map exceeds its size limit, or the nesting exceeds max_depth;
+//  - the elements still owed by all open containers exceed the bytes left (each needs >= 1 byte),
+//    so everything msgpack-c later allocates is bounded by a small multiple of the message size;
+//  - the bytes end early, contain the never-used byte 0xc1, or continue after the first object.
+
+// Deepest nesting the scan can track; max_depth above this is clamped (v1 needs 5).
+constexpr std::size_t kScanStackDepth = 64;
+
+std::uint64_t read_be(const std::uint8_t* p, std::size_t k) {
+  std::uint64_t v = 0;
+  for (std::size_t i = 0; i < k; ++i) v = (v << 8) | p[i];
+  return v;
+}
+
+void scan_msgpack(const std::uint8_t* p, std::size_t n, const DecodeLimits& lim) {
+  if (n == 0) reject("bad msgpack: empty message");
+  const std::size_t max_depth = std::min(lim.max_depth, kScanStackDepth);
+  std::array<std::uint64_t, kScanStackDepth> owed{};  // elements still owed per open container
+  std::size_t depth = 0;
+  std::uint64_t owed_total = 0;
+  std::size_t off = 0;
+  do {
+    if (off >= n) reject("bad msgpack: truncated at offset " + num(std::uint64_t{off}));
+    if (depth > 0) {
+      --owed[depth - 1];
+      --owed_total;
+    }
+    const std::size_t at = off;
+    const std::uint8_t b = p[off++];
+    std::uint64_t payload = 0;   // bytes of str/bin/ext/number data after the header
+    std::uint64_t elements = 0;  // for containers: objects inside (maps: keys + values)
+    std::uint64_t count = 0;     // for containers: as the header states (maps: pairs)
+    const char* kind = nullptr;  // non-null for containers and sized values
+    std::size_t len_bytes = 0;   // width of an explicit length field
+    std::uint64_t extra = 0;     // ext type byte
+
+    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
+      // fixint, nil, bool: the byte is the whole object
+    } else if ((b & 0xf0) == 0x80) {
+      kind = "map";
+      count = b & 0x0f;
+    } else if ((b & 0xf0) == 0x90) {
+      kind = "array";
+      count = b & 0x0f;
+    } else if ((b & 0xe0) == 0xa0) {
+      kind = "str";
+      payload = b & 0x1f;
+    } else {
+      switch (b) {
+        case 0xc4: kind = "bin"; len_bytes = 1; break;
+        case 0xc5: kind = "bin"; len_bytes = 2; break;
+        case 0xc6: kind = "bin"; len_bytes = 4; break;
+        case 0xc7: kind = "ext"; len_bytes = 1; extra = 1; break;
+        case 0xc8: kind = "ext"; len_bytes = 2; extra = 1; break;
+        case 0xc9: kind = "ext"; len_bytes = 4; extra = 1; break;
+        case 0xca: payload = 4; break;
+        case 0xcb: payload = 8; break;
+        case 0xcc: case 0xd0: payload = 1; break;
+        case 0xcd: case 0xd1: payload = 2; break;
+        case 0xce: case 0xd2: payload = 4; break;
+        case 0xcf: case 0xd3: payload = 8; break;
+        case 0xd4: kind = "ext"; payload = 1; extra = 1; break;
+        case 0xd5: kind = "ext"; payload = 2; extra = 1; break;
+        case 0xd6: kind = "ext"; payload = 4; extra = 1; break;
+        case 0xd7: kind = "ext"; payload = 8; extra = 1; break;
+        case 0xd8: kind = "ext"; payload = 16; extra = 1; break;
+        case 0xd9: kind = "str"; len_bytes = 1; break;
+        case 0xda: kind = "str"; len_bytes = 2; break;
+        case 0xdb: kind = "str"; len_bytes = 4; break;
+        case 0xdc: kind = "array"; len_bytes = 2; break;
+        case 0xdd: kind = "array"; len_bytes = 4; break;
+        case 0xde: kind = "map"; len_bytes = 2; break;
+        case 0xdf: kind = "map"; len_bytes = 4; break;
+        default: {  // only 0xc1 remains: reserved, never valid
+          char buf[64];
+          std::snprintf(buf, sizeof buf, "bad msgpack: invalid byte 0x%02x at offset %zu", b, at);
+          reject(buf);
+        }
+      }
+      if (len_bytes > 0) {
+        if (n - off < len_bytes)
+          reject(std::string("bad msgpack: truncated ") + kind + " header at offset " + num(std::uint64_t{at}));
+        const std::uint64_t len = read_be(p + off, len_bytes);
+        off += len_bytes;
+        if (std::strcmp(kind, "array") == 0 || std::strcmp(kind, "map") == 0)
+          count = len;
+        else
+          payload = len;
+      }
+    }
+
+    const bool is_array = kind && std::strcmp(kind, "array") == 0;
+    const bool is_map = kind && std::strcmp(kind, "map") == 0;
+    if (is_array || is_map) {
+      const std::size_t limit = is_array ? lim.max_array : lim.max_map;
+      if (count > limit)
+        reject(std::string("bad msgpack: ") + kind + " of " + num(count) + (is_array ? " elements" : " entries") +
+               " exceeds limit " + num(std::uint64_t{limit}));
+      if (depth + 1 > max_depth) reject("bad msgpack: nesting deeper than " + num(std::uint64_t{max_depth}));
+      elements = is_map ? 2 * count : count;
+      if (owed_total + elements > n - off)
+        reject(std::string("bad msgpack: ") + kind + " header at offset " + num(std::uint64_t{at}) + " claims " +
+               num(count) + (is_array ? " elements" : " entries") + " but only " + num(std::uint64_t{n - off}) +
+               " bytes follow");
+    } else {
+      if (kind && payload > lim.max_string_bytes)
+        reject(std::string("bad msgpack: ") + kind + " of " + num(payload) + " bytes exceeds limit " +
+               num(std::uint64_t{lim.max_string_bytes}));
+      if (payload + extra > n - off)
+        reject("bad msgpack: truncated value at offset " + num(std::uint64_t{at}) + " (needs " +
+               num(payload + extra) + " bytes, " + num(std::uint64_t{n - off}) + " follow)");
+      off += static_cast<std::size_t>(payload + extra);
+    }
+
+    if (elements > 0) {
+      owed[depth++] = elements;
+      owed_total += elements;
+    } else {
+      while (depth > 0 && owed[depth - 1] == 0) --depth;  // this object closed its containers
+    }
+  } while (depth > 0);
+  if (off != n) reject("bad msgpack: trailing data after the message (" + num(std::uint64_t{n - off}) + " bytes)");
+}
+
+// Lets msgpack-c point strings into the caller's buffer instead of copying them: every string is
+// copied into a struct before decode_* returns, while the buffer is still alive.
+bool reference_strings(msgpack::type::object_type, std::size_t, void*) { return true; }
+
+msgpack::object_handle unpack_checked(const void* data, std::size_t size, const DecodeLimits& lim) {
+  if (size > lim.max_message_bytes)
+    reject("message of " + num(std::uint64_t{size}) + " bytes exceeds limit " + num(std::uint64_t{lim.max_message_bytes}));
+  scan_msgpack(static_cast<const std::uint8_t*>(data), size, lim);
+  // The same limits again, now as msgpack-c's own guard; the scan makes these throws unreachable
+  // for any input it passed, but they stay as a second line.
+  const msgpack::unpack_limit limit(lim.max_array, lim.max_map, lim.max_string_bytes, lim.max_string_bytes,
+                                    lim.max_string_bytes, lim.max_depth);
+  try {
+    std::size_t off = 0;
+    msgpack::object_handle h;
+    msgpack::unpack(h, static_cast<const char*>(data), size, off, reference_strings, nullptr, limit);
+    if (off != size) reject("bad msgpack: trailing bytes after the message");
+    return h;
+  } catch (const msgpack::depth_size_overflow&) {
+    reject("bad msgpack: nesting deeper than " + num(std::uint64_t{lim.max_depth}));
+  } catch (const msgpack::size_overflow& e) {
+    reject(std::string("bad msgpack: ") + e.what());
+  } catch (const msgpack::insufficient_bytes&) {
+    reject("bad msgpack: truncated");
+  } catch (const msgpack::parse_error&) {
+    reject("bad msgpack: parse error");
+  } catch (const std::bad_alloc&) {
+    reject("bad msgpack: out of memory");
+  }
+}
+
+// ---- reading fields ------------------------------------------------------------------------------
+
+const char* type_name(const msgpack::object& o) {
+  switch (o.type) {
+    case msgpack::type::NIL: return "nil";
+    case msgpack::type::BOOLEAN: return "boolean";
+    case msgpack::type::POSITIVE_INTEGER:
+    case msgpack::type::NEGATIVE_INTEGER: return "integer";
+    case msgpack::type::FLOAT32:
+    case msgpack::type::FLOAT64: return "float";
+    case msgpack::type::STR: return "string";
+    case msgpack::type::BIN: return "binary";
+    case msgpack::type::ARRAY: return "array";
+    case msgpack::type::MAP: return "map";
+    case msgpack::type::EXT: return "ext";
+  }
+  return "unknown";
+}
+
+std::string_view str_of(const msgpack::object& o) { return {o.via.str.ptr, o.via.str.size}; }
+
+// The keys of one msgpack map. `where` prefixes field names in messages ("" at top level,
+// "usage." inside usage) so that a nested problem reads "field 'usage.prompt_tokens' ...".
+class Fields {
+ public:
+  Fields(const msgpack::object& map, std::string where) : where_(std::move(where)) {
+    const auto& m = map.via.map;
+    entries_.reserve(m.size);
+    for (std::uint32_t i = 0; i < m.size; ++i) {
+      const auto& kv = m.ptr[i];
+      if (kv.key.type != msgpack::type::STR)
+        reject(std::string("map keys must be strings, got ") + type_name(kv.key) + where_suffix());
+      const std::string_view k = str_of(kv.key);
+      for (const auto& e : entries_)
+        if (e.first == k) reject("duplicate field " + quote(where_ + std::string(k)));
+      entries_.emplace_back(k, &kv.val);
+    }
+  }
+
+  // The value of a key, or nullptr when absent or nil (nil means "use the default").
+  const msgpack::object* get(std::string_view key) const {
+    for (const auto& e : entries_)
+      if (e.first == key) return e.second->type == msgpack::type::NIL ? nullptr : e.second;
+    return nullptr;
+  }
+
+  std::string name(std::string_view key) const { return "'" + where_ + std::string(key) + "'"; }
+  std::string bare(std::string_view key) const { return where_ + std::string(key); }
+
+  const msgpack::object& need(std::string_view key) const {
+    const msgpack::object* o = get(key);
+    if (!o) reject("missing field " + name(key));
+    return *o;
+  }
+
+  std::string str(std::string_view key, std::size_t max_bytes, bool required, bool allow_empty = true) const {
+    const msgpack::object* o = required ? &need(key) : get(key);
+    if (!o) return {};
+    if (o->type != msgpack::type::STR) reject("field " + name(key) + " must be a string, got " + type_name(*o));
+    const std::string_view s = str_of(*o);
+    if (s.empty() && !allow_empty) reject("field " + name(key) + " must not be empty");
+    if (s.size() > max_bytes)
+      reject("field " + name(key) + " has " + num(std::uint64_t{s.size()}) + " bytes, limit " +
+             num(std::uint64_t{max_bytes}));
+    return std::string(s);
+  }
+
+  // An unsigned integer in [lo, hi]; negative values are reported as out of range.
+  std::uint64_t uint(std::string_view key, std::uint64_t def, std::uint64_t lo, std::uint64_t hi,
+                     bool required = false) const {
+    const msgpack::object* o = required ? &need(key) : get(key);
+    if (!o) return def;
+    return uint_value(*o, bare(key), lo, hi);
+  }
+
+  // A number (float or integer) in [lo, hi], or (lo, hi] when lo_open.
+  double number(std::string_view key, double def, double lo, double hi, bool lo_open = false,
+                bool required = false) const {
+    const msgpack::object* o = required ? &need(key) : get(key);
+    if (!o) return def;
+    return number_value(*o, bare(key), lo, hi, lo_open);
+  }
+
+  bool boolean(std::string_view key, bool def) const {
+    const msgpack::object* o = get(key);
+    if (!o) return def;
+    if (o->type != msgpack::type::BOOLEAN) reject("field " + name(key) + " must be a boolean, got " + type_name(*o));
+    return o->via.boolean;
+  }
+
+  const msgpack::object* typed(std::string_view key, msgpack::type::object_type t, const char* what,
+                               bool required) const {
+    const msgpack::object* o = required ? &need(key) : get(key);
+    if (o && o->type != t) reject("field " + name(key) + " must be " + what + ", got " + type_name(*o));
+    return o;
+  }
+
+  static std::uint64_t uint_value(const msgpack::object& o, const std::string& what, std::uint64_t lo,
+                                  std::uint64_t hi) {
+    const std::string range = " out of range [" + num(lo) + ", " + num(hi) + "]";
+    if (o.type == msgpack::type::NEGATIVE_INTEGER) reject(what + " " + num(std::int64_t{o.via.i64}) + range);
+    if (o.type != msgpack::type::POSITIVE_INTEGER)
+      reject("field '" + what + "' must be an integer, got " + type_name(o));
+    if (o.via.u64 < lo || o.via.u64 > hi) reject(what + " " + num(std::uint64_t{o.via.u64}) + range);
+    return o.via.u64;
+  }
+
+  static double number_value(const msgpack::object& o, const std::string& what, double lo, double hi,
+                             bool lo_open) {
+    double v = 0;
+    switch (o.type) {
+      case msgpack::type::FLOAT32:
+      case msgpack::type::FLOAT64: v = o.via.f64; break;
+      case msgpack::type::POSITIVE_INTEGER: v = static_cast<double>(o.via.u64); break;
+      case msgpack::type::NEGATIVE_INTEGER: v = static_cast<double>(o.via.i64); break;
+      default: reject("field '" + what + "' must be a number, got " + type_name(o));
+    }
+    const bool ok = !std::isnan(v) && (lo_open ? v > lo : v >= lo) && v <= hi;
+    if (!ok) reject(what + " " + num(v) + " out of range " + (lo_open ? "(" : "[") + num(lo) + ", " + num(hi) + "]");
+    return v;
+  }
+
+ private:
+  std::string where_suffix() const { return where_.empty() ? "" : " in '" + where_.substr(0, where_.size() - 1) + "'"; }
+
+  std::string where_;
+  std::vector<std::pair<std::string_view, const msgpack::object*>> entries_;
+};
+
+constexpr std::uint64_t kMaxTokenId = std::numeric_limits<std::int32_t>::max();
+constexpr std::uint64_t kU32 = std::numeric_limits<std::uint32_t>::max();
+constexpr std::uint64_t kU64 = std::numeric_limits<std::uint64_t>::max();
+
+// Token ids as an array of non-negative int32 (prompt, ids of tokens/done).
+std::vector<std::int32_t> token_ids(const msgpack::object& arr, const std::string& what) {
+  std::vector<std::int32_t> ids;
+  ids.reserve(arr.via.array.size);
+  for (std::uint32_t i = 0; i < arr.via.array.size; ++i) {
+    const msgpack::object& e = arr.via.array.ptr[i];
+    const std::string at = what + " token at index " + num(std::uint64_t{i});
+    if (e.type == msgpack::type::NEGATIVE_INTEGER)
+      reject(at + " is " + num(std::int64_t{e.via.i64}) + ", must be in [0, " + num(kMaxTokenId) + "]");
+    if (e.type != msgpack::type::POSITIVE_INTEGER) reject(at + " must be an integer, got " + type_name(e));
+    if (e.via.u64 > kMaxTokenId)
+      reject(at + " is " + num(std::uint64_t{e.via.u64}) + ", must be in [0, " + num(kMaxTokenId) + "]");
+    ids.push_back(static_cast<std::int32_t>(e.via.u64));
+  }
+  return ids;
+}
+
+// Reads "v" and "type" and returns the type; the common head of every message.
+std::string_view message_type(const Fields& f) {
+  const msgpack::object* v = f.get("v");
+  if (!v) reject("missing field 'v'");
+  if (v->type != msgpack::type::POSITIVE_INTEGER && v->type != msgpack::type::NEGATIVE_INTEGER)
+    reject(std::string("field 'v' must be an integer, got ") + type_name(*v));
+  if (v->type == msgpack::type::NEGATIVE_INTEGER || v->via.u64 != kProtocolVersion)
+    reject("unsupported protocol version " +
+           (v->type == msgpack::type::NEGATIVE_INTEGER ? num(std::int64_t{v->via.i64}) : num(std::uint64_t{v->via.u64})) +
+           " (this side speaks " + num(std::uint64_t{kProtocolVersion}) + ")");
+  const msgpack::object& t = f.need("type");
+  if (t.type != msgpack::type::STR) reject(std::string("field 'type' must be a string, got ") + type_name(t));
+  return str_of(t);
+}
+
+// The job key of cancel/status/submit, read first so errors can name the job.
+void read_key(const Fields& f, const DecodeLimits& lim, std::string& id, std::string& tenant, std::string& token) {
+  id = f.str("id", lim.max_id_bytes, true, false);
+  tenant = f.str("tenant", lim.max_name_bytes, true, false);
+  token = f.str("token", lim.max_token_bytes, false);
+}
+
+Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
+  Submit s;
+  read_key(f, lim, s.id, s.tenant, s.token);
+
+  const msgpack::object& p = f.need("prompt");
+  if (p.type == msgpack::type::STR) {
+    const std::string_view text = str_of(p);
+    if (text.empty()) reject("field 'prompt' must not be empty");
+    if (text.size() > lim.max_prompt_bytes)
+      reject("prompt text has " + num(std::uint64_t{text.size()}) + " bytes, limit " +
+             num(std::uint64_t{lim.max_prompt_bytes}));
+    s.prompt = std::string(text);
+  } else if (p.type == msgpack::type::ARRAY) {
+    if (p.via.array.size == 0) reject("field 'prompt' must not be empty");
+    if (p.via.array.size > lim.max_prompt_tokens)
+      reject("prompt has " + num(std::uint64_t{p.via.array.size}) + " tokens, limit " +
+             num(std::uint64_t{lim.max_prompt_tokens}));
+    s.prompt = token_ids(p, "prompt");
+  } else {
+    reject(std::string("field 'prompt' must be a string or an array of token ids, got ") + type_name(p));
+  }
+
+  s.max_tokens = static_cast<std::uint32_t>(f.uint("max_tokens", 16, 1, lim.max_new_tokens));
+  // 100: far beyond any useful temperature (the distribution is flat long before) yet finite.
+  s.temperature = f.number("temperature", 1.0, 0.0, 100.0);
+  s.top_k = static_cast<std::uint32_t>(f.uint("top_k", 0, 0, kMaxTokenId));
+  s.top_p = f.number("top_p", 1.0, 0.0, 1.0, true);
+  if (const msgpack::object* seed = f.get("seed")) s.seed = Fields::uint_value(*seed, "seed", 0, kU64);
+
+  if (const msgpack::object* stop = f.get("stop")) {
+    auto one = [&](const msgpack::object& e, std::uint64_t i) {
+      const std::string at = "stop string at index " + num(i);
+      if (e.type != msgpack::type::STR) reject(at + " must be a string, got " + type_name(e));
+      const std::string_view sv = str_of(e);
+      if (sv.empty()) reject(at + " must not be empty");
+      if (sv.size() > lim.max_stop_bytes)
+        reject(at + " has " + num(std::uint64_t{sv.size()}) + " bytes, limit " + num(std::uint64_t{lim.max_stop_bytes}));
+      s.stop.emplace_back(sv);
+    };
+    if (stop->type == msgpack::type::STR) {
+      one(*stop, 0);  // a single string is accepted as a list of one
+    } else if (stop->type == msgpack::type::ARRAY) {
+      if (stop->via.array.size > lim.max_stop)
+        reject("stop has " + num(std::uint64_t{stop->via.array.size}) + " strings, limit " +
+               num(std::uint64_t{lim.max_stop}));
+      for (std::uint32_t i = 0; i < stop->via.array.size; ++i) one(stop->via.array.ptr[i], i);
+    } else {
+      reject(std::string("field 'stop' must be a string or an array of strings, got ") + type_name(*stop));
+    }
+  }
+
+  s.ignore_eos = f.boolean("ignore_eos", false);
+  s.priority = f.str("priority", lim.max_name_bytes, false);
+  s.deadline_ms = static_cast<std::uint32_t>(f.uint("deadline_ms", 0, 0, lim.max_deadline_ms));
+  s.stream = f.boolean("stream", false);
+  s.logprobs = static_cast<std::uint32_t>(f.uint("logprobs", 0, 0, lim.max_logprobs));
+  return s;
+}
+
+ClientMessage decode_client_object(const msgpack::object& root, const DecodeLimits& lim, DecodeError& partial) {
+  if (root.type != msgpack::type::MAP) reject(std::string("message must be a map, got ") + type_name(root));
+  const Fields f(root, "");
+  // Best effort, before anything can fail: lets the error reply name the job.
+  if (const msgpack::object* id = f.get("id"); id && id->type == msgpack::type::STR && id->via.str.size <= lim.max_id_bytes)
+    partial.id = std::string(str_of(*id));
+  if (const msgpack::object* t = f.get("tenant"); t && t->type == msgpack::type::STR && t->via.str.size <= lim.max_name_bytes)
+    partial.tenant = std::string(str_of(*t));
+
+  const std::string_view type = message_type(f);
+  if (type == "submit") return decode_submit(f, lim);
+  if (type == "cancel") {
+    Cancel c;
+    read_key(f, lim, c.id, c.tenant, c.token);
+    return c;
+  }
+  if (type == "status") {
+    Status s;
+    read_key(f, lim, s.id, s.tenant, s.token);
+    return s;
+  }
+  if (type == "ping") return Ping{f.uint("seq", 0, 0, kU64)};
+  reject("unknown message type " + quote(type));
+}
+
+std::vector<TokenLogprobs> decode_logprobs(const msgpack::object& arr) {
+  std::vector<TokenLogprobs> out;
+  out.reserve(arr.via.array.size);
+  for (std::uint32_t i = 0; i < arr.via.array.size; ++i) {
+    const msgpack::object& e = arr.via.array.ptr[i];
+    const std::string at = "logprobs." + num(std::uint64_t{i});
+    if (e.type != msgpack::type::MAP) reject("field '" + at + "' must be a map, got " + type_name(e));
+    const Fields f(e, at + ".");
+    TokenLogprobs t;
+    const double inf = std::numeric_limits<double>::infinity();
+    t.logprob = static_cast<float>(f.number("logprob", 0.0, -inf, 0.0, false, true));
+    if (const msgpack::object* top = f.typed("top", msgpack::type::ARRAY, "an array", false)) {
+      for (std::uint32_t j = 0; j < top->via.array.size; ++j) {
+        const msgpack::object& pair = top->via.array.ptr[j];
+        const std::string pat = at + ".top." + num(std::uint64_t{j});
+        if (pair.type != msgpack::type::ARRAY || pair.via.array.size != 2)
+          reject("field '" + pat + "' must be an [id, logprob] pair");
+        TopLogprob tl;
+        tl.id = static_cast<std::int32_t>(Fields::uint_value(pair.via.array.ptr[0], pat + ".id", 0, kMaxTokenId));
+        tl.logprob = static_cast<float>(Fields::number_value(pair.via.array.ptr[1], pat + ".logprob", -inf, 0.0, false));
+        t.top.push_back(tl);
+      }
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimits& lim, DecodeError& partial) {
+  if (root.type != msgpack::type::MAP) reject(std::string("message must be a map, got ") + type_name(root));
+  const Fields f(root, "");
+  if (const msgpack::object* id = f.get("id"); id && id->type == msgpack::type::STR && id->via.str.size <= lim.max_id_bytes)
+    partial.id = std::string(str_of(*id));
+  const std::string_view type = message_type(f);
+  // A timing is a non-negative duration; a day bounds it like deadline_ms.
+  const double max_ms = 86'400'000.0;
+  if (type == "accepted") {
+    Accepted a;
+    a.id = f.str("id", lim.max_id_bytes, true, false);
+    a.queue_position = static_cast<std::uint32_t>(f.uint("queue_position", 0, 0, kU32));
+    return a;
+  }
+  if (type == "tokens") {
+    Tokens t;
+    t.id = f.str("id", lim.max_id_bytes, true, false);
+    t.index = static_cast<std::uint32_t>(f.uint("index", 0, 0, kU32));
+    if (const msgpack::object* ids = f.typed("ids", msgpack::type::ARRAY, "an array", false)) t.ids = token_ids(*ids, "ids");
+    t.text = f.str("text", lim.max_string_bytes, false);
+    if (const msgpack::object* lp = f.typed("logprobs", msgpack::type::ARRAY, "an array", false)) t.logprobs = decode_logprobs(*lp);
+    return t;
+  }
+  if (type == "done") {
+    Done d;
+    d.id = f.str("id", lim.max_id_bytes, true, false);
+    d.tenant = f.str("tenant", lim.max_name_bytes, false);
+    const std::string fr = f.str("finish_reason", lim.max_name_bytes, true);
+    const auto reason = finish_reason_from_string(fr);
+    if (!reason) reject("unknown finish_reason " + quote(fr));
+    d.finish_reason = *reason;
+    d.text = f.str("text", lim.max_string_bytes, false);
+    if (const msgpack::object* ids = f.typed("ids", msgpack::type::ARRAY, "an array", false)) d.ids = token_ids(*ids, "ids");
+    if (const msgpack::object* u = f.typed("usage", msgpack::type::MAP, "a map", false)) {
+      const Fields uf(*u, "usage.");
+      d.usage.prompt_tokens = static_cast<std::uint32_t>(uf.uint("prompt_tokens", 0, 0, kU32));
+      d.usage.completion_tokens = static_cast<std::uint32_t>(uf.uint("completion_tokens", 0, 0, kU32));
+    }
+    if (const msgpack::object* t = f.typed("timings", msgpack::type::MAP, "a map", false)) {
+      const Fields tf(*t, "timings.");
+      d.timings.queue_ms = tf.number("queue_ms", 0.0, 0.0, max_ms);
+      d.timings.ttft_ms = tf.number("ttft_ms", 0.0, 0.0, max_ms);
+      d.timings.total_ms = tf.number("total_ms", 0.0, 0.0, max_ms);
+    }
+    return d;
+  }
+  if (type == "error") {
+    Error e;
+    e.id = f.str("id", lim.max_id_bytes, false);
+    e.tenant = f.str("tenant", lim.max_name_bytes, false);
+    const std::string code = f.str("code", lim.max_name_bytes, true);
+    // A code from a newer server is kept as internal; the message still says what happened.
+    e.code = error_code_from_string(code).value_or(ErrorCode::internal);
+    e.message = f.str("message", lim.max_string_bytes, false);
+    if (f.get("retry_after_ms")) e.retry_after_ms = static_cast<std::uint32_t>(f.uint("retry_after_ms", 0, 0, kU32));
+    return e;
+  }
+  if (type == "pong") return Pong{f.uint("seq", 0, 0, kU64)};
+  if (type == "status_reply") {
+    StatusReply s;
+    s.id = f.str("id", lim.max_id_bytes, true, false);
+    const std::string st = f.str("state", lim.max_name_bytes, true);
+    const auto state = job_state_from_string(st);
+    if (!state) reject("unknown state " + quote(st));
+    s.state = *state;
+    s.queue_position = static_cast<std::uint32_t>(f.uint("queue_position", 0, 0, kU32));
+    s.completion_tokens = static_cast<std::uint32_t>(f.uint("completion_tokens", 0, 0, kU32));
+    return s;
+  }
+  reject("unknown message type " + quote(type));
+}
+
+template <class Message, class Body>
+std::variant<Message, DecodeError> decode_with(const void* data, std::size_t size, const DecodeLimits& lim, Body body) {
+  DecodeError err;
+  try {
+    if (!data && size > 0) reject("bad msgpack: null buffer");
+    msgpack::object_handle h = unpack_checked(data, size, lim);
+    return body(h.get(), lim, err);
+  } catch (const Reject& r) {
+    err.message = r.message;
+  } catch (const std::bad_alloc&) {
+    err.message = "message too large to decode";
+  } catch (const std::exception& e) {
+    err.code = ErrorCode::internal;
+    err.message = std::string("decoder failure: ") + e.what();
+  }
+  return err;
+}
+
+// ---- encoding ---------------------------------------------------------------------------------
+
+// msgpack-c's packer needs a stream with write(); this one appends to a string.
+struct StringSink {
+  std::string s;
+  void write(const char* d, std::size_t n) { s.append(d, n); }
+};
+
+using Packer = msgpack::packer<StringSink>;
+
+void pack_str(Packer& p, std::string_view s) {
+  p.pack_str(static_cast<std::uint32_t>(s.size()));
+  p.pack_str_body(s.data(), static_cast<std::uint32_t>(s.size()));
+}
+
+// Writes a map whose size is known only at the end: fields go to a body, the header is prepended.
+// Note: msgpack-c packs a double with an integral value (0.0, 1.0) as an integer; decoders accept
+// integers wherever a number is expected.
+class MapOut {
+ public:
+  MapOut() : p_(body_) {}
+  Packer& key(std::string_view k) {
+    ++n_;
+    pack_str(p_, k);
+    return p_;
+  }
+  void str(std::string_view k, std::string_view v) { pack_str(key(k), v); }
+  void uint(std::string_view k, std::uint64_t v) { key(k).pack_uint64(v); }
+  void number(std::string_view k, double v) { key(k).pack_double(v); }
+  void boolean(std::string_view k, bool v) { v ? key(k).pack_true() : key(k).pack_false(); }
+  void ids(std::string_view k, const std::vector<std::int32_t>& v) {
+    Packer& p = key(k);
+    p.pack_array(static_cast<std::uint32_t>(v.size()));
+    for (std::int32_t x : v) p.pack_int32(x);
+  }
+  void raw(std::string_view k, const std::string& encoded) {
+    key(k);
+    body_.write(encoded.data(), encoded.size());
+  }
+  void head(std::string_view type) {
+    uint("v", kProtocolVersion);
+    str("type", type);
+  }
+  std::string finish() {
+    StringSink out;
+    Packer(out).pack_map(n_);
+    out.s += body_.s;
+    return std::move(out.s);
+  }
+
+ private:
+  StringSink body_;
+  Packer p_;
+  std::uint32_t n_ = 0;
+};
+
+std::string encode_logprobs(const std::vector<TokenLogprobs>& v) {
+  StringSink out;
+  Packer p(out);
+  p.pack_array(static_cast<std::uint32_t>(v.size()));
+  for (const TokenLogprobs& t : v) {
+    MapOut m;
+    m.key("logprob").pack_float(t.logprob);  // float32: logprobs need no more, and they are many
+    if (!t.top.empty()) {
+      Packer& tp = m.key("top");
+      tp.pack_array(static_cast<std::uint32_t>(t.top.size()));
+      for (const TopLogprob& tl : t.top) {
+        tp.pack_array(2);
+        tp.pack_int32(tl.id);
+        tp.pack_float(tl.logprob);
+      }
+    }
+    out.s += m.finish();
+  }
+  return std::move(out.s);
+}
+
+struct ServerEncoder {
+  std::string operator()(const Accepted& a) const {
+    MapOut m;
+    m.head("accepted");
+    m.str("id", a.id);
+    m.uint("queue_position", a.queue_position);
+    return m.finish();
+  }
+  std::string operator()(const Tokens& t) const {
+    MapOut m;
+    m.head("tokens");
+    m.str("id", t.id);
+    m.uint("index", t.index);
+    m.ids("ids", t.ids);
+    m.str("text", t.text);
+    if (!t.logprobs.empty()) m.raw("logprobs", encode_logprobs(t.logprobs));
+    return m.finish();
+  }
+  std::string operator()(const Done& d) const {
+    MapOut m;
+    m.head("done");
+    m.str("id", d.id);
+    if (!d.tenant.empty()) m.str("tenant", d.tenant);
+    m.str("finish_reason", to_string(d.finish_reason));
+    m.str("text", d.text);
+    if (!d.ids.empty()) m.ids("ids", d.ids);
+    MapOut u;
+    u.uint("prompt_tokens", d.usage.prompt_tokens);
+    u.uint("completion_tokens", d.usage.completion_tokens);
+    m.raw("usage", u.finish());
+    MapOut t;
+    t.number("queue_ms", d.timings.queue_ms);
+    t.number("ttft_ms", d.timings.ttft_ms);
+    t.number("total_ms", d.timings.total_ms);
+    m.raw("timings", t.finish());
+    return m.finish();
+  }
+  std::string operator()(const Error& e) const {
+    MapOut m;
+    m.head("error");
+    if (!e.id.empty()) m.str("id", e.id);
+    if (!e.tenant.empty()) m.str("tenant", e.tenant);
+    m.str("code", to_string(e.code));
+    m.str("message", e.message);
+    if (e.retry_after_ms) m.uint("retry_after_ms", *e.retry_after_ms);
+    return m.finish();
+  }
+  std::string operator()(const Pong& p) const {
+    MapOut m;
+    m.head("pong");
+    m.uint("seq", p.seq);
+    return m.finish();
+  }
+  std::string operator()(const StatusReply& s) const {
+    MapOut m;
+    m.head("status_reply");
+    m.str("id", s.id);
+    m.str("state", to_string(s.state));
+    m.uint("queue_position", s.queue_position);
+    m.uint("completion_tokens", s.completion_tokens);
+    return m.finish();
+  }
+};
+
+void encode_key(MapOut& m, const std::string& id, const std::string& tenant, const std::string& token) {
+  m.str("id", id);
+  m.str("tenant", tenant);
+  if (!token.empty()) m.str("token", token);
+}
+
+struct ClientEncoder {
+  std::string operator()(const Submit& s) const {
+    MapOut m;
+    m.head("submit");
+    encode_key(m, s.id, s.tenant, s.token);
+    if (const auto* text = std::get_if<std::string>(&s.prompt))
+      m.str("prompt", *text);
+    else
+      m.ids("prompt", std::get<std::vector<std::int32_t>>(s.prompt));
+    if (s.max_tokens != 16) m.uint("max_tokens", s.max_tokens);
+    if (s.temperature != 1.0) m.number("temperature", s.temperature);
+    if (s.top_k != 0) m.uint("top_k", s.top_k);
+    if (s.top_p != 1.0) m.number("top_p", s.top_p);
+    if (s.seed) m.uint("seed", *s.seed);
+    if (!s.stop.empty()) {
+      Packer& p = m.key("stop");
+      p.pack_array(static_cast<std::uint32_t>(s.stop.size()));
+      for (const std::string& x : s.stop) pack_str(p, x);
+    }
+    if (s.ignore_eos) m.boolean("ignore_eos", true);
+    if (!s.priority.empty()) m.str("priority", s.priority);
+    if (s.deadline_ms != 0) m.uint("deadline_ms", s.deadline_ms);
+    if (s.stream) m.boolean("stream", true);
+    if (s.logprobs != 0) m.uint("logprobs", s.logprobs);
+    return m.finish();
+  }
+  std::string operator()(const Cancel& c) const {
+    MapOut m;
+    m.head("cancel");
+    encode_key(m, c.id, c.tenant, c.token);
+    return m.finish();
+  }
+  std::string operator()(const Status& s) const {
+    MapOut m;
+    m.head("status");
+    encode_key(m, s.id, s.tenant, s.token);
+    return m.finish();
+  }
+  std::string operator()(const Ping& p) const {
+    MapOut m;
+    m.head("ping");
+    if (p.seq != 0) m.uint("seq", p.seq);
+    return m.finish();
+  }
+};
+
+}  // namespace
+
+std::variant<ClientMessage, DecodeError> decode_client(const void* data, std::size_t size, const DecodeLimits& limits) {
+  return decode_with<ClientMessage>(data, size, limits, decode_client_object);
+}
+
+std::variant<ServerMessage, DecodeError> decode_server(const void* data, std::size_t size, const DecodeLimits& limits) {
+  return decode_with<ServerMessage>(data, size, limits, decode_server_object);
+}
+
+std::string encode_server(const ServerMessage& m) { return std::visit(ServerEncoder{}, m); }
+
+std::string encode_client(const ClientMessage& m) { return std::visit(ClientEncoder{}, m); }
+
+}  // namespace sy::wire

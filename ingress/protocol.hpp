@@ -1,0 +1,174 @@
+// Wire protocol v1 as plain C++ structs: what clients send (submit, cancel, status, ping) and what
+// the server answers. The msgpack encoding lives in codec.hpp; docs/protocol.md is the reference.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "ingress/error_code.hpp"
+
+namespace sy::wire {
+
+/// The protocol version this code speaks (the "v" key of every message).
+inline constexpr std::uint32_t kProtocolVersion = 1;
+
+// ---- client → server ----------------------------------------------------------------------------
+
+/// A generation job. The job key is (tenant, id). Defaults are those of docs/protocol.md.
+struct Submit {
+  std::string id;      ///< client job id, unique per tenant
+  std::string tenant;  ///< tenant name
+  std::string token;   ///< tenant's auth token ("" when the server needs none)
+  /// Prompt as text (tokenized by the server, BOS added) or as token ids (used as given).
+  std::variant<std::string, std::vector<std::int32_t>> prompt;
+  std::uint32_t max_tokens = 16;         ///< completion tokens to generate at most
+  double temperature = 1.0;              ///< 0: greedy
+  std::uint32_t top_k = 0;               ///< 0: off
+  double top_p = 1.0;                    ///< 1: off
+  std::optional<std::uint64_t> seed;     ///< absent: the server picks one
+  std::vector<std::string> stop;         ///< stop strings (not included in the output)
+  bool ignore_eos = false;               ///< keep going past end-of-sequence until max_tokens
+  std::string priority;                  ///< priority class name; "": the server's default class
+  std::uint32_t deadline_ms = 0;         ///< relative to receipt; 0: none
+  bool stream = false;                   ///< send `tokens` chunks as they are generated
+  std::uint32_t logprobs = 0;            ///< top-N log-probabilities per generated token; 0: none
+
+  bool prompt_is_tokens() const { return prompt.index() == 1; }
+  bool operator==(const Submit&) const = default;
+};
+
+/// Cancels a queued or running job; queued ones never run, running ones stop within one step.
+struct Cancel {
+  std::string id;
+  std::string tenant;
+  std::string token;
+  bool operator==(const Cancel&) const = default;
+};
+
+/// Asks where a job is; answered by StatusReply (or Error not_found).
+struct Status {
+  std::string id;
+  std::string tenant;
+  std::string token;
+  bool operator==(const Status&) const = default;
+};
+
+/// Liveness check; the server echoes `seq` in a Pong.
+struct Ping {
+  std::uint64_t seq = 0;
+  bool operator==(const Ping&) const = default;
+};
+
+/// Any message a client may send.
+using ClientMessage = std::variant<Submit, Cancel, Status, Ping>;
+
+// ---- server → client ----------------------------------------------------------------------------
+
+/// The job was journaled and queued.
+struct Accepted {
+  std::string id;
+  std::uint32_t queue_position = 0;  ///< jobs ahead of it at acceptance (an estimate under WFQ)
+  bool operator==(const Accepted&) const = default;
+};
+
+/// One alternative at a generated position: a token id and its log-probability.
+struct TopLogprob {
+  std::int32_t id = 0;
+  float logprob = 0.0f;
+  bool operator==(const TopLogprob&) const = default;
+};
+
+/// Log-probabilities for one generated token.
+struct TokenLogprobs {
+  float logprob = 0.0f;           ///< of the chosen token
+  std::vector<TopLogprob> top;    ///< the N most likely tokens, most likely first
+  bool operator==(const TokenLogprobs&) const = default;
+};
+
+/// A streamed chunk of generated tokens.
+struct Tokens {
+  std::string id;
+  std::uint32_t index = 0;              ///< position of ids[0] among the completion tokens
+  std::vector<std::int32_t> ids;
+  std::string text;                     ///< text delta these tokens add (may be "" mid-UTF-8)
+  std::vector<TokenLogprobs> logprobs;  ///< one per id when logprobs > 0, else empty
+  bool operator==(const Tokens&) const = default;
+};
+
+/// Why generation ended.
+enum class FinishReason : unsigned char { stop, length, cancelled };
+
+/// The wire name of a finish reason: "stop", "length", "cancelled".
+std::string_view to_string(FinishReason r);
+/// Parses a finish reason; nullopt when unknown.
+std::optional<FinishReason> finish_reason_from_string(std::string_view s);
+
+/// Token counts of a finished job.
+struct Usage {
+  std::uint32_t prompt_tokens = 0;
+  std::uint32_t completion_tokens = 0;
+  bool operator==(const Usage&) const = default;
+};
+
+/// Where a finished job's time went, in milliseconds since receipt at the gateway.
+struct Timings {
+  double queue_ms = 0;  ///< receipt → first scheduled
+  double ttft_ms = 0;   ///< receipt → first token
+  double total_ms = 0;  ///< receipt → done
+  bool operator==(const Timings&) const = default;
+};
+
+/// The last message of a job that ran (or was cancelled after it was accepted).
+struct Done {
+  std::string id;
+  std::string tenant;               ///< lets a pipeline sink tell jobs of different tenants apart
+  FinishReason finish_reason = FinishReason::stop;
+  std::string text;                 ///< the full completion ("" for streamed ROUTER jobs)
+  std::vector<std::int32_t> ids;    ///< the full completion ids (empty for streamed ROUTER jobs)
+  Usage usage;
+  Timings timings;
+  bool operator==(const Done&) const = default;
+};
+
+/// A request failed; `id`/`tenant` are "" when the message was too broken to read them.
+struct Error {
+  std::string id;
+  std::string tenant;
+  ErrorCode code = ErrorCode::internal;
+  std::string message;
+  std::optional<std::uint32_t> retry_after_ms;  ///< set with overloaded and rate_limited
+  bool operator==(const Error&) const = default;
+};
+
+/// Answer to Ping.
+struct Pong {
+  std::uint64_t seq = 0;
+  bool operator==(const Pong&) const = default;
+};
+
+/// Where a job is in its life.
+enum class JobState : unsigned char { queued, running, done, failed, cancelled };
+
+/// The wire name of a job state: "queued", "running", "done", "failed", "cancelled".
+std::string_view to_string(JobState s);
+/// Parses a job state; nullopt when unknown.
+std::optional<JobState> job_state_from_string(std::string_view s);
+
+/// Answer to Status.
+struct StatusReply {
+  std::string id;
+  JobState state = JobState::queued;
+  std::uint32_t queue_position = 0;     ///< while queued; 0 otherwise
+  std::uint32_t completion_tokens = 0;  ///< generated so far
+  bool operator==(const StatusReply&) const = default;
+};
+
+/// Any message the server may send.
+using ServerMessage = std::variant<Accepted, Tokens, Done, Error, Pong, StatusReply>;
+
+}  // namespace sy::wire

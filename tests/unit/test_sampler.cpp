@@ -1,0 +1,257 @@
+// Sampler tests: greedy and its ties, seeded determinism, top-k / top-p filtering, the shape of
+// the sampled distribution, reported log-probabilities and parameter validation.
+#define BOOST_TEST_MODULE sampler
+#include <boost/test/unit_test.hpp>
+
+#include <cmath>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/sampler.hpp"
+
+using sy::Sampler;
+using sy::SamplingParams;
+using sy::TokenLogprob;
+
+namespace {
+
+std::vector<float> random_logits(int n, uint64_t seed, float scale = 3.0f) {
+  std::mt19937_64 rng(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = scale * (static_cast<float>(rng() >> 40) / static_cast<float>(1 << 24) - 0.5f);
+  return v;
+}
+
+int argmax(const std::vector<float>& v) {
+  int b = 0;
+  for (int i = 1; i < static_cast<int>(v.size()); ++i)
+    if (v[static_cast<size_t>(i)] > v[static_cast<size_t>(b)]) b = i;
+  return b;
+}
+
+SamplingParams temp(float t, uint64_t seed, int top_k = 0, float top_p = 1.0f) {
+  SamplingParams p;
+  p.temperature = t;
+  p.seed = seed;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  return p;
+}
+
+std::vector<int32_t> draw(const SamplingParams& p, const std::vector<float>& logits, int n) {
+  Sampler s(p);
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) out.push_back(s.sample(logits.data(), static_cast<int32_t>(logits.size())));
+  return out;
+}
+
+// True when constructing a sampler from p throws std::invalid_argument mentioning `field`.
+bool rejects(const SamplingParams& p, const std::string& field) {
+  try {
+    Sampler s(p);
+  } catch (const std::invalid_argument& e) {
+    return std::string(e.what()).find(field) != std::string::npos;
+  }
+  return false;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(greedy_is_argmax) {
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    auto l = random_logits(1000, seed);
+    Sampler s(SamplingParams{});
+    BOOST_TEST(s.sample(l.data(), 1000) == argmax(l));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(greedy_ties_go_to_lowest_id) {
+  std::vector<float> l = {0.5f, 2.0f, -1.0f, 2.0f, 2.0f};
+  Sampler s(temp(-1.0f, 0));
+  BOOST_TEST(s.sample(l.data(), 5) == 1);
+  std::vector<float> flat(64, 0.25f);
+  BOOST_TEST(s.sample(flat.data(), 64) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(top_k_one_equals_greedy) {
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    auto l = random_logits(500, seed + 100);
+    auto ids = draw(temp(1.5f, seed, 1), l, 10);
+    for (int32_t id : ids) BOOST_TEST(id == argmax(l));
+  }
+  // Ties under top-k = 1 keep the lowest id too.
+  std::vector<float> tie = {1.0f, 3.0f, 3.0f};
+  BOOST_TEST(draw(temp(1.0f, 7, 1), tie, 5) == std::vector<int32_t>(5, 1));
+}
+
+BOOST_AUTO_TEST_CASE(same_seed_same_tokens_different_seed_differs) {
+  auto l = random_logits(256, 3, 2.0f);
+  auto a = draw(temp(1.0f, 42), l, 64);
+  auto b = draw(temp(1.0f, 42), l, 64);
+  auto c = draw(temp(1.0f, 43), l, 64);
+  BOOST_TEST(a == b);
+  BOOST_TEST(a != c);
+  // Same with filters on.
+  BOOST_TEST(draw(temp(0.8f, 9, 40, 0.9f), l, 64) == draw(temp(0.8f, 9, 40, 0.9f), l, 64));
+}
+
+BOOST_AUTO_TEST_CASE(small_top_p_is_argmax) {
+  for (uint64_t seed = 0; seed < 10; ++seed) {
+    auto l = random_logits(300, seed + 7);
+    for (int32_t id : draw(temp(2.0f, seed, 0, 1e-6f), l, 10)) BOOST_TEST(id == argmax(l));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(top_k_restricts_to_the_k_best) {
+  auto l = random_logits(200, 11);
+  std::vector<float> sorted = l;
+  std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+  const float kth = sorted[4];
+  for (int32_t id : draw(temp(5.0f, 1, 5), l, 500)) BOOST_TEST(l[static_cast<size_t>(id)] >= kth);
+}
+
+BOOST_AUTO_TEST_CASE(top_p_keeps_the_nucleus) {
+  // Probabilities 0.5, 0.3, 0.15, 0.05: top_p = 0.7 keeps {0, 1}; 0.85 adds id 2.
+  std::vector<float> l = {std::log(0.5f), std::log(0.3f), std::log(0.15f), std::log(0.05f)};
+  for (int32_t id : draw(temp(1.0f, 5, 0, 0.7f), l, 400)) BOOST_TEST(id <= 1);
+  auto ids = draw(temp(1.0f, 5, 0, 0.85f), l, 2000);
+  int n2 = 0;
+  for (int32_t id : ids) {
+    BOOST_TEST(id <= 2);
+    n2 += id == 2;
+  }
+  BOOST_TEST(n2 > 0);
+}
+
+BOOST_AUTO_TEST_CASE(top_p_with_a_wide_nucleus) {
+  // Near-flat logits over 2000 ids: the 0.5 nucleus holds ~1000 tokens, far past the first
+  // sorted head, so the head must grow. Every draw lies in the brute-force nucleus.
+  auto l = random_logits(2000, 21, 0.5f);
+  std::vector<std::pair<float, int>> order;
+  for (int i = 0; i < 2000; ++i) order.push_back({l[static_cast<size_t>(i)], i});
+  std::sort(order.begin(), order.end(), [](auto a, auto b) {
+    return a.first != b.first ? a.first > b.first : a.second < b.second;
+  });
+  double z = 0;
+  for (float x : l) z += std::exp(static_cast<double>(x));
+  std::vector<bool> in(2000);
+  double cum = 0;
+  size_t size = 0;
+  for (const auto& [x, i] : order) {
+    in[static_cast<size_t>(i)] = true;
+    ++size;
+    cum += std::exp(static_cast<double>(x)) / z;
+    if (cum >= 0.5) break;
+  }
+  BOOST_TEST(size > 500u);
+  std::vector<bool> seen(2000);
+  size_t distinct = 0;
+  for (int32_t id : draw(temp(1.0f, 17, 0, 0.5f), l, 3000)) {
+    BOOST_TEST(in[static_cast<size_t>(id)]);
+    if (!seen[static_cast<size_t>(id)]) ++distinct, seen[static_cast<size_t>(id)] = true;
+  }
+  BOOST_TEST(distinct > 256u);
+}
+
+BOOST_AUTO_TEST_CASE(frequencies_follow_the_distribution) {
+  // p = softmax(l / T) with T = 1: 0.6, 0.3, 0.1. 20000 draws: binomial sd <= 0.0035, so a
+  // +-0.03 window is more than 8 sd wide.
+  std::vector<float> l = {std::log(0.6f), std::log(0.3f), std::log(0.1f)};
+  const int n = 20000;
+  std::vector<int> count(3);
+  for (int32_t id : draw(temp(1.0f, 1234), l, n)) ++count[static_cast<size_t>(id)];
+  BOOST_TEST(std::abs(count[0] / double(n) - 0.6) < 0.03);
+  BOOST_TEST(std::abs(count[1] / double(n) - 0.3) < 0.03);
+  BOOST_TEST(std::abs(count[2] / double(n) - 0.1) < 0.03);
+  // T = 2 flattens: p ∝ sqrt(0.6), sqrt(0.3), sqrt(0.1) = 0.473, 0.335, 0.193.
+  std::fill(count.begin(), count.end(), 0);
+  for (int32_t id : draw(temp(2.0f, 99), l, n)) ++count[static_cast<size_t>(id)];
+  BOOST_TEST(std::abs(count[0] / double(n) - 0.473) < 0.03);
+  BOOST_TEST(std::abs(count[2] / double(n) - 0.193) < 0.03);
+}
+
+BOOST_AUTO_TEST_CASE(logprobs_sorted_normalized_and_temperature_free) {
+  auto l = random_logits(1000, 77, 8.0f);
+  SamplingParams p = temp(0.7f, 3);
+  p.n_logprobs = 20;
+  Sampler s(p);
+  std::vector<TokenLogprob> top;
+  float chosen_lp = 1.0f;
+  const int32_t id = s.sample(l.data(), 1000, &top, &chosen_lp);
+  BOOST_TEST_REQUIRE(top.size() == 20u);
+  BOOST_TEST(top[0].id == argmax(l));
+  for (size_t i = 1; i < top.size(); ++i) BOOST_TEST(top[i - 1].logprob >= top[i].logprob);
+  // Reference log-softmax in double.
+  double mx = l[static_cast<size_t>(argmax(l))], z = 0;
+  for (float x : l) z += std::exp(x - mx);
+  const double log_z = mx + std::log(z);
+  for (const auto& t : top) BOOST_TEST(std::abs(t.logprob - (l[static_cast<size_t>(t.id)] - log_z)) < 1e-4);
+  BOOST_TEST(std::abs(chosen_lp - (l[static_cast<size_t>(id)] - log_z)) < 1e-4);
+  // The full distribution sums to one; the top 20 to at most one.
+  double sum_top = 0;
+  for (const auto& t : top) sum_top += std::exp(t.logprob);
+  BOOST_TEST(sum_top <= 1.0 + 1e-5);
+  double sum_all = 0;
+  for (float x : l) sum_all += std::exp(x - log_z);
+  BOOST_TEST(std::abs(sum_all - 1.0) < 1e-6);
+  // Every token outside the list is no more likely than the last one in it.
+  std::vector<bool> in(1000);
+  for (const auto& t : top) in[static_cast<size_t>(t.id)] = true;
+  for (int i = 0; i < 1000; ++i)
+    if (!in[static_cast<size_t>(i)]) BOOST_TEST(l[static_cast<size_t>(i)] <= l[static_cast<size_t>(top.back().id)]);
+}
+
+BOOST_AUTO_TEST_CASE(logprobs_of_a_uniform_distribution_and_small_vocab) {
+  SamplingParams p;
+  p.n_logprobs = 5;
+  Sampler s(p);
+  std::vector<float> flat(4, 1.0f);
+  std::vector<TokenLogprob> top;
+  float lp = 0;
+  BOOST_TEST(s.sample(flat.data(), 4, &top, &lp) == 0);
+  BOOST_TEST_REQUIRE(top.size() == 4u);  // capped by the vocabulary
+  for (size_t i = 0; i < 4; ++i) {
+    BOOST_TEST(top[i].id == static_cast<int32_t>(i));  // ties by id
+    BOOST_TEST(std::abs(top[i].logprob - std::log(0.25f)) < 1e-6);
+  }
+  BOOST_TEST(std::abs(lp - std::log(0.25f)) < 1e-6);
+  // n_logprobs = 0 leaves the list empty.
+  Sampler none(SamplingParams{});
+  top.assign(3, TokenLogprob{});
+  none.sample(flat.data(), 4, &top, nullptr);
+  BOOST_TEST(top.empty());
+}
+
+BOOST_AUTO_TEST_CASE(masked_logits_are_never_drawn) {
+  std::vector<float> l = {-INFINITY, 0.0f, -INFINITY, 0.0f};
+  for (int32_t id : draw(temp(1.0f, 8), l, 200)) BOOST_TEST((id == 1 || id == 3));
+  for (int32_t id : draw(temp(1.0f, 8, 0, 0.5f), l, 50)) BOOST_TEST(id == 1);
+}
+
+BOOST_AUTO_TEST_CASE(invalid_params_are_rejected_by_name) {
+  SamplingParams p;
+  p.top_k = -1;
+  BOOST_TEST(rejects(p, "top_k"));
+  p = {};
+  p.top_p = 0.0f;
+  BOOST_TEST(rejects(p, "top_p"));
+  p.top_p = 1.5f;
+  BOOST_TEST(rejects(p, "top_p"));
+  p.top_p = NAN;
+  BOOST_TEST(rejects(p, "top_p"));
+  p = {};
+  p.n_logprobs = 21;
+  BOOST_TEST(rejects(p, "n_logprobs"));
+  p.n_logprobs = -1;
+  BOOST_TEST(rejects(p, "n_logprobs"));
+  p = {};
+  p.temperature = NAN;
+  BOOST_TEST(rejects(p, "temperature"));
+  // The limits themselves are accepted.
+  p = {};
+  p.top_p = 1.0f;
+  p.n_logprobs = 20;
+  BOOST_CHECK_NO_THROW(Sampler{p});
+}

@@ -13,6 +13,7 @@
 #include "model/gguf.hpp"
 #include "model/llama.hpp"
 #include "model/make_model.hpp"
+#include "model/sampler.hpp"
 #include "model/tokenizer.hpp"
 
 namespace fs = std::filesystem;
@@ -59,6 +60,16 @@ std::string demo_model_path() {
   return path.string();
 }
 
+// Token ids separated by `sep`.
+std::string join_ids(const std::vector<int32_t>& ids, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += sep;
+    out += std::to_string(ids[i]);
+  }
+  return out;
+}
+
 int cmd_make_model(const Args& a) {
   sy::MakeModelOptions o;
   o.shape = a.str("shape", "tiny");
@@ -81,26 +92,20 @@ int cmd_tokenize(const Args& a) {
   std::string out;
   if (a.has("json")) {
     out = "{\"ids\": [";
-    for (size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
-    out += "]}";
+    out += join_ids(ids, ", ") + "]}";
   } else {
-    for (size_t i = 0; i < ids.size(); ++i) out += (i ? " " : "") + std::to_string(ids[i]);
+    out = join_ids(ids, " ");
   }
   std::cout << out << std::endl;
   return 0;
 }
 
 int cmd_generate(const Args& a) {
-  std::string path = a.has("model") ? a.str("model") : demo_model_path();
-  auto model = sy::LlamaModel::load(path);
-
+  // Every option is checked before the (possibly slow) model load.
   sy::EngineOptions eo;
   eo.n_threads = static_cast<int>(a.integer("threads", 0));
   if (eo.n_threads < 0) throw UsageError("--threads must be >= 0");
-
   sy::GenRequest req;
-  req.prompt = model->tokenizer().encode(a.str("prompt", ""), !a.has("no-bos"));
-  if (req.prompt.empty()) throw UsageError("the prompt is empty: pass --prompt TEXT");
   long long n = a.integer("n", 32);
   if (n < 1) throw UsageError("-n must be at least 1");
   req.max_tokens = static_cast<int>(n);
@@ -109,24 +114,28 @@ int cmd_generate(const Args& a) {
   req.sampling.top_p = static_cast<float>(a.real("top-p", 1.0));
   req.sampling.seed = static_cast<uint64_t>(a.integer("seed", 0));
   req.sampling.n_logprobs = static_cast<int>(a.integer("logprobs", 0));
+  sy::Sampler check(req.sampling);  // throws std::invalid_argument naming a bad field
   req.stop = a.all("stop");
   req.ignore_eos = a.has("ignore-eos");
+  sy::GenOptions go;
+  go.prefill_chunk = static_cast<int>(a.integer("prefill-chunk", 512));
+  if (go.prefill_chunk < 1) throw UsageError("--prefill-chunk must be at least 1");
+  if (a.str("prompt", "").empty()) throw UsageError("the prompt is empty: pass --prompt TEXT");
+
+  std::string path = a.has("model") ? a.str("model") : demo_model_path();
+  auto model = sy::LlamaModel::load(path);
+  req.prompt = model->tokenizer().encode(a.str("prompt", ""), !a.has("no-bos"));
 
   // Enough KV blocks for this one request (prompt + output), rounded up to whole blocks.
   int64_t need = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
   eo.n_blocks = static_cast<int32_t>((need + eo.block_size - 1) / eo.block_size) + 1;
   auto engine = sy::make_cpu_engine(model, eo);
 
-  sy::GenOptions go;
-  go.prefill_chunk = static_cast<int>(a.integer("prefill-chunk", 512));
-  if (go.prefill_chunk < 1) throw UsageError("--prefill-chunk must be at least 1");
   bool json = a.has("json");
   sy::TokenCallback stream;
   if (!json) {
     std::cout << a.str("prompt", "") << std::flush;
-    stream = [](size_t, int32_t, std::string_view delta) {
-      std::cout << delta << std::flush;
-    };
+    stream = [](size_t, int32_t, std::string_view delta) { std::cout << delta << std::flush; };
   }
   auto t0 = std::chrono::steady_clock::now();
   auto results = sy::generate(*engine, {req}, go, stream);
@@ -140,12 +149,8 @@ int cmd_generate(const Args& a) {
               << "\n";
     return 0;
   }
-  std::string out = "{\"prompt_token_ids\": [";
-  for (size_t i = 0; i < req.prompt.size(); ++i)
-    out += (i ? ", " : "") + std::to_string(req.prompt[i]);
-  out += "], \"token_ids\": [";
-  for (size_t i = 0; i < r.tokens.size(); ++i)
-    out += (i ? ", " : "") + std::to_string(r.tokens[i]);
+  std::string out = "{\"prompt_token_ids\": [" + join_ids(req.prompt, ", ");
+  out += "], \"token_ids\": [" + join_ids(r.tokens, ", ");
   out += "], \"text\": " + json_string(r.text);
   out += ", \"finish_reason\": " + json_string(r.finish_reason);
   if (req.sampling.n_logprobs > 0) {
@@ -153,7 +158,8 @@ int cmd_generate(const Args& a) {
     for (size_t i = 0; i < r.logprobs.size(); ++i) {
       out += i ? ", [" : "[";
       for (size_t k = 0; k < r.logprobs[i].size(); ++k) {
-        out += (k ? ", " : "") + std::string("{\"id\": ") + std::to_string(r.logprobs[i][k].id) +
+        out += k ? ", " : "";
+        out += "{\"id\": " + std::to_string(r.logprobs[i][k].id) +
                ", \"logprob\": " + json_number(r.logprobs[i][k].logprob) + "}";
       }
       out += "]";

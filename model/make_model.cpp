@@ -133,8 +133,8 @@ enum TokenType : int32_t { kNormal = 1, kUnknown = 2, kControl = 3, kUnused = 5,
 
 // Our own SentencePiece-style vocabulary: specials, the 256 byte-fallback tokens, then "▁",
 // single characters and the prefix chains of common words (a piece is only reachable by merges
-// when its prefixes exist), so ordinary English is not encoded byte by byte; then <unused_N>
-// up to n_vocab.
+// when its prefixes exist), so ordinary English is not encoded byte by byte; then made-up
+// words up to n_vocab.
 void add_builtin_vocab(gguf::Writer& w, int n_vocab) {
   std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
   std::vector<float> scores = {0, 0, 0};
@@ -173,10 +173,33 @@ void add_builtin_vocab(gguf::Writer& w, int n_vocab) {
   }
   if (static_cast<int>(tokens.size()) > n_vocab)
     throw std::logic_error("make-model: built-in vocabulary larger than the shape's");
-  for (int i = 0; static_cast<int>(tokens.size()) < n_vocab; ++i) {
-    tokens.push_back("<unused_" + std::to_string(i) + ">");
-    scores.push_back(0);
-    types.push_back(kUnused);
+  // The rest of the shape's vocabulary (32000 or 128256 rows, so the output matmul costs what
+  // it does in a real model) are made-up words of one to three syllables, so the random demo
+  // model prints visible pseudo-words rather than empty pieces. Merges never reach them.
+  static const char kConsonants[] = "bdfgklmnprstvz";
+  static const char kVowels[] = "aeiou";
+  std::vector<std::string> syllables;
+  for (char c : std::string_view(kConsonants))
+    for (char v : std::string_view(kVowels)) syllables.push_back(std::string{c, v});
+  const size_t n_syl = syllables.size();
+  for (size_t i = 0; static_cast<int>(tokens.size()) < n_vocab; ++i) {
+    // Enumerate 1-, then 2-, then 3-syllable words in a fixed order.
+    size_t k = i;
+    std::string word;
+    if (k < n_syl) {
+      word = syllables[k];
+    } else if ((k -= n_syl) < n_syl * n_syl) {
+      word = syllables[k / n_syl] + syllables[k % n_syl];
+    } else {
+      k -= n_syl * n_syl;
+      if (k >= n_syl * n_syl * n_syl) throw std::logic_error("make-model: vocabulary too large");
+      word = syllables[k / (n_syl * n_syl)] + syllables[(k / n_syl) % n_syl] + syllables[k % n_syl];
+    }
+    std::string piece = sp + word;
+    if (!seen.insert(piece).second) continue;
+    tokens.push_back(piece);
+    scores.push_back(-1e6f - static_cast<float>(i));
+    types.push_back(kNormal);
   }
   w.add_string("tokenizer.ggml.model", "llama");
   w.add_string("tokenizer.ggml.pre", "default");

@@ -1,10 +1,10 @@
 // Fast CPU kernels: threaded, SIMD versions of the ops in kernels.hpp, checked against ref.
 // matmul tiles R weight rows x T tokens so each weight load feeds T tokens; quantized weights
-// multiply Q8_0-quantized activations with integer dot products (AVX-512 VNNI or AVX2).
+// multiply Q8_0-quantized activations with integer dot products (AVX-512 VNNI or AVX2), and
+// from 16 tokens on with a tokens-in-lanes VNNI kernel.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <type_traits>
 #include <vector>
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -46,8 +46,7 @@ struct Scratch {
   }
 };
 
-thread_local Scratch t_act;   // quantized activations, owned by the thread that calls matmul
-thread_local Scratch t_ybuf;  // per-thread output gathering (drive_rows)
+thread_local Scratch t_act;  // quantized activations, owned by the thread that calls matmul
 
 /// Runs fn over [0, n) on the pool, or inline without one.
 template <class F>
@@ -83,6 +82,15 @@ inline float scalar_weight(DType t, const uint8_t* row, int64_t k) {
 
 // ---------------------------------------------------------------------------------------------
 // Float weights (f32 / f16 / bf16) x f32 activations.
+
+#if defined(SY_AVX2)
+inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#endif
 
 #if defined(SY_AVX512)
 
@@ -180,13 +188,6 @@ inline __m256 load8(const uint8_t* row, int64_t k) {
   }
 }
 
-inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 template <DType TY, int R, int T>
 void tile_float(const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y, int64_t ys) {
   __m256 acc[R][T];
@@ -252,34 +253,6 @@ void tile_float_tokens(int nt, const uint8_t* w, size_t rb, const float* x, int6
   }
 }
 
-/// Runs a row-tile x token-tile kernel over rows [r0, r1) and all tokens. tile(R or 1 rows, r,
-/// t, nt, out, out_stride) writes out[t' * out_stride + r'] for its tile. Outputs of a chunk of
-/// rows are gathered in a buffer and written to y as contiguous runs per token: y's token
-/// stride (rows * 4 bytes) is often a multiple of 4 KiB, and scattered stores at that stride
-/// keep evicting each other from L1 (measured: half the speed at 2048 rows).
-template <int R, int T, class Tile>
-void drive_rows(int64_t r0, int64_t r1, int64_t n_tokens, int64_t tb, float* y, int64_t y_rows, const Tile& tile) {
-  constexpr int64_t kChunk = 16 * R;
-  float* ybuf = reinterpret_cast<float*>(t_ybuf.get(sizeof(float) * static_cast<size_t>(tb * kChunk)));
-  for (int64_t t0 = 0; t0 < n_tokens; t0 += tb) {
-    const int64_t t1 = std::min(n_tokens, t0 + tb);
-    for (int64_t rc = r0; rc < r1; rc += kChunk) {
-      const int64_t rend = std::min(r1, rc + kChunk);
-      int64_t r = rc;
-      for (; r + R <= rend; r += R)
-        for (int64_t t = t0; t < t1; t += T)
-          tile(std::integral_constant<int, R>{}, r, t, static_cast<int>(std::min<int64_t>(T, t1 - t)),
-               ybuf + (t - t0) * kChunk + (r - rc), kChunk);
-      for (; r < rend; ++r)
-        for (int64_t t = t0; t < t1; t += T)
-          tile(std::integral_constant<int, 1>{}, r, t, static_cast<int>(std::min<int64_t>(T, t1 - t)),
-               ybuf + (t - t0) * kChunk + (r - rc), kChunk);
-      for (int64_t t = t0; t < t1; ++t)
-        std::memcpy(y + t * y_rows + rc, ybuf + (t - t0) * kChunk, sizeof(float) * static_cast<size_t>(rend - rc));
-    }
-  }
-}
-
 template <DType TY>
 void matmul_float_rows(const WeightView& w, const float* x, int64_t n_tokens, float* y, int64_t r0,
                        int64_t r1) {
@@ -288,9 +261,22 @@ void matmul_float_rows(const WeightView& w, const float* x, int64_t n_tokens, fl
   // Tokens per block: their activations (cols floats each) stay within ~192 KiB of L2 while the
   // rows of this thread stream past them.
   const int64_t tb = std::max<int64_t>(kTokF, (192 * 1024 / 4 / std::max<int64_t>(w.cols, 1)) / kTokF * kTokF);
-  drive_rows<kRowsF, kTokF>(r0, r1, n_tokens, tb, y, w.rows, [&](auto rows, int64_t r, int64_t t, int nt, float* out, int64_t os) {
-    tile_float_tokens<TY, decltype(rows)::value>(nt, base + r * rb, rb, x + t * w.cols, w.cols, out, os);
-  });
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += tb) {
+    const int64_t t1 = std::min(n_tokens, t0 + tb);
+    int64_t r = r0;
+    for (; r + kRowsF <= r1; r += kRowsF) {
+      for (int64_t t = t0; t < t1; t += kTokF) {
+        const int nt = static_cast<int>(std::min<int64_t>(kTokF, t1 - t));
+        tile_float_tokens<TY, kRowsF>(nt, base + r * rb, rb, x + t * w.cols, w.cols, y + t * w.rows + r, w.rows);
+      }
+    }
+    for (; r < r1; ++r) {
+      for (int64_t t = t0; t < t1; t += kTokF) {
+        const int nt = static_cast<int>(std::min<int64_t>(kTokF, t1 - t));
+        tile_float_tokens<TY, 1>(nt, base + r * rb, rb, x + t * w.cols, w.cols, y + t * w.rows + r, w.rows);
+      }
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -617,9 +603,22 @@ void matmul_quant_rows(const WeightView& w, const uint8_t* xq, size_t xs, int64_
   const auto* base = static_cast<const uint8_t*>(w.data);
   // Tokens per block: their quantized activations stay within ~192 KiB of L2.
   const int64_t tb = std::max<int64_t>(kTokQ, static_cast<int64_t>(192 * 1024 / xs) / kTokQ * kTokQ);
-  drive_rows<kRowsQ, kTokQ>(r0, r1, n_tokens, tb, y, w.rows, [&](auto rows, int64_t r, int64_t t, int nt, float* out, int64_t os) {
-    tile_quant_tokens<TY, decltype(rows)::value>(nt, base + r * rb, rb, xq + t * xs, xs, nb, out, os);
-  });
+  for (int64_t t0 = 0; t0 < n_tokens; t0 += tb) {
+    const int64_t t1 = std::min(n_tokens, t0 + tb);
+    int64_t r = r0;
+    for (; r + kRowsQ <= r1; r += kRowsQ) {
+      for (int64_t t = t0; t < t1; t += kTokQ) {
+        const int nt = static_cast<int>(std::min<int64_t>(kTokQ, t1 - t));
+        tile_quant_tokens<TY, kRowsQ>(nt, base + r * rb, rb, xq + t * xs, xs, nb, y + t * w.rows + r, w.rows);
+      }
+    }
+    for (; r < r1; ++r) {
+      for (int64_t t = t0; t < t1; t += kTokQ) {
+        const int nt = static_cast<int>(std::min<int64_t>(kTokQ, t1 - t));
+        tile_quant_tokens<TY, 1>(nt, base + r * rb, rb, xq + t * xs, xs, nb, y + t * w.rows + r, w.rows);
+      }
+    }
+  }
 }
 
 #if defined(SY_VNNI512)

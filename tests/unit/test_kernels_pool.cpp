@@ -28,7 +28,7 @@ BOOST_AUTO_TEST_CASE(covers_each_index_once) {
 BOOST_AUTO_TEST_CASE(many_short_calls) {
   ThreadPool pool(3);
   std::atomic<int64_t> total{0};
-  const int calls = 20000;
+  const int calls = 5000;
   for (int c = 0; c < calls; ++c) {
     pool.parallel_for(6, [&](int64_t b, int64_t e) { total.fetch_add(e - b); });
   }

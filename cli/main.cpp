@@ -1,13 +1,14 @@
-// The `switchyard` command: generate, tokenize and make-model (the server comes with serving).
+// The `switchyard` command: serve, submit, generate, tokenize and make-model.
 
 #include <chrono>
 #include <cstdlib>
-#include <filesystem>
 #include <iostream>
 #include <string>
 
 #include "cli/args.hpp"
+#include "cli/demo_model.hpp"
 #include "cli/json.hpp"
+#include "cli/serve.hpp"
 #include "gpu/engine.hpp"
 #include "gpu/generator.hpp"
 #include "model/gguf.hpp"
@@ -16,49 +17,26 @@
 #include "model/sampler.hpp"
 #include "model/tokenizer.hpp"
 
-namespace fs = std::filesystem;
 using sy::cli::Args;
+using sy::cli::demo_model_path;
 using sy::cli::json_number;
 using sy::cli::json_string;
 using sy::cli::UsageError;
 
 namespace {
 
-constexpr const char* kUsage =
+constexpr const char* kUsageHead =
     "usage: switchyard <command> [options]\n"
-    "commands:\n"
+    "commands:\n";
+constexpr const char* kUsage =
     "  generate    --model FILE --prompt TEXT -n N [--temperature T --top-k K --top-p P\n"
     "              --seed S --logprobs N --stop STR --ignore-eos --threads N --json]\n"
     "  tokenize    --model FILE --text TEXT [--no-bos] [--json]\n"
     "  make-model  --shape {tiny,15M,110M,1B,8B} --dtype {f32,f16,bf16,q8_0,q4_0}\n"
     "              [--vocab-from FILE.gguf] [--seed N] --out FILE.gguf\n"
-    "Without --model, generate and tokenize use a generated random-weight demo model.\n";
+    "Without --model, serve, generate and tokenize use a generated random-weight demo model.\n";
 
-// The demo model: a random-weight 15M-shaped Llama that the project writes itself, so the
-// quick start needs no download. Cached per user; rebuilt if the file is missing.
-std::string demo_model_path() {
-  const char* xdg = std::getenv("XDG_CACHE_HOME");
-  const char* home = std::getenv("HOME");
-  fs::path dir = xdg && *xdg ? fs::path(xdg) : fs::path(home && *home ? home : "/tmp") / ".cache";
-  dir /= "switchyard";
-  fs::create_directories(dir);
-  fs::path path = dir / "demo-15M-q8_0-seed1.gguf";
-  std::cerr << "switchyard: no --model given: using the demo model " << path.string()
-            << " (random weights, 15M Llama shape; its text is noise — pass --model FILE.gguf)\n";
-  if (!fs::exists(path)) {
-    sy::MakeModelOptions o;
-    o.shape = "15M";
-    o.dtype = "q8_0";
-    o.seed = 1;
-    // Written beside the target and renamed, so an interrupted run never leaves a torn file.
-    fs::path tmp = path;
-    tmp += ".tmp";
-    o.out = tmp.string();
-    sy::make_model(o);
-    fs::rename(tmp, path);
-  }
-  return path.string();
-}
+void print_usage(std::ostream& os) { os << kUsageHead << sy::cli::kServeUsage << sy::cli::kSubmitUsage << kUsage; }
 
 // Token ids separated by `sep`.
 std::string join_ids(const std::vector<int32_t>& ids, const char* sep) {
@@ -176,11 +154,23 @@ int cmd_generate(const Args& a) {
 int main(int argc, char** argv) {
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
       std::string(argv[1]) == "help") {
-    std::cout << kUsage;
+    print_usage(std::cout);
     return argc < 2 ? 2 : 0;
   }
   std::string cmd = argv[1];
+  if (argc > 2 && (std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h")) {
+    print_usage(std::cout);
+    return 0;
+  }
   try {
+    if (cmd == "serve") {
+      Args a(argc, argv, 2, sy::cli::kServeOptions, {});
+      return sy::cli::cmd_serve(a);
+    }
+    if (cmd == "submit") {
+      Args a(argc, argv, 2, sy::cli::kSubmitOptions, {});
+      return sy::cli::cmd_submit(a);
+    }
     if (cmd == "generate") {
       Args a(argc, argv, 2,
              {"model", "prompt", "n", "temperature", "top-k", "top-p", "seed", "logprobs", "stop",
@@ -198,7 +188,8 @@ int main(int argc, char** argv) {
     }
     throw UsageError("unknown command '" + cmd + "'");
   } catch (const UsageError& e) {
-    std::cerr << "switchyard: " << e.what() << "\n" << kUsage;
+    std::cerr << "switchyard: " << e.what() << "\n";
+    print_usage(std::cerr);
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "switchyard: error: " << e.what() << "\n";

@@ -1,0 +1,511 @@
+// The admission actor: authentication, quotas, job-key deduplication, prompt checks, and the
+// hand-off of admitted jobs to the router (see admission.hpp for the protocol).
+#include "actors/admission.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <optional>
+#include <unordered_map>
+#include <utility>
+
+#include "actors/messages.hpp"
+#include "actors/router.hpp"
+#include "ingress/error_code.hpp"
+#include "model/llama.hpp"
+#include "policies/quota.hpp"
+#include "policies/retry.hpp"
+
+namespace sy {
+
+bool tokens_equal(std::string_view a, std::string_view b) {
+  // Every byte position up to the longer length is visited and differences are OR-ed, so the
+  // time does not reveal the length of a matching prefix.
+  const std::size_t n = std::max(a.size(), b.size());
+  volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (std::size_t i = 0; i < n; ++i) {
+    unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff = diff | static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+namespace {
+
+// wire::JobState values (ingress/protocol.hpp), kept here to avoid including the wire structs.
+constexpr uint8_t kQueued = 0, kDone = 2, kFailed = 3, kCancelled = 4;
+
+struct TenantState {
+  std::string token;
+  double weight = 1.0;
+  policy::TenantQuota quota;
+};
+
+/// One job key: live (pending at the router, queued or running) or ended (kept for resubmission
+/// and status until evicted).
+struct Record {
+  uint64_t uid = 0;
+  bool live = true;
+  bool pending = true;  // the router has not answered the enqueue yet
+  uint8_t state = kQueued;
+  ClientRef client;
+  std::vector<ClientRef> attached;  // later submitters of the same key
+  uint32_t charged = 0;             // tokens taken from the tenant's bucket
+  std::string tenant;
+  DoneEvent done;
+  ErrorEvent error;
+};
+
+struct AdmissionState {
+  AdmissionConfig cfg;
+  std::vector<policy::PriorityClass> classes;
+  std::size_t default_class = 0;
+  std::shared_ptr<const LlamaModel> model;
+  caf::actor router, egress;
+  std::unordered_map<std::string, TenantState> tenants;
+  bool anonymous = false;
+  std::unordered_map<std::string, Record> records;  // by job key
+  std::unordered_map<uint64_t, std::string> live;   // uid -> job key
+  std::deque<std::pair<std::string, uint64_t>> ended;  // eviction order: key, uid
+  std::optional<policy::DrainRate> drain;
+  policy::RetryConfig retry;
+  uint64_t next_uid = 1;
+  bool draining = false;
+  uint64_t submitted = 0, admitted = 0, unauthorized = 0, rate_limited = 0, overloaded = 0,
+           bad_request = 0, deduplicated = 0, attached = 0, finished = 0, not_found = 0,
+           unavailable = 0;
+
+  static inline const char* name = "sy.admission";
+};
+
+using Self = caf::stateful_actor<AdmissionState>;
+
+int64_t clock_us(Self* self) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             self->clock().now().time_since_epoch())
+      .count();
+}
+
+// The tenant's length first, so that no (tenant, id) pair can collide with another.
+std::string job_key(const std::string& tenant, const std::string& id) {
+  return std::to_string(tenant.size()) + ':' + tenant + id;
+}
+
+void send_out(Self* self, auto ev) {
+  if (self->state.egress) self->send(self->state.egress, out_atom::value, std::move(ev));
+}
+
+void send_error(Self* self, const ClientRef& to, const std::string& id, const std::string& tenant,
+                ErrorCode code, std::string message, int64_t retry_after_ms = -1,
+                uint64_t uid = 0) {
+  ErrorEvent e;
+  e.to = to;
+  e.uid = uid;
+  e.id = id;
+  e.tenant = tenant;
+  e.code = static_cast<uint8_t>(code);
+  e.message = std::move(message);
+  e.retry_after_ms = retry_after_ms;
+  send_out(self, std::move(e));
+}
+
+/// A pipeline submit answered here never reaches the router: give its PULL credit back.
+void return_pull_credit(Self* self, const ClientRef& c) {
+  if (c.kind == ClientRef::pipeline && self->state.router)
+    self->send(self->state.router, pull_atom::value, uint32_t{1});
+}
+
+/// The tenant if known and the token matches, else nullptr and the reason in `why`.
+TenantState* authenticate(Self* self, const std::string& tenant, const std::string& token,
+                          bool internal, std::string& why) {
+  auto& st = self->state;
+  auto i = st.tenants.find(tenant);
+  if (i == st.tenants.end()) {
+    if (!st.anonymous) {
+      why = "unknown tenant '" + tenant + "'";
+      return nullptr;
+    }
+    // Anonymous mode: every tenant name is its own unlimited tenant of weight 1.
+    auto now_ms = clock_us(self) / 1000;
+    i = st.tenants.emplace(tenant, TenantState{"", 1.0, policy::TenantQuota(0, 0, 0, now_ms)}).first;
+  }
+  if (!internal && !i->second.token.empty() && !tokens_equal(i->second.token, token)) {
+    why = "wrong token for tenant '" + tenant + "'";
+    return nullptr;
+  }
+  return &i->second;
+}
+
+/// Forgets ended keys beyond the configured cache size, oldest first.
+void evict(Self* self) {
+  auto& st = self->state;
+  while (st.ended.size() > st.cfg.result_cache) {
+    auto [key, uid] = std::move(st.ended.front());
+    st.ended.pop_front();
+    auto i = st.records.find(key);
+    if (i != st.records.end() && !i->second.live && i->second.uid == uid) st.records.erase(i);
+  }
+}
+
+/// Turns the request into a Job, or returns the bad_request message.
+std::optional<std::string> build_job(Self* self, const SubmitRequest& req, Job& job) {
+  auto& st = self->state;
+  std::size_t ci = st.default_class;
+  if (!req.priority.empty()) {
+    auto it = std::find_if(st.classes.begin(), st.classes.end(),
+                           [&](const policy::PriorityClass& c) { return c.name == req.priority; });
+    if (it == st.classes.end()) return "unknown priority class '" + req.priority + "'";
+    ci = static_cast<std::size_t>(it - st.classes.begin());
+  }
+  if (req.max_tokens == 0) return std::string("max_tokens must be at least 1");
+  if (req.max_tokens > st.cfg.max_output_tokens)
+    return "max_tokens " + std::to_string(req.max_tokens) + " exceeds the limit " +
+           std::to_string(st.cfg.max_output_tokens);
+  if (!(req.temperature >= 0) || !std::isfinite(req.temperature))
+    return std::string("temperature must be a finite number >= 0");
+  if (!(req.top_p > 0 && req.top_p <= 1)) return std::string("top_p must be in (0, 1]");
+  const LlamaModel* model = st.model.get();
+  if (req.prompt_is_ids || !req.prompt_ids.empty()) {
+    int n_vocab = model ? model->config().n_vocab : 0;
+    for (auto id : req.prompt_ids)
+      if (id < 0 || (n_vocab > 0 && id >= n_vocab))
+        return "prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+               std::to_string(n_vocab) + ")";
+    job.prompt = req.prompt_ids;
+  } else if (model) {
+    job.prompt = model->tokenizer().encode(req.prompt_text, true);
+  } else {
+    job.prompt.reserve(req.prompt_text.size());
+    for (unsigned char c : req.prompt_text) job.prompt.push_back(c);
+  }
+  if (job.prompt.empty()) return std::string("prompt is empty");
+  const std::size_t n = job.prompt.size();
+  if (st.cfg.max_prompt_tokens > 0 && n > st.cfg.max_prompt_tokens)
+    return "prompt has " + std::to_string(n) + " tokens, limit " +
+           std::to_string(st.cfg.max_prompt_tokens);
+  if (model) {
+    const std::size_t ctx = static_cast<std::size_t>(std::max(0, model->config().ctx_len));
+    if (ctx > 0 && n + req.max_tokens > ctx) {
+      std::size_t limit = ctx > req.max_tokens ? ctx - req.max_tokens : 0;
+      return "prompt has " + std::to_string(n) + " tokens, limit " + std::to_string(limit) +
+             " (context " + std::to_string(ctx) + " minus max_tokens " +
+             std::to_string(req.max_tokens) + ")";
+    }
+  }
+  job.id = req.id;
+  job.tenant = req.tenant;
+  job.client = req.client;
+  job.class_index = static_cast<uint32_t>(ci);
+  job.max_tokens = req.max_tokens;
+  job.temperature = static_cast<float>(req.temperature);
+  job.top_k = static_cast<int32_t>(std::min<uint32_t>(req.top_k, 1u << 30));
+  job.top_p = static_cast<float>(req.top_p);
+  job.stop = req.stop;
+  job.ignore_eos = req.ignore_eos;
+  job.stream = req.stream;
+  job.logprobs = req.logprobs;
+  return std::nullopt;
+}
+
+/// The router refused or failed a job that admission counted: undo the quota and the record,
+/// tell every client waiting on the key.
+void drop_pending(Self* self, const std::string& key, uint64_t uid, ErrorCode code,
+                  const std::string& message, int64_t retry_after_ms) {
+  auto& st = self->state;
+  auto i = st.records.find(key);
+  if (i == st.records.end() || i->second.uid != uid || !i->second.live) return;
+  Record rec = std::move(i->second);
+  st.records.erase(i);
+  st.live.erase(uid);
+  auto t = st.tenants.find(rec.tenant);
+  if (t != st.tenants.end()) t->second.quota.finish(rec.charged, clock_us(self) / 1000);
+  send_error(self, rec.client, rec.done.id, rec.tenant, code, message, retry_after_ms, uid);
+  for (auto& c : rec.attached)
+    send_error(self, c, rec.done.id, rec.tenant, code, message, retry_after_ms, uid);
+}
+
+void submit(Self* self, SubmitRequest& req) {
+  auto& st = self->state;
+  ++st.submitted;
+  if (st.draining) {
+    ++st.unavailable;
+    send_error(self, req.client, req.id, req.tenant, ErrorCode::unavailable,
+               "the server is shutting down");
+    return return_pull_credit(self, req.client);
+  }
+  std::string why;
+  TenantState* tenant = authenticate(self, req.tenant, req.token, false, why);
+  if (!tenant) {
+    ++st.unauthorized;
+    send_error(self, req.client, req.id, req.tenant, ErrorCode::unauthorized, why);
+    return return_pull_credit(self, req.client);
+  }
+  const std::string key = job_key(req.tenant, req.id);
+  if (auto i = st.records.find(key); i != st.records.end()) {
+    Record& rec = i->second;
+    if (rec.live) {
+      // Attach: the running job's final result goes to this client too; never a second run.
+      ++st.deduplicated;
+      ++st.attached;
+      if (!(req.client == rec.client) &&
+          std::find(rec.attached.begin(), rec.attached.end(), req.client) == rec.attached.end())
+        rec.attached.push_back(req.client);
+      if (req.client.kind == ClientRef::router) {
+        AcceptedEvent a;
+        a.to = req.client;
+        a.id = req.id;
+        send_out(self, std::move(a));
+      }
+      return return_pull_credit(self, req.client);
+    }
+    if (rec.state == kDone) {
+      ++st.deduplicated;
+      DoneEvent d = rec.done;
+      d.to = req.client;
+      send_out(self, std::move(d));
+      return return_pull_credit(self, req.client);
+    }
+    // Failed or cancelled: the job never produced a result, so a resubmission runs it anew.
+    st.records.erase(i);
+  }
+  Job job;
+  if (auto bad = build_job(self, req, job)) {
+    ++st.bad_request;
+    send_error(self, req.client, req.id, req.tenant, ErrorCode::bad_request, *bad);
+    return return_pull_credit(self, req.client);
+  }
+  const int64_t now_us = clock_us(self);
+  const int64_t now_ms = now_us / 1000;
+  const auto cost = static_cast<uint32_t>(job.prompt.size() + job.max_tokens);
+  auto verdict = tenant->quota.admit(cost, now_ms);
+  if (verdict.verdict != policy::QuotaDecision::admit) {
+    ++st.rate_limited;
+    std::string msg;
+    int64_t retry = 0;
+    if (verdict.verdict == policy::QuotaDecision::too_many_in_flight) {
+      msg = "tenant '" + req.tenant + "' has " +
+            std::to_string(tenant->quota.in_flight().current()) + " jobs in flight (limit " +
+            std::to_string(tenant->quota.in_flight().limit()) + ")";
+      // One of the tenant's jobs must end first: about one completion at the measured rate.
+      retry = policy::retry_after_ms(1, st.drain->jobs_per_s(now_ms), st.retry);
+    } else {
+      msg = "tenant '" + req.tenant + "' is over its token-rate quota (" + std::to_string(cost) +
+            " tokens asked)";
+      retry = std::max<int64_t>(1, verdict.retry_after_ms);
+    }
+    send_error(self, req.client, req.id, req.tenant, ErrorCode::rate_limited, msg, retry);
+    return return_pull_credit(self, req.client);
+  }
+  job.uid = st.next_uid++;
+  job.arrival_us = req.arrival_us > 0 ? req.arrival_us : now_us;
+  job.deadline_us = req.deadline_ms > 0 ? job.arrival_us + int64_t{req.deadline_ms} * 1000 : 0;
+  job.seed = req.has_seed ? req.seed : job.uid;  // unseeded jobs still differ from each other
+  Record rec;
+  rec.uid = job.uid;
+  rec.client = req.client;
+  rec.charged = cost;
+  rec.tenant = req.tenant;
+  rec.done.id = req.id;  // kept for error replies before the job ends
+  st.records[key] = std::move(rec);
+  st.live[job.uid] = key;
+  ++st.admitted;
+  if (!st.router) {
+    drop_pending(self, key, job.uid, ErrorCode::internal, "no router", -1);
+    return;
+  }
+  const uint64_t uid = job.uid;
+  self->request(st.router, caf::infinite, enqueue_atom::value, std::move(job))
+      .then(
+          [self, key, uid](uint8_t result, uint32_t, int64_t retry_after_ms) {
+            auto& s = self->state;
+            if (result == 0) {
+              auto i = s.records.find(key);
+              if (i != s.records.end() && i->second.uid == uid) i->second.pending = false;
+              return;
+            }
+            if (result == 1) {
+              ++s.overloaded;
+              drop_pending(self, key, uid, ErrorCode::overloaded, "the priority class queue is full",
+                           retry_after_ms);
+            } else {
+              drop_pending(self, key, uid, ErrorCode::internal,
+                           "the router does not know the job's priority class", -1);
+            }
+          },
+          [self, key, uid](caf::error& err) {
+            drop_pending(self, key, uid, ErrorCode::internal,
+                         "router unavailable: " + self->system().render(err), -1);
+          });
+}
+
+void finished(Self* self, JobOutcome& o) {
+  auto& st = self->state;
+  auto l = st.live.find(o.uid);
+  if (l == st.live.end()) return;  // already ended (e.g. a duplicate report)
+  std::string key = std::move(l->second);
+  st.live.erase(l);
+  auto i = st.records.find(key);
+  if (i == st.records.end()) return;
+  Record& rec = i->second;
+  ++st.finished;
+  auto now_ms = clock_us(self) / 1000;
+  st.drain->on_completed(1, now_ms);
+  auto t = st.tenants.find(rec.tenant);
+  if (t != st.tenants.end())
+    t->second.quota.finish(rec.charged - std::min(o.tokens_used, rec.charged), now_ms);
+  rec.live = false;
+  rec.pending = false;
+  rec.state = o.outcome == 0 ? kDone : o.outcome == 2 ? kCancelled : kFailed;
+  rec.done = std::move(o.done);
+  rec.error = std::move(o.error);
+  if (rec.state == kFailed && rec.error.code == 0 && o.code != 0) rec.error.code = o.code;
+  for (auto& c : rec.attached) {
+    if (rec.state == kFailed) {
+      ErrorEvent e = rec.error;
+      e.to = c;
+      send_out(self, std::move(e));
+    } else {
+      DoneEvent d = rec.done;
+      d.to = c;
+      send_out(self, std::move(d));
+    }
+  }
+  rec.attached.clear();
+  st.ended.emplace_back(std::move(key), o.uid);
+  evict(self);
+}
+
+void key_request(Self* self, KeyRequest& k) {
+  auto& st = self->state;
+  std::string why;
+  if (!authenticate(self, k.tenant, k.token, k.internal, why)) {
+    ++st.unauthorized;
+    // An internal request (the client is gone) has nobody to answer.
+    if (!k.internal) send_error(self, k.client, k.id, k.tenant, ErrorCode::unauthorized, why);
+    return;
+  }
+  // The key includes the caller's tenant: nobody can reach another tenant's jobs.
+  auto i = st.records.find(job_key(k.tenant, k.id));
+  if (i == st.records.end()) {
+    ++st.not_found;
+    if (!k.internal)
+      send_error(self, k.client, k.id, k.tenant, ErrorCode::not_found,
+                 "no job '" + k.id + "' for tenant '" + k.tenant + "'");
+    return;
+  }
+  Record& rec = i->second;
+  if (k.kind == KeyRequest::cancel) {
+    if (rec.live && st.router) self->send(st.router, cancel_atom::value, rec.uid);
+    return;
+  }
+  StatusEvent s;
+  s.to = k.client;
+  s.id = k.id;
+  if (!rec.live || !st.router) {
+    s.state = rec.live ? kQueued : rec.state;
+    s.completion_tokens = rec.done.completion_tokens;
+    send_out(self, std::move(s));
+    return;
+  }
+  self->request(st.router, caf::infinite, status_atom::value, rec.uid)
+      .then(
+          [self, s](uint8_t state, uint32_t position) mutable {
+            s.state = state;
+            s.queue_position = state == kQueued ? position : 0;
+            send_out(self, std::move(s));
+          },
+          [self, s](caf::error&) mutable { send_out(self, std::move(s)); });
+}
+
+caf::settings stats(Self* self) {
+  auto& st = self->state;
+  caf::settings s;
+  auto put = [&](const char* k, uint64_t v) {
+    s.insert_or_assign(k, caf::config_value{static_cast<int64_t>(v)});
+  };
+  put("submitted", st.submitted);
+  put("admitted", st.admitted);
+  put("unauthorized", st.unauthorized);
+  put("rate_limited", st.rate_limited);
+  put("overloaded", st.overloaded);
+  put("bad_request", st.bad_request);
+  put("deduplicated", st.deduplicated);
+  put("attached", st.attached);
+  put("finished", st.finished);
+  put("not_found", st.not_found);
+  put("unavailable", st.unavailable);
+  put("active", st.live.size());
+  put("remembered", st.records.size());
+  return s;
+}
+
+caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
+                              std::vector<policy::PriorityClass> classes, std::size_t default_class,
+                              std::shared_ptr<const LlamaModel> model, caf::actor router,
+                              caf::actor egress) {
+  auto& st = self->state;
+  auto now_ms = clock_us(self) / 1000;
+  st.anonymous = cfg.tenants.empty() && cfg.allow_anonymous;
+  for (auto& t : cfg.tenants)
+    st.tenants.emplace(t.name, TenantState{t.token, t.weight,
+                                           policy::TenantQuota(t.tokens_per_second, t.burst_tokens,
+                                                               t.max_in_flight, now_ms)});
+  st.cfg = std::move(cfg);
+  st.classes = std::move(classes);
+  st.default_class = default_class;
+  st.model = std::move(model);
+  st.router = std::move(router);
+  st.egress = std::move(egress);
+  st.drain.emplace(now_ms, st.retry);
+  return {
+      [self](submit_atom, SubmitRequest& req) { submit(self, req); },
+      // The atom decides what is asked, whatever `kind` says.
+      [self](cancel_atom, KeyRequest& k) {
+        k.kind = KeyRequest::cancel;
+        key_request(self, k);
+      },
+      [self](status_atom, KeyRequest& k) {
+        k.kind = KeyRequest::status;
+        key_request(self, k);
+      },
+      [self](finished_atom, JobOutcome& o) { finished(self, o); },
+      [self](drain_atom) { self->state.draining = true; },
+      // Shutdown after the grace period (server/server.cpp): every live job is cancelled, so
+      // queued ones never run and running ones end within a step with done finish=cancelled.
+      [self](cancel_atom, drain_atom) {
+        for (auto& [uid, key] : self->state.live)
+          if (self->state.router) self->send(self->state.router, cancel_atom::value, uid);
+      },
+      [self](stats_atom) { return stats(self); },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
+                           std::vector<policy::PriorityClass> classes, std::string default_class,
+                           std::shared_ptr<const LlamaModel> model, caf::actor router,
+                           caf::actor egress) {
+  classes = effective_classes(std::move(classes));
+  std::size_t def = 0;
+  if (!default_class.empty()) {
+    auto it = std::find_if(classes.begin(), classes.end(),
+                           [&](const policy::PriorityClass& c) { return c.name == default_class; });
+    if (it == classes.end())
+      throw std::invalid_argument("default class '" + default_class + "' is not a priority class");
+    def = static_cast<std::size_t>(it - classes.begin());
+  }
+  TenantWeights w;
+  for (auto& t : cfg.tenants) {
+    w.names.push_back(t.name);
+    w.weights.push_back(t.weight);
+  }
+  auto a = sys.spawn(admission_actor, std::move(cfg), std::move(classes), def, std::move(model),
+                     router, std::move(egress));
+  if (router) caf::anon_send(router, connect_atom::value, a, std::move(w));
+  return a;
+}
+
+}  // namespace sy

@@ -1,0 +1,53 @@
+// The admission actor: the first actor a client request meets. It authenticates tenants, applies
+// their quotas, deduplicates job keys, tokenizes and checks prompts, and hands jobs to the router.
+#pragma once
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "policies/qos.hpp"
+#include "server/config.hpp"
+
+namespace sy {
+
+class LlamaModel;
+
+/// Compares two secrets in time that depends only on their lengths, not on where they differ.
+bool tokens_equal(std::string_view a, std::string_view b);
+
+/// Spawns the admission actor and tells `router` about it (connect_atom with the tenants'
+/// weights), closing the admission <-> router cycle. `classes`/`default_class` must be the
+/// router's (effective_classes of the same list; "" = the first class). `model` tokenizes text
+/// prompts and gives the context length; null (null backend): a text prompt becomes one token per
+/// byte and only cfg.max_prompt_tokens limits prompts.
+///
+/// Handles:
+///   (submit_atom, SubmitRequest)  checks, in order: tenant and token (unauthorized, before any
+///       queue is touched); an existing job key (a running job attaches the new client, which is
+///       told "accepted" and gets the final done/error; a finished one answers its stored
+///       DoneEvent; a failed or cancelled one runs again); the request (bad_request naming the
+///       numbers: class, max_tokens, prompt length against the context); the tenant's quotas
+///       (rate_limited with retry_after_ms); then (enqueue_atom, Job) to the router, whose "full"
+///       answer becomes ErrorEvent overloaded with its retry_after_ms.
+///   (cancel_atom, KeyRequest) / (status_atom, KeyRequest)  (the atom decides): authenticated like a
+///       submit (except internal ones), looked up under the caller's own tenant only; unknown key
+///       -> ErrorEvent not_found; status -> StatusEvent; cancel of a live job -> (cancel_atom,
+///       uid) to the router; cancel of an ended job -> nothing (docs/protocol.md).
+///   (finished_atom, JobOutcome)  from batchers and the router: frees the tenant's quota, stores
+///       the result for resubmissions (up to cfg.result_cache keys), answers attached clients.
+///   (drain_atom)  later submits get ErrorEvent unavailable.
+///   (cancel_atom, drain_atom)  cancels every live job (shutdown after the grace period).
+///   (stats_atom) -> caf::settings with int64 counters: submitted, admitted, unauthorized,
+///       rate_limited, overloaded, bad_request, deduplicated, attached, finished, not_found,
+///       unavailable, active, remembered.
+/// Pipeline submits it answers itself return their PULL credit to the router (pull_atom, 1).
+caf::actor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
+                           std::vector<policy::PriorityClass> classes, std::string default_class,
+                           std::shared_ptr<const LlamaModel> model, caf::actor router,
+                           caf::actor egress);
+
+}  // namespace sy

@@ -1,0 +1,53 @@
+// The batcher actor: continuous batching for one executor. It owns the KV block tables (a mirror
+// of the executor's block pool), plans each step (decodes plus chunked prefill under a token
+// budget), detokenizes, applies stop rules, preempts under KV pressure and reports results.
+#pragma once
+
+#include <caf/fwd.hpp>
+#include <cstdint>
+#include <memory>
+
+#include "server/config.hpp"
+
+namespace sy {
+
+class LlamaModel;
+struct LlamaConfig;
+
+/// KV bytes one token takes in the engine: K and V, f32, for every layer and KV head.
+int64_t kv_bytes_per_token(const LlamaConfig& cfg);
+
+/// KV blocks that fit in `cfg.kv_memory_mb` for `model`, at least 1. Without a model (null
+/// backend) a token is taken to cost 4 KiB, the size of a small real model's KV entry, so that
+/// the pool stays a plausible size.
+int32_t kv_blocks_for(const BatchingConfig& cfg, const LlamaConfig* model);
+
+/// Spawns a batcher driving `executor` (which must have `n_blocks` blocks of
+/// `cfg.kv_block_size` tokens). `model` may be null (null backend): then text is always empty and
+/// no token ends a job but max_tokens.
+///
+/// Handles:
+///   (run_atom, Job)          a job from the router (against credit); beyond max_sequences it
+///                            waits in a local queue;
+///   (cancel_atom, uint64 uid) the job ends within one step: DoneEvent finish=cancelled;
+///   (stats_atom) -> caf::settings with int64 counters running, waiting, blocks_used,
+///                   blocks_free, blocks_total, preemptions, steps, tokens, finished.
+/// Sends: (credit_atom, self, n) to `router` (max_sequences at start, then one per ended job);
+/// (out_atom, TokensEvent|DoneEvent|ErrorEvent) to `egress`; (finished_atom, JobOutcome) to
+/// `admission`; (step_atom, StepPlan) requests and (release_atom, uids) to `executor`.
+/// Priority: a lower Job::class_index is a more important class. Under KV pressure the running
+/// sequence with the highest class_index, latest arrival among those, is preempted (blocks freed,
+/// recomputed later from prompt + generated tokens, nothing re-sent); a waiting job likewise
+/// preempts less important running ones to start. Preempted jobs resume before later arrivals
+/// of their class, without a sampler reset (a seeded job's tokens do not change). A job that
+/// cannot fit in the whole pool even alone fails at once with bad_request. A failed step fails
+/// its jobs with engine_dead. Streamed jobs of ROUTER clients end with a DoneEvent whose text
+/// and ids are empty (the chunks carried them, as docs/protocol.md says); the JobOutcome keeps
+/// the full result.
+/// Any of router, egress, admission may be an invalid handle (nothing is sent there).
+caf::actor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
+                         std::shared_ptr<const LlamaModel> model, caf::actor executor,
+                         caf::actor router, caf::actor egress, caf::actor admission,
+                         int32_t n_blocks);
+
+}  // namespace sy

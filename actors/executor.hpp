@@ -1,0 +1,37 @@
+// The executor actor: runs one model step per request on its own thread (detached) and samples the
+// sequences that ask for a token. One executor per device; its batcher owns the KV block tables.
+#pragma once
+
+#include <caf/fwd.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace sy {
+
+class LlamaModel;
+
+/// How to build an executor.
+struct ExecutorSpec {
+  /// "cpu": the CPU engine over `model`; "null": no model, every sampled token is `null_token`
+  /// (measures the runtime's own overhead; its output is meaningless by design).
+  std::string backend = "cpu";
+  std::shared_ptr<LlamaModel> model;  ///< required for "cpu", ignored for "null"
+  int threads = 0;                    ///< engine threads; 0: hardware concurrency
+  int32_t n_blocks = 0;               ///< KV blocks; must equal the batcher's pool size
+  int32_t block_size = 16;            ///< tokens per KV block; must equal the batcher's
+  int32_t max_batch_tokens = 0;       ///< most new tokens in one step; 0: the engine default
+  int32_t step_delay_ms = 0;          ///< TEST ONLY: sleep this long before every step
+  int32_t null_token = 0;             ///< the "null" backend's fixed token id
+};
+
+/// Spawns a detached executor. It handles
+///   (step_atom, StepPlan) -> StepResult  (a failed step replies StepResult with `error` set),
+///   (release_atom, std::vector<uint64_t> uids)  forgets those sequences' samplers,
+///   (stats_atom) -> caf::settings {steps, tokens, samplers}.
+/// A sequence's sampler is made on its first plan with sample or reset set and kept until
+/// released, so a recomputed (preempted) sequence continues its random stream.
+/// Throws std::invalid_argument for an unknown backend or a "cpu" spec without a model.
+caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec);
+
+}  // namespace sy

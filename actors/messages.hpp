@@ -1,0 +1,322 @@
+// The typed message protocol between Switchyard's actors (admission, router, batcher, executor,
+// egress) and the gateway thread. Every type is a plain inspectable value (no pointers, no
+// handles) so that it can cross CAF's network layer as well; register_message_types() adds them
+// all to an actor_system_config. Nothing here sees msgpack or ZeroMQ.
+#pragma once
+
+#include <caf/all.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sy {
+
+// ---- atoms (CAF 0.17: at most 10 characters) ----
+using submit_atom = caf::atom_constant<caf::atom("submit")>;      // gateway -> admission
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;      // gateway -> admission -> router/batchers
+using status_atom = caf::atom_constant<caf::atom("status")>;      // gateway -> admission
+using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;    // admission -> router (request)
+using credit_atom = caf::atom_constant<caf::atom("credit")>;      // batcher -> router: may take n more
+using run_atom = caf::atom_constant<caf::atom("run")>;            // router -> batcher: a job
+using step_atom = caf::atom_constant<caf::atom("step")>;          // batcher -> executor (request)
+using release_atom = caf::atom_constant<caf::atom("release")>;    // batcher -> executor: forget uids
+using finished_atom = caf::atom_constant<caf::atom("finished")>;  // batcher/router -> admission
+using out_atom = caf::atom_constant<caf::atom("out")>;            // anyone -> egress
+using pull_atom = caf::atom_constant<caf::atom("pull")>;          // router -> egress -> gateway: PULL credit
+using drain_atom = caf::atom_constant<caf::atom("drain")>;        // shutdown: stop taking new work
+using stats_atom = caf::atom_constant<caf::atom("stats")>;        // introspection (tests, metrics)
+using tick_atom = caf::atom_constant<caf::atom("tick")>;          // self-timers
+
+/// Where replies for a job go: a DEALER client behind the ROUTER socket (by its identity) or the
+/// pipeline results socket (PUSH).
+struct ClientRef {
+  enum Kind : uint8_t { router = 0, pipeline = 1 };
+  uint8_t kind = router;
+  std::string identity;  // ZeroMQ routing id (router only)
+  bool operator==(const ClientRef&) const = default;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ClientRef& x) {
+  return f(caf::meta::type_name("ClientRef"), x.kind, x.identity);
+}
+
+/// An admitted job as the router, batchers and executors see it: prompt already tokenized and
+/// checked against the context, sampling parameters validated, times in steady-clock µs.
+struct Job {
+  uint64_t uid = 0;          // server-unique, assigned at admission
+  std::string id;            // client job id; (tenant, id) is the job key
+  std::string tenant;
+  ClientRef client;
+  uint32_t class_index = 0;  // index into the configured priority classes
+  std::vector<int32_t> prompt;
+  uint32_t max_tokens = 16;
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  bool stream = false;
+  uint32_t logprobs = 0;
+  int64_t arrival_us = 0;   // receipt at the gateway
+  int64_t deadline_us = 0;  // absolute; 0: none. Only bounds the wait before the job starts.
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Job& x) {
+  return f(caf::meta::type_name("Job"), x.uid, x.id, x.tenant, x.client, x.class_index, x.prompt,
+           x.max_tokens, x.temperature, x.top_k, x.top_p, x.seed, x.stop, x.ignore_eos, x.stream,
+           x.logprobs, x.arrival_us, x.deadline_us);
+}
+
+/// A client request as decoded by the gateway (submit, cancel or status), before admission.
+/// Mirrors wire::Submit; `prompt_text` is used when `prompt_ids` is empty.
+struct SubmitRequest {
+  ClientRef client;
+  std::string id, tenant, token;
+  std::string prompt_text;
+  std::vector<int32_t> prompt_ids;
+  bool prompt_is_ids = false;
+  uint32_t max_tokens = 16;
+  double temperature = 1.0;
+  uint32_t top_k = 0;
+  double top_p = 1.0;
+  bool has_seed = false;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  std::string priority;
+  uint32_t deadline_ms = 0;
+  bool stream = false;
+  uint32_t logprobs = 0;
+  int64_t arrival_us = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SubmitRequest& x) {
+  return f(caf::meta::type_name("SubmitRequest"), x.client, x.id, x.tenant, x.token, x.prompt_text,
+           x.prompt_ids, x.prompt_is_ids, x.max_tokens, x.temperature, x.top_k, x.top_p,
+           x.has_seed, x.seed, x.stop, x.ignore_eos, x.priority, x.deadline_ms, x.stream,
+           x.logprobs, x.arrival_us);
+}
+
+/// cancel or status from a client (kind says which).
+struct KeyRequest {
+  enum Kind : uint8_t { cancel = 0, status = 1 };
+  uint8_t kind = cancel;
+  ClientRef client;
+  std::string id, tenant, token;
+  bool internal = false;  // raised by the server itself (client gone), not by a client
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, KeyRequest& x) {
+  return f(caf::meta::type_name("KeyRequest"), x.kind, x.client, x.id, x.tenant, x.token,
+           x.internal);
+}
+
+// ---- executor protocol: one model step ----
+
+/// One sequence's part of a step, as the batcher plans it. The batcher owns the block table.
+struct SeqPlan {
+  uint64_t uid = 0;
+  std::vector<int32_t> tokens;       // new tokens (prefill chunk or the last sampled token)
+  int32_t n_past = 0;                // tokens already cached for this sequence
+  std::vector<int32_t> block_table;  // covers n_past + tokens.size() slots
+  bool sample = false;               // sample a token after this chunk (last prefill chunk/decode)
+  bool reset = false;                // (re)start the sequence's sampler state (new or recomputed)
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  uint32_t logprobs = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SeqPlan& x) {
+  return f(caf::meta::type_name("SeqPlan"), x.uid, x.tokens, x.n_past, x.block_table, x.sample,
+           x.reset, x.temperature, x.top_k, x.top_p, x.seed, x.logprobs);
+}
+
+struct StepPlan {
+  uint64_t step = 0;
+  std::vector<SeqPlan> seqs;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StepPlan& x) {
+  return f(caf::meta::type_name("StepPlan"), x.step, x.seqs);
+}
+
+/// A sampled token (only for SeqPlans with sample = true), with logprobs when asked.
+struct SeqResult {
+  uint64_t uid = 0;
+  int32_t token = -1;
+  float logprob = 0.0f;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SeqResult& x) {
+  return f(caf::meta::type_name("SeqResult"), x.uid, x.token, x.logprob, x.top_ids,
+           x.top_logprobs);
+}
+
+struct StepResult {
+  uint64_t step = 0;
+  std::vector<SeqResult> seqs;
+  std::string error;  // non-empty: the step failed (the batcher fails or retries its jobs)
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StepResult& x) {
+  return f(caf::meta::type_name("StepResult"), x.step, x.seqs, x.error);
+}
+
+// ---- outbound events (to the egress actor, which encodes them for the gateway) ----
+
+struct AcceptedEvent {
+  ClientRef to;
+  std::string id;
+  uint32_t queue_position = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, AcceptedEvent& x) {
+  return f(caf::meta::type_name("AcceptedEvent"), x.to, x.id, x.queue_position);
+}
+
+/// A streamed chunk. logprobs: per id, the chosen token's logprob and its top-N (flattened:
+/// top_ids/top_logprobs hold n_top entries per id).
+struct TokensEvent {
+  ClientRef to;
+  uint64_t uid = 0;
+  std::string id;
+  uint32_t index = 0;
+  std::vector<int32_t> ids;
+  std::string text;
+  std::vector<float> logprob;
+  uint32_t n_top = 0;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TokensEvent& x) {
+  return f(caf::meta::type_name("TokensEvent"), x.to, x.uid, x.id, x.index, x.ids, x.text,
+           x.logprob, x.n_top, x.top_ids, x.top_logprobs);
+}
+
+/// The end of a job. finish: 0 stop, 1 length, 2 cancelled (wire::FinishReason order).
+struct DoneEvent {
+  ClientRef to;
+  uint64_t uid = 0;
+  std::string id, tenant;
+  uint8_t finish = 0;
+  std::string text;          // full completion
+  std::vector<int32_t> ids;  // full completion ids
+  uint32_t prompt_tokens = 0, completion_tokens = 0;
+  double queue_ms = 0, ttft_ms = 0, total_ms = 0;
+  // Full logprobs (non-streamed jobs that asked for them), flattened as in TokensEvent.
+  std::vector<float> logprob;
+  uint32_t n_top = 0;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, DoneEvent& x) {
+  return f(caf::meta::type_name("DoneEvent"), x.to, x.uid, x.id, x.tenant, x.finish, x.text,
+           x.ids, x.prompt_tokens, x.completion_tokens, x.queue_ms, x.ttft_ms, x.total_ms,
+           x.logprob, x.n_top, x.top_ids, x.top_logprobs);
+}
+
+/// An error reply; code is sy::ErrorCode's value. retry_after_ms < 0: none.
+struct ErrorEvent {
+  ClientRef to;
+  uint64_t uid = 0;  // 0 when the job never got one
+  std::string id, tenant;
+  uint8_t code = 0;
+  std::string message;
+  int64_t retry_after_ms = -1;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ErrorEvent& x) {
+  return f(caf::meta::type_name("ErrorEvent"), x.to, x.uid, x.id, x.tenant, x.code, x.message,
+           x.retry_after_ms);
+}
+
+/// Reply to a status request; state is wire::JobState's value.
+struct StatusEvent {
+  ClientRef to;
+  std::string id;
+  uint8_t state = 0;
+  uint32_t queue_position = 0;
+  uint32_t completion_tokens = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StatusEvent& x) {
+  return f(caf::meta::type_name("StatusEvent"), x.to, x.id, x.state, x.queue_position,
+           x.completion_tokens);
+}
+
+/// How a job ended, reported to admission (quotas, dedup of job keys). outcome: 0 done,
+/// 1 error (code set), 2 cancelled. `done` holds the stored result for resubmissions.
+struct JobOutcome {
+  uint64_t uid = 0;
+  std::string id, tenant;
+  uint8_t outcome = 0;
+  uint8_t code = 0;
+  uint32_t tokens_used = 0;  // prompt + completion: returned to the tenant's token bucket
+  DoneEvent done;
+  ErrorEvent error;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, JobOutcome& x) {
+  return f(caf::meta::type_name("JobOutcome"), x.uid, x.id, x.tenant, x.outcome, x.code,
+           x.tokens_used, x.done, x.error);
+}
+
+/// Adds every type above to a CAF config (both nodes of a distributed deployment need it).
+void register_message_types(caf::actor_system_config& cfg);
+
+/// Steady-clock microseconds, the time base of every *_us field.
+int64_t now_us();
+
+}  // namespace sy
+
+// Request/response shapes (documented here, carried as plain CAF tuples):
+//   admission -> router:  (enqueue_atom, Job)        -> (uint8 result, uint32 position, int64 retry_after_ms)
+//                          result: 0 accepted, 1 full (retry_after_ms set), 2 unknown class
+//   batcher   -> executor: (step_atom, StepPlan)      -> StepResult
+//   batcher   -> executor: (release_atom, std::vector<uint64_t> uids)   (no reply)
+//   batcher   -> router:   (credit_atom, caf::actor batcher, uint32 n)   (no reply)
+//   router    -> batcher:  (run_atom, Job)                               (no reply)
+//   router    -> egress:   (pull_atom, uint32 credit)   PULL messages the gateway may read
+//   any       -> egress:   (out_atom, <Event>)          one of the *Event types above
+//   x         -> admission:(finished_atom, JobOutcome)
+//   gateway   -> admission:(submit_atom, SubmitRequest), (cancel_atom, KeyRequest)
+//   admission -> router:   (cancel_atom, uint64 uid)    router removes it or passes it to batchers
+//   router    -> batcher:  (cancel_atom, uint64 uid)
+//   stats_atom on any actor -> a caf::settings / dictionary of counters (tests, metrics)
+
+// ---- router <-> admission wiring (appended) ----
+namespace sy {
+
+/// Wiring: (connect_atom, caf::actor admission, TenantWeights) tells the router its admission
+/// actor and the tenants' fair-share weights (spawn_admission sends it; the two actors form a cycle).
+using connect_atom = caf::atom_constant<caf::atom("connect")>;
+
+/// Tenant weights for the router's fair queuing; a tenant not listed weighs 1.
+struct TenantWeights {
+  std::vector<std::string> names;
+  std::vector<double> weights;  // parallel to names, each > 0
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, TenantWeights& x) {
+  return f(caf::meta::type_name("TenantWeights"), x.names, x.weights);
+}
+
+}  // namespace sy
+
+// More shapes (router and admission):
+//   admission -> router:   (connect_atom, caf::actor admission, TenantWeights)   (no reply)
+//   admission -> router:   (status_atom, uint64 uid) -> (uint8 state, uint32 queue_position)
+//                          state: wire::JobState value, queued (0) or running (1; also unknown)
+//   admission -> router:   (pull_atom, uint32 n)  n PULL credits came back unused (pipeline
+//                          submits that admission answered itself, never enqueued)
+//   router    -> egress:   (out_atom, AcceptedEvent) for accepted ROUTER-client jobs: the router
+//                          sends it (not admission) so that it reaches egress before any chunk
+//   (drain_atom) to router: no more PULL credit; to admission: new submits get `unavailable`
+//   (cancel_atom, drain_atom) to admission: cancel every live job (shutdown, grace period over)

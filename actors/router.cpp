@@ -1,0 +1,440 @@
+// The router actor: policy::FairQueue plus the actor plumbing around it — batcher credit,
+// deadline sweeps on a timer, cancellation of queued jobs, and PULL credit for pipelines.
+#include "actors/router.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <unordered_map>
+#include <utility>
+
+#include "actors/messages.hpp"
+#include "ingress/error_code.hpp"
+
+namespace sy {
+
+std::vector<policy::PriorityClass> effective_classes(std::vector<policy::PriorityClass> classes) {
+  if (classes.empty()) {
+    // Same defaults as finalize_config: short interactive queues answer "overloaded" quickly,
+    // deep batch queues hold offline windows.
+    classes.push_back({"interactive", 0, 1.0, 256, 0});
+    classes.push_back({"batch", 1, 1.0, 4096, 0});
+  }
+  return classes;
+}
+
+namespace {
+
+constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
+
+/// A pipeline job held back because its class queue was full when it arrived.
+struct Held {
+  Job job;
+  int64_t enqueued_ms = 0;
+  int64_t expiry_ms = kNever;  // the earlier of its deadline and its class queue timeout
+  bool by_deadline = true;     // which of the two expiry_ms is
+};
+
+struct BatcherCredit {
+  caf::actor handle;
+  uint64_t credit = 0;
+};
+
+struct RouterState {
+  RouterConfig cfg;
+  RouterOptions opts;
+  std::optional<policy::FairQueue> queue;
+  std::unordered_map<std::string, double> weights;
+  caf::actor egress;
+  // Weak: admission holds the router strongly, so a strong handle back would make a cycle that
+  // keeps both alive past shutdown.
+  caf::actor_addr admission;
+  std::unordered_map<uint64_t, Job> queued;  // jobs inside `queue`, by uid (= queue handle)
+  std::vector<std::deque<Held>> overflow;    // per class, pipeline jobs only
+  std::size_t overflow_total = 0;
+  std::vector<BatcherCredit> batchers;
+  uint64_t credit_total = 0;
+  std::optional<policy::DrainRate> drain;    // dispatches per second: how fast queues empty
+  int64_t timer_at = kNever;                 // earliest pending sweep tick (ms)
+  uint64_t pull_outstanding = 0;
+  bool draining = false;
+  // counters (stats_atom)
+  uint64_t enqueued = 0, dispatched = 0, expired = 0, cancelled = 0, rejected_full = 0,
+           overflowed = 0, pull_granted = 0;
+
+  static inline const char* name = "sy.router";
+};
+
+using Self = caf::stateful_actor<RouterState>;
+
+int64_t clock_us(Self* self) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             self->clock().now().time_since_epoch())
+      .count();
+}
+int64_t clock_ms(Self* self) { return clock_us(self) / 1000; }
+
+double weight_of(RouterState& st, const std::string& tenant) {
+  auto i = st.weights.find(tenant);
+  return i == st.weights.end() ? 1.0 : i->second;
+}
+
+// Deadlines are µs; the queue counts ms. Rounding up means a job is never expired before its
+// deadline, at the cost of at most 1 ms of lateness.
+int64_t deadline_ms_of(const Job& job) {
+  return job.deadline_us > 0 ? (job.deadline_us + 999) / 1000 : 0;
+}
+
+void send_out(Self* self, auto ev) {
+  if (self->state.egress) self->send(self->state.egress, out_atom::value, std::move(ev));
+}
+
+void report(Self* self, JobOutcome o) {
+  if (auto a = caf::actor_cast<caf::actor>(self->state.admission))
+    self->send(a, finished_atom::value, std::move(o));
+}
+
+/// A job left the queue without running: deadline_exceeded to the client and to admission.
+void expire_job(Self* self, Job job, bool by_deadline, int64_t enqueued_ms, int64_t now_ms) {
+  auto& st = self->state;
+  ++st.expired;
+  ErrorEvent e;
+  e.to = job.client;
+  e.uid = job.uid;
+  e.id = job.id;
+  e.tenant = job.tenant;
+  e.code = static_cast<uint8_t>(ErrorCode::deadline_exceeded);
+  auto waited = std::max<int64_t>(0, now_ms - enqueued_ms);
+  if (by_deadline)
+    e.message = "deadline passed after " + std::to_string(waited) + " ms in the queue";
+  else
+    e.message = "queue timeout of class '" + st.queue->config(job.class_index).name + "' (" +
+                std::to_string(st.queue->config(job.class_index).queue_timeout_ms) +
+                " ms) passed";
+  JobOutcome o;
+  o.uid = job.uid;
+  o.id = job.id;
+  o.tenant = job.tenant;
+  o.outcome = 1;
+  o.code = e.code;
+  o.error = e;
+  send_out(self, std::move(e));
+  report(self, std::move(o));
+}
+
+/// Removes every queued or held job whose deadline or queue timeout has passed.
+void sweep(Self* self, int64_t now_ms) {
+  auto& st = self->state;
+  for (auto& x : st.queue->expire(now_ms)) {
+    auto i = st.queued.find(x.job.handle);
+    if (i == st.queued.end()) continue;
+    Job job = std::move(i->second);
+    st.queued.erase(i);
+    expire_job(self, std::move(job), x.reason == policy::ExpiryReason::deadline,
+               x.job.enqueued_ms, now_ms);
+  }
+  if (st.overflow_total == 0) return;
+  for (auto& q : st.overflow) {
+    for (auto it = q.begin(); it != q.end();) {
+      if (it->expiry_ms <= now_ms) {
+        Held h = std::move(*it);
+        it = q.erase(it);
+        --st.overflow_total;
+        expire_job(self, std::move(h.job), h.by_deadline, h.enqueued_ms, now_ms);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+policy::PushResult push_queue(Self* self, Job& job, int64_t enqueued_ms) {
+  auto& st = self->state;
+  policy::QueuedJob q;
+  q.handle = job.uid;
+  q.tenant = job.tenant;
+  q.tenant_weight = weight_of(st, job.tenant);
+  q.cost = static_cast<uint32_t>(
+      std::min<std::size_t>(job.prompt.size() + job.max_tokens, std::numeric_limits<uint32_t>::max()));
+  q.enqueued_ms = enqueued_ms;
+  q.deadline_ms = deadline_ms_of(job);
+  auto r = st.queue->push(job.class_index, std::move(q));
+  if (r == policy::PushResult::accepted) st.queued.emplace(job.uid, std::move(job));
+  return r;
+}
+
+/// Moves held pipeline jobs of class `ci` into its queue while there is room, oldest first.
+void refill(Self* self, std::size_t ci) {
+  auto& st = self->state;
+  auto& q = st.overflow[ci];
+  while (!q.empty() && !st.queue->full(ci)) {
+    Held h = std::move(q.front());
+    q.pop_front();
+    --st.overflow_total;
+    push_queue(self, h.job, h.enqueued_ms);
+  }
+}
+
+/// Grants PULL credit so that outstanding credit plus held pipeline jobs stay within the window:
+/// when class queues fill, held jobs use up the window and the gateway stops reading.
+void grant_pull(Self* self) {
+  auto& st = self->state;
+  if (!st.egress || st.draining) return;
+  uint64_t used = st.pull_outstanding + st.overflow_total;
+  if (used >= st.opts.pull_window) return;
+  uint64_t deficit = st.opts.pull_window - used;
+  // Grant in quarter-window lumps (one message per several jobs), but never leave the gateway
+  // with no credit at all.
+  uint64_t lump = std::max<uint64_t>(1, st.opts.pull_window / 4);
+  if (deficit < lump && st.pull_outstanding > 0) return;
+  st.pull_outstanding += deficit;
+  st.pull_granted += deficit;
+  self->send(st.egress, pull_atom::value, static_cast<uint32_t>(deficit));
+}
+
+/// Arms the sweep timer for the earliest expiry unless an earlier tick is already pending.
+void arm_timer(Self* self, int64_t now_ms) {
+  auto& st = self->state;
+  int64_t next = st.queue->next_expiry().value_or(kNever);
+  if (st.overflow_total > 0)
+    for (auto& q : st.overflow)
+      for (auto& h : q) next = std::min(next, h.expiry_ms);
+  if (next == kNever || next >= st.timer_at) return;
+  st.timer_at = next;
+  self->delayed_send(self, std::chrono::milliseconds(std::max<int64_t>(0, next - now_ms)),
+                     tick_atom::value);
+}
+
+/// Sweeps expired jobs, then hands out queued jobs against batcher credit, highest priority first.
+void dispatch(Self* self) {
+  auto& st = self->state;
+  auto now_ms = clock_ms(self);
+  sweep(self, now_ms);
+  for (std::size_t ci = 0; ci < st.overflow.size(); ++ci) refill(self, ci);
+  while (st.credit_total > 0 && !st.queue->empty()) {
+    auto d = st.queue->pop();
+    if (!d) break;
+    auto i = st.queued.find(d->job.handle);
+    if (i == st.queued.end()) continue;
+    Job job = std::move(i->second);
+    st.queued.erase(i);
+    auto best = std::max_element(st.batchers.begin(), st.batchers.end(),
+                                 [](const BatcherCredit& a, const BatcherCredit& b) {
+                                   return a.credit < b.credit;
+                                 });
+    --best->credit;
+    --st.credit_total;
+    ++st.dispatched;
+    st.drain->on_completed(1, now_ms);
+    self->send(best->handle, run_atom::value, std::move(job));
+    refill(self, d->class_index);
+  }
+  arm_timer(self, now_ms);
+  grant_pull(self);
+}
+
+std::tuple<uint8_t, uint32_t, int64_t> enqueue(Self* self, Job job) {
+  auto& st = self->state;
+  const bool pipeline = job.client.kind == ClientRef::pipeline;
+  // Every pipeline submit that reaches the router used one PULL credit, whatever the outcome.
+  if (pipeline && st.pull_outstanding > 0) --st.pull_outstanding;
+  if (job.class_index >= st.queue->class_count()) {
+    grant_pull(self);
+    return {uint8_t{2}, uint32_t{0}, int64_t{-1}};
+  }
+  auto now_ms = clock_ms(self);
+  auto ci = job.class_index;
+  if (st.queued.count(job.uid) != 0) return {uint8_t{0}, uint32_t{0}, int64_t{-1}};
+  auto position = static_cast<uint32_t>(st.queue->position_estimate(ci) + st.overflow[ci].size());
+  AcceptedEvent acc;
+  acc.to = job.client;
+  acc.id = job.id;
+  acc.queue_position = position;
+  if (pipeline && (st.queue->full(ci) || !st.overflow[ci].empty()) &&
+      st.overflow_total < st.opts.pipeline_overflow_cap) {
+    // Pipelines wait instead of being refused: the gateway read this before its credit ran out.
+    Held h;
+    h.enqueued_ms = now_ms;
+    const auto& pc = st.queue->config(ci);
+    int64_t timeout_at = pc.queue_timeout_ms > 0 ? now_ms + pc.queue_timeout_ms : kNever;
+    int64_t dl = deadline_ms_of(job) > 0 ? deadline_ms_of(job) : kNever;
+    h.expiry_ms = std::min(timeout_at, dl);
+    h.by_deadline = dl <= timeout_at;
+    h.job = std::move(job);
+    st.overflow[ci].push_back(std::move(h));
+    ++st.overflow_total;
+    ++st.overflowed;
+    ++st.enqueued;
+    dispatch(self);
+    return {uint8_t{0}, position, int64_t{-1}};
+  }
+  auto r = push_queue(self, job, now_ms);
+  if (r == policy::PushResult::accepted) {
+    ++st.enqueued;
+    // Sent before any dispatch so that it reaches egress ahead of the job's first chunk.
+    if (acc.to.kind == ClientRef::router) send_out(self, std::move(acc));
+    dispatch(self);
+    return {uint8_t{0}, position, int64_t{-1}};
+  }
+  if (r == policy::PushResult::duplicate) return {uint8_t{0}, position, int64_t{-1}};
+  ++st.rejected_full;
+  auto retry = policy::retry_after_ms(st.queue->position_estimate(ci),
+                                      st.drain->jobs_per_s(now_ms), st.opts.retry);
+  grant_pull(self);
+  return {uint8_t{1}, uint32_t{0}, retry};
+}
+
+void cancel(Self* self, uint64_t uid) {
+  auto& st = self->state;
+  std::optional<Job> job;
+  if (auto i = st.queued.find(uid); i != st.queued.end()) {
+    st.queue->remove(uid);
+    job = std::move(i->second);
+    st.queued.erase(i);
+  } else {
+    for (auto& q : st.overflow) {
+      auto it = std::find_if(q.begin(), q.end(), [&](const Held& h) { return h.job.uid == uid; });
+      if (it != q.end()) {
+        job = std::move(it->job);
+        q.erase(it);
+        --st.overflow_total;
+        break;
+      }
+    }
+  }
+  if (!job) {
+    // Not queued here: running (or already ended); the batcher holding it stops it.
+    for (auto& b : st.batchers) self->send(b.handle, cancel_atom::value, uid);
+    return;
+  }
+  ++st.cancelled;
+  auto now_us = clock_us(self);
+  DoneEvent d;
+  d.to = job->client;
+  d.uid = job->uid;
+  d.id = job->id;
+  d.tenant = job->tenant;
+  d.finish = 2;  // cancelled
+  d.prompt_tokens = static_cast<uint32_t>(job->prompt.size());
+  if (job->arrival_us > 0) d.queue_ms = d.total_ms = std::max<int64_t>(0, now_us - job->arrival_us) / 1000.0;
+  JobOutcome o;
+  o.uid = job->uid;
+  o.id = job->id;
+  o.tenant = job->tenant;
+  o.outcome = 2;
+  o.code = static_cast<uint8_t>(ErrorCode::cancelled);
+  o.done = d;
+  send_out(self, std::move(d));
+  report(self, std::move(o));
+  dispatch(self);
+}
+
+caf::settings stats(Self* self) {
+  auto& st = self->state;
+  caf::settings s;
+  auto put = [&](const std::string& k, uint64_t v) {
+    s.insert_or_assign(k, caf::config_value{static_cast<int64_t>(v)});
+  };
+  put("enqueued", st.enqueued);
+  put("dispatched", st.dispatched);
+  put("expired", st.expired);
+  put("cancelled", st.cancelled);
+  put("rejected_full", st.rejected_full);
+  put("overflowed", st.overflowed);
+  put("queued", st.queue->size());
+  put("overflow", st.overflow_total);
+  put("credit", st.credit_total);
+  put("pull_outstanding", st.pull_outstanding);
+  put("pull_granted", st.pull_granted);
+  put("batchers", st.batchers.size());
+  for (std::size_t ci = 0; ci < st.queue->class_count(); ++ci)
+    put("queued_" + st.queue->config(ci).name, st.queue->size(ci) + st.overflow[ci].size());
+  return s;
+}
+
+caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf::actor admission,
+                           std::vector<TenantConfig> tenants, RouterOptions opts) {
+  auto& st = self->state;
+  cfg.classes = effective_classes(std::move(cfg.classes));
+  st.queue.emplace(cfg.classes);
+  st.overflow.resize(cfg.classes.size());
+  st.cfg = std::move(cfg);
+  st.opts = opts;
+  st.egress = std::move(egress);
+  st.admission = admission.address();
+  for (auto& t : tenants)
+    if (t.weight > 0) st.weights[t.name] = t.weight;
+  st.drain.emplace(clock_ms(self), opts.retry);
+  self->set_down_handler([self](const caf::down_msg& dm) {
+    auto& s = self->state;
+    auto it = std::find_if(s.batchers.begin(), s.batchers.end(),
+                           [&](const BatcherCredit& b) { return b.handle.address() == dm.source; });
+    if (it == s.batchers.end()) return;
+    s.credit_total -= it->credit;
+    s.batchers.erase(it);
+  });
+  grant_pull(self);
+  return {
+      [self](enqueue_atom, Job& job) { return enqueue(self, std::move(job)); },
+      [self](credit_atom, const caf::actor& batcher, uint32_t n) {
+        auto& s = self->state;
+        if (!batcher) return;
+        auto it = std::find_if(s.batchers.begin(), s.batchers.end(),
+                               [&](const BatcherCredit& b) { return b.handle == batcher; });
+        if (it == s.batchers.end()) {
+          self->monitor(batcher);
+          s.batchers.push_back({batcher, 0});
+          it = s.batchers.end() - 1;
+        }
+        it->credit += n;
+        s.credit_total += n;
+        dispatch(self);
+      },
+      [self](cancel_atom, uint64_t uid) { cancel(self, uid); },
+      [self](status_atom, uint64_t uid) -> std::tuple<uint8_t, uint32_t> {
+        auto& s = self->state;
+        auto i = s.queued.find(uid);
+        if (i != s.queued.end())
+          return {uint8_t{0}, static_cast<uint32_t>(s.queue->position_estimate(i->second.class_index))};
+        for (std::size_t ci = 0; ci < s.overflow.size(); ++ci)
+          for (auto& h : s.overflow[ci])
+            if (h.job.uid == uid)
+              return {uint8_t{0}, static_cast<uint32_t>(s.queue->size(ci) + s.overflow[ci].size())};
+        return {uint8_t{1}, uint32_t{0}};
+      },
+      [self](pull_atom, uint32_t n) {
+        auto& s = self->state;
+        s.pull_outstanding -= std::min<uint64_t>(n, s.pull_outstanding);
+        grant_pull(self);
+      },
+      [self](connect_atom, caf::actor& adm, const TenantWeights& w) {
+        auto& s = self->state;
+        s.admission = adm.address();
+        for (std::size_t i = 0; i < w.names.size() && i < w.weights.size(); ++i)
+          if (w.weights[i] > 0) s.weights[w.names[i]] = w.weights[i];
+      },
+      [self](drain_atom) { self->state.draining = true; },
+      [self](tick_atom) {
+        self->state.timer_at = kNever;
+        dispatch(self);
+      },
+      [self](stats_atom) { return stats(self); },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_router(caf::actor_system& sys, RouterConfig cfg, caf::actor egress,
+                        caf::actor admission, std::vector<TenantConfig> tenants,
+                        RouterOptions opts) {
+  // Validate here so that a bad class list throws at the caller instead of killing the actor.
+  policy::FairQueue check(effective_classes(cfg.classes));
+  (void)check;
+  return sys.spawn(router_actor, std::move(cfg), std::move(egress), std::move(admission),
+                   std::move(tenants), opts);
+}
+
+}  // namespace sy

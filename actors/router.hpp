@@ -1,0 +1,66 @@
+// The router actor: orders admitted jobs by priority class and tenant (policy::FairQueue), expires
+// jobs whose deadline passes while queued, and dispatches jobs to batchers only against credit.
+#pragma once
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "policies/qos.hpp"
+#include "policies/retry.hpp"
+#include "server/config.hpp"
+
+namespace sy {
+
+/// Router settings that are not part of the user's configuration.
+struct RouterOptions {
+  /// PULL credit window: pipeline submits the gateway may have read that the router has not yet
+  /// fitted into a class queue (credit outstanding + pipeline jobs waiting in the overflow).
+  /// 64 keeps the gateway reading in bursts without building a deep hidden queue.
+  uint32_t pull_window = 64;
+  /// Hard cap of the pipeline overflow. A gateway that respects its credit never fills more than
+  /// pull_window of it; beyond the cap pipeline jobs are refused like ROUTER jobs (a safety net
+  /// for a gateway that reads without credit, so memory stays bounded anyway).
+  std::size_t pipeline_overflow_cap = 4096;
+  /// Constants of the retry_after_ms estimate for `overloaded` replies.
+  policy::RetryConfig retry;
+};
+
+/// The priority classes the router and admission use: `classes`, or interactive (rank 0, 256
+/// queued) and batch (rank 1, 4096 queued) when empty — the defaults of finalize_config.
+std::vector<policy::PriorityClass> effective_classes(std::vector<policy::PriorityClass> classes);
+
+/// Spawns the router (an event-based actor). `egress` receives events and PULL credit (it may be
+/// invalid in tests: nothing is sent then); `admission` receives JobOutcomes for jobs that end in
+/// the queue — pass it here or later with (connect_atom, admission, TenantWeights), which
+/// spawn_admission sends itself (the router keeps only a weak reference to it, so the pair forms
+/// no ownership cycle). Batchers are monitored: one that goes down loses its credit. `tenants` gives fair-share weights (later replaced by the
+/// connect message's). Throws std::invalid_argument for a bad class list.
+///
+/// Handles:
+///   (enqueue_atom, Job) -> (uint8 result, uint32 position, int64 retry_after_ms)
+///       result 0 accepted (an AcceptedEvent goes to egress for ROUTER clients), 1 class queue
+///       full (retry_after_ms = jobs ahead / measured dispatch rate, clamped), 2 unknown class.
+///       Pipeline jobs are never refused while the queue is full: they wait in a small overflow.
+///   (credit_atom, caf::actor batcher, uint32 n)  the batcher takes n more jobs; the router
+///       dispatches (run_atom, Job) to the batcher with the most credit, highest priority first.
+///   (cancel_atom, uint64 uid)  a queued job is removed (DoneEvent finish=cancelled to the client,
+///       JobOutcome outcome=2 to admission); otherwise forwarded to every batcher.
+///   (status_atom, uint64 uid) -> (uint8 state, uint32 position)  queued (0) or running/unknown (1).
+///   (pull_atom, uint32 n)  n PULL credits came back unused (admission answered those submits).
+///   (connect_atom, caf::actor admission, TenantWeights)   wiring.
+///   (drain_atom)  stop granting PULL credit (shutdown).
+///   (stats_atom) -> caf::settings with int64 counters: enqueued, dispatched, expired,
+///       cancelled, rejected_full, overflowed, queued, overflow, credit, pull_outstanding,
+///       pull_granted, batchers, and queued_<class name> per class.
+/// Sends (pull_atom, uint32 n) to egress: n more pipeline submits may be read (additive).
+/// Expired jobs get ErrorEvent deadline_exceeded and are never dispatched: the queue is swept
+/// before every dispatch and by a timer set to the earliest expiry.
+caf::actor spawn_router(caf::actor_system& sys, RouterConfig cfg, caf::actor egress,
+                        caf::actor admission = caf::actor{},
+                        std::vector<TenantConfig> tenants = {}, RouterOptions opts = {});
+
+}  // namespace sy

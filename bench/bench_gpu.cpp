@@ -1,0 +1,273 @@
+// GPU benchmark: the device's copy bandwidth and bf16 GEMM rate, then an 8B-shaped Llama
+// (Llama-3-8B dimensions, random bf16 weights made on the device) through the CUDA engine:
+// decode tokens/s at several batch sizes over a 1024-token context, prefill tokens/s for
+// 2048-token prompts, each as a fraction of the measured ceilings. Prints a table; --json PATH
+// also writes the figures as JSON.
+//   bench_gpu [--json PATH] [--layers N] [--ctx 1024] [--prompt 2048] [--batches 1,16,64,256]
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gpu/cuda_engine.hpp"
+#include "kernels/cuda/convert.cuh"
+#include "kernels/cuda/gemm.cuh"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Device-to-device copy bandwidth, bytes read plus bytes written per second.
+double copy_bandwidth() {
+  const size_t bytes = size_t{2} << 30;  // 2 GiB each way: far past the 60 MB L2
+  void *a = nullptr, *b = nullptr;
+  CUDA_CHECK(cudaMalloc(&a, bytes));
+  CUDA_CHECK(cudaMalloc(&b, bytes));
+  CUDA_CHECK(cudaMemset(a, 1, bytes));
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) CUDA_CHECK(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+  const int iters = 10;
+  CUDA_CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < iters; ++i)
+    CUDA_CHECK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+  CUDA_CHECK(cudaEventRecord(e1));
+  CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaFree(a);
+  cudaFree(b);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 2.0 * static_cast<double>(bytes) * iters / (ms * 1e-3);
+}
+
+// bf16 GEMM rate (FLOP/s) of cuBLASLt on random 8192^3 operands, as the engine calls it.
+double gemm_rate() {
+  const int64_t n = 8192;
+  sy::cuda::bf16 *w = nullptr, *x = nullptr;
+  float* y = nullptr;
+  CUDA_CHECK(cudaMalloc(&w, sizeof(sy::cuda::bf16) * n * n));
+  CUDA_CHECK(cudaMalloc(&x, sizeof(sy::cuda::bf16) * n * n));
+  CUDA_CHECK(cudaMalloc(&y, sizeof(float) * n * n));
+  CUDA_CHECK(sy::cuda::fill_uniform(w, n * n, 0.0f, 1.0f, 1, nullptr));
+  CUDA_CHECK(sy::cuda::fill_uniform(x, n * n, 0.0f, 1.0f, 2, nullptr));
+  sy::cuda::Gemm g;
+  for (int i = 0; i < 3; ++i) CUBLAS_CHECK(g.run(w, x, n, n, n, y, nullptr));
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  const int iters = 10;
+  CUDA_CHECK(cudaEventRecord(e0));
+  for (int i = 0; i < iters; ++i) CUBLAS_CHECK(g.run(w, x, n, n, n, y, nullptr));
+  CUDA_CHECK(cudaEventRecord(e1));
+  CUDA_CHECK(cudaEventSynchronize(e1));
+  float ms = 0;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  cudaFree(w);
+  cudaFree(x);
+  cudaFree(y);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return 2.0 * double(n) * n * n * iters / (ms * 1e-3);
+}
+
+std::vector<int> parse_list(const std::string& s) {
+  std::vector<int> v;
+  std::stringstream in(s);
+  std::string item;
+  while (std::getline(in, item, ',')) v.push_back(std::stoi(item));
+  return v;
+}
+
+struct DecodeRow {
+  int batch;
+  double step_ms, tok_s, gb_s;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json;
+  int layers = 32, ctx = 1024, prompt = 2048;
+  std::vector<int> batches = {1, 16, 64, 256};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--json")
+      json = next();
+    else if (a == "--layers")
+      layers = std::stoi(next());
+    else if (a == "--ctx")
+      ctx = std::stoi(next());
+    else if (a == "--prompt")
+      prompt = std::stoi(next());
+    else if (a == "--batches")
+      batches = parse_list(next());
+    else {
+      std::fprintf(stderr,
+                   "usage: bench_gpu [--json PATH] [--layers N] [--ctx N] [--prompt N] "
+                   "[--batches 1,16,...]\n");
+      return 2;
+    }
+  }
+  if (sy::cuda_device_count() == 0) {
+    std::fprintf(stderr, "bench_gpu: no usable CUDA device\n");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, %.0f GiB\n", prop.name, prop.multiProcessorCount,
+              static_cast<double>(prop.totalGlobalMem) / (1u << 30));
+
+  const double bw = copy_bandwidth();
+  const double gemm = gemm_rate();
+  std::printf(
+      "copy bandwidth (read + write): %.0f GB/s\nbf16 GEMM 8192^3 (cuBLASLt): %.0f TFLOP/s\n",
+      bw / 1e9, gemm / 1e12);
+
+  // Llama-3-8B dimensions
+  sy::LlamaConfig c;
+  c.n_vocab = 128256;
+  c.dim = 4096;
+  c.n_layers = layers;
+  c.n_heads = 32;
+  c.n_kv_heads = 8;
+  c.head_dim = 128;
+  c.ffn_dim = 14336;
+  c.ctx_len = 8192;
+  c.rope_dim = 128;
+  c.rope_theta = 500000.0f;
+  c.norm_eps = 1e-5f;
+  int max_batch = 1;
+  for (int b : batches) max_batch = std::max(max_batch, b);
+  sy::CudaEngineOptions o;
+  o.max_batch_tokens = std::max(prompt, max_batch);
+  o.max_logit_rows = max_batch;
+  const auto t_load = Clock::now();
+  auto e = sy::make_cuda_engine_synthetic(c, o, 42);
+  e->randomize_kv(7);
+  std::printf("8B-shaped model (%d layers): weights %.2f GB, KV cache %.2f GB, built in %.1f s\n",
+              layers, e->weight_bytes() / 1e9, e->kv_bytes() / 1e9, seconds_since(t_load));
+
+  const int64_t kv_dim = int64_t{c.n_kv_heads} * c.head_dim;
+  const double kv_bytes_per_token = 2.0 * 2.0 * double(c.n_layers) * double(kv_dim);  // K+V, bf16
+  const int warm = 3, iters = 20;
+  std::vector<DecodeRow> decode;
+  for (int B : batches) {
+    // Each sequence holds `ctx` cached tokens (random KV) and decodes warm + iters tokens.
+    const int total = ctx + warm + iters;
+    const int nb = (total + e->block_size() - 1) / e->block_size();
+    std::vector<std::vector<int32_t>> bt(static_cast<size_t>(B));
+    bool ok = true;
+    for (auto& t : bt) {
+      for (int i = 0; i < nb && ok; ++i) {
+        auto b = e->pool().alloc();
+        if (!b)
+          ok = false;
+        else
+          t.push_back(*b);
+      }
+    }
+    if (!ok) {
+      std::printf("batch %d: KV pool too small, skipped\n", B);
+      for (auto& t : bt)
+        for (int32_t b : t) e->pool().free(b);
+      continue;
+    }
+    std::vector<int32_t> tok(static_cast<size_t>(B), 1), ids;
+    std::vector<sy::SampleControl> ctl(static_cast<size_t>(B));
+    Clock::time_point t0;
+    for (int s = 0; s < warm + iters; ++s) {
+      if (s == warm) t0 = Clock::now();
+      std::vector<sy::SeqStep> batch(static_cast<size_t>(B));
+      for (int i = 0; i < B; ++i) {
+        sy::SeqStep& st = batch[static_cast<size_t>(i)];
+        st.tokens = &tok[static_cast<size_t>(i)];
+        st.n_tokens = 1;
+        st.n_past = ctx + s;
+        st.block_table = bt[static_cast<size_t>(i)].data();
+        st.n_blocks = nb;
+      }
+      e->step_sample(batch, ctl, ids);
+      for (int i = 0; i < B; ++i) tok[static_cast<size_t>(i)] = ids[static_cast<size_t>(i)];
+    }
+    const double dt = seconds_since(t0) / iters;
+    const double bytes = static_cast<double>(e->weight_bytes()) +
+                         B * (ctx + warm + iters / 2.0) * kv_bytes_per_token;
+    decode.push_back({B, dt * 1e3, B / dt, bytes / dt / 1e9});
+    for (auto& t : bt)
+      for (int32_t b : t) e->pool().free(b);
+  }
+
+  // prefill: one 2048-token prompt per step
+  double prefill_s = 0, prefill_tflops = 0;
+  {
+    const int nb = (prompt + e->block_size() - 1) / e->block_size();
+    std::vector<int32_t> bt;
+    for (int i = 0; i < nb; ++i) bt.push_back(*e->pool().alloc());
+    std::vector<int32_t> tok(static_cast<size_t>(prompt));
+    for (int i = 0; i < prompt; ++i) tok[static_cast<size_t>(i)] = (i * 7919) % c.n_vocab;
+    std::vector<int32_t> ids;
+    const std::vector<sy::SampleControl> ctl(1);
+    sy::SeqStep st;
+    st.tokens = tok.data();
+    st.n_tokens = prompt;
+    st.block_table = bt.data();
+    st.n_blocks = nb;
+    e->step_sample({st}, ctl, ids);  // warm-up
+    const int reps = 3;
+    const auto t0 = Clock::now();
+    for (int r = 0; r < reps; ++r) e->step_sample({st}, ctl, ids);
+    prefill_s = seconds_since(t0) / reps;
+    const double params =
+        double(c.n_layers) * (double(c.dim) * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim +
+                              double(c.n_heads) * c.head_dim * c.dim + 3.0 * c.dim * c.ffn_dim);
+    const double attn = 4.0 * c.n_layers * c.n_heads * c.head_dim * (double(prompt) * prompt / 2.0);
+    const double flops = 2.0 * params * prompt + attn + 2.0 * c.dim * double(c.n_vocab);
+    prefill_tflops = flops / prefill_s / 1e12;
+    for (int32_t b : bt) e->pool().free(b);
+  }
+
+  std::printf(
+      "\n| phase | batch | step ms | tokens/s | GB/s | fraction |\n|---|---|---|---|---|---|\n");
+  for (const DecodeRow& d : decode) {
+    std::printf("| decode ctx %d | %d | %.2f | %.0f | %.0f | %.2f of copy bandwidth |\n", ctx,
+                d.batch, d.step_ms, d.tok_s, d.gb_s, d.gb_s * 1e9 / bw);
+  }
+  std::printf("| prefill %d | 1 | %.1f | %.0f | - | %.2f of GEMM rate (%.0f TFLOP/s) |\n", prompt,
+              prefill_s * 1e3, prompt / prefill_s, prefill_tflops * 1e12 / gemm, prefill_tflops);
+
+  if (!json.empty()) {
+    std::ofstream f(json);
+    f << "{\n  \"device\": \"" << prop.name << "\",\n  \"copy_bandwidth_gbs\": " << bw / 1e9
+      << ",\n  \"gemm_bf16_tflops\": " << gemm / 1e12 << ",\n  \"layers\": " << layers
+      << ",\n  \"weight_bytes\": " << e->weight_bytes() << ",\n  \"decode\": [";
+    for (size_t i = 0; i < decode.size(); ++i) {
+      const DecodeRow& d = decode[i];
+      f << (i ? ",\n" : "\n") << "    {\"batch\": " << d.batch << ", \"ctx\": " << ctx
+        << ", \"step_ms\": " << d.step_ms << ", \"tokens_per_s\": " << d.tok_s
+        << ", \"gbs\": " << d.gb_s << ", \"fraction_of_copy_bw\": " << d.gb_s * 1e9 / bw << "}";
+    }
+    f << "\n  ],\n  \"prefill\": {\"prompt\": " << prompt << ", \"ms\": " << prefill_s * 1e3
+      << ", \"tokens_per_s\": " << prompt / prefill_s << ", \"tflops\": " << prefill_tflops
+      << ", \"fraction_of_gemm\": " << prefill_tflops * 1e12 / gemm << "}\n}\n";
+    std::printf("\nwrote %s\n", json.c_str());
+  }
+  return 0;
+}

@@ -1,0 +1,99 @@
+// `switchyard serve`: the server process. Reads the YAML config, applies command-line overrides,
+// runs until SIGINT/SIGTERM, then shuts down within the grace period and exits 0.
+#include "cli/serve.hpp"
+
+#include <csignal>
+#include <iostream>
+
+#include "cli/demo_model.hpp"
+#include "server/config.hpp"
+#include "server/server.hpp"
+
+namespace sy::cli {
+
+const char* const kServeUsage =
+    "  serve       [--model FILE] [--config FILE.yaml] [--bind ADDR] [--pull ADDR]\n"
+    "              [--results ADDR] [--backend cpu|null] [--executors N] [--threads N]\n"
+    "              [--kv-mb MB] [--grace-ms MS] [--step-delay-ms MS]\n"
+    "              Flags override the config file. --backend null runs no model (fixed\n"
+    "              tokens: measures overhead). --step-delay-ms is for TESTS ONLY (slows every\n"
+    "              engine step). A port of * binds a free port; the bound addresses are\n"
+    "              printed on stdout as 'switchyard: listening on ADDR'. SIGUSR1 prints\n"
+    "              the counters as 'switchyard: stats {json}'; SIGINT/SIGTERM stop it.\n";
+
+const std::vector<std::string> kServeOptions = {
+    "model", "config", "bind", "pull", "results", "backend", "executors", "threads",
+    "kv-mb", "grace-ms", "step-delay-ms"};
+
+int cmd_serve(const Args& a) {
+  ServerConfig cfg;
+  if (a.has("config")) load_config_file(a.str("config"), cfg);
+  if (a.has("model")) cfg.model = a.str("model");
+  if (a.has("bind")) cfg.endpoints.bind = a.str("bind");
+  if (a.has("pull")) cfg.endpoints.pull = a.str("pull");
+  if (a.has("results")) cfg.endpoints.results = a.str("results");
+  if (a.has("backend")) cfg.executors.backend = a.str("backend");
+  if (a.has("executors")) {
+    long long n = a.integer("executors", 1);
+    if (n < 1 || n > 256) throw UsageError("--executors must be in [1, 256]");
+    cfg.executors.count = static_cast<int>(n);
+  }
+  if (a.has("threads")) {
+    long long n = a.integer("threads", 0);
+    if (n < 0 || n > 1024) throw UsageError("--threads must be in [0, 1024]");
+    cfg.executors.threads = static_cast<int>(n);
+  }
+  if (a.has("kv-mb")) {
+    long long n = a.integer("kv-mb", 256);
+    if (n < 1) throw UsageError("--kv-mb must be at least 1");
+    cfg.batching.kv_memory_mb = n;
+  }
+  if (a.has("grace-ms")) {
+    long long n = a.integer("grace-ms", 5000);
+    if (n < 0) throw UsageError("--grace-ms must be >= 0");
+    cfg.shutdown_grace_ms = n;
+  }
+  if (a.has("step-delay-ms")) {
+    long long n = a.integer("step-delay-ms", 0);
+    if (n < 0 || n > 60000) throw UsageError("--step-delay-ms must be in [0, 60000]");
+    cfg.batching.step_delay_ms = static_cast<int32_t>(n);
+  }
+  if (cfg.executors.backend != "cpu" && cfg.executors.backend != "null")
+    throw UsageError("--backend must be cpu or null");
+  finalize_config(cfg);
+  if (cfg.executors.backend == "cpu" && cfg.model.empty()) cfg.model = demo_model_path();
+  if (cfg.executors.backend == "null")
+    std::cerr << "switchyard: backend null: no model, every token is a fixed id (overhead "
+                 "measurements only, the output is not text)\n";
+  if (cfg.batching.step_delay_ms > 0)
+    std::cerr << "switchyard: TEST ONLY: every engine step sleeps " << cfg.batching.step_delay_ms
+              << " ms\n";
+
+  // Before any thread exists, so that only the main thread ever takes SIGINT/SIGTERM.
+  Server::block_signals();
+  Server server(cfg);
+  server.start();
+  // Tests and scripts read these lines to find the bound (possibly wildcard) ports.
+  if (!server.endpoint().empty()) std::cout << "switchyard: listening on " << server.endpoint() << "\n";
+  if (!server.pull_endpoint().empty())
+    std::cout << "switchyard: pipeline input on " << server.pull_endpoint() << "\n";
+  if (!server.results_endpoint().empty())
+    std::cout << "switchyard: pipeline results on " << server.results_endpoint() << "\n";
+  std::cout << "switchyard: ready (" << cfg.executors.count << " executor"
+            << (cfg.executors.count > 1 ? "s" : "") << ", backend " << cfg.executors.backend
+            << ")" << std::endl;
+
+  int sig = 0;
+  // SIGUSR1 prints the counters as one JSON line on stdout (operators, integration tests).
+  while ((sig = Server::wait_for_signal()) == SIGUSR1)
+    std::cout << "switchyard: stats " << server.snapshot().to_json() << std::endl;
+  std::cerr << "switchyard: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
+            << ": stopping (grace " << cfg.shutdown_grace_ms << " ms)\n";
+  auto snap = server.snapshot();
+  server.shutdown(std::chrono::milliseconds(cfg.shutdown_grace_ms));
+  std::cerr << "switchyard: stopped (" << snap.received << " messages in, " << snap.sent
+            << " out)" << std::endl;
+  return 0;
+}
+
+}  // namespace sy::cli

@@ -1,0 +1,346 @@
+// `switchyard submit`: runs an offline batch of JSONL jobs through a running server with the C++
+// client library: a bounded in-flight window, progress on stderr, resumable output, a summary.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "cli/json.hpp"
+#include "cli/json_reader.hpp"
+#include "cli/serve.hpp"
+#include "clients/cpp/client.hpp"
+
+namespace sy::cli {
+
+const char* const kSubmitUsage =
+    "  submit      --input jobs.jsonl --output results.jsonl [--server ADDR] [--window N]\n"
+    "              [--tenant NAME] [--token SECRET] [--priority CLASS]\n"
+    "              One job per input line: {\"id\": ..., \"prompt\": \"text\" or [ids],\n"
+    "              \"max_tokens\": N, \"temperature\", \"top_k\", \"top_p\", \"seed\", \"stop\",\n"
+    "              \"ignore_eos\", \"priority\", \"deadline_ms\", \"tenant\"}. Ids already in the\n"
+    "              output are skipped (resumable); overloaded jobs are retried.\n";
+const std::vector<std::string> kSubmitOptions = {"input", "output", "server", "window",
+                                                 "tenant", "token",  "priority"};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A job line, checked and ready to send.
+struct Line {
+  size_t line_no = 0;
+  wire::Submit submit;
+};
+
+// Why a job line is refused: names the input line and the field.
+[[noreturn]] void bad_line(size_t n, const std::string& what) {
+  throw UsageError("input line " + std::to_string(n) + ": " + what);
+}
+
+uint64_t get_uint(size_t n, const JsonValue& v, const char* key, uint64_t max) {
+  if (v.kind != JsonValue::number || !v.is_int || v.i < 0 || static_cast<uint64_t>(v.i) > max)
+    bad_line(n, std::string("'") + key + "' must be an integer in [0, " + std::to_string(max) + "]");
+  return static_cast<uint64_t>(v.i);
+}
+
+double get_num(size_t n, const JsonValue& v, const char* key) {
+  if (v.kind != JsonValue::number) bad_line(n, std::string("'") + key + "' must be a number");
+  return v.num;
+}
+
+std::string get_str(size_t n, const JsonValue& v, const char* key) {
+  if (v.kind != JsonValue::string) bad_line(n, std::string("'") + key + "' must be a string");
+  return v.str;
+}
+
+// One input line into a Submit; the server checks ranges again, this catches typos early.
+Line parse_job(size_t n, const std::string& text, const std::string& tenant,
+               const std::string& token, const std::string& priority) {
+  JsonValue j;
+  try {
+    j = JsonReader::parse(text);
+  } catch (const std::exception& e) {
+    bad_line(n, e.what());
+  }
+  if (j.kind != JsonValue::object) bad_line(n, "expected a JSON object");
+  Line l;
+  l.line_no = n;
+  auto& s = l.submit;
+  s.tenant = tenant;
+  s.token = token;
+  s.priority = priority;
+  for (const auto& [k, v] : j.obj) {
+    if (k == "id") {
+      if (v.kind == JsonValue::number && v.is_int) s.id = std::to_string(v.i);
+      else s.id = get_str(n, v, "id");
+    } else if (k == "prompt") {
+      if (v.kind == JsonValue::string) {
+        s.prompt = v.str;
+      } else if (v.kind == JsonValue::array) {
+        std::vector<int32_t> ids;
+        for (const auto& e : v.arr) ids.push_back(static_cast<int32_t>(get_uint(n, e, "prompt", INT32_MAX)));
+        s.prompt = std::move(ids);
+      } else {
+        bad_line(n, "'prompt' must be a string or an array of token ids");
+      }
+    } else if (k == "max_tokens") {
+      s.max_tokens = static_cast<uint32_t>(get_uint(n, v, "max_tokens", UINT32_MAX));
+    } else if (k == "temperature") {
+      s.temperature = get_num(n, v, "temperature");
+    } else if (k == "top_k") {
+      s.top_k = static_cast<uint32_t>(get_uint(n, v, "top_k", INT32_MAX));
+    } else if (k == "top_p") {
+      s.top_p = get_num(n, v, "top_p");
+    } else if (k == "seed") {
+      s.seed = get_uint(n, v, "seed", UINT64_MAX / 2);
+    } else if (k == "stop") {
+      if (v.kind == JsonValue::string) {
+        s.stop = {v.str};
+      } else if (v.kind == JsonValue::array) {
+        for (const auto& e : v.arr) s.stop.push_back(get_str(n, e, "stop"));
+      } else {
+        bad_line(n, "'stop' must be a string or an array of strings");
+      }
+    } else if (k == "ignore_eos") {
+      if (v.kind != JsonValue::boolean) bad_line(n, "'ignore_eos' must be true or false");
+      s.ignore_eos = v.b;
+    } else if (k == "priority") {
+      s.priority = get_str(n, v, "priority");
+    } else if (k == "tenant") {
+      s.tenant = get_str(n, v, "tenant");
+    } else if (k == "deadline_ms") {
+      s.deadline_ms = static_cast<uint32_t>(get_uint(n, v, "deadline_ms", UINT32_MAX));
+    } else if (k == "logprobs") {
+      s.logprobs = static_cast<uint32_t>(get_uint(n, v, "logprobs", UINT32_MAX));
+    }
+    // Other keys are the caller's own bookkeeping and travel no further.
+  }
+  if (s.id.empty()) bad_line(n, "missing 'id'");
+  if (!j.find("prompt")) bad_line(n, "missing 'prompt'");
+  return l;
+}
+
+// Ids already in the output. A torn last line (an interrupted run) is cut off so that the file
+// stays one JSON object per line.
+std::unordered_set<std::string> done_ids(const std::string& path) {
+  std::unordered_set<std::string> ids;
+  if (!std::filesystem::exists(path)) return ids;
+  std::string all;
+  {
+    std::ifstream f(path, std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    all = ss.str();
+  }
+  size_t keep = all.rfind('\n');
+  keep = keep == std::string::npos ? 0 : keep + 1;
+  if (keep != all.size()) {
+    std::cerr << "switchyard: dropping a torn last line of " << path << "\n";
+    std::filesystem::resize_file(path, keep);
+    all.resize(keep);
+  }
+  std::istringstream in(all);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    try {
+      auto j = JsonReader::parse(line);
+      if (auto id = j.find("id"); id && id->kind == JsonValue::string) ids.insert(id->str);
+    } catch (const std::exception&) {
+      // A line we cannot read names no id: that job simply runs again.
+    }
+  }
+  return ids;
+}
+
+std::string ids_json(const std::vector<int32_t>& ids) {
+  std::string s = "[";
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) s += ',';
+    s += std::to_string(ids[i]);
+  }
+  return s + "]";
+}
+
+std::string done_line(const wire::Done& d) {
+  std::string s = "{\"id\":" + json_string(d.id);
+  s += ",\"text\":" + json_string(d.text);
+  s += ",\"ids\":" + ids_json(d.ids);
+  s += ",\"finish_reason\":" + json_string(wire::to_string(d.finish_reason));
+  s += ",\"usage\":{\"prompt_tokens\":" + std::to_string(d.usage.prompt_tokens) +
+       ",\"completion_tokens\":" + std::to_string(d.usage.completion_tokens) + "}";
+  s += ",\"timings\":{\"queue_ms\":" + json_number(d.timings.queue_ms) +
+       ",\"ttft_ms\":" + json_number(d.timings.ttft_ms) +
+       ",\"total_ms\":" + json_number(d.timings.total_ms) + "}}";
+  return s;
+}
+
+std::string error_line(const std::string& id, const wire::Error& e) {
+  return "{\"id\":" + json_string(id) + ",\"error\":{\"code\":" + json_string(to_string(e.code)) +
+         ",\"message\":" + json_string(e.message) + "}}";
+}
+
+std::string duration(double s) {
+  if (!(s >= 0) || s > 1e7) return "?";
+  long t = static_cast<long>(s + 0.5);
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm%02lds", t / 3600, t / 60 % 60, t % 60);
+  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else std::snprintf(buf, sizeof buf, "%lds", t);
+  return buf;
+}
+
+}  // namespace
+
+int cmd_submit(const Args& a) {
+  std::string in_path = a.str("input"), out_path = a.str("output");
+  if (in_path.empty()) throw UsageError("submit needs --input jobs.jsonl");
+  if (out_path.empty()) throw UsageError("submit needs --output results.jsonl");
+  std::string server = a.str("server", "tcp://127.0.0.1:5555");
+  long long window = a.integer("window", 64);
+  // The server's queues bound what it holds; beyond 100k a window only hides a stuck server.
+  if (window < 1 || window > 100000) throw UsageError("--window must be in [1, 100000]");
+  std::string tenant = a.str("tenant", "default");
+
+  // Every line is checked before anything is sent, so a typo on line 900,000 costs nothing.
+  std::ifstream in(in_path);
+  if (!in) throw UsageError("cannot open --input " + in_path);
+  std::vector<Line> jobs;
+  std::unordered_set<std::string> seen;
+  std::string text;
+  for (size_t n = 1; std::getline(in, text); ++n) {
+    if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
+    Line l = parse_job(n, text, tenant, a.str("token"), a.str("priority"));
+    if (!seen.insert(l.submit.tenant + "\n" + l.submit.id).second)
+      bad_line(n, "id '" + l.submit.id + "' appears twice");
+    jobs.push_back(std::move(l));
+  }
+  auto skip = done_ids(out_path);
+  std::deque<size_t> todo;
+  for (size_t i = 0; i < jobs.size(); ++i)
+    if (!skip.count(jobs[i].submit.id)) todo.push_back(i);
+  const size_t total = jobs.size(), skipped = total - todo.size();
+  std::cerr << "switchyard: " << total << " jobs in " << in_path << ", " << skipped
+            << " already in " << out_path << ", " << todo.size() << " to run on " << server << "\n";
+
+  std::ofstream out(out_path, std::ios::app | std::ios::binary);
+  if (!out) throw UsageError("cannot open --output " + out_path);
+  client::Client cl(server);
+
+  std::unordered_map<std::string, size_t> in_flight;            // job id -> index in jobs
+  std::multimap<Clock::time_point, size_t> retry_at;            // overloaded jobs, when to resend
+  size_t done = 0, failed = 0, retries = 0;
+  uint64_t tokens = 0;
+  auto t0 = Clock::now();
+  auto last_progress = t0 - std::chrono::seconds(10);
+  auto last_message = t0;
+  const bool tty = isatty(2);
+  // After this long without a message the server is pinged: long jobs are fine as long as it
+  // answers; no pong within kPingWait means it is gone, and a rerun resumes (job keys make
+  // resubmission safe).
+  const auto kQuiet = std::chrono::seconds(15);
+  const auto kPingWait = std::chrono::seconds(10);
+
+  auto progress = [&](bool final) {
+    auto now = Clock::now();
+    // A terminal is redrawn 5 times a second; a log file gets a line every 5 seconds.
+    if (!final && now - last_progress < (tty ? std::chrono::milliseconds(200) : std::chrono::seconds(5))) return;
+    last_progress = now;
+    // Results reach the file at every progress tick, so an interrupted run loses little.
+    out.flush();
+    double secs = std::chrono::duration<double>(now - t0).count();
+    size_t run = todo.size() + in_flight.size() + retry_at.size();
+    size_t finished = done + failed;
+    double rate = secs > 0 ? finished / secs : 0;
+    double eta = rate > 0 ? run / rate : -1;
+    size_t doneall = skipped + finished;
+    int width = 30, fill = total ? static_cast<int>(width * doneall / total) : width;
+    char line[256];
+    std::snprintf(line, sizeof line, "[%s%s] %zu/%zu  %.0f tok/s  %.1f jobs/s  ETA %s  (%zu in flight, %zu failed)",
+                  std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), doneall,
+                  total, secs > 0 ? tokens / secs : 0.0, rate, final ? "0s" : duration(eta).c_str(),
+                  in_flight.size(), failed);
+    std::cerr << (tty ? "\r" : "") << line << (tty && !final ? "" : "\n") << std::flush;
+  };
+
+  while (!todo.empty() || !in_flight.empty() || !retry_at.empty()) {
+    auto now = Clock::now();
+    while (!retry_at.empty() && retry_at.begin()->first <= now) {
+      todo.push_front(retry_at.begin()->second);
+      retry_at.erase(retry_at.begin());
+    }
+    while (!todo.empty() && in_flight.size() < static_cast<size_t>(window)) {
+      size_t i = todo.front();
+      todo.pop_front();
+      in_flight[jobs[i].submit.id] = i;
+      cl.submit(jobs[i].submit);
+    }
+    progress(false);
+    // Short waits while retries are pending so that they go out on time.
+    auto m = cl.next(std::chrono::milliseconds(retry_at.empty() ? 200 : 10));
+    if (!m) {
+      if (!in_flight.empty() && Clock::now() - last_message > kQuiet) {
+        if (!cl.ping_wait(kPingWait)) {
+          std::cerr << "\nswitchyard: " << server << " does not answer a ping with "
+                    << in_flight.size() << " jobs in flight: giving up (rerun to resume)\n";
+          break;
+        }
+        last_message = Clock::now();
+      }
+      continue;
+    }
+    last_message = Clock::now();
+    if (auto* d = std::get_if<wire::Done>(&*m)) {
+      auto it = in_flight.find(d->id);
+      if (it == in_flight.end()) continue;  // a duplicate answer (a resubmitted key)
+      in_flight.erase(it);
+      tokens += d->usage.completion_tokens;
+      out << done_line(*d) << '\n';
+      ++done;
+    } else if (auto* e = std::get_if<wire::Error>(&*m)) {
+      auto it = in_flight.find(e->id);
+      if (it == in_flight.end()) {
+        if (e->id.empty()) std::cerr << "\nswitchyard: server error: " << e->message << "\n";
+        continue;
+      }
+      size_t i = it->second;
+      in_flight.erase(it);
+      if (e->code == ErrorCode::overloaded || e->code == ErrorCode::rate_limited) {
+        // The server said when: wait that long (at least 10 ms so a 0 cannot spin).
+        auto wait = std::chrono::milliseconds(std::max<uint32_t>(10, e->retry_after_ms.value_or(100)));
+        retry_at.emplace(Clock::now() + wait, i);
+        ++retries;
+      } else if (e->code == ErrorCode::bad_request || e->code == ErrorCode::unauthorized ||
+                 e->code == ErrorCode::deadline_exceeded || e->code == ErrorCode::not_found) {
+        // The job itself is at fault: record the error so a rerun does not repeat it.
+        out << error_line(e->id, *e) << '\n';
+        ++failed;
+      } else {
+        // Transient (shutdown, engine lost, cancelled): not recorded, so a rerun retries it.
+        std::cerr << (tty ? "\n" : "") << "switchyard: job " << e->id << " failed ("
+                  << to_string(e->code) << ": " << e->message << "); rerun to retry it\n";
+        ++failed;
+      }
+    }
+  }
+  out.flush();
+  progress(true);
+  double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  size_t lost = in_flight.size() + todo.size() + retry_at.size();
+  std::cerr << "switchyard: summary: " << done << " done, " << failed << " failed, " << skipped
+            << " skipped (already in the output), " << lost << " not finished; " << tokens
+            << " tokens in " << duration(secs) << " (" << (secs > 0 ? tokens / secs : 0.0)
+            << " tok/s), " << retries << " overloaded retries\n";
+  return failed == 0 && lost == 0 ? 0 : 1;
+}
+
+}  // namespace sy::cli

@@ -1,0 +1,242 @@
+// The C++ client library: DEALER / PUSH / PULL sockets speaking the msgpack protocol v1.
+#include "clients/cpp/client.hpp"
+
+#include <sstream>
+
+namespace sy::client {
+namespace {
+
+// Decode limits on the client side: the server's messages are trusted more than clients', but a
+// non-streamed done carries the whole completion, so arrays may be as long as any max_tokens.
+wire::DecodeLimits client_limits() {
+  wire::DecodeLimits l;
+  l.max_message_bytes = 64u << 20;  // a done with a long text and its ids
+  l.max_string_bytes = 64u << 20;
+  return l;
+}
+
+// A DEALER or a sink closes at once: unsent requests of a client that gave up should not keep a
+// process alive.
+constexpr int kLinger = 0;
+// A Pusher's jobs were handed over: a producer that pushes and exits must not lose what ZeroMQ
+// still holds, but a server that is gone must not keep it forever either.
+constexpr int kPusherLingerMs = 60000;
+
+zmq::socket_t make(zmq::context_t& ctx, zmq::socket_type t, const std::string& endpoint) {
+  zmq::socket_t s(ctx, t);
+  s.set(zmq::sockopt::linger, t == zmq::socket_type::push ? kPusherLingerMs : kLinger);
+  s.connect(endpoint);
+  return s;
+}
+
+std::optional<wire::ServerMessage> recv_one(zmq::socket_t& s, milliseconds timeout) {
+  zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLIN, 0};
+  if (zmq::poll(&item, 1, timeout) == 0) return std::nullopt;
+  zmq::message_t msg;
+  if (!s.recv(msg, zmq::recv_flags::dontwait)) return std::nullopt;
+  static const wire::DecodeLimits limits = client_limits();
+  auto d = wire::decode_server(msg.data(), msg.size(), limits);
+  if (auto* e = std::get_if<wire::DecodeError>(&d))
+    throw ClientError("undecodable server message: " + e->message);
+  return std::get<wire::ServerMessage>(std::move(d));
+}
+
+bool send_timed(zmq::socket_t& s, const void* data, std::size_t size, milliseconds timeout) {
+  zmq::message_t msg(data, size);
+  if (timeout.count() < 0) {
+    s.send(msg, zmq::send_flags::none);
+    return true;
+  }
+  zmq::pollitem_t item{s.handle(), 0, ZMQ_POLLOUT, 0};
+  if (zmq::poll(&item, 1, timeout) == 0) return false;
+  return s.send(msg, zmq::send_flags::dontwait).has_value();
+}
+
+}  // namespace
+
+// ---- Client ----
+
+Client::Client(const std::string& endpoint)
+    : own_ctx_(std::make_unique<zmq::context_t>(1)),
+      sock_(make(*own_ctx_, zmq::socket_type::dealer, endpoint)) {}
+
+Client::Client(zmq::context_t& ctx, const std::string& endpoint)
+    : sock_(make(ctx, zmq::socket_type::dealer, endpoint)) {}
+
+void Client::send(const wire::ClientMessage& m) {
+  auto bytes = wire::encode_client(m);
+  send_raw(bytes.data(), bytes.size());
+}
+
+void Client::send_raw(const void* data, std::size_t size) {
+  zmq::message_t msg(data, size);
+  sock_.send(msg, zmq::send_flags::none);
+}
+
+void Client::cancel(const std::string& id, const std::string& tenant, const std::string& token) {
+  send(wire::Cancel{id, tenant, token});
+}
+
+void Client::status(const std::string& id, const std::string& tenant, const std::string& token) {
+  send(wire::Status{id, tenant, token});
+}
+
+std::optional<wire::ServerMessage> Client::recv(milliseconds timeout) {
+  return recv_one(sock_, timeout);
+}
+
+std::optional<wire::ServerMessage> Client::next(milliseconds timeout) {
+  if (!pending_.empty()) {
+    auto m = std::move(pending_.front());
+    pending_.pop_front();
+    return m;
+  }
+  return recv(timeout);
+}
+
+Result Client::run(const wire::Submit& s, milliseconds timeout) {
+  submit(s);
+  return wait(s.id, timeout);
+}
+
+Result Client::wait(const std::string& id, milliseconds timeout) {
+  Result r;
+  // First what was set aside earlier for this job, then the socket.
+  std::deque<wire::ServerMessage> mine;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (message_id(*it) == id) {
+      mine.push_back(std::move(*it));
+      it = pending_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (;;) {
+    std::optional<wire::ServerMessage> m;
+    if (!mine.empty()) {
+      m = std::move(mine.front());
+      mine.pop_front();
+    } else {
+      m = recv(timeout);
+      if (!m) {
+        r.timed_out = true;
+        return r;
+      }
+      if (message_id(*m) != id) {
+        pending_.push_back(std::move(*m));
+        continue;
+      }
+    }
+    if (auto* a = std::get_if<wire::Accepted>(&*m)) {
+      r.accepted = *a;
+    } else if (auto* t = std::get_if<wire::Tokens>(&*m)) {
+      r.ids.insert(r.ids.end(), t->ids.begin(), t->ids.end());
+      r.text += t->text;
+      r.chunks.push_back(std::move(*t));
+    } else if (auto* d = std::get_if<wire::Done>(&*m)) {
+      // A streamed job's done has no text/ids (the chunks carried them).
+      if (!d->ids.empty() || !d->text.empty()) {
+        r.ids = d->ids;
+        r.text = d->text;
+      }
+      r.done = std::move(*d);
+      return r;
+    } else if (auto* e = std::get_if<wire::Error>(&*m)) {
+      r.error = std::move(*e);
+      return r;
+    }
+    // status replies for this id are not part of the job's stream: ignored here
+  }
+}
+
+bool Client::ping_wait(milliseconds timeout) {
+  std::uint64_t seq = ++ping_seq_;
+  ping(seq);
+  for (;;) {
+    auto m = recv(timeout);
+    if (!m) return false;
+    if (auto* p = std::get_if<wire::Pong>(&*m); p && p->seq == seq) return true;
+    pending_.push_back(std::move(*m));
+  }
+}
+
+// ---- Pusher ----
+
+Pusher::Pusher(const std::string& endpoint)
+    : own_ctx_(std::make_unique<zmq::context_t>(1)),
+      sock_(make(*own_ctx_, zmq::socket_type::push, endpoint)) {}
+
+Pusher::Pusher(zmq::context_t& ctx, const std::string& endpoint)
+    : sock_(make(ctx, zmq::socket_type::push, endpoint)) {}
+
+bool Pusher::submit(const wire::Submit& s, milliseconds timeout) {
+  return send(s, timeout);
+}
+
+bool Pusher::send(const wire::ClientMessage& m, milliseconds timeout) {
+  auto bytes = wire::encode_client(m);
+  return send_timed(sock_, bytes.data(), bytes.size(), timeout);
+}
+
+bool Pusher::send_raw(const void* data, std::size_t size, milliseconds timeout) {
+  return send_timed(sock_, data, size, timeout);
+}
+
+// ---- Sink ----
+
+Sink::Sink(const std::string& endpoint)
+    : own_ctx_(std::make_unique<zmq::context_t>(1)),
+      sock_(make(*own_ctx_, zmq::socket_type::pull, endpoint)) {}
+
+Sink::Sink(zmq::context_t& ctx, const std::string& endpoint)
+    : sock_(make(ctx, zmq::socket_type::pull, endpoint)) {}
+
+std::optional<wire::ServerMessage> Sink::next(milliseconds timeout) {
+  return recv_one(sock_, timeout);
+}
+
+// ---- helpers ----
+
+std::string message_id(const wire::ServerMessage& m) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        if constexpr (requires { x.id; })
+          return x.id;
+        else
+          return "";
+      },
+      m);
+}
+
+std::string describe(const wire::ServerMessage& m) {
+  std::ostringstream o;
+  std::visit(
+      [&](const auto& x) {
+        using T = std::decay_t<decltype(x)>;
+        if constexpr (std::is_same_v<T, wire::Accepted>) {
+          o << "accepted " << x.id << " queue_position=" << x.queue_position;
+        } else if constexpr (std::is_same_v<T, wire::Tokens>) {
+          o << "tokens " << x.id << " index=" << x.index << " n=" << x.ids.size()
+            << " text=" << x.text;
+        } else if constexpr (std::is_same_v<T, wire::Done>) {
+          o << "done " << x.id << " finish=" << wire::to_string(x.finish_reason)
+            << " prompt_tokens=" << x.usage.prompt_tokens
+            << " completion_tokens=" << x.usage.completion_tokens
+            << " ttft_ms=" << x.timings.ttft_ms << " total_ms=" << x.timings.total_ms
+            << " text=" << x.text;
+        } else if constexpr (std::is_same_v<T, wire::Error>) {
+          o << "error " << x.id << " " << to_string(x.code) << ": " << x.message;
+          if (x.retry_after_ms) o << " retry_after_ms=" << *x.retry_after_ms;
+        } else if constexpr (std::is_same_v<T, wire::Pong>) {
+          o << "pong " << x.seq;
+        } else {
+          o << "status " << x.id << " " << wire::to_string(x.state)
+            << " queue_position=" << x.queue_position
+            << " completion_tokens=" << x.completion_tokens;
+        }
+      },
+      m);
+  return o.str();
+}
+
+}  // namespace sy::client

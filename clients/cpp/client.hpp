@@ -1,0 +1,131 @@
+// The C++ client library of Switchyard (no CAF): a DEALER client for the request endpoint, a
+// Pusher for the pipeline input and a Sink for the pipeline results. Speaks docs/protocol.md.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+#include "ingress/codec.hpp"
+#include "ingress/protocol.hpp"
+
+namespace sy::client {
+
+using std::chrono::milliseconds;
+
+/// Thrown when the server sends bytes this client cannot decode, or a send fails.
+struct ClientError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Everything one job produced, as collected by Client::run.
+struct Result {
+  std::optional<wire::Accepted> accepted;
+  std::vector<wire::Tokens> chunks;  ///< streamed chunks (stream = true), in arrival order
+  std::vector<std::int32_t> ids;     ///< completion ids: done.ids, or the chunks' ids if streamed
+  std::string text;                  ///< completion text: done.text, or the chunks' text
+  std::optional<wire::Done> done;    ///< set when the job finished
+  std::optional<wire::Error> error;  ///< set when it failed
+  bool timed_out = false;            ///< neither came before the timeout
+  /// True when the job finished with done.
+  bool ok() const { return done.has_value(); }
+};
+
+/// A DEALER connection to the server's request endpoint (ROUTER). Not thread-safe: one thread
+/// per Client (ZeroMQ sockets belong to one thread).
+class Client {
+ public:
+  /// Connects to `endpoint` (e.g. "tcp://127.0.0.1:5555") with its own ZeroMQ context.
+  explicit Client(const std::string& endpoint);
+  /// Connects using a shared context (many clients in one process).
+  Client(zmq::context_t& ctx, const std::string& endpoint);
+
+  /// Sends one client message.
+  void send(const wire::ClientMessage& m);
+  /// Sends raw bytes as one frame (tests of malformed input).
+  void send_raw(const void* data, std::size_t size);
+  /// Sends a submit.
+  void submit(const wire::Submit& s) { send(s); }
+  /// Sends a cancel for (tenant, id).
+  void cancel(const std::string& id, const std::string& tenant, const std::string& token = "");
+  /// Sends a status request for (tenant, id).
+  void status(const std::string& id, const std::string& tenant, const std::string& token = "");
+  /// Sends a ping.
+  void ping(std::uint64_t seq = 0) { send(wire::Ping{seq}); }
+
+  /// The next server message (first those set aside by run/ping_wait), or nullopt after
+  /// `timeout`. Throws ClientError on undecodable bytes.
+  std::optional<wire::ServerMessage> next(milliseconds timeout);
+
+  /// Submits and waits for the job's done or error (at most `timeout` between two messages),
+  /// collecting accepted and streamed chunks. Messages of other jobs are kept for next().
+  Result run(const wire::Submit& s, milliseconds timeout = milliseconds(60000));
+  /// Waits for the job's done or error without submitting (after submit()).
+  Result wait(const std::string& id, milliseconds timeout = milliseconds(60000));
+  /// Pings and waits for the matching pong; false on timeout.
+  bool ping_wait(milliseconds timeout = milliseconds(5000));
+
+  /// The underlying socket (for zmq::poll over many clients).
+  zmq::socket_t& socket() { return sock_; }
+
+ private:
+  std::optional<wire::ServerMessage> recv(milliseconds timeout);
+  std::unique_ptr<zmq::context_t> own_ctx_;
+  zmq::socket_t sock_;
+  std::deque<wire::ServerMessage> pending_;
+  std::uint64_t ping_seq_ = 0;
+};
+
+/// A PUSH connection to the server's pipeline input (PULL). Sends block at the high-water mark:
+/// that is the server's backpressure. Destroying it waits (up to 60 s) until the jobs ZeroMQ
+/// still holds are handed to the server.
+class Pusher {
+ public:
+  /// Connects to `endpoint` with its own context.
+  explicit Pusher(const std::string& endpoint);
+  /// Connects using a shared context.
+  Pusher(zmq::context_t& ctx, const std::string& endpoint);
+  /// Sends a submit; blocks while the server is not reading. False when `timeout` passed first
+  /// (negative: wait forever).
+  bool submit(const wire::Submit& s, milliseconds timeout = milliseconds(-1));
+  /// Sends any client message (e.g. cancel).
+  bool send(const wire::ClientMessage& m, milliseconds timeout = milliseconds(-1));
+  /// Sends raw bytes as one frame.
+  bool send_raw(const void* data, std::size_t size, milliseconds timeout = milliseconds(-1));
+  /// The underlying socket.
+  zmq::socket_t& socket() { return sock_; }
+
+ private:
+  std::unique_ptr<zmq::context_t> own_ctx_;
+  zmq::socket_t sock_;
+};
+
+/// A PULL connection to the server's pipeline results (PUSH): done and error messages.
+class Sink {
+ public:
+  /// Connects to `endpoint` with its own context.
+  explicit Sink(const std::string& endpoint);
+  /// Connects using a shared context.
+  Sink(zmq::context_t& ctx, const std::string& endpoint);
+  /// The next result, or nullopt after `timeout`. Throws ClientError on undecodable bytes.
+  std::optional<wire::ServerMessage> next(milliseconds timeout);
+  /// The underlying socket.
+  zmq::socket_t& socket() { return sock_; }
+
+ private:
+  std::unique_ptr<zmq::context_t> own_ctx_;
+  zmq::socket_t sock_;
+};
+
+/// The job id a server message refers to ("" for pong and id-less errors).
+std::string message_id(const wire::ServerMessage& m);
+/// One line describing a server message (examples, logs).
+std::string describe(const wire::ServerMessage& m);
+
+}  // namespace sy::client

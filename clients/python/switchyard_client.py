@@ -1,0 +1,276 @@
+#!/usr/bin/python3
+"""Switchyard's Python client: protocol v1 (docs/protocol.md) over ZeroMQ and msgpack.
+
+Uses Debian's python3-zmq and python3-msgpack (run it with /usr/bin/python3).
+
+    from switchyard_client import Client
+    with Client("tcp://127.0.0.1:5555") as c:
+        r = c.run("job-1", "demo", "Once upon a time", max_tokens=32, temperature=0)
+        print(r.text if r.ok else r.error)
+
+Client talks to the request endpoint (DEALER to the server's ROUTER); Pusher feeds the pipeline
+input (PUSH to PULL) and Sink reads the pipeline results (PULL from PUSH).
+"""
+
+import collections
+
+import msgpack
+import zmq
+
+PROTOCOL_VERSION = 1
+
+# submit options and the Python types they must have (docs/protocol.md, "submit").
+_SUBMIT_OPTIONS = {
+    "token": str,
+    "max_tokens": int,
+    "temperature": (int, float),
+    "top_k": int,
+    "top_p": (int, float),
+    "seed": int,
+    "stop": (list, tuple, str),
+    "ignore_eos": bool,
+    "priority": str,
+    "deadline_ms": int,
+    "stream": bool,
+    "logprobs": int,
+}
+
+# Server messages are trusted more than client ones, but a non-streamed `done` carries a whole
+# completion: allow large bodies, still bounded.
+_MAX_SERVER_MESSAGE = 64 << 20
+
+
+class ProtocolError(Exception):
+    """The server sent something that is not a protocol v1 message."""
+
+
+def submit_message(job_id, tenant, prompt, **options):
+    """Builds a `submit` message (a dict); prompt is a str or a list of token ids."""
+    if not isinstance(prompt, (str, list, tuple)):
+        raise TypeError("prompt must be a str or a list of token ids")
+    msg = {"v": PROTOCOL_VERSION, "type": "submit", "id": job_id, "tenant": tenant,
+           "prompt": prompt if isinstance(prompt, str) else [int(t) for t in prompt]}
+    for key, value in options.items():
+        if key not in _SUBMIT_OPTIONS:
+            raise TypeError("unknown submit option %r" % key)
+        if value is None:
+            continue  # nil means absent
+        if not isinstance(value, _SUBMIT_OPTIONS[key]) or (
+                isinstance(value, bool) and _SUBMIT_OPTIONS[key] is int):
+            raise TypeError("submit option %r has the wrong type %s" % (key, type(value).__name__))
+        msg[key] = list(value) if isinstance(value, tuple) else value
+    return msg
+
+
+def encode(msg):
+    """msgpack bytes of a message dict (str keys and values as msgpack str)."""
+    return msgpack.packb(msg, use_bin_type=True)
+
+
+def decode(data):
+    """A server message as a dict; raises ProtocolError when it is not one."""
+    if len(data) > _MAX_SERVER_MESSAGE:
+        raise ProtocolError("server message of %d bytes exceeds limit %d"
+                            % (len(data), _MAX_SERVER_MESSAGE))
+    try:
+        msg = msgpack.unpackb(data, raw=False)
+    except Exception as e:  # msgpack raises several unrelated types
+        raise ProtocolError("undecodable server message: %s" % e) from None
+    if not isinstance(msg, dict) or msg.get("v") != PROTOCOL_VERSION or "type" not in msg:
+        raise ProtocolError("not a protocol v1 message: %r" % (msg,))
+    return msg
+
+
+class Result:
+    """Everything one job produced: accepted, streamed chunks, and done or error."""
+
+    def __init__(self):
+        self.accepted = None
+        self.chunks = []
+        self.ids = []
+        self.text = ""
+        self.done = None
+        self.error = None
+        self.timed_out = False
+
+    @property
+    def ok(self):
+        """True when the job ended with `done`."""
+        return self.done is not None
+
+    def __repr__(self):
+        if self.ok:
+            return "Result(done %s, %d tokens)" % (self.done.get("finish_reason"), len(self.ids))
+        if self.error:
+            return "Result(error %s: %s)" % (self.error.get("code"), self.error.get("message"))
+        return "Result(timed out)"
+
+
+class Client:
+    """A DEALER connection to the request endpoint. One thread per Client."""
+
+    def __init__(self, endpoint="tcp://127.0.0.1:5555", context=None):
+        self._ctx = context or zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)  # a client that gave up must not block exit
+        self._sock.connect(endpoint)
+        self._pending = collections.deque()
+        self._seq = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Closes the socket."""
+        self._sock.close()
+
+    def send(self, msg):
+        """Sends one message dict (adds "v")."""
+        msg = dict(msg)
+        msg.setdefault("v", PROTOCOL_VERSION)
+        self._sock.send(encode(msg))
+
+    def send_raw(self, data):
+        """Sends raw bytes as one frame (for testing the server's error replies)."""
+        self._sock.send(data)
+
+    def submit(self, job_id, tenant, prompt, **options):
+        """Sends a submit; options as in docs/protocol.md (max_tokens, temperature, stream, ...)."""
+        self._sock.send(encode(submit_message(job_id, tenant, prompt, **options)))
+
+    def cancel(self, job_id, tenant, token=""):
+        """Cancels a queued or running job."""
+        self.send({"type": "cancel", "id": job_id, "tenant": tenant, "token": token})
+
+    def status(self, job_id, tenant, token=""):
+        """Asks for a job's state (answered by a status_reply)."""
+        self.send({"type": "status", "id": job_id, "tenant": tenant, "token": token})
+
+    def ping(self, seq=0):
+        """Sends a ping (answered by a pong with the same seq)."""
+        self.send({"type": "ping", "seq": seq})
+
+    def _recv(self, timeout_ms):
+        if not self._sock.poll(timeout_ms, zmq.POLLIN):
+            return None
+        return decode(self._sock.recv())
+
+    def next(self, timeout_ms=10000):
+        """The next server message (a dict), or None after timeout_ms."""
+        if self._pending:
+            return self._pending.popleft()
+        return self._recv(timeout_ms)
+
+    def wait(self, job_id, timeout_ms=60000):
+        """Collects a job's messages until its done or error (at most timeout_ms between two)."""
+        r = Result()
+        mine = [m for m in self._pending if m.get("id") == job_id]
+        self._pending = collections.deque(m for m in self._pending if m.get("id") != job_id)
+        mine = collections.deque(mine)
+        while True:
+            if mine:
+                m = mine.popleft()
+            else:
+                m = self._recv(timeout_ms)
+                if m is None:
+                    r.timed_out = True
+                    return r
+                if m.get("id") != job_id:
+                    self._pending.append(m)
+                    continue
+            kind = m["type"]
+            if kind == "accepted":
+                r.accepted = m
+            elif kind == "tokens":
+                r.chunks.append(m)
+                r.ids.extend(m.get("ids", []))
+                r.text += m.get("text", "")
+            elif kind == "done":
+                if m.get("ids") or m.get("text"):
+                    r.ids = list(m.get("ids", []))
+                    r.text = m.get("text", "")
+                r.done = m
+                return r
+            elif kind == "error":
+                r.error = m
+                return r
+
+    def run(self, job_id, tenant, prompt, timeout_ms=60000, **options):
+        """Submits and waits for the job's done or error; returns a Result."""
+        self.submit(job_id, tenant, prompt, **options)
+        return self.wait(job_id, timeout_ms)
+
+    def ping_wait(self, timeout_ms=5000):
+        """Pings and waits for the matching pong; False on timeout."""
+        self._seq += 1
+        self.ping(self._seq)
+        while True:
+            m = self._recv(timeout_ms)
+            if m is None:
+                return False
+            if m["type"] == "pong" and m.get("seq", 0) == self._seq:
+                return True
+            self._pending.append(m)
+
+
+class Pusher:
+    """A PUSH connection to the pipeline input. Sends block while the server's queues are full."""
+
+    def __init__(self, endpoint="tcp://127.0.0.1:5556", context=None):
+        self._ctx = context or zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.PUSH)
+        # Pushed jobs were handed over: closing must not drop what ZeroMQ still holds, but a server
+        # that is gone must not block the producer forever either.
+        self._sock.setsockopt(zmq.LINGER, 60000)
+        self._sock.connect(endpoint)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Closes the socket; waits up to 60 s for queued jobs to reach the server."""
+        self._sock.close()
+
+    def submit(self, job_id, tenant, prompt, timeout_ms=None, **options):
+        """Pushes a submit; False when the server did not take it within timeout_ms."""
+        data = encode(submit_message(job_id, tenant, prompt, **options))
+        return self.send_bytes(data, timeout_ms)
+
+    def send_bytes(self, data, timeout_ms=None):
+        """Pushes raw bytes; None timeout waits for as long as the server applies backpressure."""
+        if timeout_ms is not None and not self._sock.poll(timeout_ms, zmq.POLLOUT):
+            return False
+        self._sock.send(data)
+        return True
+
+
+class Sink:
+    """A PULL connection to the pipeline results: `done` and `error` messages."""
+
+    def __init__(self, endpoint="tcp://127.0.0.1:5557", context=None):
+        self._ctx = context or zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.PULL)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        """Closes the socket."""
+        self._sock.close()
+
+    def next(self, timeout_ms=10000):
+        """The next result (a dict), or None after timeout_ms."""
+        if not self._sock.poll(timeout_ms, zmq.POLLIN):
+            return None
+        return decode(self._sock.recv())

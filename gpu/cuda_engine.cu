@@ -1,0 +1,690 @@
+// The CUDA backend: a batched Llama step over a paged KV cache in device memory. All new tokens
+// of a step form one (T, dim) activation matrix; matrix products go through cuBLASLt, the rest
+// through the kernels of kernels/cuda. Only token ids, positions, block tables (and sampling
+// controls) go to the device each step; logits or sampled ids come back.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "gpu/cuda_engine.hpp"
+#include "kernels/cuda/attention_decode.cuh"
+#include "kernels/cuda/attention_prefill.cuh"
+#include "kernels/cuda/convert.cuh"
+#include "kernels/cuda/embedding.cuh"
+#include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/kv_cache.cuh"
+#include "kernels/cuda/rmsnorm.cuh"
+#include "kernels/cuda/rope.cuh"
+#include "kernels/cuda/sample.cuh"
+#include "kernels/cuda/swiglu.cuh"
+
+namespace sy {
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky error so later queries start clean
+    return 0;
+  }
+  return n;
+}
+
+namespace {
+
+using cuda::bf16;
+
+// Sequences adding at most this many tokens go through the decode kernel (one key pass per row);
+// longer ones through the tiled prefill kernel, which reuses each key tile for 16 query rows.
+constexpr int32_t kDecodeMaxTokens = 4;
+// Row-splits of decode attention that the workspace holds: 4096 rows x 32 heads x 130 floats is
+// 68 MB for an 8B-shaped model; more rows than this get fewer splits each.
+constexpr int64_t kDecodeWorkspaceRowSplits = 4096;
+// Fewest keys worth a separate split: below this the merge costs more than the parallelism gains.
+constexpr int32_t kMinKeysPerSplit = 32;
+constexpr int32_t kMaxSplits = 64;
+// Host-to-device upload chunk: bounds the staging buffer while keeping copies large.
+constexpr size_t kUploadChunkBytes = size_t{64} << 20;
+// Largest accepted KV block: far above useful sizes, small enough for 32-bit slot arithmetic.
+constexpr int32_t kMaxBlockSize = 1 << 16;
+
+double gib(size_t b) {
+  return static_cast<double>(b) / static_cast<double>(size_t{1} << 30);
+}
+
+std::string fmt_gib(size_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.2f GiB", gib(b));
+  return s;
+}
+
+// An owned device allocation.
+class DevBuf {
+ public:
+  DevBuf() = default;
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  DevBuf(DevBuf&& o) noexcept : p_(o.p_), bytes_(o.bytes_) {
+    o.p_ = nullptr;
+    o.bytes_ = 0;
+  }
+  ~DevBuf() {
+    if (p_) cudaFree(p_);
+  }
+  void alloc(size_t bytes, const char* what) {
+    if (p_) cudaFree(p_);
+    p_ = nullptr;
+    bytes_ = 0;
+    if (bytes == 0) return;
+    const cudaError_t e = cudaMalloc(&p_, bytes);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      p_ = nullptr;
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      throw std::runtime_error(std::string("out of device memory allocating ") + what + " (" +
+                               fmt_gib(bytes) + ", " + fmt_gib(free_b) + " free of " +
+                               fmt_gib(total_b) + "): " + cudaGetErrorString(e));
+    }
+    bytes_ = bytes;
+  }
+  template <class U>
+  U* as() const {
+    return static_cast<U*>(p_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// An owned pinned host allocation (fast, truly asynchronous copies).
+class HostBuf {
+ public:
+  HostBuf() = default;
+  HostBuf(const HostBuf&) = delete;
+  HostBuf& operator=(const HostBuf&) = delete;
+  ~HostBuf() {
+    if (p_) cudaFreeHost(p_);
+  }
+  void alloc(size_t bytes) {
+    if (p_) cudaFreeHost(p_);
+    p_ = nullptr;
+    CUDA_CHECK(cudaHostAlloc(&p_, bytes, cudaHostAllocDefault));
+    bytes_ = bytes;
+  }
+  template <class U>
+  U* as() const {
+    return static_cast<U*>(p_);
+  }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+cuda::SrcType src_type(kernels::DType t) {
+  switch (t) {
+    case kernels::DType::F32:
+      return cuda::SrcType::F32;
+    case kernels::DType::F16:
+      return cuda::SrcType::F16;
+    case kernels::DType::BF16:
+      return cuda::SrcType::BF16;
+    case kernels::DType::Q8_0:
+      return cuda::SrcType::Q8_0;
+    case kernels::DType::Q4_0:
+      return cuda::SrcType::Q4_0;
+  }
+  throw std::runtime_error("cuda engine: unsupported weight type");
+}
+
+template <class T>
+class CudaEngineImpl final : public CudaEngine {
+ public:
+  CudaEngineImpl(std::shared_ptr<LlamaModel> model, const LlamaConfig& config,
+                 const CudaEngineOptions& opts, const uint64_t* synth_seed);
+  ~CudaEngineImpl() override {
+    if (stream_) {
+      cudaStreamSynchronize(stream_);
+      gemm_.reset();
+      cudaStreamDestroy(stream_);
+    }
+  }
+
+  const LlamaConfig& config() const override { return c_; }
+  const LlamaModel& model() const override {
+    if (!model_) throw std::logic_error("synthetic CUDA engine: no model file behind it");
+    return *model_;
+  }
+  int32_t block_size() const override { return bs_; }
+  BlockPool& pool() override { return *pool_; }
+  void step(const std::vector<SeqStep>& batch, StepOutput& out) override;
+  void step_sample(const std::vector<SeqStep>& batch, const std::vector<SampleControl>& controls,
+                   std::vector<int32_t>& tokens) override;
+  void randomize_kv(uint64_t seed) override;
+  size_t weight_bytes() const override { return weight_bytes_; }
+  size_t kv_bytes() const override { return k_.bytes() + v_.bytes(); }
+
+ private:
+  struct Layer {
+    DevBuf attn_norm, wqkv, wo, ffn_norm, wgu, wdown;
+  };
+  // Offsets (in int32 units) of the step's metadata inside the host and device buffers.
+  struct Meta {
+    size_t tokens, pos, slot, nkeys, row_seq, bt_off, bt, dec_rows, tile_row0, tile_len, out_rows,
+        total;
+  };
+
+  void upload(const kernels::WeightView& w, T* dst, DevBuf& staging);
+  void upload_norm(const float* src, DevBuf& dst, const char* what);
+  void synth(T* dst, int64_t rows, int64_t cols, uint64_t seed);
+  int32_t plan(const std::vector<SeqStep>& batch, bool last_only, StepOutput* out);
+  void forward();
+  void ensure_logit_rows(int32_t rows);
+  T* kc(int l) const { return k_.template as<T>() + int64_t{l} * n_slots_ * kv_dim_; }
+  T* vc(int l) const { return v_.template as<T>() + int64_t{l} * n_slots_ * kv_dim_; }
+
+  std::shared_ptr<LlamaModel> model_;
+  LlamaConfig c_;
+  CudaEngineOptions o_;
+  int32_t bs_;
+  int64_t q_dim_, kv_dim_, qkv_dim_;
+  float theta_scale_;
+  int sms_ = 1;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::Gemm> gemm_;
+  std::unique_ptr<BlockPool> pool_;
+  int64_t n_slots_ = 0;
+  size_t weight_bytes_ = 0;
+
+  // weights
+  DevBuf tok_embd_, output_, output_norm_;
+  std::vector<Layer> layers_;
+  const T* output_w_ = nullptr;  // output_ or tok_embd_ when the file ties them
+  // KV cache
+  DevBuf k_, v_;  // (n_layers, n_slots, kv_dim) each
+  // activations, (T, width) row-major
+  DevBuf x_, tmp_;  // f32 (T, dim) residual stream, block output
+  DevBuf xn_;       // T (T, dim) normed input
+  DevBuf qkv_;      // f32 (T, q_dim + 2 kv_dim)
+  DevBuf att_;      // T (T, q_dim)
+  DevBuf gu_;       // f32 (T, 2 ffn) gate | up
+  DevBuf h_;        // T (T, ffn)
+  DevBuf xr_;       // T (R, dim) normed rows that get logits
+  DevBuf logits_;   // f32 (R, n_vocab)
+  DevBuf attn_ws_;  // decode split partials
+  DevBuf meta_d_, params_d_, tokens_d_;
+  HostBuf meta_h_, params_h_, tokens_h_;
+  int32_t logit_rows_cap_ = 0;
+  int64_t ws_row_splits_ = 0;  // (row, split) pairs the decode workspace holds
+
+  // the current step's plan
+  Meta m_{};
+  int32_t n_tok_ = 0, n_seq_ = 0, n_dec_ = 0, n_tiles_ = 0, n_out_ = 0, n_splits_ = 1;
+  std::vector<int32_t> host_;       // metadata assembled here, then copied to pinned memory
+  std::vector<int64_t> slot_sort_;  // duplicate-slot check
+};
+
+template <class T>
+CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const LlamaConfig& config,
+                                  const CudaEngineOptions& opts, const uint64_t* synth_seed)
+    : model_(std::move(model)), c_(config), o_(opts), bs_(opts.block_size) {
+  const LlamaConfig& c = c_;
+  if (cuda_device_count() <= o_.device || o_.device < 0) {
+    throw std::runtime_error("cuda engine: no CUDA device " + std::to_string(o_.device));
+  }
+  if (bs_ < 1 || bs_ > kMaxBlockSize) {
+    throw std::invalid_argument("CudaEngineOptions::block_size must be in [1, " +
+                                std::to_string(kMaxBlockSize) + "]");
+  }
+  if (o_.max_batch_tokens < 1 || o_.max_logit_rows < 1 || o_.n_blocks < 0 ||
+      !(o_.kv_memory_fraction > 0.0 && o_.kv_memory_fraction <= 1.0)) {
+    throw std::invalid_argument("cuda engine: bad CudaEngineOptions");
+  }
+  if (c.n_kv_heads <= 0 || c.n_heads % c.n_kv_heads != 0 || c.head_dim > cuda::kMaxHeadDim ||
+      c.rope_dim % 2 != 0 || c.rope_dim > c.head_dim || c.dim <= 0 || c.n_vocab <= 0) {
+    throw std::invalid_argument(
+        "cuda engine: unsupported shape (head_dim <= " + std::to_string(cuda::kMaxHeadDim) +
+        ", n_heads a multiple of n_kv_heads, even rope_dim)");
+  }
+  CUDA_CHECK(cudaSetDevice(o_.device));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, o_.device));
+  sms_ = prop.multiProcessorCount;
+  q_dim_ = int64_t{c.n_heads} * c.head_dim;
+  kv_dim_ = int64_t{c.n_kv_heads} * c.head_dim;
+  qkv_dim_ = q_dim_ + 2 * kv_dim_;
+  // The same float expression as the CPU reference, so both build identical angles.
+  theta_scale_ = std::pow(c.rope_theta, -2.0f / static_cast<float>(c.rope_dim));
+
+  // Weights must fit before anything is uploaded.
+  const bool tied = model_ && model_->weights().output.data == model_->weights().tok_embd.data;
+  const int64_t dim = c.dim, F = c.ffn_dim, V = c.n_vocab;
+  const int64_t per_layer = qkv_dim_ * dim + dim * q_dim_ + 2 * F * dim + dim * F;
+  const size_t wbytes =
+      sizeof(T) * static_cast<size_t>(per_layer * c.n_layers + V * dim * (tied ? 1 : 2)) +
+      sizeof(float) * static_cast<size_t>(2 * dim * c.n_layers + dim);
+  size_t free_b = 0, total_b = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  if (wbytes > free_b) {
+    throw std::runtime_error("model does not fit: its weights need " + fmt_gib(wbytes) +
+                             " on the device, " + fmt_gib(free_b) + " free of " + fmt_gib(total_b));
+  }
+  weight_bytes_ = wbytes;
+
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  gemm_ = std::make_unique<cuda::Gemm>();
+
+  layers_.resize(static_cast<size_t>(c.n_layers));
+  tok_embd_.alloc(sizeof(T) * V * dim, "token embeddings");
+  if (!tied) output_.alloc(sizeof(T) * V * dim, "output matrix");
+  output_w_ = tied ? tok_embd_.template as<T>() : output_.template as<T>();
+  for (auto& L : layers_) {
+    L.wqkv.alloc(sizeof(T) * qkv_dim_ * dim, "wq|wk|wv");
+    L.wo.alloc(sizeof(T) * dim * q_dim_, "wo");
+    L.wgu.alloc(sizeof(T) * 2 * F * dim, "w_gate|w_up");
+    L.wdown.alloc(sizeof(T) * dim * F, "w_down");
+  }
+  if (synth_seed) {
+    uint64_t s = *synth_seed;
+    const std::vector<float> ones(static_cast<size_t>(dim), 1.0f);
+    synth(tok_embd_.template as<T>(), V, dim, s++);
+    if (!tied) synth(output_.template as<T>(), V, dim, s++);
+    upload_norm(ones.data(), output_norm_, "output_norm");
+    for (auto& L : layers_) {
+      synth(L.wqkv.template as<T>(), qkv_dim_, dim, s++);
+      synth(L.wo.template as<T>(), dim, q_dim_, s++);
+      synth(L.wgu.template as<T>(), 2 * F, dim, s++);
+      synth(L.wdown.template as<T>(), dim, F, s++);
+      upload_norm(ones.data(), L.attn_norm, "attn_norm");
+      upload_norm(ones.data(), L.ffn_norm, "ffn_norm");
+    }
+  } else {
+    const LlamaWeights& w = model_->weights();
+    DevBuf staging;
+    staging.alloc(kUploadChunkBytes, "upload staging");
+    upload(w.tok_embd, tok_embd_.template as<T>(), staging);
+    if (!tied) upload(w.output, output_.template as<T>(), staging);
+    upload_norm(w.output_norm, output_norm_, "output_norm");
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      const LlamaLayer& S = w.layers[l];
+      Layer& L = layers_[l];
+      // Fused projections: rows of wq, wk, wv back to back give one (q + 2 kv, dim) matrix; the
+      // same for gate and up. One product each instead of three and two.
+      upload(S.wq, L.wqkv.template as<T>(), staging);
+      upload(S.wk, L.wqkv.template as<T>() + q_dim_ * dim, staging);
+      upload(S.wv, L.wqkv.template as<T>() + (q_dim_ + kv_dim_) * dim, staging);
+      upload(S.wo, L.wo.template as<T>(), staging);
+      upload(S.w_gate, L.wgu.template as<T>(), staging);
+      upload(S.w_up, L.wgu.template as<T>() + F * dim, staging);
+      upload(S.w_down, L.wdown.template as<T>(), staging);
+      upload_norm(S.attn_norm, L.attn_norm, "attn_norm");
+      upload_norm(S.ffn_norm, L.ffn_norm, "ffn_norm");
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+
+  // Scratch for a step of max_batch_tokens new tokens.
+  const int64_t Tm = o_.max_batch_tokens;
+  x_.alloc(sizeof(float) * Tm * dim, "activations");
+  tmp_.alloc(sizeof(float) * Tm * dim, "activations");
+  xn_.alloc(sizeof(T) * Tm * dim, "activations");
+  qkv_.alloc(sizeof(float) * Tm * qkv_dim_, "activations");
+  att_.alloc(sizeof(T) * Tm * q_dim_, "activations");
+  gu_.alloc(sizeof(float) * Tm * 2 * F, "activations");
+  h_.alloc(sizeof(T) * Tm * F, "activations");
+  // Every decode row needs one split's worth at least, however large the step.
+  ws_row_splits_ = std::max<int64_t>(kDecodeWorkspaceRowSplits, Tm);
+  attn_ws_.alloc(sizeof(float) * cuda::attention_decode_workspace(static_cast<int>(ws_row_splits_),
+                                                                  c.n_heads, c.head_dim, 1),
+                 "attention workspace");
+  ensure_logit_rows(std::min(o_.max_logit_rows, o_.max_batch_tokens));
+
+  // KV pool: what is asked for, or a fraction of what is left.
+  const size_t per_block = sizeof(T) * static_cast<size_t>(bs_) * c.n_layers * kv_dim_ * 2;
+  CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+  const int64_t fit = static_cast<int64_t>(static_cast<double>(free_b) * o_.kv_memory_fraction) /
+                      static_cast<int64_t>(per_block);
+  const int64_t min_tokens = std::min<int64_t>(std::max(c.ctx_len, 1), Tm);
+  const int64_t need = (min_tokens + bs_ - 1) / bs_;
+  // Slots are 32-bit in the step metadata.
+  const int64_t n_blocks = o_.n_blocks > 0 ? std::min<int64_t>(o_.n_blocks, INT32_MAX / bs_)
+                                           : std::min<int64_t>(fit, INT32_MAX / bs_);
+  // An explicit n_blocks is taken as asked (tests use small pools); a derived one must hold at
+  // least one full step.
+  if (n_blocks > fit || (o_.n_blocks == 0 && n_blocks < need)) {
+    throw std::runtime_error(
+        "model does not fit: after " + fmt_gib(wbytes) + " of weights and the step buffers, " +
+        fmt_gib(free_b) + " are free, room for " + std::to_string(fit) + " KV blocks of " +
+        std::to_string(bs_) + " tokens; " + std::to_string(std::max(n_blocks, need)) + " needed (" +
+        std::to_string(min_tokens) + " tokens at least)");
+  }
+  pool_ = std::make_unique<BlockPool>(static_cast<int32_t>(n_blocks));
+  n_slots_ = n_blocks * bs_;
+  k_.alloc(sizeof(T) * static_cast<size_t>(c.n_layers * n_slots_ * kv_dim_), "K cache");
+  v_.alloc(sizeof(T) * static_cast<size_t>(c.n_layers * n_slots_ * kv_dim_), "V cache");
+}
+
+template <class T>
+void CudaEngineImpl<T>::upload(const kernels::WeightView& w, T* dst, DevBuf& staging) {
+  const size_t rb = kernels::row_bytes(w.type, w.cols);
+  const int64_t rows_per_chunk = std::max<int64_t>(1, static_cast<int64_t>(staging.bytes() / rb));
+  if (rb > staging.bytes()) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    staging.alloc(rb, "upload staging");
+  }
+  const auto* src = static_cast<const uint8_t*>(w.data);
+  for (int64_t r = 0; r < w.rows; r += rows_per_chunk) {
+    const int64_t n = std::min(rows_per_chunk, w.rows - r);
+    // The previous chunk's conversion must finish before the staging buffer is overwritten.
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaMemcpyAsync(staging.template as<void>(), src + r * rb,
+                               static_cast<size_t>(n) * rb, cudaMemcpyHostToDevice, stream_));
+    CUDA_CHECK(cuda::convert_rows<T>(src_type(w.type), staging.template as<void>(), n, w.cols,
+                                     dst + r * w.cols, stream_));
+  }
+}
+
+template <class T>
+void CudaEngineImpl<T>::upload_norm(const float* src, DevBuf& dst, const char* what) {
+  dst.alloc(sizeof(float) * static_cast<size_t>(c_.dim), what);
+  CUDA_CHECK(cudaMemcpy(dst.template as<float>(), src, sizeof(float) * static_cast<size_t>(c_.dim),
+                        cudaMemcpyHostToDevice));
+}
+
+template <class T>
+void CudaEngineImpl<T>::synth(T* dst, int64_t rows, int64_t cols, uint64_t seed) {
+  // Uniform in +-sqrt(3 / cols): unit-variance inputs give unit-variance outputs, so activations
+  // stay in range through all layers.
+  const float scale = std::sqrt(3.0f / static_cast<float>(cols));
+  CUDA_CHECK(cuda::fill_uniform<T>(dst, rows * cols, 0.0f, scale, seed, stream_));
+}
+
+template <class T>
+void CudaEngineImpl<T>::randomize_kv(uint64_t seed) {
+  const int64_t n = int64_t{c_.n_layers} * n_slots_ * kv_dim_;
+  CUDA_CHECK(cuda::fill_uniform<T>(k_.template as<T>(), n, 0.0f, 1.0f, seed, stream_));
+  CUDA_CHECK(cuda::fill_uniform<T>(v_.template as<T>(), n, 0.0f, 1.0f, seed + 1, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+template <class T>
+void CudaEngineImpl<T>::ensure_logit_rows(int32_t rows) {
+  if (rows <= logit_rows_cap_) return;
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  logits_.alloc(sizeof(float) * static_cast<size_t>(rows) * c_.n_vocab, "logits");
+  xr_.alloc(sizeof(T) * static_cast<size_t>(rows) * c_.dim, "final norm rows");
+  params_d_.alloc(sizeof(cuda::SampleParams) * static_cast<size_t>(rows), "sampling controls");
+  tokens_d_.alloc(sizeof(int32_t) * static_cast<size_t>(rows), "sampled tokens");
+  params_h_.alloc(sizeof(cuda::SampleParams) * static_cast<size_t>(rows));
+  tokens_h_.alloc(sizeof(int32_t) * static_cast<size_t>(rows));
+  logit_rows_cap_ = rows;
+}
+
+// Checks the whole batch before anything is written (a refused step leaves the cache as it was),
+// lays the new tokens out as rows [0, T), builds the metadata and copies it to the device.
+// Returns the number of logit rows.
+template <class T>
+int32_t CudaEngineImpl<T>::plan(const std::vector<SeqStep>& batch, bool last_only,
+                                StepOutput* out) {
+  const auto bad = [](size_t i, const std::string& what) {
+    throw std::invalid_argument("step: sequence " + std::to_string(i) + ": " + what);
+  };
+  // A step that threw half way may have left copies in flight from the pinned buffers.
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  int64_t total = 0, n_bt = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SeqStep& s = batch[i];
+    if (s.n_tokens < 1) bad(i, "n_tokens must be >= 1");
+    if (!s.tokens) bad(i, "tokens is null");
+    if (s.n_past < 0) bad(i, "n_past must be >= 0");
+    total += s.n_tokens;
+    if (total > o_.max_batch_tokens) {
+      throw std::invalid_argument("step: more than " + std::to_string(o_.max_batch_tokens) +
+                                  " new tokens in one batch");
+    }
+    const int64_t end = int64_t{s.n_past} + s.n_tokens;
+    if (end > INT32_MAX) bad(i, "n_past + n_tokens overflows");
+    const int64_t need = (end + bs_ - 1) / bs_;
+    if (s.n_blocks < need || !s.block_table) {
+      bad(i, "block table has " + std::to_string(s.n_blocks) + " blocks, " + std::to_string(need) +
+                 " needed for " + std::to_string(end) + " slots");
+    }
+    for (int64_t b = 0; b < need; ++b) {
+      if (s.block_table[b] < 0 || s.block_table[b] >= pool_->n_total()) {
+        bad(i, "block id " + std::to_string(s.block_table[b]) + " out of range");
+      }
+    }
+    for (int32_t t = 0; t < s.n_tokens; ++t) {
+      if (s.tokens[t] < 0 || s.tokens[t] >= c_.n_vocab) {
+        bad(i, "token id " + std::to_string(s.tokens[t]) + " out of range [0, " +
+                   std::to_string(c_.n_vocab) + ")");
+      }
+      if (s.positions && s.positions[t] < 0) bad(i, "negative position");
+    }
+    n_bt += need;
+  }
+  const size_t T_ = static_cast<size_t>(total), S = batch.size();
+  n_tok_ = static_cast<int32_t>(total);
+  n_seq_ = static_cast<int32_t>(S);
+
+  Meta& m = m_;
+  m.tokens = 0;
+  m.pos = m.tokens + T_;
+  m.slot = m.pos + T_;
+  m.nkeys = m.slot + T_;
+  m.row_seq = m.nkeys + T_;
+  m.bt_off = m.row_seq + T_;
+  m.bt = m.bt_off + S;
+  m.dec_rows = m.bt + static_cast<size_t>(n_bt);
+  m.tile_row0 = m.dec_rows + T_;
+  m.tile_len = m.tile_row0 + T_;
+  m.out_rows = m.tile_len + T_;
+  m.total = m.out_rows + T_;
+  host_.resize(m.total);
+  int32_t* H = host_.data();
+  slot_sort_.resize(T_);
+
+  int32_t row = 0, bt_at = 0, max_dec_keys = 0;
+  n_dec_ = n_tiles_ = n_out_ = 0;
+  if (out) {
+    out->offset.resize(S);
+    out->count.resize(S);
+  }
+  for (size_t i = 0; i < S; ++i) {
+    const SeqStep& s = batch[i];
+    const int32_t need = static_cast<int32_t>((int64_t{s.n_past} + s.n_tokens + bs_ - 1) / bs_);
+    H[m.bt_off + i] = bt_at;
+    std::copy(s.block_table, s.block_table + need, H + m.bt + bt_at);
+    bt_at += need;
+    const bool all = s.all_logits && !last_only;
+    if (out) {
+      out->offset[i] = n_out_;
+      out->count[i] = all ? s.n_tokens : 1;
+    }
+    const int32_t row0 = row;
+    for (int32_t t = 0; t < s.n_tokens; ++t, ++row) {
+      const int64_t logical = int64_t{s.n_past} + t;
+      const int64_t slot = int64_t{s.block_table[logical / bs_]} * bs_ + logical % bs_;
+      H[m.tokens + row] = s.tokens[t];
+      H[m.pos + row] = s.positions ? s.positions[t] : s.n_past + t;
+      H[m.slot + row] = static_cast<int32_t>(slot);
+      slot_sort_[static_cast<size_t>(row)] = slot;
+      H[m.nkeys + row] = s.n_past + t + 1;
+      H[m.row_seq + row] = static_cast<int32_t>(i);
+      if (all || t == s.n_tokens - 1) H[m.out_rows + n_out_++] = row;
+    }
+    if (s.n_tokens <= kDecodeMaxTokens) {
+      for (int32_t r = row0; r < row; ++r) H[m.dec_rows + n_dec_++] = r;
+      max_dec_keys = std::max(max_dec_keys, s.n_past + s.n_tokens);
+    } else {
+      for (int32_t r = row0; r < row; r += cuda::kPrefillTileRows) {
+        H[m.tile_row0 + n_tiles_] = r;
+        H[m.tile_len + n_tiles_] = std::min(cuda::kPrefillTileRows, row - r);
+        ++n_tiles_;
+      }
+    }
+  }
+  // Two new tokens writing the same cache slot would overwrite each other's keys.
+  std::sort(slot_sort_.begin(), slot_sort_.end());
+  if (std::adjacent_find(slot_sort_.begin(), slot_sort_.end()) != slot_sort_.end()) {
+    throw std::invalid_argument("step: two new tokens map to the same KV slot");
+  }
+
+  // Decode splits: enough blocks to cover the device twice, no split under kMinKeysPerSplit keys,
+  // and no more row-splits than the workspace holds.
+  n_splits_ = 1;
+  if (n_dec_ > 0) {
+    const int64_t blocks = int64_t{n_dec_} * c_.n_kv_heads;
+    int64_t want = (2 * int64_t{sms_} + blocks - 1) / blocks;
+    want = std::min<int64_t>(want, (max_dec_keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
+    want = std::min<int64_t>(want, ws_row_splits_ / n_dec_);
+    n_splits_ = static_cast<int32_t>(std::clamp<int64_t>(want, 1, kMaxSplits));
+  }
+
+  ensure_logit_rows(n_out_);
+  const size_t bytes = sizeof(int32_t) * m.total;
+  if (meta_h_.bytes() < bytes) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    meta_h_.alloc(bytes * 2);
+    meta_d_.alloc(bytes * 2, "step metadata");
+  }
+  // The previous step's copy from the pinned buffer is complete: every step ends synchronised.
+  std::memcpy(meta_h_.template as<int32_t>(), H, bytes);
+  CUDA_CHECK(cudaMemcpyAsync(meta_d_.template as<int32_t>(), meta_h_.template as<int32_t>(), bytes,
+                             cudaMemcpyHostToDevice, stream_));
+  if (out) {
+    out->n_vocab = c_.n_vocab;
+    out->logits.resize(static_cast<size_t>(n_out_) * c_.n_vocab);
+  }
+  return n_out_;
+}
+
+template <class T>
+void CudaEngineImpl<T>::forward() {
+  const LlamaConfig& c = c_;
+  const int T_ = n_tok_;
+  const int64_t dim = c.dim, F = c.ffn_dim;
+  const int32_t* md = meta_d_.template as<int32_t>();
+  float* x = x_.template as<float>();
+  float* tmp = tmp_.template as<float>();
+  T* xn = xn_.template as<T>();
+  float* qkv = qkv_.template as<float>();
+  T* att = att_.template as<T>();
+  float* gu = gu_.template as<float>();
+  T* h = h_.template as<T>();
+  cudaStream_t st = stream_;
+
+  CUDA_CHECK(cuda::embedding<T>(tok_embd_.template as<T>(), md + m_.tokens, T_, c.dim, x, st));
+  for (int l = 0; l < c.n_layers; ++l) {
+    const Layer& L = layers_[static_cast<size_t>(l)];
+    // attention block: the previous block's output (tmp) joins the residual stream here
+    CUDA_CHECK(cuda::rmsnorm_add<T>(x, l > 0 ? tmp : nullptr, L.attn_norm.template as<float>(),
+                                    nullptr, xn, T_, c.dim, c.norm_eps, st));
+    CUBLAS_CHECK(gemm_->run<T>(L.wqkv.template as<T>(), xn, qkv_dim_, dim, T_, qkv, st));
+    CUDA_CHECK(cuda::rope(qkv, qkv_dim_, T_, c.n_heads, c.head_dim, c.rope_dim, md + m_.pos,
+                          theta_scale_, st));
+    CUDA_CHECK(cuda::rope(qkv + q_dim_, qkv_dim_, T_, c.n_kv_heads, c.head_dim, c.rope_dim,
+                          md + m_.pos, theta_scale_, st));
+    CUDA_CHECK(cuda::kv_store<T>(qkv, qkv_dim_, q_dim_, q_dim_ + kv_dim_, T_,
+                                 static_cast<int>(kv_dim_), md + m_.slot, kc(l), vc(l), st));
+    cuda::PagedKv<T> kv;
+    kv.k = kc(l);
+    kv.v = vc(l);
+    kv.block_tables = md + m_.bt;
+    kv.seq_bt_off = md + m_.bt_off;
+    kv.row_seq = md + m_.row_seq;
+    kv.row_nkeys = md + m_.nkeys;
+    kv.block_size = bs_;
+    kv.window = o_.sliding_window;
+    CUDA_CHECK(cuda::attention_decode<T>(qkv, qkv_dim_, kv, md + m_.dec_rows, n_dec_, c.n_heads,
+                                         c.n_kv_heads, c.head_dim, n_splits_,
+                                         attn_ws_.template as<float>(), att, q_dim_, st));
+    CUDA_CHECK(cuda::attention_prefill<T>(qkv, qkv_dim_, kv, md + m_.tile_row0, md + m_.tile_len,
+                                          n_tiles_, c.n_heads, c.n_kv_heads, c.head_dim, att,
+                                          q_dim_, st, o_.tensor_core_attention));
+    CUBLAS_CHECK(gemm_->run<T>(L.wo.template as<T>(), att, dim, q_dim_, T_, tmp, st));
+    // feed-forward block
+    CUDA_CHECK(cuda::rmsnorm_add<T>(x, tmp, L.ffn_norm.template as<float>(), nullptr, xn, T_, c.dim,
+                                    c.norm_eps, st));
+    CUBLAS_CHECK(gemm_->run<T>(L.wgu.template as<T>(), xn, 2 * F, dim, T_, gu, st));
+    CUDA_CHECK(cuda::swiglu<T>(gu, T_, c.ffn_dim, h, st));
+    CUBLAS_CHECK(gemm_->run<T>(L.wdown.template as<T>(), h, dim, F, T_, tmp, st));
+  }
+  // Only the rows that get logits take the last residual add and the final norm.
+  CUDA_CHECK(cuda::rmsnorm_add<T>(x, c.n_layers > 0 ? tmp : nullptr,
+                                  output_norm_.template as<float>(), md + m_.out_rows,
+                                  xr_.template as<T>(), n_out_, c.dim, c.norm_eps, st));
+  CUBLAS_CHECK(gemm_->run<T>(output_w_, xr_.template as<T>(), c.n_vocab, dim, n_out_,
+                             logits_.template as<float>(), st));
+}
+
+template <class T>
+void CudaEngineImpl<T>::step(const std::vector<SeqStep>& batch, StepOutput& out) {
+  plan(batch, false, &out);
+  if (n_tok_ == 0) return;
+  forward();
+  CUDA_CHECK(cudaMemcpyAsync(out.logits.data(), logits_.template as<float>(),
+                             sizeof(float) * out.logits.size(), cudaMemcpyDeviceToHost, stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+template <class T>
+void CudaEngineImpl<T>::step_sample(const std::vector<SeqStep>& batch,
+                                    const std::vector<SampleControl>& controls,
+                                    std::vector<int32_t>& tokens) {
+  if (controls.size() != batch.size()) {
+    throw std::invalid_argument("step_sample: one SampleControl per sequence expected");
+  }
+  plan(batch, true, nullptr);
+  tokens.resize(batch.size());
+  if (n_tok_ == 0) return;
+  auto* p = params_h_.template as<cuda::SampleParams>();
+  for (size_t i = 0; i < controls.size(); ++i) {
+    p[i].temperature = controls[i].temperature;
+    p[i].top_k = controls[i].top_k;
+    p[i].top_p = controls[i].top_p;
+    p[i].seed = controls[i].seed;
+    p[i].counter = controls[i].counter;
+  }
+  CUDA_CHECK(cudaMemcpyAsync(params_d_.template as<void>(), p,
+                             sizeof(cuda::SampleParams) * controls.size(), cudaMemcpyHostToDevice,
+                             stream_));
+  forward();
+  CUDA_CHECK(cuda::sample(logits_.template as<float>(), n_out_, c_.n_vocab,
+                          params_d_.template as<cuda::SampleParams>(),
+                          tokens_d_.template as<int32_t>(), stream_));
+  CUDA_CHECK(cudaMemcpyAsync(tokens_h_.template as<int32_t>(), tokens_d_.template as<int32_t>(),
+                             sizeof(int32_t) * static_cast<size_t>(n_out_), cudaMemcpyDeviceToHost,
+                             stream_));
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  std::copy(tokens_h_.template as<int32_t>(), tokens_h_.template as<int32_t>() + n_out_,
+            tokens.begin());
+}
+
+}  // namespace
+
+std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<LlamaModel> model,
+                                         const CudaEngineOptions& opts) {
+  if (!model) throw std::invalid_argument("make_cuda_engine: null model");
+  const LlamaConfig c = model->config();
+  if (opts.f32_weights)
+    return std::make_unique<CudaEngineImpl<float>>(std::move(model), c, opts, nullptr);
+  return std::make_unique<CudaEngineImpl<bf16>>(std::move(model), c, opts, nullptr);
+}
+
+std::unique_ptr<CudaEngine> make_cuda_engine_synthetic(const LlamaConfig& config,
+                                                       const CudaEngineOptions& opts,
+                                                       uint64_t seed) {
+  if (opts.f32_weights)
+    return std::make_unique<CudaEngineImpl<float>>(nullptr, config, opts, &seed);
+  return std::make_unique<CudaEngineImpl<bf16>>(nullptr, config, opts, &seed);
+}
+
+}  // namespace sy

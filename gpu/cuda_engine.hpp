@@ -1,0 +1,70 @@
+// The CUDA backend of the engine interface: weights and the paged KV cache in device memory,
+// one stream, matrix products through cuBLASLt, sampling on the device. No CUDA header here, so
+// any part of the project may include it; it exists only in builds with SWITCHYARD_HAVE_CUDA.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "gpu/engine.hpp"
+
+namespace sy {
+
+/// Usable CUDA devices; 0 on any error (no driver, no device, a driver older than the runtime).
+int cuda_device_count();
+
+/// Settings of the CUDA backend.
+struct CudaEngineOptions {
+  int device = 0;
+  int32_t block_size = 16;           // tokens per KV block
+  int32_t n_blocks = 0;              // 0: as many as kv_memory_fraction of the free memory holds
+  double kv_memory_fraction = 0.85;  // of the memory free after weights and scratch; the rest
+                                     // stays for cuBLASLt, the CUDA context and fragmentation
+  int32_t max_batch_tokens = 4096;   // most new tokens in one step (sizes the scratch buffers)
+  int32_t max_logit_rows = 256;      // rows of logits preallocated; a step needing more grows it
+  bool f32_weights = false;          // keep F32/F16 weights (and activations, KV) in f32 instead of
+                                     // bf16: slower, for exact parity with the CPU reference
+  int32_t sliding_window = 0;        // > 0: each token attends to at most this many latest slots
+  bool tensor_core_attention = true;  // bf16 prefill attention on tensor cores (else f32 math)
+};
+
+/// Sampling controls of one sequence for CudaEngine::step_sample.
+struct SampleControl {
+  float temperature = 0.0f;  // <= 0: greedy
+  int32_t top_k = 0;         // <= 0: off
+  float top_p = 1.0f;        // >= 1: off
+  uint64_t seed = 0;
+  uint64_t counter = 0;  // index of the draw in the sequence's stream (e.g. its position)
+};
+
+/// The engine interface plus what only the device backend offers.
+class CudaEngine : public Engine {
+ public:
+  /// Like step(), but samples each sequence's next token on the device; only the token ids
+  /// (one per sequence) come back. controls has one entry per sequence of the batch.
+  virtual void step_sample(const std::vector<SeqStep>& batch,
+                           const std::vector<SampleControl>& controls,
+                           std::vector<int32_t>& tokens) = 0;
+  /// Fills the whole KV cache with small random values (benchmarks that decode over a context
+  /// without prefilling it first).
+  virtual void randomize_kv(uint64_t seed) = 0;
+  /// Bytes of device memory taken by the weights and by the KV cache.
+  virtual size_t weight_bytes() const = 0;
+  virtual size_t kv_bytes() const = 0;
+};
+
+/// The CUDA backend for a loaded model. Weights are uploaded once: F32/F16/BF16 become bf16
+/// (f32 with f32_weights); Q8_0/Q4_0 are dequantized to bf16 at load. Throws std::runtime_error
+/// when there is no device, when the weights do not fit in free device memory, or when no room
+/// is left for a KV cache of one full step.
+std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<LlamaModel> model,
+                                         const CudaEngineOptions& opts);
+
+/// A CUDA engine with random bf16 weights of the given shape generated on the device (no file):
+/// for benchmarks of model shapes we have no file for. Its model() throws std::logic_error.
+std::unique_ptr<CudaEngine> make_cuda_engine_synthetic(const LlamaConfig& config,
+                                                       const CudaEngineOptions& opts,
+                                                       uint64_t seed);
+
+}  // namespace sy

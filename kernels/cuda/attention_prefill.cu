@@ -1,0 +1,311 @@
+// Tiled prefill attention: one block per (query tile, query head); key/value tiles staged in
+// shared memory, running max / sum per query row, output rescaled as the max grows. Two
+// versions: plain f32 arithmetic (any type, any head_dim) and, for bf16 caches with head_dim a
+// multiple of 16, the two tile products on tensor cores (wmma, f32 accumulation).
+#include <mma.h>
+
+#include <type_traits>
+
+#include "kernels/cuda/attention_prefill.cuh"
+
+namespace sy::cuda {
+namespace {
+
+constexpr int kBQ = kPrefillTileRows;
+constexpr int kBK = 32;  // keys per tile: one per lane when the scores of a row are formed
+constexpr int kThreads = 128;
+
+size_t prefill_smem(int hd) {
+  // Q (BQ, hd), K (BK, hd + 1: padded so that lanes reading different keys hit different banks),
+  // V (BK, hd), S (BQ, BK), O (BQ, hd), max / sum / rescale per row.
+  return sizeof(float) * (size_t{kBQ} * hd + size_t{kBK} * (hd + 1) + size_t{kBK} * hd +
+                          size_t{kBQ} * kBK + size_t{kBQ} * hd + 3 * kBQ);
+}
+
+template <class T>
+__global__ void prefill_kernel(const float* q, int64_t q_stride, PagedKv<T> kv,
+                               const int32_t* tile_row0, const int32_t* tile_len, int n_heads,
+                               int n_kv_heads, int hd, float scale, T* out, int64_t out_stride) {
+  extern __shared__ float smem[];
+  float* sQ = smem;
+  float* sK = sQ + kBQ * hd;
+  float* sV = sK + kBK * (hd + 1);
+  float* sS = sV + kBK * hd;
+  float* sO = sS + kBQ * kBK;
+  float* sM = sO + kBQ * hd;
+  float* sL = sM + kBQ;
+  float* sC = sL + kBQ;
+
+  const int64_t r0 = tile_row0[blockIdx.x];
+  const int nr = tile_len[blockIdx.x];
+  const int h = blockIdx.y;
+  const int kvh = h / (n_heads / n_kv_heads);
+  const int64_t kv_dim = int64_t{n_kv_heads} * hd;
+  const int32_t* bt = kv.block_tables + kv.seq_bt_off[kv.row_seq[r0]];
+  const int nk_first = kv.row_nkeys[r0];
+  const int nk_last = kv.row_nkeys[r0 + nr - 1];
+  const int kstart = kv.window > 0 ? max(0, nk_first - kv.window) : 0;
+
+  for (int e = threadIdx.x; e < kBQ * hd; e += blockDim.x) {
+    const int r = e / hd, d = e % hd;
+    sQ[e] = r < nr ? q[(r0 + r) * q_stride + int64_t{h} * hd + d] * scale : 0.0f;
+    sO[e] = 0.0f;
+  }
+  if (threadIdx.x < kBQ) {
+    sM[threadIdx.x] = -INFINITY;
+    sL[threadIdx.x] = 0.0f;
+  }
+
+  for (int kb = kstart; kb < nk_last; kb += kBK) {
+    const int nkt = min(kBK, nk_last - kb);
+    __syncthreads();  // the previous tile's K, V and S are no longer read
+    for (int e = threadIdx.x; e < nkt * hd; e += blockDim.x) {
+      const int j = e / hd, d = e % hd;
+      const int key = kb + j;
+      const int64_t slot = int64_t{bt[key / kv.block_size]} * kv.block_size + key % kv.block_size;
+      sK[j * (hd + 1) + d] = dev::to_f(kv.k[slot * kv_dim + int64_t{kvh} * hd + d]);
+      sV[j * hd + d] = dev::to_f(kv.v[slot * kv_dim + int64_t{kvh} * hd + d]);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < kBQ * kBK; e += blockDim.x) {
+      const int r = e / kBK, j = e % kBK;
+      float s = -INFINITY;
+      if (r < nr && j < nkt) {
+        const int nk = kv.row_nkeys[r0 + r];
+        const int st = kv.window > 0 ? max(0, nk - kv.window) : 0;
+        const int key = kb + j;
+        if (key < nk && key >= st) {
+          s = 0.0f;
+          for (int d = 0; d < hd; ++d) s += sQ[r * hd + d] * sK[j * (hd + 1) + d];
+        }
+      }
+      sS[e] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < kBQ) {
+      const int r = threadIdx.x;
+      float* sr = sS + r * kBK;
+      float mx = -INFINITY;
+      for (int j = 0; j < kBK; ++j) mx = fmaxf(mx, sr[j]);
+      const float m_old = sM[r];
+      const float m_new = fmaxf(m_old, mx);
+      if (m_new == -INFINITY) {  // nothing visible to this row yet
+        for (int j = 0; j < kBK; ++j) sr[j] = 0.0f;
+        sC[r] = 1.0f;
+      } else {
+        float sum = 0.0f;
+        for (int j = 0; j < kBK; ++j) {
+          const float p = expf(sr[j] - m_new);  // masked keys (-inf) give 0
+          sr[j] = p;
+          sum += p;
+        }
+        const float corr = expf(m_old - m_new);
+        sL[r] = sL[r] * corr + sum;
+        sM[r] = m_new;
+        sC[r] = corr;
+      }
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < kBQ * hd; e += blockDim.x) {
+      const int r = e / hd, d = e % hd;
+      const float* pr = sS + r * kBK;
+      float acc = sO[e] * sC[r];
+      for (int j = 0; j < nkt; ++j) acc += pr[j] * sV[j * hd + d];
+      sO[e] = acc;
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < nr * hd; e += blockDim.x) {
+    const int r = e / hd, d = e % hd;
+    out[(r0 + r) * out_stride + int64_t{h} * hd + d] = dev::from_f<T>(sO[e] / sL[r]);
+  }
+}
+
+// ---- tensor-core version (bf16) ----
+
+namespace wmma = nvcuda::wmma;
+constexpr int kTcBK = 64;  // keys per tile: one 16-key column strip of scores per warp (4 warps)
+
+size_t prefill_tc_smem(int hd) {
+  // Q, K, V tiles in bf16; scores f32 and probabilities bf16 (BQ, BK); O and the tile's P V in
+  // f32 (BQ, hd); max / sum / rescale per row. Every part is a multiple of 32 bytes, as wmma
+  // loads and stores require.
+  return size_t{2} * (size_t{kBQ} * hd + 2 * size_t{kTcBK} * hd) + size_t{4} * kBQ * kTcBK +
+         size_t{2} * kBQ * kTcBK + size_t{4} * 2 * size_t{kBQ} * hd + size_t{4} * 3 * kBQ;
+}
+
+__global__ void prefill_tc_kernel(const float* q, int64_t q_stride, PagedKv<bf16> kv,
+                                  const int32_t* tile_row0, const int32_t* tile_len, int n_heads,
+                                  int n_kv_heads, int hd, float scale, bf16* out,
+                                  int64_t out_stride) {
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);            // (BQ, hd)
+  bf16* sK = sQ + kBQ * hd;                                // (BK, hd)
+  bf16* sV = sK + kTcBK * hd;                              // (BK, hd)
+  float* sS = reinterpret_cast<float*>(sV + kTcBK * hd);   // (BQ, BK)
+  bf16* sP = reinterpret_cast<bf16*>(sS + kBQ * kTcBK);    // (BQ, BK)
+  float* sO = reinterpret_cast<float*>(sP + kBQ * kTcBK);  // (BQ, hd)
+  float* sPV = sO + kBQ * hd;                              // (BQ, hd)
+  float* sM = sPV + kBQ * hd;
+  float* sL = sM + kBQ;
+  float* sC = sL + kBQ;
+
+  const int64_t r0 = tile_row0[blockIdx.x];
+  const int nr = tile_len[blockIdx.x];
+  const int h = blockIdx.y;
+  const int kvh = h / (n_heads / n_kv_heads);
+  const int64_t kv_dim = int64_t{n_kv_heads} * hd;
+  const int32_t* bt = kv.block_tables + kv.seq_bt_off[kv.row_seq[r0]];
+  const int nk_first = kv.row_nkeys[r0];
+  const int nk_last = kv.row_nkeys[r0 + nr - 1];
+  const int kstart = kv.window > 0 ? max(0, nk_first - kv.window) : 0;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int vec = hd / 8;  // 16-byte vectors per key row
+
+  for (int e = threadIdx.x; e < kBQ * hd; e += blockDim.x) {
+    const int r = e / hd, d = e % hd;
+    sQ[e] =
+        __float2bfloat16_rn(r < nr ? q[(r0 + r) * q_stride + int64_t{h} * hd + d] * scale : 0.0f);
+    sO[e] = 0.0f;
+  }
+  if (threadIdx.x < kBQ) {
+    sM[threadIdx.x] = -INFINITY;
+    sL[threadIdx.x] = 0.0f;
+  }
+
+  for (int kb = kstart; kb < nk_last; kb += kTcBK) {
+    const int nkt = min(kTcBK, nk_last - kb);
+    __syncthreads();  // the previous tile's K, V, P and PV are no longer read
+    for (int e = threadIdx.x; e < kTcBK * vec; e += blockDim.x) {
+      const int j = e / vec, c = e % vec;
+      uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
+      if (j < nkt) {
+        const int key = kb + j;
+        const int64_t slot = int64_t{bt[key / kv.block_size]} * kv.block_size + key % kv.block_size;
+        const int64_t off = slot * kv_dim + int64_t{kvh} * hd;
+        kx = reinterpret_cast<const uint4*>(kv.k + off)[c];
+        vx = reinterpret_cast<const uint4*>(kv.v + off)[c];
+      }
+      reinterpret_cast<uint4*>(sK + j * hd)[c] = kx;  // zeros past the last key: no NaN in P V
+      reinterpret_cast<uint4*>(sV + j * hd)[c] = vx;
+    }
+    __syncthreads();
+    {
+      // S[:, 16 w .. 16 w + 16) = Q K^T: K row-major (BK, hd) is K^T column-major with ld hd
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int k = 0; k < hd; k += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> b;
+        wmma::load_matrix_sync(a, sQ + k, hd);
+        wmma::load_matrix_sync(b, sK + warp * 16 * hd + k, hd);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(sS + warp * 16, acc, kTcBK, wmma::mem_row_major);
+    }
+    __syncthreads();
+    // online softmax: warp w owns rows 4w .. 4w + 3, each lane two keys of a row
+    for (int rr = 0; rr < kBQ / 4; ++rr) {
+      const int r = warp * (kBQ / 4) + rr;
+      const int nk = r < nr ? kv.row_nkeys[r0 + r] : 0;
+      const int st = kv.window > 0 ? max(0, nk - kv.window) : 0;
+      float s[2];
+      float mx = -INFINITY;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int j = lane + 32 * u, key = kb + j;
+        s[u] = (j < nkt && key < nk && key >= st) ? sS[r * kTcBK + j] : -INFINITY;
+        mx = fmaxf(mx, s[u]);
+      }
+      mx = dev::warp_max(mx);
+      const float m_old = sM[r];
+      const float m_new = fmaxf(m_old, mx);
+      float sum = 0.0f;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const float p = m_new == -INFINITY ? 0.0f : expf(s[u] - m_new);
+        sP[r * kTcBK + lane + 32 * u] = __float2bfloat16_rn(p);
+        sum += p;
+      }
+      sum = dev::warp_sum(sum);
+      __syncwarp();  // every lane has read sM[r]
+      if (lane == 0) {
+        const float corr = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
+        sL[r] = sL[r] * corr + sum;
+        sM[r] = m_new;
+        sC[r] = corr;
+      }
+    }
+    __syncthreads();
+    // PV = P V, one 16-column strip of the output per warp in turn
+    for (int nt = warp; nt < hd / 16; nt += 4) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+      for (int k = 0; k < kTcBK; k += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> b;
+        wmma::load_matrix_sync(a, sP + k, kTcBK);
+        wmma::load_matrix_sync(b, sV + k * hd + nt * 16, hd);
+        wmma::mma_sync(acc, a, b, acc);
+      }
+      wmma::store_matrix_sync(sPV + nt * 16, acc, hd, wmma::mem_row_major);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < kBQ * hd; e += blockDim.x) {
+      sO[e] = sO[e] * sC[e / hd] + sPV[e];
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < nr * hd; e += blockDim.x) {
+    const int r = e / hd, d = e % hd;
+    out[(r0 + r) * out_stride + int64_t{h} * hd + d] = __float2bfloat16_rn(sO[e] / sL[r]);
+  }
+}
+
+}  // namespace
+
+template <class T>
+cudaError_t attention_prefill(const float* q, int64_t q_stride, const PagedKv<T>& kv,
+                              const int32_t* tile_row0, const int32_t* tile_len, int n_tiles,
+                              int n_heads, int n_kv_heads, int head_dim, T* out, int64_t out_stride,
+                              cudaStream_t stream, bool tensor_cores) {
+  if (n_tiles <= 0) return cudaSuccess;
+  if (head_dim > 256 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return cudaErrorInvalidValue;
+  const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (tensor_cores && head_dim % 16 == 0) {
+      const size_t smem = prefill_tc_smem(head_dim);
+      if (smem > 48 * 1024) {
+        const cudaError_t e = cudaFuncSetAttribute(
+            prefill_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        if (e != cudaSuccess) return e;
+      }
+      const dim3 grid(n_tiles, n_heads);
+      prefill_tc_kernel<<<grid, kThreads, smem, stream>>>(q, q_stride, kv, tile_row0, tile_len,
+                                                          n_heads, n_kv_heads, head_dim, scale, out,
+                                                          out_stride);
+      return cudaGetLastError();
+    }
+  }
+  const size_t smem = prefill_smem(head_dim);
+  if (smem > 48 * 1024) {
+    // Above 48 KB a kernel must opt in to more dynamic shared memory.
+    const cudaError_t e = cudaFuncSetAttribute(
+        prefill_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  const dim3 grid(n_tiles, n_heads);
+  prefill_kernel<T><<<grid, kThreads, smem, stream>>>(q, q_stride, kv, tile_row0, tile_len, n_heads,
+                                                      n_kv_heads, head_dim, scale, out, out_stride);
+  return cudaGetLastError();
+}
+
+template cudaError_t attention_prefill<float>(const float*, int64_t, const PagedKv<float>&,
+                                              const int32_t*, const int32_t*, int, int, int, int,
+                                              float*, int64_t, cudaStream_t, bool);
+template cudaError_t attention_prefill<bf16>(const float*, int64_t, const PagedKv<bf16>&,
+                                             const int32_t*, const int32_t*, int, int, int, int,
+                                             bf16*, int64_t, cudaStream_t, bool);
+
+}  // namespace sy::cuda

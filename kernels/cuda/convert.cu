@@ -1,0 +1,109 @@
+// Conversion kernels: one thread per output element (grid-stride), each reading its own source
+// element (and its block's scale for quantized types).
+#include <algorithm>
+
+#include "kernels/cuda/convert.cuh"
+
+namespace sy::cuda {
+namespace {
+
+constexpr int kQK = 32;       // elements per Q8_0 / Q4_0 block
+constexpr int kQ8Bytes = 34;  // f16 scale + 32 int8
+constexpr int kQ4Bytes = 18;  // f16 scale + 16 bytes of nibbles
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 65536;  // grid-stride beyond this: plenty to fill the device
+
+__device__ float f16_bits(const uint8_t* p) {
+  const unsigned short h = static_cast<unsigned short>(p[0] | (p[1] << 8));
+  return __half2float(__ushort_as_half(h));
+}
+
+template <class T>
+__global__ void convert_kernel(SrcType type, const uint8_t* src, int64_t n, int64_t cols, T* dst) {
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
+       k += int64_t{gridDim.x} * blockDim.x) {
+    float v = 0.0f;
+    switch (type) {
+      case SrcType::F32:
+        v = reinterpret_cast<const float*>(src)[k];
+        break;
+      case SrcType::F16:
+        v = f16_bits(src + 2 * k);
+        break;
+      case SrcType::BF16: {
+        const unsigned short b = static_cast<unsigned short>(src[2 * k] | (src[2 * k + 1] << 8));
+        v = __uint_as_float(static_cast<unsigned>(b) << 16);
+        break;
+      }
+      case SrcType::Q8_0: {
+        const int64_t r = k / cols, c = k % cols;
+        const uint8_t* blk = src + (r * (cols / kQK) + c / kQK) * kQ8Bytes;
+        v = f16_bits(blk) * static_cast<float>(static_cast<int8_t>(blk[2 + c % kQK]));
+        break;
+      }
+      case SrcType::Q4_0: {
+        const int64_t r = k / cols, c = k % cols;
+        const uint8_t* blk = src + (r * (cols / kQK) + c / kQK) * kQ4Bytes;
+        const int j = static_cast<int>(c % kQK);
+        const int q = j < kQK / 2 ? (blk[2 + j] & 0x0f) : (blk[2 + j - kQK / 2] >> 4);
+        v = f16_bits(blk) * static_cast<float>(q - 8);
+        break;
+      }
+    }
+    dst[k] = dev::from_f<T>(v);
+  }
+}
+
+__device__ inline uint64_t mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+template <class T>
+__global__ void fill_kernel(T* dst, int64_t n, float offset, float scale, uint64_t seed) {
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
+       k += int64_t{gridDim.x} * blockDim.x) {
+    const float u = static_cast<float>(mix64(seed ^ mix64(static_cast<uint64_t>(k))) >> 40) *
+                        (2.0f / 16777216.0f) -
+                    1.0f;
+    dst[k] = dev::from_f<T>(offset + scale * u);
+  }
+}
+
+unsigned blocks_for(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
+}
+
+}  // namespace
+
+template <class T>
+cudaError_t convert_rows(SrcType type, const void* src, int64_t n_rows, int64_t cols, T* dst,
+                         cudaStream_t stream) {
+  const int64_t n = n_rows * cols;
+  if (n <= 0) return cudaSuccess;
+  if ((type == SrcType::Q8_0 || type == SrcType::Q4_0) && cols % kQK != 0) {
+    return cudaErrorInvalidValue;
+  }
+  convert_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(type, static_cast<const uint8_t*>(src),
+                                                            n, cols, dst);
+  return cudaGetLastError();
+}
+
+template <class T>
+cudaError_t fill_uniform(T* dst, int64_t n, float offset, float scale, uint64_t seed,
+                         cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  fill_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(dst, n, offset, scale, seed);
+  return cudaGetLastError();
+}
+
+template cudaError_t convert_rows<float>(SrcType, const void*, int64_t, int64_t, float*,
+                                         cudaStream_t);
+template cudaError_t convert_rows<bf16>(SrcType, const void*, int64_t, int64_t, bf16*,
+                                        cudaStream_t);
+template cudaError_t fill_uniform<float>(float*, int64_t, float, float, uint64_t, cudaStream_t);
+template cudaError_t fill_uniform<bf16>(bf16*, int64_t, float, float, uint64_t, cudaStream_t);
+
+}  // namespace sy::cuda

@@ -1,0 +1,13 @@
+// Embedding gather: rows of the token table into the f32 residual stream.
+#pragma once
+
+#include "kernels/cuda/common.cuh"
+
+namespace sy::cuda {
+
+/// out[t, :] = table[tokens[t], :] as f32, for t in [0, n_tokens); table is (n_vocab, dim).
+template <class T>
+cudaError_t embedding(const T* table, const int32_t* tokens, int n_tokens, int dim, float* out,
+                      cudaStream_t stream);
+
+}  // namespace sy::cuda

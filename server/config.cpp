@@ -1,0 +1,314 @@
+// The YAML config loader: every key of server/config.hpp, unknown keys refused (a typo must not be
+// silently ignored), every error naming the file, the key path, the line and the problem.
+#include "server/config.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <stdexcept>
+
+namespace sy {
+namespace {
+
+// Where we are in the file, for messages like "cfg.yaml: key 'batching.max_sequences' (line 4): ...".
+struct Ctx {
+  std::string file;
+  [[noreturn]] void fail(const std::string& key, const YAML::Node& n, const std::string& what) const {
+    std::string where = file + ": key '" + key + "'";
+    if (n.IsDefined() && n.Mark().line >= 0) where += " (line " + std::to_string(n.Mark().line + 1) + ")";
+    throw std::runtime_error(where + ": " + what);
+  }
+};
+
+std::string join(const std::string& prefix, const std::string& key) {
+  return prefix.empty() ? key : prefix + "." + key;
+}
+
+// A scalar's text for error messages, cut so a huge value cannot flood the log.
+std::string shown(const YAML::Node& n) {
+  if (!n.IsScalar()) return n.IsSequence() ? "a list" : n.IsMap() ? "a map" : "null";
+  std::string s = n.Scalar();
+  if (s.size() > 40) s = s.substr(0, 40) + "...";
+  return "'" + s + "'";
+}
+
+// Refuses keys of `map` that are not in `known` (a misspelt key would otherwise do nothing).
+void check_keys(const Ctx& c, const std::string& prefix, const YAML::Node& map,
+                const std::set<std::string>& known) {
+  for (const auto& kv : map) {
+    std::string k = kv.first.IsScalar() ? kv.first.Scalar() : "?";
+    if (!known.count(k)) {
+      std::string list;
+      for (const auto& s : known) list += (list.empty() ? "" : ", ") + s;
+      c.fail(join(prefix, k), kv.first, "unknown key (known here: " + list + ")");
+    }
+  }
+}
+
+void need_map(const Ctx& c, const std::string& key, const YAML::Node& n) {
+  if (!n.IsMap()) c.fail(key, n, "expected a map, got " + shown(n));
+}
+
+std::string get_string(const Ctx& c, const std::string& key, const YAML::Node& n) {
+  if (n.IsNull()) return "";
+  if (!n.IsScalar()) c.fail(key, n, "expected a string, got " + shown(n));
+  return n.Scalar();
+}
+
+// An integer in [lo, hi]; refuses floats and text instead of truncating them.
+int64_t get_int(const Ctx& c, const std::string& key, const YAML::Node& n, int64_t lo, int64_t hi) {
+  if (!n.IsScalar()) c.fail(key, n, "expected an integer, got " + shown(n));
+  const std::string& s = n.Scalar();
+  size_t pos = 0;
+  long long v = 0;
+  try {
+    v = std::stoll(s, &pos, 10);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  if (pos == 0 || pos != s.size()) c.fail(key, n, "expected an integer, got " + shown(n));
+  if (v < lo || v > hi)
+    c.fail(key, n, "value " + s + " out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+double get_real(const Ctx& c, const std::string& key, const YAML::Node& n, double lo, double hi) {
+  if (!n.IsScalar()) c.fail(key, n, "expected a number, got " + shown(n));
+  const std::string& s = n.Scalar();
+  size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (const std::exception&) {
+    pos = 0;
+  }
+  if (pos == 0 || pos != s.size() || !std::isfinite(v))
+    c.fail(key, n, "expected a number, got " + shown(n));
+  if (v < lo || v > hi)
+    c.fail(key, n, "value " + s + " out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return v;
+}
+
+bool get_bool(const Ctx& c, const std::string& key, const YAML::Node& n) {
+  if (n.IsScalar()) {
+    const std::string& s = n.Scalar();
+    if (s == "true" || s == "True" || s == "yes" || s == "on") return true;
+    if (s == "false" || s == "False" || s == "no" || s == "off") return false;
+  }
+  c.fail(key, n, "expected true or false, got " + shown(n));
+}
+
+// Visits each key of a map with its full path, after refusing unknown keys.
+template <class F>
+void each(const Ctx& c, const std::string& prefix, const YAML::Node& map,
+          const std::set<std::string>& known, F&& f) {
+  need_map(c, prefix, map);
+  check_keys(c, prefix, map, known);
+  for (const auto& kv : map) f(kv.first.Scalar(), join(prefix, kv.first.Scalar()), kv.second);
+}
+
+constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();
+constexpr int64_t kU32 = std::numeric_limits<uint32_t>::max();
+constexpr int64_t kI64 = std::numeric_limits<int64_t>::max();
+// Weights are shares; 1e6 is far beyond any sensible ratio and keeps the WFQ tags finite.
+constexpr double kMaxWeight = 1e6;
+
+void load_endpoints(const Ctx& c, const YAML::Node& n, EndpointConfig& e) {
+  each(c, "endpoints", n, {"bind", "pull", "results", "max_message_bytes", "sndhwm", "rcvhwm"},
+       [&](const std::string& k, const std::string& key, const YAML::Node& v) {
+         if (k == "bind") e.bind = get_string(c, key, v);
+         else if (k == "pull") e.pull = get_string(c, key, v);
+         else if (k == "results") e.results = get_string(c, key, v);
+         // A frame needs a few hundred bytes at least; 1 GiB is far past any prompt limit.
+         else if (k == "max_message_bytes") e.max_message_bytes = get_int(c, key, v, 256, int64_t{1} << 30);
+         else if (k == "sndhwm") e.sndhwm = static_cast<int>(get_int(c, key, v, 0, kI32));
+         else if (k == "rcvhwm") e.rcvhwm = static_cast<int>(get_int(c, key, v, 0, kI32));
+       });
+}
+
+void load_tenant(const Ctx& c, const std::string& prefix, const YAML::Node& n, TenantConfig& t) {
+  each(c, prefix, n,
+       {"name", "token", "weight", "max_in_flight", "tokens_per_second", "burst_tokens"},
+       [&](const std::string& k, const std::string& key, const YAML::Node& v) {
+         if (k == "name") t.name = get_string(c, key, v);
+         else if (k == "token") t.token = get_string(c, key, v);
+         else if (k == "weight") t.weight = get_real(c, key, v, 1e-6, kMaxWeight);
+         else if (k == "max_in_flight") t.max_in_flight = static_cast<uint32_t>(get_int(c, key, v, 0, kU32));
+         else if (k == "tokens_per_second") t.tokens_per_second = get_real(c, key, v, 0, 1e12);
+         else if (k == "burst_tokens") t.burst_tokens = get_real(c, key, v, 0, 1e15);
+       });
+  if (t.name.empty()) c.fail(join(prefix, "name"), n, "a tenant needs a name");
+}
+
+void load_tenants(const Ctx& c, const std::string& key, const YAML::Node& n,
+                  std::vector<TenantConfig>& out) {
+  if (!n.IsSequence()) c.fail(key, n, "expected a list of tenants, got " + shown(n));
+  out.clear();
+  for (size_t i = 0; i < n.size(); ++i) {
+    TenantConfig t;
+    load_tenant(c, key + "[" + std::to_string(i) + "]", n[i], t);
+    out.push_back(std::move(t));
+  }
+}
+
+void load_admission(const Ctx& c, const YAML::Node& n, AdmissionConfig& a) {
+  each(c, "admission", n,
+       {"allow_anonymous", "tenants", "max_prompt_tokens", "max_output_tokens", "result_cache"},
+       [&](const std::string& k, const std::string& key, const YAML::Node& v) {
+         if (k == "allow_anonymous") a.allow_anonymous = get_bool(c, key, v);
+         else if (k == "tenants") load_tenants(c, key, v, a.tenants);
+         else if (k == "max_prompt_tokens") a.max_prompt_tokens = static_cast<uint32_t>(get_int(c, key, v, 0, kU32));
+         else if (k == "max_output_tokens") a.max_output_tokens = static_cast<uint32_t>(get_int(c, key, v, 1, kU32));
+         else if (k == "result_cache") a.result_cache = static_cast<size_t>(get_int(c, key, v, 0, kI64));
+       });
+}
+
+void load_class(const Ctx& c, const std::string& prefix, const YAML::Node& n,
+                policy::PriorityClass& pc) {
+  each(c, prefix, n, {"name", "rank", "weight", "queue_limit", "queue_timeout_ms"},
+       [&](const std::string& k, const std::string& key, const YAML::Node& v) {
+         if (k == "name") pc.name = get_string(c, key, v);
+         else if (k == "rank") pc.rank = static_cast<int>(get_int(c, key, v, 0, 1000));
+         else if (k == "weight") pc.weight = get_real(c, key, v, 1e-6, kMaxWeight);
+         else if (k == "queue_limit") pc.queue_limit = static_cast<size_t>(get_int(c, key, v, 1, kI32));
+         else if (k == "queue_timeout_ms") pc.queue_timeout_ms = get_int(c, key, v, 0, kI64 / 1000);
+       });
+  if (pc.name.empty()) c.fail(join(prefix, "name"), n, "a priority class needs a name");
+}
+
+void load_router(const Ctx& c, const YAML::Node& n, RouterConfig& r) {
+  each(c, "router", n, {"classes", "default_class"},
+       [&](const std::string& k, const std::string& key, const YAML::Node& v) {
+         if (k == "default_class") {
+           r.default_class = get_string(c, key, v);
+         } else if (k == "classes") {
+           if (!v.IsSequence()) c.fail(key, v, "expected a list of classes, got " + shown(v));
+           r.classes.clear();
+           for (size_t i = 0; i < v.size(); ++i) {
+             policy::PriorityClass pc;
+             load_class(c, key + "[" + std::to_string(i) + "]", v[i], pc);
+             r.classes.push_back(std::move(pc));
+           }
+         }
+       });
+}
+
+void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
+  each(c, "batching", n,
+       {"step_token_budget", "max_sequences", "prefill_chunk", "kv_block_size", "kv_memory_mb",
+        "step_delay_ms"},
+       [&](const std::string& k, const std::string& key, const YAML::Node& v) {
+         if (k == "step_token_budget") b.step_token_budget = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 20));
+         else if (k == "max_sequences") b.max_sequences = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 16));
+         else if (k == "prefill_chunk") b.prefill_chunk = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 20));
+         // Block sizes beyond 1024 tokens waste most of a block on short jobs.
+         else if (k == "kv_block_size") b.kv_block_size = static_cast<int32_t>(get_int(c, key, v, 1, 1024));
+         else if (k == "kv_memory_mb") b.kv_memory_mb = get_int(c, key, v, 1, int64_t{1} << 24);
+         // One minute per step is already absurd; it exists only to slow tests down.
+         else if (k == "step_delay_ms") b.step_delay_ms = static_cast<int32_t>(get_int(c, key, v, 0, 60000));
+       });
+}
+
+void load_executors(const Ctx& c, const YAML::Node& n, ExecutorConfig& e) {
+  each(c, "executors", n, {"backend", "count", "threads"},
+       [&](const std::string& k, const std::string& key, const YAML::Node& v) {
+         if (k == "backend") {
+           e.backend = get_string(c, key, v);
+           if (e.backend != "cpu" && e.backend != "null")
+             c.fail(key, v, "unknown backend " + shown(v) + " (cpu or null)");
+         }
+         // More pairs than this would only contend for the same cores.
+         else if (k == "count") e.count = static_cast<int>(get_int(c, key, v, 1, 256));
+         else if (k == "threads") e.threads = static_cast<int>(get_int(c, key, v, 0, 1024));
+       });
+}
+
+}  // namespace
+
+void load_config_file(const std::string& path, ServerConfig& cfg) {
+  Ctx c{path};
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::BadFile&) {
+    throw std::runtime_error(path + ": cannot open the config file");
+  } catch (const YAML::Exception& e) {
+    throw std::runtime_error(path + ": line " + std::to_string(e.mark.line + 1) + ": YAML syntax: " + e.msg);
+  }
+  if (root.IsNull()) return;  // an empty file changes nothing
+  try {
+    each(c, "", root,
+         {"model", "endpoints", "admission", "router", "batching", "executors", "shutdown_grace_ms"},
+         [&](const std::string& k, const std::string& key, const YAML::Node& v) {
+           if (k == "model") {
+             cfg.model = get_string(c, key, v);
+             // A relative model path is read from the config file's folder, so a config and its
+             // model can move together.
+             if (!cfg.model.empty() && std::filesystem::path(cfg.model).is_relative())
+               cfg.model = (std::filesystem::path(path).parent_path() / cfg.model).lexically_normal().string();
+           } else if (k == "endpoints") load_endpoints(c, v, cfg.endpoints);
+           else if (k == "admission") load_admission(c, v, cfg.admission);
+           else if (k == "router") load_router(c, v, cfg.router);
+           else if (k == "batching") load_batching(c, v, cfg.batching);
+           else if (k == "executors") load_executors(c, v, cfg.executors);
+           // An hour of grace is the most a deployment could want before a forced stop.
+           else if (k == "shutdown_grace_ms") cfg.shutdown_grace_ms = get_int(c, key, v, 0, 3600000);
+         });
+  } catch (const YAML::Exception& e) {
+    throw std::runtime_error(path + ": line " + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+}
+
+void finalize_config(ServerConfig& cfg) {
+  auto& classes = cfg.router.classes;
+  if (classes.empty()) {
+    // Interactive work overtakes batch work strictly (rank 0 before rank 1). Interactive queues
+    // are short so that an overloaded server says so quickly; batch queues are deep because
+    // offline clients keep a window of jobs in flight and would rather wait than retry.
+    classes.push_back({"interactive", 0, 1.0, 256, 0});
+    classes.push_back({"batch", 1, 1.0, 4096, 0});
+  }
+  std::set<std::string> names;
+  for (const auto& pc : classes) {
+    if (pc.name.empty()) throw std::runtime_error("config: a priority class has no name");
+    if (!names.insert(pc.name).second)
+      throw std::runtime_error("config: priority class '" + pc.name + "' is defined twice");
+    if (!(pc.weight > 0)) throw std::runtime_error("config: priority class '" + pc.name + "' needs a weight > 0");
+    if (pc.queue_limit == 0) throw std::runtime_error("config: priority class '" + pc.name + "' needs a queue_limit >= 1");
+  }
+  if (cfg.router.default_class.empty()) {
+    cfg.router.default_class = classes.front().name;
+  } else if (!names.count(cfg.router.default_class)) {
+    throw std::runtime_error("config: router.default_class '" + cfg.router.default_class +
+                             "' is not one of the priority classes");
+  }
+  std::set<std::string> tenants;
+  for (auto& t : cfg.admission.tenants) {
+    if (t.name.empty()) throw std::runtime_error("config: a tenant has no name");
+    if (!tenants.insert(t.name).second)
+      throw std::runtime_error("config: tenant '" + t.name + "' is defined twice");
+    // Ten seconds of the rate lets a tenant send a burst without waiting for refill.
+    if (t.tokens_per_second > 0 && t.burst_tokens <= 0) t.burst_tokens = t.tokens_per_second * 10;
+  }
+  if (cfg.executors.backend != "cpu" && cfg.executors.backend != "null")
+    throw std::runtime_error("config: unknown backend '" + cfg.executors.backend + "' (cpu or null)");
+  if (cfg.executors.count < 1) throw std::runtime_error("config: executors.count must be >= 1");
+  if (cfg.executors.threads < 0) throw std::runtime_error("config: executors.threads must be >= 0");
+  if (cfg.batching.max_sequences < 1 || cfg.batching.step_token_budget < 1 || cfg.batching.prefill_chunk < 1)
+    throw std::runtime_error("config: batching limits must be >= 1");
+  // A step must fit at least one decode token of every running sequence.
+  if (cfg.batching.step_token_budget < cfg.batching.max_sequences)
+    cfg.batching.max_sequences = cfg.batching.step_token_budget;
+  if (cfg.batching.kv_block_size < 1 || cfg.batching.kv_memory_mb < 1)
+    throw std::runtime_error("config: batching.kv_block_size and kv_memory_mb must be >= 1");
+  if (cfg.endpoints.bind.empty() && cfg.endpoints.pull.empty())
+    throw std::runtime_error("config: neither endpoints.bind nor endpoints.pull is set: no way in");
+  if (!cfg.endpoints.pull.empty() && cfg.endpoints.results.empty())
+    throw std::runtime_error("config: endpoints.pull needs endpoints.results (where pipeline results go)");
+  if (cfg.shutdown_grace_ms < 0) throw std::runtime_error("config: shutdown_grace_ms must be >= 0");
+}
+
+}  // namespace sy

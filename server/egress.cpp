@@ -1,0 +1,122 @@
+// The egress actor: outbound events -> wire structs -> msgpack bytes -> the gateway's outbox.
+#include "server/egress.hpp"
+
+#include <algorithm>
+#include <caf/all.hpp>
+
+#include "ingress/codec.hpp"
+
+namespace sy {
+namespace {
+
+// Unflattens per-token logprobs: logprob[i] is token i's own, and top_ids/top_logprobs hold
+// n_top entries per token.
+std::vector<wire::TokenLogprobs> unflatten(const std::vector<float>& logprob, uint32_t n_top,
+                                           const std::vector<int32_t>& top_ids,
+                                           const std::vector<float>& top_logprobs) {
+  std::vector<wire::TokenLogprobs> out(logprob.size());
+  for (size_t i = 0; i < logprob.size(); ++i) {
+    out[i].logprob = logprob[i];
+    for (uint32_t k = 0; k < n_top; ++k) {
+      size_t j = i * n_top + k;
+      if (j >= top_ids.size() || j >= top_logprobs.size()) break;
+      out[i].top.push_back({top_ids[j], top_logprobs[j]});
+    }
+  }
+  return out;
+}
+
+OutMessage make(const ClientRef& to, const std::string& id, const std::string& tenant,
+                bool terminal, const wire::ServerMessage& m) {
+  return OutMessage{to, id, tenant, terminal, wire::encode_server(m)};
+}
+
+}  // namespace
+
+OutMessage encode_event(const AcceptedEvent& e) {
+  return make(e.to, e.id, "", false, wire::Accepted{e.id, e.queue_position});
+}
+
+OutMessage encode_event(const TokensEvent& e) {
+  wire::Tokens t;
+  t.id = e.id;
+  t.index = e.index;
+  t.ids = e.ids;
+  t.text = e.text;
+  t.logprobs = unflatten(e.logprob, e.n_top, e.top_ids, e.top_logprobs);
+  return make(e.to, e.id, "", false, t);
+}
+
+OutMessage encode_event(const DoneEvent& e) {
+  wire::Done d;
+  d.id = e.id;
+  d.tenant = e.tenant;
+  d.finish_reason = static_cast<wire::FinishReason>(e.finish <= 2 ? e.finish : 0);
+  d.text = e.text;
+  d.ids = e.ids;
+  d.usage = {e.prompt_tokens, e.completion_tokens};
+  d.timings = {e.queue_ms, e.ttft_ms, e.total_ms};
+  return make(e.to, e.id, e.tenant, true, d);
+}
+
+OutMessage encode_event(const ErrorEvent& e) {
+  wire::Error w;
+  w.id = e.id;
+  w.tenant = e.tenant;
+  // An out-of-range code is a bug upstream; say so rather than send an unknown name.
+  w.code = e.code <= static_cast<uint8_t>(ErrorCode::internal) ? static_cast<ErrorCode>(e.code)
+                                                               : ErrorCode::internal;
+  w.message = e.message;
+  if (e.retry_after_ms >= 0)
+    w.retry_after_ms = static_cast<uint32_t>(std::min<int64_t>(e.retry_after_ms, UINT32_MAX));
+  return make(e.to, e.id, e.tenant, true, w);
+}
+
+OutMessage encode_event(const StatusEvent& e) {
+  wire::StatusReply s;
+  s.id = e.id;
+  s.state = static_cast<wire::JobState>(e.state <= 4 ? e.state : 0);
+  s.queue_position = e.queue_position;
+  s.completion_tokens = e.completion_tokens;
+  return make(e.to, e.id, "", false, s);
+}
+
+caf::actor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox) {
+  return sys.spawn([outbox](caf::event_based_actor*) -> caf::behavior {
+    // The results socket carries only done and error: other events for pipeline jobs are dropped.
+    auto to_router = [](const ClientRef& c) { return c.kind == ClientRef::router; };
+    return {
+        [=](out_atom, const AcceptedEvent& e) {
+          if (to_router(e.to)) outbox->post(encode_event(e));
+        },
+        [=](out_atom, const TokensEvent& e) {
+          if (to_router(e.to)) outbox->post(encode_event(e));
+        },
+        [=](out_atom, const DoneEvent& e) {
+          // wire::Done has no logprobs: a non-streamed job that asked for them gets them in one
+          // tokens message covering the whole completion, just before its done.
+          if (to_router(e.to) && !e.logprob.empty()) {
+            TokensEvent t;
+            t.to = e.to;
+            t.uid = e.uid;
+            t.id = e.id;
+            t.ids = e.ids;
+            t.text = e.text;
+            t.logprob = e.logprob;
+            t.n_top = e.n_top;
+            t.top_ids = e.top_ids;
+            t.top_logprobs = e.top_logprobs;
+            outbox->post(encode_event(t));
+          }
+          outbox->post(encode_event(e));
+        },
+        [=](out_atom, const ErrorEvent& e) { outbox->post(encode_event(e)); },
+        [=](out_atom, const StatusEvent& e) {
+          if (to_router(e.to)) outbox->post(encode_event(e));
+        },
+        [=](pull_atom, uint32_t n) { outbox->add_pull_credit(n); },
+    };
+  });
+}
+
+}  // namespace sy

@@ -1,0 +1,46 @@
+// The egress actor: turns the actors' outbound events into wire bytes (ingress/codec) and hands
+// them to the gateway's outbox; the gateway thread does the actual ZeroMQ send.
+#pragma once
+
+#include <caf/fwd.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "actors/messages.hpp"
+
+namespace sy {
+
+/// One encoded server message on its way out, with the job it belongs to so that a failed
+/// delivery (client gone) can cancel that job.
+struct OutMessage {
+  ClientRef to;
+  std::string id;         ///< job id ("" when none, e.g. a decode error)
+  std::string tenant;     ///< "" when the event did not carry it (the gateway fills it in)
+  bool terminal = false;  ///< done or error: the job's last message
+  std::string bytes;      ///< one msgpack server message
+};
+
+/// Where the egress actor delivers; implemented by Gateway (thread-safe), or by a test double.
+class Outbox {
+ public:
+  virtual ~Outbox() = default;
+  /// Queues one message for sending; never blocks on the network.
+  virtual void post(OutMessage m) = 0;
+  /// Allows the gateway to read `n` more messages from the PULL socket (additive grant).
+  virtual void add_pull_credit(uint32_t n) = 0;
+};
+
+/// Spawns the egress actor. It handles (out_atom, AcceptedEvent|TokensEvent|DoneEvent|ErrorEvent|
+/// StatusEvent) and (pull_atom, uint32 n). Events for pipeline clients other than done/error are
+/// dropped (the results socket carries only those).
+caf::actor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox);
+
+/// The encoding the egress applies to each event (exposed for tests and for the fuzz seeds).
+OutMessage encode_event(const AcceptedEvent& e);
+OutMessage encode_event(const TokensEvent& e);
+OutMessage encode_event(const DoneEvent& e);
+OutMessage encode_event(const ErrorEvent& e);
+OutMessage encode_event(const StatusEvent& e);
+
+}  // namespace sy

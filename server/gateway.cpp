@@ -1,0 +1,576 @@
+// The gateway thread: zmq_poll over the ROUTER, the PULL (only while it has credit) and an
+// eventfd raised by post(); decodes at the edge, answers ping itself, sends what egress posts.
+#include "server/gateway.hpp"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <caf/all.hpp>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+#include <zmq.hpp>
+
+namespace sy {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Messages read from one socket per wake-up: bounded so that a flood on one socket cannot starve
+// the outbound flush or the other socket.
+constexpr int kReadBatch = 256;
+// Poll period while some ROUTER peer has a backlog: ROUTER reports no per-peer writability, so a
+// deferred send is simply retried this often.
+constexpr std::chrono::milliseconds kRetryPeriod{1};
+// Upper bound of the socket linger at close: a sink or client that stopped reading must not keep
+// the process from exiting.
+constexpr int kMaxLingerMs = 1000;
+
+enum class SendResult { sent, again, gone };
+
+SubmitRequest to_request(wire::Submit&& s, ClientRef client) {
+  SubmitRequest r;
+  r.client = std::move(client);
+  r.id = std::move(s.id);
+  r.tenant = std::move(s.tenant);
+  r.token = std::move(s.token);
+  if (s.prompt_is_tokens()) {
+    r.prompt_is_ids = true;
+    r.prompt_ids = std::move(std::get<1>(s.prompt));
+  } else {
+    r.prompt_text = std::move(std::get<0>(s.prompt));
+  }
+  r.max_tokens = s.max_tokens;
+  r.temperature = s.temperature;
+  r.top_k = s.top_k;
+  r.top_p = s.top_p;
+  r.has_seed = s.seed.has_value();
+  r.seed = s.seed.value_or(0);
+  r.stop = std::move(s.stop);
+  r.ignore_eos = s.ignore_eos;
+  r.priority = std::move(s.priority);
+  r.deadline_ms = s.deadline_ms;
+  // Pipeline results carry only done/error: streaming makes no sense there.
+  r.stream = r.client.kind == ClientRef::router && s.stream;
+  r.logprobs = s.logprobs;
+  r.arrival_us = now_us();
+  return r;
+}
+
+// Binds, turning ZeroMQ's bare errno text into a message that names the address.
+void bind_named(zmq::socket_t& s, const std::string& addr, const char* what) {
+  try {
+    s.bind(addr);
+  } catch (const zmq::error_t& e) {
+    throw std::runtime_error(std::string("cannot bind the ") + what + " to '" + addr +
+                             "': " + e.what());
+  }
+}
+
+std::string job_key(const std::string& identity, const std::string& id) {
+  std::string k;
+  k.reserve(identity.size() + 1 + id.size());
+  k += identity;
+  k += '\0';
+  k += id;
+  return k;
+}
+
+}  // namespace
+
+struct Gateway::Impl {
+  EndpointConfig ep;
+  GatewayOptions opt;
+  zmq::context_t ctx{1};
+  zmq::socket_t router, pull, push;
+  std::string router_ep, pull_ep, results_ep;
+  int efd = -1;
+  std::thread thread;
+  bool started = false, joined = false;
+
+  std::mutex admission_mu;
+  caf::actor admission;
+
+  // Shared with other threads.
+  std::mutex out_mu;
+  std::deque<OutMessage> inbox;
+  std::atomic<bool> closed{false};
+  std::atomic<bool> reading{true};
+  std::atomic<bool> stop_requested{false};
+  std::atomic<int64_t> grace_ms{0};
+  std::atomic<int64_t> pull_credit{0};
+  struct Counters {
+    std::atomic<uint64_t> received{0}, decode_errors{0}, submits{0}, sent{0}, dropped{0},
+        hwm_deferrals{0}, internal_cancels{0};
+  } c;
+
+  // Gateway thread only.
+  struct JobEntry {
+    std::string tenant;
+    bool cancelled = false;
+  };
+  std::unordered_map<std::string, JobEntry> jobs;                   // (identity, id) -> tenant
+  std::unordered_map<std::string, std::deque<OutMessage>> backlog;  // identity -> deferred sends
+  std::deque<OutMessage> results_backlog;
+
+  void wake() {
+    uint64_t one = 1;
+    // A full counter (EAGAIN) still leaves the fd readable, which is all that is needed.
+    [[maybe_unused]] auto n = ::write(efd, &one, sizeof one);
+  }
+
+  caf::actor get_admission() {
+    std::lock_guard<std::mutex> lk(admission_mu);
+    return admission;
+  }
+
+  // ---- sending ----
+
+  SendResult send_router(const OutMessage& m) {
+    try {
+      zmq::message_t id(m.to.identity.data(), m.to.identity.size());
+      if (!router.send(id, zmq::send_flags::sndmore | zmq::send_flags::dontwait))
+        return SendResult::again;
+      zmq::message_t body(m.bytes.data(), m.bytes.size());
+      // After the identity frame is accepted the body cannot fail for HWM reasons: ROUTER
+      // checks the peer's pipe on the first frame only.
+      router.send(body, zmq::send_flags::dontwait);
+      c.sent++;
+      return SendResult::sent;
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EHOSTUNREACH) return SendResult::gone;
+      if (e.num() == EAGAIN) return SendResult::again;
+      throw;
+    }
+  }
+
+  // The tenant of a job, from the message or from what the gateway saw at submit.
+  std::string tenant_of(const OutMessage& m, const std::string& key) {
+    if (!m.tenant.empty()) return m.tenant;
+    auto it = jobs.find(key);
+    return it == jobs.end() ? std::string() : it->second.tenant;
+  }
+
+  void raise_cancel(const OutMessage& m) {
+    if (m.id.empty()) return;
+    std::string key = job_key(m.to.identity, m.id);
+    auto& entry = jobs[key];
+    if (entry.tenant.empty()) entry.tenant = m.tenant;
+    if (entry.cancelled) return;
+    entry.cancelled = true;
+    KeyRequest kr;
+    kr.kind = KeyRequest::cancel;
+    kr.client = m.to;
+    kr.id = m.id;
+    kr.tenant = entry.tenant;
+    kr.internal = true;
+    if (auto adm = get_admission()) {
+      caf::anon_send(adm, cancel_atom::value, std::move(kr));
+      c.internal_cancels++;
+    }
+  }
+
+  // An undeliverable message: the job loses its client, so it is cancelled unless this was its
+  // last message anyway.
+  void undeliverable(const OutMessage& m) {
+    c.dropped++;
+    if (m.terminal)
+      jobs.erase(job_key(m.to.identity, m.id));
+    else
+      raise_cancel(m);
+  }
+
+  void sent_ok(const OutMessage& m) {
+    if (m.terminal && !m.id.empty()) jobs.erase(job_key(m.to.identity, m.id));
+  }
+
+  void deliver(OutMessage&& m) {
+    if (m.to.kind == ClientRef::pipeline) {
+      if (!push || !m.terminal) {
+        c.dropped++;
+        return;
+      }
+      if (results_backlog.empty() && send_push(m)) return;
+      results_backlog.push_back(std::move(m));
+      return;
+    }
+    // Once a job was cancelled for losing its client, its further chunks would only leave a gap
+    // in what the client sees: they go; its terminal message is still sent.
+    if (!m.terminal && !m.id.empty() && !jobs.empty()) {
+      auto j = jobs.find(job_key(m.to.identity, m.id));
+      if (j != jobs.end() && j->second.cancelled) {
+        c.dropped++;
+        return;
+      }
+    }
+    auto bl = backlog.find(m.to.identity);
+    if (bl != backlog.end()) {
+      defer(bl->second, std::move(m));
+      return;
+    }
+    switch (send_router(m)) {
+      case SendResult::sent:
+        sent_ok(m);
+        break;
+      case SendResult::gone:
+        undeliverable(m);
+        break;
+      case SendResult::again:
+        c.hwm_deferrals++;
+        backlog[m.to.identity].push_back(std::move(m));
+        break;
+    }
+  }
+
+  void defer(std::deque<OutMessage>& q, OutMessage&& m) {
+    c.hwm_deferrals++;
+    // A peer this far behind is not reading: its streamed chunks go and its job is cancelled;
+    // terminal messages are kept (one per job, so bounded by the jobs in flight).
+    if (q.size() >= opt.peer_backlog_limit && !m.terminal) {
+      undeliverable(m);
+      return;
+    }
+    q.push_back(std::move(m));
+  }
+
+  bool send_push(const OutMessage& m) {
+    zmq::message_t body(m.bytes.data(), m.bytes.size());
+    if (!push.send(body, zmq::send_flags::dontwait)) return false;
+    c.sent++;
+    return true;
+  }
+
+  void retry_backlogs() {
+    for (auto it = backlog.begin(); it != backlog.end();) {
+      auto& q = it->second;
+      bool gone = false;
+      while (!q.empty()) {
+        auto r = send_router(q.front());
+        if (r == SendResult::again) break;
+        if (r == SendResult::gone) {
+          gone = true;
+          break;
+        }
+        sent_ok(q.front());
+        q.pop_front();
+      }
+      if (gone) {
+        for (auto& m : q) undeliverable(m);
+        q.clear();
+      }
+      it = q.empty() ? backlog.erase(it) : std::next(it);
+    }
+    while (!results_backlog.empty() && send_push(results_backlog.front()))
+      results_backlog.pop_front();
+  }
+
+  void drain_inbox() {
+    std::deque<OutMessage> batch;
+    {
+      std::lock_guard<std::mutex> lk(out_mu);
+      batch.swap(inbox);
+    }
+    for (auto& m : batch) deliver(std::move(m));
+  }
+
+  bool outbound_empty() {
+    std::lock_guard<std::mutex> lk(out_mu);
+    return inbox.empty() && backlog.empty() && results_backlog.empty();
+  }
+
+  // ---- receiving ----
+
+  void reply_error(const ClientRef& to, const wire::DecodeError& e) {
+    c.decode_errors++;
+    // id left empty in the envelope: a refused message must not touch the state of a running
+    // job that happens to share its id.
+    deliver(OutMessage{to, "", "", true, wire::encode_server(wire::to_error(e))});
+  }
+
+  void handle(const ClientRef& from, const void* data, size_t size) {
+    auto decoded = wire::decode_client(data, size, opt.limits);
+    if (auto* err = std::get_if<wire::DecodeError>(&decoded)) {
+      reply_error(from, *err);
+      return;
+    }
+    auto& msg = std::get<wire::ClientMessage>(decoded);
+    bool pipeline = from.kind == ClientRef::pipeline;
+    if (auto* p = std::get_if<wire::Ping>(&msg)) {
+      if (pipeline) {
+        reply_error(from, {ErrorCode::bad_request, "ping needs the request endpoint", "", ""});
+        return;
+      }
+      deliver(OutMessage{from, "", "", false, wire::encode_server(wire::Pong{p->seq})});
+      return;
+    }
+    auto adm = get_admission();
+    if (auto* s = std::get_if<wire::Submit>(&msg)) {
+      if (pipeline) pull_credit--;
+      if (!adm) {
+        reply_error(from, {ErrorCode::unavailable, "server is starting", s->id, s->tenant});
+        return;
+      }
+      if (!pipeline) {
+        auto& entry = jobs[job_key(from.identity, s->id)];
+        entry.tenant = s->tenant;
+        entry.cancelled = false;
+      }
+      c.submits++;
+      caf::anon_send(adm, submit_atom::value, to_request(std::move(*s), from));
+      return;
+    }
+    KeyRequest kr;
+    kr.client = from;
+    if (auto* x = std::get_if<wire::Cancel>(&msg)) {
+      kr.kind = KeyRequest::cancel;
+      kr.id = std::move(x->id);
+      kr.tenant = std::move(x->tenant);
+      kr.token = std::move(x->token);
+    } else {
+      auto& st = std::get<wire::Status>(msg);
+      if (pipeline) {
+        reply_error(
+            from, {ErrorCode::bad_request, "status needs the request endpoint", st.id, st.tenant});
+        return;
+      }
+      kr.kind = KeyRequest::status;
+      kr.id = std::move(st.id);
+      kr.tenant = std::move(st.tenant);
+      kr.token = std::move(st.token);
+    }
+    if (!adm) {
+      reply_error(from, {ErrorCode::unavailable, "server is starting", kr.id, kr.tenant});
+      return;
+    }
+    if (kr.kind == KeyRequest::cancel)
+      caf::anon_send(adm, cancel_atom::value, std::move(kr));
+    else
+      caf::anon_send(adm, status_atom::value, std::move(kr));
+  }
+
+  void read_router() {
+    for (int i = 0; i < kReadBatch && reading; ++i) {
+      zmq::message_t ident;
+      if (!router.recv(ident, zmq::recv_flags::dontwait)) return;
+      if (!ident.more()) continue;  // cannot happen on ROUTER; nothing to answer
+      zmq::message_t body;
+      if (!router.recv(body, zmq::recv_flags::dontwait)) return;
+      bool multipart = false;
+      while (body.more()) {
+        multipart = true;
+        zmq::message_t extra;
+        if (!router.recv(extra, zmq::recv_flags::dontwait)) break;
+        body.move(extra);
+      }
+      c.received++;
+      ClientRef from{ClientRef::router, ident.to_string()};
+      if (multipart) {
+        reply_error(from, {ErrorCode::bad_request,
+                           "multi-part message: send exactly one frame (REQ sockets are not "
+                           "supported)",
+                           "", ""});
+        continue;
+      }
+      handle(from, body.data(), body.size());
+    }
+  }
+
+  void read_pull() {
+    static const ClientRef from{ClientRef::pipeline, ""};
+    for (int i = 0; i < kReadBatch && reading && pull_credit > 0; ++i) {
+      zmq::message_t body;
+      if (!pull.recv(body, zmq::recv_flags::dontwait)) return;
+      bool multipart = false;
+      while (body.more()) {
+        multipart = true;
+        zmq::message_t extra;
+        if (!pull.recv(extra, zmq::recv_flags::dontwait)) break;
+        body.move(extra);
+      }
+      c.received++;
+      if (multipart) {
+        reply_error(from,
+                    {ErrorCode::bad_request, "multi-part message: send exactly one frame", "", ""});
+        continue;
+      }
+      handle(from, body.data(), body.size());
+    }
+  }
+
+  // ---- the loop ----
+
+  void run() {
+    std::optional<Clock::time_point> drain_until;
+    for (;;) {
+      if (stop_requested && !drain_until) {
+        reading = false;
+        drain_until = Clock::now() + std::chrono::milliseconds(grace_ms.load());
+      }
+      bool pull_open =
+          pull && reading && pull_credit > 0 && results_backlog.size() < opt.results_backlog_limit;
+      std::vector<zmq::pollitem_t> items;
+      items.push_back({nullptr, efd, ZMQ_POLLIN, 0});
+      items.push_back({router.handle(), 0, static_cast<short>(reading ? ZMQ_POLLIN : 0), 0});
+      int pull_i = -1, push_i = -1;
+      if (pull_open) {
+        pull_i = static_cast<int>(items.size());
+        items.push_back({pull.handle(), 0, ZMQ_POLLIN, 0});
+      }
+      if (push && !results_backlog.empty()) {
+        push_i = static_cast<int>(items.size());
+        items.push_back({push.handle(), 0, ZMQ_POLLOUT, 0});
+      }
+      std::chrono::milliseconds timeout{-1};
+      if (!backlog.empty()) timeout = kRetryPeriod;
+      if (drain_until) {
+        auto left =
+            std::chrono::duration_cast<std::chrono::milliseconds>(*drain_until - Clock::now());
+        left = std::max(left, std::chrono::milliseconds(0));
+        timeout = timeout.count() < 0 ? left : std::min(timeout, left);
+      }
+      zmq::poll(items.data(), items.size(), timeout);
+
+      if (items[0].revents & ZMQ_POLLIN) {
+        uint64_t v;
+        [[maybe_unused]] auto n = ::read(efd, &v, sizeof v);
+      }
+      drain_inbox();
+      if (!backlog.empty() || (push_i >= 0 && (items[push_i].revents & ZMQ_POLLOUT)))
+        retry_backlogs();
+      if (items[1].revents & ZMQ_POLLIN) read_router();
+      if (pull_i >= 0 && (items[pull_i].revents & ZMQ_POLLIN)) read_pull();
+
+      if (drain_until && (outbound_empty() || Clock::now() >= *drain_until)) break;
+    }
+    closed = true;
+    // What is still queued after the grace period is dropped; ZeroMQ gets a short linger for
+    // what it already holds.
+    int linger = static_cast<int>(std::clamp<int64_t>(grace_ms.load(), 0, kMaxLingerMs));
+    for (auto* s : {&router, &pull, &push}) {
+      if (*s) {
+        s->set(zmq::sockopt::linger, linger);
+        s->close();
+      }
+    }
+  }
+};
+
+Gateway::Gateway(EndpointConfig endpoints, GatewayOptions options) : impl_(new Impl) {
+  impl_->ep = std::move(endpoints);
+  impl_->opt = options;
+  impl_->opt.limits.max_message_bytes = static_cast<size_t>(impl_->ep.max_message_bytes);
+  impl_->pull_credit = options.initial_pull_credit;
+  impl_->efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (impl_->efd < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
+}
+
+Gateway::~Gateway() {
+  stop(std::chrono::milliseconds(0));
+  if (impl_->efd >= 0) ::close(impl_->efd);
+}
+
+void Gateway::set_admission(caf::actor admission) {
+  std::lock_guard<std::mutex> lk(impl_->admission_mu);
+  impl_->admission = std::move(admission);
+}
+
+void Gateway::start() {
+  auto& d = *impl_;
+  if (d.started) return;
+  auto common = [&](zmq::socket_t& s) {
+    s.set(zmq::sockopt::sndhwm, d.ep.sndhwm);
+    s.set(zmq::sockopt::rcvhwm, d.ep.rcvhwm);
+    s.set(zmq::sockopt::linger, 0);
+  };
+  d.router = zmq::socket_t(d.ctx, zmq::socket_type::router);
+  common(d.router);
+  d.router.set(zmq::sockopt::router_mandatory, 1);
+  d.router.set(zmq::sockopt::maxmsgsize, d.ep.max_message_bytes);
+  bind_named(d.router, d.ep.bind, "request endpoint");
+  d.router_ep = d.router.get(zmq::sockopt::last_endpoint);
+  if (!d.ep.pull.empty()) {
+    d.pull = zmq::socket_t(d.ctx, zmq::socket_type::pull);
+    common(d.pull);
+    d.pull.set(zmq::sockopt::maxmsgsize, d.ep.max_message_bytes);
+    bind_named(d.pull, d.ep.pull, "pipeline input");
+    d.pull_ep = d.pull.get(zmq::sockopt::last_endpoint);
+  }
+  if (!d.ep.results.empty()) {
+    d.push = zmq::socket_t(d.ctx, zmq::socket_type::push);
+    common(d.push);
+    bind_named(d.push, d.ep.results, "pipeline results");
+    d.results_ep = d.push.get(zmq::sockopt::last_endpoint);
+  }
+  d.started = true;
+  d.thread = std::thread([&d] { d.run(); });
+}
+
+void Gateway::stop_reading() {
+  impl_->reading = false;
+  impl_->wake();
+}
+
+void Gateway::stop(std::chrono::milliseconds grace) {
+  auto& d = *impl_;
+  if (d.started && !d.joined) {
+    d.grace_ms = grace.count();
+    d.stop_requested = true;
+    d.wake();
+    d.thread.join();
+    d.joined = true;
+  }
+  d.closed = true;
+  set_admission(caf::actor());
+  std::lock_guard<std::mutex> lk(d.out_mu);
+  d.inbox.clear();
+}
+
+void Gateway::post(OutMessage m) {
+  auto& d = *impl_;
+  if (d.closed) return;
+  bool was_empty;
+  {
+    std::lock_guard<std::mutex> lk(d.out_mu);
+    was_empty = d.inbox.empty();
+    d.inbox.push_back(std::move(m));
+  }
+  // One wake-up per batch: the loop drains the whole inbox each time it wakes.
+  if (was_empty) d.wake();
+}
+
+void Gateway::add_pull_credit(uint32_t n) {
+  impl_->pull_credit += n;
+  impl_->wake();
+}
+
+std::string Gateway::endpoint() const {
+  return impl_->router_ep;
+}
+std::string Gateway::pull_endpoint() const {
+  return impl_->pull_ep;
+}
+std::string Gateway::results_endpoint() const {
+  return impl_->results_ep;
+}
+
+GatewayStats Gateway::stats() const {
+  auto& c = impl_->c;
+  GatewayStats s;
+  s.received = c.received;
+  s.decode_errors = c.decode_errors;
+  s.submits = c.submits;
+  s.sent = c.sent;
+  s.dropped = c.dropped;
+  s.hwm_deferrals = c.hwm_deferrals;
+  s.internal_cancels = c.internal_cancels;
+  s.pull_credit = impl_->pull_credit;
+  return s;
+}
+
+}  // namespace sy

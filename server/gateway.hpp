@@ -1,0 +1,87 @@
+// The ZeroMQ edge of the server: one thread owns every socket (ROUTER for DEALER clients,
+// optional PULL for pipeline producers and PUSH for pipeline results), decodes client messages
+// at the edge and hands them to the admission actor; sends what the egress actor posts.
+#pragma once
+
+#include <caf/actor.hpp>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "ingress/codec.hpp"
+#include "server/config.hpp"
+#include "server/egress.hpp"
+
+namespace sy {
+
+/// Tunables of the gateway beyond the endpoints.
+struct GatewayOptions {
+  /// Decode limits; max_message_bytes is overridden by EndpointConfig::max_message_bytes.
+  wire::DecodeLimits limits;
+  /// PULL messages that may be read before the router grants any (the router normally grants its
+  /// queue room at start-up through the egress).
+  uint32_t initial_pull_credit = 0;
+  /// Messages kept for one ROUTER peer that is at its high-water mark. A peer this far behind is
+  /// not reading: its further streamed chunks are dropped and its jobs cancelled.
+  size_t peer_backlog_limit = 4096;
+  /// Results waiting for a PUSH sink; past this the PULL socket is not read either, so a slow sink
+  /// slows the producers instead of growing memory.
+  size_t results_backlog_limit = 1024;
+};
+
+/// Counters (tests, metrics); a snapshot, read from any thread.
+struct GatewayStats {
+  uint64_t received = 0;          ///< client frames read (ROUTER + PULL)
+  uint64_t decode_errors = 0;     ///< replied with an error
+  uint64_t submits = 0;           ///< SubmitRequests handed to admission
+  uint64_t sent = 0;              ///< server messages delivered to ZeroMQ
+  uint64_t dropped = 0;           ///< undeliverable (peer gone, no results socket, backlog full)
+  uint64_t hwm_deferrals = 0;     ///< sends put off because a peer was at its high-water mark
+  uint64_t internal_cancels = 0;  ///< KeyRequests raised because a client vanished
+  int64_t pull_credit = 0;        ///< PULL messages that may be read now
+};
+
+/// The gateway thread and its sockets. Hold it in a shared_ptr: the egress actor posts to it.
+class Gateway : public Outbox {
+ public:
+  /// Creates the ZeroMQ context; binds nothing yet.
+  explicit Gateway(EndpointConfig endpoints, GatewayOptions options = {});
+  /// Stops (no grace) if still running.
+  ~Gateway() override;
+  Gateway(const Gateway&) = delete;
+  Gateway& operator=(const Gateway&) = delete;
+
+  /// Where decoded requests go: (submit_atom, SubmitRequest), (cancel_atom, KeyRequest),
+  /// (status_atom, KeyRequest). May be called before or after start(); until then submits are
+  /// answered with `unavailable`.
+  void set_admission(caf::actor admission);
+  /// Binds the sockets and starts the thread; throws std::runtime_error naming the address when
+  /// one cannot be bound (malformed, busy).
+  void start();
+  /// Stops reading client sockets; outbound traffic keeps flowing (graceful shutdown, phase 1).
+  void stop_reading();
+  /// Stops reading, sends what is queued for up to `grace`, closes the sockets, joins the
+  /// thread and drops the admission handle (breaks the actor reference cycle). Idempotent.
+  void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(1000));
+
+  /// Queues an encoded message (thread-safe, never blocks on the network).
+  void post(OutMessage m) override;
+  /// Grants `n` more PULL reads (thread-safe).
+  void add_pull_credit(uint32_t n) override;
+
+  /// The bound addresses with wildcard ports resolved (e.g. "tcp://127.0.0.1:41234"); "" when
+  /// the socket is off. Valid after start().
+  std::string endpoint() const;
+  std::string pull_endpoint() const;
+  std::string results_endpoint() const;
+
+  /// A snapshot of the counters.
+  GatewayStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sy

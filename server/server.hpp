@@ -1,0 +1,71 @@
+// A whole Switchyard server process: the actor system, the model, the actors (egress, admission,
+// router, batcher+executor pairs) and the ZeroMQ gateway, wired together and shut down in order.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "server/config.hpp"
+
+namespace sy {
+
+/// Counters of a running server, gathered from its actors and gateway (for logs and tests).
+struct ServerSnapshot {
+  int64_t active_jobs = 0;  ///< admitted and not yet finished (admission's view)
+  int64_t admitted = 0;     ///< jobs admission handed to the router
+  int64_t overloaded = 0;   ///< submits refused because a class queue was full
+  int64_t queued = 0;       ///< waiting in the router's queues
+  int64_t dispatched = 0;   ///< jobs the router gave to batchers
+  int64_t expired = 0;      ///< jobs whose deadline passed in the queue (never dispatched)
+  int64_t running = 0;      ///< sequences running in the batchers (all pairs)
+  int64_t blocks_used = 0;  ///< KV blocks held by sequences (all pairs)
+  int64_t blocks_total = 0; ///< KV blocks in the pools (all pairs)
+  int64_t preemptions = 0;  ///< sequences preempted under KV pressure
+  int64_t steps = 0;        ///< engine steps planned by the batchers
+  uint64_t received = 0;    ///< client frames the gateway read
+  uint64_t sent = 0;        ///< server messages the gateway delivered
+  uint64_t decode_errors = 0;  ///< malformed client messages answered with an error
+  /// One line of JSON with every field (the `serve` command prints it on SIGUSR1).
+  std::string to_json() const;
+};
+
+/// One server. The constructor loads the model and spawns the actors; start() binds the sockets.
+/// Not copyable; all methods are called from one (the main) thread.
+class Server {
+ public:
+  /// `cfg` must be finalized (finalize_config). A cpu backend needs cfg.model set (the CLI puts
+  /// the demo model there); the null backend loads none. Throws on a bad model or config.
+  explicit Server(ServerConfig cfg);
+  /// Stops at once (no grace) if still running.
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// Binds the sockets (throws on a bad or busy address) and starts serving.
+  void start();
+  /// The bound addresses, wildcard ports resolved ("" when off). Valid after start().
+  std::string endpoint() const;
+  std::string pull_endpoint() const;
+  std::string results_endpoint() const;
+
+  /// Graceful stop: stop reading, refuse new work, let in-flight jobs finish for up to `grace`,
+  /// then cancel the rest (their clients get done "cancelled"), close the sockets and stop every
+  /// actor. Idempotent.
+  void shutdown(std::chrono::milliseconds grace);
+  /// A snapshot of the counters (asks the actors; waits at most a second).
+  ServerSnapshot snapshot();
+
+  /// Blocks SIGINT, SIGTERM and SIGUSR1 in the calling thread and every thread started after it. Call at
+  /// the top of main, before any thread exists, so the signals reach only wait_for_signal().
+  static void block_signals();
+  /// Waits for SIGINT, SIGTERM or SIGUSR1 (blocked first with block_signals) and returns its
+  /// number.
+  static int wait_for_signal();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sy

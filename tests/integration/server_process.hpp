@@ -1,0 +1,211 @@
+// Shared by the integration tests: starts the real `switchyard serve` process on loopback (free
+// ports chosen by the server itself: `tcp://127.0.0.1:*`), reads the bound addresses from its
+// stdout, and stops it (SIGTERM, exit status) or kills it at the end. Plus small helpers.
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/json_reader.hpp"
+
+namespace sy::it {
+
+/// The server binary and the shared models.
+inline const std::string kBinary = std::string(SY_BINARY_DIR) + "/switchyard";
+inline const std::string kStories = std::string(SY_MODELS_DIR) + "/stories260K.gguf";
+
+/// A temp folder (mkdtemp) for config files and outputs; removed at destruction.
+class TempDir {
+ public:
+  TempDir() {
+    char tmpl[] = "/tmp/sy_it_XXXXXX";
+    if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
+  const std::string& path() const { return path_; }
+  /// Writes `text` to `name` in the folder and returns its path.
+  std::string write(const std::string& name, const std::string& text) const {
+    std::string p = path_ + "/" + name;
+    std::ofstream(p) << text;
+    return p;
+  }
+
+ private:
+  std::string path_;
+};
+
+/// A running `switchyard serve`. The constructor waits until the server says "ready".
+class ServerProcess {
+ public:
+  /// `args` are passed after `serve`; `--bind tcp://127.0.0.1:*` is added unless `args` has
+  /// --bind. Throws when the process exits or stays silent for `startup` before being ready.
+  explicit ServerProcess(std::vector<std::string> args,
+                         std::chrono::seconds startup = std::chrono::seconds(60)) {
+    bool has_bind = false;
+    for (auto& a : args) has_bind |= a == "--bind";
+    std::vector<std::string> argv = {kBinary, "serve"};
+    if (!has_bind) {
+      argv.push_back("--bind");
+      argv.push_back("tcp://127.0.0.1:*");
+    }
+    argv.insert(argv.end(), args.begin(), args.end());
+    int out[2];
+    if (pipe(out) != 0) throw std::runtime_error("pipe failed");
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {
+      // The server dies with the test, even when the test crashes before its destructors run.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      dup2(out[1], 1);
+      close(out[0]);
+      close(out[1]);
+      std::vector<char*> cargv;
+      for (auto& a : argv) cargv.push_back(a.data());
+      cargv.push_back(nullptr);
+      execv(kBinary.c_str(), cargv.data());
+      _exit(127);
+    }
+    close(out[1]);
+    fd_ = out[0];
+    auto until = std::chrono::steady_clock::now() + startup;
+    std::string line;
+    while (read_line(line, until)) {
+      auto take = [&](const char* prefix, std::string& into) {
+        if (line.rfind(prefix, 0) == 0) into = line.substr(std::string(prefix).size());
+      };
+      take("switchyard: listening on ", endpoint_);
+      take("switchyard: pipeline input on ", pull_);
+      take("switchyard: pipeline results on ", results_);
+      if (line.rfind("switchyard: ready", 0) == 0) return;
+    }
+    kill_now();
+    throw std::runtime_error("switchyard serve did not become ready: " + log_);
+  }
+  ~ServerProcess() { kill_now(); }
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+
+  const std::string& endpoint() const { return endpoint_; }
+  const std::string& pull_endpoint() const { return pull_; }
+  const std::string& results_endpoint() const { return results_; }
+  pid_t pid() const { return pid_; }
+
+  /// True while the process has not exited.
+  bool alive() {
+    if (pid_ <= 0) return false;
+    int st = 0;
+    pid_t r = waitpid(pid_, &st, WNOHANG);
+    if (r == pid_) {
+      status_ = st;
+      pid_ = -1;
+      return false;
+    }
+    return true;
+  }
+
+  /// Sends `sig` and waits up to `limit` for the exit; returns the exit code (128+signal when
+  /// killed by a signal, -1 when it did not exit in time: it is then killed).
+  int stop(int sig = SIGTERM, std::chrono::seconds limit = std::chrono::seconds(30)) {
+    if (pid_ <= 0) return decode(status_);
+    ::kill(pid_, sig);
+    auto until = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < until) {
+      if (!alive()) return decode(status_);
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    kill_now();
+    return -1;
+  }
+
+  /// The server's counters: sends SIGUSR1 and reads the "switchyard: stats {json}" line it
+  /// prints (fields of sy::ServerSnapshot). Throws when no answer comes within 10 s.
+  std::map<std::string, int64_t> stats() {
+    ::kill(pid_, SIGUSR1);
+    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    std::string line;
+    const std::string prefix = "switchyard: stats ";
+    while (read_line(line, until)) {
+      if (line.rfind(prefix, 0) != 0) continue;
+      std::map<std::string, int64_t> out;
+      auto j = cli::JsonReader::parse(line.substr(prefix.size()));
+      for (const auto& [k, v] : j.obj) out[k] = v.i;
+      return out;
+    }
+    throw std::runtime_error("no stats line from the server");
+  }
+
+  /// A field of /proc/PID/status in kB (e.g. "VmHWM", "VmRSS"); -1 when unreadable.
+  long proc_status_kb(const std::string& field) const {
+    std::ifstream f("/proc/" + std::to_string(pid_) + "/status");
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.rfind(field + ":", 0) == 0) return std::strtol(line.c_str() + field.size() + 1, nullptr, 10);
+    }
+    return -1;
+  }
+
+ private:
+  static int decode(int st) {
+    if (WIFEXITED(st)) return WEXITSTATUS(st);
+    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
+    return -1;
+  }
+  bool read_line(std::string& line, std::chrono::steady_clock::time_point until) {
+    line.clear();
+    while (true) {
+      auto nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        log_ += line + "\n";
+        return true;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
+      char tmp[4096];
+      ssize_t n = ::read(fd_, tmp, sizeof tmp);
+      if (n <= 0) return false;
+      buf_.append(tmp, static_cast<size_t>(n));
+    }
+  }
+  void kill_now() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      int st = 0;
+      waitpid(pid_, &st, 0);
+      status_ = st;
+      pid_ = -1;
+    }
+    if (fd_ >= 0) {
+      close(fd_);
+      fd_ = -1;
+    }
+  }
+
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  int status_ = 0;
+  std::string buf_, log_;
+  std::string endpoint_, pull_, results_;
+};
+
+}  // namespace sy::it

@@ -1,0 +1,188 @@
+// Must-show 8: greedy output through the real server equals llama.cpp's token ids for the prompts
+// of reference-llamacpp.json, streamed and not, one at a time and all at once; and the server
+// exits 0 on SIGTERM.
+#define BOOST_TEST_MODULE it_golden
+#include <boost/test/unit_test.hpp>
+
+#include <fstream>
+#include <sstream>
+
+#include "cli/json_reader.hpp"
+#include "clients/cpp/client.hpp"
+#include "tests/integration/server_process.hpp"
+
+using namespace std::chrono_literals;
+using sy::cli::JsonReader;
+using sy::cli::JsonValue;
+
+namespace {
+
+struct Case {
+  std::string prompt;
+  std::vector<int32_t> prompt_ids, expected;
+};
+
+std::vector<Case> load_cases() {
+  std::ifstream f(std::string(SY_MODELS_DIR) + "/reference-llamacpp.json");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  JsonValue j = JsonReader::parse(ss.str());
+  std::vector<Case> out;
+  for (const auto& c : j.at("cases").arr) {
+    Case k;
+    k.prompt = c.at("prompt").str;
+    for (const auto& v : c.at("prompt_token_ids").arr) k.prompt_ids.push_back(static_cast<int32_t>(v.i));
+    for (const auto& v : c.at("generated_token_ids").arr) k.expected.push_back(static_cast<int32_t>(v.i));
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+
+sy::wire::Submit greedy(const std::string& id, const Case& c, bool stream, bool as_ids) {
+  sy::wire::Submit s;
+  s.id = id;
+  s.tenant = "golden";
+  if (as_ids) s.prompt = c.prompt_ids;
+  else s.prompt = c.prompt;
+  s.max_tokens = static_cast<uint32_t>(c.expected.size());
+  s.temperature = 0;
+  s.stream = stream;
+  return s;
+}
+
+// Checks one job's result: ids equal, streamed chunks contiguous, done says length.
+void check(const sy::client::Result& r, const Case& c, bool stream, const std::string& what) {
+  BOOST_TEST_CONTEXT(what) {
+    BOOST_REQUIRE_MESSAGE(r.ok(), (r.error ? r.error->message : std::string("no done")));
+    BOOST_TEST(r.ids == c.expected, boost::test_tools::per_element());
+    BOOST_TEST(r.done->usage.completion_tokens == c.expected.size());
+    BOOST_TEST(r.done->usage.prompt_tokens == c.prompt_ids.size());
+    BOOST_TEST(sy::wire::to_string(r.done->finish_reason) == "length");
+    if (stream) {
+      BOOST_TEST(!r.chunks.empty());
+      uint32_t next = 0;
+      for (const auto& ch : r.chunks) {
+        BOOST_TEST(ch.index == next);
+        next += static_cast<uint32_t>(ch.ids.size());
+      }
+      BOOST_TEST(r.done->ids.empty());  // a streamed done carries no ids (the chunks did)
+    } else {
+      BOOST_TEST(r.chunks.empty());
+    }
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(greedy_matches_llamacpp_streamed_and_not) {
+  auto cases = load_cases();
+  BOOST_REQUIRE(cases.size() >= 6u);
+  sy::it::ServerProcess srv({"--model", sy::it::kStories, "--threads", "1"});
+  sy::client::Client cl(srv.endpoint());
+  BOOST_REQUIRE(cl.ping_wait(10s));
+
+  // One at a time: text prompt and id prompt, streamed and not.
+  int n = 0;
+  for (const auto& c : cases) {
+    for (bool stream : {false, true}) {
+      for (bool as_ids : {false, true}) {
+        std::string id = "seq" + std::to_string(n++);
+        auto r = cl.run(greedy(id, c, stream, as_ids), 60s);
+        check(r, c, stream, c.prompt + (stream ? " streamed" : "") + (as_ids ? " ids" : " text"));
+      }
+    }
+  }
+
+  // All at once: the batcher runs them in one continuous batch; greedy output must not change.
+  std::vector<std::pair<std::string, std::pair<const Case*, bool>>> sent;
+  for (const auto& c : cases) {
+    for (bool stream : {false, true}) {
+      std::string id = "par" + std::to_string(n++);
+      cl.submit(greedy(id, c, stream, false));
+      sent.push_back({id, {&c, stream}});
+    }
+  }
+  for (auto& [id, cs] : sent) {
+    auto r = cl.wait(id, 60s);
+    check(r, *cs.first, cs.second, cs.first->prompt + " batched " + id);
+  }
+
+  BOOST_TEST(srv.stop(SIGTERM) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(sigterm_and_sigint_exit_zero) {
+  for (int sig : {SIGTERM, SIGINT}) {
+    sy::it::ServerProcess srv({"--backend", "null", "--grace-ms", "2000"});
+    sy::client::Client cl(srv.endpoint());
+    sy::wire::Submit s;
+    s.id = "one";
+    s.tenant = "t";
+    s.prompt = std::vector<int32_t>{1, 2, 3};
+    s.max_tokens = 4;
+    auto r = cl.run(s, 30s);
+    BOOST_TEST(r.ok());
+    BOOST_TEST(srv.stop(sig) == 0);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(sigterm_lets_a_running_job_finish_within_grace) {
+  // A slowed executor (TEST ONLY flag): 40 steps of 20 ms. SIGTERM arrives mid-job; the grace
+  // period (10 s) is long enough, so the job still ends with done and all its tokens.
+  sy::it::ServerProcess srv({"--backend", "null", "--step-delay-ms", "20", "--grace-ms", "10000"});
+  sy::client::Client cl(srv.endpoint());
+  sy::wire::Submit s;
+  s.id = "long";
+  s.tenant = "t";
+  s.prompt = std::vector<int32_t>{1, 2, 3};
+  s.max_tokens = 40;
+  s.stream = true;
+  cl.submit(s);
+  // Wait for the first chunk: the job is running.
+  bool running = false;
+  std::vector<sy::wire::ServerMessage> early;
+  for (int i = 0; i < 100 && !running; ++i) {
+    auto m = cl.next(1s);
+    if (!m) continue;
+    running = std::holds_alternative<sy::wire::Tokens>(*m);
+    early.push_back(*m);
+  }
+  BOOST_REQUIRE(running);
+  ::kill(srv.pid(), SIGTERM);
+  auto r = cl.wait("long", 30s);
+  BOOST_REQUIRE_MESSAGE(r.ok(), (r.error ? r.error->message : std::string("no done")));
+  BOOST_TEST(r.done->usage.completion_tokens == 40u);
+  BOOST_TEST(srv.stop(SIGTERM) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(sigterm_stops_within_grace_when_a_job_runs_longer) {
+  // A job of 1000 steps of 50 ms (50 s) against a grace period of 300 ms: the server must not
+  // wait for it, and still exits 0.
+  sy::it::ServerProcess srv({"--backend", "null", "--step-delay-ms", "50", "--grace-ms", "300"});
+  sy::client::Client cl(srv.endpoint());
+  sy::wire::Submit s;
+  s.id = "endless";
+  s.tenant = "t";
+  s.prompt = std::vector<int32_t>{1, 2, 3};
+  s.max_tokens = 1000;
+  s.stream = true;
+  cl.submit(s);
+  bool running = false;
+  for (int i = 0; i < 100 && !running; ++i) {
+    auto m = cl.next(1s);
+    running = m && std::holds_alternative<sy::wire::Tokens>(*m);
+  }
+  BOOST_REQUIRE(running);
+  // A queued job behind it (max_sequences is 64, so it runs too) and the signal.
+  s.id = "endless2";
+  cl.submit(s);
+  ::kill(srv.pid(), SIGTERM);
+  // Both end with done "cancelled" once the grace period is over, not with silence.
+  for (const char* id : {"endless", "endless2"}) {
+    auto r = cl.wait(id, 20s);
+    BOOST_REQUIRE_MESSAGE(r.ok(), id << ": " << (r.error ? r.error->message : std::string("no done")));
+    BOOST_TEST(sy::wire::to_string(r.done->finish_reason) == "cancelled");
+    BOOST_TEST(r.done->usage.completion_tokens < 1000u);
+  }
+  // 20 s is far beyond 300 ms of grace yet far below the job's 50 s.
+  BOOST_TEST(srv.stop(SIGTERM, std::chrono::seconds(20)) == 0);
+}

@@ -1,0 +1,75 @@
+// `switchyard serve` as a command: flags override the config file, a bad config file or flag is
+// refused with a message naming it (exit 1 / 2), a busy address is an error, not a hang.
+#define BOOST_TEST_MODULE it_serve_cli
+#include <boost/test/unit_test.hpp>
+
+#include "clients/cpp/client.hpp"
+#include "tests/integration/server_process.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Run {
+  int status = -1;
+  std::string out;
+};
+
+// Runs the binary to its end (for commands that fail at start-up).
+Run run(const std::string& args) {
+  Run r;
+  FILE* p = popen(("timeout 60 " + sy::it::kBinary + " " + args + " 2>&1").c_str(), "r");
+  BOOST_REQUIRE(p);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(flags_override_the_file) {
+  sy::it::TempDir dir;
+  // The file names an address that cannot be bound and a model that does not exist; the flags
+  // replace both, so the server starts.
+  std::string cfg = dir.write("o.yaml", R"(
+model: /nonexistent/model.gguf
+endpoints:
+  bind: tcp://192.0.2.1:1
+executors:
+  backend: cpu
+shutdown_grace_ms: 100
+)");
+  sy::it::ServerProcess srv({"--config", cfg, "--backend", "null"});
+  BOOST_TEST(srv.endpoint().rfind("tcp://127.0.0.1:", 0) == 0u, srv.endpoint());
+  sy::client::Client cl(srv.endpoint());
+  BOOST_TEST(cl.ping_wait(10s));
+  BOOST_TEST(srv.stop(SIGTERM) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(bad_config_and_flags_are_named) {
+  sy::it::TempDir dir;
+  std::string bad = dir.write("bad.yaml", "batching:\n  max_sequences: lots\n");
+  auto r = run("serve --backend null --config " + bad);
+  BOOST_TEST(r.status == 1, r.out);
+  BOOST_TEST(r.out.find(bad + ": key 'batching.max_sequences' (line 2): expected an integer") !=
+                 std::string::npos,
+             r.out);
+  r = run("serve --backend gpu9000");
+  BOOST_TEST(r.status == 2, r.out);
+  BOOST_TEST(r.out.find("--backend must be cpu or null") != std::string::npos, r.out);
+  r = run("serve --executors 0 --backend null");
+  BOOST_TEST(r.status == 2, r.out);
+  r = run("serve --model /nonexistent/m.gguf");
+  BOOST_TEST(r.status == 1, r.out);
+  BOOST_TEST(r.out.find("/nonexistent/m.gguf") != std::string::npos, r.out);
+}
+
+BOOST_AUTO_TEST_CASE(busy_address_is_an_error) {
+  sy::it::ServerProcess first({"--backend", "null"});
+  auto r = run("serve --backend null --bind " + first.endpoint());
+  BOOST_TEST(r.status == 1, r.out);
+  BOOST_TEST(first.stop(SIGTERM) == 0);
+}

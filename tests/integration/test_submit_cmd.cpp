@@ -1,0 +1,102 @@
+// `switchyard submit` against the real server: a JSONL batch runs to completion with one result
+// line per job; an interrupted output (some lines plus a torn one) resumes without rerunning the
+// jobs already there; a bad input line is refused before anything is sent.
+#define BOOST_TEST_MODULE it_submit_cmd
+#include <boost/test/unit_test.hpp>
+
+#include <set>
+
+#include "tests/integration/server_process.hpp"
+
+namespace {
+
+struct Run {
+  int status = -1;
+  std::string out;
+};
+
+Run run(const std::string& args) {
+  Run r;
+  FILE* p = popen((sy::it::kBinary + " " + args + " 2>&1").c_str(), "r");
+  BOOST_REQUIRE(p);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::vector<std::string> lines(const std::string& path) {
+  std::ifstream f(path);
+  std::vector<std::string> out;
+  std::string l;
+  while (std::getline(f, l)) out.push_back(l);
+  return out;
+}
+
+// The ids of a results file, each checked to be a done line with `tokens` completion tokens.
+std::multiset<std::string> result_ids(const std::string& path, int64_t tokens) {
+  std::multiset<std::string> ids;
+  for (const auto& l : lines(path)) {
+    auto j = sy::cli::JsonReader::parse(l);
+    ids.insert(j.at("id").str);
+    BOOST_TEST(j.at("usage").at("completion_tokens").i == tokens, l);
+    BOOST_TEST(j.at("ids").arr.size() == static_cast<size_t>(tokens), l);
+  }
+  return ids;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(batch_runs_and_resumes) {
+  sy::it::TempDir dir;
+  sy::it::ServerProcess srv({"--backend", "null"});
+  std::string jobs;
+  for (int i = 0; i < 300; ++i)
+    jobs += "{\"id\": \"j" + std::to_string(i) + "\", \"prompt\": [1, 2, 3], \"max_tokens\": 5, " +
+            "\"ignore_eos\": true, \"note\": \"ignored\"}\n";
+  std::string in = dir.write("jobs.jsonl", jobs);
+  std::string out = dir.path() + "/results.jsonl";
+  std::string common = "submit --input " + in + " --output " + out + " --server " + srv.endpoint();
+
+  auto r = run(common + " --window 7");
+  BOOST_TEST(r.status == 0, r.out);
+  BOOST_TEST(r.out.find("300 done") != std::string::npos, r.out);
+  auto ids = result_ids(out, 5);
+  BOOST_TEST(ids.size() == 300u);
+  BOOST_TEST(std::set<std::string>(ids.begin(), ids.end()).size() == 300u);
+
+  // Interrupted: keep 120 lines and half of the next one.
+  auto all = lines(out);
+  std::string kept;
+  for (int i = 0; i < 120; ++i) kept += all[i] + "\n";
+  kept += all[120].substr(0, all[120].size() / 2);
+  dir.write("results.jsonl", kept);
+  r = run(common);
+  BOOST_TEST(r.status == 0, r.out);
+  BOOST_TEST(r.out.find("120 skipped") != std::string::npos, r.out);
+  BOOST_TEST(r.out.find("180 done") != std::string::npos, r.out);
+  ids = result_ids(out, 5);
+  BOOST_TEST(ids.size() == 300u);
+  BOOST_TEST(std::set<std::string>(ids.begin(), ids.end()).size() == 300u);
+
+  // Everything there: nothing runs.
+  r = run(common);
+  BOOST_TEST(r.status == 0, r.out);
+  BOOST_TEST(r.out.find("0 done") != std::string::npos, r.out);
+  BOOST_TEST(r.out.find("300 skipped") != std::string::npos, r.out);
+  BOOST_TEST(srv.stop(SIGTERM) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(bad_input_line_is_named) {
+  sy::it::TempDir dir;
+  std::string in = dir.write("bad.jsonl", "{\"id\": \"a\", \"prompt\": \"x\"}\n{\"id\": \"b\", \"max_tokens\": \"many\", \"prompt\": \"x\"}\n");
+  // No server needed: the input is checked before connecting.
+  auto r = run("submit --input " + in + " --output " + dir.path() + "/o.jsonl --server tcp://127.0.0.1:1");
+  BOOST_TEST(r.status == 2, r.out);
+  BOOST_TEST(r.out.find("input line 2: 'max_tokens' must be an integer") != std::string::npos, r.out);
+  r = run("submit --output x");
+  BOOST_TEST(r.status == 2);
+  BOOST_TEST(r.out.find("submit needs --input") != std::string::npos, r.out);
+}

@@ -1,0 +1,693 @@
+// Batcher + executor actors in a real actor system: greedy output equals llama.cpp's golden ids
+// (streamed, not streamed, concurrent, under KV preemption), cancellation, stop strings,
+// max_tokens, chunked prefill plans, executor failure, and the null backend.
+#define BOOST_TEST_MODULE actors_batcher
+#include <boost/test/unit_test.hpp>
+
+#include <caf/all.hpp>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "actors/batcher.hpp"
+#include "actors/executor.hpp"
+#include "actors/messages.hpp"
+#include "ingress/error_code.hpp"
+#include "model/llama.hpp"
+
+using namespace sy;
+
+namespace {
+
+const std::string kModels = SY_MODELS_DIR;
+// Generous: a lost message shows up as a failure, never as a hang. Not a timing assertion.
+constexpr auto kWait = std::chrono::seconds(60);
+
+struct Golden {
+  std::vector<int32_t> prompt, ids;
+};
+
+// The ids of the JSON array that follows `key` at or after `pos`.
+std::vector<int32_t> int_array_after(const std::string& s, const std::string& key, size_t& pos) {
+  pos = s.find("\"" + key + "\"", pos);
+  BOOST_REQUIRE(pos != std::string::npos);
+  const size_t open = s.find('[', pos), close = s.find(']', open);
+  std::vector<int32_t> v;
+  std::istringstream in(s.substr(open + 1, close - open - 1));
+  std::string item;
+  while (std::getline(in, item, ',')) v.push_back(std::stoi(item));
+  pos = close;
+  return v;
+}
+
+// The reference cases with 64 generated tokens (one per prompt).
+std::vector<Golden> golden64() {
+  std::ifstream f(kModels + "/reference-llamacpp.json");
+  BOOST_REQUIRE(f);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const std::string s = ss.str();
+  std::vector<Golden> out;
+  size_t pos = 0;
+  while ((pos = s.find("\"n_predict\"", pos)) != std::string::npos) {
+    const int n = std::stoi(s.substr(s.find(':', pos) + 1));
+    Golden g;
+    g.prompt = int_array_after(s, "prompt_token_ids", pos);
+    g.ids = int_array_after(s, "generated_token_ids", pos);
+    if (n == 64) out.push_back(g);
+  }
+  BOOST_REQUIRE_EQUAL(out.size(), 3u);
+  for (const auto& g : out) BOOST_REQUIRE_EQUAL(g.ids.size(), 64u);
+  return out;
+}
+
+caf::actor_system_config& config() {
+  static caf::actor_system_config cfg = [] {
+    caf::actor_system_config c;
+    register_message_types(c);
+    return c;
+  }();
+  return cfg;
+}
+
+std::shared_ptr<LlamaModel> stories() {
+  static std::shared_ptr<LlamaModel> m = LlamaModel::load(kModels + "/stories260K.gguf");
+  return m;
+}
+
+// What the stand-in router/egress/admission saw for one job.
+struct Seen {
+  std::vector<int32_t> stream_ids;
+  std::string stream_text;
+  bool contiguous = true;
+  uint32_t stream_n_top = 0;
+  bool stream_logprob_shape = true;  // every chunk: one logprob and n_top alternatives per id
+  int dones = 0, errors = 0, outcomes = 0;
+  DoneEvent done;
+  ErrorEvent error;
+  JobOutcome outcome;
+};
+
+// One test's actors: a system, a scoped actor standing in for router, egress and admission.
+struct Rig {
+  caf::actor_system sys{config()};
+  caf::scoped_actor sink{sys};
+  caf::actor executor, batcher;
+  std::map<uint64_t, Seen> seen;
+  uint64_t credit = 0;
+  int credit_msgs = 0;
+  uint64_t next_uid = 1;
+  uint64_t last_uid = 0;          // the job the last received message was about
+
+  void start(BatchingConfig bc, int32_t n_blocks, ExecutorSpec spec, bool with_model = true) {
+    spec.n_blocks = n_blocks;
+    spec.block_size = bc.kv_block_size;
+    executor = spawn_executor(sys, spec);
+    start_with(bc, n_blocks, executor, with_model);
+  }
+  void start_with(BatchingConfig bc, int32_t n_blocks, caf::actor exec, bool with_model) {
+    batcher = spawn_batcher(sys, bc, with_model ? stories() : nullptr, exec, sink, sink, sink,
+                            n_blocks);
+  }
+  ~Rig() {
+    if (batcher) caf::anon_send_exit(batcher, caf::exit_reason::user_shutdown);
+    if (executor) caf::anon_send_exit(executor, caf::exit_reason::user_shutdown);
+  }
+
+  Job job(std::vector<int32_t> prompt, uint32_t max_tokens, bool stream) {
+    Job j;
+    j.uid = next_uid++;
+    j.id = std::to_string(j.uid);
+    j.id.insert(0, "job");
+    j.tenant.assign(1, 't');  // (a literal assignment trips a GCC 12 -Wrestrict false positive)
+    j.prompt = std::move(prompt);
+    j.max_tokens = max_tokens;
+    j.temperature = 0.0f;
+    j.stream = stream;
+    j.arrival_us = now_us();
+    return j;
+  }
+  uint64_t submit(const Job& j) {
+    sink->send(batcher, run_atom::value, j);
+    return j.uid;
+  }
+
+  // Handles one message; false on timeout.
+  bool receive_one(caf::duration timeout = caf::duration{kWait}) {
+    bool ok = true;
+    last_uid = 0;
+    sink->receive(
+        [&](credit_atom, const caf::actor&, uint32_t n) {
+          credit += n;
+          ++credit_msgs;
+        },
+        [&](out_atom, const TokensEvent& t) {
+          Seen& s = seen[t.uid];
+          if (t.index != s.stream_ids.size()) s.contiguous = false;
+          s.stream_ids.insert(s.stream_ids.end(), t.ids.begin(), t.ids.end());
+          s.stream_text += t.text;
+          s.stream_n_top = t.n_top;
+          if (t.logprob.size() != (t.n_top ? t.ids.size() : 0) ||
+              t.top_ids.size() != t.n_top * t.ids.size() ||
+              t.top_logprobs.size() != t.top_ids.size())
+            s.stream_logprob_shape = false;
+        },
+        [&](out_atom, const DoneEvent& d) {
+          last_uid = d.uid;
+          seen[d.uid].done = d;
+          ++seen[d.uid].dones;
+        },
+        [&](out_atom, const ErrorEvent& e) {
+          last_uid = e.uid;
+          seen[e.uid].error = e;
+          ++seen[e.uid].errors;
+        },
+        [&](finished_atom, const JobOutcome& o) {
+          last_uid = o.uid;
+          seen[o.uid].outcome = o;
+          ++seen[o.uid].outcomes;
+        },
+        caf::after(timeout) >> [&] { ok = false; });
+    return ok;
+  }
+  // Handles what is already in the mailbox (e.g. credit sent after a job's last event); a stats
+  // round trip first makes sure the batcher's earlier sends have arrived.
+  void drain() {
+    stats(batcher);
+    while (receive_one(caf::duration{std::chrono::milliseconds(1)})) {
+    }
+  }
+  bool ended(uint64_t uid) {
+    auto it = seen.find(uid);
+    return it != seen.end() && it->second.outcomes > 0 &&
+           it->second.dones + it->second.errors > 0;
+  }
+  // Receives until every job in `uids` has its terminal event and outcome.
+  void wait_all(const std::vector<uint64_t>& uids) {
+    std::set<uint64_t> pending;
+    for (uint64_t u : uids)
+      if (!ended(u)) pending.insert(u);
+    while (!pending.empty()) {
+      BOOST_REQUIRE_MESSAGE(receive_one(), "timed out waiting for jobs to end");
+      if (last_uid && ended(last_uid)) pending.erase(last_uid);
+    }
+  }
+  caf::settings stats(const caf::actor& a) {
+    caf::settings out;
+    sink->request(a, kWait, stats_atom::value)
+        .receive([&](caf::settings& s) { out = std::move(s); },
+                 [&](caf::error& e) { BOOST_FAIL("stats failed: " + sys.render(e)); });
+    return out;
+  }
+};
+
+int64_t counter(const caf::settings& s, const char* name) {
+  auto v = caf::get_if<int64_t>(&s, name);
+  BOOST_REQUIRE_MESSAGE(v, std::string("missing counter ") + name);
+  return *v;
+}
+
+BatchingConfig small_config() {
+  BatchingConfig bc;
+  bc.step_token_budget = 64;
+  bc.max_sequences = 8;
+  bc.prefill_chunk = 16;
+  bc.kv_block_size = 16;
+  bc.kv_memory_mb = 4;
+  return bc;
+}
+
+ExecutorSpec cpu_spec() {
+  ExecutorSpec e;
+  e.backend = "cpu";
+  e.model = stories();
+  e.threads = 1;  // the test machine's cores are shared
+  return e;
+}
+
+// Runs the three golden prompts streamed and not, all at once, and checks every job.
+void check_golden_run(Rig& rig) {
+  const auto gold = golden64();
+  const Tokenizer& tok = stories()->tokenizer();
+  std::vector<uint64_t> uids;
+  std::map<uint64_t, size_t> which;
+  for (bool stream : {true, false})
+    for (size_t i = 0; i < gold.size(); ++i) {
+      const uint64_t u = rig.submit(rig.job(gold[i].prompt, 64, stream));
+      uids.push_back(u);
+      which[u] = i;
+    }
+  rig.wait_all(uids);
+  for (size_t k = 0; k < uids.size(); ++k) {
+    const Seen& s = rig.seen[uids[k]];
+    const Golden& g = gold[which[uids[k]]];
+    const bool stream = k < gold.size();
+    BOOST_TEST_CONTEXT("job " << uids[k] << (stream ? " streamed" : " not streamed")) {
+      BOOST_TEST(s.errors == 0);
+      BOOST_TEST(s.dones == 1);
+      BOOST_TEST(s.outcomes == 1);
+      BOOST_TEST(s.done.finish == 1);  // length
+      BOOST_TEST(s.done.completion_tokens == 64u);
+      BOOST_TEST(s.done.prompt_tokens == g.prompt.size());
+      BOOST_TEST(s.outcome.outcome == 0);
+      BOOST_TEST(s.outcome.done.ids == g.ids, boost::test_tools::per_element());
+      BOOST_TEST(s.outcome.done.text == tok.decode(g.ids));
+      if (stream) {
+        BOOST_TEST(s.contiguous);
+        BOOST_TEST(s.stream_ids == g.ids, boost::test_tools::per_element());
+        BOOST_TEST(s.stream_text == tok.decode(g.ids));
+        BOOST_TEST(s.done.ids.empty());  // the chunks carried them
+        BOOST_TEST(s.done.text.empty());
+      } else {
+        BOOST_TEST(s.stream_ids.empty());
+        BOOST_TEST(s.done.ids == g.ids, boost::test_tools::per_element());
+        BOOST_TEST(s.done.text == tok.decode(g.ids));
+      }
+      BOOST_TEST(s.done.total_ms >= s.done.ttft_ms);
+    }
+  }
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(kv_sizing_follows_the_model) {
+  const LlamaConfig& c = stories()->config();
+  BOOST_TEST(kv_bytes_per_token(c) == int64_t{c.n_layers} * c.n_kv_heads * c.head_dim * 8);
+  BatchingConfig bc;
+  bc.kv_memory_mb = 1;
+  bc.kv_block_size = 16;
+  BOOST_TEST(kv_blocks_for(bc, &c) == (1 << 20) / (kv_bytes_per_token(c) * 16));
+  BOOST_TEST(kv_blocks_for(bc, nullptr) >= 1);
+  bc.kv_memory_mb = 0;
+  BOOST_TEST(kv_blocks_for(bc, &c) == 1);
+}
+
+BOOST_AUTO_TEST_CASE(golden_ids_streamed_and_not_concurrently) {
+  Rig rig;
+  const BatchingConfig bc = small_config();
+  const int32_t n_blocks = kv_blocks_for(bc, &stories()->config());
+  rig.start(bc, n_blocks, cpu_spec());
+  check_golden_run(rig);
+  const caf::settings st = rig.stats(rig.batcher);
+  BOOST_TEST(counter(st, "blocks_used") == 0);
+  BOOST_TEST(counter(st, "running") == 0);
+  BOOST_TEST(counter(st, "waiting") == 0);
+  BOOST_TEST(counter(st, "finished") == 6);
+  BOOST_TEST(counter(st, "tokens") == 6 * 64);
+  BOOST_TEST(counter(st, "preemptions") == 0);
+  // Initial credit plus one per ended job.
+  rig.drain();
+  BOOST_TEST(rig.credit == bc.max_sequences + 6u);
+  // Samplers of ended jobs were released.
+  BOOST_TEST(counter(rig.stats(rig.executor), "samplers") == 0);
+}
+
+BOOST_AUTO_TEST_CASE(tiny_kv_pool_preempts_and_still_matches_golden) {
+  Rig rig;
+  BatchingConfig bc = small_config();
+  bc.kv_block_size = 4;
+  // One job needs ceil((5 + 64 - 1) / 4) = 17 blocks at its longest; six of them cannot share 20.
+  const int32_t n_blocks = 20;
+  rig.start(bc, n_blocks, cpu_spec());
+  check_golden_run(rig);
+  const caf::settings st = rig.stats(rig.batcher);
+  BOOST_TEST(counter(st, "preemptions") > 0);
+  BOOST_TEST(counter(st, "blocks_used") == 0);
+  BOOST_TEST(counter(st, "blocks_total") == n_blocks);
+}
+
+BOOST_AUTO_TEST_CASE(cancel_mid_stream_frees_blocks) {
+  Rig rig;
+  const BatchingConfig bc = small_config();
+  ExecutorSpec spec = cpu_spec();
+  spec.step_delay_ms = 5;  // so that 1000 tokens take seconds: the cancel lands mid-stream
+  rig.start(bc, kv_blocks_for(bc, &stories()->config()), spec);
+  Job j = rig.job(golden64()[0].prompt, 1000, true);
+  j.ignore_eos = true;
+  const uint64_t uid = rig.submit(j);
+  while (rig.seen[uid].stream_ids.empty() && !rig.ended(uid))
+    BOOST_REQUIRE(rig.receive_one());
+  BOOST_REQUIRE(!rig.ended(uid));
+  BOOST_TEST(counter(rig.stats(rig.batcher), "blocks_used") > 0);
+  rig.sink->send(rig.batcher, cancel_atom::value, uid);
+  rig.wait_all({uid});
+  const Seen& s = rig.seen[uid];
+  BOOST_TEST(s.done.finish == 2);  // cancelled
+  BOOST_TEST(s.outcome.outcome == 2);
+  BOOST_TEST(s.done.completion_tokens < 1000u);
+  BOOST_TEST(s.done.completion_tokens == s.stream_ids.size());
+  const caf::settings st = rig.stats(rig.batcher);
+  BOOST_TEST(counter(st, "blocks_used") == 0);
+  BOOST_TEST(counter(st, "running") == 0);
+  // A cancel for a job that ended is ignored; the batcher still answers.
+  rig.sink->send(rig.batcher, cancel_atom::value, uid);
+  BOOST_TEST(counter(rig.stats(rig.batcher), "finished") == 1);
+}
+
+BOOST_AUTO_TEST_CASE(stop_string_cuts_text_and_stream) {
+  Rig rig;
+  const BatchingConfig bc = small_config();
+  rig.start(bc, kv_blocks_for(bc, &stories()->config()), cpu_spec());
+  const auto gold = golden64();
+  // Golden text: ", there was a little girl named Lily. She loved to play ..."
+  std::vector<uint64_t> uids;
+  for (bool stream : {true, false}) {
+    Job j = rig.job(gold[0].prompt, 64, stream);
+    j.stop = {"Lily", "never appears"};
+    uids.push_back(rig.submit(j));
+  }
+  rig.wait_all(uids);
+  const Seen& streamed = rig.seen[uids[0]];
+  const Seen& plain = rig.seen[uids[1]];
+  BOOST_TEST(streamed.stream_text == ", there was a little girl named ");
+  BOOST_TEST(streamed.done.finish == 0);  // stop
+  BOOST_TEST(streamed.outcome.done.text == ", there was a little girl named ");
+  BOOST_TEST(plain.done.text == ", there was a little girl named ");
+  BOOST_TEST(plain.done.finish == 0);
+  // The token that completed the stop string is the last id; nothing after it.
+  const Tokenizer& tok = stories()->tokenizer();
+  size_t k = 1;
+  while (tok.decode({gold[0].ids.begin(), gold[0].ids.begin() + k}).find("Lily") ==
+         std::string::npos)
+    ++k;
+  const std::vector<int32_t> want(gold[0].ids.begin(), gold[0].ids.begin() + k);
+  BOOST_TEST(plain.done.ids == want, boost::test_tools::per_element());
+  BOOST_TEST(streamed.stream_ids == want, boost::test_tools::per_element());
+}
+
+BOOST_AUTO_TEST_CASE(max_tokens_ends_with_length) {
+  Rig rig;
+  const BatchingConfig bc = small_config();
+  rig.start(bc, kv_blocks_for(bc, &stories()->config()), cpu_spec());
+  const auto gold = golden64();
+  const uint64_t a = rig.submit(rig.job(gold[1].prompt, 5, false));
+  const uint64_t b = rig.submit(rig.job(gold[2].prompt, 1, true));
+  rig.wait_all({a, b});
+  const std::vector<int32_t> want_a(gold[1].ids.begin(), gold[1].ids.begin() + 5);
+  BOOST_TEST(rig.seen[a].done.ids == want_a, boost::test_tools::per_element());
+  BOOST_TEST(rig.seen[a].done.finish == 1);
+  BOOST_TEST(rig.seen[a].done.completion_tokens == 5u);
+  BOOST_TEST(rig.seen[a].outcome.tokens_used == gold[1].prompt.size() + 5);
+  BOOST_TEST(rig.seen[b].stream_ids == std::vector<int32_t>{gold[2].ids[0]},
+             boost::test_tools::per_element());
+  BOOST_TEST(rig.seen[b].done.finish == 1);
+}
+
+BOOST_AUTO_TEST_CASE(job_too_big_for_the_pool_fails_at_once) {
+  Rig rig;
+  BatchingConfig bc = small_config();
+  bc.kv_block_size = 4;
+  rig.start(bc, 4, cpu_spec());  // 16 slots in all
+  const uint64_t big = rig.submit(rig.job(golden64()[0].prompt, 64, false));
+  const uint64_t fits = rig.submit(rig.job(golden64()[0].prompt, 8, false));
+  rig.wait_all({big, fits});
+  BOOST_TEST(rig.seen[big].errors == 1);
+  BOOST_TEST(rig.seen[big].error.code == static_cast<uint8_t>(ErrorCode::bad_request));
+  BOOST_TEST(rig.seen[big].outcome.outcome == 1);
+  BOOST_TEST(rig.seen[fits].done.completion_tokens == 8u);
+}
+
+BOOST_AUTO_TEST_CASE(chunked_prefill_plans_and_executor_failure) {
+  // A scoped actor plays the executor: the plans are visible, and it can fail a step.
+  Rig rig;
+  caf::scoped_actor exec{rig.sys};
+  BatchingConfig bc = small_config();
+  bc.prefill_chunk = 2;
+  bc.step_token_budget = 3;
+  bc.kv_block_size = 4;
+  rig.start_with(bc, 64, exec, true);
+  std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
+  const uint64_t a = rig.submit(rig.job(prompt, 4, false));
+  const uint64_t b = rig.submit(rig.job(prompt, 4, false));
+  std::vector<StepPlan> plans;
+  for (int step = 0; step < 3; ++step) {
+    exec->receive(
+        [&](step_atom, const StepPlan& p) -> StepResult {
+          plans.push_back(p);
+          StepResult r;
+          r.step = p.step;
+          for (const SeqPlan& s : p.seqs)
+            if (s.sample) r.seqs.push_back(SeqResult{s.uid, 300, 0.0f, {}, {}});
+          if (step == 2) r.error = "device lost";
+          return r;
+        },
+        caf::after(kWait) >> [&] { BOOST_FAIL("no step plan"); });
+  }
+  rig.wait_all({a, b});
+  // Step 1 starts a alone (b arrives while it runs): a 2-token chunk. Step 2: a's next chunk,
+  // then b gets what is left of the budget of 3. Every chunk stays within the limits.
+  BOOST_REQUIRE(plans.size() == 3u);
+  BOOST_REQUIRE(plans[0].seqs.size() == 1u);
+  BOOST_TEST(plans[0].seqs[0].uid == a);
+  BOOST_TEST(plans[0].seqs[0].tokens.size() == 2u);
+  BOOST_TEST(plans[0].seqs[0].reset);
+  BOOST_TEST(!plans[0].seqs[0].sample);
+  BOOST_REQUIRE(plans[1].seqs.size() == 2u);
+  BOOST_TEST(plans[1].seqs[0].uid == a);
+  BOOST_TEST(!plans[1].seqs[0].reset);
+  BOOST_TEST(plans[1].seqs[1].uid == b);
+  BOOST_TEST(plans[1].seqs[1].tokens.size() == 1u);
+  BOOST_TEST(plans[1].seqs[1].reset);
+  int32_t fed_a = 0;
+  for (const StepPlan& p : plans) {
+    int64_t total = 0;
+    for (const SeqPlan& s : p.seqs) {
+      total += static_cast<int64_t>(s.tokens.size());
+      BOOST_TEST(s.tokens.size() <= 2u);
+      BOOST_TEST(s.block_table.size() * 4 >= s.n_past + s.tokens.size());
+      if (s.uid == a) {
+        BOOST_TEST(s.n_past == fed_a);
+        fed_a += static_cast<int32_t>(s.tokens.size());
+        BOOST_TEST(s.sample == (fed_a == 5));
+      }
+    }
+    BOOST_TEST(total <= 3);
+  }
+  // The third step failed: both jobs end with engine_dead, their blocks back.
+  for (uint64_t u : {a, b}) {
+    BOOST_TEST(rig.seen[u].errors == 1);
+    BOOST_TEST(rig.seen[u].error.code == static_cast<uint8_t>(ErrorCode::engine_dead));
+    BOOST_TEST(rig.seen[u].outcome.code == static_cast<uint8_t>(ErrorCode::engine_dead));
+  }
+  BOOST_TEST(counter(rig.stats(rig.batcher), "blocks_used") == 0);
+}
+
+BOOST_AUTO_TEST_CASE(null_backend_gives_exactly_max_tokens) {
+  Rig rig;
+  BatchingConfig bc = small_config();
+  ExecutorSpec spec;
+  spec.backend = "null";
+  rig.start(bc, kv_blocks_for(bc, nullptr), spec, /*with_model=*/false);
+  std::vector<uint64_t> uids;
+  for (int i = 0; i < 40; ++i) {
+    Job j = rig.job({1, 2, 3}, static_cast<uint32_t>(1 + i % 9), i % 2 == 0);
+    j.logprobs = i % 3 == 0 ? 2 : 0;
+    uids.push_back(rig.submit(j));
+  }
+  rig.wait_all(uids);
+  for (int i = 0; i < 40; ++i) {
+    const Seen& s = rig.seen[uids[static_cast<size_t>(i)]];
+    const uint32_t n = static_cast<uint32_t>(1 + i % 9);
+    BOOST_TEST(s.done.finish == 1);
+    BOOST_TEST(s.done.completion_tokens == n);
+    BOOST_TEST(s.outcome.done.ids.size() == n);
+    BOOST_TEST(s.outcome.done.text.empty());
+    if (i % 2 == 0) {
+      BOOST_TEST(s.stream_ids.size() == n);
+      BOOST_TEST(s.stream_logprob_shape);
+      BOOST_TEST(s.stream_n_top == (i % 3 == 0 ? 2u : 0u));
+      BOOST_TEST(s.done.logprob.empty());  // streamed: the chunks carried them
+    }
+    if (i % 3 == 0) {
+      BOOST_TEST(s.outcome.done.n_top == 2u);
+      BOOST_TEST(s.outcome.done.logprob.size() == n);
+      BOOST_TEST(s.outcome.done.top_ids.size() == 2 * n);
+    }
+  }
+  // More jobs than max_sequences were queued locally and all ran; credit came back for each.
+  rig.drain();
+  BOOST_TEST(rig.credit == bc.max_sequences + 40u);
+  BOOST_TEST(counter(rig.stats(rig.batcher), "blocks_used") == 0);
+}
+
+BOOST_AUTO_TEST_CASE(null_backend_many_one_token_jobs) {
+  // Runtime overhead at the actor level: many 1-token jobs through batcher + null executor. The
+  // rate is printed for information only.
+  Rig rig;
+  BatchingConfig bc;
+  bc.max_sequences = 64;
+  ExecutorSpec spec;
+  spec.backend = "null";
+  rig.start(bc, kv_blocks_for(bc, nullptr), spec, /*with_model=*/false);
+  constexpr int kJobs = 20000;
+  std::vector<uint64_t> uids;
+  const int64_t t0 = now_us();
+  for (int i = 0; i < kJobs; ++i) uids.push_back(rig.submit(rig.job({1, 2, 3}, 1, false)));
+  rig.wait_all(uids);
+  const double secs = static_cast<double>(now_us() - t0) / 1e6;
+  BOOST_TEST_MESSAGE("null backend: " << kJobs << " one-token jobs in " << secs << " s ("
+                                      << kJobs / secs << " jobs/s)");
+  int completed = 0;
+  for (uint64_t u : uids) completed += rig.seen[u].done.completion_tokens == 1u ? 1 : 0;
+  BOOST_TEST(completed == kJobs);
+  const caf::settings st = rig.stats(rig.batcher);
+  BOOST_TEST_MESSAGE("steps: " << counter(st, "steps"));
+  BOOST_TEST(counter(st, "finished") == kJobs);
+}
+
+BOOST_AUTO_TEST_CASE(lowest_class_is_preempted_and_recomputed_without_resending) {
+  // A scripted executor: each sampled token of a job is 300 + its position, so repeats show.
+  Rig rig;
+  caf::scoped_actor exec{rig.sys};
+  BatchingConfig bc = small_config();
+  bc.kv_block_size = 4;
+  bc.prefill_chunk = 8;
+  // Each job needs up to ceil((5 + 16 - 1) / 4) = 5 blocks: one fits, two do not.
+  rig.start_with(bc, 6, exec, true);
+  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378};
+  Job low = rig.job(prompt, 16, true);
+  low.class_index = 1;  // batch
+  Job high = rig.job(prompt, 16, false);
+  high.class_index = 0;  // interactive, arrives later
+  const uint64_t a = rig.submit(low);
+  std::map<uint64_t, std::vector<int32_t>> given;  // tokens the executor sampled, per job
+  std::vector<StepPlan> plans;
+  auto serve_one_step = [&] {
+    exec->receive(
+        [&](step_atom, const StepPlan& p) -> StepResult {
+          plans.push_back(p);
+          StepResult r;
+          r.step = p.step;
+          for (const SeqPlan& s : p.seqs)
+            if (s.sample) {
+              auto& g = given[s.uid];
+              g.push_back(300 + static_cast<int32_t>(g.size()));
+              r.seqs.push_back(SeqResult{s.uid, g.back(), 0.0f, {}, {}});
+            }
+          return r;
+        },
+        caf::after(kWait) >> [&] { BOOST_FAIL("no step plan"); });
+  };
+  serve_one_step();  // the low job starts alone
+  const uint64_t b = rig.submit(high);
+  while (!(rig.ended(a) && rig.ended(b))) {
+    serve_one_step();
+    while (rig.receive_one(caf::duration{std::chrono::milliseconds(1)})) {
+    }
+  }
+  BOOST_REQUIRE(rig.seen[a].dones == 1 && rig.seen[b].dones == 1);
+  // Both got exactly what the executor sampled for them, each token once.
+  BOOST_TEST(rig.seen[a].stream_ids == given[a], boost::test_tools::per_element());
+  BOOST_TEST(rig.seen[a].contiguous);
+  BOOST_TEST(rig.seen[b].done.ids == given[b], boost::test_tools::per_element());
+  BOOST_TEST(given[a].size() == 16u);
+  BOOST_TEST(given[b].size() == 16u);
+  // The high job was never preempted (its cache only grows); the low one was, and was then
+  // recomputed from prompt + its generated tokens without a sampler reset.
+  int32_t high_past = -1;
+  bool low_recomputed = false;
+  size_t low_generated = 0;
+  for (const StepPlan& p : plans)
+    for (const SeqPlan& s : p.seqs) {
+      if (s.uid == b) {
+        BOOST_TEST(s.n_past > high_past);
+        high_past = s.n_past;
+      } else if (s.uid == a && s.n_past == 0 && low_generated > 0) {
+        low_recomputed = true;
+        BOOST_TEST(!s.reset);
+        std::vector<int32_t> want = prompt;
+        want.insert(want.end(), given[a].begin(), given[a].begin() + low_generated);
+        want.resize(std::min(want.size(), s.tokens.size()));
+        BOOST_TEST(s.tokens == want, boost::test_tools::per_element());
+      }
+      if (s.uid == a && s.sample) ++low_generated;
+    }
+  BOOST_TEST(low_recomputed);
+  const caf::settings st = rig.stats(rig.batcher);
+  BOOST_TEST(counter(st, "preemptions") > 0);
+  BOOST_TEST(counter(st, "blocks_used") == 0);
+}
+
+BOOST_AUTO_TEST_CASE(seeded_sampling_survives_preemption) {
+  // Temperature sampling with a seed: the same ids with room to spare and under a pool so small
+  // that the jobs keep preempting each other (the executor keeps each job's random stream).
+  std::vector<std::vector<int32_t>> runs[2];
+  for (int tiny = 0; tiny < 2; ++tiny) {
+    Rig rig;
+    BatchingConfig bc = small_config();
+    bc.kv_block_size = 4;
+    const int32_t n_blocks = tiny ? 20 : 200;
+    rig.start(bc, n_blocks, cpu_spec());
+    std::vector<uint64_t> uids;
+    for (const Golden& g : golden64()) {
+      Job j = rig.job(g.prompt, 64, false);
+      j.temperature = 0.8f;
+      j.top_k = 40;
+      j.seed = 1234 + g.prompt.size();
+      j.ignore_eos = true;
+      uids.push_back(rig.submit(j));
+    }
+    rig.wait_all(uids);
+    for (uint64_t u : uids) runs[tiny].push_back(rig.seen[u].done.ids);
+    if (tiny) BOOST_TEST(counter(rig.stats(rig.batcher), "preemptions") > 0);
+  }
+  for (size_t i = 0; i < runs[0].size(); ++i) {
+    BOOST_TEST(runs[0][i].size() == 64u);
+    BOOST_TEST(runs[0][i] == runs[1][i], boost::test_tools::per_element());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(waiting_higher_class_evicts_lower_running_job) {
+  // The pool is full of a batch-class job's prompt; an interactive job that arrives next starts
+  // at the next step (the batch job is preempted) instead of waiting for the batch job to end.
+  Rig rig;
+  caf::scoped_actor exec{rig.sys};
+  BatchingConfig bc = small_config();
+  bc.kv_block_size = 4;
+  bc.prefill_chunk = 32;
+  rig.start_with(bc, 6, exec, true);
+  std::vector<int32_t> long_prompt(17, 300);
+  long_prompt[0] = 1;
+  Job low = rig.job(long_prompt, 4, false);  // 17 prompt tokens: 5 of the 6 blocks
+  low.class_index = 1;
+  Job high = rig.job({1, 403, 407, 261, 378}, 4, false);  // needs 2 blocks to start
+  high.class_index = 0;
+  const uint64_t a = rig.submit(low);
+  std::vector<StepPlan> plans;
+  uint64_t b = 0;
+  auto serve_one_step = [&] {
+    exec->receive(
+        [&](step_atom, const StepPlan& p) -> StepResult {
+          // The interactive job arrives while the first step runs.
+          if (plans.empty()) b = rig.submit(high);
+          plans.push_back(p);
+          StepResult r;
+          r.step = p.step;
+          for (const SeqPlan& s : p.seqs)
+            if (s.sample) r.seqs.push_back(SeqResult{s.uid, 400, 0.0f, {}, {}});
+          return r;
+        },
+        caf::after(kWait) >> [&] { BOOST_FAIL("no step plan"); });
+  };
+  serve_one_step();  // the low job's prompt fills the pool
+  while (!(rig.ended(a) && rig.ended(b))) {
+    serve_one_step();
+    while (rig.receive_one(caf::duration{std::chrono::milliseconds(1)})) {
+    }
+  }
+  BOOST_REQUIRE(plans.size() >= 2u);
+  BOOST_REQUIRE(plans[1].seqs.size() == 1u);
+  BOOST_TEST(plans[1].seqs[0].uid == b);  // the interactive job ran at once, alone
+  BOOST_TEST(rig.seen[a].done.completion_tokens == 4u);
+  BOOST_TEST(rig.seen[b].done.completion_tokens == 4u);
+  BOOST_TEST(rig.seen[a].done.ids == std::vector<int32_t>(4, 400),
+             boost::test_tools::per_element());
+  const caf::settings st = rig.stats(rig.batcher);
+  BOOST_TEST(counter(st, "preemptions") >= 1);
+  BOOST_TEST(counter(st, "blocks_used") == 0);
+}

@@ -1,0 +1,159 @@
+// The executor actor on its own: one step of the CPU engine gives llama.cpp's first greedy token,
+// samplers live until released, a malformed plan fails the step, and the null backend's output.
+#define BOOST_TEST_MODULE actors_executor
+#include <boost/test/unit_test.hpp>
+
+#include <caf/all.hpp>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+#include "actors/executor.hpp"
+#include "actors/messages.hpp"
+#include "model/llama.hpp"
+
+using namespace sy;
+
+namespace {
+
+constexpr auto kWait = std::chrono::seconds(60);  // a lost reply fails, never hangs
+
+caf::actor_system_config& config() {
+  static caf::actor_system_config cfg = [] {
+    caf::actor_system_config c;
+    register_message_types(c);
+    return c;
+  }();
+  return cfg;
+}
+
+std::shared_ptr<LlamaModel> stories() {
+  static std::shared_ptr<LlamaModel> m =
+      LlamaModel::load(std::string(SY_MODELS_DIR) + "/stories260K.gguf");
+  return m;
+}
+
+struct Rig {
+  caf::actor_system sys{config()};
+  caf::scoped_actor self{sys};
+  caf::actor exec;
+  explicit Rig(ExecutorSpec spec) { exec = spawn_executor(sys, spec); }
+  ~Rig() { caf::anon_send_exit(exec, caf::exit_reason::user_shutdown); }
+  StepResult step(const StepPlan& p) {
+    StepResult out;
+    self->request(exec, kWait, step_atom::value, p)
+        .receive([&](StepResult& r) { out = std::move(r); },
+                 [&](caf::error& e) { BOOST_FAIL("step failed: " + sys.render(e)); });
+    return out;
+  }
+  int64_t samplers() {
+    int64_t n = -1;
+    self->request(exec, kWait, stats_atom::value)
+        .receive([&](caf::settings& s) { n = caf::get_or(s, "samplers", int64_t{-1}); },
+                 [&](caf::error& e) { BOOST_FAIL("stats failed: " + sys.render(e)); });
+    return n;
+  }
+};
+
+ExecutorSpec cpu(int32_t n_blocks) {
+  ExecutorSpec s;
+  s.model = stories();
+  s.threads = 1;
+  s.n_blocks = n_blocks;
+  s.block_size = 4;
+  return s;
+}
+
+SeqPlan prefill(uint64_t uid, std::vector<int32_t> tokens, std::vector<int32_t> blocks) {
+  SeqPlan p;
+  p.uid = uid;
+  p.tokens = std::move(tokens);
+  p.block_table = std::move(blocks);
+  p.sample = true;
+  p.reset = true;
+  p.temperature = 0.0f;
+  return p;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(spec_errors) {
+  caf::actor_system sys{config()};
+  ExecutorSpec s;
+  s.backend = "tpu";
+  BOOST_CHECK_THROW(spawn_executor(sys, s), std::invalid_argument);
+  s.backend = "cpu";  // without a model
+  BOOST_CHECK_THROW(spawn_executor(sys, s), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(cpu_step_gives_the_golden_first_tokens) {
+  Rig rig(cpu(16));
+  StepPlan plan;
+  plan.step = 7;
+  // "Once upon a time" -> ',' (432); "The cat" -> ' and' (269) in reference-llamacpp.json.
+  plan.seqs.push_back(prefill(1, {1, 403, 407, 261, 378}, {0, 1}));
+  plan.seqs.push_back(prefill(2, {1, 291, 280, 294}, {2}));
+  plan.seqs[1].logprobs = 3;
+  StepResult r = rig.step(plan);
+  BOOST_TEST(r.error.empty());
+  BOOST_TEST(r.step == 7u);
+  BOOST_REQUIRE(r.seqs.size() == 2u);
+  BOOST_TEST(r.seqs[0].uid == 1u);
+  BOOST_TEST(r.seqs[0].token == 432);
+  BOOST_TEST(r.seqs[0].top_ids.empty());
+  BOOST_TEST(r.seqs[1].token == 269);
+  BOOST_TEST(r.seqs[1].top_ids.size() == 3u);
+  BOOST_TEST(r.seqs[1].top_ids[0] == 269);
+  BOOST_TEST(r.seqs[1].logprob == -1.29555f, boost::test_tools::tolerance(1e-2f));
+  BOOST_TEST(rig.samplers() == 2);
+  // A decode continues the first sequence: ' there' (383).
+  StepPlan next;
+  SeqPlan d;
+  d.uid = 1;
+  d.tokens = {432};
+  d.n_past = 5;
+  d.block_table = {0, 1};
+  d.sample = true;
+  d.temperature = 0.0f;
+  next.seqs.push_back(d);
+  r = rig.step(next);
+  BOOST_REQUIRE(r.seqs.size() == 1u);
+  BOOST_TEST(r.seqs[0].token == 383);
+  rig.self->send(rig.exec, release_atom::value, std::vector<uint64_t>{1, 2});
+  BOOST_TEST(rig.samplers() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(malformed_plan_fails_the_step) {
+  Rig rig(cpu(4));
+  StepPlan plan;
+  plan.seqs.push_back(prefill(1, {1, 403, 407, 261, 378}, {0}));  // 5 tokens, one 4-slot block
+  StepResult r = rig.step(plan);
+  BOOST_TEST(!r.error.empty());
+  BOOST_TEST(r.seqs.empty());
+  plan.seqs[0].block_table = {0, 9};  // a block id outside the pool
+  BOOST_TEST(!rig.step(plan).error.empty());
+  // The executor goes on.
+  plan.seqs[0].block_table = {0, 1};
+  r = rig.step(plan);
+  BOOST_TEST(r.error.empty());
+  BOOST_REQUIRE(r.seqs.size() == 1u);
+  BOOST_TEST(r.seqs[0].token == 432);
+}
+
+BOOST_AUTO_TEST_CASE(null_backend_returns_its_fixed_token) {
+  ExecutorSpec s;
+  s.backend = "null";
+  s.null_token = 5;
+  Rig rig(s);
+  StepPlan plan;
+  plan.seqs.push_back(prefill(1, {1, 2, 3}, {0}));
+  plan.seqs.push_back(prefill(2, {1, 2, 3}, {1}));
+  plan.seqs[1].sample = false;  // a prefill chunk that is not the last: no token
+  plan.seqs[0].logprobs = 2;
+  StepResult r = rig.step(plan);
+  BOOST_TEST(r.error.empty());
+  BOOST_REQUIRE(r.seqs.size() == 1u);
+  BOOST_TEST(r.seqs[0].token == 5);
+  BOOST_TEST(r.seqs[0].top_ids.size() == 2u);
+  BOOST_TEST(r.seqs[0].top_logprobs.size() == 2u);
+}

@@ -30,6 +30,19 @@ bool unicode_is_whitespace(uint32_t cp) {
          cp == 0x205F || cp == 0x3000;
 }
 
+std::string sanitize_utf8(std::string_view s) {
+  bool ascii = true;
+  for (char c : s) ascii = ascii && (static_cast<uint8_t>(c) & 0x80) == 0;
+  if (ascii) return std::string(s);  // the common case costs one scan
+  std::string out;
+  out.reserve(s.size());
+  for (uint32_t cp : utf8_to_cpts(s)) {
+    const bool bad = (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF;
+    append_utf8(out, bad ? 0xFFFDu : cp);
+  }
+  return out;
+}
+
 std::vector<uint32_t> utf8_to_cpts(std::string_view s) {
   std::vector<uint32_t> out;
   out.reserve(s.size());

@@ -28,6 +28,10 @@ inline size_t utf8_len(uint8_t lead) {
 
 /// Decodes UTF-8 into code points; each undecodable byte becomes U+FFFD, as llama.cpp does.
 std::vector<uint32_t> utf8_to_cpts(std::string_view s);
+/// `s` as valid UTF-8: undecodable bytes, surrogates and code points past U+10FFFF become U+FFFD
+/// (a model may emit any byte; the wire and JSON need well-formed text). Valid input comes back
+/// unchanged.
+std::string sanitize_utf8(std::string_view s);
 /// Appends the UTF-8 encoding of one code point.
 void append_utf8(std::string& out, uint32_t cp);
 

@@ -5,6 +5,7 @@
 #include <caf/all.hpp>
 
 #include "ingress/codec.hpp"
+#include "model/unicode_cats.hpp"
 
 namespace sy {
 namespace {
@@ -42,7 +43,7 @@ OutMessage encode_event(const TokensEvent& e) {
   t.id = e.id;
   t.index = e.index;
   t.ids = e.ids;
-  t.text = e.text;
+  t.text = sanitize_utf8(e.text);  // wire text is a msgpack str: always valid UTF-8
   t.logprobs = unflatten(e.logprob, e.n_top, e.top_ids, e.top_logprobs);
   return make(e.to, e.id, "", false, t);
 }
@@ -52,7 +53,7 @@ OutMessage encode_event(const DoneEvent& e) {
   d.id = e.id;
   d.tenant = e.tenant;
   d.finish_reason = static_cast<wire::FinishReason>(e.finish <= 2 ? e.finish : 0);
-  d.text = e.text;
+  d.text = sanitize_utf8(e.text);
   d.ids = e.ids;
   d.usage = {e.prompt_tokens, e.completion_tokens};
   d.timings = {e.queue_ms, e.ttft_ms, e.total_ms};
@@ -66,7 +67,7 @@ OutMessage encode_event(const ErrorEvent& e) {
   // An out-of-range code is a bug upstream; say so rather than send an unknown name.
   w.code = e.code <= static_cast<uint8_t>(ErrorCode::internal) ? static_cast<ErrorCode>(e.code)
                                                                : ErrorCode::internal;
-  w.message = e.message;
+  w.message = sanitize_utf8(e.message);
   if (e.retry_after_ms >= 0)
     w.retry_after_ms = static_cast<uint32_t>(std::min<int64_t>(e.retry_after_ms, UINT32_MAX));
   return make(e.to, e.id, e.tenant, true, w);
@@ -101,7 +102,7 @@ caf::actor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox) 
             t.uid = e.uid;
             t.id = e.id;
             t.ids = e.ids;
-            t.text = e.text;
+            t.text = sanitize_utf8(e.text);  // wire text is a msgpack str: always valid UTF-8
             t.logprob = e.logprob;
             t.n_top = e.n_top;
             t.top_ids = e.top_ids;

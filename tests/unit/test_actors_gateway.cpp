@@ -519,6 +519,26 @@ BOOST_AUTO_TEST_CASE(egress_encodes_errors_and_logprobs) {
   BOOST_TEST(tok.logprobs[1].top[1].id == 8);
 }
 
+BOOST_AUTO_TEST_CASE(egress_text_is_always_valid_utf8) {
+  // A random model can emit any byte (byte-fallback tokens); the wire's text is a msgpack str.
+  sy::TokensEvent t;
+  t.id = "j";
+  t.ids = {3};
+  t.text = std::string("a\xff\xc3") + "\xc3\xa9";  // stray byte, torn lead byte, then "é"
+  auto out = sy::encode_event(t);
+  auto d = sy::wire::decode_server(out.bytes.data(), out.bytes.size());
+  auto& tok = std::get<sy::wire::Tokens>(std::get<sy::wire::ServerMessage>(d));
+  BOOST_TEST(tok.text == "a\xef\xbf\xbd\xef\xbf\xbd\xc3\xa9");
+
+  sy::DoneEvent e;
+  e.id = "j";
+  e.text = "\xed\xa0\x80ok";  // an encoded surrogate is not valid UTF-8 either
+  out = sy::encode_event(e);
+  d = sy::wire::decode_server(out.bytes.data(), out.bytes.size());
+  BOOST_TEST(std::get<sy::wire::Done>(std::get<sy::wire::ServerMessage>(d)).text ==
+             "\xef\xbf\xbdok");
+}
+
 namespace {
 
 // Posts `n` big chunks of job `id` to a client that is not reading, so that its pipe reaches the

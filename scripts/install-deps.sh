@@ -10,6 +10,7 @@ packages=(
   libyaml-cpp-dev
   clang libclang-rt-14-dev          # libFuzzer for the GGUF fuzz target
   python3 python3-zmq python3-msgpack
+  python3-matplotlib                # bench_loadgen --plot (latency CDFs as PNG)
 )
 
 missing=()

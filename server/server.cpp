@@ -25,11 +25,15 @@ namespace sy {
 namespace {
 
 // The actor system's settings: the sharing scheduler wakes an idle worker about 7x sooner for a
-// message sent from the (non-CAF) gateway thread than the default work-stealing one.
+// message sent from the (non-CAF) gateway thread than the default work-stealing one. Its workers
+// share one locked queue, so more workers than cores (CAF's default is at least 4) only add lock
+// hand-offs and wake-ups: the gateway, ZeroMQ's I/O thread and the executors need cores too.
 struct SystemConfig : caf::actor_system_config {
   SystemConfig() {
     register_message_types(*this);
     set("scheduler.policy", caf::atom("sharing"));
+    size_t cores = std::max(1u, std::thread::hardware_concurrency());
+    set("scheduler.max-threads", std::min<size_t>(cores, 4));
   }
 };
 

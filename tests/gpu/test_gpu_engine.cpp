@@ -3,17 +3,15 @@
 // engine's, on-device greedy sampling agrees with the logits, malformed batches are refused;
 // on a random 15M-shaped model (head_dim 48: tensor-core prefill) logits match the CPU engine.
 #define BOOST_TEST_MODULE gpu_engine
-#include <unistd.h>
-
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "model/make_model.hpp"
 #include "tests/gpu/gpu_test.hpp"
+#include "tests/support/reference.hpp"
+#include "tests/support/temp_dir.hpp"
 
 using namespace sy::gputest;
 
@@ -25,35 +23,11 @@ struct Case {
   std::vector<int32_t> prompt, generated;
 };
 
-// Integers of the JSON array that follows `"key":` at or after `from`; `from` moves past it.
-std::vector<int32_t> int_array(const std::string& s, const std::string& key, size_t& from) {
-  const size_t k = s.find("\"" + key + "\"", from);
-  if (k == std::string::npos) throw std::runtime_error("reference: no " + key);
-  const size_t open = s.find('[', k), close = s.find(']', open);
-  std::vector<int32_t> out;
-  std::istringstream in(s.substr(open + 1, close - open - 1));
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (item.find_first_of("0123456789") != std::string::npos) out.push_back(std::stoi(item));
-  }
-  from = close;
-  return out;
-}
-
+// Every case of reference-llamacpp.json (32- and 64-token continuations).
 std::vector<Case> load_cases() {
-  std::ifstream f(std::string(SY_MODELS_DIR) + "/reference-llamacpp.json");
-  BOOST_REQUIRE_MESSAGE(f, "reference-llamacpp.json not found under " SY_MODELS_DIR);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string s = ss.str();
   std::vector<Case> cases;
-  size_t at = s.find("\"cases\"");
-  while (s.find("\"prompt_token_ids\"", at) != std::string::npos) {
-    Case c;
-    c.prompt = int_array(s, "prompt_token_ids", at);
-    c.generated = int_array(s, "generated_token_ids", at);
-    cases.push_back(std::move(c));
-  }
+  for (const auto& c : sy::test::reference_cases())
+    cases.push_back({c.prompt_token_ids, c.generated_token_ids});
   BOOST_REQUIRE(!cases.empty());
   return cases;
 }
@@ -244,17 +218,17 @@ BOOST_AUTO_TEST_CASE(kv_request_that_does_not_fit_is_a_clear_error) {
 }
 
 BOOST_AUTO_TEST_CASE(random_15m_model_matches_cpu_engine) {
-  char dir[] = "/tmp/sy_gpu_engine_XXXXXX";
-  BOOST_REQUIRE(mkdtemp(dir) != nullptr);
-  sy::MakeModelOptions mo;
-  mo.shape = "15m";
-  mo.dtype = "bf16";
-  mo.seed = rng()();
-  mo.out = std::string(dir) + "/m.gguf";
-  sy::make_model(mo);
-  auto model = sy::LlamaModel::load(mo.out);
-  std::remove(mo.out.c_str());
-  rmdir(dir);
+  std::shared_ptr<sy::LlamaModel> model;
+  {
+    const sy::test::TempDir dir("sy_gpu_engine_");  // gone at the brace: the model is loaded
+    sy::MakeModelOptions mo;
+    mo.shape = "15m";
+    mo.dtype = "bf16";
+    mo.seed = rng()();
+    mo.out = dir.file("m.gguf");
+    sy::make_model(mo);
+    model = sy::LlamaModel::load(mo.out);
+  }
   const int32_t n_vocab = model->config().n_vocab;
 
   // a 150-token prompt (10 prefill tiles), then one decode step, in every engine

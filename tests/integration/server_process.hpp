@@ -1,6 +1,7 @@
 // Shared by the integration tests: starts the real `switchyard serve` process on loopback (free
 // ports chosen by the server itself: `tcp://127.0.0.1:*`), reads the bound addresses from its
-// stdout, and stops it (SIGTERM, exit status) or kills it at the end. Plus small helpers.
+// stdout, and stops it (SIGTERM, exit status) or kills it at the end. Plus small helpers: a temp
+// folder and one-shot runs of the binary.
 #pragma once
 
 #include <fcntl.h>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "cli/json_reader.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace sy::it {
 
@@ -30,26 +32,30 @@ namespace sy::it {
 inline const std::string kBinary = std::string(SY_BINARY_DIR) + "/switchyard";
 inline const std::string kStories = std::string(SY_MODELS_DIR) + "/stories260K.gguf";
 
-/// A temp folder (mkdtemp) for config files and outputs; removed at destruction.
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/sy_it_XXXXXX";
-    if (!mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
-    path_ = tmpl;
-  }
-  ~TempDir() { std::system(("rm -rf '" + path_ + "'").c_str()); }
-  const std::string& path() const { return path_; }
-  /// Writes `text` to `name` in the folder and returns its path.
-  std::string write(const std::string& name, const std::string& text) const {
-    std::string p = path_ + "/" + name;
-    std::ofstream(p) << text;
-    return p;
-  }
-
- private:
-  std::string path_;
+/// A temp folder for config files and outputs; removed at destruction.
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("sy_it_") {}
 };
+
+/// How a command run to its end went.
+struct Run {
+  int status = -1;  ///< exit status; -1 when it did not exit normally
+  std::string out;  ///< stdout and stderr together
+};
+
+/// Runs `prefix kBinary args` through the shell to its end (for commands that are not servers);
+/// `prefix` may bound it, e.g. "timeout 60 ". Throws when the command cannot be started.
+inline Run run_binary(const std::string& args, const std::string& prefix = "") {
+  Run r;
+  FILE* p = popen((prefix + kBinary + " " + args + " 2>&1").c_str(), "r");
+  if (!p) throw std::runtime_error("popen failed for " + args);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
 
 /// A running `switchyard serve`. The constructor waits until the server says "ready".
 class ServerProcess {

@@ -4,47 +4,24 @@
 #define BOOST_TEST_MODULE it_golden
 #include <boost/test/unit_test.hpp>
 
-#include <fstream>
-#include <sstream>
-
-#include "cli/json_reader.hpp"
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
+#include "tests/support/reference.hpp"
 
 using namespace std::chrono_literals;
-using sy::cli::JsonReader;
-using sy::cli::JsonValue;
 
 namespace {
 
-struct Case {
-  std::string prompt;
-  std::vector<int32_t> prompt_ids, expected;
-};
-
-std::vector<Case> load_cases() {
-  std::ifstream f(std::string(SY_MODELS_DIR) + "/reference-llamacpp.json");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  JsonValue j = JsonReader::parse(ss.str());
-  std::vector<Case> out;
-  for (const auto& c : j.at("cases").arr) {
-    Case k;
-    k.prompt = c.at("prompt").str;
-    for (const auto& v : c.at("prompt_token_ids").arr) k.prompt_ids.push_back(static_cast<int32_t>(v.i));
-    for (const auto& v : c.at("generated_token_ids").arr) k.expected.push_back(static_cast<int32_t>(v.i));
-    out.push_back(std::move(k));
-  }
-  return out;
-}
+// A reference case; its expected ids are the generated_token_ids.
+using Case = sy::test::ReferenceCase;
 
 sy::wire::Submit greedy(const std::string& id, const Case& c, bool stream, bool as_ids) {
   sy::wire::Submit s;
   s.id = id;
   s.tenant = "golden";
-  if (as_ids) s.prompt = c.prompt_ids;
+  if (as_ids) s.prompt = c.prompt_token_ids;
   else s.prompt = c.prompt;
-  s.max_tokens = static_cast<uint32_t>(c.expected.size());
+  s.max_tokens = static_cast<uint32_t>(c.generated_token_ids.size());
   s.temperature = 0;
   s.stream = stream;
   return s;
@@ -54,9 +31,9 @@ sy::wire::Submit greedy(const std::string& id, const Case& c, bool stream, bool 
 void check(const sy::client::Result& r, const Case& c, bool stream, const std::string& what) {
   BOOST_TEST_CONTEXT(what) {
     BOOST_REQUIRE_MESSAGE(r.ok(), (r.error ? r.error->message : std::string("no done")));
-    BOOST_TEST(r.ids == c.expected, boost::test_tools::per_element());
-    BOOST_TEST(r.done->usage.completion_tokens == c.expected.size());
-    BOOST_TEST(r.done->usage.prompt_tokens == c.prompt_ids.size());
+    BOOST_TEST(r.ids == c.generated_token_ids, boost::test_tools::per_element());
+    BOOST_TEST(r.done->usage.completion_tokens == c.generated_token_ids.size());
+    BOOST_TEST(r.done->usage.prompt_tokens == c.prompt_token_ids.size());
     BOOST_TEST(sy::wire::to_string(r.done->finish_reason) == "length");
     if (stream) {
       BOOST_TEST(!r.chunks.empty());
@@ -75,7 +52,7 @@ void check(const sy::client::Result& r, const Case& c, bool stream, const std::s
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(greedy_matches_llamacpp_streamed_and_not) {
-  auto cases = load_cases();
+  const auto& cases = sy::test::reference_cases();
   BOOST_REQUIRE(cases.size() >= 6u);
   sy::it::ServerProcess srv({"--model", sy::it::kStories, "--threads", "1"});
   sy::client::Client cl(srv.endpoint());

@@ -10,23 +10,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct Run {
-  int status = -1;
-  std::string out;
-};
+using sy::it::Run;
 
-// Runs the binary to its end (for commands that fail at start-up).
-Run run(const std::string& args) {
-  Run r;
-  FILE* p = popen(("timeout 60 " + sy::it::kBinary + " " + args + " 2>&1").c_str(), "r");
-  BOOST_REQUIRE(p);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+// Runs the binary to its end (for commands that fail at start-up); bounded so that one that
+// hangs instead fails the test rather than stalling the suite.
+Run run(const std::string& args) { return sy::it::run_binary(args, "timeout 60 "); }
 
 }  // namespace
 

@@ -10,22 +10,9 @@
 
 namespace {
 
-struct Run {
-  int status = -1;
-  std::string out;
-};
+using sy::it::Run;
 
-Run run(const std::string& args) {
-  Run r;
-  FILE* p = popen((sy::it::kBinary + " " + args + " 2>&1").c_str(), "r");
-  BOOST_REQUIRE(p);
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-  int st = pclose(p);
-  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  return r;
-}
+Run run(const std::string& args) { return sy::it::run_binary(args); }
 
 std::vector<std::string> lines(const std::string& path) {
   std::ifstream f(path);

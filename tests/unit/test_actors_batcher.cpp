@@ -6,11 +6,9 @@
 
 #include <caf/all.hpp>
 #include <chrono>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,6 +17,7 @@
 #include "actors/messages.hpp"
 #include "ingress/error_code.hpp"
 #include "model/llama.hpp"
+#include "tests/support/reference.hpp"
 
 using namespace sy;
 
@@ -32,35 +31,11 @@ struct Golden {
   std::vector<int32_t> prompt, ids;
 };
 
-// The ids of the JSON array that follows `key` at or after `pos`.
-std::vector<int32_t> int_array_after(const std::string& s, const std::string& key, size_t& pos) {
-  pos = s.find("\"" + key + "\"", pos);
-  BOOST_REQUIRE(pos != std::string::npos);
-  const size_t open = s.find('[', pos), close = s.find(']', open);
-  std::vector<int32_t> v;
-  std::istringstream in(s.substr(open + 1, close - open - 1));
-  std::string item;
-  while (std::getline(in, item, ',')) v.push_back(std::stoi(item));
-  pos = close;
-  return v;
-}
-
 // The reference cases with 64 generated tokens (one per prompt).
 std::vector<Golden> golden64() {
-  std::ifstream f(kModels + "/reference-llamacpp.json");
-  BOOST_REQUIRE(f);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string s = ss.str();
   std::vector<Golden> out;
-  size_t pos = 0;
-  while ((pos = s.find("\"n_predict\"", pos)) != std::string::npos) {
-    const int n = std::stoi(s.substr(s.find(':', pos) + 1));
-    Golden g;
-    g.prompt = int_array_after(s, "prompt_token_ids", pos);
-    g.ids = int_array_after(s, "generated_token_ids", pos);
-    if (n == 64) out.push_back(g);
-  }
+  for (const auto& c : test::reference_cases(64))
+    out.push_back({c.prompt_token_ids, c.generated_token_ids});
   BOOST_REQUIRE_EQUAL(out.size(), 3u);
   for (const auto& g : out) BOOST_REQUIRE_EQUAL(g.ids.size(), 64u);
   return out;

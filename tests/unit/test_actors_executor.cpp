@@ -11,6 +11,7 @@
 #include "actors/executor.hpp"
 #include "actors/messages.hpp"
 #include "model/llama.hpp"
+#include "tests/support/reference.hpp"
 
 using namespace sy;
 
@@ -91,34 +92,37 @@ BOOST_AUTO_TEST_CASE(cpu_step_gives_the_golden_first_tokens) {
   StepPlan plan;
   plan.step = 7;
   // "Once upon a time" -> ',' (432); "The cat" -> ' and' (269) in reference-llamacpp.json.
-  plan.seqs.push_back(prefill(1, {1, 403, 407, 261, 378}, {0, 1}));
-  plan.seqs.push_back(prefill(2, {1, 291, 280, 294}, {2}));
+  const auto& once = test::reference_case("Once upon a time", 32);
+  const auto& cat = test::reference_case("The cat", 32);
+  plan.seqs.push_back(prefill(1, once.prompt_token_ids, {0, 1}));
+  plan.seqs.push_back(prefill(2, cat.prompt_token_ids, {2}));
   plan.seqs[1].logprobs = 3;
   StepResult r = rig.step(plan);
   BOOST_TEST(r.error.empty());
   BOOST_TEST(r.step == 7u);
   BOOST_REQUIRE(r.seqs.size() == 2u);
   BOOST_TEST(r.seqs[0].uid == 1u);
-  BOOST_TEST(r.seqs[0].token == 432);
+  BOOST_TEST(r.seqs[0].token == once.generated_token_ids[0]);
   BOOST_TEST(r.seqs[0].top_ids.empty());
-  BOOST_TEST(r.seqs[1].token == 269);
+  BOOST_TEST(r.seqs[1].token == cat.generated_token_ids[0]);
   BOOST_TEST(r.seqs[1].top_ids.size() == 3u);
-  BOOST_TEST(r.seqs[1].top_ids[0] == 269);
-  BOOST_TEST(r.seqs[1].logprob == -1.29555f, boost::test_tools::tolerance(1e-2f));
+  BOOST_TEST(r.seqs[1].top_ids[0] == cat.generated_token_ids[0]);
+  BOOST_TEST(r.seqs[1].logprob == static_cast<float>(cat.top1_logprobs[0]),
+             boost::test_tools::tolerance(1e-2f));
   BOOST_TEST(rig.samplers() == 2);
   // A decode continues the first sequence: ' there' (383).
   StepPlan next;
   SeqPlan d;
   d.uid = 1;
-  d.tokens = {432};
-  d.n_past = 5;
+  d.tokens = {once.generated_token_ids[0]};
+  d.n_past = static_cast<int32_t>(once.prompt_token_ids.size());
   d.block_table = {0, 1};
   d.sample = true;
   d.temperature = 0.0f;
   next.seqs.push_back(d);
   r = rig.step(next);
   BOOST_REQUIRE(r.seqs.size() == 1u);
-  BOOST_TEST(r.seqs[0].token == 383);
+  BOOST_TEST(r.seqs[0].token == once.generated_token_ids[1]);
   rig.self->send(rig.exec, release_atom::value, std::vector<uint64_t>{1, 2});
   BOOST_TEST(rig.samplers() == 0);
 }

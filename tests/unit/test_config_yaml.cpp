@@ -9,6 +9,7 @@
 #include <string>
 
 #include "server/config.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 
@@ -17,11 +18,8 @@ namespace {
 // Writes `text` to a fresh temp file and returns its path.
 std::string write_temp(const std::string& text) {
   static int n = 0;
-  char tmpl[] = "/tmp/sy_config_XXXXXX";
-  static std::string dir = mkdtemp(tmpl);
-  std::string path = dir + "/c" + std::to_string(n++) + ".yaml";
-  std::ofstream(path) << text;
-  return path;
+  static const sy::test::TempDir dir("sy_config_");
+  return dir.write("c" + std::to_string(n++) + ".yaml", text);
 }
 
 // The message of the exception that loading `text` raises ("" when none).

@@ -6,145 +6,18 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "gpu/engine.hpp"
+#include "tests/support/reference.hpp"
 
 namespace {
 
-// ---- a minimal JSON reader: enough for reference-llamacpp.json ----
-struct Json {
-  enum Kind { Null, Bool, Num, Str, Arr, Obj } kind = Null;
-  double num = 0;
-  bool b = false;
-  std::string str;
-  std::vector<Json> arr;
-  std::map<std::string, Json> obj;
-  const Json& operator[](const std::string& k) const { return obj.at(k); }
-};
+using Case = sy::test::ReferenceCase;
 
-class JsonParser {
- public:
-  explicit JsonParser(const std::string& s) : s_(s) {}
-  Json parse() {
-    Json v = value();
-    ws();
-    if (i_ != s_.size()) throw std::runtime_error("json: trailing data");
-    return v;
-  }
-
- private:
-  void ws() {
-    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
-  }
-  char peek() {
-    ws();
-    if (i_ >= s_.size()) throw std::runtime_error("json: unexpected end");
-    return s_[i_];
-  }
-  void expect(char c) {
-    if (peek() != c) throw std::runtime_error(std::string("json: expected ") + c);
-    ++i_;
-  }
-  std::string string() {
-    expect('"');
-    std::string out;
-    while (i_ < s_.size() && s_[i_] != '"') {
-      char c = s_[i_++];
-      if (c == '\\') {
-        char e = s_.at(i_++);
-        switch (e) {
-          case 'n': out += '\n'; break;
-          case 't': out += '\t'; break;
-          case 'r': out += '\r'; break;
-          case 'b': out += '\b'; break;
-          case 'f': out += '\f'; break;
-          case 'u': out += '?'; i_ += 4; break;  // text fields are not compared here
-          default: out += e;
-        }
-      } else {
-        out += c;
-      }
-    }
-    expect('"');
-    return out;
-  }
-  Json value() {
-    Json v;
-    const char c = peek();
-    if (c == '{') {
-      v.kind = Json::Obj;
-      ++i_;
-      if (peek() == '}') { ++i_; return v; }
-      for (;;) {
-        std::string k = string();
-        expect(':');
-        v.obj[k] = value();
-        if (peek() == ',') { ++i_; continue; }
-        expect('}');
-        return v;
-      }
-    }
-    if (c == '[') {
-      v.kind = Json::Arr;
-      ++i_;
-      if (peek() == ']') { ++i_; return v; }
-      for (;;) {
-        v.arr.push_back(value());
-        if (peek() == ',') { ++i_; continue; }
-        expect(']');
-        return v;
-      }
-    }
-    if (c == '"') {
-      v.kind = Json::Str;
-      v.str = string();
-      return v;
-    }
-    if (s_.compare(i_, 4, "true") == 0) { i_ += 4; v.kind = Json::Bool; v.b = true; return v; }
-    if (s_.compare(i_, 5, "false") == 0) { i_ += 5; v.kind = Json::Bool; return v; }
-    if (s_.compare(i_, 4, "null") == 0) { i_ += 4; return v; }
-    size_t used = 0;
-    v.num = std::stod(s_.substr(i_, 32), &used);
-    v.kind = Json::Num;
-    i_ += used;
-    return v;
-  }
-  const std::string& s_;
-  size_t i_ = 0;
-};
-
-struct Case {
-  std::string prompt;
-  std::vector<int32_t> prompt_ids;
-  std::vector<int32_t> generated;
-  std::vector<double> top1_logprobs;
-};
-
-std::vector<Case> load_cases(int n_predict) {
-  std::ifstream f(std::string(SY_MODELS_DIR) + "/reference-llamacpp.json");
-  BOOST_REQUIRE(f);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string text = ss.str();
-  const Json root = JsonParser(text).parse();
-  std::vector<Case> out;
-  for (const Json& c : root["cases"].arr) {
-    if (static_cast<int>(c["n_predict"].num) != n_predict) continue;
-    Case k;
-    k.prompt = c["prompt"].str;
-    for (const Json& x : c["prompt_token_ids"].arr) k.prompt_ids.push_back(static_cast<int32_t>(x.num));
-    for (const Json& x : c["generated_token_ids"].arr) k.generated.push_back(static_cast<int32_t>(x.num));
-    for (const Json& x : c["top1_logprobs"].arr) k.top1_logprobs.push_back(x.num);
-    out.push_back(std::move(k));
-  }
-  return out;
-}
+std::vector<Case> load_cases(int n_predict) { return sy::test::reference_cases(n_predict); }
 
 std::shared_ptr<sy::LlamaModel> stories() {
   static std::shared_ptr<sy::LlamaModel> m =
@@ -257,14 +130,14 @@ void check_against(const std::vector<Case>& cases, const Run& r) {
   BOOST_REQUIRE_EQUAL(r.tokens.size(), cases.size());
   for (size_t i = 0; i < cases.size(); ++i) {
     BOOST_TEST_CONTEXT("prompt '" << cases[i].prompt << "'") {
-      BOOST_TEST(r.tokens[i] == cases[i].generated, boost::test_tools::per_element());
+      BOOST_TEST(r.tokens[i] == cases[i].generated_token_ids, boost::test_tools::per_element());
     }
   }
 }
 
 std::vector<std::vector<int32_t>> prompts_of(const std::vector<Case>& cases) {
   std::vector<std::vector<int32_t>> p;
-  for (const Case& c : cases) p.push_back(c.prompt_ids);
+  for (const Case& c : cases) p.push_back(c.prompt_token_ids);
   return p;
 }
 
@@ -276,10 +149,10 @@ BOOST_AUTO_TEST_CASE(reference_file_has_three_64_token_cases) {
   const auto short_cases = load_cases(32);
   BOOST_REQUIRE_EQUAL(short_cases.size(), 3u);
   for (size_t i = 0; i < 3; ++i) {
-    BOOST_TEST(cases[i].generated.size() == 64u);
+    BOOST_TEST(cases[i].generated_token_ids.size() == 64u);
     // The 32-token outputs are prefixes of the 64-token ones.
-    BOOST_TEST(std::equal(short_cases[i].generated.begin(), short_cases[i].generated.end(),
-                          cases[i].generated.begin()));
+    const auto& head = short_cases[i].generated_token_ids;
+    BOOST_TEST(std::equal(head.begin(), head.end(), cases[i].generated_token_ids.begin()));
   }
 }
 
@@ -294,7 +167,7 @@ BOOST_AUTO_TEST_CASE(greedy_each_prompt_alone) {
     BOOST_TEST_CONTEXT("reference=" << ref) {
       for (const Case& c : cases) {
         auto e = engine(ref);
-        Run r = run_greedy(*e, {c.prompt_ids}, 1 << 20, 64);
+        Run r = run_greedy(*e, {c.prompt_token_ids}, 1 << 20, 64);
         check_against({c}, r);
       }
     }
@@ -319,7 +192,7 @@ BOOST_AUTO_TEST_CASE(greedy_chunked_prefill_of_three_tokens) {
       // of different sequences in the same step), with small blocks so tables interleave.
       for (const Case& c : cases) {
         auto e = engine(ref, 4);
-        check_against({c}, run_greedy(*e, {c.prompt_ids}, 3, 64));
+        check_against({c}, run_greedy(*e, {c.prompt_token_ids}, 3, 64));
       }
       auto e = engine(ref, 4);
       check_against(cases, run_greedy(*e, prompts_of(cases), 3, 64));
@@ -402,8 +275,9 @@ BOOST_AUTO_TEST_CASE(fast_and_reference_logits_agree) {
 // the tiled attention of the fast path against the reference, on every row.
 BOOST_AUTO_TEST_CASE(long_chunked_prefill_matches_reference) {
   const auto cases = load_cases(64);
-  std::vector<int32_t> toks = cases[0].prompt_ids;
-  for (const Case& c : cases) toks.insert(toks.end(), c.generated.begin(), c.generated.end());
+  std::vector<int32_t> toks = cases[0].prompt_token_ids;
+  for (const Case& c : cases)
+    toks.insert(toks.end(), c.generated_token_ids.begin(), c.generated_token_ids.end());
   BOOST_REQUIRE_GT(toks.size(), 190u);
   auto fast = engine(false, 16);
   auto ref = engine(true, 16);
@@ -440,7 +314,7 @@ BOOST_AUTO_TEST_CASE(long_chunked_prefill_matches_reference) {
 // only on distances.
 BOOST_AUTO_TEST_CASE(explicit_positions) {
   const auto cases = load_cases(64);
-  const std::vector<int32_t>& p = cases[0].prompt_ids;
+  const std::vector<int32_t>& p = cases[0].prompt_token_ids;
   const int32_t n = static_cast<int32_t>(p.size());
   std::vector<int32_t> same(p.size()), spread(p.size());
   for (int32_t i = 0; i < n; ++i) {

@@ -4,8 +4,6 @@
 #define BOOST_TEST_MODULE engine_random
 #include <boost/test/unit_test.hpp>
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -15,18 +13,13 @@
 
 #include "gpu/engine.hpp"
 #include "model/make_model.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/sy_engine_random_XXXXXX";
-    const char* p = mkdtemp(tmpl);
-    BOOST_REQUIRE(p != nullptr);
-    path = p;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
+// Named after this test, so that a folder left in /tmp says where it came from.
+struct TempDir : sy::test::TempDir {
+  TempDir() : sy::test::TempDir("sy_engine_random_") {}
 };
 
 std::shared_ptr<sy::LlamaModel> random_model(const TempDir& dir, const std::string& dtype) {
@@ -34,7 +27,7 @@ std::shared_ptr<sy::LlamaModel> random_model(const TempDir& dir, const std::stri
   o.shape = "tiny";
   o.dtype = dtype;
   o.seed = 42;
-  o.out = dir.path + "/tiny-" + dtype + ".gguf";
+  o.out = dir.path() + "/tiny-" + dtype + ".gguf";
   sy::make_model(o);
   return sy::LlamaModel::load(o.out);
 }

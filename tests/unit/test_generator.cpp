@@ -3,12 +3,8 @@
 #define BOOST_TEST_MODULE generator
 #include <boost/test/unit_test.hpp>
 
-#include <cctype>
 #include <cmath>
-#include <fstream>
-#include <map>
 #include <memory>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -16,6 +12,7 @@
 #include "gpu/engine.hpp"
 #include "gpu/generator.hpp"
 #include "model/llama.hpp"
+#include "tests/support/reference.hpp"
 
 using namespace sy;
 
@@ -23,156 +20,15 @@ namespace {
 
 const std::string kModels = SY_MODELS_DIR;
 
-// ---- a small JSON reader, enough for reference-llamacpp.json ----
-struct Json {
-  enum class T { Null, Bool, Num, Str, Arr, Obj } t = T::Null;
-  double num = 0;
-  bool b = false;
-  std::string str;
-  std::vector<Json> arr;
-  std::map<std::string, Json> obj;
-  const Json& operator[](const std::string& k) const { return obj.at(k); }
-};
-
-struct JsonParser {
-  const std::string& s;
-  size_t i = 0;
-  void ws() {
-    while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
-  }
-  void expect(char c) {
-    ws();
-    if (i >= s.size() || s[i] != c) throw std::runtime_error("json: expected " + std::string(1, c));
-    ++i;
-  }
-  static void put_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xC0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xE0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    } else {
-      out += static_cast<char>(0xF0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-      out += static_cast<char>(0x80 | (cp & 0x3F));
-    }
-  }
-  std::string string() {
-    expect('"');
-    std::string out;
-    while (s.at(i) != '"') {
-      char c = s[i++];
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      c = s.at(i++);
-      switch (c) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'u': {
-          uint32_t cp = static_cast<uint32_t>(std::stoul(s.substr(i, 4), nullptr, 16));
-          i += 4;
-          if (cp >= 0xD800 && cp < 0xDC00 && s.compare(i, 2, "\\u") == 0) {
-            const uint32_t lo = static_cast<uint32_t>(std::stoul(s.substr(i + 2, 4), nullptr, 16));
-            i += 6;
-            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-          }
-          put_utf8(out, cp);
-          break;
-        }
-        default: out += c;  // \" \\ \/
-      }
-    }
-    ++i;
-    return out;
-  }
-  Json value() {
-    ws();
-    Json v;
-    const char c = s.at(i);
-    if (c == '{') {
-      v.t = Json::T::Obj;
-      ++i;
-      ws();
-      if (s.at(i) == '}') return ++i, v;
-      for (;;) {
-        std::string k = string();
-        expect(':');
-        v.obj[k] = value();
-        ws();
-        if (s.at(i++) == '}') break;
-      }
-    } else if (c == '[') {
-      v.t = Json::T::Arr;
-      ++i;
-      ws();
-      if (s.at(i) == ']') return ++i, v;
-      for (;;) {
-        v.arr.push_back(value());
-        ws();
-        if (s.at(i++) == ']') break;
-      }
-    } else if (c == '"') {
-      v.t = Json::T::Str;
-      v.str = string();
-    } else if (s.compare(i, 4, "true") == 0) {
-      v.t = Json::T::Bool, v.b = true, i += 4;
-    } else if (s.compare(i, 5, "false") == 0) {
-      v.t = Json::T::Bool, i += 5;
-    } else if (s.compare(i, 4, "null") == 0) {
-      i += 4;
-    } else {
-      size_t used = 0;
-      v.t = Json::T::Num;
-      v.num = std::stod(s.substr(i, 40), &used);
-      i += used;
-    }
-    return v;
-  }
-};
-
-Json load_reference() {
-  std::ifstream f(kModels + "/reference-llamacpp.json");
-  BOOST_TEST_REQUIRE(f.good());
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string text = ss.str();
-  JsonParser p{text};
-  return p.value();
-}
-
-std::vector<int32_t> ids(const Json& a) {
-  std::vector<int32_t> v;
-  for (const auto& x : a.arr) v.push_back(static_cast<int32_t>(x.num));
-  return v;
-}
-
 // One engine for the whole file: loading is cheap but the pool is shared state worth checking.
 struct Fixture {
   std::shared_ptr<LlamaModel> model;
   std::unique_ptr<Engine> engine;
-  Json ref;
   Fixture() {
     model = LlamaModel::load(kModels + "/stories260K.gguf");
     EngineOptions o;
     o.n_threads = 2;
     engine = make_cpu_engine(model, o);
-    ref = load_reference();
-  }
-  // The reference case for `prompt` with n_predict = n.
-  const Json& ref_case(const std::string& prompt, int n) const {
-    for (const auto& c : ref["cases"].arr)
-      if (c["prompt"].str == prompt && static_cast<int>(c["n_predict"].num) == n) return c;
-    throw std::runtime_error("no reference case for " + prompt);
   }
 };
 
@@ -210,21 +66,21 @@ GenRequest greedy(const std::vector<int32_t>& prompt, int n) {
 BOOST_FIXTURE_TEST_SUITE(generator, Fixture)
 
 BOOST_AUTO_TEST_CASE(greedy_matches_llamacpp) {
-  for (const auto& c : ref["cases"].arr) {
-    const int n = static_cast<int>(c["n_predict"].num);
-    BOOST_TEST_CONTEXT(c["prompt"].str << " n=" << n) {
-      auto res = generate(*engine, {greedy(ids(c["prompt_token_ids"]), n)});
+  for (const auto& c : test::reference_cases()) {
+    const int n = c.n_predict;
+    BOOST_TEST_CONTEXT(c.prompt << " n=" << n) {
+      auto res = generate(*engine, {greedy(c.prompt_token_ids, n)});
       BOOST_TEST_REQUIRE(res.size() == 1u);
-      BOOST_TEST(res[0].tokens == ids(c["generated_token_ids"]), boost::test_tools::per_element());
-      BOOST_TEST(res[0].text == c["generated_text"].str);
+      BOOST_TEST(res[0].tokens == c.generated_token_ids, boost::test_tools::per_element());
+      BOOST_TEST(res[0].text == c.generated_text);
       BOOST_TEST(res[0].finish_reason == "length");
-      BOOST_TEST(res[0].prompt_tokens == static_cast<int>(c["prompt_token_ids"].arr.size()));
+      BOOST_TEST(res[0].prompt_tokens == static_cast<int>(c.prompt_token_ids.size()));
       // llama.cpp's log-probabilities of the chosen tokens. Its KV cache is f16 (ours f32), which
       // moves them by up to ~6e-3 here; a wrong normalization would be off by far more.
-      const auto& lp = c["top1_logprobs"].arr;
+      const auto& lp = c.top1_logprobs;
       BOOST_TEST_REQUIRE(res[0].token_logprob.size() == lp.size());
       for (size_t i = 0; i < lp.size(); ++i)
-        BOOST_TEST(std::abs(res[0].token_logprob[i] - lp[i].num) < 1e-2);
+        BOOST_TEST(std::abs(res[0].token_logprob[i] - lp[i]) < 1e-2);
     }
   }
   BOOST_TEST(engine->pool().n_used() == 0);
@@ -234,9 +90,9 @@ BOOST_AUTO_TEST_CASE(batch_and_chunking_change_nothing) {
   std::vector<GenRequest> reqs;
   std::vector<std::vector<int32_t>> expect;
   for (const char* p : {"Once upon a time", "Lily and Tom", "The cat"}) {
-    const auto& c = ref_case(p, 64);
-    reqs.push_back(greedy(ids(c["prompt_token_ids"]), 64));
-    expect.push_back(ids(c["generated_token_ids"]));
+    const auto& c = test::reference_case(p, 64);
+    reqs.push_back(greedy(c.prompt_token_ids, 64));
+    expect.push_back(c.generated_token_ids);
   }
   // Different lengths so sequences finish at different steps and the batch shrinks.
   reqs[1].max_tokens = 40;
@@ -259,12 +115,12 @@ BOOST_AUTO_TEST_CASE(batch_and_chunking_change_nothing) {
 }
 
 BOOST_AUTO_TEST_CASE(stop_string_cuts_the_text) {
-  const auto& c = ref_case("Once upon a time", 64);
-  const std::string full = c["generated_text"].str;
+  const auto& c = test::reference_case("Once upon a time", 64);
+  const std::string full = c.generated_text;
   // " little" appears once, mid-text; "Lily. She" spans several tokens.
   for (const std::string stop : {" little", "Lily. She", "park"}) {
     BOOST_TEST_CONTEXT("stop " << stop) {
-      GenRequest r = greedy(ids(c["prompt_token_ids"]), 64);
+      GenRequest r = greedy(c.prompt_token_ids, 64);
       r.stop = {"never-appears", stop};
       std::string streamed;
       auto res = generate(*engine, {r}, {}, [&](size_t i, int32_t, std::string_view d) {
@@ -278,7 +134,7 @@ BOOST_AUTO_TEST_CASE(stop_string_cuts_the_text) {
       BOOST_TEST(streamed == res[0].text);
       BOOST_TEST(res[0].tokens.size() < 64u);
       // The tokens are a prefix of the full greedy run.
-      const auto all = ids(c["generated_token_ids"]);
+      const auto all = c.generated_token_ids;
       BOOST_TEST(std::equal(res[0].tokens.begin(), res[0].tokens.end(), all.begin()));
     }
   }
@@ -286,19 +142,19 @@ BOOST_AUTO_TEST_CASE(stop_string_cuts_the_text) {
 }
 
 BOOST_AUTO_TEST_CASE(max_tokens_ends_with_length) {
-  const auto& c = ref_case("The cat", 32);
-  auto res = generate(*engine, {greedy(ids(c["prompt_token_ids"]), 5)});
+  const auto& c = test::reference_case("The cat", 32);
+  auto res = generate(*engine, {greedy(c.prompt_token_ids, 5)});
   BOOST_TEST(res[0].tokens.size() == 5u);
   BOOST_TEST(res[0].finish_reason == "length");
-  auto one = generate(*engine, {greedy(ids(c["prompt_token_ids"]), 1)});
+  auto one = generate(*engine, {greedy(c.prompt_token_ids, 1)});
   BOOST_TEST_REQUIRE(one[0].tokens.size() == 1u);
-  BOOST_TEST(one[0].tokens[0] == ids(c["generated_token_ids"])[0]);
+  BOOST_TEST(one[0].tokens[0] == c.generated_token_ids[0]);
 }
 
 BOOST_AUTO_TEST_CASE(callback_deltas_concatenate_to_the_text) {
   std::vector<GenRequest> reqs;
   for (const char* p : {"Once upon a time", "Lily and Tom", "The cat"})
-    reqs.push_back(greedy(ids(ref_case(p, 64)["prompt_token_ids"]), 64));
+    reqs.push_back(greedy(test::reference_case(p, 64).prompt_token_ids, 64));
   reqs[2].stop = {"box"};  // never in that text, but "b" prefixes get held back and released
   std::vector<std::string> streamed(3);
   std::vector<size_t> calls(3);
@@ -311,12 +167,12 @@ BOOST_AUTO_TEST_CASE(callback_deltas_concatenate_to_the_text) {
     BOOST_TEST(streamed[i] == res[i].text);
     BOOST_TEST(calls[i] == res[i].tokens.size());
   }
-  BOOST_TEST(res[0].text == ref_case("Once upon a time", 64)["generated_text"].str);
+  BOOST_TEST(res[0].text == test::reference_case("Once upon a time", 64).generated_text);
 }
 
 BOOST_AUTO_TEST_CASE(seeded_sampling_is_reproducible_and_batch_independent) {
-  const auto p0 = ids(ref_case("Once upon a time", 32)["prompt_token_ids"]);
-  const auto p1 = ids(ref_case("Lily and Tom", 32)["prompt_token_ids"]);
+  const auto p0 = test::reference_case("Once upon a time", 32).prompt_token_ids;
+  const auto p1 = test::reference_case("Lily and Tom", 32).prompt_token_ids;
   GenRequest r = greedy(p0, 48);
   r.sampling.temperature = 1.0f;
   r.sampling.top_k = 40;
@@ -338,7 +194,7 @@ BOOST_AUTO_TEST_CASE(seeded_sampling_is_reproducible_and_batch_independent) {
   auto batch = generate(*engine, {other, r, same_prompt_other_seed}, o);
   BOOST_TEST(batch[1].tokens == a[0].tokens, boost::test_tools::per_element());
   BOOST_TEST(batch[2].tokens != a[0].tokens);  // another seed goes another way
-  BOOST_TEST(a[0].tokens != ids(ref_case("Once upon a time", 64)["generated_token_ids"]));
+  BOOST_TEST(a[0].tokens != test::reference_case("Once upon a time", 64).generated_token_ids);
   // Logprobs: 3 per token, best first, the chosen one's logprob at most the best.
   for (size_t k = 0; k < a[0].tokens.size(); ++k) {
     BOOST_TEST_REQUIRE(a[0].logprobs[k].size() == 3u);
@@ -349,10 +205,10 @@ BOOST_AUTO_TEST_CASE(seeded_sampling_is_reproducible_and_batch_independent) {
 }
 
 BOOST_AUTO_TEST_CASE(eos_stops_unless_ignored) {
-  const auto& c = ref_case("Once upon a time", 32);
-  const auto expect = ids(c["generated_token_ids"]);
+  const auto& c = test::reference_case("Once upon a time", 32);
+  const auto expect = c.generated_token_ids;
   // Step 1 is the prefill (first token), so step 6 samples the 6th token: EOS.
-  GenRequest r = greedy(ids(c["prompt_token_ids"]), 12);
+  GenRequest r = greedy(c.prompt_token_ids, 12);
   // The text at EOS ends in " little", a prefix of this stop string: held back, then released.
   r.stop = {" little girl!"};
   std::string streamed;
@@ -381,7 +237,7 @@ BOOST_AUTO_TEST_CASE(eos_stops_unless_ignored) {
 }
 
 BOOST_AUTO_TEST_CASE(bad_requests_are_rejected) {
-  const auto p = ids(ref_case("The cat", 32)["prompt_token_ids"]);
+  const auto p = test::reference_case("The cat", 32).prompt_token_ids;
   const int ctx = engine->config().ctx_len;
   auto message_of = [&](const std::vector<GenRequest>& reqs) -> std::string {
     try {
@@ -410,7 +266,7 @@ BOOST_AUTO_TEST_CASE(a_small_pool_refuses_a_batch_it_cannot_hold) {
   o.n_threads = 1;
   o.n_blocks = 4;  // 64 tokens of 16
   auto small = make_cpu_engine(model, o);
-  const auto p = ids(ref_case("The cat", 32)["prompt_token_ids"]);
+  const auto p = test::reference_case("The cat", 32).prompt_token_ids;
   // 4 + 40 - 1 = 43 cached tokens: 3 blocks fit; two such requests need 6.
   auto one = generate(*small, {greedy(p, 40)});
   BOOST_TEST(one[0].tokens.size() == 40u);

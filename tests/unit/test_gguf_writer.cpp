@@ -3,8 +3,6 @@
 #define BOOST_TEST_MODULE gguf_writer
 #include <boost/test/unit_test.hpp>
 
-#include <unistd.h>
-
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -12,20 +10,16 @@
 #include <iterator>
 
 #include "model/gguf.hpp"
+#include "tests/support/temp_dir.hpp"
 
 using namespace sy::gguf;
 
 namespace {
 
 // A fresh directory under /tmp, removed at scope exit.
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/sy_gguf_writer_XXXXXX";
-    BOOST_REQUIRE(mkdtemp(tmpl));
-    path = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
+// Named after this test, so that a folder left in /tmp says where it came from.
+struct TempDir : sy::test::TempDir {
+  TempDir() : sy::test::TempDir("sy_gguf_writer_") {}
 };
 
 std::vector<uint8_t> slurp(const std::string& path) {
@@ -154,7 +148,7 @@ BOOST_AUTO_TEST_CASE(round_trip_file_matches_bytes) {
   TempDir d;
   for (uint64_t a : {uint64_t{32}, uint64_t{8}, uint64_t{64}, uint64_t{4096}}) {
     const Writer w = sample_writer(a);
-    const std::string path = d.path + "/t" + std::to_string(a) + ".gguf";
+    const std::string path = d.path() + "/t" + std::to_string(a) + ".gguf";
     w.write(path);
     BOOST_TEST(!std::filesystem::exists(path + ".partial"));
     const File f = File::open(path);
@@ -197,10 +191,10 @@ BOOST_AUTO_TEST_CASE(writer_rejects_bad_input) {
                     std::invalid_argument);
   BOOST_CHECK_THROW(Writer(3).bytes(), std::invalid_argument);
   TempDir d;
-  BOOST_CHECK_THROW(Writer().write(d.path + "/no/such/dir/x.gguf"), std::runtime_error);
+  BOOST_CHECK_THROW(Writer().write(d.path() + "/no/such/dir/x.gguf"), std::runtime_error);
   // a failing fill leaves no file behind
   Writer bad;
   bad.add_tensor("x", TensorType::F32, {4}, [](uint8_t*, size_t) { throw std::runtime_error("boom"); });
-  BOOST_CHECK_THROW(bad.write(d.path + "/bad.gguf"), std::runtime_error);
-  BOOST_TEST(std::filesystem::is_empty(d.path));
+  BOOST_CHECK_THROW(bad.write(d.path() + "/bad.gguf"), std::runtime_error);
+  BOOST_TEST(std::filesystem::is_empty(d.path()));
 }

@@ -3,8 +3,6 @@
 #define BOOST_TEST_MODULE makemodel
 #include <boost/test/unit_test.hpp>
 
-#include <unistd.h>
-
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -15,20 +13,16 @@
 #include "kernels/cpu/kernels.hpp"
 #include "model/gguf.hpp"
 #include "model/make_model.hpp"
+#include "tests/support/temp_dir.hpp"
 
 using namespace sy;
 using gguf::TensorType;
 
 namespace {
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/sy_makemodel_XXXXXX";
-    BOOST_REQUIRE(mkdtemp(tmpl));
-    path = tmpl;
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
+// Named after this test, so that a folder left in /tmp says where it came from.
+struct TempDir : sy::test::TempDir {
+  TempDir() : sy::test::TempDir("sy_makemodel_") {}
 };
 
 std::string make(const TempDir& d, const std::string& shape, const std::string& dtype,
@@ -38,7 +32,7 @@ std::string make(const TempDir& d, const std::string& shape, const std::string& 
   o.dtype = dtype;
   o.seed = seed;
   o.vocab_from = vocab;
-  o.out = d.path + "/" + shape + "-" + dtype + "-" + std::to_string(seed) + ".gguf";
+  o.out = d.path() + "/" + shape + "-" + dtype + "-" + std::to_string(seed) + ".gguf";
   make_model(o);
   return o.out;
 }
@@ -161,7 +155,7 @@ BOOST_AUTO_TEST_CASE(builtin_vocabulary) {
 BOOST_AUTO_TEST_CASE(deterministic_in_seed) {
   TempDir d;
   const auto a = slurp(make(d, "tiny", "q4_0", 7));
-  std::filesystem::rename(d.path + "/tiny-q4_0-7.gguf", d.path + "/first.gguf");
+  std::filesystem::rename(d.path() + "/tiny-q4_0-7.gguf", d.path() + "/first.gguf");
   const auto b = slurp(make(d, "tiny", "q4_0", 7));
   const auto c = slurp(make(d, "tiny", "q4_0", 8));
   BOOST_TEST(a.size() == b.size());
@@ -257,7 +251,7 @@ BOOST_AUTO_TEST_CASE(vocab_from_files) {
 BOOST_AUTO_TEST_CASE(bad_options) {
   TempDir d;
   MakeModelOptions o;
-  o.out = d.path + "/x.gguf";
+  o.out = d.path() + "/x.gguf";
   o.shape = "huge";
   BOOST_CHECK_EXCEPTION(make_model(o), std::invalid_argument, [](const std::invalid_argument& e) {
     return std::string(e.what()).find("unknown shape 'huge'") != std::string::npos;
@@ -268,19 +262,19 @@ BOOST_AUTO_TEST_CASE(bad_options) {
     return std::string(e.what()).find("unknown dtype 'q5_k'") != std::string::npos;
   });
   o.dtype = "f32";
-  o.vocab_from = d.path + "/missing.gguf";
+  o.vocab_from = d.path() + "/missing.gguf";
   BOOST_CHECK_EXCEPTION(make_model(o), gguf::Error, [](const gguf::Error& e) {
     return std::string(e.what()).find("cannot open") != std::string::npos;
   });
   gguf::Writer w;
   w.add_string("general.architecture", "llama");
-  w.write(d.path + "/novocab.gguf");
-  o.vocab_from = d.path + "/novocab.gguf";
+  w.write(d.path() + "/novocab.gguf");
+  o.vocab_from = d.path() + "/novocab.gguf";
   BOOST_CHECK_EXCEPTION(make_model(o), gguf::Error, [](const gguf::Error& e) {
     return std::string(e.what()).find("tokenizer.ggml.tokens") != std::string::npos;
   });
   o.vocab_from.clear();
   o.out.clear();
   BOOST_CHECK_THROW(make_model(o), std::invalid_argument);
-  BOOST_TEST(!std::filesystem::exists(d.path + "/x.gguf"));
+  BOOST_TEST(!std::filesystem::exists(d.path() + "/x.gguf"));
 }

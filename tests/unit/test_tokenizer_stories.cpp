@@ -1,8 +1,6 @@
 // Tokenizer checks on the stories260K vocabulary (SPM, 512 tokens) against llama.cpp's reference
 // ids, decode round trips on both test vocabularies, special-token handling and Utf8Stream.
 #define BOOST_TEST_MODULE tokenizer_stories
-#include <boost/property_tree/json_parser.hpp>
-#include <boost/property_tree/ptree.hpp>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <iostream>
@@ -11,6 +9,7 @@
 
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
+#include "tests/support/reference.hpp"
 
 namespace {
 
@@ -34,13 +33,6 @@ const sy::Tokenizer& llama_spm() {
 const sy::Tokenizer& gpt2() {
   static Loaded l(kModels + "/vocab/ggml-vocab-gpt-2.gguf");
   return *l.tok;
-}
-
-template <typename T>
-std::vector<T> array_of(const boost::property_tree::ptree& node) {
-  std::vector<T> out;
-  for (const auto& kv : node) out.push_back(kv.second.get_value<T>());
-  return out;
 }
 
 // Strings that exercise spaces, newlines, multi-byte characters and byte fallback.
@@ -79,17 +71,14 @@ BOOST_AUTO_TEST_CASE(vocabulary_facts) {
 }
 
 BOOST_AUTO_TEST_CASE(reference_prompts_and_generations) {
-  boost::property_tree::ptree ref;
-  boost::property_tree::read_json(kModels + "/reference-llamacpp.json", ref);
   const auto& t = stories();
   int n_cases = 0;
-  for (const auto& kv : ref.get_child("cases")) {
-    const auto& c = kv.second;
-    const auto prompt = c.get<std::string>("prompt");
-    const auto prompt_ids = array_of<int32_t>(c.get_child("prompt_token_ids"));
-    const auto pieces = array_of<std::string>(c.get_child("prompt_pieces"));
-    const auto gen_ids = array_of<int32_t>(c.get_child("generated_token_ids"));
-    const auto gen_text = c.get<std::string>("generated_text");
+  for (const auto& c : sy::test::reference_cases()) {
+    const auto& prompt = c.prompt;
+    const auto& prompt_ids = c.prompt_token_ids;
+    const auto& pieces = c.prompt_pieces;
+    const auto& gen_ids = c.generated_token_ids;
+    const auto& gen_text = c.generated_text;
 
     const auto ids = t.encode(prompt, /*add_special=*/true);
     BOOST_CHECK_EQUAL_COLLECTIONS(ids.begin(), ids.end(), prompt_ids.begin(), prompt_ids.end());

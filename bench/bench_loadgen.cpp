@@ -1,0 +1,919 @@
+// Load generator for a Switchyard server: open-loop Poisson or closed-loop traffic over a pool of
+// DEALER sockets; prints TTFT/TPOT/ITL/end-to-end percentiles, throughput, goodput and rejections
+// (overall, per class, per tenant) as one JSON object, optionally a PNG of the latency CDFs.
+//
+//   bench_loadgen (--server ADDR | --spawn [serve flags...]) [--rate R | --concurrency C]
+//                 [--jobs N | --duration S] [--mix CLASS:TENANT:WEIGHT[:TOKEN],...]
+//                 [--prompt-len N|A..B] [--prompt-kind ids|text] [--vocab N]
+//                 [--max-tokens N|A..B] [--no-stream] [--no-ignore-eos] [--temperature T]
+//                 [--slo-ttft-ms MS] [--slo-tpot-ms MS] [--sockets K] [--warmup N]
+//                 [--plot FILE.png] [--overhead] [--latency-jobs N] [-- more serve args]
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <random>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+#include "clients/cpp/client.hpp"
+#include "ingress/codec.hpp"
+#include "model/gguf.hpp"
+#include "model/llama.hpp"
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// ---- options ----------------------------------------------------------------------------------
+
+/// A length distribution: fixed (lo == hi) or uniform on [lo, hi].
+struct Range {
+  uint32_t lo = 1, hi = 1;
+};
+
+Range parse_range(const std::string& key, const std::string& s) {
+  Range r;
+  try {
+    auto dots = s.find("..");
+    if (dots == std::string::npos) {
+      r.lo = r.hi = static_cast<uint32_t>(std::stoul(s));
+    } else {
+      r.lo = static_cast<uint32_t>(std::stoul(s.substr(0, dots)));
+      r.hi = static_cast<uint32_t>(std::stoul(s.substr(dots + 2)));
+    }
+  } catch (const std::exception&) {
+    throw UsageError("--" + key + " must be N or A..B, got '" + s + "'");
+  }
+  if (r.lo < 1 || r.hi < r.lo) throw UsageError("--" + key + " needs 1 <= A <= B");
+  return r;
+}
+
+/// One entry of --mix: jobs of this class and tenant get `weight` of the arrivals.
+struct MixEntry {
+  std::string cls;  // "" = the server's default class
+  std::string tenant;
+  std::string token;
+  double weight = 1;
+};
+
+struct Options {
+  std::string server;
+  bool spawn = false;
+  std::vector<std::string> serve_args;  // forwarded to `switchyard serve`
+  std::string switchyard;               // the binary; default: next to this build's bench/
+  std::optional<std::string> model;     // --model as forwarded (for the vocabulary size)
+  double rate = 0;                      // > 0: open loop
+  int concurrency = 1;                  // closed loop (when rate == 0)
+  uint64_t jobs = 0;                    // 0: use duration
+  double duration_s = 0;
+  std::vector<MixEntry> mix = {{"", "loadgen", "", 1}};
+  Range prompt_len{16, 16};
+  bool prompt_text = false;
+  int vocab = 0;  // 0: from the model file, else 256
+  Range max_tokens{16, 16};
+  bool stream = true;
+  bool ignore_eos = true;
+  double temperature = 0;
+  double slo_ttft_ms = 0, slo_tpot_ms = 0;  // 0: no SLO on that metric
+  int sockets = 0;                          // 0: min(concurrency, 16), or 16 open-loop
+  uint64_t warmup = 0;
+  std::string plot;
+  std::string plot_script;
+  bool overhead = false;
+  uint64_t latency_jobs = 5000;
+  double timeout_s = 60;  // no message for this long while jobs are in flight: give up
+  uint64_t seed = 1;
+};
+
+// Serve flags that --spawn forwards as they are (the rest of the serve flags go after `--`).
+const std::set<std::string> kServeValueFlags = {
+    "model", "config", "backend", "executors", "threads", "kv-mb", "grace-ms", "step-delay-ms"};
+
+const char* kUsage =
+    "usage: bench_loadgen (--server ADDR | --spawn [--backend null|cpu] [--model FILE]\n"
+    "         [--executors N] [--threads N] [--config FILE] [--kv-mb MB] ...)\n"
+    "       [--rate JOBS_PER_S | --concurrency C] [--jobs N | --duration S]\n"
+    "       [--mix CLASS:TENANT:WEIGHT[:TOKEN],...] [--prompt-len N|A..B]\n"
+    "       [--prompt-kind ids|text]"
+    " [--vocab N] [--max-tokens N|A..B] [--no-stream] [--no-ignore-eos] [--temperature T]\n"
+    "       [--slo-ttft-ms MS] [--slo-tpot-ms MS] [--sockets K] [--warmup N] [--seed N]\n"
+    "       [--timeout-s S] [--plot FILE.png] [--plot-script FILE.py] [--switchyard BIN]\n"
+    "       [--overhead [--latency-jobs N]] [-- extra serve args]\n"
+    "--overhead: 1-token jobs; closed loop at --concurrency (default 64) for jobs/s, then\n"
+    "concurrency 1 for --latency-jobs jobs: end-to-end latency = the runtime's own overhead\n"
+    "(use with the null backend).\n";
+
+double to_double(const std::string& k, const std::string& v) {
+  try {
+    size_t pos = 0;
+    double d = std::stod(v, &pos);
+    if (pos != v.size()) throw std::invalid_argument("trailing");
+    return d;
+  } catch (const std::exception&) {
+    throw UsageError("--" + k + " must be a number, got '" + v + "'");
+  }
+}
+
+std::vector<MixEntry> parse_mix(const std::string& s) {
+  std::vector<MixEntry> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    std::vector<std::string> f;
+    std::stringstream is(item);
+    std::string x;
+    while (std::getline(is, x, ':')) f.push_back(x);
+    if (f.size() < 3 || f.size() > 4 || f[1].empty())
+      throw UsageError("--mix entries are CLASS:TENANT:WEIGHT[:TOKEN], got '" + item + "'");
+    MixEntry e{f[0], f[1], f.size() == 4 ? f[3] : "", to_double("mix", f[2])};
+    if (!(e.weight > 0)) throw UsageError("--mix weights must be > 0");
+    out.push_back(e);
+  }
+  if (out.empty()) throw UsageError("--mix is empty");
+  return out;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  bool concurrency_set = false, jobs_set = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--") {
+      for (++i; i < argc; ++i) o.serve_args.push_back(argv[i]);
+      break;
+    }
+    if (a.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + a + "'");
+    std::string k = a.substr(2);
+    if (k == "help") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    if (k == "spawn") { o.spawn = true; continue; }
+    if (k == "stream") { o.stream = true; continue; }
+    if (k == "no-stream") { o.stream = false; continue; }
+    if (k == "ignore-eos") { o.ignore_eos = true; continue; }
+    if (k == "no-ignore-eos") { o.ignore_eos = false; continue; }
+    if (k == "overhead") { o.overhead = true; continue; }
+    static const std::set<std::string> kValueFlags = {
+        "server", "switchyard", "rate", "concurrency", "jobs", "duration", "mix", "prompt-len",
+        "prompt-kind", "vocab", "max-tokens", "temperature", "slo-ttft-ms", "slo-tpot-ms",
+        "sockets", "warmup", "plot", "plot-script", "latency-jobs", "timeout-s", "seed"};
+    if (!kValueFlags.count(k) && !kServeValueFlags.count(k))
+      throw UsageError("unknown option --" + k);
+    if (i + 1 >= argc) throw UsageError("--" + k + " needs a value");
+    std::string v = argv[++i];
+    if (kServeValueFlags.count(k)) {
+      o.serve_args.push_back(a);
+      o.serve_args.push_back(v);
+      if (k == "model") o.model = v;
+    } else if (k == "server") o.server = v;
+    else if (k == "switchyard") o.switchyard = v;
+    else if (k == "rate") o.rate = to_double(k, v);
+    else if (k == "concurrency") {
+      o.concurrency = static_cast<int>(to_double(k, v));
+      concurrency_set = true;
+    }
+    else if (k == "jobs") { o.jobs = static_cast<uint64_t>(to_double(k, v)); jobs_set = true; }
+    else if (k == "duration") o.duration_s = to_double(k, v);
+    else if (k == "mix") o.mix = parse_mix(v);
+    else if (k == "prompt-len") o.prompt_len = parse_range(k, v);
+    else if (k == "prompt-kind") {
+      if (v != "ids" && v != "text") throw UsageError("--prompt-kind must be ids or text");
+      o.prompt_text = v == "text";
+    } else if (k == "vocab") o.vocab = static_cast<int>(to_double(k, v));
+    else if (k == "max-tokens") o.max_tokens = parse_range(k, v);
+    else if (k == "temperature") o.temperature = to_double(k, v);
+    else if (k == "slo-ttft-ms") o.slo_ttft_ms = to_double(k, v);
+    else if (k == "slo-tpot-ms") o.slo_tpot_ms = to_double(k, v);
+    else if (k == "sockets") o.sockets = static_cast<int>(to_double(k, v));
+    else if (k == "warmup") o.warmup = static_cast<uint64_t>(to_double(k, v));
+    else if (k == "plot") o.plot = v;
+    else if (k == "plot-script") o.plot_script = v;
+    else if (k == "latency-jobs") o.latency_jobs = static_cast<uint64_t>(to_double(k, v));
+    else if (k == "timeout-s") o.timeout_s = to_double(k, v);
+    else if (k == "seed") o.seed = static_cast<uint64_t>(to_double(k, v));
+    else throw UsageError("unknown option --" + k);
+  }
+  if (o.spawn == !o.server.empty()) throw UsageError("give exactly one of --server and --spawn");
+  if (!o.spawn && !o.serve_args.empty())
+    throw UsageError("serve flags (" + o.serve_args.front() + ") need --spawn");
+  if (o.rate < 0) throw UsageError("--rate must be > 0");
+  if (o.rate > 0 && concurrency_set) throw UsageError("give --rate or --concurrency, not both");
+  if (o.overhead) {
+    if (o.rate > 0) throw UsageError("--overhead is closed-loop: no --rate");
+    if (!concurrency_set) o.concurrency = 64;
+    if (!jobs_set && o.duration_s <= 0) o.jobs = 50000;
+    o.max_tokens = {1, 1};
+    if (o.prompt_len.lo == 16 && o.prompt_len.hi == 16) o.prompt_len = {4, 4};
+    if (o.warmup == 0) o.warmup = 1000;
+  }
+  if (o.concurrency < 1 || o.concurrency > 100000) throw UsageError("--concurrency must be >= 1");
+  if (o.jobs == 0 && o.duration_s <= 0) o.jobs = 1000;
+  if (o.jobs > 0 && o.duration_s > 0) throw UsageError("give --jobs or --duration, not both");
+  if (o.sockets < 0 || o.sockets > 4096) throw UsageError("--sockets must be in [1, 4096]");
+  if (o.sockets == 0) o.sockets = o.rate > 0 ? 16 : std::min(o.concurrency, 16);
+  return o;
+}
+
+// ---- the spawned server -----------------------------------------------------------------------
+
+/// A `switchyard serve` child on a wildcard loopback port; killed (SIGTERM, then SIGKILL) at the
+/// end, and by the kernel if this process dies first (PR_SET_PDEATHSIG).
+class Spawned {
+ public:
+  Spawned(const std::string& bin, const std::vector<std::string>& extra) {
+    int fds[2];
+    if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
+    std::vector<std::string> args = {bin, "serve", "--bind", "tcp://127.0.0.1:*"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = fork();
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+    if (pid_ == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGTERM);
+      dup2(fds[1], 1);
+      close(fds[0]);
+      close(fds[1]);
+      std::vector<char*> av;
+      for (auto& s : args) av.push_back(s.data());
+      av.push_back(nullptr);
+      execv(bin.c_str(), av.data());
+      std::perror("bench_loadgen: exec switchyard");
+      _exit(127);
+    }
+    close(fds[1]);
+    fd_ = fds[0];
+    // Loading a model may take a while on a busy 2-core machine.
+    constexpr int kStartupMs = 180000;
+    for (;;) {
+      auto line = read_line(kStartupMs);
+      if (!line) throw std::runtime_error("switchyard serve did not start (" + bin + ")");
+      const std::string tag = "switchyard: listening on ";
+      if (line->rfind(tag, 0) == 0) endpoint_ = line->substr(tag.size());
+      if (line->rfind("switchyard: ready", 0) == 0) {
+        std::cerr << "bench_loadgen: " << *line << "\n";
+        break;
+      }
+    }
+    if (endpoint_.empty()) throw std::runtime_error("switchyard serve printed no endpoint");
+  }
+  Spawned(const Spawned&) = delete;
+  Spawned& operator=(const Spawned&) = delete;
+  ~Spawned() { stop(); }
+
+  const std::string& endpoint() const { return endpoint_; }
+
+  /// The server's counters (SIGUSR1 → one 'switchyard: stats {json}' line), or "" on timeout.
+  std::string stats() {
+    if (pid_ <= 0) return "";
+    kill(pid_, SIGUSR1);
+    const std::string tag = "switchyard: stats ";
+    // The server answers at once; a second is plenty even under load.
+    while (auto line = read_line(2000))
+      if (line->rfind(tag, 0) == 0) return line->substr(tag.size());
+    return "";
+  }
+
+  void stop() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    // The grace period is for in-flight jobs; all of ours are finished, so 10 s is generous.
+    for (int i = 0; i < 1000; ++i) {
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        break;
+      }
+      usleep(10000);
+    }
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, &status, 0);
+      pid_ = -1;
+    }
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  std::optional<std::string> read_line(int timeout_ms) {
+    auto end = Clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+      auto nl = buf_.find('\n');
+      if (nl != std::string::npos) {
+        std::string line = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        return line;
+      }
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
+      if (left.count() <= 0) return std::nullopt;
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char tmp[4096];
+      ssize_t n = read(fd_, tmp, sizeof tmp);
+      if (n <= 0) return std::nullopt;
+      buf_.append(tmp, static_cast<size_t>(n));
+    }
+  }
+
+  pid_t pid_ = -1;
+  int fd_ = -1;
+  std::string buf_;
+  std::string endpoint_;
+};
+
+std::string default_switchyard() {
+  // bench_loadgen lives in BUILD/bench/, the server binary in BUILD/.
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "./switchyard";
+  return (self.parent_path().parent_path() / "switchyard").string();
+}
+
+// ---- one run ------------------------------------------------------------------------------------
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+/// What we saw of one job. Times are steady-clock ns; 0 = not seen.
+struct Job {
+  uint32_t mix = 0;
+  bool warm = false;  // a warm-up job: not counted
+  bool finished = false, ok = false;
+  std::optional<sy::ErrorCode> error;
+  int64_t t_submit = 0, t_first = 0, t_last = 0, t_done = 0;
+  uint32_t tokens = 0;
+  std::vector<float> itl_ms;  // gaps between consecutive chunks
+  sy::wire::Timings server;
+};
+
+struct Phase {
+  int concurrency = 1;
+  double rate = 0;
+  uint64_t jobs = 0;
+  double duration_s = 0;
+  uint64_t warmup = 0;
+};
+
+struct RunData {
+  std::vector<Job> jobs;
+  int64_t t_start = 0, t_end = 0;  // first counted submit, last counted completion
+  uint64_t unmatched = 0;          // server messages naming no job of ours
+  std::vector<double> lag_ms;      // open loop: real send time minus the scheduled arrival
+  bool timed_out = false;
+};
+
+const char* kWords[] = {"once", "upon", "a",    "time", "there", "was", "little", "girl",
+                        "named", "lily", "she", "loved", "to",   "play", "in",   "the",
+                        "park", "with", "her",  "dog",  "one",   "day", "saw",   "big",
+                        "red",  "ball", "and",  "happy", "sun",  "tree", "went",  "home"};
+
+class Runner {
+ public:
+  Runner(const Options& o, const std::string& endpoint, int vocab)
+      : o_(o), vocab_(vocab), rng_(o.seed) {
+    for (int i = 0; i < o.sockets; ++i)
+      clients_.push_back(std::make_unique<sy::client::Client>(ctx_, endpoint));
+    for (auto& c : clients_) items_.push_back({c->socket().handle(), 0, ZMQ_POLLIN, 0});
+    std::vector<double> w;
+    for (auto& m : o.mix) w.push_back(m.weight);
+    pick_mix_ = std::discrete_distribution<uint32_t>(w.begin(), w.end());
+    limits_.max_message_bytes = 64u << 20;  // a non-streamed done carries the whole completion
+    limits_.max_string_bytes = 64u << 20;
+    // Job ids must not collide with keys an external server remembers from earlier runs.
+    tag_ = "lg" + std::to_string(std::random_device{}() % 1000000) + "-" +
+           std::to_string(getpid()) + "-";
+  }
+
+  /// Round trips of `n` pings on one socket (the gateway answers them itself): the share of the
+  /// latency that is ZeroMQ and the gateway thread, without any actor.
+  std::vector<double> ping_rtt_ms(int n) {
+    std::vector<double> out;
+    auto& c = *clients_[0];
+    for (int i = 0; i < n; ++i) {
+      int64_t t = now_ns();
+      // A second is far beyond any round trip on loopback: no answer means no server.
+      if (!c.ping_wait(std::chrono::milliseconds(1000))) break;
+      out.push_back((now_ns() - t) / 1e6);
+    }
+    return out;
+  }
+
+  RunData run(const Phase& ph) {
+    RunData d;
+    // Ids go on across phases: the server remembers finished keys and would answer a reused one
+    // from its result cache without running it.
+    base_ = next_base_;
+    const uint64_t total = ph.jobs ? ph.jobs + ph.warmup : 0;
+    if (total) d.jobs.reserve(total);
+    std::exponential_distribution<double> gap(ph.rate > 0 ? ph.rate : 1.0);
+    uint64_t inflight = 0;
+    int64_t t0 = now_ns();
+    int64_t next_arrival = t0;
+    int64_t end_issue = ph.duration_s > 0 ? t0 + static_cast<int64_t>(ph.duration_s * 1e9) : 0;
+    int64_t last_msg = t0;
+    size_t first_counted = ph.warmup;
+    auto can_issue = [&](int64_t now) {
+      if (total) return d.jobs.size() < total;
+      return d.jobs.size() < ph.warmup || now < end_issue;
+    };
+    auto issue = [&](int64_t now) {
+      size_t idx = d.jobs.size();
+      Job& j = d.jobs.emplace_back();
+      j.mix = pick_mix_(rng_);
+      j.warm = idx < ph.warmup;
+      if (idx == first_counted) {
+        d.t_start = now;
+        // Duration runs count from the end of the warm-up.
+        if (ph.duration_s > 0) end_issue = now + static_cast<int64_t>(ph.duration_s * 1e9);
+      }
+      auto& c = *clients_[idx % clients_.size()];
+      auto s = make_submit(idx, j.mix);
+      j.t_submit = now_ns();
+      c.submit(s);
+      ++inflight;
+    };
+    for (;;) {
+      int64_t now = now_ns();
+      long timeout_ms = 100;
+      if (ph.rate > 0) {
+        while (next_arrival <= now && can_issue(now)) {
+          issue(now);
+          if (d.jobs.size() > ph.warmup) d.lag_ms.push_back((now - next_arrival) / 1e6);
+          next_arrival += static_cast<int64_t>(gap(rng_) * 1e9);
+        }
+        // zmq_poll counts whole milliseconds: rounding up wakes us at most 1 ms late (the lag is
+        // reported, and latencies count from the real send), rather than spinning a core that
+        // the server needs on a small machine.
+        if (can_issue(now))
+          timeout_ms = std::max<int64_t>(1, (next_arrival - now + 999999) / 1000000);
+      } else {
+        while (inflight < static_cast<uint64_t>(ph.concurrency) && can_issue(now)) issue(now);
+      }
+      if (inflight == 0 && !can_issue(now)) break;
+      int n = zmq::poll(items_.data(), items_.size(), std::chrono::milliseconds(timeout_ms));
+      now = now_ns();
+      if (n == 0) {
+        if (inflight > 0 && now - last_msg > static_cast<int64_t>(o_.timeout_s * 1e9)) {
+          d.timed_out = true;
+          break;
+        }
+        continue;
+      }
+      last_msg = now;
+      for (size_t k = 0; k < items_.size(); ++k) {
+        if (!(items_[k].revents & ZMQ_POLLIN)) continue;
+        auto& sock = clients_[k]->socket();
+        zmq::message_t msg;
+        while (sock.recv(msg, zmq::recv_flags::dontwait)) {
+          int64_t t = now_ns();
+          auto dec = sy::wire::decode_server(msg.data(), msg.size(), limits_);
+          if (auto* e = std::get_if<sy::wire::DecodeError>(&dec))
+            throw std::runtime_error("undecodable server message: " + e->message);
+          if (handle(d, std::get<sy::wire::ServerMessage>(dec), t)) --inflight;
+        }
+      }
+    }
+    next_base_ = base_ + d.jobs.size();
+    d.t_end = d.t_start;
+    for (size_t i = first_counted; i < d.jobs.size(); ++i)
+      d.t_end = std::max(d.t_end, d.jobs[i].t_done);
+    return d;
+  }
+
+ private:
+  sy::wire::Submit make_submit(size_t idx, uint32_t mix) {
+    const MixEntry& m = o_.mix[mix];
+    sy::wire::Submit s;
+    s.id = tag_ + std::to_string(base_ + idx);
+    s.tenant = m.tenant;
+    s.token = m.token;
+    s.priority = m.cls;
+    uint32_t plen = pick(o_.prompt_len);
+    if (o_.prompt_text) {
+      std::string text;
+      std::uniform_int_distribution<size_t> w(0, std::size(kWords) - 1);
+      for (uint32_t i = 0; i < plen; ++i) {
+        if (i) text += ' ';
+        text += kWords[w(rng_)];
+      }
+      s.prompt = std::move(text);
+    } else {
+      std::vector<int32_t> ids(plen);
+      std::uniform_int_distribution<int32_t> tok(0, vocab_ - 1);
+      for (auto& t : ids) t = tok(rng_);
+      s.prompt = std::move(ids);
+    }
+    s.max_tokens = pick(o_.max_tokens);
+    s.temperature = o_.temperature;
+    s.seed = base_ + idx;
+    s.ignore_eos = o_.ignore_eos;
+    s.stream = o_.stream;
+    return s;
+  }
+
+  uint32_t pick(const Range& r) {
+    if (r.lo == r.hi) return r.lo;
+    return std::uniform_int_distribution<uint32_t>(r.lo, r.hi)(rng_);
+  }
+
+  // Records one message; true when it ended its job.
+  bool handle(RunData& d, const sy::wire::ServerMessage& m, int64_t t) {
+    const std::string id = sy::client::message_id(m);
+    if (id.size() <= tag_.size() || id.compare(0, tag_.size(), tag_) != 0) {
+      ++d.unmatched;
+      return false;
+    }
+    size_t n = std::strtoull(id.c_str() + tag_.size(), nullptr, 10);
+    if (n < base_) {
+      ++d.unmatched;
+      return false;
+    }
+    size_t idx = n - base_;
+    if (idx >= d.jobs.size() || d.jobs[idx].finished) {
+      ++d.unmatched;
+      return false;
+    }
+    Job& j = d.jobs[idx];
+    if (auto* tk = std::get_if<sy::wire::Tokens>(&m)) {
+      if (j.t_first == 0)
+        j.t_first = t;
+      else
+        j.itl_ms.push_back(static_cast<float>((t - j.t_last) / 1e6));
+      j.t_last = t;
+      j.tokens += static_cast<uint32_t>(tk->ids.size());
+    } else if (auto* dn = std::get_if<sy::wire::Done>(&m)) {
+      j.finished = true;
+      j.ok = dn->finish_reason != sy::wire::FinishReason::cancelled;
+      j.t_done = t;
+      j.server = dn->timings;
+      j.tokens = dn->usage.completion_tokens;
+      return true;
+    } else if (auto* er = std::get_if<sy::wire::Error>(&m)) {
+      j.finished = true;
+      j.error = er->code;
+      j.t_done = t;
+      return true;
+    }
+    return false;
+  }
+
+  const Options& o_;
+  int vocab_;
+  std::mt19937_64 rng_;
+  zmq::context_t ctx_{1};
+  std::vector<std::unique_ptr<sy::client::Client>> clients_;
+  std::vector<zmq::pollitem_t> items_;
+  std::discrete_distribution<uint32_t> pick_mix_;
+  sy::wire::DecodeLimits limits_;
+  std::string tag_;
+  size_t base_ = 0, next_base_ = 0;
+};
+
+// ---- statistics -------------------------------------------------------------------------------
+
+std::string num(double v) {
+  if (!std::isfinite(v)) return "null";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.6g", v);
+  return b;
+}
+
+std::string jstr(const std::string& s) {
+  std::string o = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') o += '\\', o += c;
+    else if (static_cast<unsigned char>(c) < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else o += c;
+  }
+  return o + "\"";
+}
+
+double pct(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return NAN;
+  // Nearest rank: the smallest value with at least p of the samples at or below it.
+  size_t r = static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size())));
+  return sorted[std::clamp<size_t>(r, 1, sorted.size()) - 1];
+}
+
+std::string dist(std::vector<double> v, double scale = 1) {
+  if (v.empty()) return "null";
+  std::sort(v.begin(), v.end());
+  double sum = 0;
+  for (double x : v) sum += x;
+  std::ostringstream o;
+  o << "{\"n\":" << v.size() << ",\"mean\":" << num(sum / v.size() * scale)
+    << ",\"p50\":" << num(pct(v, 0.5) * scale) << ",\"p90\":" << num(pct(v, 0.9) * scale)
+    << ",\"p99\":" << num(pct(v, 0.99) * scale) << ",\"min\":" << num(v.front() * scale)
+    << ",\"max\":" << num(v.back() * scale) << "}";
+  return o.str();
+}
+
+/// The samples of one group of jobs (all, a class, a tenant).
+struct Group {
+  uint64_t submitted = 0, completed = 0, good = 0, out_tokens = 0, good_tokens = 0;
+  std::map<std::string, uint64_t> errors;
+  std::vector<double> ttft, tpot, itl, e2e, s_queue, s_ttft, s_total;
+};
+
+void add(Group& g, const Job& j, const Options& o) {
+  ++g.submitted;
+  if (!j.finished) return;
+  if (j.error) {
+    ++g.errors[std::string(sy::to_string(*j.error))];
+    return;
+  }
+  if (!j.ok) {
+    ++g.errors["cancelled"];
+    return;
+  }
+  ++g.completed;
+  g.out_tokens += j.tokens;
+  double e2e = (j.t_done - j.t_submit) / 1e6;
+  // Without streaming the client sees no first token: TTFT is the server's own figure.
+  double ttft = j.t_first ? (j.t_first - j.t_submit) / 1e6 : j.server.ttft_ms;
+  double tpot = j.tokens > 1 ? (e2e - ttft) / (j.tokens - 1) : NAN;
+  g.e2e.push_back(e2e);
+  g.ttft.push_back(ttft);
+  if (std::isfinite(tpot)) g.tpot.push_back(tpot);
+  for (float x : j.itl_ms) g.itl.push_back(x);
+  g.s_queue.push_back(j.server.queue_ms);
+  g.s_ttft.push_back(j.server.ttft_ms);
+  g.s_total.push_back(j.server.total_ms);
+  bool good = (o.slo_ttft_ms <= 0 || ttft <= o.slo_ttft_ms) &&
+              (o.slo_tpot_ms <= 0 || !std::isfinite(tpot) || tpot <= o.slo_tpot_ms);
+  if (good) ++g.good, g.good_tokens += j.tokens;
+}
+
+std::string group_json(const Group& g, double secs, bool micro) {
+  std::ostringstream o;
+  uint64_t overloaded = g.errors.count("overloaded") ? g.errors.at("overloaded") : 0;
+  uint64_t limited = g.errors.count("rate_limited") ? g.errors.at("rate_limited") : 0;
+  o << "{\"submitted\":" << g.submitted << ",\"completed\":" << g.completed
+    << ",\"output_tokens\":" << g.out_tokens << ",\"jobs_per_s\":" << num(g.completed / secs)
+    << ",\"output_tokens_per_s\":" << num(g.out_tokens / secs)
+    << ",\"goodput\":{\"jobs\":" << g.good << ",\"jobs_per_s\":" << num(g.good / secs)
+    << ",\"output_tokens_per_s\":" << num(g.good_tokens / secs) << ",\"fraction\":"
+    << num(g.submitted ? static_cast<double>(g.good) / g.submitted : NAN) << "}"
+    << ",\"rejected\":{\"overloaded\":" << overloaded << ",\"rate_limited\":" << limited << "}"
+    << ",\"errors\":{";
+  bool first = true;
+  for (auto& [k, v] : g.errors) {
+    o << (first ? "" : ",") << jstr(k) << ":" << v;
+    first = false;
+  }
+  o << "},\"ttft_ms\":" << dist(g.ttft) << ",\"tpot_ms\":" << dist(g.tpot)
+    << ",\"itl_ms\":" << dist(g.itl) << ",\"e2e_ms\":" << dist(g.e2e);
+  if (micro) o << ",\"e2e_us\":" << dist(g.e2e, 1000.0);
+  o << ",\"server\":{\"queue_ms\":" << dist(g.s_queue) << ",\"ttft_ms\":" << dist(g.s_ttft)
+    << ",\"total_ms\":" << dist(g.s_total) << "}}";
+  return o.str();
+}
+
+struct Report {
+  std::string json;
+  Group all;
+  std::map<std::string, Group> by_class;
+};
+
+std::string class_name(const Options& o, uint32_t mix) {
+  return o.mix[mix].cls.empty() ? "(default)" : o.mix[mix].cls;
+}
+
+Report summarize(const Options& o, const Phase& ph, const RunData& d) {
+  Report r;
+  std::map<std::string, Group> by_tenant;
+  for (const Job& j : d.jobs) {
+    if (j.warm) continue;
+    add(r.all, j, o);
+    add(r.by_class[class_name(o, j.mix)], j, o);
+    add(by_tenant[o.mix[j.mix].tenant], j, o);
+  }
+  double secs = std::max(1e-9, (d.t_end - d.t_start) / 1e9);
+  bool micro = o.max_tokens.hi == 1;
+  std::ostringstream s;
+  s << "{\"load\":" << (ph.rate > 0 ? "{\"open_loop_rate\":" + num(ph.rate)
+                                    : "{\"concurrency\":" + std::to_string(ph.concurrency))
+    << ",\"warmup_jobs\":" << ph.warmup << "},\"elapsed_s\":" << num(secs)
+    << ",\"timed_out\":" << (d.timed_out ? "true" : "false") << ",\"unmatched_messages\":"
+    << d.unmatched << ",\"arrival_lag_ms\":" << dist(d.lag_ms)
+    << ",\"overall\":" << group_json(r.all, secs, micro) << ",\"by_class\":{";
+  bool first = true;
+  for (auto& [k, g] : r.by_class) {
+    s << (first ? "" : ",") << jstr(k) << ":" << group_json(g, secs, micro);
+    first = false;
+  }
+  s << "},\"by_tenant\":{";
+  first = true;
+  for (auto& [k, g] : by_tenant) {
+    s << (first ? "" : ",") << jstr(k) << ":" << group_json(g, secs, micro);
+    first = false;
+  }
+  s << "}}";
+  r.json = s.str();
+  return r;
+}
+
+// ---- plot -------------------------------------------------------------------------------------
+
+void write_samples(std::ostream& f, const char* key, const Report& r,
+                   std::vector<double> Group::*field) {
+  f << jstr(key) << ":{\"all\":[";
+  auto put = [&](const std::vector<double>& v) {
+    for (size_t i = 0; i < v.size(); ++i) f << (i ? "," : "") << num(v[i]);
+  };
+  put(r.all.*field);
+  f << "]";
+  if (r.by_class.size() > 1)
+    for (auto& [k, g] : r.by_class) {
+      f << "," << jstr(k) << ":[";
+      put(g.*field);
+      f << "]";
+    }
+  f << "}";
+}
+
+void plot(const Options& o, const Report& r, const std::string& title) {
+  std::string data = o.plot + ".samples.json";
+  {
+    std::ofstream f(data);
+    f << "{\"title\":" << jstr(title) << ",";
+    write_samples(f, "TTFT (ms)", r, &Group::ttft);
+    f << ",";
+    write_samples(f, "TPOT (ms)", r, &Group::tpot);
+    f << ",";
+    write_samples(f, "ITL (ms)", r, &Group::itl);
+    f << ",";
+    write_samples(f, "end-to-end (ms)", r, &Group::e2e);
+    f << "}\n";
+    if (!f) {
+      std::cerr << "bench_loadgen: warning: cannot write " << data << ", no plot\n";
+      return;
+    }
+  }
+  std::string script = o.plot_script.empty() ? SY_BENCH_DIR "/plot_latency.py" : o.plot_script;
+  std::string cmd = "/usr/bin/python3 '" + script + "' '" + data + "' '" + o.plot + "' 1>&2";
+  int rc = std::system(cmd.c_str());
+  if (rc != 0)
+    std::cerr << "bench_loadgen: warning: plotting failed (" << cmd << "), no PNG\n";
+  else
+    std::remove(data.c_str());
+}
+
+// ---- main -------------------------------------------------------------------------------------
+
+int vocab_size(const Options& o) {
+  if (o.vocab > 0) return o.vocab;
+  if (o.model) {
+    try {
+      return sy::read_llama_config(sy::gguf::File::open(*o.model)).n_vocab;
+    } catch (const std::exception& e) {
+      std::cerr << "bench_loadgen: warning: cannot read the vocabulary size of " << *o.model
+                << " (" << e.what() << "), using 256\n";
+    }
+  }
+  // Small enough for any llama vocabulary; pass --vocab for the real one.
+  return 256;
+}
+
+std::string options_json(const Options& o, const std::string& endpoint) {
+  std::ostringstream s;
+  auto range = [](const Range& r) {
+    return r.lo == r.hi ? std::to_string(r.lo)
+                        : "\"" + std::to_string(r.lo) + ".." + std::to_string(r.hi) + "\"";
+  };
+  s << "{\"server\":" << jstr(endpoint) << ",\"spawned\":" << (o.spawn ? "true" : "false");
+  if (o.spawn) {
+    s << ",\"serve_args\":[";
+    for (size_t i = 0; i < o.serve_args.size(); ++i)
+      s << (i ? "," : "") << jstr(o.serve_args[i]);
+    s << "]";
+  }
+  s << ",\"sockets\":" << o.sockets << ",\"stream\":" << (o.stream ? "true" : "false")
+    << ",\"ignore_eos\":" << (o.ignore_eos ? "true" : "false")
+    << ",\"prompt_len\":" << range(o.prompt_len) << ",\"prompt_kind\":"
+    << (o.prompt_text ? "\"text\"" : "\"ids\"") << ",\"max_tokens\":" << range(o.max_tokens)
+    << ",\"temperature\":" << num(o.temperature) << ",\"slo_ttft_ms\":"
+    << (o.slo_ttft_ms > 0 ? num(o.slo_ttft_ms) : "null") << ",\"slo_tpot_ms\":"
+    << (o.slo_tpot_ms > 0 ? num(o.slo_tpot_ms) : "null") << ",\"mix\":[";
+  for (size_t i = 0; i < o.mix.size(); ++i)
+    s << (i ? "," : "") << "{\"class\":" << jstr(o.mix[i].cls) << ",\"tenant\":"
+      << jstr(o.mix[i].tenant) << ",\"weight\":" << num(o.mix[i].weight) << "}";
+  s << "]}";
+  return s.str();
+}
+
+std::string loadavg() {
+  std::ifstream f("/proc/loadavg");
+  double a = 0, b = 0, c = 0;
+  f >> a >> b >> c;
+  return "[" + num(a) + "," + num(b) + "," + num(c) + "]";
+}
+
+int main_impl(int argc, char** argv) {
+  Options o = parse(argc, argv);
+  std::unique_ptr<Spawned> server;
+  std::string endpoint = o.server;
+  if (o.spawn) {
+    server = std::make_unique<Spawned>(o.switchyard.empty() ? default_switchyard() : o.switchyard,
+                                       o.serve_args);
+    endpoint = server->endpoint();
+  }
+  Runner runner(o, endpoint, vocab_size(o));
+  std::ostringstream out;
+  out << "{\"tool\":\"bench_loadgen\",\"mode\":" << (o.overhead ? "\"overhead\"" : "\"load\"")
+      << ",\"options\":" << options_json(o, endpoint) << ",\"loadavg_before\":" << loadavg();
+  Report main_report;
+  std::string title;
+  bool failed = false;
+  if (o.overhead) {
+    auto pings = runner.ping_rtt_ms(2000);
+    Phase tp{o.concurrency, 0, o.jobs, o.duration_s, o.warmup};
+    RunData d1 = runner.run(tp);
+    Report r1 = summarize(o, tp, d1);
+    Phase lp{1, 0, o.latency_jobs, 0, std::min<uint64_t>(o.warmup, 200)};
+    RunData d2 = runner.run(lp);
+    Report r2 = summarize(o, lp, d2);
+    std::vector<double> e2e = r2.all.e2e;
+    std::sort(e2e.begin(), e2e.end());
+    double secs = std::max(1e-9, (d1.t_end - d1.t_start) / 1e9);
+    out << ",\"summary\":{\"jobs_per_s\":" << num(r1.all.completed / secs)
+        << ",\"concurrency\":" << o.concurrency << ",\"latency_c1_us\":{\"p50\":"
+        << num(pct(e2e, 0.5) * 1000) << ",\"p90\":" << num(pct(e2e, 0.9) * 1000)
+        << ",\"p99\":" << num(pct(e2e, 0.99) * 1000)
+        << "},\"ping_rtt_us\":" << dist(pings, 1000.0) << "}"
+        << ",\"throughput_phase\":" << r1.json << ",\"latency_phase\":" << r2.json;
+    failed = d1.timed_out || d2.timed_out;
+    main_report = std::move(r2);
+    title = "overhead: 1-token jobs at concurrency 1";
+  } else {
+    Phase ph{o.concurrency, o.rate, o.jobs, o.duration_s, o.warmup};
+    RunData d = runner.run(ph);
+    main_report = summarize(o, ph, d);
+    out << ",\"result\":" << main_report.json;
+    failed = d.timed_out;
+    std::ostringstream t;
+    t << (o.rate > 0 ? "rate " + num(o.rate) + " jobs/s"
+                     : "concurrency " + std::to_string(o.concurrency))
+      << ", max_tokens " << o.max_tokens.lo
+      << (o.max_tokens.lo != o.max_tokens.hi ? ".." + std::to_string(o.max_tokens.hi) : "")
+      << ", " << main_report.all.completed << " jobs";
+    if (o.model) t << ", " << fs::path(*o.model).filename().string();
+    title = t.str();
+  }
+  out << ",\"loadavg_after\":" << loadavg();
+  if (server) {
+    std::string st = server->stats();
+    if (!st.empty()) out << ",\"server_stats\":" << st;
+    server->stop();
+  }
+  out << "}";
+  std::cout << out.str() << std::endl;
+  if (!o.plot.empty()) plot(o, main_report, title);
+  if (failed) std::cerr << "bench_loadgen: timed out waiting for the server\n";
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A server that vanished must not kill us with SIGPIPE while we print.
+  signal(SIGPIPE, SIG_IGN);
+  try {
+    return main_impl(argc, argv);
+  } catch (const UsageError& e) {
+    std::cerr << "bench_loadgen: " << e.what() << "\n" << kUsage;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "bench_loadgen: " << e.what() << "\n";
+    return 1;
+  }
+}

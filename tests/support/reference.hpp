@@ -1,0 +1,91 @@
+// The greedy continuations of reference-llamacpp.json (llama.cpp on stories260K), read once for
+// every test that compares against them. Header-only so each test keeps its own link set.
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "cli/json_reader.hpp"
+
+namespace sy::test {
+
+/// One case of the reference file: a prompt and llama.cpp's greedy continuation of it.
+struct ReferenceCase {
+  std::string prompt;
+  int n_predict = 0;
+  std::vector<int32_t> prompt_token_ids;   ///< with BOS, as llama.cpp adds it
+  std::vector<std::string> prompt_pieces;  ///< the text of each prompt token, BOS as "<s>"
+  std::vector<int32_t> generated_token_ids;
+  std::string generated_text;              ///< excludes the prompt
+  std::vector<double> top1_logprobs;       ///< log-probability of each generated token
+};
+
+namespace detail {
+
+inline std::vector<int32_t> reference_ids(const cli::JsonValue& a) {
+  std::vector<int32_t> out;
+  for (const auto& v : a.arr) {
+    // Token ids are integers; anything else means the file is not what the tests expect.
+    if (v.kind != cli::JsonValue::number || !v.is_int)
+      throw std::runtime_error("reference: token id is not an integer");
+    out.push_back(static_cast<int32_t>(v.i));
+  }
+  return out;
+}
+
+}  // namespace detail
+
+/// Every case of `path`, in file order; throws std::runtime_error when it is missing or malformed.
+inline std::vector<ReferenceCase> load_reference_cases(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw std::runtime_error("reference: cannot open " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const cli::JsonValue root = cli::JsonReader::parse(ss.str());
+  std::vector<ReferenceCase> out;
+  for (const auto& c : root.at("cases").arr) {
+    ReferenceCase k;
+    k.prompt = c.at("prompt").str;
+    const auto& n = c.at("n_predict");
+    if (!n.is_int) throw std::runtime_error("reference: n_predict is not an integer");
+    k.n_predict = static_cast<int>(n.i);
+    k.prompt_token_ids = detail::reference_ids(c.at("prompt_token_ids"));
+    for (const auto& p : c.at("prompt_pieces").arr) k.prompt_pieces.push_back(p.str);
+    k.generated_token_ids = detail::reference_ids(c.at("generated_token_ids"));
+    k.generated_text = c.at("generated_text").str;
+    for (const auto& v : c.at("top1_logprobs").arr) k.top1_logprobs.push_back(v.num);
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+
+#ifdef SY_MODELS_DIR
+/// Every case of SY_MODELS_DIR/reference-llamacpp.json, read once per test process.
+inline const std::vector<ReferenceCase>& reference_cases() {
+  static const std::vector<ReferenceCase> cases =
+      load_reference_cases(std::string(SY_MODELS_DIR) + "/reference-llamacpp.json");
+  return cases;
+}
+
+/// The cases whose continuation is `n_predict` tokens long, in file order.
+inline std::vector<ReferenceCase> reference_cases(int n_predict) {
+  std::vector<ReferenceCase> out;
+  for (const auto& c : reference_cases())
+    if (c.n_predict == n_predict) out.push_back(c);
+  return out;
+}
+
+/// The case for `prompt` with `n_predict` tokens; throws std::runtime_error when there is none.
+inline const ReferenceCase& reference_case(const std::string& prompt, int n_predict) {
+  for (const auto& c : reference_cases())
+    if (c.prompt == prompt && c.n_predict == n_predict) return c;
+  throw std::runtime_error("reference: no case for '" + prompt + "' with n_predict " +
+                           std::to_string(n_predict));
+}
+#endif
+
+}  // namespace sy::test

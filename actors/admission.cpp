@@ -187,7 +187,13 @@ std::optional<std::string> build_job(Self* self, const SubmitRequest& req, Job& 
            std::to_string(st.cfg.max_prompt_tokens);
   if (model) {
     const std::size_t ctx = static_cast<std::size_t>(std::max(0, model->config().ctx_len));
-    if (ctx > 0 && n + req.max_tokens > ctx) {
+    if (ctx > 0 && n > ctx) {
+      return "prompt has " + std::to_string(n) + " tokens, limit " + std::to_string(ctx) +
+             " (the model context)";
+    }
+    // Under a policy whose positions stay inside the cache (sinks) generation may run past the
+    // context; otherwise the whole sequence must fit in it.
+    if (ctx > 0 && !st.cfg.beyond_context && n + req.max_tokens > ctx) {
       std::size_t limit = ctx > req.max_tokens ? ctx - req.max_tokens : 0;
       return "prompt has " + std::to_string(n) + " tokens, limit " + std::to_string(limit) +
              " (context " + std::to_string(ctx) + " minus max_tokens " +

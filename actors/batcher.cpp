@@ -1,5 +1,6 @@
-// The batcher actor: continuous batching with chunked prefill, paged KV block tables, priority
-// preemption with recomputation, detokenization and stop rules, credit to the router.
+// The batcher actor: continuous batching with chunked prefill, paged KV block tables with a
+// prefix cache, KV-cache policies as swappable behaviors, priority preemption with recomputation,
+// detokenization and stop rules, credit to the router.
 #include "actors/batcher.hpp"
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "actors/messages.hpp"
 #include "gpu/engine.hpp"
+#include "gpu/prefix_pool.hpp"
 #include "ingress/error_code.hpp"
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
@@ -70,7 +72,10 @@ struct Seq {
   std::vector<int32_t> tokens;  // prompt + generated: what the KV cache must hold to go on
   int32_t n_prompt = 0;
   int32_t n_past = 0;           // tokens of `tokens` cached in `blocks`
-  std::vector<int32_t> blocks;  // block table
+  std::vector<int32_t> blocks;  // block table; -1: released (outside the policy's window)
+  std::vector<uint64_t> hashes; // chain hashes of the leading full blocks seen by the prefix cache
+  policy::KvPolicy policy;      // the KV policy this job runs under
+  int32_t cached_tokens = -1;   // prompt tokens reused from the prefix cache at first start
   bool running = false;
   bool in_step = false;         // part of the step in flight
   int32_t step_tokens = 0;      // tokens it feeds in the step in flight
@@ -88,6 +93,10 @@ struct Seq {
 
   int32_t n_generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
   int32_t remaining() const { return static_cast<int32_t>(tokens.size()) - n_past; }
+  int32_t held() const {
+    return static_cast<int32_t>(std::count_if(blocks.begin(), blocks.end(),
+                                              [](int32_t b) { return b >= 0; }));
+  }
   // Scheduling priority: lower is more important (class first, then earlier arrival).
   std::tuple<uint32_t, int64_t, uint64_t> key() const {
     return {job.class_index, job.arrival_us, job.uid};
@@ -100,7 +109,7 @@ struct Before {
   bool operator()(const Seq* a, const Seq* b) const { return before(a, b); }
 };
 
-class Batcher {
+class Batcher : public std::enable_shared_from_this<Batcher> {
  public:
   Batcher(caf::event_based_actor* self, BatchingConfig cfg,
           std::shared_ptr<const LlamaModel> model, caf::actor executor, caf::actor router,
@@ -113,13 +122,50 @@ class Batcher {
         router_(std::move(router)),
         egress_(std::move(egress)),
         admission_(std::move(admission)),
-        pool_(std::max<int32_t>(1, n_blocks)),
+        pool_(std::max<int32_t>(1, n_blocks), std::max<int32_t>(1, cfg.kv_block_size),
+              cfg.prefix_cache),
         bs_(std::max<int32_t>(1, cfg.kv_block_size)) {
     // Zero limits would stall every job forever: each step moves at least one token.
     cfg_.max_sequences = std::max<uint32_t>(1, cfg_.max_sequences);
     cfg_.step_token_budget = std::max<uint32_t>(1, cfg_.step_token_budget);
     cfg_.prefill_chunk = std::max<uint32_t>(1, cfg_.prefill_chunk);
+    // The normal policy: the configured one, else the window the model was trained with, else
+    // full. Config values were checked at load; a bad one here is a programming error.
+    if (!cfg_.kv_policy.empty()) {
+      std::string why;
+      auto p = policy::parse_kv_policy(cfg_.kv_policy, &why);
+      if (!p) throw std::invalid_argument("batcher: kv_policy: " + why);
+      base_ = *p;
+    } else if (model_ && model_->config().sliding_window > 0) {
+      base_ = {policy::KvPolicy::sliding_window, model_->config().sliding_window, 0};
+    }
+    if (!cfg_.kv_pressure_policy.empty()) {
+      std::string why;
+      auto p = policy::parse_kv_policy(cfg_.kv_pressure_policy, &why);
+      if (!p) throw std::invalid_argument("batcher: kv_pressure_policy: " + why);
+      pressure_policy_ = *p;
+    }
+    if (const std::string why = refuse(base_); !why.empty())
+      throw std::invalid_argument("batcher: kv_policy " + policy::to_string(base_) + ": " + why);
+    if (pressure_policy_) {
+      if (const std::string why = refuse(*pressure_policy_); !why.empty())
+        throw std::invalid_argument("batcher: kv_pressure_policy " +
+                                    policy::to_string(*pressure_policy_) + ": " + why);
+    }
   }
+
+  /// The behavior of the batcher under KV policy `p`: new jobs take `p`. Swapped with
+  /// become/unbecome by an operator command and by the pressure watermarks.
+  caf::behavior mode(policy::KvPolicy p) {
+    auto b = shared_from_this();
+    return {
+        [b, p](run_atom, Job& job) { b->on_run(job, p); },
+        [b](cancel_atom, uint64_t uid) { b->on_cancel(uid); },
+        [b](stats_atom) -> caf::settings { return b->stats(); },
+        [b](kvpolicy_atom, const policy::KvPolicy& np) -> std::string { return b->on_swap(np); },
+    };
+  }
+  policy::KvPolicy base_policy() const { return base_; }
 
   void start() {
     if (router_)
@@ -127,9 +173,12 @@ class Batcher {
                   static_cast<uint32_t>(cfg_.max_sequences));
   }
 
-  void on_run(Job& job) {
+  void on_run(Job& job, const policy::KvPolicy& pol) {
     if (seqs_.count(job.uid)) return;  // a duplicate dispatch: the job is already here
     auto s = std::make_unique<Seq>();
+    // A job takes the policy in force when it reaches the batcher; under pressure a `full` one
+    // takes the pressure policy (the behavior on top is the pressure one then, so p says so).
+    s->policy = pol;
     s->n_prompt = static_cast<int32_t>(job.prompt.size());
     s->tokens = job.prompt;
     for (const auto& st : job.stop) s->max_stop = std::max(s->max_stop, st.size());
@@ -160,9 +209,20 @@ class Batcher {
     caf::settings s;
     caf::put(s, "running", static_cast<int64_t>(running_.size()));
     caf::put(s, "waiting", static_cast<int64_t>(waiting_.size()));
-    caf::put(s, "blocks_used", static_cast<int64_t>(pool_.n_used()));
+    caf::put(s, "blocks_used", static_cast<int64_t>(pool_.n_held()));
     caf::put(s, "blocks_free", static_cast<int64_t>(pool_.n_free()));
     caf::put(s, "blocks_total", static_cast<int64_t>(pool_.n_total()));
+    caf::put(s, "blocks_cached", static_cast<int64_t>(pool_.n_cached()));
+    caf::put(s, "blocks_used_peak", blocks_peak_);
+    caf::put(s, "fed_tokens", fed_);
+    caf::put(s, "prefix_hit_blocks", prefix_blocks_);
+    caf::put(s, "prefix_hit_tokens", prefix_tokens_);
+    caf::put(s, "prefix_evictions", pool_.evictions());
+    caf::put(s, "kv_policy", policy::to_string(pressure_ ? *pressure_policy_ : base_));
+    caf::put(s, "kv_base_policy", policy::to_string(base_));
+    caf::put(s, "policy_swaps", swaps_);
+    caf::put(s, "pressure_swaps", pressure_swaps_);
+    caf::put(s, "pressure", static_cast<int64_t>(pressure_ ? 1 : 0));
     caf::put(s, "preemptions", preemptions_);
     caf::put(s, "steps", steps_);
     caf::put(s, "tokens", tokens_);
@@ -183,7 +243,7 @@ class Batcher {
     }
     // The last sampled token is never fed back: the cache holds at most prompt + max - 1.
     const int64_t slots = int64_t{s.n_prompt} + std::max<uint32_t>(1, s.job.max_tokens) - 1;
-    const int64_t need = (slots + bs_ - 1) / bs_;
+    const int64_t need = policy::max_blocks_held(s.policy, slots, cfg_.prefill_chunk, bs_);
     if (need > pool_.n_total())
       return "prompt (" + std::to_string(s.n_prompt) + " tokens) + max_tokens (" +
              std::to_string(s.job.max_tokens) + ") needs " + std::to_string(need) +
@@ -200,9 +260,110 @@ class Batcher {
   }
 
   void free_blocks(Seq& s) {
-    for (int32_t b : s.blocks) pool_.free(b);
+    for (int32_t b : s.blocks)
+      if (b >= 0) pool_.release(b);
     s.blocks.clear();
+    s.hashes.clear();
     s.n_past = 0;
+  }
+
+  // Gives back the blocks the sequence's policy no longer lets any later token see.
+  void trim(Seq& s) {
+    const policy::BlockRange r = policy::released_block_range(s.policy, s.n_past, bs_);
+    const int64_t end = std::min<int64_t>(r.end, static_cast<int64_t>(s.blocks.size()));
+    for (int64_t b = r.begin; b < end; ++b) {
+      int32_t& id = s.blocks[static_cast<size_t>(b)];
+      if (id >= 0) pool_.release(id);
+      id = -1;
+    }
+  }
+
+  // Starts a sequence without blocks from the longest cached prefix of its tokens (at least its
+  // last token is left to compute, for the logits). Only blocks inside the policy's
+  // full-attention horizon are shared: beyond it their content depends on the policy.
+  void reuse_prefix(Seq& s) {
+    if (!s.blocks.empty()) return;
+    const int64_t n = static_cast<int64_t>(s.tokens.size());
+    const int64_t max_blocks =
+        std::min((n - 1) / bs_, policy::full_attention_horizon(s.policy) / bs_);
+    int32_t found = 0;
+    if (max_blocks > 0)
+      found = pool_.acquire_prefix(s.tokens.data(), n, max_blocks, s.blocks, s.hashes);
+    s.n_past = found * bs_;
+    blocks_peak_ = std::max<int64_t>(blocks_peak_, pool_.n_held());
+    trim(s);
+  }
+
+  // Publishes the sequence's newly completed blocks to the prefix cache.
+  void publish_blocks(Seq& s) {
+    const int64_t horizon = policy::full_attention_horizon(s.policy);
+    for (;;) {
+      const int64_t b = static_cast<int64_t>(s.hashes.size());
+      const int64_t end = (b + 1) * bs_;
+      if (end > s.n_past || end > horizon || b >= static_cast<int64_t>(s.blocks.size())) return;
+      const uint64_t parent = b ? s.hashes.back() : 0;
+      const int32_t* toks = s.tokens.data() + b * bs_;
+      const uint64_t h = pool_.block_hash(parent, toks);
+      const int32_t id = s.blocks[static_cast<size_t>(b)];
+      if (id >= 0) pool_.publish(id, h, parent, toks);
+      s.hashes.push_back(h);
+    }
+  }
+
+  // Why policy `p` cannot be used here ("" when it can).
+  std::string refuse(const policy::KvPolicy& p) const {
+    if (p.kind != policy::KvPolicy::full && p.window < 1) return "the window must be at least 1";
+    if (p.kind == policy::KvPolicy::sinks && model_ &&
+        int64_t{p.n_sinks} + p.window > model_->config().ctx_len)
+      return "sinks + window (" + std::to_string(int64_t{p.n_sinks} + p.window) +
+             ") exceed the model context (" + std::to_string(model_->config().ctx_len) + ")";
+    return "";
+  }
+
+  // An operator's swap: the normal policy becomes `np`, for jobs that arrive from now on.
+  std::string on_swap(const policy::KvPolicy& np) {
+    if (const std::string why = refuse(np); !why.empty()) return why;
+    if (pressure_) {
+      // Keep the pressure behavior on top of the new normal one.
+      self_->unbecome();
+      self_->become(mode(np));
+      self_->become(caf::keep_behavior, mode(*pressure_policy_));
+    } else {
+      self_->become(mode(np));
+    }
+    caf::aout(self_) << "switchyard: batcher: kv policy " << policy::to_string(base_) << " -> "
+                     << policy::to_string(np) << " (command)\n";
+    base_ = np;
+    ++swaps_;
+    return "";
+  }
+
+  // Checks KV usage against the watermarks and swaps to or from the pressure policy.
+  void check_pressure() {
+    if (!pressure_policy_) return;
+    const double usage = static_cast<double>(pool_.n_held()) / pool_.n_total();
+    const policy::Watermarks w{cfg_.kv_high_watermark, cfg_.kv_low_watermark};
+    const bool next = policy::next_pressure_state(pressure_, usage, w);
+    if (next == pressure_) return;
+    pressure_ = next;
+    ++swaps_;
+    ++pressure_swaps_;
+    if (pressure_) {
+      self_->become(caf::keep_behavior, mode(*pressure_policy_));
+      // Running and waiting `full` jobs move onto the pressure policy: dropping what falls
+      // outside its window is how the memory comes back. Windowed jobs keep their own window.
+      for (auto& [uid, sp] : seqs_) {
+        Seq& s = *sp;
+        if (s.policy.kind != policy::KvPolicy::full) continue;
+        s.policy = *pressure_policy_;
+        if (!s.in_step) trim(s);
+      }
+    } else {
+      self_->unbecome();
+    }
+    caf::aout(self_) << "switchyard: batcher: kv usage " << static_cast<int>(usage * 100)
+                     << "%: " << (pressure_ ? "pressure policy " : "back to ")
+                     << policy::to_string(pressure_ ? *pressure_policy_ : base_) << "\n";
   }
 
   // Takes a sequence out of the batch: blocks freed, recomputed from its tokens when resumed.
@@ -212,6 +373,7 @@ class Batcher {
     if (s.in_step) {  // planned in the step being built: take it out again
       erase_from(planned_, &s);
       budget_ += s.step_tokens;
+      fed_ -= s.step_tokens;
       s.in_step = false;
       s.step_tokens = 0;
     }
@@ -242,6 +404,7 @@ class Batcher {
     d.text = s.text.substr(0, s.emitted);
     d.ids.assign(s.tokens.begin() + s.n_prompt, s.tokens.end());
     d.prompt_tokens = static_cast<uint32_t>(s.n_prompt);
+    d.cached_tokens = static_cast<uint32_t>(std::max(0, s.cached_tokens));
     d.completion_tokens = static_cast<uint32_t>(s.n_generated());
     const int64_t now = now_us();
     d.queue_ms = ms_between(s.job.arrival_us, s.first_sched_us);
@@ -358,7 +521,8 @@ class Batcher {
     if (tok_) s.text += s.utf8.push(tok_->token_to_piece(r.token));
     const bool last = s.n_generated() >= static_cast<int32_t>(job.max_tokens);
     // The cache cannot take the next token past the model context: end as if by length.
-    const bool full = model_ && static_cast<int64_t>(s.tokens.size()) >= model_->config().ctx_len;
+    const bool full = model_ && policy::bounded_by_context(s.policy) &&
+                      static_cast<int64_t>(s.tokens.size()) >= model_->config().ctx_len;
     if (last || full) s.text += s.utf8.flush();
     const size_t cut = find_stop(s.text, old, job.stop);
     if (cut != std::string::npos) {
@@ -376,10 +540,12 @@ class Batcher {
   // Gives `s` blocks for `n` more tokens and plans it, preempting the least important running
   // sequence while the pool is dry. False when `s` itself was preempted or failed.
   bool plan_seq(Seq& s, int32_t n) {
+    trim(s);
     const size_t need = static_cast<size_t>((s.n_past + n + bs_ - 1) / bs_);
     while (s.blocks.size() < need) {
       if (std::optional<int32_t> b = pool_.alloc()) {
         s.blocks.push_back(*b);
+        blocks_peak_ = std::max<int64_t>(blocks_peak_, pool_.n_held());
         continue;
       }
       Seq* victim = running_.back();  // running_ is sorted: the last is the least important
@@ -395,6 +561,7 @@ class Batcher {
     }
     s.in_step = true;
     s.step_tokens = n;
+    fed_ += n;
     budget_ -= n;
     planned_.push_back(&s);
     return true;
@@ -409,13 +576,24 @@ class Batcher {
     auto room = [&] { return pool_.n_free() - promised; };
     while (!waiting_.empty()) {
       Seq* s = *waiting_.begin();
-      const int32_t need = (static_cast<int32_t>(s->tokens.size()) + bs_ - 1) / bs_;
+      reuse_prefix(*s);
+      const int64_t need =
+          std::max<int64_t>(0, policy::max_blocks_held(s->policy,
+                                                       static_cast<int64_t>(s->tokens.size()),
+                                                       cfg_.prefill_chunk, bs_) -
+                                   s->held());
       while (!running_.empty() && before(s, running_.back()) &&
              (running_.size() >= cfg_.max_sequences || need > room()))
         preempt(*running_.back());  // goes to waiting_ behind s
-      if (running_.size() >= cfg_.max_sequences) break;
-      if (!running_.empty() && need > room()) break;
+      if (running_.size() >= cfg_.max_sequences || (!running_.empty() && need > room())) {
+        free_blocks(*s);  // its shared prefix stays cached for when it starts
+        break;
+      }
       waiting_.erase(waiting_.begin());
+      // Counted when the job starts (an attempt that had to wait gave its blocks back).
+      if (s->cached_tokens < 0) s->cached_tokens = std::min(s->n_past, s->n_prompt);
+      prefix_tokens_ += s->n_past;
+      prefix_blocks_ += s->n_past / bs_;
       s->running = true;
       insert_sorted(running_, s);
       promised += need;
@@ -482,6 +660,8 @@ class Batcher {
       p.top_p = s->job.top_p;
       p.seed = s->job.seed;
       p.logprobs = s->job.logprobs;
+      p.window = policy::step_window(s->policy);
+      p.sinks = policy::step_sinks(s->policy);
       if (!s->first_sched_us) s->first_sched_us = now;
       plan.seqs.push_back(std::move(p));
     }
@@ -511,6 +691,8 @@ class Batcher {
         s->in_step = false;
         s->n_past += s->step_tokens;
         s->step_tokens = 0;
+        publish_blocks(*s);
+        trim(*s);
         if (s->cancelled) {
           finish(*s, finish_cancelled);
           continue;
@@ -519,6 +701,7 @@ class Batcher {
         if (it != sampled.end()) accept(*s, *it->second);
       }
     }
+    check_pressure();
     schedule();
   }
 
@@ -539,8 +722,14 @@ class Batcher {
   std::shared_ptr<const LlamaModel> model_;
   const Tokenizer* tok_;
   caf::actor executor_, router_, egress_, admission_;
-  BlockPool pool_;
+  PrefixBlockPool pool_;
   int32_t bs_;
+  policy::KvPolicy base_;                          // the normal policy (operator's choice)
+  std::optional<policy::KvPolicy> pressure_policy_;  // swapped in above the high watermark
+  bool pressure_ = false;                          // the pressure behavior is on top
+  int64_t swaps_ = 0, pressure_swaps_ = 0, blocks_peak_ = 0, prefix_tokens_ = 0,
+          prefix_blocks_ = 0;
+  int64_t fed_ = 0;  // tokens sent to the engine (prefill and decode), recomputation included
   std::unordered_map<uint64_t, std::unique_ptr<Seq>> seqs_;
   std::vector<Seq*> running_;  // sorted by Seq::key
   std::set<Seq*, Before> waiting_;  // preempted jobs resume before later arrivals
@@ -555,11 +744,7 @@ class Batcher {
 caf::behavior batcher_actor(caf::event_based_actor* self, std::shared_ptr<Batcher> b) {
   (void)self;
   b->start();
-  return {
-      [b](run_atom, Job& job) { b->on_run(job); },
-      [b](cancel_atom, uint64_t uid) { b->on_cancel(uid); },
-      [b](stats_atom) -> caf::settings { return b->stats(); },
-  };
+  return b->mode(b->base_policy());
 }
 
 }  // namespace

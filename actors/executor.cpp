@@ -61,6 +61,8 @@ void run_cpu(ExecutorState& st, const StepPlan& plan, StepResult& res) {
     s.n_past = p.n_past;
     s.block_table = p.block_table.data();
     s.n_blocks = static_cast<int32_t>(p.block_table.size());
+    s.window = p.window;
+    s.sinks = p.sinks;
     st.batch.push_back(s);
   }
   // Samplers are made before the step so that bad sampling parameters fail it before any KV slot

@@ -22,6 +22,9 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<JobOutcome>("JobOutcome");
   cfg.add_message_type<std::vector<uint64_t>>("std::vector<uint64_t>");
   cfg.add_message_type<TenantWeights>("TenantWeights");
+  cfg.add_message_type<policy::KvPolicy>("KvPolicy");
+  cfg.add_message_type<ControlRequest>("ControlRequest");
+  cfg.add_message_type<ControlEvent>("ControlEvent");
 }
 
 int64_t now_us() {

@@ -9,7 +9,16 @@
 #include <string>
 #include <vector>
 
+#include "policies/kv_policy.hpp"
+
 namespace sy {
+
+namespace policy {
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, KvPolicy& x) {
+  return f(caf::meta::type_name("KvPolicy"), x.kind, x.window, x.n_sinks);
+}
+}  // namespace policy
 
 // ---- atoms (CAF 0.17: at most 10 characters) ----
 using submit_atom = caf::atom_constant<caf::atom("submit")>;      // gateway -> admission
@@ -26,6 +35,8 @@ using pull_atom = caf::atom_constant<caf::atom("pull")>;          // router -> e
 using drain_atom = caf::atom_constant<caf::atom("drain")>;        // shutdown: stop taking new work
 using stats_atom = caf::atom_constant<caf::atom("stats")>;        // introspection (tests, metrics)
 using tick_atom = caf::atom_constant<caf::atom("tick")>;          // self-timers
+using kvpolicy_atom = caf::atom_constant<caf::atom("kvpolicy")>;  // control -> batcher: swap policy
+using control_atom = caf::atom_constant<caf::atom("control")>;    // gateway -> control actor
 
 /// Where replies for a job go: a DEALER client behind the ROUTER socket (by its identity) or the
 /// pipeline results socket (PUSH).
@@ -127,11 +138,13 @@ struct SeqPlan {
   float top_p = 1.0f;
   uint64_t seed = 0;
   uint32_t logprobs = 0;
+  int32_t window = 0;  // SeqStep::window: 0 full attention, > 0 the last `window` slots
+  int32_t sinks = 0;   // SeqStep::sinks: leading slots that stay visible (StreamingLLM)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SeqPlan& x) {
   return f(caf::meta::type_name("SeqPlan"), x.uid, x.tokens, x.n_past, x.block_table, x.sample,
-           x.reset, x.temperature, x.top_k, x.top_p, x.seed, x.logprobs);
+           x.reset, x.temperature, x.top_k, x.top_p, x.seed, x.logprobs, x.window, x.sinks);
 }
 
 struct StepPlan {
@@ -208,6 +221,7 @@ struct DoneEvent {
   std::string text;          // full completion
   std::vector<int32_t> ids;  // full completion ids
   uint32_t prompt_tokens = 0, completion_tokens = 0;
+  uint32_t cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache
   double queue_ms = 0, ttft_ms = 0, total_ms = 0;
   // Full logprobs (non-streamed jobs that asked for them), flattened as in TokensEvent.
   std::vector<float> logprob;
@@ -218,7 +232,8 @@ struct DoneEvent {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, DoneEvent& x) {
   return f(caf::meta::type_name("DoneEvent"), x.to, x.uid, x.id, x.tenant, x.finish, x.text,
-           x.ids, x.prompt_tokens, x.completion_tokens, x.queue_ms, x.ttft_ms, x.total_ms,
+           x.ids, x.prompt_tokens, x.completion_tokens, x.cached_tokens, x.queue_ms, x.ttft_ms,
+           x.total_ms,
            x.logprob, x.n_top, x.top_ids, x.top_logprobs);
 }
 
@@ -320,3 +335,40 @@ typename Inspector::result_type inspect(Inspector& f, TenantWeights& x) {
 //                          sends it (not admission) so that it reaches egress before any chunk
 //   (drain_atom) to router: no more PULL credit; to admission: new submits get `unavailable`
 //   (cancel_atom, drain_atom) to admission: cancel every live job (shutdown, grace period over)
+
+// ---- control plane (operator commands over the request endpoint) ----
+namespace sy {
+
+/// An operator command decoded by the gateway: `command` is "kv_policy" (args: policy text in
+/// parse_kv_policy's format) or "stats". Only the configured admin token may send one.
+struct ControlRequest {
+  ClientRef client;
+  std::string token;
+  std::string command;
+  std::string policy;  // kv_policy: "full", "sliding_window:W", "sinks:S:W"
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ControlRequest& x) {
+  return f(caf::meta::type_name("ControlRequest"), x.client, x.token, x.command, x.policy);
+}
+
+/// The answer to a ControlRequest: `result` is one JSON object (text) on success; on failure an
+/// ErrorEvent is sent instead.
+struct ControlEvent {
+  ClientRef to;
+  std::string command;
+  std::string result;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ControlEvent& x) {
+  return f(caf::meta::type_name("ControlEvent"), x.to, x.command, x.result);
+}
+
+}  // namespace sy
+
+// Control shapes:
+//   gateway -> control:  (control_atom, ControlRequest)
+//   control -> egress:   (out_atom, ControlEvent) or (out_atom, ErrorEvent)
+//   control -> batcher:  (kvpolicy_atom, policy::KvPolicy) -> std::string ("" swapped, else why not)
+//   stats_atom on a batcher also reports "kv_policy" (string), "policy_swaps", "pressure" (0/1),
+//   "blocks_cached", "blocks_used_peak", "prefix_hit_blocks", "prefix_hit_tokens".

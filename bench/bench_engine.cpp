@@ -4,9 +4,15 @@
 //   bench_engine [--dir ./bench-models] [--shape 110M] [--threads 2] [--dtypes f32,f16,q8_0,q4_0]
 //                [--batches 1,8,32] [--decode-steps 64] [--prompt 512] [--decode-prompt 32]
 //                [--reps 2] [--vocab-from FILE.gguf]
+//   bench_engine --kv-bench [--threads 2] [--kv-gen 8192] [--kv-window 1024]
+//     One sequence on a 15M-shape model with a 9216-token context: decode tokens/s over the last
+//     256 tokens and KV memory held at half and all of --kv-gen generated tokens, under full
+//     attention and sliding_window(--kv-window). Prints a table (stderr) and JSON (stdout).
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -36,6 +42,9 @@ struct Options {
   int prompt = 512;        // prefill test length, as llama-bench's pp512
   int decode_prompt = 32;  // context before decode; with 64 steps the mean context is ~64, as tg128
   int reps = 2;            // timed repetitions after one warm-up; the best is reported
+  bool kv_bench = false;
+  int kv_gen = 8192;       // generated tokens of the KV benchmark; measured at half and at all
+  int kv_window = 1024;    // the sliding window compared with full attention
 };
 
 // llama.cpp (llama-bench, 2 threads, same machine class) on the 110M shape: the figures to beat.
@@ -68,6 +77,10 @@ Options parse(int argc, char** argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "--kv-bench") {
+      o.kv_bench = true;
+      continue;
+    }
     if (i + 1 >= argc) throw std::invalid_argument("option " + a + " needs a value");
     const std::string v = argv[++i];
     if (a == "--dir") o.dir = v;
@@ -82,6 +95,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--prompt") o.prompt = to_int(a, v);
     else if (a == "--decode-prompt") o.decode_prompt = to_int(a, v);
     else if (a == "--reps") o.reps = to_int(a, v);
+    else if (a == "--kv-gen") o.kv_gen = to_int(a, v);
+    else if (a == "--kv-window") o.kv_window = to_int(a, v);
     else throw std::invalid_argument("unknown option " + a);
   }
   if (o.threads < 1 || o.decode_steps < 1 || o.prompt < 1 || o.decode_prompt < 1 || o.reps < 1)
@@ -89,6 +104,9 @@ Options parse(int argc, char** argv) {
                                 "must be >= 1");
   for (int b : o.batches)
     if (b < 1) throw std::invalid_argument("--batches entries must be >= 1");
+  // Two checkpoints, each averaged over its last kKvAvgTokens tokens.
+  if (o.kv_gen < 1024 || o.kv_gen % 2 || o.kv_window < 1)
+    throw std::invalid_argument("--kv-gen must be even and >= 1024, --kv-window >= 1");
   return o;
 }
 
@@ -206,11 +224,143 @@ std::string fmt(double v) {
   return buf;
 }
 
+// ---- --kv-bench: decode speed and KV memory of one long sequence, full vs sliding window ----
+
+// Decode tokens/s is averaged over this many tokens before each checkpoint: long enough to
+// smooth out scheduling noise, short enough to describe the context length at the checkpoint.
+constexpr int kKvAvgTokens = 256;
+// The model's context: room for the 8192 generated tokens plus the prompt.
+constexpr int kKvCtx = 9216;
+// Prompt tokens before decoding starts.
+constexpr int kKvPrompt = 16;
+
+struct KvPoint {
+  int generated = 0;
+  double tok_s = 0;
+  double cpu_ms = 0;  // process CPU time per token (all threads): less sensitive to a busy host
+  int64_t blocks = 0;
+  double kv_mib = 0;
+};
+
+// Generates o.kv_gen tokens one by one under (window, 0); returns the figures at half and at all.
+std::vector<KvPoint> kv_run(sy::Engine& e, const Options& o, int32_t window) {
+  const int32_t bs = e.block_size();
+  const sy::LlamaConfig& c = e.config();
+  // K and V, every layer, f32 entries (the CPU engine's cache element).
+  const int64_t block_bytes = int64_t{2} * c.n_layers * bs * c.n_kv_heads * c.head_dim *
+                              static_cast<int64_t>(sizeof(float));
+  std::vector<int32_t> toks(kKvPrompt, 3), table;
+  for (int i = 0; i < kKvPrompt; ++i) toks[static_cast<size_t>(i)] = 3 + i * 17 % (c.n_vocab - 3);
+  std::vector<double> dt, cpu;
+  std::vector<KvPoint> points;
+  int64_t held = 0;
+  int32_t n_past = 0;
+  sy::StepOutput out;
+  for (int gen = 0; gen < o.kv_gen;) {
+    const bool prefill = n_past == 0;
+    const int32_t n = prefill ? kKvPrompt : 1;
+    while (static_cast<int64_t>(table.size()) * bs < n_past + n) {
+      auto id = e.pool().alloc();
+      if (!id) throw std::runtime_error("bench_engine: KV pool too small");
+      table.push_back(*id);
+      ++held;
+    }
+    sy::SeqStep st;
+    st.tokens = prefill ? toks.data() : &toks.back();
+    st.n_tokens = n;
+    st.n_past = n_past;
+    st.block_table = table.data();
+    st.n_blocks = static_cast<int32_t>(table.size());
+    st.window = window;
+    const double t0 = now_s();
+    const std::clock_t c0 = std::clock();
+    e.step({st}, out);
+    if (!prefill) {
+      dt.push_back(now_s() - t0);
+      cpu.push_back(static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC);
+    }
+    n_past += n;
+    toks.push_back(argmax(out.row(0), c.n_vocab));
+    ++gen;
+    if (window > 0) {
+      // As a batcher does: blocks wholly before the next token's window go back to the pool.
+      const int64_t lo = std::max<int64_t>(0, int64_t{n_past} - window + 1);
+      for (size_t b = 0; b < table.size() && static_cast<int64_t>(b + 1) * bs <= lo; ++b) {
+        if (table[b] >= 0) {
+          e.pool().free(table[b]);
+          table[b] = -1;
+          --held;
+        }
+      }
+    }
+    if (gen == o.kv_gen / 2 || gen == o.kv_gen) {
+      double sum = 0, cpu_sum = 0;
+      const size_t n_avg = std::min<size_t>(kKvAvgTokens, dt.size());
+      for (size_t k = dt.size() - n_avg; k < dt.size(); ++k) {
+        sum += dt[k];
+        cpu_sum += cpu[k];
+      }
+      points.push_back({gen, static_cast<double>(n_avg) / sum, 1e3 * cpu_sum / n_avg, held,
+                        static_cast<double>(held * block_bytes) / (1 << 20)});
+      std::cerr << "bench_engine: window " << window << ", " << gen << " tokens\n";
+    }
+  }
+  for (int32_t b : table)
+    if (b >= 0) e.pool().free(b);
+  return points;
+}
+
+int kv_bench(const Options& o) {
+  char tmpl[] = "/tmp/sy-kvbench-XXXXXX";
+  if (!mkdtemp(tmpl)) throw std::runtime_error("bench_engine: cannot create a temp directory");
+  const fs::path dir = tmpl;
+  const std::string path = (dir / "kv.gguf").string();
+  sy::MakeModelOptions m;
+  m.shape = "15M";
+  m.dtype = "f32";
+  m.seed = 1;
+  m.ctx_len = kKvCtx;
+  m.out = path;
+  sy::make_model(m);
+  auto model = sy::LlamaModel::load(path);
+  fs::remove_all(dir);  // the model is read into memory (or kept mapped) by now
+  if (kKvPrompt + o.kv_gen > model->config().ctx_len)
+    throw std::invalid_argument("--kv-gen exceeds the model context");
+  sy::EngineOptions eo;
+  eo.n_threads = o.threads;
+  eo.n_blocks = (kKvPrompt + o.kv_gen + eo.block_size - 1) / eo.block_size + 1;
+  auto engine = sy::make_cpu_engine(model, eo);
+  const std::vector<std::pair<std::string, int32_t>> runs = {
+      {"full", 0}, {"sliding_window:" + std::to_string(o.kv_window), o.kv_window}};
+  std::ostringstream js;
+  js << "{\n  \"shape\": \"15M\", \"dtype\": \"f32\", \"ctx\": " << kKvCtx
+     << ", \"threads\": " << o.threads << ", \"block_size\": " << eo.block_size
+     << ", \"avg_over_tokens\": " << kKvAvgTokens << ",\n  \"results\": [";
+  std::fprintf(stderr, "%-22s %9s %10s %10s %8s %9s\n", "policy", "generated", "decode/s",
+               "cpu ms/tok", "blocks", "KV MiB");
+  bool first = true;
+  for (const auto& [name, window] : runs) {
+    for (const KvPoint& p : kv_run(*engine, o, window)) {
+      std::fprintf(stderr, "%-22s %9d %10.1f %10.2f %8lld %9.1f\n", name.c_str(), p.generated,
+                   p.tok_s, p.cpu_ms, static_cast<long long>(p.blocks), p.kv_mib);
+      js << (first ? "" : ",") << "\n    {\"policy\": \"" << name << "\", \"generated\": "
+         << p.generated << ", \"decode_tok_s\": " << fmt(p.tok_s) << ", \"cpu_ms_per_tok\": "
+         << fmt(p.cpu_ms) << ", \"blocks_held\": "
+         << p.blocks << ", \"kv_mib\": " << fmt(p.kv_mib) << "}";
+      first = false;
+    }
+  }
+  js << "\n  ]\n}\n";
+  std::cout << js.str();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
+    if (o.kv_bench) return kv_bench(o);
     int max_batch = 1;
     for (int b : o.batches) max_batch = std::max(max_batch, b);
     std::mt19937_64 rng(7);

@@ -1,4 +1,4 @@
-// The `switchyard` command: serve, submit, generate, tokenize and make-model.
+// The `switchyard` command: serve, submit, ctl, generate, tokenize and make-model.
 
 #include <chrono>
 #include <cstdlib>
@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cli/args.hpp"
+#include "cli/ctl.hpp"
 #include "cli/demo_model.hpp"
 #include "cli/json.hpp"
 #include "cli/serve.hpp"
@@ -33,10 +34,13 @@ constexpr const char* kUsage =
     "              --seed S --logprobs N --stop STR --ignore-eos --threads N --json]\n"
     "  tokenize    --model FILE --text TEXT [--no-bos] [--json]\n"
     "  make-model  --shape {tiny,15M,110M,1B,8B} --dtype {f32,f16,bf16,q8_0,q4_0}\n"
-    "              [--vocab-from FILE.gguf] [--seed N] --out FILE.gguf\n"
+    "              [--vocab-from FILE.gguf] [--seed N] [--ctx N] --out FILE.gguf\n"
     "Without --model, serve, generate and tokenize use a generated random-weight demo model.\n";
 
-void print_usage(std::ostream& os) { os << kUsageHead << sy::cli::kServeUsage << sy::cli::kSubmitUsage << kUsage; }
+void print_usage(std::ostream& os) {
+  os << kUsageHead << sy::cli::kServeUsage << sy::cli::kSubmitUsage << sy::cli::kCtlUsage
+     << kUsage;
+}
 
 // Token ids separated by `sep`.
 std::string join_ids(const std::vector<int32_t>& ids, const char* sep) {
@@ -54,6 +58,7 @@ int cmd_make_model(const Args& a) {
   o.dtype = a.str("dtype", "f32");
   o.vocab_from = a.str("vocab-from");
   o.seed = static_cast<uint64_t>(a.integer("seed", 0));
+  o.ctx_len = a.integer("ctx", 0);  // 0: the shape's context length
   o.out = a.str("out");
   if (o.out.empty()) throw UsageError("make-model needs --out FILE.gguf");
   sy::make_model(o);
@@ -164,13 +169,14 @@ int main(int argc, char** argv) {
   }
   try {
     if (cmd == "serve") {
-      Args a(argc, argv, 2, sy::cli::kServeOptions, {});
+      Args a(argc, argv, 2, sy::cli::kServeOptions, sy::cli::kServeFlags);
       return sy::cli::cmd_serve(a);
     }
     if (cmd == "submit") {
       Args a(argc, argv, 2, sy::cli::kSubmitOptions, {});
       return sy::cli::cmd_submit(a);
     }
+    if (cmd == "ctl") return sy::cli::cmd_ctl(argc, argv, 2);
     if (cmd == "generate") {
       Args a(argc, argv, 2,
              {"model", "prompt", "n", "temperature", "top-k", "top-p", "seed", "logprobs", "stop",
@@ -183,7 +189,7 @@ int main(int argc, char** argv) {
       return cmd_tokenize(a);
     }
     if (cmd == "make-model") {
-      Args a(argc, argv, 2, {"shape", "dtype", "vocab-from", "seed", "out"}, {});
+      Args a(argc, argv, 2, {"shape", "dtype", "vocab-from", "seed", "ctx", "out"}, {});
       return cmd_make_model(a);
     }
     throw UsageError("unknown command '" + cmd + "'");

@@ -15,15 +15,19 @@ const char* const kServeUsage =
     "  serve       [--model FILE] [--config FILE.yaml] [--bind ADDR] [--pull ADDR]\n"
     "              [--results ADDR] [--backend cpu|null] [--executors N] [--threads N]\n"
     "              [--kv-mb MB] [--grace-ms MS] [--step-delay-ms MS]\n"
+    "              [--kv-policy P] [--kv-pressure-policy P] [--admin-token T]\n"
+    "              [--no-prefix-cache]\n"
     "              Flags override the config file. --backend null runs no model (fixed\n"
     "              tokens: measures overhead). --step-delay-ms is for TESTS ONLY (slows every\n"
     "              engine step). A port of * binds a free port; the bound addresses are\n"
     "              printed on stdout as 'switchyard: listening on ADDR'. SIGUSR1 prints\n"
-    "              the counters as 'switchyard: stats {json}'; SIGINT/SIGTERM stop it.\n";
+    "              the counters as 'switchyard: stats {json}'; SIGINT/SIGTERM stop it.\n"
+    "              P: full | sliding_window:W | sinks:S:W. --admin-token enables `ctl`.\n";
 
 const std::vector<std::string> kServeOptions = {
     "model", "config", "bind", "pull", "results", "backend", "executors", "threads",
-    "kv-mb", "grace-ms", "step-delay-ms"};
+    "kv-mb", "grace-ms", "step-delay-ms", "kv-policy", "kv-pressure-policy", "admin-token"};
+const std::vector<std::string> kServeFlags = {"no-prefix-cache"};
 
 int cmd_serve(const Args& a) {
   ServerConfig cfg;
@@ -58,6 +62,10 @@ int cmd_serve(const Args& a) {
     if (n < 0 || n > 60000) throw UsageError("--step-delay-ms must be in [0, 60000]");
     cfg.batching.step_delay_ms = static_cast<int32_t>(n);
   }
+  if (a.has("kv-policy")) cfg.batching.kv_policy = a.str("kv-policy");
+  if (a.has("kv-pressure-policy")) cfg.batching.kv_pressure_policy = a.str("kv-pressure-policy");
+  if (a.has("admin-token")) cfg.admission.admin_token = a.str("admin-token");
+  if (a.has("no-prefix-cache")) cfg.batching.prefix_cache = false;
   if (cfg.executors.backend != "cpu" && cfg.executors.backend != "null")
     throw UsageError("--backend must be cpu or null");
   finalize_config(cfg);

@@ -15,6 +15,8 @@ extern const char* const kSubmitUsage;
 /// Valued options of each (no flags).
 extern const std::vector<std::string> kServeOptions;
 extern const std::vector<std::string> kSubmitOptions;
+/// Flags (options without a value) of `serve`.
+extern const std::vector<std::string> kServeFlags;
 
 /// Runs the server until SIGINT/SIGTERM; returns the exit status (0 after a clean stop).
 int cmd_serve(const Args& a);

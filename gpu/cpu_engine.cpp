@@ -42,6 +42,18 @@ void grow(std::vector<T>& v, size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
+// What the token at slot t sees under SeqStep::window/sinks: sink slots [0, n_sinks), attended
+// with the sink query, and window slots [lo, t]. Full attention (window 0) is n_sinks = lo = 0.
+struct Visible {
+  int64_t n_sinks;
+  int64_t lo;
+};
+Visible visible(int64_t t, int32_t window, int32_t sinks) {
+  if (window <= 0) return {0, 0};
+  const int64_t lo = std::max<int64_t>(0, t - window + 1);
+  return {std::min<int64_t>(sinks, lo), lo};
+}
+
 class CpuEngine final : public Engine {
  public:
   CpuEngine(std::shared_ptr<LlamaModel> model, const EngineOptions& opts);
@@ -73,6 +85,18 @@ class CpuEngine final : public Engine {
   int64_t slot_of(const SeqStep& s, int64_t logical) const {
     return int64_t{s.block_table[logical / bs_]} * bs_ + logical % bs_;
   }
+  // Calls fn(j, physical slot) for the logical slots [a, b) of s, j counting up from j0; walks
+  // the block table block by block, so there is no division per slot.
+  template <class Fn>
+  void for_slots(const SeqStep& s, int64_t a, int64_t b, int64_t j0, Fn&& fn) const {
+    for (int64_t x = a, j = j0; x < b;) {
+      const int64_t off = x % bs_;
+      const int64_t base = int64_t{s.block_table[x / bs_]} * bs_ + off;
+      const int64_t lim = std::min<int64_t>(bs_ - off, b - x);
+      for (int64_t o = 0; o < lim; ++o, ++j) fn(j, base + o);
+      x += lim;
+    }
+  }
   KvElem* k_row(int layer, int64_t slot) { return k_cache_.get() + (layer * n_slots_ + slot) * kv_dim_; }
   KvElem* v_row(int layer, int64_t slot) { return v_cache_.get() + (layer * n_slots_ + slot) * kv_dim_; }
 
@@ -100,6 +124,12 @@ class CpuEngine final : public Engine {
   std::vector<int64_t> slot_sort_;  // (T) scratch for the duplicate-slot check
   std::vector<int32_t> seq_row_;    // (n_seq + 1) first token row of each sequence
   std::vector<int32_t> out_row_;    // (R) token rows whose logits are returned
+  // Sinks with a gap (position p > sinks + window - 1): the sink slots are scored with a second
+  // copy of the query rotated to sinks + window - 1. sink_pos_[row] is that position or -1 (no
+  // second query); sink_idx_[row] the row of q_sink_ holding it.
+  std::vector<int32_t> sink_pos_;   // (T)
+  std::vector<int32_t> sink_idx_;   // (T)
+  int32_t n_sink_rows_ = 0;
   // One attention task: a query head of a decoding sequence (dot path, gemm = false), or a KV
   // head with its group of query heads over query tokens [i0, i1) (tiled path, gemm = true).
   struct AttnUnit {
@@ -117,6 +147,7 @@ class CpuEngine final : public Engine {
   std::vector<float> x_;      // (T, dim) residual stream
   std::vector<float> xb_;     // (T, dim) normed input / block output
   std::vector<float> q_;      // (T, n_heads * head_dim)
+  std::vector<float> q_sink_; // (n_sink_rows_, n_heads * head_dim) sink queries
   std::vector<float> k_;      // (T, n_kv_heads * head_dim)
   std::vector<float> v_;      // (T, n_kv_heads * head_dim)
   std::vector<float> att_;    // (T, n_heads * head_dim) attention output
@@ -179,6 +210,8 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
     if (s.n_tokens < 1) bad(i, "n_tokens must be >= 1");
     if (!s.tokens) bad(i, "tokens is null");
     if (s.n_past < 0) bad(i, "n_past must be >= 0");
+    if (s.window < 0) bad(i, "window must be >= 0");
+    if (s.sinks < 0) bad(i, "sinks must be >= 0");
     total += s.n_tokens;
     if (total > max_tokens_) {
       throw std::invalid_argument("step: more than " + std::to_string(max_tokens_) +
@@ -191,9 +224,22 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
       bad(i, "block table has " + std::to_string(s.n_blocks) + " blocks, " +
                  std::to_string(need) + " needed for " + std::to_string(end) + " slots");
     }
+    // Slots some new token reads or writes: [0, sink_end) and [win_lo, end). Tokens' windows
+    // only move forward, so the first token has the lowest window start and the last the most
+    // sinks in sight.
+    const int64_t win_lo = visible(s.n_past, s.window, s.sinks).lo;
+    const int64_t sink_end = visible(end - 1, s.window, s.sinks).n_sinks;
     for (int64_t b = 0; b < need; ++b) {
-      if (s.block_table[b] < 0 || s.block_table[b] >= pool_.n_total()) {
-        bad(i, "block id " + std::to_string(s.block_table[b]) + " out of range");
+      const int32_t id = s.block_table[b];
+      if (id == -1) {
+        const int64_t b0 = b * bs_, b1 = std::min<int64_t>(b0 + bs_, end);
+        if (b0 < sink_end || b1 > win_lo) {
+          bad(i, "block table entry " + std::to_string(b) + " is -1 (released) but slots [" +
+                     std::to_string(b0) + ", " + std::to_string(b1) +
+                     ") are attended to or written by this step");
+        }
+      } else if (id < 0 || id >= pool_.n_total()) {
+        bad(i, "block id " + std::to_string(id) + " out of range");
       }
     }
     for (int32_t t = 0; t < s.n_tokens; ++t) {
@@ -211,6 +257,9 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
   grow(pos_, T);
   grow(slot_, T);
   grow(slot_sort_, T);
+  grow(sink_pos_, T);
+  grow(sink_idx_, T);
+  n_sink_rows_ = 0;
   grow(seq_row_, batch.size() + 1);
   out_row_.clear();
   out.offset.resize(batch.size());
@@ -231,23 +280,35 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
         const int32_t i1 = std::min(s.n_tokens, i0 + kQueryTile);
         for (int g = 0; g < c_.n_kv_heads; ++g) units_.push_back({static_cast<int32_t>(i), g, i0, i1, true});
         // keys (nk, hd), values transposed (hd, nk), queries (rows, hd), scores (rows, nk),
-        // output (rows, hd)
-        const int64_t nk = int64_t{s.n_past} + i1, rows = int64_t{group} * (i1 - i0);
+        // output (rows, hd); nk: the tile's sinks plus its first token's window start up to its
+        // last token
+        const Visible v0 = visible(int64_t{s.n_past} + i0, s.window, s.sinks);
+        const int64_t nk = v0.n_sinks + int64_t{s.n_past} + i1 - v0.lo;
+        const int64_t rows = int64_t{group} * (i1 - i0);
         ws_floats_ = std::max(ws_floats_, 2 * nk * hd + 2 * rows * hd + rows * nk);
       }
     } else {
       for (int h = 0; h < c_.n_heads; ++h) units_.push_back({static_cast<int32_t>(i), h, 0, s.n_tokens, false});
       ws_floats_ = std::max(ws_floats_, int64_t{s.n_past} + s.n_tokens);  // one score row
     }
-    // Each query token scores and mixes about n_past + n_tokens / 2 slots, twice head_dim each.
-    attn_macs_ += int64_t{c_.n_heads} * s.n_tokens * (int64_t{s.n_past} + s.n_tokens / 2 + 1) *
-                  2 * c_.head_dim;
+    // Each query token scores and mixes about n_past + n_tokens / 2 slots (at most sinks +
+    // window of them), twice head_dim each.
+    int64_t seen = int64_t{s.n_past} + s.n_tokens / 2 + 1;
+    if (s.window > 0) seen = std::min(seen, int64_t{s.window} + s.sinks);
+    attn_macs_ += int64_t{c_.n_heads} * s.n_tokens * seen * 2 * c_.head_dim;
     out.offset[i] = static_cast<int32_t>(out_row_.size());
     out.count[i] = s.all_logits ? s.n_tokens : 1;
     for (int32_t t = 0; t < s.n_tokens; ++t, ++row) {
       tok_[static_cast<size_t>(row)] = s.tokens[t];
       pos_[static_cast<size_t>(row)] = s.positions ? s.positions[t] : s.n_past + t;
       slot_[static_cast<size_t>(row)] = slot_of(s, int64_t{s.n_past} + t);
+      // A second query only where it differs from the first (gap) and sink slots are in sight.
+      const int64_t sink_at = int64_t{s.sinks} + s.window - 1;
+      const int64_t p = pos_[static_cast<size_t>(row)];
+      const bool gap = s.window > 0 && s.sinks > 0 && p > sink_at &&
+                       visible(int64_t{s.n_past} + t, s.window, s.sinks).n_sinks > 0;
+      sink_pos_[static_cast<size_t>(row)] = gap ? static_cast<int32_t>(sink_at) : -1;
+      sink_idx_[static_cast<size_t>(row)] = gap ? n_sink_rows_++ : -1;
       if (s.all_logits || t == s.n_tokens - 1) out_row_.push_back(row);
     }
   }
@@ -281,12 +342,13 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
   std::vector<float> xb(c.dim);           // (dim) normed input
   std::vector<float> xb2(c.dim);          // (dim) block output
   std::vector<float> q(q_dim_);           // (n_heads * head_dim)
+  std::vector<float> qs(q_dim_);          // (n_heads * head_dim) sink query
   std::vector<float> k(kv_dim_);          // (n_kv_heads * head_dim)
   std::vector<float> v(kv_dim_);          // (n_kv_heads * head_dim)
   std::vector<float> att(q_dim_);         // (n_heads * head_dim)
   std::vector<float> hb(c.ffn_dim);       // (ffn_dim)
   std::vector<float> hb2(c.ffn_dim);      // (ffn_dim)
-  std::vector<float> scores;              // (n_past + i + 1) attention weights of one head
+  std::vector<float> scores;              // (visible slots) attention weights of one head
 
   size_t out_i = 0;
   for (size_t si = 0; si < batch.size(); ++si) {
@@ -295,7 +357,13 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
       const int32_t row = seq_row_[si] + i;
       const int pos = pos_[static_cast<size_t>(row)];
       const int64_t slot = slot_[static_cast<size_t>(row)];
-      const int64_t n_keys = int64_t{s.n_past} + i + 1;  // causal: slots [0, n_past + i]
+      const int sink_pos = sink_pos_[static_cast<size_t>(row)];
+      // Sink slots [0, ns) then window slots [lo, t]; full attention: [0, t].
+      const int64_t t = int64_t{s.n_past} + i;
+      const Visible vis = visible(t, s.window, s.sinks);
+      const int64_t ns = vis.n_sinks;
+      const int64_t n_keys = ns + t - vis.lo + 1;
+      const auto key_slot = [&](int64_t j) { return slot_of(s, j < ns ? j : vis.lo + j - ns); };
       scores.resize(static_cast<size_t>(n_keys));
 
       // token embedding: row `tok` of token_embd
@@ -311,21 +379,27 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
         ref::matmul(L.wq, xb.data(), 1, q.data());
         ref::matmul(L.wk, xb.data(), 1, k.data());
         ref::matmul(L.wv, xb.data(), 1, v.data());
+        if (sink_pos >= 0) {
+          std::copy(q.begin(), q.end(), qs.begin());
+          ref::rope(qs.data(), c.n_heads, hd, c.rope_dim, sink_pos, c.rope_theta);
+        }
         ref::rope(q.data(), c.n_heads, hd, c.rope_dim, pos, c.rope_theta);
         ref::rope(k.data(), c.n_kv_heads, hd, c.rope_dim, pos, c.rope_theta);
         std::copy(k.begin(), k.end(), k_row(l, slot));
         std::copy(v.begin(), v.end(), v_row(l, slot));
         for (int h = 0; h < c.n_heads; ++h) {
           const float* qh = q.data() + h * hd;
+          const float* qsh = sink_pos >= 0 ? qs.data() + h * hd : qh;
           const int64_t kv_off = int64_t{h / group} * hd;
           for (int64_t j = 0; j < n_keys; ++j) {
-            scores[static_cast<size_t>(j)] = ref::dot(qh, k_row(l, slot_of(s, j)) + kv_off, hd) * scale;
+            scores[static_cast<size_t>(j)] =
+                ref::dot(j < ns ? qsh : qh, k_row(l, key_slot(j)) + kv_off, hd) * scale;
           }
           ref::softmax(scores.data(), n_keys);
           float* oh = att.data() + h * hd;
           std::fill(oh, oh + hd, 0.0f);
           for (int64_t j = 0; j < n_keys; ++j) {
-            ref::axpy(scores[static_cast<size_t>(j)], v_row(l, slot_of(s, j)) + kv_off, oh, hd);
+            ref::axpy(scores[static_cast<size_t>(j)], v_row(l, key_slot(j)) + kv_off, oh, hd);
           }
         }
         ref::matmul(L.wo, att.data(), 1, xb2.data());
@@ -358,6 +432,7 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
   grow(x_, T * dim);
   grow(xb_, T * dim);
   grow(q_, T * q_dim_);
+  grow(q_sink_, static_cast<size_t>(n_sink_rows_ * q_dim_));
   grow(k_, T * kv_dim_);
   grow(v_, T * kv_dim_);
   grow(att_, T * q_dim_);
@@ -381,6 +456,11 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
     matmul(L.wk, xb_.data(), k_.data(), n_tok_);
     matmul(L.wv, xb_.data(), v_.data(), n_tok_);
     for (size_t t = 0; t < T; ++t) {
+      if (sink_pos_[t] >= 0) {
+        float* qs = q_sink_.data() + sink_idx_[t] * q_dim_;
+        std::memcpy(qs, q_.data() + t * q_dim_, sizeof(float) * q_dim_);
+        kernels::rope(qs, c.n_heads, c.head_dim, c.rope_dim, sink_pos_[t], c.rope_theta);
+      }
       kernels::rope(q_.data() + t * q_dim_, c.n_heads, c.head_dim, c.rope_dim, pos_[t], c.rope_theta);
       kernels::rope(k_.data() + t * kv_dim_, c.n_kv_heads, c.head_dim, c.rope_dim, pos_[t],
                     c.rope_theta);
@@ -450,37 +530,45 @@ void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int h, const KvElem* 
   for (int32_t i = 0; i < s.n_tokens; ++i) {
     const size_t row = static_cast<size_t>(row0 + i);
     const float* qh = q_.data() + row * q_dim_ + h * hd;
-    const int64_t n_keys = int64_t{s.n_past} + i + 1;
-    // Walk the block table block by block: no division per key.
-    for (int64_t j = 0, b = 0; j < n_keys; ++b) {
-      const int64_t base = int64_t{s.block_table[b]} * bs_;
-      const int64_t lim = std::min<int64_t>(bs_, n_keys - j);
-      for (int64_t o = 0; o < lim; ++o, ++j) {
-        sc[j] = kernels::dot(qh, kc + (base + o) * kv_dim_ + kv_off, hd) * scale;
-      }
-    }
+    const int32_t si = sink_idx_[row];
+    const float* qsh = si >= 0 ? q_sink_.data() + si * q_dim_ + h * hd : qh;
+    // Scores of sink slots [0, ns) then window slots [lo, t], packed as sc[0, n_keys).
+    const int64_t t = int64_t{s.n_past} + i;
+    const Visible vis = visible(t, s.window, s.sinks);
+    const int64_t ns = vis.n_sinks;
+    const int64_t n_keys = ns + t - vis.lo + 1;
+    for_slots(s, 0, ns, 0, [&](int64_t j, int64_t slot) {
+      sc[j] = kernels::dot(qsh, kc + slot * kv_dim_ + kv_off, hd) * scale;
+    });
+    for_slots(s, vis.lo, t + 1, ns, [&](int64_t j, int64_t slot) {
+      sc[j] = kernels::dot(qh, kc + slot * kv_dim_ + kv_off, hd) * scale;
+    });
     kernels::softmax(sc, n_keys);
     float* oh = att_.data() + row * q_dim_ + h * hd;
     std::fill(oh, oh + hd, 0.0f);
-    for (int64_t j = 0, b = 0; j < n_keys; ++b) {
-      const int64_t base = int64_t{s.block_table[b]} * bs_;
-      const int64_t lim = std::min<int64_t>(bs_, n_keys - j);
-      for (int64_t o = 0; o < lim; ++o, ++j) {
-        kernels::axpy(sc[j], vc + (base + o) * kv_dim_ + kv_off, oh, hd);
-      }
-    }
+    const auto mix = [&](int64_t j, int64_t slot) {
+      kernels::axpy(sc[j], vc + slot * kv_dim_ + kv_off, oh, hd);
+    };
+    for_slots(s, 0, ns, 0, mix);
+    for_slots(s, vis.lo, t + 1, ns, mix);
   }
 }
 
 // KV head g with its group of query heads, query tokens [i0, i1) of s: the keys and values the
 // tile can see are gathered out of the paged cache once, then scores = Q K^T and out = P V are
-// two matrix products (rows = group x tile tokens), with the causal mask applied per row.
+// two matrix products (rows = group x tile tokens), with each row's mask applied in between.
+// Gathered columns: the first token's sink slots [0, ns0), then slots [lo0, t1) (lo0 the first
+// token's window start, t1 one past the last token); a row sees the columns [0, a) as sinks
+// and [b, e) as its window.
 void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int g, int32_t i0, int32_t i1,
                             const KvElem* kc, const KvElem* vc, float* ws) {
   const int64_t hd = c_.head_dim;
   const int group = c_.n_heads / c_.n_kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int64_t nk = int64_t{s.n_past} + i1;  // slots seen by the tile's last token
+  const int64_t t0 = int64_t{s.n_past} + i0, t1 = int64_t{s.n_past} + i1;
+  const Visible v0 = visible(t0, s.window, s.sinks);
+  const int64_t ns0 = v0.n_sinks;
+  const int64_t nk = ns0 + t1 - v0.lo;  // gathered slots
   const int64_t qt = i1 - i0;
   const int64_t rows = group * qt;            // row hh * qt + r: head g * group + hh, token i0 + r
   float* K = ws;                // (nk, hd)
@@ -489,16 +577,14 @@ void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int g, int32_t i0, i
   float* S = Q + rows * hd;     // (rows, nk)
   float* O = S + rows * nk;     // (rows, hd)
 
-  for (int64_t j = 0, b = 0; j < nk; ++b) {
-    const int64_t base = int64_t{s.block_table[b]} * bs_;
-    const int64_t lim = std::min<int64_t>(bs_, nk - j);
-    for (int64_t o = 0; o < lim; ++o, ++j) {
-      const KvElem* kr = kc + (base + o) * kv_dim_ + g * hd;
-      const KvElem* vr = vc + (base + o) * kv_dim_ + g * hd;
-      std::copy(kr, kr + hd, K + j * hd);
-      for (int64_t d = 0; d < hd; ++d) Vt[d * nk + j] = vr[d];
-    }
-  }
+  const auto gather = [&](int64_t j, int64_t slot) {
+    const KvElem* kr = kc + slot * kv_dim_ + g * hd;
+    const KvElem* vr = vc + slot * kv_dim_ + g * hd;
+    std::copy(kr, kr + hd, K + j * hd);
+    for (int64_t d = 0; d < hd; ++d) Vt[d * nk + j] = vr[d];
+  };
+  for_slots(s, 0, ns0, 0, gather);
+  for_slots(s, v0.lo, t1, ns0, gather);
   for (int hh = 0; hh < group; ++hh) {
     const int64_t h = int64_t{g} * group + hh;
     for (int64_t r = 0; r < qt; ++r) {
@@ -509,10 +595,30 @@ void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int g, int32_t i0, i
   kernels::matmul(kernels::WeightView{kernels::DType::F32, K, nk, hd}, Q, rows, S, nullptr);
   for (int64_t row = 0; row < rows; ++row) {
     float* sr = S + row * nk;
-    const int64_t n = int64_t{s.n_past} + i0 + row % qt + 1;  // causal: slots [0, n)
-    for (int64_t j = 0; j < n; ++j) sr[j] *= scale;
-    kernels::softmax(sr, n);
-    std::fill(sr + n, sr + nk, 0.0f);
+    const int64_t r = row % qt, t = t0 + r;
+    const Visible vis = visible(t, s.window, s.sinks);
+    // Sink slots of t below lo0 are columns [0, ns0); those from lo0 on sit in the window part.
+    const int64_t a = ns0 + std::max<int64_t>(0, vis.n_sinks - v0.lo);
+    const int64_t b = ns0 + vis.lo - v0.lo;
+    const int64_t e = ns0 + t - v0.lo + 1;
+    const int32_t si = sink_idx_[static_cast<size_t>(row0 + i0 + r)];
+    if (si >= 0) {
+      const float* qsh = q_sink_.data() + si * q_dim_ + (int64_t{g} * group + row / qt) * hd;
+      for (int64_t j = 0; j < a; ++j) sr[j] = kernels::dot(qsh, K + j * hd, hd);
+    }
+    for (int64_t j = 0; j < a; ++j) sr[j] *= scale;
+    for (int64_t j = b; j < e; ++j) sr[j] *= scale;
+    if (a == b) {
+      kernels::softmax(sr, e);
+    } else {
+      // Softmax over the two ranges packed together, then moved back with zeros in between.
+      std::copy(sr + b, sr + e, sr + a);
+      const int64_t n = a + (e - b);
+      kernels::softmax(sr, n);
+      std::copy_backward(sr + a, sr + n, sr + e);
+      std::fill(sr + a, sr + b, 0.0f);
+    }
+    std::fill(sr + e, sr + nk, 0.0f);
   }
   kernels::matmul(kernels::WeightView{kernels::DType::F32, Vt, hd, nk}, S, rows, O, nullptr);
   for (int hh = 0; hh < group; ++hh) {

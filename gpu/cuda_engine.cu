@@ -176,14 +176,20 @@ class CudaEngineImpl final : public CudaEngine {
   };
   // Offsets (in int32 units) of the step's metadata inside the host and device buffers.
   struct Meta {
-    size_t tokens, pos, slot, nkeys, row_seq, bt_off, bt, dec_rows, tile_row0, tile_len, out_rows,
-        total;
+    size_t tokens, pos, slot, nkeys, window, row_seq, bt_off, bt, dec_rows, tile_row0, tile_len,
+        out_rows, total;
   };
 
   void upload(const kernels::WeightView& w, T* dst, DevBuf& staging);
   void upload_norm(const float* src, DevBuf& dst, const char* what);
   void synth(T* dst, int64_t rows, int64_t cols, uint64_t seed);
   int32_t plan(const std::vector<SeqStep>& batch, bool last_only, StepOutput* out);
+  // The window a sequence's rows attend with: its own (SeqStep::window), the engine-wide
+  // sliding_window option, or the narrower of the two; 0: full attention.
+  int32_t row_window(const SeqStep& s) const {
+    if (s.window > 0 && o_.sliding_window > 0) return std::min(s.window, o_.sliding_window);
+    return s.window > 0 ? s.window : o_.sliding_window;
+  }
   void forward();
   void ensure_logit_rows(int32_t rows);
   T* kc(int l) const { return k_.template as<T>() + int64_t{l} * n_slots_ * kv_dim_; }
@@ -444,6 +450,12 @@ int32_t CudaEngineImpl<T>::plan(const std::vector<SeqStep>& batch, bool last_onl
     if (s.n_tokens < 1) bad(i, "n_tokens must be >= 1");
     if (!s.tokens) bad(i, "tokens is null");
     if (s.n_past < 0) bad(i, "n_past must be >= 0");
+    if (s.window < 0) bad(i, "window must be >= 0");
+    if (s.sinks < 0) bad(i, "sinks must be >= 0");
+    // The sinks' second query position is not in the kernels; without a window sinks mean nothing.
+    if (s.sinks > 0 && s.window > 0) {
+      throw std::invalid_argument("sinks not supported by the CUDA backend yet");
+    }
     total += s.n_tokens;
     if (total > o_.max_batch_tokens) {
       throw std::invalid_argument("step: more than " + std::to_string(o_.max_batch_tokens) +
@@ -456,9 +468,19 @@ int32_t CudaEngineImpl<T>::plan(const std::vector<SeqStep>& batch, bool last_onl
       bad(i, "block table has " + std::to_string(s.n_blocks) + " blocks, " + std::to_string(need) +
                  " needed for " + std::to_string(end) + " slots");
     }
+    // Released (-1) entries are allowed only below the first new token's window: the slots
+    // the step reads or writes are [win_lo, end).
+    const int32_t w = row_window(s);
+    const int64_t win_lo = w > 0 ? std::max<int64_t>(0, int64_t{s.n_past} + 1 - w) : 0;
     for (int64_t b = 0; b < need; ++b) {
-      if (s.block_table[b] < 0 || s.block_table[b] >= pool_->n_total()) {
-        bad(i, "block id " + std::to_string(s.block_table[b]) + " out of range");
+      const int32_t id = s.block_table[b];
+      if (id == -1) {
+        if ((b + 1) * bs_ > win_lo) {
+          bad(i, "block table entry " + std::to_string(b) +
+                     " is -1 (released) but its slots are attended to or written by this step");
+        }
+      } else if (id < 0 || id >= pool_->n_total()) {
+        bad(i, "block id " + std::to_string(id) + " out of range");
       }
     }
     for (int32_t t = 0; t < s.n_tokens; ++t) {
@@ -479,7 +501,8 @@ int32_t CudaEngineImpl<T>::plan(const std::vector<SeqStep>& batch, bool last_onl
   m.pos = m.tokens + T_;
   m.slot = m.pos + T_;
   m.nkeys = m.slot + T_;
-  m.row_seq = m.nkeys + T_;
+  m.window = m.nkeys + T_;
+  m.row_seq = m.window + T_;
   m.bt_off = m.row_seq + T_;
   m.bt = m.bt_off + S;
   m.dec_rows = m.bt + static_cast<size_t>(n_bt);
@@ -517,12 +540,15 @@ int32_t CudaEngineImpl<T>::plan(const std::vector<SeqStep>& batch, bool last_onl
       H[m.slot + row] = static_cast<int32_t>(slot);
       slot_sort_[static_cast<size_t>(row)] = slot;
       H[m.nkeys + row] = s.n_past + t + 1;
+      H[m.window + row] = row_window(s);
       H[m.row_seq + row] = static_cast<int32_t>(i);
       if (all || t == s.n_tokens - 1) H[m.out_rows + n_out_++] = row;
     }
     if (s.n_tokens <= kDecodeMaxTokens) {
       for (int32_t r = row0; r < row; ++r) H[m.dec_rows + n_dec_++] = r;
-      max_dec_keys = std::max(max_dec_keys, s.n_past + s.n_tokens);
+      const int32_t w = row_window(s);
+      max_dec_keys = std::max(max_dec_keys, w > 0 ? std::min(s.n_past + s.n_tokens, w)
+                                                  : s.n_past + s.n_tokens);
     } else {
       for (int32_t r = row0; r < row; r += cuda::kPrefillTileRows) {
         H[m.tile_row0 + n_tiles_] = r;
@@ -603,6 +629,7 @@ void CudaEngineImpl<T>::forward() {
     kv.row_nkeys = md + m_.nkeys;
     kv.block_size = bs_;
     kv.window = o_.sliding_window;
+    kv.row_window = md + m_.window;
     CUDA_CHECK(cuda::attention_decode<T>(qkv, qkv_dim_, kv, md + m_.dec_rows, n_dec_, c.n_heads,
                                          c.n_kv_heads, c.head_dim, n_splits_,
                                          attn_ws_.template as<float>(), att, q_dim_, st));

@@ -32,7 +32,12 @@ class BlockPool {
 
 /// One sequence's part of a step. The sequence's cached tokens occupy logical slots
 /// [0, n_past); its new tokens go to slots [n_past, n_past + n_tokens). Slot s lives in block
-/// block_table[s / block_size] at offset s % block_size. Token i attends to slots [0, n_past + i].
+/// block_table[s / block_size] at offset s % block_size. Token i, at slot t = n_past + i, attends
+/// to slots [0, t] (window == 0), or to [0, sinks) and (t - window, t] (window > 0). With sinks > 0
+/// the sinks are attended with StreamingLLM's cache positions: the query is rotated as if at
+/// position min(p, sinks + window - 1) for them (p its own position), so no relative distance
+/// exceeds sinks + window - 1. A block table entry may be -1 (released) where no new token of the
+/// step attends to any slot of that block.
 struct SeqStep {
   const int32_t* tokens = nullptr;     // (n_tokens)
   const int32_t* positions = nullptr;  // (n_tokens) RoPE positions; nullptr: n_past + i
@@ -41,6 +46,8 @@ struct SeqStep {
   const int32_t* block_table = nullptr;  // (n_blocks) must cover n_past + n_tokens slots
   int32_t n_blocks = 0;
   bool all_logits = false;  // logits for every new token, not only the last
+  int32_t window = 0;       // > 0: attention sees only the last `window` slots (plus the sinks)
+  int32_t sinks = 0;        // with window > 0: the first `sinks` slots stay visible
 };
 
 /// Logits of a step: for sequence i, rows [offset[i], offset[i] + count[i]) of n_vocab floats.

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
 
@@ -485,6 +486,20 @@ Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
   return s;
 }
 
+// An operator command: the command must be one this version knows, and kv_policy needs the
+// policy text (parsed by the server, which names a malformed one).
+Control decode_control(const Fields& f, const DecodeLimits& lim) {
+  Control c;
+  c.token = f.str("token", lim.max_token_bytes, false);
+  c.command = f.str("command", lim.max_name_bytes, true, false);
+  if (std::find(std::begin(kControlCommands), std::end(kControlCommands), c.command) ==
+      std::end(kControlCommands))
+    reject("unknown control command " + quote(c.command) + " (kv_policy or stats)");
+  const bool needs_policy = c.command == "kv_policy";
+  c.policy = f.str("policy", lim.max_name_bytes, needs_policy, !needs_policy);
+  return c;
+}
+
 ClientMessage decode_client_object(const msgpack::object& root, const DecodeLimits& lim, DecodeError& partial) {
   if (root.type != msgpack::type::MAP) reject(std::string("message must be a map, got ") + type_name(root));
   const Fields f(root, "");
@@ -507,6 +522,7 @@ ClientMessage decode_client_object(const msgpack::object& root, const DecodeLimi
     return s;
   }
   if (type == "ping") return Ping{f.uint("seq", 0, 0, kU64)};
+  if (type == "control") return decode_control(f, lim);
   reject("unknown message type " + quote(type));
 }
 
@@ -575,6 +591,7 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
       const Fields uf(*u, "usage.");
       d.usage.prompt_tokens = static_cast<std::uint32_t>(uf.uint("prompt_tokens", 0, 0, kU32));
       d.usage.completion_tokens = static_cast<std::uint32_t>(uf.uint("completion_tokens", 0, 0, kU32));
+      d.usage.cached_tokens = static_cast<std::uint32_t>(uf.uint("cached_tokens", 0, 0, kU32));
     }
     if (const msgpack::object* t = f.typed("timings", msgpack::type::MAP, "a map", false)) {
       const Fields tf(*t, "timings.");
@@ -606,6 +623,12 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
     s.queue_position = static_cast<std::uint32_t>(f.uint("queue_position", 0, 0, kU32));
     s.completion_tokens = static_cast<std::uint32_t>(f.uint("completion_tokens", 0, 0, kU32));
     return s;
+  }
+  if (type == "control_reply") {
+    ControlReply c;
+    c.command = f.str("command", lim.max_name_bytes, true, false);
+    c.result = f.str("result", lim.max_string_bytes, false);
+    return c;
   }
   reject("unknown message type " + quote(type));
 }
@@ -734,6 +757,8 @@ struct ServerEncoder {
     MapOut u;
     u.uint("prompt_tokens", d.usage.prompt_tokens);
     u.uint("completion_tokens", d.usage.completion_tokens);
+    // Left out when 0 (no prefix cache hit), like every optional field at its default.
+    if (d.usage.cached_tokens != 0) u.uint("cached_tokens", d.usage.cached_tokens);
     m.raw("usage", u.finish());
     MapOut t;
     t.number("queue_ms", d.timings.queue_ms);
@@ -765,6 +790,13 @@ struct ServerEncoder {
     m.str("state", to_string(s.state));
     m.uint("queue_position", s.queue_position);
     m.uint("completion_tokens", s.completion_tokens);
+    return m.finish();
+  }
+  std::string operator()(const ControlReply& c) const {
+    MapOut m;
+    m.head("control_reply");
+    m.str("command", c.command);
+    m.str("result", c.result);
     return m.finish();
   }
 };
@@ -817,6 +849,14 @@ struct ClientEncoder {
     MapOut m;
     m.head("ping");
     if (p.seq != 0) m.uint("seq", p.seq);
+    return m.finish();
+  }
+  std::string operator()(const Control& c) const {
+    MapOut m;
+    m.head("control");
+    if (!c.token.empty()) m.str("token", c.token);
+    m.str("command", c.command);
+    if (!c.policy.empty()) m.str("policy", c.policy);
     return m.finish();
   }
 };

@@ -1,5 +1,6 @@
-// Wire protocol v1 as plain C++ structs: what clients send (submit, cancel, status, ping) and what
-// the server answers. The msgpack encoding lives in codec.hpp; docs/protocol.md is the reference.
+// Wire protocol v1 as plain C++ structs: what clients send (submit, cancel, status, ping, control)
+// and what the server answers. The msgpack encoding lives in codec.hpp; docs/protocol.md is the
+// reference.
 #pragma once
 
 #include <cstdint>
@@ -64,8 +65,19 @@ struct Ping {
   bool operator==(const Ping&) const = default;
 };
 
+/// An operator command (request endpoint only; the server's admin token is required).
+struct Control {
+  std::string token;    ///< the server's admin token
+  std::string command;  ///< "kv_policy" or "stats"
+  std::string policy;   ///< kv_policy only: "full", "sliding_window:W" or "sinks:S:W"
+  bool operator==(const Control&) const = default;
+};
+
+/// The control commands this protocol version knows.
+inline constexpr std::string_view kControlCommands[] = {"kv_policy", "stats"};
+
 /// Any message a client may send.
-using ClientMessage = std::variant<Submit, Cancel, Status, Ping>;
+using ClientMessage = std::variant<Submit, Cancel, Status, Ping, Control>;
 
 // ---- server → client ----------------------------------------------------------------------------
 
@@ -112,6 +124,7 @@ std::optional<FinishReason> finish_reason_from_string(std::string_view s);
 struct Usage {
   std::uint32_t prompt_tokens = 0;
   std::uint32_t completion_tokens = 0;
+  std::uint32_t cached_tokens = 0;  ///< prompt tokens whose KV came from the prefix cache
   bool operator==(const Usage&) const = default;
 };
 
@@ -168,7 +181,14 @@ struct StatusReply {
   bool operator==(const StatusReply&) const = default;
 };
 
+/// Answer to Control: `result` is one JSON object as text (its fields depend on the command).
+struct ControlReply {
+  std::string command;
+  std::string result;
+  bool operator==(const ControlReply&) const = default;
+};
+
 /// Any message the server may send.
-using ServerMessage = std::variant<Accepted, Tokens, Done, Error, Pong, StatusReply>;
+using ServerMessage = std::variant<Accepted, Tokens, Done, Error, Pong, StatusReply, ControlReply>;
 
 }  // namespace sy::wire

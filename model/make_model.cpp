@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <climits>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -272,6 +273,12 @@ void make_model(const MakeModelOptions& opts) {
   const ModelShape s = model_shape(opts.shape);
   const DTypeInfo dt = dtype_info(opts.dtype);
   if (opts.out.empty()) throw std::invalid_argument("make-model: no output path given");
+  // The GGUF key is a u32; positions beyond INT32_MAX would overflow the engine's slot arithmetic.
+  if (opts.ctx_len < 0 || opts.ctx_len > INT32_MAX) {
+    throw std::invalid_argument("make-model: --ctx must be in [0, " + std::to_string(INT32_MAX) +
+                                "] (0: the shape's)");
+  }
+  const int64_t ctx_len = opts.ctx_len > 0 ? opts.ctx_len : s.ctx_len;
 
   gguf::Writer w;
   w.add_string("general.architecture", "llama");
@@ -285,7 +292,7 @@ void make_model(const MakeModelOptions& opts) {
 
   const int head_dim = s.dim / s.n_heads;
   const int kv_dim = head_dim * s.n_kv_heads;
-  w.add_u32("llama.context_length", static_cast<uint32_t>(s.ctx_len));
+  w.add_u32("llama.context_length", static_cast<uint32_t>(ctx_len));
   w.add_u32("llama.embedding_length", static_cast<uint32_t>(s.dim));
   w.add_u32("llama.block_count", static_cast<uint32_t>(s.n_layers));
   w.add_u32("llama.feed_forward_length", static_cast<uint32_t>(s.ffn_dim));

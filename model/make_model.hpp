@@ -9,12 +9,13 @@ namespace sy {
 
 /// What to write: a shape (tiny, 15M, 110M, 1B, 8B), a weight dtype for the 2-D matrices
 /// (f32, f16, bf16, q8_0, q4_0), an optional GGUF whose tokenizer.ggml.* metadata is copied,
-/// the seed of the weights and the output path.
+/// the seed of the weights, an optional context length and the output path.
 struct MakeModelOptions {
   std::string shape = "tiny";
   std::string dtype = "f32";
   std::string vocab_from;
   uint64_t seed = 0;
+  int64_t ctx_len = 0;  ///< llama.context_length written; 0: the shape's
   std::string out;
 };
 

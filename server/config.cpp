@@ -2,6 +2,8 @@
 // silently ignored), every error naming the file, the key path, the line and the problem.
 #include "server/config.hpp"
 
+#include "policies/kv_policy.hpp"
+
 #include <yaml-cpp/yaml.h>
 
 #include <cmath>
@@ -156,13 +158,15 @@ void load_tenants(const Ctx& c, const std::string& key, const YAML::Node& n,
 
 void load_admission(const Ctx& c, const YAML::Node& n, AdmissionConfig& a) {
   each(c, "admission", n,
-       {"allow_anonymous", "tenants", "max_prompt_tokens", "max_output_tokens", "result_cache"},
+       {"allow_anonymous", "tenants", "max_prompt_tokens", "max_output_tokens", "result_cache",
+        "admin_token"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "allow_anonymous") a.allow_anonymous = get_bool(c, key, v);
          else if (k == "tenants") load_tenants(c, key, v, a.tenants);
          else if (k == "max_prompt_tokens") a.max_prompt_tokens = static_cast<uint32_t>(get_int(c, key, v, 0, kU32));
          else if (k == "max_output_tokens") a.max_output_tokens = static_cast<uint32_t>(get_int(c, key, v, 1, kU32));
          else if (k == "result_cache") a.result_cache = static_cast<size_t>(get_int(c, key, v, 0, kI64));
+         else if (k == "admin_token") a.admin_token = get_string(c, key, v);
        });
 }
 
@@ -199,7 +203,8 @@ void load_router(const Ctx& c, const YAML::Node& n, RouterConfig& r) {
 void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
   each(c, "batching", n,
        {"step_token_budget", "max_sequences", "prefill_chunk", "kv_block_size", "kv_memory_mb",
-        "step_delay_ms"},
+        "step_delay_ms", "kv_policy", "kv_pressure_policy", "kv_high_watermark",
+        "kv_low_watermark", "prefix_cache"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "step_token_budget") b.step_token_budget = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 20));
          else if (k == "max_sequences") b.max_sequences = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 16));
@@ -209,6 +214,14 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
          else if (k == "kv_memory_mb") b.kv_memory_mb = get_int(c, key, v, 1, int64_t{1} << 24);
          // One minute per step is already absurd; it exists only to slow tests down.
          else if (k == "step_delay_ms") b.step_delay_ms = static_cast<int32_t>(get_int(c, key, v, 0, 60000));
+         else if (k == "kv_policy" || k == "kv_pressure_policy") {
+           std::string text = get_string(c, key, v), why;
+           if (!text.empty() && !policy::parse_kv_policy(text, &why)) c.fail(key, v, why);
+           (k == "kv_policy" ? b.kv_policy : b.kv_pressure_policy) = text;
+         }
+         else if (k == "kv_high_watermark") b.kv_high_watermark = get_real(c, key, v, 0.0, 1.0);
+         else if (k == "kv_low_watermark") b.kv_low_watermark = get_real(c, key, v, 0.0, 1.0);
+         else if (k == "prefix_cache") b.prefix_cache = get_bool(c, key, v);
        });
 }
 
@@ -304,6 +317,15 @@ void finalize_config(ServerConfig& cfg) {
     cfg.batching.max_sequences = cfg.batching.step_token_budget;
   if (cfg.batching.kv_block_size < 1 || cfg.batching.kv_memory_mb < 1)
     throw std::runtime_error("config: batching.kv_block_size and kv_memory_mb must be >= 1");
+  for (const std::string* text : {&cfg.batching.kv_policy, &cfg.batching.kv_pressure_policy}) {
+    std::string why;
+    if (!text->empty() && !policy::parse_kv_policy(*text, &why))
+      throw std::runtime_error("config: batching kv policy '" + *text + "': " + why);
+  }
+  if (!(cfg.batching.kv_low_watermark < cfg.batching.kv_high_watermark))
+    throw std::runtime_error("config: batching.kv_low_watermark must be below kv_high_watermark");
+  if (auto p = policy::parse_kv_policy(cfg.batching.kv_policy); p && !policy::bounded_by_context(*p))
+    cfg.admission.beyond_context = true;
   if (cfg.endpoints.bind.empty() && cfg.endpoints.pull.empty())
     throw std::runtime_error("config: neither endpoints.bind nor endpoints.pull is set: no way in");
   if (!cfg.endpoints.pull.empty() && cfg.endpoints.results.empty())

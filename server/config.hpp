@@ -33,6 +33,10 @@ struct AdmissionConfig {
   uint32_t max_prompt_tokens = 0;    // 0 = the model context
   uint32_t max_output_tokens = 4096;
   size_t result_cache = 100000;      // finished job keys remembered for resubmission
+  std::string admin_token;           // operator commands (switchyard ctl); "" = none allowed
+  // Let prompt + max_tokens exceed the model context (set when the KV policy is sinks, whose
+  // positions never pass the cache size); jobs under other policies still end at the context.
+  bool beyond_context = false;
 };
 
 struct RouterConfig {
@@ -47,6 +51,13 @@ struct BatchingConfig {
   int32_t kv_block_size = 16;
   int64_t kv_memory_mb = 256;        // KV memory per executor
   int32_t step_delay_ms = 0;         // TEST ONLY: sleep before each step (slow executor)
+  // KV-cache policy (policies/kv_policy.hpp format: full | sliding_window:W | sinks:S:W);
+  // "" = the model's declared sliding window if it has one, else full.
+  std::string kv_policy;
+  std::string kv_pressure_policy;    // swapped in above kv_high_watermark; "" = never
+  double kv_high_watermark = 0.90;   // fraction of KV blocks held by sequences
+  double kv_low_watermark = 0.70;    // back to the normal policy at or below this
+  bool prefix_cache = true;          // reuse cached KV blocks of shared prompt prefixes
 };
 
 struct ExecutorConfig {

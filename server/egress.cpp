@@ -55,7 +55,7 @@ OutMessage encode_event(const DoneEvent& e) {
   d.finish_reason = static_cast<wire::FinishReason>(e.finish <= 2 ? e.finish : 0);
   d.text = sanitize_utf8(e.text);
   d.ids = e.ids;
-  d.usage = {e.prompt_tokens, e.completion_tokens};
+  d.usage = {e.prompt_tokens, e.completion_tokens, e.cached_tokens};
   d.timings = {e.queue_ms, e.ttft_ms, e.total_ms};
   return make(e.to, e.id, e.tenant, true, d);
 }
@@ -80,6 +80,11 @@ OutMessage encode_event(const StatusEvent& e) {
   s.queue_position = e.queue_position;
   s.completion_tokens = e.completion_tokens;
   return make(e.to, e.id, "", false, s);
+}
+
+OutMessage encode_event(const ControlEvent& e) {
+  // Not terminal: a control reply belongs to no job, so the gateway has nothing to forget.
+  return make(e.to, "", "", false, wire::ControlReply{e.command, sanitize_utf8(e.result)});
 }
 
 caf::actor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox) {
@@ -113,6 +118,9 @@ caf::actor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox) 
         },
         [=](out_atom, const ErrorEvent& e) { outbox->post(encode_event(e)); },
         [=](out_atom, const StatusEvent& e) {
+          if (to_router(e.to)) outbox->post(encode_event(e));
+        },
+        [=](out_atom, const ControlEvent& e) {
           if (to_router(e.to)) outbox->post(encode_event(e));
         },
         [=](pull_atom, uint32_t n) { outbox->add_pull_credit(n); },

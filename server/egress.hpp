@@ -32,8 +32,8 @@ class Outbox {
 };
 
 /// Spawns the egress actor. It handles (out_atom, AcceptedEvent|TokensEvent|DoneEvent|ErrorEvent|
-/// StatusEvent) and (pull_atom, uint32 n). Events for pipeline clients other than done/error are
-/// dropped (the results socket carries only those).
+/// StatusEvent|ControlEvent) and (pull_atom, uint32 n). Events for pipeline clients other than
+/// done/error are dropped (the results socket carries only those).
 caf::actor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox);
 
 /// The encoding the egress applies to each event (exposed for tests and for the fuzz seeds).
@@ -42,5 +42,6 @@ OutMessage encode_event(const TokensEvent& e);
 OutMessage encode_event(const DoneEvent& e);
 OutMessage encode_event(const ErrorEvent& e);
 OutMessage encode_event(const StatusEvent& e);
+OutMessage encode_event(const ControlEvent& e);
 
 }  // namespace sy

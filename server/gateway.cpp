@@ -94,8 +94,9 @@ struct Gateway::Impl {
   std::thread thread;
   bool started = false, joined = false;
 
-  std::mutex admission_mu;
+  std::mutex admission_mu;  // guards admission and control
   caf::actor admission;
+  caf::actor control;
 
   // Shared with other threads.
   std::mutex out_mu;
@@ -106,8 +107,8 @@ struct Gateway::Impl {
   std::atomic<int64_t> grace_ms{0};
   std::atomic<int64_t> pull_credit{0};
   struct Counters {
-    std::atomic<uint64_t> received{0}, decode_errors{0}, submits{0}, sent{0}, dropped{0},
-        hwm_deferrals{0}, internal_cancels{0};
+    std::atomic<uint64_t> received{0}, decode_errors{0}, submits{0}, controls{0}, sent{0},
+        dropped{0}, hwm_deferrals{0}, internal_cancels{0};
   } c;
 
   // Gateway thread only.
@@ -128,6 +129,11 @@ struct Gateway::Impl {
   caf::actor get_admission() {
     std::lock_guard<std::mutex> lk(admission_mu);
     return admission;
+  }
+
+  caf::actor get_control() {
+    std::lock_guard<std::mutex> lk(admission_mu);
+    return control;
   }
 
   // ---- sending ----
@@ -309,6 +315,25 @@ struct Gateway::Impl {
       deliver(OutMessage{from, "", "", false, wire::encode_server(wire::Pong{p->seq})});
       return;
     }
+    if (auto* ctl = std::get_if<wire::Control>(&msg)) {
+      if (pipeline) {
+        reply_error(from, {ErrorCode::bad_request, "control needs the request endpoint", "", ""});
+        return;
+      }
+      auto target = get_control();
+      if (!target) {
+        reply_error(from, {ErrorCode::unavailable, "control commands are not available", "", ""});
+        return;
+      }
+      c.controls++;
+      ControlRequest req;
+      req.client = from;
+      req.token = std::move(ctl->token);
+      req.command = std::move(ctl->command);
+      req.policy = std::move(ctl->policy);
+      caf::anon_send(target, control_atom::value, std::move(req));
+      return;
+    }
     auto adm = get_admission();
     if (auto* s = std::get_if<wire::Submit>(&msg)) {
       if (pipeline) pull_credit--;
@@ -480,6 +505,11 @@ void Gateway::set_admission(caf::actor admission) {
   impl_->admission = std::move(admission);
 }
 
+void Gateway::set_control(caf::actor control) {
+  std::lock_guard<std::mutex> lk(impl_->admission_mu);
+  impl_->control = std::move(control);
+}
+
 void Gateway::start() {
   auto& d = *impl_;
   if (d.started) return;
@@ -527,6 +557,7 @@ void Gateway::stop(std::chrono::milliseconds grace) {
   }
   d.closed = true;
   set_admission(caf::actor());
+  set_control(caf::actor());
   std::lock_guard<std::mutex> lk(d.out_mu);
   d.inbox.clear();
 }
@@ -565,6 +596,7 @@ GatewayStats Gateway::stats() const {
   s.received = c.received;
   s.decode_errors = c.decode_errors;
   s.submits = c.submits;
+  s.controls = c.controls;
   s.sent = c.sent;
   s.dropped = c.dropped;
   s.hwm_deferrals = c.hwm_deferrals;

@@ -35,6 +35,7 @@ struct GatewayStats {
   uint64_t received = 0;          ///< client frames read (ROUTER + PULL)
   uint64_t decode_errors = 0;     ///< replied with an error
   uint64_t submits = 0;           ///< SubmitRequests handed to admission
+  uint64_t controls = 0;          ///< ControlRequests handed to the control actor
   uint64_t sent = 0;              ///< server messages delivered to ZeroMQ
   uint64_t dropped = 0;           ///< undeliverable (peer gone, no results socket, backlog full)
   uint64_t hwm_deferrals = 0;     ///< sends put off because a peer was at its high-water mark
@@ -56,13 +57,17 @@ class Gateway : public Outbox {
   /// (status_atom, KeyRequest). May be called before or after start(); until then submits are
   /// answered with `unavailable`.
   void set_admission(caf::actor admission);
+  /// Where decoded `control` messages go: (control_atom, ControlRequest). Until set, they are
+  /// answered with `unavailable`.
+  void set_control(caf::actor control);
   /// Binds the sockets and starts the thread; throws std::runtime_error naming the address when
   /// one cannot be bound (malformed, busy).
   void start();
   /// Stops reading client sockets; outbound traffic keeps flowing (graceful shutdown, phase 1).
   void stop_reading();
   /// Stops reading, sends what is queued for up to `grace`, closes the sockets, joins the
-  /// thread and drops the admission handle (breaks the actor reference cycle). Idempotent.
+  /// thread and drops the admission and control handles (breaks the actor reference cycle).
+  /// Idempotent.
   void stop(std::chrono::milliseconds grace = std::chrono::milliseconds(1000));
 
   /// Queues an encoded message (thread-safe, never blocks on the network).

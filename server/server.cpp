@@ -14,6 +14,7 @@
 
 #include "actors/admission.hpp"
 #include "actors/batcher.hpp"
+#include "actors/control.hpp"
 #include "actors/executor.hpp"
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
@@ -53,7 +54,7 @@ struct Server::Impl {
   std::unique_ptr<caf::actor_system> sys;
   std::shared_ptr<LlamaModel> model;
   std::shared_ptr<Gateway> gateway;
-  caf::actor egress, router, admission;
+  caf::actor egress, router, admission, control;
   std::vector<caf::actor> executors, batchers;
   bool started = false;
   bool stopped = false;
@@ -115,7 +116,24 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
     d.batchers.push_back(
         spawn_batcher(*d.sys, c.batching, d.model, ex, d.router, d.egress, d.admission, n_blocks));
   }
+  ControlWiring cw;
+  cw.admin_token = c.admission.admin_token;
+  cw.admission = d.admission;
+  cw.router = d.router;
+  cw.egress = d.egress;
+  cw.batchers = d.batchers;
+  // A weak reference: the gateway owns the control handle, not the other way round.
+  cw.extra_stats = [gw = std::weak_ptr<Gateway>(d.gateway)](caf::settings& s) {
+    if (auto g = gw.lock()) {
+      auto st = g->stats();
+      caf::put(s, "received", static_cast<int64_t>(st.received));
+      caf::put(s, "sent", static_cast<int64_t>(st.sent));
+      caf::put(s, "decode_errors", static_cast<int64_t>(st.decode_errors));
+    }
+  };
+  d.control = spawn_control(*d.sys, std::move(cw));
   d.gateway->set_admission(d.admission);
+  d.gateway->set_control(d.control);
 }
 
 Server::~Server() {
@@ -152,6 +170,9 @@ ServerSnapshot Server::snapshot() {
     s.running += counter(bs, "running");
     s.blocks_used += counter(bs, "blocks_used");
     s.blocks_total += counter(bs, "blocks_total");
+    s.blocks_cached += counter(bs, "blocks_cached");
+    s.policy_swaps += counter(bs, "policy_swaps");
+    s.prefix_hit_tokens += counter(bs, "prefix_hit_tokens");
     s.preemptions += counter(bs, "preemptions");
     s.steps += counter(bs, "steps");
   }
@@ -204,12 +225,13 @@ void Server::shutdown(std::chrono::milliseconds grace) {
   auto stop = [](const caf::actor& a) {
     if (a) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   };
+  stop(d.control);
   stop(d.admission);
   stop(d.router);
   for (auto& b : d.batchers) stop(b);
   for (auto& e : d.executors) stop(e);
   stop(d.egress);
-  d.admission = d.router = d.egress = caf::actor{};
+  d.admission = d.router = d.egress = d.control = caf::actor{};
   d.batchers.clear();
   d.executors.clear();
   d.sys.reset();
@@ -234,8 +256,11 @@ std::string ServerSnapshot::to_json() const {
   put("running", running);
   put("blocks_used", blocks_used);
   put("blocks_total", blocks_total);
+  put("blocks_cached", blocks_cached);
   put("preemptions", preemptions);
   put("steps", steps);
+  put("policy_swaps", policy_swaps);
+  put("prefix_hit_tokens", prefix_hit_tokens);
   put("received", received);
   put("sent", sent);
   put("decode_errors", decode_errors);

@@ -21,6 +21,9 @@ struct ServerSnapshot {
   int64_t running = 0;      ///< sequences running in the batchers (all pairs)
   int64_t blocks_used = 0;  ///< KV blocks held by sequences (all pairs)
   int64_t blocks_total = 0; ///< KV blocks in the pools (all pairs)
+  int64_t blocks_cached = 0;  ///< unreferenced KV blocks kept for prefix reuse (all pairs)
+  int64_t policy_swaps = 0;   ///< KV-policy swaps, by command and by watermark (all pairs)
+  int64_t prefix_hit_tokens = 0;  ///< prompt tokens whose KV came from the prefix cache
   int64_t preemptions = 0;  ///< sequences preempted under KV pressure
   int64_t steps = 0;        ///< engine steps planned by the batchers
   uint64_t received = 0;    ///< client frames the gateway read

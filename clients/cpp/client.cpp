@@ -149,6 +149,31 @@ Result Client::wait(const std::string& id, milliseconds timeout) {
   }
 }
 
+ControlResult Client::control(const std::string& command, const std::string& policy,
+                              const std::string& token, milliseconds timeout) {
+  send(wire::Control{token, command, policy});
+  ControlResult r;
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    auto left = std::chrono::duration_cast<milliseconds>(until - std::chrono::steady_clock::now());
+    auto m = left.count() > 0 ? recv(left) : std::nullopt;
+    if (!m) {
+      r.timed_out = true;
+      return r;
+    }
+    if (auto* c = std::get_if<wire::ControlReply>(&*m)) {
+      r.reply = std::move(*c);
+      return r;
+    }
+    // A control error names no job; job errors (and everything else) are set aside.
+    if (auto* e = std::get_if<wire::Error>(&*m); e && e->id.empty()) {
+      r.error = std::move(*e);
+      return r;
+    }
+    pending_.push_back(std::move(*m));
+  }
+}
+
 bool Client::ping_wait(milliseconds timeout) {
   std::uint64_t seq = ++ping_seq_;
   ping(seq);
@@ -222,6 +247,7 @@ std::string describe(const wire::ServerMessage& m) {
           o << "done " << x.id << " finish=" << wire::to_string(x.finish_reason)
             << " prompt_tokens=" << x.usage.prompt_tokens
             << " completion_tokens=" << x.usage.completion_tokens
+            << " cached_tokens=" << x.usage.cached_tokens
             << " ttft_ms=" << x.timings.ttft_ms << " total_ms=" << x.timings.total_ms
             << " text=" << x.text;
         } else if constexpr (std::is_same_v<T, wire::Error>) {
@@ -229,6 +255,8 @@ std::string describe(const wire::ServerMessage& m) {
           if (x.retry_after_ms) o << " retry_after_ms=" << *x.retry_after_ms;
         } else if constexpr (std::is_same_v<T, wire::Pong>) {
           o << "pong " << x.seq;
+        } else if constexpr (std::is_same_v<T, wire::ControlReply>) {
+          o << "control_reply " << x.command << " " << x.result;
         } else {
           o << "status " << x.id << " " << wire::to_string(x.state)
             << " queue_position=" << x.queue_position

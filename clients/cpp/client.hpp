@@ -37,6 +37,15 @@ struct Result {
   bool ok() const { return done.has_value(); }
 };
 
+/// The answer to a control command (Client::control).
+struct ControlResult {
+  std::optional<wire::ControlReply> reply;  ///< set on success: reply->result is JSON text
+  std::optional<wire::Error> error;         ///< set when the server refused or failed it
+  bool timed_out = false;                   ///< neither came before the timeout
+  /// True when the server answered with control_reply.
+  bool ok() const { return reply.has_value(); }
+};
+
 /// A DEALER connection to the server's request endpoint (ROUTER). Not thread-safe: one thread
 /// per Client (ZeroMQ sockets belong to one thread).
 class Client {
@@ -68,6 +77,11 @@ class Client {
   Result run(const wire::Submit& s, milliseconds timeout = milliseconds(60000));
   /// Waits for the job's done or error without submitting (after submit()).
   Result wait(const std::string& id, milliseconds timeout = milliseconds(60000));
+  /// Sends an operator command ("kv_policy" with `policy`, or "stats") with the admin `token` and
+  /// waits up to `timeout` in all for its control_reply or for an error without a job id. Replies
+  /// carry no id, so keep one command in flight per Client; other messages are kept for next().
+  ControlResult control(const std::string& command, const std::string& policy,
+                        const std::string& token, milliseconds timeout = milliseconds(5000));
   /// Pings and waits for the matching pong; false on timeout.
   bool ping_wait(milliseconds timeout = milliseconds(5000));
 

@@ -13,6 +13,8 @@ input (PUSH to PULL) and Sink reads the pipeline results (PULL from PUSH).
 """
 
 import collections
+import json
+import time
 
 import msgpack
 import zmq
@@ -202,6 +204,29 @@ class Client:
         """Submits and waits for the job's done or error; returns a Result."""
         self.submit(job_id, tenant, prompt, **options)
         return self.wait(job_id, timeout_ms)
+
+    def control(self, command, policy=None, token="", timeout_ms=5000):
+        """Sends an operator command ("kv_policy" with a policy text such as "sliding_window:512",
+        or "stats") with the admin token; returns (result, error): result is the reply's JSON
+        decoded to a dict, error the `error` message dict; (None, None) after timeout_ms in all.
+        Replies carry no id: keep one command in flight per Client."""
+        msg = {"type": "control", "command": command}
+        if token:
+            msg["token"] = token
+        if policy:
+            msg["policy"] = policy
+        self.send(msg)
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        while True:
+            left = int((deadline - time.monotonic()) * 1000)
+            m = self._recv(left) if left > 0 else None
+            if m is None:
+                return None, None
+            if m["type"] == "control_reply":
+                return json.loads(m.get("result", "{}")), None
+            if m["type"] == "error" and not m.get("id"):
+                return None, m
+            self._pending.append(m)
 
     def ping_wait(self, timeout_ms=5000):
         """Pings and waits for the matching pong; False on timeout."""

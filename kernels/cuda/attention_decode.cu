@@ -21,7 +21,7 @@ __global__ void decode_partial_kernel(const float* q, int64_t q_stride, PagedKv<
   const int i = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
   const int64_t t = rows[i];
   const int nk = kv.row_nkeys[t];
-  const int start = kv.window > 0 ? max(0, nk - kv.window) : 0;
+  const int start = window_start(kv, t, nk);
   const int chunk = (nk - start + n_splits - 1) / n_splits;
   const int k0 = start + split * chunk;
   const int k1 = min(nk, k0 + chunk);

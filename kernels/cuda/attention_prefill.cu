@@ -44,7 +44,7 @@ __global__ void prefill_kernel(const float* q, int64_t q_stride, PagedKv<T> kv,
   const int32_t* bt = kv.block_tables + kv.seq_bt_off[kv.row_seq[r0]];
   const int nk_first = kv.row_nkeys[r0];
   const int nk_last = kv.row_nkeys[r0 + nr - 1];
-  const int kstart = kv.window > 0 ? max(0, nk_first - kv.window) : 0;
+  const int kstart = window_start(kv, r0, nk_first);
 
   for (int e = threadIdx.x; e < kBQ * hd; e += blockDim.x) {
     const int r = e / hd, d = e % hd;
@@ -72,7 +72,7 @@ __global__ void prefill_kernel(const float* q, int64_t q_stride, PagedKv<T> kv,
       float s = -INFINITY;
       if (r < nr && j < nkt) {
         const int nk = kv.row_nkeys[r0 + r];
-        const int st = kv.window > 0 ? max(0, nk - kv.window) : 0;
+        const int st = window_start(kv, r0 + r, nk);
         const int key = kb + j;
         if (key < nk && key >= st) {
           s = 0.0f;
@@ -158,7 +158,7 @@ __global__ void prefill_tc_kernel(const float* q, int64_t q_stride, PagedKv<bf16
   const int32_t* bt = kv.block_tables + kv.seq_bt_off[kv.row_seq[r0]];
   const int nk_first = kv.row_nkeys[r0];
   const int nk_last = kv.row_nkeys[r0 + nr - 1];
-  const int kstart = kv.window > 0 ? max(0, nk_first - kv.window) : 0;
+  const int kstart = window_start(kv, r0, nk_first);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int vec = hd / 8;  // 16-byte vectors per key row
 
@@ -208,7 +208,7 @@ __global__ void prefill_tc_kernel(const float* q, int64_t q_stride, PagedKv<bf16
     for (int rr = 0; rr < kBQ / 4; ++rr) {
       const int r = warp * (kBQ / 4) + rr;
       const int nk = r < nr ? kv.row_nkeys[r0 + r] : 0;
-      const int st = kv.window > 0 ? max(0, nk - kv.window) : 0;
+      const int st = r < nr ? window_start(kv, r0 + r, nk) : 0;
       float s[2];
       float mx = -INFINITY;
 #pragma unroll

@@ -18,7 +18,17 @@ struct PagedKv {
   const int32_t* row_nkeys = nullptr;     // (T) row t attends to slots [start, row_nkeys[t])
   int32_t block_size = 16;
   int32_t window = 0;  // > 0: start = max(0, row_nkeys - window) (sliding window); 0: start = 0
+  const int32_t* row_window = nullptr;  // (T) per-row window, as `window`; nullptr: `window`
 };
+
+#ifdef __CUDACC__
+/// First slot row t (attending up to slot nk, exclusive) sees: its window's start, or 0.
+template <class T>
+__device__ __forceinline__ int window_start(const PagedKv<T>& kv, int64_t t, int nk) {
+  const int w = kv.row_window ? kv.row_window[t] : kv.window;
+  return w > 0 ? max(0, nk - w) : 0;
+}
+#endif
 
 /// Writes the new keys and values: for row t, k_cache[slot[t]] = src[t * row_stride + k_off + :]
 /// and v_cache[slot[t]] = src[t * row_stride + v_off + :], kv_dim values each.

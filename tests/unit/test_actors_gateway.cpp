@@ -9,7 +9,9 @@
 #include <set>
 #include <thread>
 
+#include "actors/control.hpp"
 #include "actors/messages.hpp"
+#include "cli/json_reader.hpp"
 #include "clients/cpp/client.hpp"
 #include "ingress/codec.hpp"
 #include "server/egress.hpp"
@@ -634,7 +636,12 @@ BOOST_AUTO_TEST_CASE(pipeline_results_wait_for_a_sink) {
   opt.initial_pull_credit = 100;
   Server srv(loopback(true), opt);
   sy::client::Pusher push(srv.gw->pull_endpoint());
-  for (int i = 0; i < 3; ++i) BOOST_REQUIRE(push.submit(job("w" + std::to_string(i)), kGuard));
+  for (int i = 0; i < 3; ++i) {
+    // Built by appending: GCC 12 warns (-Wrestrict, a false positive) on "lit" + string&&.
+    std::string id = "w";
+    id += std::to_string(i);
+    BOOST_REQUIRE(push.submit(job(id), kGuard));
+  }
   BOOST_REQUIRE(srv.rec->wait([](Recorder& r) { return r.pipeline_submits() == 3; }));
   // No sink yet: the results wait in the gateway (PUSH has no peer to take them).
   sy::client::Sink sink(srv.gw->results_endpoint());
@@ -664,4 +671,221 @@ BOOST_AUTO_TEST_CASE(a_busy_or_bad_address_is_named) {
   sy::Gateway third(ep);
   BOOST_CHECK_THROW(third.start(), std::runtime_error);
   BOOST_TEST(Client(srv.gw->endpoint()).ping_wait(kGuard));  // the first one is unaffected
+}
+
+// ---- control messages ----
+
+namespace {
+
+// Control stand-in: records requests and answers each with a ControlEvent echoing the policy.
+caf::behavior fake_control(caf::event_based_actor*, std::shared_ptr<std::vector<sy::ControlRequest>> seen,
+                           std::shared_ptr<std::mutex> mu, caf::actor egress) {
+  return {
+      [=](sy::control_atom, const sy::ControlRequest& r) {
+        {
+          std::lock_guard<std::mutex> lk(*mu);
+          seen->push_back(r);
+        }
+        caf::anon_send(egress, sy::out_atom::value,
+                       sy::ControlEvent{r.client, r.command, "{\"policy\": \"" + r.policy + "\"}"});
+      },
+  };
+}
+
+// A batcher stand-in for the control actor: answers kvpolicy with `refusal` ("" = swapped) and
+// stats with a few counters; `silent` leaves kvpolicy requests unanswered (a wedged batcher).
+caf::behavior fake_batcher(caf::event_based_actor* self, std::string refusal, bool silent,
+                           int64_t used) {
+  auto policy = std::make_shared<std::string>("full");
+  auto held = std::make_shared<std::vector<caf::response_promise>>();
+  return {
+      [=](sy::kvpolicy_atom, const sy::policy::KvPolicy& p) -> caf::result<std::string> {
+        if (silent) {
+          held->push_back(self->make_response_promise());  // kept, never delivered
+          return held->back();
+        }
+        if (refusal.empty()) *policy = sy::policy::to_string(p);
+        return refusal;
+      },
+      [=](sy::stats_atom) {
+        caf::settings s;
+        caf::put(s, "kv_policy", *policy);
+        caf::put(s, "blocks_used", used);
+        caf::put(s, "blocks_total", int64_t{100});
+        caf::put(s, "policy_swaps", int64_t{*policy == "full" ? 0 : 1});
+        caf::put(s, "prefix_hit_tokens", int64_t{32});
+        return s;
+      },
+  };
+}
+
+caf::behavior fake_counters(caf::event_based_actor*, std::string key, int64_t value) {
+  return {
+      [=](sy::stats_atom) {
+        caf::settings s;
+        caf::put(s, key, value);
+        return s;
+      },
+  };
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(control_goes_to_the_control_actor_on_the_router_only) {
+  Server srv(loopback(true));
+  Client c(srv.gw->endpoint());
+  // Not wired yet: refused, never dropped.
+  auto early = c.control("stats", "", "tok", kGuard);
+  BOOST_REQUIRE(early.error.has_value());
+  BOOST_TEST(early.error->code == sy::ErrorCode::unavailable);
+
+  auto seen = std::make_shared<std::vector<sy::ControlRequest>>();
+  auto mu = std::make_shared<std::mutex>();
+  auto ctl = srv.sys.spawn(fake_control, seen, mu, srv.egress);
+  srv.gw->set_control(ctl);
+  auto r = c.control("kv_policy", "sinks:4:60", "tok", kGuard);
+  BOOST_REQUIRE(r.ok());
+  BOOST_TEST(r.reply->command == "kv_policy");
+  BOOST_TEST(r.reply->result == "{\"policy\": \"sinks:4:60\"}");
+  {
+    std::lock_guard<std::mutex> lk(*mu);
+    BOOST_REQUIRE(seen->size() == 1u);
+    BOOST_TEST((*seen)[0].token == "tok");
+    BOOST_TEST((*seen)[0].command == "kv_policy");
+    BOOST_TEST((*seen)[0].policy == "sinks:4:60");
+    BOOST_TEST((*seen)[0].client.kind == sy::ClientRef::router);
+  }
+  BOOST_TEST(srv.gw->stats().controls == 1u);
+
+  // On the pipeline input: refused on the results socket, the control actor never sees it.
+  sy::client::Sink sink(srv.gw->results_endpoint());
+  sy::client::Pusher push(srv.gw->pull_endpoint());
+  caf::anon_send(srv.egress, sy::pull_atom::value, uint32_t{4});
+  BOOST_REQUIRE(push.send(sy::wire::Control{"tok", "stats", ""}, kGuard));
+  auto m = sink.next(kGuard);
+  BOOST_REQUIRE(m.has_value());
+  auto* e = std::get_if<sy::wire::Error>(&*m);
+  BOOST_REQUIRE(e != nullptr);
+  BOOST_TEST(e->code == sy::ErrorCode::bad_request);
+  BOOST_TEST(e->message == "control needs the request endpoint");
+  {
+    std::lock_guard<std::mutex> lk(*mu);
+    BOOST_TEST(seen->size() == 1u);
+  }
+  caf::anon_send_exit(ctl, caf::exit_reason::user_shutdown);
+}
+
+BOOST_AUTO_TEST_CASE(control_actor_checks_the_token_and_swaps_every_batcher) {
+  Server srv;
+  auto b1 = srv.sys.spawn(fake_batcher, std::string(), false, int64_t{3});
+  auto b2 = srv.sys.spawn(fake_batcher, std::string(), false, int64_t{4});
+  sy::ControlWiring w;
+  w.admin_token = "adm";
+  w.admission = srv.sys.spawn(fake_counters, std::string("active"), int64_t{7});
+  w.router = srv.sys.spawn(fake_counters, std::string("queued"), int64_t{5});
+  w.egress = srv.egress;
+  w.batchers = {b1, b2};
+  w.extra_stats = [](caf::settings& s) { caf::put(s, "received", int64_t{11}); };
+  auto ctl = sy::spawn_control(srv.sys, w);
+  srv.gw->set_control(ctl);
+  Client c(srv.gw->endpoint());
+
+  auto none = c.control("stats", "", "", kGuard);
+  BOOST_REQUIRE(none.error.has_value());
+  BOOST_TEST(none.error->code == sy::ErrorCode::unauthorized);
+  BOOST_TEST(none.error->message == "control commands need the admin token");
+  auto wrong = c.control("stats", "", "adx", kGuard);
+  BOOST_REQUIRE(wrong.error.has_value());
+  BOOST_TEST(wrong.error->message == "wrong admin token");
+  auto bad = c.control("kv_policy", "window:3", "adm", kGuard);
+  BOOST_REQUIRE(bad.error.has_value());
+  BOOST_TEST(bad.error->code == sy::ErrorCode::bad_request);
+  BOOST_TEST(contains(bad.error->message, "'window:3'"), bad.error->message);
+
+  auto ok = c.control("kv_policy", "sliding_window:512", "adm", kGuard);
+  BOOST_REQUIRE(ok.ok());
+  BOOST_TEST(ok.reply->result == "{\"kv_policy\": \"sliding_window:512\", \"batchers\": 2}");
+
+  auto st = c.control("stats", "", "adm", kGuard);
+  BOOST_REQUIRE(st.ok());
+  auto j = sy::cli::JsonReader::parse(st.reply->result);
+  BOOST_TEST(j.at("active_jobs").i == 7);
+  BOOST_TEST(j.at("queued").i == 5);
+  BOOST_TEST(j.at("blocks_used").i == 7);
+  BOOST_TEST(j.at("blocks_total").i == 200);
+  BOOST_TEST(j.at("policy_swaps").i == 2);
+  BOOST_TEST(j.at("prefix_hit_tokens").i == 64);
+  BOOST_TEST(j.at("blocks_cached").i == 0);  // absent counters read 0
+  BOOST_TEST(j.at("received").i == 11);
+  BOOST_REQUIRE(j.at("batchers").arr.size() == 2u);
+  BOOST_TEST(j.at("batchers").arr[1].at("kv_policy").str == "sliding_window:512");
+  BOOST_TEST(j.at("batchers").arr[1].at("blocks_used").i == 4);
+  for (auto& a : {ctl, b1, b2, w.admission, w.router})
+    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+BOOST_AUTO_TEST_CASE(control_actor_reports_refusals_and_silent_batchers) {
+  Server srv;
+  Client c(srv.gw->endpoint());
+  auto run = [&](std::vector<caf::actor> batchers, const std::string& admin) {
+    sy::ControlWiring w;
+    w.admin_token = admin;
+    w.egress = srv.egress;
+    w.batchers = std::move(batchers);
+    // Short, so the silent batcher's case ends soon; nothing asserts on the time itself.
+    w.ask_timeout = 200ms;
+    auto ctl = sy::spawn_control(srv.sys, w);
+    srv.gw->set_control(ctl);
+    auto r = c.control("kv_policy", "sinks:4:60", "adm", kGuard);
+    caf::anon_send_exit(ctl, caf::exit_reason::user_shutdown);
+    for (auto& b : w.batchers) caf::anon_send_exit(b, caf::exit_reason::user_shutdown);
+    return r;
+  };
+  auto off = run({}, "");
+  BOOST_REQUIRE(off.error.has_value());
+  BOOST_TEST(off.error->code == sy::ErrorCode::unauthorized);
+
+  auto refused = run({srv.sys.spawn(fake_batcher, std::string(), false, int64_t{0}),
+                      srv.sys.spawn(fake_batcher, std::string("too big"), false, int64_t{0})},
+                     "adm");
+  BOOST_REQUIRE(refused.error.has_value());
+  BOOST_TEST(refused.error->code == sy::ErrorCode::bad_request);
+  BOOST_TEST(refused.error->message == "too big");
+
+  auto silent = run({srv.sys.spawn(fake_batcher, std::string(), true, int64_t{0})}, "adm");
+  BOOST_REQUIRE(silent.error.has_value());
+  BOOST_TEST(silent.error->code == sy::ErrorCode::unavailable);
+  BOOST_TEST(contains(silent.error->message, "batcher 0"), silent.error->message);
+
+  // A batcher that does not know the message at all: an error reply, not a hang.
+  auto unaware = run({srv.sys.spawn(fake_counters, std::string("x"), int64_t{1})}, "adm");
+  BOOST_REQUIRE(unaware.error.has_value());
+  BOOST_TEST((unaware.error->code == sy::ErrorCode::internal ||
+              unaware.error->code == sy::ErrorCode::unavailable));
+
+  auto zero = run({}, "adm");
+  BOOST_REQUIRE(zero.ok());
+  BOOST_TEST(zero.reply->result == "{\"kv_policy\": \"sinks:4:60\", \"batchers\": 0}");
+}
+
+BOOST_AUTO_TEST_CASE(egress_encodes_control_replies_and_cached_tokens) {
+  sy::ControlEvent ce;
+  ce.to.identity = "id";
+  ce.command = "stats";
+  ce.result = "{}";
+  auto m = sy::encode_event(ce);
+  BOOST_TEST(!m.terminal);
+  auto d = sy::wire::decode_server(m.bytes.data(), m.bytes.size());
+  auto& reply = std::get<sy::wire::ControlReply>(std::get<sy::wire::ServerMessage>(d));
+  BOOST_TEST(reply.command == "stats");
+  BOOST_TEST(reply.result == "{}");
+  sy::DoneEvent de;
+  de.id = "j";
+  de.prompt_tokens = 40;
+  de.completion_tokens = 2;
+  de.cached_tokens = 32;
+  auto dm = sy::encode_event(de);
+  auto dd = sy::wire::decode_server(dm.bytes.data(), dm.bytes.size());
+  BOOST_TEST(std::get<sy::wire::Done>(std::get<sy::wire::ServerMessage>(dd)).usage.cached_tokens ==
+             32u);
 }

@@ -398,3 +398,61 @@ BOOST_AUTO_TEST_CASE(server_side_decoder_is_guarded_too) {
   });
   BOOST_TEST(err(tok.bytes()) == "field 'logprobs.0.top.0' must be an [id, logprob] pair");
 }
+
+BOOST_AUTO_TEST_CASE(control_messages_are_checked) {
+  Msg c;
+  c.set("v", U(1)).set("type", S("control")).set("token", S("adm")).set("command", S("kv_policy"))
+      .set("policy", S("sliding_window:32"));
+  {
+    auto r = decode_client(c.bytes().data(), c.bytes().size());
+    BOOST_REQUIRE(std::holds_alternative<ClientMessage>(r));
+    const Control got = std::get<Control>(std::get<ClientMessage>(r));
+    BOOST_TEST(got.policy == "sliding_window:32");
+  }
+  BOOST_TEST(message_of(Msg(c).drop("policy").bytes()) == "missing field 'policy'");
+  BOOST_TEST(message_of(Msg(c).set("policy", Nil()).bytes()) == "missing field 'policy'");
+  BOOST_TEST(message_of(Msg(c).set("policy", S("")).bytes()) == "field 'policy' must not be empty");
+  BOOST_TEST(message_of(Msg(c).set("policy", U(3)).bytes()) ==
+             "field 'policy' must be a string, got integer");
+  BOOST_TEST(message_of(Msg(c).set("policy", S(std::string(65, 'x'))).bytes()) ==
+             "field 'policy' has 65 bytes, limit 64");
+  BOOST_TEST(message_of(Msg(c).drop("command").bytes()) == "missing field 'command'");
+  BOOST_TEST(message_of(Msg(c).set("command", S("reboot")).bytes()) ==
+             "unknown control command 'reboot' (kv_policy or stats)");
+  BOOST_TEST(message_of(Msg(c).set("command", B(true)).bytes()) ==
+             "field 'command' must be a string, got boolean");
+  BOOST_TEST(message_of(Msg(c).set("token", I(-1)).bytes()) ==
+             "field 'token' must be a string, got integer");
+  // stats needs no policy; an empty one is ignored rather than refused.
+  Msg st;
+  st.set("v", U(1)).set("type", S("control")).set("command", S("stats")).set("policy", S(""));
+  auto r = decode_client(st.bytes().data(), st.bytes().size());
+  BOOST_REQUIRE(std::holds_alternative<ClientMessage>(r));
+  BOOST_TEST(std::get<Control>(std::get<ClientMessage>(r)).command == "stats");
+}
+
+BOOST_AUTO_TEST_CASE(control_reply_and_cached_tokens_are_checked_client_side) {
+  Msg cr;
+  cr.set("v", U(1)).set("type", S("control_reply")).set("command", S("stats")).set("result", S("{}"));
+  auto ok = decode_server(cr.bytes().data(), cr.bytes().size());
+  BOOST_REQUIRE(std::holds_alternative<ServerMessage>(ok));
+  auto bad = decode_server(Msg(cr).drop("command").bytes().data(), Msg(cr).drop("command").bytes().size());
+  BOOST_REQUIRE(std::holds_alternative<DecodeError>(bad));
+  BOOST_TEST(std::get<DecodeError>(bad).message == "missing field 'command'");
+  const std::string bytes = Msg(cr).set("result", U(1)).bytes();
+  auto bad2 = decode_server(bytes.data(), bytes.size());
+  BOOST_REQUIRE(std::holds_alternative<DecodeError>(bad2));
+  BOOST_TEST(std::get<DecodeError>(bad2).message == "field 'result' must be a string, got integer");
+
+  Msg d;
+  d.set("v", U(1)).set("type", S("done")).set("id", S("j")).set("finish_reason", S("stop"))
+      .set("usage", [](Packer& p) {
+        p.pack_map(1);
+        p.pack(std::string("cached_tokens"));
+        p.pack_int64(-4);
+      });
+  const std::string db = d.bytes();
+  auto bad3 = decode_server(db.data(), db.size());
+  BOOST_REQUIRE(std::holds_alternative<DecodeError>(bad3));
+  BOOST_TEST(std::get<DecodeError>(bad3).message == "usage.cached_tokens -4 out of range [0, 4294967295]");
+}

@@ -103,6 +103,10 @@ BOOST_AUTO_TEST_CASE(other_client_messages_round_trip) {
   BOOST_TEST((std::get<Status>(client_round_trip(st)) == st));
   BOOST_TEST((std::get<Ping>(client_round_trip(Ping{0})) == Ping{0}));
   BOOST_TEST((std::get<Ping>(client_round_trip(Ping{~0ull})) == Ping{~0ull}));
+  const Control kv{"admin-secret", "kv_policy", "sinks:4:60"};
+  BOOST_TEST((std::get<Control>(client_round_trip(kv)) == kv));
+  const Control stats{"", "stats", ""};
+  BOOST_TEST((std::get<Control>(client_round_trip(stats)) == stats));
 }
 
 BOOST_AUTO_TEST_CASE(server_messages_round_trip) {
@@ -133,6 +137,11 @@ BOOST_AUTO_TEST_CASE(server_messages_round_trip) {
   d.tenant.clear();
   d.timings = {0, 1, 2};  // integral values travel as msgpack integers
   BOOST_TEST((std::get<Done>(server_round_trip(d)) == d));
+  d.usage.cached_tokens = 400;
+  BOOST_TEST((std::get<Done>(server_round_trip(d)) == d));
+
+  const ControlReply cr{"kv_policy", R"({"kv_policy": "sliding_window:512", "batchers": 2})"};
+  BOOST_TEST((std::get<ControlReply>(server_round_trip(cr)) == cr));
 
   const Error e{"job-1", "acme", sy::ErrorCode::overloaded, "queue 'batch' is full", 250u};
   BOOST_TEST((std::get<Error>(server_round_trip(e)) == e));
@@ -142,6 +151,18 @@ BOOST_AUTO_TEST_CASE(server_messages_round_trip) {
   BOOST_TEST((std::get<Pong>(server_round_trip(Pong{99})) == Pong{99}));
   const StatusReply sr{"job-1", JobState::running, 0, 12};
   BOOST_TEST((std::get<StatusReply>(server_round_trip(sr)) == sr));
+}
+
+BOOST_AUTO_TEST_CASE(cached_tokens_left_out_when_zero) {
+  Done d;
+  d.id = "j";
+  d.usage = {3, 2, 0};
+  const std::string without = encode_server(d);
+  BOOST_TEST(without.find("cached_tokens") == std::string::npos);
+  d.usage.cached_tokens = 2;
+  const std::string with = encode_server(d);
+  BOOST_TEST(with.find("cached_tokens") != std::string::npos);
+  BOOST_TEST(std::get<Done>(server_round_trip(d)).usage.cached_tokens == 2u);
 }
 
 BOOST_AUTO_TEST_CASE(every_error_code_round_trips) {
@@ -221,6 +242,22 @@ BOOST_AUTO_TEST_CASE(documented_byte_examples) {
   BOOST_TEST(hex(encode_server(e)) ==
              "87a17601a474797065a56572726f72a26964a26a31a674656e616e74a461636d65a4636f6465aa6f7665726c6f61646564"
              "a76d657373616765aa717565756520" "66756c6cae72657472795f61667465725f6d7378");
+  BOOST_TEST(hex(encode_client(Control{"adm", "kv_policy", "sliding_window:32"})) ==
+             "85a17601a474797065a7636f6e74726f6ca5746f6b656ea361646da7636f6d6d616e64a96b765f706f6c"
+             "696379a6706f6c696379b1736c6964696e675f77696e646f773a3332");
+  BOOST_TEST(hex(encode_server(ControlReply{"kv_policy", R"({"batchers":1})"})) ==
+             "84a17601a474797065ad636f6e74726f6c5f7265706c79a7636f6d6d616e64a96b765f706f6c696379a6"
+             "726573756c74ae7b226261746368657273223a317d");
+  Done dc;
+  dc.id = "j3";
+  dc.finish_reason = FinishReason::stop;
+  dc.usage = {20, 1, 16};
+  dc.timings = {0, 1, 2};
+  BOOST_TEST(hex(encode_server(dc)) ==
+             "87a17601a474797065a4646f6e65a26964a26a33ad66696e6973685f726561736f6ea473746f70a474657874a0"
+             "a5757361676583ad70726f6d70745f746f6b656e7314b1636f6d706c6574696f6e5f746f6b656e7301ad636163"
+             "6865645f746f6b656e7310a774696d696e677383a871756575655f6d7300a7747466745f6d7301a8746f74616c"
+             "5f6d7302");
   // The reply to the hostile 5-byte array32 header.
   const std::string hostile("\xdd\xff\xff\xff\xff", 5);
   auto r = decode_client(hostile.data(), hostile.size());

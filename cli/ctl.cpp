@@ -1,0 +1,100 @@
+// `switchyard ctl`: parses the command line (options anywhere, then the command words), sends one
+// control message with the C++ client and prints its reply.
+#include "cli/ctl.hpp"
+
+#include <iostream>
+
+#include "cli/args.hpp"
+#include "clients/cpp/client.hpp"
+
+namespace sy::cli {
+
+const char* const kCtlUsage =
+    "  ctl         --server ADDR [--token ADMIN_TOKEN] [--timeout-ms MS] COMMAND\n"
+    "              kv-policy full | kv-policy sliding_window W | kv-policy sinks S W\n"
+    "              swaps every batcher's KV-cache policy for new jobs; stats prints the\n"
+    "              counters as JSON. Exits 1 with the server's error, or after --timeout-ms\n"
+    "              (default 5000) without an answer.\n";
+
+namespace {
+
+bool digits(const std::string& s) {
+  return !s.empty() && s.find_first_not_of("0123456789") == std::string::npos;
+}
+
+}  // namespace
+
+std::string policy_text(const std::vector<std::string>& w) {
+  if (w.empty()) throw UsageError("kv-policy needs a policy: full, sliding_window W or sinks S W");
+  const std::string& name = w[0];
+  // "sliding_window:512" as one word is the wire form already.
+  if (w.size() == 1 && name.find(':') != std::string::npos) return name;
+  auto need = [&](size_t n, const char* shape) {
+    if (w.size() != n + 1) throw UsageError("kv-policy " + name + " takes " + shape);
+    for (size_t i = 1; i < w.size(); ++i)
+      if (!digits(w[i]))
+        throw UsageError("kv-policy " + name + ": '" + w[i] + "' is not a non-negative integer");
+  };
+  if (name == "full") {
+    need(0, "no parameters");
+    return "full";
+  }
+  if (name == "sliding_window") {
+    need(1, "one parameter: W (window tokens)");
+    return "sliding_window:" + w[1];
+  }
+  if (name == "sinks") {
+    need(2, "two parameters: S (sink tokens) and W (window tokens)");
+    return "sinks:" + w[1] + ":" + w[2];
+  }
+  throw UsageError("unknown kv policy '" + name + "' (full, sliding_window or sinks)");
+}
+
+int cmd_ctl(int argc, char** argv, int first) {
+  // Options may come before or after the command words; Args parses the options only.
+  std::vector<char*> opts = {argv[0]};
+  std::vector<std::string> words;
+  const std::vector<std::string> valued = {"server", "token", "timeout-ms"};
+  for (int i = first; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) == 0) {
+      opts.push_back(argv[i]);
+      bool inline_value = a.find('=') != std::string::npos;
+      if (!inline_value && i + 1 < argc) opts.push_back(argv[++i]);
+    } else {
+      words.push_back(a);
+    }
+  }
+  Args args(static_cast<int>(opts.size()), opts.data(), 1, valued, {});
+  if (!args.has("server")) throw UsageError("ctl needs --server ADDR");
+  long long timeout = args.integer("timeout-ms", 5000);
+  if (timeout < 1) throw UsageError("--timeout-ms must be at least 1");
+  if (words.empty()) throw UsageError("ctl needs a command: kv-policy or stats");
+
+  std::string command, policy;
+  if (words[0] == "kv-policy" || words[0] == "kv_policy") {
+    command = "kv_policy";
+    policy = policy_text({words.begin() + 1, words.end()});
+  } else if (words[0] == "stats") {
+    if (words.size() > 1) throw UsageError("stats takes no parameters");
+    command = "stats";
+  } else {
+    throw UsageError("unknown ctl command '" + words[0] + "' (kv-policy or stats)");
+  }
+
+  client::Client c(args.str("server"));
+  auto r = c.control(command, policy, args.str("token"), std::chrono::milliseconds(timeout));
+  if (r.ok()) {
+    std::cout << r.reply->result << std::endl;
+    return 0;
+  }
+  if (r.error) {
+    std::cerr << "switchyard: " << to_string(r.error->code) << ": " << r.error->message << "\n";
+    return 1;
+  }
+  std::cerr << "switchyard: no answer from " << args.str("server") << " within " << timeout
+            << " ms\n";
+  return 1;
+}
+
+}  // namespace sy::cli

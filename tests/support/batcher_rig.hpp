@@ -1,0 +1,181 @@
+// A batcher (and usually a real CPU executor) in a real actor system, with a scoped actor
+// standing in for the router, egress and admission: shared by the batcher and KV-policy tests.
+#pragma once
+
+#include <boost/test/unit_test.hpp>
+#include <caf/all.hpp>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "actors/batcher.hpp"
+#include "actors/executor.hpp"
+#include "actors/messages.hpp"
+#include "model/llama.hpp"
+
+namespace sy::test {
+
+inline const std::string kModels = SY_MODELS_DIR;
+// Generous: a lost message shows up as a failure, never as a hang. Not a timing assertion.
+inline constexpr auto kWait = std::chrono::seconds(60);
+
+inline caf::actor_system_config& config() {
+  static caf::actor_system_config cfg = [] {
+    caf::actor_system_config c;
+    register_message_types(c);
+    return c;
+  }();
+  return cfg;
+}
+
+inline std::shared_ptr<LlamaModel> stories() {
+  static std::shared_ptr<LlamaModel> m = LlamaModel::load(kModels + "/stories260K.gguf");
+  return m;
+}
+
+// What the stand-in router/egress/admission saw for one job.
+struct Seen {
+  std::vector<int32_t> stream_ids;
+  std::string stream_text;
+  bool contiguous = true;
+  uint32_t stream_n_top = 0;
+  bool stream_logprob_shape = true;  // every chunk: one logprob and n_top alternatives per id
+  int dones = 0, errors = 0, outcomes = 0;
+  DoneEvent done;
+  ErrorEvent error;
+  JobOutcome outcome;
+};
+
+// One test's actors: a system, a scoped actor standing in for router, egress and admission.
+struct Rig {
+  caf::actor_system sys{config()};
+  caf::scoped_actor sink{sys};
+  caf::actor executor, batcher;
+  std::shared_ptr<LlamaModel> model = stories();  // the batcher's and a cpu executor's model
+  std::map<uint64_t, Seen> seen;
+  uint64_t credit = 0;
+  int credit_msgs = 0;
+  uint64_t next_uid = 1;
+  uint64_t last_uid = 0;          // the job the last received message was about
+
+  void start(BatchingConfig bc, int32_t n_blocks, ExecutorSpec spec, bool with_model = true) {
+    if (spec.model) spec.model = model;
+    spec.n_blocks = n_blocks;
+    spec.block_size = bc.kv_block_size;
+    executor = spawn_executor(sys, spec);
+    start_with(bc, n_blocks, executor, with_model);
+  }
+  void start_with(BatchingConfig bc, int32_t n_blocks, caf::actor exec, bool with_model) {
+    batcher = spawn_batcher(sys, bc, with_model ? model : nullptr, exec, sink, sink, sink,
+                            n_blocks);
+  }
+  ~Rig() {
+    if (batcher) caf::anon_send_exit(batcher, caf::exit_reason::user_shutdown);
+    if (executor) caf::anon_send_exit(executor, caf::exit_reason::user_shutdown);
+  }
+
+  Job job(std::vector<int32_t> prompt, uint32_t max_tokens, bool stream) {
+    Job j;
+    j.uid = next_uid++;
+    j.id = std::to_string(j.uid);
+    j.id.insert(0, "job");
+    j.tenant.assign(1, 't');  // (a literal assignment trips a GCC 12 -Wrestrict false positive)
+    j.prompt = std::move(prompt);
+    j.max_tokens = max_tokens;
+    j.temperature = 0.0f;
+    j.stream = stream;
+    j.arrival_us = now_us();
+    return j;
+  }
+  uint64_t submit(const Job& j) {
+    sink->send(batcher, run_atom::value, j);
+    return j.uid;
+  }
+
+  // Handles one message; false on timeout.
+  bool receive_one(caf::duration timeout = caf::duration{kWait}) {
+    bool ok = true;
+    last_uid = 0;
+    sink->receive(
+        [&](credit_atom, const caf::actor&, uint32_t n) {
+          credit += n;
+          ++credit_msgs;
+        },
+        [&](out_atom, const TokensEvent& t) {
+          Seen& s = seen[t.uid];
+          if (t.index != s.stream_ids.size()) s.contiguous = false;
+          s.stream_ids.insert(s.stream_ids.end(), t.ids.begin(), t.ids.end());
+          s.stream_text += t.text;
+          s.stream_n_top = t.n_top;
+          if (t.logprob.size() != (t.n_top ? t.ids.size() : 0) ||
+              t.top_ids.size() != t.n_top * t.ids.size() ||
+              t.top_logprobs.size() != t.top_ids.size())
+            s.stream_logprob_shape = false;
+        },
+        [&](out_atom, const DoneEvent& d) {
+          last_uid = d.uid;
+          seen[d.uid].done = d;
+          ++seen[d.uid].dones;
+        },
+        [&](out_atom, const ErrorEvent& e) {
+          last_uid = e.uid;
+          seen[e.uid].error = e;
+          ++seen[e.uid].errors;
+        },
+        [&](finished_atom, const JobOutcome& o) {
+          last_uid = o.uid;
+          seen[o.uid].outcome = o;
+          ++seen[o.uid].outcomes;
+        },
+        caf::after(timeout) >> [&] { ok = false; });
+    return ok;
+  }
+  // Handles what is already in the mailbox (e.g. credit sent after a job's last event); a stats
+  // round trip first makes sure the batcher's earlier sends have arrived.
+  void drain() {
+    stats(batcher);
+    while (receive_one(caf::duration{std::chrono::milliseconds(1)})) {
+    }
+  }
+  bool ended(uint64_t uid) {
+    auto it = seen.find(uid);
+    return it != seen.end() && it->second.outcomes > 0 &&
+           it->second.dones + it->second.errors > 0;
+  }
+  // Receives until every job in `uids` has its terminal event and outcome.
+  void wait_all(const std::vector<uint64_t>& uids) {
+    std::set<uint64_t> pending;
+    for (uint64_t u : uids)
+      if (!ended(u)) pending.insert(u);
+    while (!pending.empty()) {
+      BOOST_REQUIRE_MESSAGE(receive_one(), "timed out waiting for jobs to end");
+      if (last_uid && ended(last_uid)) pending.erase(last_uid);
+    }
+  }
+  caf::settings stats(const caf::actor& a) {
+    caf::settings out;
+    sink->request(a, kWait, stats_atom::value)
+        .receive([&](caf::settings& s) { out = std::move(s); },
+                 [&](caf::error& e) { BOOST_FAIL("stats failed: " + sys.render(e)); });
+    return out;
+  }
+};
+
+inline int64_t counter(const caf::settings& s, const char* name) {
+  auto v = caf::get_if<int64_t>(&s, name);
+  BOOST_REQUIRE_MESSAGE(v, std::string("missing counter ") + name);
+  return *v;
+}
+
+inline ExecutorSpec cpu_spec() {
+  ExecutorSpec e;
+  e.backend = "cpu";
+  e.model = stories();
+  e.threads = 1;  // the test machine's cores are shared
+  return e;
+}
+
+}  // namespace sy::test

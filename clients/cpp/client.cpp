@@ -22,9 +22,13 @@ constexpr int kLinger = 0;
 // still holds, but a server that is gone must not keep it forever either.
 constexpr int kPusherLingerMs = 60000;
 
-zmq::socket_t make(zmq::context_t& ctx, zmq::socket_type t, const std::string& endpoint) {
+zmq::socket_t make(zmq::context_t& ctx, zmq::socket_type t, const std::string& endpoint,
+                   const ClientOptions& o = {}) {
   zmq::socket_t s(ctx, t);
   s.set(zmq::sockopt::linger, t == zmq::socket_type::push ? kPusherLingerMs : kLinger);
+  // Receive options count only when set before connect.
+  s.set(zmq::sockopt::rcvhwm, o.rcvhwm);
+  if (o.rcvbuf >= 0) s.set(zmq::sockopt::rcvbuf, o.rcvbuf);
   s.connect(endpoint);
   return s;
 }
@@ -59,6 +63,10 @@ bool send_timed(zmq::socket_t& s, const void* data, std::size_t size, millisecon
 Client::Client(const std::string& endpoint)
     : own_ctx_(std::make_unique<zmq::context_t>(1)),
       sock_(make(*own_ctx_, zmq::socket_type::dealer, endpoint)) {}
+
+Client::Client(const std::string& endpoint, const ClientOptions& options)
+    : own_ctx_(std::make_unique<zmq::context_t>(1)),
+      sock_(make(*own_ctx_, zmq::socket_type::dealer, endpoint, options)) {}
 
 Client::Client(zmq::context_t& ctx, const std::string& endpoint)
     : sock_(make(ctx, zmq::socket_type::dealer, endpoint)) {}

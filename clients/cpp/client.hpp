@@ -46,12 +46,21 @@ struct ControlResult {
   bool ok() const { return reply.has_value(); }
 };
 
+/// Receive-side socket options of a Client (ZeroMQ's and the OS's defaults unless set).
+struct ClientOptions {
+  int rcvhwm = 1000;  ///< ZMQ_RCVHWM: messages queued before the server's sends back up
+  int rcvbuf = -1;    ///< ZMQ_RCVBUF in bytes; -1: the OS default
+};
+
 /// A DEALER connection to the server's request endpoint (ROUTER). Not thread-safe: one thread
 /// per Client (ZeroMQ sockets belong to one thread).
 class Client {
  public:
   /// Connects to `endpoint` (e.g. "tcp://127.0.0.1:5555") with its own ZeroMQ context.
   explicit Client(const std::string& endpoint);
+  /// The same with receive options (a small rcvhwm makes a client that reads slowly push back
+  /// on the server at once).
+  Client(const std::string& endpoint, const ClientOptions& options);
   /// Connects using a shared context (many clients in one process).
   Client(zmq::context_t& ctx, const std::string& endpoint);
 

@@ -572,7 +572,9 @@ BOOST_AUTO_TEST_CASE(a_slow_reader_gets_everything_in_order) {
   auto ep = loopback();
   ep.sndhwm = 4;
   Server srv(ep);
-  Client c(srv.gw->endpoint());
+  // A one-message receive queue and a small kernel buffer: the server's sends back up as soon
+  // as this client stops reading, however fast its I/O thread is.
+  Client c(srv.gw->endpoint(), sy::client::ClientOptions{1, 64 << 10});
   auto who = submit_and_hold(srv, c, "hold-3");
   const uint32_t n = 200;  // 50 MiB: more than ZeroMQ's pipes and the kernel buffers hold
   flood(*srv.gw, who, "hold-3", n);
@@ -596,7 +598,9 @@ BOOST_AUTO_TEST_CASE(a_reader_too_far_behind_has_its_job_cancelled) {
   sy::GatewayOptions opt;
   opt.peer_backlog_limit = 8;
   Server srv(ep, opt);
-  Client c(srv.gw->endpoint());
+  // A one-message receive queue and a small kernel buffer: the server's sends back up as soon
+  // as this client stops reading, however fast its I/O thread is.
+  Client c(srv.gw->endpoint(), sy::client::ClientOptions{1, 64 << 10});
   auto who = submit_and_hold(srv, c, "hold-4");
   const uint32_t n = 200;
   flood(*srv.gw, who, "hold-4", n);

@@ -12,6 +12,7 @@
 #include "tests/gpu/gpu_test.hpp"
 #include "tests/support/reference.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/stories.hpp"
 
 using namespace sy::gputest;
 
@@ -32,11 +33,7 @@ std::vector<Case> load_cases() {
   return cases;
 }
 
-std::shared_ptr<sy::LlamaModel> stories() {
-  static std::shared_ptr<sy::LlamaModel> m =
-      sy::LlamaModel::load(std::string(SY_MODELS_DIR) + "/stories260K.gguf");
-  return m;
-}
+std::shared_ptr<sy::LlamaModel> stories() { return sy::test::stories_model(); }
 
 int32_t argmax(const float* x, int32_t n) {
   return static_cast<int32_t>(std::max_element(x, x + n) - x);

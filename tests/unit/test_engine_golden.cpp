@@ -12,6 +12,7 @@
 
 #include "gpu/engine.hpp"
 #include "tests/support/reference.hpp"
+#include "tests/support/stories.hpp"
 
 namespace {
 
@@ -19,20 +20,9 @@ using Case = sy::test::ReferenceCase;
 
 std::vector<Case> load_cases(int n_predict) { return sy::test::reference_cases(n_predict); }
 
-std::shared_ptr<sy::LlamaModel> stories() {
-  static std::shared_ptr<sy::LlamaModel> m =
-      sy::LlamaModel::load(std::string(SY_MODELS_DIR) + "/stories260K.gguf");
-  return m;
-}
+std::shared_ptr<sy::LlamaModel> stories() { return sy::test::stories_model(); }
 
-// Greedy choice: the highest logit, ties to the lowest id.
-int32_t argmax(const float* x, int32_t n) {
-  int32_t best = 0;
-  for (int32_t i = 1; i < n; ++i) {
-    if (x[i] > x[best]) best = i;
-  }
-  return best;
-}
+using sy::test::argmax;
 
 double log_softmax_at(const float* x, int32_t n, int32_t k) {
   double mx = x[0];

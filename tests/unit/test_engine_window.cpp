@@ -19,25 +19,15 @@
 #include "model/make_model.hpp"
 #include "tests/support/reference.hpp"
 #include "tests/support/temp_dir.hpp"
+#include "tests/support/stories.hpp"
 
 namespace {
 
 using Case = sy::test::ReferenceCase;
 
-std::shared_ptr<sy::LlamaModel> stories() {
-  static std::shared_ptr<sy::LlamaModel> m =
-      sy::LlamaModel::load(std::string(SY_MODELS_DIR) + "/stories260K.gguf");
-  return m;
-}
+std::shared_ptr<sy::LlamaModel> stories() { return sy::test::stories_model(); }
 
-// Greedy choice: the highest logit, ties to the lowest id.
-int32_t argmax(const float* x, int32_t n) {
-  int32_t best = 0;
-  for (int32_t i = 1; i < n; ++i) {
-    if (x[i] > x[best]) best = i;
-  }
-  return best;
-}
+using sy::test::argmax;
 
 std::unique_ptr<sy::Engine> engine(bool reference, int32_t block_size = 16, int32_t n_blocks = 0) {
   sy::EngineOptions o;

@@ -259,9 +259,11 @@ BOOST_AUTO_TEST_CASE(eviction_under_pressure_changes_no_output) {
     }
   }
   const caf::settings st = rig.stats(rig.batcher);
-  BOOST_TEST_MESSAGE("prefix hits " << counter(st, "prefix_hit_blocks") << " blocks, evictions "
-                                    << counter(st, "prefix_evictions") << ", preemptions "
-                                    << counter(st, "preemptions"));
+  // Read first: a check inside the message stream would interleave with the message itself.
+  const int64_t hits = counter(st, "prefix_hit_blocks"), evictions = counter(st, "prefix_evictions"),
+                preemptions = counter(st, "preemptions");
+  BOOST_TEST_MESSAGE("prefix hits " << hits << " blocks, evictions " << evictions
+                                    << ", preemptions " << preemptions);
   BOOST_TEST(counter(st, "prefix_hit_blocks") > 0);
   BOOST_TEST(counter(st, "prefix_evictions") > 0);
   BOOST_TEST(counter(st, "blocks_used") == 0);
@@ -282,9 +284,10 @@ BOOST_AUTO_TEST_CASE(pressure_watermarks_swap_and_swap_back) {
   for (uint32_t j = 0; j < 8; ++j) prompts.push_back(some_tokens(16, 300 + j, true));
   const auto ids = run_all(rig, prompts, 150);
   const caf::settings st = rig.stats(rig.batcher);
-  BOOST_TEST_MESSAGE("pressure swaps " << counter(st, "pressure_swaps") << ", preemptions "
-                                       << counter(st, "preemptions") << ", peak blocks "
-                                       << counter(st, "blocks_used_peak"));
+  const int64_t swaps = counter(st, "pressure_swaps"), preemptions = counter(st, "preemptions"),
+                peak = counter(st, "blocks_used_peak");
+  BOOST_TEST_MESSAGE("pressure swaps " << swaps << ", preemptions " << preemptions
+                                       << ", peak blocks " << peak);
   BOOST_TEST(counter(st, "pressure_swaps") >= 2);  // into pressure and back out
   BOOST_TEST(counter(st, "pressure") == 0);
   BOOST_TEST(text_of(st, "kv_policy") == "full");

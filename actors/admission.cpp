@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "actors/journal.hpp"
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
 #include "ingress/error_code.hpp"
@@ -54,6 +55,9 @@ struct Record {
   std::vector<ClientRef> attached;  // later submitters of the same key
   uint32_t charged = 0;             // tokens taken from the tenant's bucket
   std::string tenant;
+  uint32_t class_index = 0;  // for the metrics actor's per-class counts
+  bool journaled = false;      // its accept record is durable: its end must be journaled too
+  bool cancel_pending = false;  // cancelled while being journaled: cancel once enqueued
   DoneEvent done;
   ErrorEvent error;
 };
@@ -64,6 +68,11 @@ struct AdmissionState {
   std::size_t default_class = 0;
   std::shared_ptr<const LlamaModel> model;
   caf::actor router, egress;
+  caf::actor observer;  // the metrics actor (observe_atom): a copy of every JobOutcome
+  caf::actor journal;   // null: no journal
+  std::deque<Job> replay;  // journaled jobs of the previous run, not yet back in the router
+  bool replay_busy = false;
+  uint64_t replayed = 0, restored = 0;
   std::unordered_map<std::string, TenantState> tenants;
   bool anonymous = false;
   std::unordered_map<std::string, Record> records;  // by job key
@@ -225,11 +234,80 @@ void drop_pending(Self* self, const std::string& key, uint64_t uid, ErrorCode co
   Record rec = std::move(i->second);
   st.records.erase(i);
   st.live.erase(uid);
+  if (st.journal && rec.journaled) {
+    // Journaled, so its end is too (before the error leaves: the journal holds it until then).
+    JobOutcome o;
+    o.uid = uid;
+    o.id = rec.done.id;
+    o.tenant = rec.tenant;
+    o.outcome = 1;
+    o.code = static_cast<uint8_t>(code);
+    o.error.to = rec.client;
+    o.error.uid = uid;
+    o.error.id = rec.done.id;
+    o.error.tenant = rec.tenant;
+    o.error.code = o.code;
+    o.error.message = message;
+    self->send(st.journal, journal_atom::value, std::move(o));
+  }
   auto t = st.tenants.find(rec.tenant);
   if (t != st.tenants.end()) t->second.quota.finish(rec.charged, clock_us(self) / 1000);
   send_error(self, rec.client, rec.done.id, rec.tenant, code, message, retry_after_ms, uid);
   for (auto& c : rec.attached)
     send_error(self, c, rec.done.id, rec.tenant, code, message, retry_after_ms, uid);
+}
+
+/// Hands an admitted job to the router; its "full" answer undoes the admission.
+void enqueue(Self* self, const std::string& key, Job job) {
+  auto& st = self->state;
+  const uint64_t uid = job.uid;
+  bool cancel = false;
+  if (auto i = st.records.find(key); i != st.records.end() && i->second.uid == uid) {
+    cancel = i->second.cancel_pending;
+    i->second.cancel_pending = false;
+  }
+  self->request(st.router, caf::infinite, enqueue_atom::value, std::move(job))
+      .then(
+          [self, key, uid](uint8_t result, uint32_t, int64_t retry_after_ms) {
+            auto& s = self->state;
+            if (result == 0) {
+              auto i = s.records.find(key);
+              if (i != s.records.end() && i->second.uid == uid) i->second.pending = false;
+              return;
+            }
+            if (result == 1) {
+              ++s.overloaded;
+              drop_pending(self, key, uid, ErrorCode::overloaded, "the priority class queue is full",
+                           retry_after_ms);
+            } else {
+              drop_pending(self, key, uid, ErrorCode::internal,
+                           "the router does not know the job's priority class", -1);
+            }
+          },
+          [self, key, uid](caf::error& err) {
+            drop_pending(self, key, uid, ErrorCode::internal,
+                         "router unavailable: " + self->system().render(err), -1);
+          });
+  // Cancelled while it was being journaled: the cancel reaches the router after the job.
+  if (cancel) self->send(st.router, cancel_atom::value, uid);
+}
+
+/// Journals an admitted job, then enqueues it: a job is accepted only once it is durable.
+void journal_then_enqueue(Self* self, const std::string& key, Job job) {
+  auto& st = self->state;
+  const uint64_t uid = job.uid;
+  self->request(st.journal, caf::infinite, journal_atom::value, job)
+      .then(
+          [self, key, job](uint8_t) {
+            auto i = self->state.records.find(key);
+            if (i == self->state.records.end() || i->second.uid != job.uid) return;
+            i->second.journaled = true;
+            enqueue(self, key, job);
+          },
+          [self, key, uid](caf::error& err) {
+            drop_pending(self, key, uid, ErrorCode::internal,
+                         "journal write failed: " + self->system().render(err), -1);
+          });
 }
 
 void submit(Self* self, SubmitRequest& req) {
@@ -313,6 +391,7 @@ void submit(Self* self, SubmitRequest& req) {
   rec.client = req.client;
   rec.charged = cost;
   rec.tenant = req.tenant;
+  rec.class_index = job.class_index;
   rec.done.id = req.id;  // kept for error replies before the job ends
   st.records[key] = std::move(rec);
   st.live[job.uid] = key;
@@ -321,29 +400,8 @@ void submit(Self* self, SubmitRequest& req) {
     drop_pending(self, key, job.uid, ErrorCode::internal, "no router", -1);
     return;
   }
-  const uint64_t uid = job.uid;
-  self->request(st.router, caf::infinite, enqueue_atom::value, std::move(job))
-      .then(
-          [self, key, uid](uint8_t result, uint32_t, int64_t retry_after_ms) {
-            auto& s = self->state;
-            if (result == 0) {
-              auto i = s.records.find(key);
-              if (i != s.records.end() && i->second.uid == uid) i->second.pending = false;
-              return;
-            }
-            if (result == 1) {
-              ++s.overloaded;
-              drop_pending(self, key, uid, ErrorCode::overloaded, "the priority class queue is full",
-                           retry_after_ms);
-            } else {
-              drop_pending(self, key, uid, ErrorCode::internal,
-                           "the router does not know the job's priority class", -1);
-            }
-          },
-          [self, key, uid](caf::error& err) {
-            drop_pending(self, key, uid, ErrorCode::internal,
-                         "router unavailable: " + self->system().render(err), -1);
-          });
+  if (st.journal) return journal_then_enqueue(self, key, std::move(job));
+  enqueue(self, key, std::move(job));
 }
 
 void finished(Self* self, JobOutcome& o) {
@@ -356,11 +414,24 @@ void finished(Self* self, JobOutcome& o) {
   if (i == st.records.end()) return;
   Record& rec = i->second;
   ++st.finished;
+  // The result is journaled before anything about it is sent (the journal holds the replies).
+  if (st.journal && rec.journaled) self->send(st.journal, journal_atom::value, o);
   auto now_ms = clock_us(self) / 1000;
   st.drain->on_completed(1, now_ms);
   auto t = st.tenants.find(rec.tenant);
   if (t != st.tenants.end())
     t->second.quota.finish(rec.charged - std::min(o.tokens_used, rec.charged), now_ms);
+  if (st.observer) {
+    // Metrics need counts and timings only, not the completion itself.
+    JobOutcome m = o;
+    m.done.text.clear();
+    m.done.ids.clear();
+    m.done.logprob.clear();
+    m.done.top_ids.clear();
+    m.done.top_logprobs.clear();
+    std::string cls = rec.class_index < st.classes.size() ? st.classes[rec.class_index].name : "";
+    self->send(st.observer, finished_atom::value, std::move(m), std::move(cls));
+  }
   rec.live = false;
   rec.pending = false;
   rec.state = o.outcome == 0 ? kDone : o.outcome == 2 ? kCancelled : kFailed;
@@ -403,7 +474,10 @@ void key_request(Self* self, KeyRequest& k) {
   }
   Record& rec = i->second;
   if (k.kind == KeyRequest::cancel) {
-    if (rec.live && st.router) self->send(st.router, cancel_atom::value, rec.uid);
+    if (rec.live && st.journal && !rec.journaled && rec.pending)
+      rec.cancel_pending = true;  // not at the router yet: enqueue() sends it after the job
+    else if (rec.live && st.router)
+      self->send(st.router, cancel_atom::value, rec.uid);
     return;
   }
   StatusEvent s;
@@ -444,13 +518,92 @@ caf::settings stats(Self* self) {
   put("unavailable", st.unavailable);
   put("active", st.live.size());
   put("remembered", st.records.size());
+  put("replayed", st.replayed);
+  put("restored", st.restored);
   return s;
+}
+
+/// Enqueues the previous run's journaled jobs one at a time: a full queue is retried after its
+/// retry_after_ms instead of failing a job that was already accepted.
+void replay_next(Self* self) {
+  auto& st = self->state;
+  if (st.replay_busy || st.replay.empty() || !st.router) return;
+  st.replay_busy = true;
+  const Job& job = st.replay.front();
+  const uint64_t uid = job.uid;
+  const std::string key = job_key(job.tenant, job.id);
+  self->request(st.router, caf::infinite, enqueue_atom::value, job)
+      .then(
+          [self, key, uid](uint8_t result, uint32_t, int64_t retry_after_ms) {
+            auto& s = self->state;
+            s.replay_busy = false;
+            if (result == 1) {
+              // Polling a full queue faster than every 10 ms would only burn the router's time.
+              auto wait = std::chrono::milliseconds(std::max<int64_t>(10, retry_after_ms));
+              self->delayed_send(self, wait, tick_atom::value);
+              return;
+            }
+            s.replay.pop_front();
+            if (result == 0) {
+              ++s.replayed;
+              auto i = s.records.find(key);
+              if (i != s.records.end() && i->second.uid == uid) i->second.pending = false;
+            } else {
+              drop_pending(self, key, uid, ErrorCode::internal,
+                           "the router does not know the replayed job's priority class", -1);
+            }
+            replay_next(self);
+          },
+          [self, key, uid](caf::error& err) {
+            auto& s = self->state;
+            s.replay_busy = false;
+            s.replay.pop_front();
+            drop_pending(self, key, uid, ErrorCode::internal,
+                         "router unavailable: " + self->system().render(err), -1);
+            replay_next(self);
+          });
+}
+
+/// Takes over what the journal held at start (see spawn_admission with a journal).
+void restore(Self* self, const JournalReplay& replay) {
+  auto& st = self->state;
+  st.next_uid = std::max(st.next_uid, replay.next_uid);
+  for (const auto& o : replay.results) {
+    Record rec;
+    rec.uid = o.uid;
+    rec.live = false;
+    rec.pending = false;
+    rec.state = kDone;
+    rec.client = o.done.to;
+    rec.tenant = o.tenant;
+    rec.done = o.done;
+    rec.journaled = true;
+    std::string key = job_key(o.tenant, o.id);
+    st.records[key] = std::move(rec);
+    st.ended.emplace_back(std::move(key), o.uid);
+    ++st.restored;
+  }
+  evict(self);
+  for (const auto& job : replay.pending) {
+    Record rec;
+    rec.uid = job.uid;
+    rec.client = job.client;
+    rec.tenant = job.tenant;
+    rec.class_index = job.class_index;
+    rec.done.id = job.id;
+    rec.journaled = true;
+    std::string key = job_key(job.tenant, job.id);
+    st.records[key] = std::move(rec);
+    st.live[job.uid] = key;
+    st.replay.push_back(job);
+  }
 }
 
 caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
                               std::vector<policy::PriorityClass> classes, std::size_t default_class,
                               std::shared_ptr<const LlamaModel> model, caf::actor router,
-                              caf::actor egress) {
+                              caf::actor egress, caf::actor journal,
+                              std::shared_ptr<const JournalReplay> replay) {
   auto& st = self->state;
   auto now_ms = clock_us(self) / 1000;
   st.anonymous = cfg.tenants.empty() && cfg.allow_anonymous;
@@ -465,7 +618,14 @@ caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
   st.router = std::move(router);
   st.egress = std::move(egress);
   st.drain.emplace(now_ms, st.retry);
+  st.journal = std::move(journal);
+  if (replay) {
+    restore(self, *replay);
+    // After the spawn returns: spawn_admission's connect message reaches the router first.
+    if (!st.replay.empty()) self->send(self, tick_atom::value);
+  }
   return {
+      [self](tick_atom) { replay_next(self); },
       [self](submit_atom, SubmitRequest& req) { submit(self, req); },
       // The atom decides what is asked, whatever `kind` says.
       [self](cancel_atom, KeyRequest& k) {
@@ -478,6 +638,7 @@ caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
       },
       [self](finished_atom, JobOutcome& o) { finished(self, o); },
       [self](drain_atom) { self->state.draining = true; },
+      [self](observe_atom, caf::actor& observer) { self->state.observer = std::move(observer); },
       // Shutdown after the grace period (server/server.cpp): every live job is cancelled, so
       // queued ones never run and running ones end within a step with done finish=cancelled.
       [self](cancel_atom, drain_atom) {
@@ -490,10 +651,38 @@ caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
 
 }  // namespace
 
+namespace {
+caf::actor spawn_admission_impl(caf::actor_system& sys, AdmissionConfig cfg,
+                                std::vector<policy::PriorityClass> classes,
+                                std::string default_class, std::shared_ptr<const LlamaModel> model,
+                                caf::actor router, caf::actor egress, caf::actor journal,
+                                std::shared_ptr<const JournalReplay> replay);
+}  // namespace
+
 caf::actor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
                            std::vector<policy::PriorityClass> classes, std::string default_class,
                            std::shared_ptr<const LlamaModel> model, caf::actor router,
                            caf::actor egress) {
+  return spawn_admission_impl(sys, std::move(cfg), std::move(classes), std::move(default_class),
+                              std::move(model), std::move(router), std::move(egress), caf::actor{},
+                              nullptr);
+}
+
+caf::actor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
+                           std::vector<policy::PriorityClass> classes, std::string default_class,
+                           std::shared_ptr<const LlamaModel> model, caf::actor router,
+                           caf::actor egress, caf::actor journal, const JournalReplay& replay) {
+  return spawn_admission_impl(sys, std::move(cfg), std::move(classes), std::move(default_class),
+                              std::move(model), std::move(router), std::move(egress),
+                              std::move(journal), std::make_shared<const JournalReplay>(replay));
+}
+
+namespace {
+caf::actor spawn_admission_impl(caf::actor_system& sys, AdmissionConfig cfg,
+                                std::vector<policy::PriorityClass> classes,
+                                std::string default_class, std::shared_ptr<const LlamaModel> model,
+                                caf::actor router, caf::actor egress, caf::actor journal,
+                                std::shared_ptr<const JournalReplay> replay) {
   classes = effective_classes(std::move(classes));
   std::size_t def = 0;
   if (!default_class.empty()) {
@@ -509,9 +698,10 @@ caf::actor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
     w.weights.push_back(t.weight);
   }
   auto a = sys.spawn(admission_actor, std::move(cfg), std::move(classes), def, std::move(model),
-                     router, std::move(egress));
+                     router, std::move(egress), std::move(journal), std::move(replay));
   if (router) caf::anon_send(router, connect_atom::value, a, std::move(w));
   return a;
 }
+}  // namespace
 
 }  // namespace sy

@@ -40,6 +40,8 @@ bool tokens_equal(std::string_view a, std::string_view b);
 ///   (finished_atom, JobOutcome)  from batchers and the router: frees the tenant's quota, stores
 ///       the result for resubmissions (up to cfg.result_cache keys), answers attached clients.
 ///   (drain_atom)  later submits get ErrorEvent unavailable.
+///   (observe_atom, caf::actor metrics)  every JobOutcome is copied there (without the completion
+///       text, ids and logprobs) as (finished_atom, JobOutcome, std::string class_name).
 ///   (cancel_atom, drain_atom)  cancels every live job (shutdown after the grace period).
 ///   (stats_atom) -> caf::settings with int64 counters: submitted, admitted, unauthorized,
 ///       rate_limited, overloaded, bad_request, deduplicated, attached, finished, not_found,
@@ -49,5 +51,19 @@ caf::actor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
                            std::vector<policy::PriorityClass> classes, std::string default_class,
                            std::shared_ptr<const LlamaModel> model, caf::actor router,
                            caf::actor egress);
+
+struct JournalReplay;
+
+/// The same, with a journal (actors/journal.hpp; `egress` should be the journal actor too): every
+/// admitted job is journaled ((journal_atom, Job) request) before it is enqueued, and so before
+/// `accepted` is sent; every journaled job's end goes to the journal as (journal_atom,
+/// JobOutcome) before any reply for it. `replay` restores what the journal held at start: its
+/// done results answer resubmissions of their keys, its pending jobs are enqueued again (at the
+/// pace the router's queues allow, not charged to quotas) under their old uids; new uids start
+/// at replay.next_uid.
+caf::actor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
+                           std::vector<policy::PriorityClass> classes, std::string default_class,
+                           std::shared_ptr<const LlamaModel> model, caf::actor router,
+                           caf::actor egress, caf::actor journal, const JournalReplay& replay);
 
 }  // namespace sy

@@ -90,6 +90,7 @@ struct Seq {
   std::vector<int32_t> top_ids;
   std::vector<float> top_lps;
   int64_t first_sched_us = 0, first_token_us = 0;
+  bool recovery_reported = false;  // a re-queued job told the supervisor it runs again
 
   int32_t n_generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
   int32_t remaining() const { return static_cast<int32_t>(tokens.size()) - n_past; }
@@ -113,7 +114,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
  public:
   Batcher(caf::event_based_actor* self, BatchingConfig cfg,
           std::shared_ptr<const LlamaModel> model, caf::actor executor, caf::actor router,
-          caf::actor egress, caf::actor admission, int32_t n_blocks)
+          caf::actor egress, caf::actor admission, int32_t n_blocks, BatcherExtras extras)
       : self_(self),
         cfg_(cfg),
         model_(std::move(model)),
@@ -124,7 +125,8 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
         admission_(std::move(admission)),
         pool_(std::max<int32_t>(1, n_blocks), std::max<int32_t>(1, cfg.kv_block_size),
               cfg.prefix_cache),
-        bs_(std::max<int32_t>(1, cfg.kv_block_size)) {
+        bs_(std::max<int32_t>(1, cfg.kv_block_size)),
+        extras_(std::move(extras)) {
     // Zero limits would stall every job forever: each step moves at least one token.
     cfg_.max_sequences = std::max<uint32_t>(1, cfg_.max_sequences);
     cfg_.step_token_budget = std::max<uint32_t>(1, cfg_.step_token_budget);
@@ -163,11 +165,29 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
         [b](cancel_atom, uint64_t uid) { b->on_cancel(uid); },
         [b](stats_atom) -> caf::settings { return b->stats(); },
         [b](kvpolicy_atom, const policy::KvPolicy& np) -> std::string { return b->on_swap(np); },
+        [b](retire_atom) { b->on_retire(); },
+        [b](watchdog_atom) { b->on_watchdog(); },
     };
   }
   policy::KvPolicy base_policy() const { return base_; }
 
   void start() {
+    idle_since_us_ = now_us();
+    if (executor_) {
+      // A crashed executor (an exception out of its handler, a kill) shows up as a down message;
+      // a hung one only through the step watchdog.
+      self_->monitor(executor_);
+      // The executor belongs to its batcher: whatever ends the batcher (retirement, failure,
+      // shutdown) ends the executor too, so no executor outlives the pair.
+      self_->attach_functor(
+          [exec = executor_] { caf::anon_send_exit(exec, caf::exit_reason::user_shutdown); });
+      auto b = shared_from_this();
+      self_->set_down_handler([b](caf::down_msg& dm) {
+        if (dm.source == b->executor_.address())
+          b->on_executor_failure("executor down: " + b->self_->system().render(dm.reason),
+                                 now_us());
+      });
+    }
     if (router_)
       self_->send(router_, credit_atom::value, caf::actor_cast<caf::actor>(self_),
                   static_cast<uint32_t>(cfg_.max_sequences));
@@ -175,6 +195,13 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
 
   void on_run(Job& job, const policy::KvPolicy& pol) {
     if (seqs_.count(job.uid)) return;  // a duplicate dispatch: the job is already here
+    if (dead_) {
+      // Dispatched before the router learnt that this pair failed: straight back, no attempt
+      // counted (it never ran here).
+      if (router_) self_->send(router_, requeue_atom::value, std::vector<Job>{std::move(job)});
+      return;
+    }
+    idle_since_us_ = 0;
     auto s = std::make_unique<Seq>();
     // A job takes the policy in force when it reaches the batcher; under pressure a `full` one
     // takes the pressure policy (the behavior on top is the pressure one then, so p says so).
@@ -227,7 +254,92 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     caf::put(s, "steps", steps_);
     caf::put(s, "tokens", tokens_);
     caf::put(s, "finished", finished_);
+    caf::put(s, "ongoing", static_cast<int64_t>(seqs_.size()));
+    caf::put(s, "idle_since_us", seqs_.empty() ? idle_since_us_ : int64_t{0});
+    caf::put(s, "retiring", static_cast<int64_t>(retiring_ ? 1 : 0));
+    caf::put(s, "executor_failures", static_cast<int64_t>(dead_ ? 1 : 0));
+    caf::put(s, "requeued", requeued_);
     return s;
+  }
+
+  /// Retirement (scale down): no more credit; the router is told to stop dispatching here; the
+  /// jobs already here finish; then the batcher exits (its supervisor stops the executor).
+  void on_retire() {
+    if (retiring_ || dead_) return;
+    retiring_ = true;
+    leave();
+  }
+
+  void on_watchdog() {
+    watchdog_armed_ = false;
+    if (dead_ || !in_flight_) return;
+    const int64_t limit_us = cfg_.step_timeout_ms * 1000;
+    const int64_t age = now_us() - step_sent_us_;
+    if (age >= limit_us) {
+      on_executor_failure("no step result within " + std::to_string(cfg_.step_timeout_ms) +
+                              " ms (hung executor)",
+                          step_sent_us_);
+      return;
+    }
+    arm_watchdog(limit_us - age);
+  }
+
+  /// The executor crashed or hung: every job here goes back to the router (at the front of its
+  /// class) to run elsewhere from scratch, except those past their retry limit (engine_dead) and
+  /// those cancelled meanwhile; the supervisor is told; the batcher leaves.
+  void on_executor_failure(const std::string& why, int64_t fault_us) {
+    if (dead_) return;
+    dead_ = true;
+    in_flight_ = false;
+    planned_.clear();
+    const int64_t detected = now_us();
+    std::vector<Seq*> all;
+    for (auto& [uid, sp] : seqs_) all.push_back(sp.get());
+    std::sort(all.begin(), all.end(), before);
+    std::vector<Job> back;
+    uint32_t failed = 0;
+    for (Seq* s : all) {
+      s->in_step = false;
+      s->step_tokens = 0;
+      if (s->cancelled) {
+        finish(*s, finish_cancelled);
+        continue;
+      }
+      Job j = s->job;
+      // Only a job that reached the failed executor used up an attempt.
+      if (s->started) ++j.attempt;
+      if (j.stream && j.client.kind == ClientRef::router) {
+        j.streamed_ids = std::max(j.streamed_ids, s->sent_ids);
+        j.streamed_bytes = std::max<uint64_t>(j.streamed_bytes, s->emitted);
+      }
+      j.fault_us = fault_us;
+      if (j.attempt > cfg_.max_job_retries) {
+        fail(*s, ErrorCode::engine_dead,
+             "executor failed " + std::to_string(j.attempt) + " times while running the job (" +
+                 why + ")");
+        ++failed;
+        continue;
+      }
+      back.push_back(std::move(j));
+      drop(*s);
+    }
+    requeued_ += static_cast<int64_t>(back.size());
+    caf::aout(self_) << "switchyard: batcher " << extras_.pair << ": " << why << ": "
+                     << back.size() << " jobs re-queued, " << failed << " failed\n";
+    PairFailure f;
+    f.pair = extras_.pair;
+    f.why = why;
+    f.fault_us = fault_us;
+    f.detected_us = detected;
+    f.requeued = static_cast<uint32_t>(back.size());
+    f.failed = failed;
+    if (router_ && !back.empty()) self_->send(router_, requeue_atom::value, std::move(back));
+    if (extras_.supervisor) self_->send(extras_.supervisor, failed_atom::value, std::move(f));
+    // A hung executor still holds its step; stop it (a crashed one is gone already).
+    if (executor_) self_->send_exit(executor_, caf::exit_reason::kill);
+    released_.clear();  // nothing to release on a dead executor
+    credit_ = 0;
+    leave();
   }
 
  private:
@@ -335,6 +447,8 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
                      << policy::to_string(np) << " (command)\n";
     base_ = np;
     ++swaps_;
+    // Pairs the supervisor starts later take the operator's choice too.
+    if (extras_.supervisor) self_->send(extras_.supervisor, kvpolicy_atom::value, np);
     return "";
   }
 
@@ -382,6 +496,39 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     waiting_.insert(&s);
   }
 
+  // Removes a job that goes elsewhere (re-queued): no outcome, no credit.
+  void drop(Seq& s) {
+    free_blocks(s);
+    erase_from(running_, &s);
+    if (!s.running) waiting_.erase(&s);
+    erase_from(planned_, &s);
+    seqs_.erase(s.job.uid);  // destroys s
+  }
+
+  // Tells the router to dispatch nothing more here; exits once it answered and the work is done.
+  void leave() {
+    if (leaving_) return;
+    leaving_ = true;
+    if (!router_) {
+      router_ack_ = true;
+      maybe_quit();
+      return;
+    }
+    self_->request(router_, caf::infinite, retire_atom::value, caf::actor_cast<caf::actor>(self_))
+        .then([this](uint32_t) { router_left(); }, [this](caf::error&) { router_left(); });
+  }
+
+  void router_left() {
+    router_ack_ = true;
+    maybe_quit();
+  }
+
+  void maybe_quit() {
+    if (!router_ack_ || !(dead_ || (retiring_ && seqs_.empty()))) return;
+    flush_notices();
+    self_->quit();
+  }
+
   // Removes an ended job everywhere and returns its credit.
   void retire(Seq& s) {
     free_blocks(s);
@@ -392,6 +539,10 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     ++credit_;
     ++finished_;
     seqs_.erase(s.job.uid);  // destroys s
+    if (seqs_.empty()) {
+      idle_since_us_ = now_us();
+      if (retiring_) maybe_quit();
+    }
   }
 
   DoneEvent done_event(Seq& s, uint8_t finish) {
@@ -472,9 +623,17 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
       s.emitted = upto;
       return;
     }
+    // A job re-run after an executor failure regenerates, identically (greedy or seeded), what its
+    // client already got: that part is not sent again.
+    const size_t from =
+        std::max<size_t>(s.emitted, std::min<uint64_t>(s.job.streamed_bytes, upto));
     TokensEvent t;
-    t.text.assign(s.text, s.emitted, upto - s.emitted);
+    t.text.assign(s.text, from, upto - from);
     s.emitted = upto;
+    if (id >= 0 && s.sent_ids < s.job.streamed_ids) {
+      ++s.sent_ids;
+      id = -1;
+    }
     if (id < 0 && t.text.empty()) return;
     t.to = s.job.client;
     t.uid = s.job.uid;
@@ -663,19 +822,35 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
       p.window = policy::step_window(s->policy);
       p.sinks = policy::step_sinks(s->policy);
       if (!s->first_sched_us) s->first_sched_us = now;
+      if (s->job.fault_us > 0 && !s->recovery_reported) {
+        s->recovery_reported = true;
+        if (extras_.supervisor)
+          self_->send(extras_.supervisor, recovered_atom::value, s->job.fault_us, now);
+      }
       plan.seqs.push_back(std::move(p));
     }
     in_flight_ = true;
+    step_sent_us_ = now;
+    if (cfg_.step_timeout_ms > 0) arm_watchdog(cfg_.step_timeout_ms * 1000);
     self_->request(executor_, caf::infinite, step_atom::value, std::move(plan))
         .then([this](StepResult& r) { on_result(r); },
               [this](caf::error& err) {
-                StepResult r;
-                r.error = "executor unreachable: " + self_->system().render(err);
-                on_result(r);
+                on_executor_failure("executor unreachable: " + self_->system().render(err),
+                                    now_us());
               });
   }
 
+  // One pending watchdog timer at most (not one per step): it re-arms itself for the step in
+  // flight when it fires early.
+  void arm_watchdog(int64_t after_us) {
+    if (watchdog_armed_) return;
+    watchdog_armed_ = true;
+    self_->delayed_send(self_, std::chrono::microseconds(std::max<int64_t>(1, after_us)),
+                        watchdog_atom::value);
+  }
+
   void on_result(StepResult& r) {
+    if (dead_) return;  // a late answer of an executor already given up on
     in_flight_ = false;
     std::vector<Seq*> members;
     members.swap(planned_);
@@ -707,6 +882,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
 
   // Sends the batched sampler releases and credit grants.
   void flush_notices() {
+    if (dead_ || retiring_) credit_ = 0;  // a leaving batcher takes no new work
     if (!released_.empty()) {
       self_->send(executor_, release_atom::value, std::move(released_));
       released_.clear();
@@ -739,6 +915,15 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   std::vector<uint64_t> released_;
   uint32_t credit_ = 0;
   int64_t preemptions_ = 0, steps_ = 0, tokens_ = 0, finished_ = 0;
+  BatcherExtras extras_;
+  int64_t idle_since_us_ = 0;   // when the last job ended (0 while jobs are here)
+  int64_t step_sent_us_ = 0;    // when the step in flight was sent (watchdog)
+  bool watchdog_armed_ = false;
+  bool dead_ = false;           // the executor failed; everything went back to the router
+  bool retiring_ = false;       // scale down: finish, take nothing new, exit
+  bool leaving_ = false;        // asked the router to stop dispatching here
+  bool router_ack_ = false;     // ... and it answered
+  int64_t requeued_ = 0;
 };
 
 caf::behavior batcher_actor(caf::event_based_actor* self, std::shared_ptr<Batcher> b) {
@@ -753,9 +938,18 @@ caf::actor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
                          std::shared_ptr<const LlamaModel> model, caf::actor executor,
                          caf::actor router, caf::actor egress, caf::actor admission,
                          int32_t n_blocks) {
+  return spawn_batcher(sys, std::move(cfg), std::move(model), std::move(executor),
+                       std::move(router), std::move(egress), std::move(admission), n_blocks,
+                       BatcherExtras{});
+}
+
+caf::actor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
+                         std::shared_ptr<const LlamaModel> model, caf::actor executor,
+                         caf::actor router, caf::actor egress, caf::actor admission,
+                         int32_t n_blocks, BatcherExtras extras) {
   return sys.spawn([=](caf::event_based_actor* self) {
     auto b = std::make_shared<Batcher>(self, cfg, model, executor, router, egress, admission,
-                                       n_blocks);
+                                       n_blocks, extras);
     return batcher_actor(self, std::move(b));
   });
 }

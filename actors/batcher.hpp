@@ -3,6 +3,7 @@
 // budget), detokenizes, applies stop rules, preempts under KV pressure and reports results.
 #pragma once
 
+#include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 #include <cstdint>
 #include <memory>
@@ -49,5 +50,27 @@ caf::actor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
                          std::shared_ptr<const LlamaModel> model, caf::actor executor,
                          caf::actor router, caf::actor egress, caf::actor admission,
                          int32_t n_blocks);
+
+/// What a supervised batcher knows beyond the plain wiring.
+struct BatcherExtras {
+  caf::actor supervisor;  ///< gets failed_atom, recovered_atom and kvpolicy_atom notices
+  uint64_t pair = 0;      ///< the supervisor's id of this batcher+executor pair (logs)
+};
+
+/// spawn_batcher for a supervised pair. Beyond the above it monitors `executor`; an executor
+/// that goes down, fails a request, or gives no StepResult within cfg.step_timeout_ms (the
+/// watchdog; 0: none) is given up: every job here goes back to the router with
+/// (requeue_atom, std::vector<Job>) — attempt counted for jobs that reached the executor,
+/// streamed progress recorded so that the client gets no chunk twice — except jobs past
+/// cfg.max_job_retries (engine_dead) and jobs being cancelled; the supervisor gets
+/// (failed_atom, PairFailure); the batcher asks the router to stop dispatching to it
+/// ((retire_atom, self) request), sends back any job that still arrives, and exits.
+/// (retire_atom) makes it stop granting credit, finish its jobs and exit (scale down).
+/// A job with fault_us set sends (recovered_atom, fault_us, now_us) to the supervisor when its
+/// first step here is planned.
+caf::actor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
+                         std::shared_ptr<const LlamaModel> model, caf::actor executor,
+                         caf::actor router, caf::actor egress, caf::actor admission,
+                         int32_t n_blocks, BatcherExtras extras);
 
 }  // namespace sy

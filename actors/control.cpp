@@ -250,6 +250,8 @@ caf::actor spawn_control(caf::actor_system& sys, ControlWiring wiring) {
   return sys.spawn([w = std::move(wiring)](Self* self) mutable -> caf::behavior {
     self->state.w = std::move(w);
     return {
+        // The supervisor's current batchers (elastic pairs come and go).
+        [self](connect_atom, std::vector<caf::actor>& bs) { self->state.w.batchers = std::move(bs); },
         [self](control_atom, ControlRequest& req) {
           const std::string& admin = self->state.w.admin_token;
           if (admin.empty()) {

@@ -36,6 +36,8 @@ struct ControlWiring {
 ///  - "stats": asks admission, router and every batcher (stats_atom) and replies a ControlEvent
 ///    whose result is control_stats_json of the answers (errors as for kv_policy);
 ///  - any other command -> bad_request.
+/// (connect_atom, std::vector<caf::actor>) replaces the batcher list (the supervisor sends it
+/// whenever its pairs change).
 /// Every reply goes to `egress` as (out_atom, ControlEvent|ErrorEvent); never more than one per
 /// request, and always one (timeouts bound every wait).
 caf::actor spawn_control(caf::actor_system& sys, ControlWiring wiring);

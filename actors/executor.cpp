@@ -25,6 +25,8 @@ struct ExecutorState {
   StepOutput out;
   std::vector<TokenLogprob> top;
   int64_t steps = 0, tokens = 0;
+  // TEST ONLY (hang fault): promises never delivered, kept so that no reply is ever sent.
+  std::vector<caf::typed_response_promise<StepResult>> held;
 };
 
 SamplingParams params_of(const SeqPlan& p) {
@@ -101,9 +103,23 @@ void run_null(ExecutorState& st, const StepPlan& plan, StepResult& res) {
 }
 
 caf::behavior executor_actor(caf::event_based_actor* self, std::shared_ptr<ExecutorState> st) {
-  (void)self;
   return {
-      [st](step_atom, const StepPlan& plan) -> StepResult {
+      [self, st](step_atom, const StepPlan& plan) -> caf::result<StepResult> {
+        const auto& spec = st->spec;
+        if (spec.test_fault_hang_after > 0 && st->steps >= spec.test_fault_hang_after) {
+          if (st->held.empty())
+            caf::aout(self) << "switchyard: TEST fault: executor hangs after " << st->steps
+                            << " steps\n";
+          st->held.push_back(self->make_response_promise<StepResult>());
+          return st->held.back();
+        }
+        if (spec.test_fault_throw_after > 0 && st->steps >= spec.test_fault_throw_after) {
+          caf::aout(self) << "switchyard: TEST fault: executor throws after " << st->steps
+                          << " steps\n";
+          // Out of the handler on purpose: the actor terminates with an error (a crash).
+          throw std::runtime_error("test fault: executor crashed after " +
+                                   std::to_string(st->steps) + " steps");
+        }
         StepResult res;
         res.step = plan.step;
         if (st->spec.step_delay_ms > 0)

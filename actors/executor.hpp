@@ -23,6 +23,13 @@ struct ExecutorSpec {
   int32_t max_batch_tokens = 0;       ///< most new tokens in one step; 0: the engine default
   int32_t step_delay_ms = 0;          ///< TEST ONLY: sleep this long before every step
   int32_t null_token = 0;             ///< the "null" backend's fixed token id
+  int device = -1;                    ///< device index for a device backend; -1: CPU
+  /// TEST ONLY: after this many steps the next step throws out of the handler, so the actor
+  /// dies with an error (a crashed executor); 0: never.
+  int32_t test_fault_throw_after = 0;
+  /// TEST ONLY: after this many steps the executor stops answering step requests (a hung
+  /// executor; it still takes exit messages, so it can be stopped); 0: never.
+  int32_t test_fault_hang_after = 0;
 };
 
 /// Spawns a detached executor. It handles
@@ -31,6 +38,7 @@ struct ExecutorSpec {
 ///   (stats_atom) -> caf::settings {steps, tokens, samplers}.
 /// A sequence's sampler is made on its first plan with sample or reset set and kept until
 /// released, so a recomputed (preempted) sequence continues its random stream.
+/// The test-only fault flags of the spec make it crash or hang after N steps (crash recovery tests).
 /// Throws std::invalid_argument for an unknown backend or a "cpu" spec without a model.
 caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec);
 

@@ -25,6 +25,9 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<policy::KvPolicy>("KvPolicy");
   cfg.add_message_type<ControlRequest>("ControlRequest");
   cfg.add_message_type<ControlEvent>("ControlEvent");
+  cfg.add_message_type<PairFailure>("PairFailure");
+  cfg.add_message_type<std::vector<Job>>("std::vector<Job>");
+  cfg.add_message_type<std::vector<caf::actor>>("std::vector<caf::actor>");
 }
 
 int64_t now_us() {

@@ -71,12 +71,18 @@ struct Job {
   uint32_t logprobs = 0;
   int64_t arrival_us = 0;   // receipt at the gateway
   int64_t deadline_us = 0;  // absolute; 0: none. Only bounds the wait before the job starts.
+  // Crash recovery (appended): set when an executor failure re-queued the job.
+  uint32_t attempt = 0;          // executor failures this job has been through
+  uint32_t streamed_ids = 0;     // completion ids its client already got (not streamed again)
+  uint64_t streamed_bytes = 0;   // completion text bytes its client already got
+  int64_t fault_us = 0;          // when the last failure struck (recovery time is measured from it)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Job& x) {
   return f(caf::meta::type_name("Job"), x.uid, x.id, x.tenant, x.client, x.class_index, x.prompt,
            x.max_tokens, x.temperature, x.top_k, x.top_p, x.seed, x.stop, x.ignore_eos, x.stream,
-           x.logprobs, x.arrival_us, x.deadline_us);
+           x.logprobs, x.arrival_us, x.deadline_us, x.attempt, x.streamed_ids, x.streamed_bytes,
+           x.fault_us);
 }
 
 /// A client request as decoded by the gateway (submit, cancel or status), before admission.
@@ -372,3 +378,73 @@ typename Inspector::result_type inspect(Inspector& f, ControlEvent& x) {
 //   control -> batcher:  (kvpolicy_atom, policy::KvPolicy) -> std::string ("" swapped, else why not)
 //   stats_atom on a batcher also reports "kv_policy" (string), "policy_swaps", "pressure" (0/1),
 //   "blocks_cached", "blocks_used_peak", "prefix_hit_blocks", "prefix_hit_tokens".
+
+// ---- metrics (Prometheus /metrics, /ready: actors/metrics.hpp) ----
+namespace sy {
+using metrics_atom = caf::atom_constant<caf::atom("metrics")>;  // HTTP thread -> metrics: the text
+using observe_atom = caf::atom_constant<caf::atom("observe")>;  // wiring of the metrics actor
+using ready_atom = caf::atom_constant<caf::atom("ready")>;      // HTTP thread -> metrics: /ready
+}  // namespace sy
+
+// Metrics shapes:
+//   server     -> admission: (observe_atom, caf::actor metrics)  copy every JobOutcome there
+//   admission  -> metrics:   (finished_atom, JobOutcome, std::string class_name)  bulky fields cleared
+//   server/supervisor -> metrics: (observe_atom, caf::actor batcher, caf::actor executor)  a new
+//                             pair to count and scrape; the metrics actor monitors both
+//   HTTP       -> metrics:   (metrics_atom) -> std::string (text format 0.0.4); (ready_atom) -> bool
+
+// ---- elasticity and crash recovery (actors/supervisor.hpp) ----
+namespace sy {
+using requeue_atom = caf::atom_constant<caf::atom("requeue")>;    // batcher -> router: jobs back
+using retire_atom = caf::atom_constant<caf::atom("retire")>;      // supervisor -> batcher -> router
+using failed_atom = caf::atom_constant<caf::atom("failed")>;      // batcher -> supervisor
+using recovered_atom = caf::atom_constant<caf::atom("recovered")>;  // batcher -> supervisor
+using watchdog_atom = caf::atom_constant<caf::atom("watchdog")>;  // batcher self-timer
+using scale_atom = caf::atom_constant<caf::atom("scale")>;        // supervisor self-timer
+
+/// What a batcher reports to its supervisor when its executor failed (before it exits).
+struct PairFailure {
+  uint64_t pair = 0;        // the supervisor's id of the batcher+executor pair
+  std::string why;          // "executor down: ...", "no step result within N ms", ...
+  int64_t fault_us = 0;     // when the fault struck (a hung step: when it was sent)
+  int64_t detected_us = 0;  // when the batcher noticed
+  uint32_t requeued = 0;    // jobs sent back to the router
+  uint32_t failed = 0;      // jobs past their retry limit: ended with engine_dead
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, PairFailure& x) {
+  return f(caf::meta::type_name("PairFailure"), x.pair, x.why, x.fault_us, x.detected_us,
+           x.requeued, x.failed);
+}
+
+}  // namespace sy
+
+// Elasticity shapes:
+//   batcher    -> router:     (requeue_atom, std::vector<Job>)  jobs of a failed executor: they
+//                             go to the FRONT of their class (not counted against its limit)
+//   batcher    -> router:     (retire_atom, caf::actor batcher) -> uint32 credit revoked: the
+//                             router stops dispatching there; runs sent before the reply still arrive
+//   supervisor -> batcher:    (retire_atom)  take no new work, finish what is there, then exit
+//   batcher    -> supervisor: (failed_atom, PairFailure)  then the batcher exits
+//   batcher    -> supervisor: (recovered_atom, int64 fault_us, int64 now_us)  a re-queued job runs
+//                             again (its first step after the fault was planned)
+//   batcher    -> supervisor: (kvpolicy_atom, policy::KvPolicy)  an operator swap (new pairs take it)
+//   stats_atom on a batcher also reports "ongoing" (running + waiting) and "idle_since_us"
+//   (0 while it holds jobs); on the router "waiting_total", "oldest_wait_ms", "requeued",
+//   "retry_queued"; on the supervisor the batchers' counters summed plus its own (executors,
+//   scale_ups, scale_downs, executor_failures, replacements, requeued, recoveries,
+//   recovery_ms_last, recovery_ms_max, detect_ms_last).
+
+// ---- durability (actors/journal.hpp, docs/durability.md) ----
+namespace sy {
+using journal_atom = caf::atom_constant<caf::atom("journal")>;  // admission -> journal
+}  // namespace sy
+
+// Journal shapes (the journal actor also stands in front of egress: it takes every (out_atom,
+// *Event) and (pull_atom, n) and forwards it, holding a journaled job's done/error until that
+// job's result record is durable):
+//   admission -> journal: (journal_atom, Job) -> uint8 0 once the accept record is durable (per
+//                         the fsync policy); an error when it could not be written
+//   admission -> journal: (journal_atom, JobOutcome)  a journaled job ended: its result record
+//                         (no reply); its held done/error go out after the commit
+//   stats_atom on the journal -> accepted, results, syncs, held, live, redelivered, ...

@@ -54,6 +54,10 @@ struct RouterState {
   caf::actor_addr admission;
   std::unordered_map<uint64_t, Job> queued;  // jobs inside `queue`, by uid (= queue handle)
   std::vector<std::deque<Held>> overflow;    // per class, pipeline jobs only
+  // Per class, jobs re-queued after an executor failure: served before the class's queue (they
+  // were admitted and started long ago), never counted against its limit, never expired.
+  std::vector<std::deque<Job>> retry;
+  std::size_t retry_total = 0;
   std::size_t overflow_total = 0;
   std::vector<BatcherCredit> batchers;
   uint64_t credit_total = 0;
@@ -63,7 +67,7 @@ struct RouterState {
   bool draining = false;
   // counters (stats_atom)
   uint64_t enqueued = 0, dispatched = 0, expired = 0, cancelled = 0, rejected_full = 0,
-           overflowed = 0, pull_granted = 0;
+           overflowed = 0, pull_granted = 0, requeued = 0, retired = 0;
 
   static inline const char* name = "sy.router";
 };
@@ -208,28 +212,56 @@ void arm_timer(Self* self, int64_t now_ms) {
                      tick_atom::value);
 }
 
+/// The class whose re-queued jobs go next: they precede every queued job of their own or a less
+/// important rank. nullopt when the fair queue's next job is more important (or none waits).
+std::optional<std::size_t> retry_first(RouterState& st) {
+  if (st.retry_total == 0) return std::nullopt;
+  std::optional<std::size_t> best;
+  for (std::size_t ci = 0; ci < st.retry.size(); ++ci)
+    if (!st.retry[ci].empty() &&
+        (!best || st.queue->config(ci).rank < st.queue->config(*best).rank))
+      best = ci;
+  const int rank = st.queue->config(*best).rank;
+  for (std::size_t ci = 0; ci < st.queue->class_count(); ++ci)
+    if (st.queue->size(ci) > 0 && st.queue->config(ci).rank < rank) return std::nullopt;
+  return best;
+}
+
+/// Sends a job to the batcher with the most free credit (an idle pair before a busy one).
+void send_to_best(Self* self, Job job, int64_t now_ms) {
+  auto& st = self->state;
+  auto best = std::max_element(st.batchers.begin(), st.batchers.end(),
+                               [](const BatcherCredit& a, const BatcherCredit& b) {
+                                 return a.credit < b.credit;
+                               });
+  --best->credit;
+  --st.credit_total;
+  ++st.dispatched;
+  st.drain->on_completed(1, now_ms);
+  self->send(best->handle, run_atom::value, std::move(job));
+}
+
 /// Sweeps expired jobs, then hands out queued jobs against batcher credit, highest priority first.
 void dispatch(Self* self) {
   auto& st = self->state;
   auto now_ms = clock_ms(self);
   sweep(self, now_ms);
   for (std::size_t ci = 0; ci < st.overflow.size(); ++ci) refill(self, ci);
-  while (st.credit_total > 0 && !st.queue->empty()) {
+  while (st.credit_total > 0 && (st.retry_total > 0 || !st.queue->empty())) {
+    if (auto ci = retry_first(st)) {
+      Job job = std::move(st.retry[*ci].front());
+      st.retry[*ci].pop_front();
+      --st.retry_total;
+      send_to_best(self, std::move(job), now_ms);
+      continue;
+    }
     auto d = st.queue->pop();
     if (!d) break;
     auto i = st.queued.find(d->job.handle);
     if (i == st.queued.end()) continue;
     Job job = std::move(i->second);
     st.queued.erase(i);
-    auto best = std::max_element(st.batchers.begin(), st.batchers.end(),
-                                 [](const BatcherCredit& a, const BatcherCredit& b) {
-                                   return a.credit < b.credit;
-                                 });
-    --best->credit;
-    --st.credit_total;
-    ++st.dispatched;
-    st.drain->on_completed(1, now_ms);
-    self->send(best->handle, run_atom::value, std::move(job));
+    send_to_best(self, std::move(job), now_ms);
     refill(self, d->class_index);
   }
   arm_timer(self, now_ms);
@@ -306,6 +338,17 @@ void cancel(Self* self, uint64_t uid) {
     }
   }
   if (!job) {
+    for (auto& q : st.retry) {
+      auto it = std::find_if(q.begin(), q.end(), [&](const Job& j) { return j.uid == uid; });
+      if (it != q.end()) {
+        job = std::move(*it);
+        q.erase(it);
+        --st.retry_total;
+        break;
+      }
+    }
+  }
+  if (!job) {
     // Not queued here: running (or already ended); the batcher holding it stops it.
     for (auto& b : st.batchers) self->send(b.handle, cancel_atom::value, uid);
     return;
@@ -350,6 +393,22 @@ caf::settings stats(Self* self) {
   put("pull_outstanding", st.pull_outstanding);
   put("pull_granted", st.pull_granted);
   put("batchers", st.batchers.size());
+  put("requeued", st.requeued);
+  put("retry_queued", st.retry_total);
+  put("retired", st.retired);
+  put("waiting_total", st.queue->size() + st.overflow_total + st.retry_total);
+  // The age of the oldest waiting job (the autoscaler's queue-wait signal). arrival_us is the
+  // gateway's steady clock, the same as now_us().
+  int64_t oldest = 0;
+  auto see = [&](const Job& j) {
+    if (j.arrival_us > 0 && (oldest == 0 || j.arrival_us < oldest)) oldest = j.arrival_us;
+  };
+  for (const auto& kv : st.queued) see(kv.second);
+  for (const auto& q : st.overflow)
+    for (const auto& h : q) see(h.job);
+  for (const auto& q : st.retry)
+    for (const auto& j : q) see(j);
+  put("oldest_wait_ms", oldest ? std::max<int64_t>(0, now_us() - oldest) / 1000 : 0);
   for (std::size_t ci = 0; ci < st.queue->class_count(); ++ci)
     put("queued_" + st.queue->config(ci).name, st.queue->size(ci) + st.overflow[ci].size());
   return s;
@@ -361,6 +420,7 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
   cfg.classes = effective_classes(std::move(cfg.classes));
   st.queue.emplace(cfg.classes);
   st.overflow.resize(cfg.classes.size());
+  st.retry.resize(cfg.classes.size());
   st.cfg = std::move(cfg);
   st.opts = opts;
   st.egress = std::move(egress);
@@ -394,6 +454,29 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
         dispatch(self);
       },
       [self](cancel_atom, uint64_t uid) { cancel(self, uid); },
+      [self](requeue_atom, std::vector<Job>& jobs) {
+        auto& s = self->state;
+        for (Job& j : jobs) {
+          if (s.queued.count(j.uid)) continue;  // already back (a duplicate requeue)
+          std::size_t ci = std::min<std::size_t>(j.class_index, s.retry.size() - 1);
+          s.retry[ci].push_back(std::move(j));
+          ++s.retry_total;
+          ++s.requeued;
+        }
+        dispatch(self);
+      },
+      [self](retire_atom, const caf::actor& batcher) -> uint32_t {
+        auto& s = self->state;
+        auto it = std::find_if(s.batchers.begin(), s.batchers.end(),
+                               [&](const BatcherCredit& b) { return b.handle == batcher; });
+        if (it == s.batchers.end()) return 0;
+        auto revoked = static_cast<uint32_t>(it->credit);
+        s.credit_total -= it->credit;
+        self->demonitor(batcher);
+        s.batchers.erase(it);
+        ++s.retired;
+        return revoked;
+      },
       [self](status_atom, uint64_t uid) -> std::tuple<uint8_t, uint32_t> {
         auto& s = self->state;
         auto i = s.queued.find(uid);
@@ -403,6 +486,9 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
           for (auto& h : s.overflow[ci])
             if (h.job.uid == uid)
               return {uint8_t{0}, static_cast<uint32_t>(s.queue->size(ci) + s.overflow[ci].size())};
+        for (auto& q : s.retry)
+          for (std::size_t k = 0; k < q.size(); ++k)
+            if (q[k].uid == uid) return {uint8_t{0}, static_cast<uint32_t>(k)};
         return {uint8_t{1}, uint32_t{0}};
       },
       [self](pull_atom, uint32_t n) {

@@ -53,9 +53,15 @@ std::vector<policy::PriorityClass> effective_classes(std::vector<policy::Priorit
 ///   (pull_atom, uint32 n)  n PULL credits came back unused (admission answered those submits).
 ///   (connect_atom, caf::actor admission, TenantWeights)   wiring.
 ///   (drain_atom)  stop granting PULL credit (shutdown).
+///   (requeue_atom, std::vector<Job>)  jobs of a failed executor: they go before every queued
+///       job of their class (and of less important ranks), are not counted against the class's
+///       queue limit and never expire (they started before); FIFO among themselves.
+///   (retire_atom, caf::actor batcher) -> uint32  the batcher leaves (scale down or failure):
+///       its credit is revoked (the number is the reply) and nothing more is dispatched to it.
 ///   (stats_atom) -> caf::settings with int64 counters: enqueued, dispatched, expired,
 ///       cancelled, rejected_full, overflowed, queued, overflow, credit, pull_outstanding,
-///       pull_granted, batchers, and queued_<class name> per class.
+///       pull_granted, batchers, requeued, retry_queued, retired, waiting_total (queued +
+///       overflow + re-queued), oldest_wait_ms, and queued_<class name> per class.
 /// Sends (pull_atom, uint32 n) to egress: n more pipeline submits may be read (additive).
 /// Expired jobs get ErrorEvent deadline_exceeded and are never dispatched: the queue is swept
 /// before every dispatch and by a timer set to the earliest expiry.

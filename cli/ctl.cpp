@@ -10,7 +10,8 @@
 namespace sy::cli {
 
 const char* const kCtlUsage =
-    "  ctl         --server ADDR [--token ADMIN_TOKEN] [--timeout-ms MS] COMMAND\n"
+    "  ctl         --server ADDR [--token ADMIN_TOKEN] [--timeout-ms MS] [--server-key FILE]\n"
+    "              COMMAND\n"
     "              kv-policy full | kv-policy sliding_window W | kv-policy sinks S W\n"
     "              swaps every batcher's KV-cache policy for new jobs; stats prints the\n"
     "              counters as JSON. Exits 1 with the server's error, or after --timeout-ms\n"
@@ -54,7 +55,7 @@ int cmd_ctl(int argc, char** argv, int first) {
   // Options may come before or after the command words; Args parses the options only.
   std::vector<char*> opts = {argv[0]};
   std::vector<std::string> words;
-  const std::vector<std::string> valued = {"server", "token", "timeout-ms"};
+  const std::vector<std::string> valued = {"server", "token", "timeout-ms", "server-key"};
   for (int i = first; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--", 0) == 0) {
@@ -82,7 +83,10 @@ int cmd_ctl(int argc, char** argv, int first) {
     throw UsageError("unknown ctl command '" + words[0] + "' (kv-policy or stats)");
   }
 
-  client::Client c(args.str("server"));
+  client::ClientOptions copt;
+  // The server's CURVE public key (PREFIX.pub): a server with CURVE on answers nobody without it.
+  if (args.has("server-key")) copt.server_key = client::read_server_key(args.str("server-key"));
+  client::Client c(args.str("server"), copt);
   auto r = c.control(command, policy, args.str("token"), std::chrono::milliseconds(timeout));
   if (r.ok()) {
     std::cout << r.reply->result << std::endl;
@@ -93,7 +97,8 @@ int cmd_ctl(int argc, char** argv, int first) {
     return 1;
   }
   std::cerr << "switchyard: no answer from " << args.str("server") << " within " << timeout
-            << " ms\n";
+            << " ms" << (args.has("server-key") ? "" : " (if the server has CURVE on, pass --server-key)")
+            << "\n";
   return 1;
 }
 

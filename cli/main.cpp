@@ -1,4 +1,4 @@
-// The `switchyard` command: serve, submit, ctl, generate, tokenize and make-model.
+// The `switchyard` command: serve, submit, ctl, keygen, generate, tokenize and make-model.
 
 #include <chrono>
 #include <cstdlib>
@@ -9,6 +9,7 @@
 #include "cli/ctl.hpp"
 #include "cli/demo_model.hpp"
 #include "cli/json.hpp"
+#include "cli/keygen.hpp"
 #include "cli/serve.hpp"
 #include "gpu/engine.hpp"
 #include "gpu/generator.hpp"
@@ -39,7 +40,7 @@ constexpr const char* kUsage =
 
 void print_usage(std::ostream& os) {
   os << kUsageHead << sy::cli::kServeUsage << sy::cli::kSubmitUsage << sy::cli::kCtlUsage
-     << kUsage;
+     << sy::cli::kKeygenUsage << kUsage;
 }
 
 // Token ids separated by `sep`.
@@ -177,6 +178,10 @@ int main(int argc, char** argv) {
       return sy::cli::cmd_submit(a);
     }
     if (cmd == "ctl") return sy::cli::cmd_ctl(argc, argv, 2);
+    if (cmd == "keygen") {
+      Args a(argc, argv, 2, sy::cli::kKeygenOptions, sy::cli::kKeygenFlags);
+      return sy::cli::cmd_keygen(a);
+    }
     if (cmd == "generate") {
       Args a(argc, argv, 2,
              {"model", "prompt", "n", "temperature", "top-k", "top-p", "seed", "logprobs", "stop",

@@ -2,6 +2,7 @@
 // runs until SIGINT/SIGTERM, then shuts down within the grace period and exits 0.
 #include "cli/serve.hpp"
 
+#include <algorithm>
 #include <csignal>
 #include <iostream>
 
@@ -22,11 +23,28 @@ const char* const kServeUsage =
     "              engine step). A port of * binds a free port; the bound addresses are\n"
     "              printed on stdout as 'switchyard: listening on ADDR'. SIGUSR1 prints\n"
     "              the counters as 'switchyard: stats {json}'; SIGINT/SIGTERM stop it.\n"
-    "              P: full | sliding_window:W | sinks:S:W. --admin-token enables `ctl`.\n";
+    "              P: full | sliding_window:W | sinks:S:W. --admin-token enables `ctl`.\n"
+    "              [--curve-secret-key FILE] [--curve-public-key FILE]: CURVE on every\n"
+    "              endpoint (keys from `switchyard keygen`; docs/security.md).\n"
+    "              [--metrics HOST:PORT]: Prometheus /metrics, /health, /ready over HTTP\n"
+    "              (port 0: any; printed as 'switchyard: metrics on http://HOST:PORT').\n"
+    "              [--min-executors N] [--max-executors N] [--target-ongoing N]\n"
+    "              [--target-queue-wait-ms MS] [--upscale-delay-ms MS] [--downscale-delay-ms MS]\n"
+    "              [--step-timeout-ms MS] [--max-job-retries N]: elastic pairs and crash\n"
+    "              recovery (docs/elasticity.md). TESTS ONLY: [--test-fault-executor-throw-after\n"
+    "              N] [--test-fault-executor-hang-after N] make the first executor crash or hang\n"
+    "              after N steps.\n"
+    "              [--journal PATH] [--journal-fsync always|batch|never] [--journal-batch-ms MS]:\n"
+    "              durable accepted jobs and results, replayed at start (docs/durability.md).\n";
 
 const std::vector<std::string> kServeOptions = {
     "model", "config", "bind", "pull", "results", "backend", "executors", "threads",
-    "kv-mb", "grace-ms", "step-delay-ms", "kv-policy", "kv-pressure-policy", "admin-token"};
+    "kv-mb", "grace-ms", "step-delay-ms", "kv-policy", "kv-pressure-policy", "admin-token",
+    "curve-secret-key", "curve-public-key", "metrics",
+    "min-executors", "max-executors", "target-ongoing", "target-queue-wait-ms",
+    "upscale-delay-ms", "downscale-delay-ms", "step-timeout-ms", "max-job-retries",
+    "test-fault-executor-throw-after", "test-fault-executor-hang-after",
+    "journal", "journal-fsync", "journal-batch-ms"};
 const std::vector<std::string> kServeFlags = {"no-prefix-cache"};
 
 int cmd_serve(const Args& a) {
@@ -66,6 +84,48 @@ int cmd_serve(const Args& a) {
   if (a.has("kv-pressure-policy")) cfg.batching.kv_pressure_policy = a.str("kv-pressure-policy");
   if (a.has("admin-token")) cfg.admission.admin_token = a.str("admin-token");
   if (a.has("no-prefix-cache")) cfg.batching.prefix_cache = false;
+  if (a.has("metrics")) cfg.metrics.bind = a.str("metrics");
+  if (a.has("journal")) cfg.journal.path = a.str("journal");
+  if (a.has("journal-fsync")) {
+    cfg.journal.fsync = a.str("journal-fsync");
+    if (cfg.journal.fsync != "always" && cfg.journal.fsync != "batch" && cfg.journal.fsync != "never")
+      throw UsageError("--journal-fsync must be always, batch or never");
+  }
+  if (a.has("journal-batch-ms")) {
+    long long n = a.integer("journal-batch-ms", 2);
+    // A group commit longer than a second would hold every ack that long.
+    if (n < 1 || n > 1000) throw UsageError("--journal-batch-ms must be in [1, 1000]");
+    cfg.journal.batch_ms = n;
+  }
+  if (a.has("curve-secret-key")) cfg.endpoints.curve_secret_key = a.str("curve-secret-key");
+  if (a.has("curve-public-key")) cfg.endpoints.curve_public_key = a.str("curve-public-key");
+  // Elasticity and crash recovery (docs/elasticity.md). An hour bounds every delay: beyond that
+  // a value is a typo, not a policy.
+  auto ranged = [&](const char* name, long long lo, long long hi) {
+    long long n = a.integer(name, lo);
+    if (n < lo || n > hi)
+      throw UsageError(std::string("--") + name + " must be in [" + std::to_string(lo) + ", " +
+                       std::to_string(hi) + "]");
+    return n;
+  };
+  if (a.has("min-executors")) cfg.autoscale.min_executors = static_cast<int>(ranged("min-executors", 1, 256));
+  if (a.has("max-executors")) cfg.autoscale.max_executors = static_cast<int>(ranged("max-executors", 1, 256));
+  if (a.has("target-ongoing"))
+    cfg.autoscale.target_ongoing_per_executor = static_cast<uint32_t>(ranged("target-ongoing", 0, 1 << 20));
+  if (a.has("target-queue-wait-ms")) cfg.autoscale.target_queue_wait_ms = ranged("target-queue-wait-ms", 0, 3600000);
+  if (a.has("upscale-delay-ms")) cfg.autoscale.upscale_delay_ms = ranged("upscale-delay-ms", 0, 3600000);
+  if (a.has("downscale-delay-ms")) cfg.autoscale.downscale_delay_ms = ranged("downscale-delay-ms", 0, 3600000);
+  if (a.has("step-timeout-ms")) cfg.batching.step_timeout_ms = ranged("step-timeout-ms", 0, 3600000);
+  if (a.has("max-job-retries")) cfg.batching.max_job_retries = static_cast<uint32_t>(ranged("max-job-retries", 0, 100));
+  if (a.has("test-fault-executor-throw-after"))
+    cfg.executors.test_fault_throw_after = static_cast<int>(ranged("test-fault-executor-throw-after", 1, 1 << 30));
+  if (a.has("test-fault-executor-hang-after"))
+    cfg.executors.test_fault_hang_after = static_cast<int>(ranged("test-fault-executor-hang-after", 1, 1 << 30));
+  if (cfg.executors.test_fault_throw_after > 0 || cfg.executors.test_fault_hang_after > 0)
+    std::cerr << "switchyard: TEST ONLY: the first executor will "
+              << (cfg.executors.test_fault_throw_after > 0 ? "throw" : "hang") << " after "
+              << std::max(cfg.executors.test_fault_throw_after, cfg.executors.test_fault_hang_after)
+              << " steps\n";
   if (cfg.executors.backend != "cpu" && cfg.executors.backend != "null")
     throw UsageError("--backend must be cpu or null");
   finalize_config(cfg);
@@ -87,6 +147,11 @@ int cmd_serve(const Args& a) {
     std::cout << "switchyard: pipeline input on " << server.pull_endpoint() << "\n";
   if (!server.results_endpoint().empty())
     std::cout << "switchyard: pipeline results on " << server.results_endpoint() << "\n";
+  if (!cfg.endpoints.curve_secret_key.empty())
+    std::cout << "switchyard: CURVE on every endpoint (secret key " << cfg.endpoints.curve_secret_key
+              << ")\n";
+  if (!server.metrics_endpoint().empty())
+    std::cout << "switchyard: metrics on http://" << server.metrics_endpoint() << "\n";
   std::cout << "switchyard: ready (" << cfg.executors.count << " executor"
             << (cfg.executors.count > 1 ? "s" : "") << ", backend " << cfg.executors.backend
             << ")" << std::endl;

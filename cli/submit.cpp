@@ -23,13 +23,15 @@ namespace sy::cli {
 
 const char* const kSubmitUsage =
     "  submit      --input jobs.jsonl --output results.jsonl [--server ADDR] [--window N]\n"
-    "              [--tenant NAME] [--token SECRET] [--priority CLASS]\n"
+    "              [--tenant NAME] [--token SECRET] [--priority CLASS] [--server-key FILE]\n"
     "              One job per input line: {\"id\": ..., \"prompt\": \"text\" or [ids],\n"
     "              \"max_tokens\": N, \"temperature\", \"top_k\", \"top_p\", \"seed\", \"stop\",\n"
     "              \"ignore_eos\", \"priority\", \"deadline_ms\", \"tenant\"}. Ids already in the\n"
-    "              output are skipped (resumable); overloaded jobs are retried.\n";
+    "              output are skipped (resumable); overloaded jobs are retried.\n"
+    "              --server-key: the server's CURVE public key file (PREFIX.pub).\n";
 const std::vector<std::string> kSubmitOptions = {"input", "output", "server", "window",
-                                                 "tenant", "token",  "priority"};
+                                                 "tenant", "token",  "priority",
+                                                 "server-key"};
 
 namespace {
 
@@ -234,7 +236,9 @@ int cmd_submit(const Args& a) {
 
   std::ofstream out(out_path, std::ios::app | std::ios::binary);
   if (!out) throw UsageError("cannot open --output " + out_path);
-  client::Client cl(server);
+  client::ClientOptions copt;
+  if (a.has("server-key")) copt.server_key = client::read_server_key(a.str("server-key"));
+  client::Client cl(server, copt);
 
   std::unordered_map<std::string, size_t> in_flight;            // job id -> index in jobs
   std::multimap<Clock::time_point, size_t> retry_at;            // overloaded jobs, when to resend

@@ -11,6 +11,7 @@ packages=(
   clang libclang-rt-14-dev          # libFuzzer for the GGUF fuzz target
   python3 python3-zmq python3-msgpack
   python3-matplotlib                # bench_loadgen --plot (latency CDFs as PNG)
+  python3-prometheus-client         # it_metrics parses /metrics with the reference parser
 )
 
 missing=()

@@ -119,9 +119,18 @@ constexpr int64_t kI64 = std::numeric_limits<int64_t>::max();
 constexpr double kMaxWeight = 1e6;
 
 void load_endpoints(const Ctx& c, const YAML::Node& n, EndpointConfig& e) {
-  each(c, "endpoints", n, {"bind", "pull", "results", "max_message_bytes", "sndhwm", "rcvhwm"},
+  each(c, "endpoints", n,
+       {"bind", "pull", "results", "max_message_bytes", "sndhwm", "rcvhwm", "curve_secret_key",
+        "curve_public_key"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "bind") e.bind = get_string(c, key, v);
+         // Key files, like the model, are found relative to the config file's folder.
+         else if (k == "curve_secret_key" || k == "curve_public_key") {
+           std::string f = get_string(c, key, v);
+           if (!f.empty() && std::filesystem::path(f).is_relative())
+             f = (std::filesystem::path(c.file).parent_path() / f).lexically_normal().string();
+           (k == "curve_secret_key" ? e.curve_secret_key : e.curve_public_key) = f;
+         }
          else if (k == "pull") e.pull = get_string(c, key, v);
          else if (k == "results") e.results = get_string(c, key, v);
          // A frame needs a few hundred bytes at least; 1 GiB is far past any prompt limit.
@@ -204,7 +213,7 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
   each(c, "batching", n,
        {"step_token_budget", "max_sequences", "prefill_chunk", "kv_block_size", "kv_memory_mb",
         "step_delay_ms", "kv_policy", "kv_pressure_policy", "kv_high_watermark",
-        "kv_low_watermark", "prefix_cache"},
+        "kv_low_watermark", "prefix_cache", "step_timeout_ms", "max_job_retries"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "step_token_budget") b.step_token_budget = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 20));
          else if (k == "max_sequences") b.max_sequences = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 16));
@@ -222,6 +231,29 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
          else if (k == "kv_high_watermark") b.kv_high_watermark = get_real(c, key, v, 0.0, 1.0);
          else if (k == "kv_low_watermark") b.kv_low_watermark = get_real(c, key, v, 0.0, 1.0);
          else if (k == "prefix_cache") b.prefix_cache = get_bool(c, key, v);
+         // An hour: a step that long is a hang by any measure; 0 turns the watchdog off.
+         else if (k == "step_timeout_ms") b.step_timeout_ms = get_int(c, key, v, 0, 3600000);
+         // Each retry recomputes the whole job; beyond a handful a job is the problem itself.
+         else if (k == "max_job_retries") b.max_job_retries = static_cast<uint32_t>(get_int(c, key, v, 0, 100));
+       });
+}
+
+void load_autoscale(const Ctx& c, const YAML::Node& n, AutoscaleConfig& a) {
+  each(c, "autoscale", n,
+       {"min_executors", "max_executors", "target_ongoing_per_executor", "target_queue_wait_ms",
+        "upscale_delay_ms", "downscale_delay_ms", "interval_ms"},
+       [&](const std::string& k, const std::string& key, const YAML::Node& v) {
+         // Same bound as executors.count (0: that count); delays up to an hour (longer is a
+         // typo, not a policy).
+         if (k == "min_executors") a.min_executors = static_cast<int>(get_int(c, key, v, 0, 256));
+         else if (k == "max_executors") a.max_executors = static_cast<int>(get_int(c, key, v, 0, 256));
+         else if (k == "target_ongoing_per_executor")
+           a.target_ongoing_per_executor = static_cast<uint32_t>(get_int(c, key, v, 0, 1 << 20));
+         else if (k == "target_queue_wait_ms") a.target_queue_wait_ms = get_int(c, key, v, 0, 3600000);
+         else if (k == "upscale_delay_ms") a.upscale_delay_ms = get_int(c, key, v, 0, 3600000);
+         else if (k == "downscale_delay_ms") a.downscale_delay_ms = get_int(c, key, v, 0, 3600000);
+         // At least 10 ms between looks: each costs a stats round trip per pair.
+         else if (k == "interval_ms") a.interval_ms = get_int(c, key, v, 10, 60000);
        });
 }
 
@@ -254,7 +286,8 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
   if (root.IsNull()) return;  // an empty file changes nothing
   try {
     each(c, "", root,
-         {"model", "endpoints", "admission", "router", "batching", "executors", "shutdown_grace_ms"},
+         {"model", "endpoints", "admission", "router", "batching", "executors", "shutdown_grace_ms",
+          "metrics", "journal", "autoscale"},
          [&](const std::string& k, const std::string& key, const YAML::Node& v) {
            if (k == "model") {
              cfg.model = get_string(c, key, v);
@@ -267,8 +300,34 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
            else if (k == "router") load_router(c, v, cfg.router);
            else if (k == "batching") load_batching(c, v, cfg.batching);
            else if (k == "executors") load_executors(c, v, cfg.executors);
+           else if (k == "autoscale") load_autoscale(c, v, cfg.autoscale);
            // An hour of grace is the most a deployment could want before a forced stop.
            else if (k == "shutdown_grace_ms") cfg.shutdown_grace_ms = get_int(c, key, v, 0, 3600000);
+           else if (k == "metrics")
+             each(c, key, v, {"bind"}, [&](const std::string&, const std::string& k2, const YAML::Node& v2) {
+               cfg.metrics.bind = get_string(c, k2, v2);
+             });
+           else if (k == "journal") {
+             auto& j = cfg.journal;
+             each(c, key, v, {"path", "fsync", "batch_ms", "delivered_lag_ms", "compact_bytes"},
+                  [&](const std::string& k2, const std::string& key2, const YAML::Node& v2) {
+                    if (k2 == "path") {
+                      j.path = get_string(c, key2, v2);
+                      // Like the model: a relative journal lives next to its config file.
+                      if (!j.path.empty() && std::filesystem::path(j.path).is_relative())
+                        j.path = (std::filesystem::path(path).parent_path() / j.path).string();
+                    } else if (k2 == "fsync") {
+                      j.fsync = get_string(c, key2, v2);
+                      if (j.fsync != "always" && j.fsync != "batch" && j.fsync != "never")
+                        c.fail(key2, v2, "expected always, batch or never");
+                    }
+                    // A group commit longer than a second would hold every ack that long.
+                    else if (k2 == "batch_ms") j.batch_ms = get_int(c, key2, v2, 1, 1000);
+                    else if (k2 == "delivered_lag_ms") j.delivered_lag_ms = get_int(c, key2, v2, 0, 3600000);
+                    // Below a megabyte compaction would run all the time for little gain.
+                    else if (k2 == "compact_bytes") j.compact_bytes = get_int(c, key2, v2, 1 << 20, int64_t{1} << 40);
+                  });
+           }
          });
   } catch (const YAML::Exception& e) {
     throw std::runtime_error(path + ": line " + std::to_string(e.mark.line + 1) + ": " + e.msg);
@@ -310,6 +369,9 @@ void finalize_config(ServerConfig& cfg) {
     throw std::runtime_error("config: unknown backend '" + cfg.executors.backend + "' (cpu or null)");
   if (cfg.executors.count < 1) throw std::runtime_error("config: executors.count must be >= 1");
   if (cfg.executors.threads < 0) throw std::runtime_error("config: executors.threads must be >= 0");
+  if (cfg.autoscale.min_executors > 0 && cfg.autoscale.max_executors > 0 &&
+      cfg.autoscale.min_executors > cfg.autoscale.max_executors)
+    throw std::runtime_error("config: autoscale.min_executors must be <= max_executors");
   if (cfg.batching.max_sequences < 1 || cfg.batching.step_token_budget < 1 || cfg.batching.prefill_chunk < 1)
     throw std::runtime_error("config: batching limits must be >= 1");
   // A step must fit at least one decode token of every running sequence.
@@ -331,6 +393,10 @@ void finalize_config(ServerConfig& cfg) {
   if (!cfg.endpoints.pull.empty() && cfg.endpoints.results.empty())
     throw std::runtime_error("config: endpoints.pull needs endpoints.results (where pipeline results go)");
   if (cfg.shutdown_grace_ms < 0) throw std::runtime_error("config: shutdown_grace_ms must be >= 0");
+  if (!cfg.endpoints.curve_public_key.empty() && cfg.endpoints.curve_secret_key.empty())
+    throw std::runtime_error(
+        "config: endpoints.curve_public_key needs endpoints.curve_secret_key (the server's own "
+        "secret key turns CURVE on)");
 }
 
 }  // namespace sy

@@ -16,6 +16,11 @@ struct EndpointConfig {
   std::string results;                        // PUSH for pipeline sinks ("" = off)
   int64_t max_message_bytes = 1 << 20;        // ZMQ_MAXMSGSIZE: a bigger frame disconnects
   int sndhwm = 1000, rcvhwm = 1000;           // ZeroMQ high-water marks (messages)
+  // CURVE (docs/security.md): with a secret key file every bound socket is a CURVE server and
+  // clients need the public key; "" = plain TCP. The public key file is optional and only checked
+  // against the secret key (a mismatched pair is a deployment error worth catching at start).
+  std::string curve_secret_key;               // Z85 secret key file (`switchyard keygen`)
+  std::string curve_public_key;               // Z85 public key file
 };
 
 struct TenantConfig {
@@ -58,12 +63,47 @@ struct BatchingConfig {
   double kv_high_watermark = 0.90;   // fraction of KV blocks held by sequences
   double kv_low_watermark = 0.70;    // back to the normal policy at or below this
   bool prefix_cache = true;          // reuse cached KV blocks of shared prompt prefixes
+  // Crash recovery: a step that takes longer than this means a hung executor. Generous, since a
+  // long prefill on a slow CPU can take seconds; tests set it low.
+  int64_t step_timeout_ms = 30000;
+  uint32_t max_job_retries = 2;      // executor failures a job survives; then engine_dead
 };
 
 struct ExecutorConfig {
   std::string backend = "cpu";       // cpu | null (fixed tokens, no model: measures overhead)
   int count = 1;                     // batcher+executor pairs
   int threads = 0;                   // per executor; 0 = cores / count
+  int test_fault_throw_after = 0;    // TEST ONLY: the first executor throws after N steps (0 off)
+  int test_fault_hang_after = 0;     // TEST ONLY: the first executor stops answering after N steps
+};
+
+/// Elastic pairs (actors/supervisor.hpp, policies/autoscale.hpp): Ray Serve's autoscaling knobs.
+/// min/max 0 mean executors.count, so a config without this section runs a fixed count.
+struct AutoscaleConfig {
+  int min_executors = 0;
+  int max_executors = 0;             // CPU executor slots (one per device where devices exist)
+  uint32_t target_ongoing_per_executor = 0;  // jobs (running + queued) per executor; 0: off
+  int64_t target_queue_wait_ms = 200;  // oldest queued job waiting longer means: add one
+  int64_t upscale_delay_ms = 1000;   // the pressure must last this long before adding
+  int64_t downscale_delay_ms = 10000;  // an executor idle this long is retired
+  int64_t interval_ms = 100;         // how often the supervisor looks at the load
+};
+
+/// The operator HTTP endpoints (/metrics, /health, /ready: docs/metrics.md).
+struct MetricsConfig {
+  std::string bind;                  // "HOST:PORT" (port 0: any free one); "" = off
+};
+
+/// The durable journal of accepted jobs and results (docs/durability.md).
+struct JournalConfig {
+  std::string path;                  // journal file; a folder (or a path ending in '/') gets
+                                     // FOLDER/switchyard.journal; "" = no journal
+  std::string fsync = "batch";       // always | batch | never (policies/journal_file.hpp)
+  int64_t batch_ms = 2;              // group-commit window: acks wait at most this for the fsync
+  // A result handed to egress this long ago is marked delivered (not redelivered after a crash);
+  // two seconds is far beyond the gateway's usual hand-off time to the socket.
+  int64_t delivered_lag_ms = 2000;
+  int64_t compact_bytes = 64 << 20;  // rewrite the file once it outgrows this and is mostly dead
 };
 
 struct ServerConfig {
@@ -73,7 +113,10 @@ struct ServerConfig {
   RouterConfig router;
   BatchingConfig batching;
   ExecutorConfig executors;
+  AutoscaleConfig autoscale;
   int64_t shutdown_grace_ms = 5000;  // finish in-flight jobs this long on SIGTERM, then cancel
+  MetricsConfig metrics;
+  JournalConfig journal;
 };
 
 /// Reads a YAML file into `cfg` (keys absent keep their values); throws std::runtime_error

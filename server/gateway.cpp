@@ -9,6 +9,7 @@
 #include <atomic>
 #include <caf/all.hpp>
 #include <deque>
+#include <iostream>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -16,6 +17,8 @@
 #include <unordered_map>
 #include <vector>
 #include <zmq.hpp>
+
+#include "ingress/curve.hpp"
 
 namespace sy {
 namespace {
@@ -73,6 +76,32 @@ void bind_named(zmq::socket_t& s, const std::string& addr, const char* what) {
   }
 }
 
+// The server's Z85 secret key from the configured files ("" when CURVE is off); errors name the
+// file. A public key file, when given, must belong to the secret key.
+std::string load_curve_secret(const EndpointConfig& ep) {
+  if (ep.curve_secret_key.empty()) {
+    if (!ep.curve_public_key.empty())
+      throw std::runtime_error("a CURVE public key file is set without the secret key file");
+    return "";
+  }
+  curve::require("endpoints.curve_secret_key");
+  std::string secret = curve::read_key_file(ep.curve_secret_key, "CURVE secret key");
+  // A secret key others can read is no secret: said loudly, not refused (containers often run
+  // with loose modes on mounted secrets).
+  if (curve::readable_by_others(ep.curve_secret_key))
+    std::cerr << "switchyard: warning: CURVE secret key file '" << ep.curve_secret_key
+              << "' is readable by its group or others (chmod 600 it)\n";
+  std::string derived = curve::public_of(secret);
+  if (!ep.curve_public_key.empty()) {
+    std::string pub = curve::read_key_file(ep.curve_public_key, "CURVE public key");
+    if (pub != derived)
+      throw std::runtime_error("CURVE public key file '" + ep.curve_public_key +
+                               "' does not belong to the secret key in '" + ep.curve_secret_key +
+                               "' (its public key is " + derived + ")");
+  }
+  return secret;
+}
+
 std::string job_key(const std::string& identity, const std::string& id) {
   std::string k;
   k.reserve(identity.size() + 1 + id.size());
@@ -87,6 +116,7 @@ std::string job_key(const std::string& identity, const std::string& id) {
 struct Gateway::Impl {
   EndpointConfig ep;
   GatewayOptions opt;
+  std::string curve_secret;  // Z85; "" = plain TCP
   zmq::context_t ctx{1};
   zmq::socket_t router, pull, push;
   std::string router_ep, pull_ep, results_ep;
@@ -491,6 +521,7 @@ Gateway::Gateway(EndpointConfig endpoints, GatewayOptions options) : impl_(new I
   impl_->opt = options;
   impl_->opt.limits.max_message_bytes = static_cast<size_t>(impl_->ep.max_message_bytes);
   impl_->pull_credit = options.initial_pull_credit;
+  impl_->curve_secret = load_curve_secret(impl_->ep);
   impl_->efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl_->efd < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
 }
@@ -517,6 +548,9 @@ void Gateway::start() {
     s.set(zmq::sockopt::sndhwm, d.ep.sndhwm);
     s.set(zmq::sockopt::rcvhwm, d.ep.rcvhwm);
     s.set(zmq::sockopt::linger, 0);
+    // Every bound socket is the CURVE server, the PUSH results socket too: sinks connect to it
+    // as CURVE clients with the same public key (docs/security.md).
+    if (!d.curve_secret.empty()) curve::make_server(s.handle(), d.curve_secret);
   };
   d.router = zmq::socket_t(d.ctx, zmq::socket_type::router);
   common(d.router);

@@ -16,11 +16,16 @@
 #include "actors/batcher.hpp"
 #include "actors/control.hpp"
 #include "actors/executor.hpp"
+#include "actors/journal.hpp"
 #include "actors/messages.hpp"
+#include "actors/metrics.hpp"
 #include "actors/router.hpp"
+#include "actors/supervisor.hpp"
 #include "model/llama.hpp"
+#include "policies/journal_file.hpp"
 #include "server/egress.hpp"
 #include "server/gateway.hpp"
+#include "server/metrics.hpp"
 
 namespace sy {
 namespace {
@@ -55,9 +60,13 @@ struct Server::Impl {
   std::shared_ptr<LlamaModel> model;
   std::shared_ptr<Gateway> gateway;
   caf::actor egress, router, admission, control;
+  caf::actor journal;  // only with cfg.journal.path set; stands in front of egress
   std::vector<caf::actor> executors, batchers;
+  caf::actor supervisor;  // owns the batcher+executor pairs (elastic, crash recovery)
   bool started = false;
   bool stopped = false;
+  caf::actor metrics;  // only with cfg.metrics.bind set
+  std::unique_ptr<MetricsEndpoint> metrics_http;
 
   // Asks one actor for its stats (a caf::settings), empty on timeout or error.
   caf::settings ask_stats(const caf::actor& a) {
@@ -93,29 +102,68 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   d.gateway = std::make_shared<Gateway>(c.endpoints, go);
 
   d.egress = spawn_egress(*d.sys, d.gateway);
-  d.router = spawn_router(*d.sys, c.router, d.egress, caf::actor{}, c.admission.tenants);
-  d.admission = spawn_admission(*d.sys, c.admission, effective_classes(c.router.classes),
-                                c.router.default_class, d.model, d.router, d.egress);
+  // With a journal, every job event goes through the journal actor on its way to egress, so that
+  // a journaled job's done/error leaves only once its result is durable (docs/durability.md).
+  caf::actor out = d.egress;
+  JournalReplay replay;
+  if (!c.journal.path.empty()) {
+    auto file = open_journal(c.journal, c.admission.result_cache, replay);
+    if (!replay.warning.empty()) std::cerr << "switchyard: WARNING: " << replay.warning << "\n";
+    std::cerr << "switchyard: journal " << file->path() << " (fsync " << c.journal.fsync
+              << "): " << replay.records << " records, " << replay.pending.size()
+              << " jobs to run again, " << replay.results.size() << " results kept, "
+              << replay.redeliver.size() << " results to deliver again\n";
+    d.journal = spawn_journal(*d.sys, c.journal, std::move(file), replay,
+                              c.admission.result_cache, d.egress);
+    out = d.journal;
+  }
+  d.router = spawn_router(*d.sys, c.router, out, caf::actor{}, c.admission.tenants);
+  if (d.journal)
+    d.admission = spawn_admission(*d.sys, c.admission, effective_classes(c.router.classes),
+                                  c.router.default_class, d.model, d.router, out, d.journal, replay);
+  else
+    d.admission = spawn_admission(*d.sys, c.admission, effective_classes(c.router.classes),
+                                  c.router.default_class, d.model, d.router, d.egress);
 
-  // Engine threads: the cores split between the executors, at least one each.
+  // The supervisor runs between min and max batcher+executor pairs (a fixed executors.count
+  // unless the autoscale section says otherwise) and replaces failed ones.
+  SupervisorConfig sc;
+  sc.knobs.min_executors = c.autoscale.min_executors > 0 ? c.autoscale.min_executors : c.executors.count;
+  sc.knobs.max_executors = c.autoscale.max_executors > 0
+                               ? c.autoscale.max_executors
+                               : std::max(c.executors.count, sc.knobs.min_executors);
+  sc.knobs.target_ongoing_per_executor = c.autoscale.target_ongoing_per_executor;
+  sc.knobs.target_queue_wait_ms = c.autoscale.target_queue_wait_ms;
+  sc.knobs.upscale_delay_ms = c.autoscale.upscale_delay_ms;
+  sc.knobs.downscale_delay_ms = c.autoscale.downscale_delay_ms;
+  sc.interval_ms = c.autoscale.interval_ms;
+  // CPU executor slots: the executor backends here (cpu, null) run on no device.
+  sc.slots = policy::executor_slots(false, 0, sc.knobs.max_executors);
+  // Engine threads: the cores split between the most executors that may run, at least one each.
   int threads = c.executors.threads;
   if (threads == 0)
-    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / c.executors.count);
+    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / sc.knobs.max_executors);
   int32_t n_blocks = kv_blocks_for(c.batching, d.model ? &d.model->config() : nullptr);
-  for (int i = 0; i < c.executors.count; ++i) {
-    ExecutorSpec spec;
-    spec.backend = c.executors.backend;
-    spec.model = d.model;
-    spec.threads = threads;
-    spec.n_blocks = n_blocks;
-    spec.block_size = c.batching.kv_block_size;
-    spec.max_batch_tokens = static_cast<int32_t>(c.batching.step_token_budget);
-    spec.step_delay_ms = c.batching.step_delay_ms;
-    auto ex = spawn_executor(*d.sys, spec);
-    d.executors.push_back(ex);
-    d.batchers.push_back(
-        spawn_batcher(*d.sys, c.batching, d.model, ex, d.router, d.egress, d.admission, n_blocks));
-  }
+  sc.n_blocks = n_blocks;
+  sc.batching = c.batching;
+  sc.executor.backend = c.executors.backend;
+  sc.executor.model = d.model;
+  sc.executor.threads = threads;
+  sc.executor.n_blocks = n_blocks;
+  sc.executor.block_size = c.batching.kv_block_size;
+  sc.executor.max_batch_tokens = static_cast<int32_t>(c.batching.step_token_budget);
+  sc.executor.step_delay_ms = c.batching.step_delay_ms;
+  sc.executor.test_fault_throw_after = c.executors.test_fault_throw_after;
+  sc.executor.test_fault_hang_after = c.executors.test_fault_hang_after;
+  // Fail here, not inside the actor, when the executor cannot be built (bad backend or model).
+  if (sc.executor.backend == "cpu" && !sc.executor.model)
+    throw std::invalid_argument("the cpu backend needs a model");
+  SupervisorWiring sw;
+  sw.router = d.router;
+  sw.egress = out;
+  sw.admission = d.admission;
+  sw.model = d.model;
+  d.supervisor = spawn_supervisor(*d.sys, std::move(sc), std::move(sw));
   ControlWiring cw;
   cw.admin_token = c.admission.admin_token;
   cw.admission = d.admission;
@@ -132,8 +180,27 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
     }
   };
   d.control = spawn_control(*d.sys, std::move(cw));
+  {
+    // A round trip, not a plain send: the control actor must know the first batchers before the
+    // gateway can hand it a command (the supervisor sends the list before it answers).
+    caf::scoped_actor self{*d.sys};
+    self->request(d.supervisor, std::chrono::seconds(10), connect_atom::value, d.control)
+        .receive([](bool) {}, [](caf::error&) {});
+  }
   d.gateway->set_admission(d.admission);
   d.gateway->set_control(d.control);
+  if (!c.metrics.bind.empty()) {
+    MetricsWiring mw;
+    mw.admission = d.admission;
+    mw.router = d.router;
+    for (const auto& pc : effective_classes(c.router.classes)) mw.classes.push_back(pc.name);
+    d.metrics = spawn_metrics(*d.sys, std::move(mw));
+    caf::anon_send(d.admission, observe_atom::value, d.metrics);
+    for (size_t i = 0; i < d.batchers.size() && i < d.executors.size(); ++i)
+      caf::anon_send(d.metrics, observe_atom::value, d.batchers[i], d.executors[i]);
+    caf::anon_send(d.supervisor, observe_atom::value, d.metrics);  // pairs now and later
+    d.metrics_http = std::make_unique<MetricsEndpoint>(*d.sys, d.metrics, c.metrics.bind);
+  }
 }
 
 Server::~Server() {
@@ -146,12 +213,16 @@ Server::~Server() {
 
 void Server::start() {
   impl_->gateway->start();
+  if (impl_->metrics_http) impl_->metrics_http->start();
   impl_->started = true;
 }
 
 std::string Server::endpoint() const { return impl_->gateway->endpoint(); }
 std::string Server::pull_endpoint() const { return impl_->gateway->pull_endpoint(); }
 std::string Server::results_endpoint() const { return impl_->gateway->results_endpoint(); }
+std::string Server::metrics_endpoint() const {
+  return impl_->metrics_http ? impl_->metrics_http->address() : std::string();
+}
 
 ServerSnapshot Server::snapshot() {
   auto& d = *impl_;
@@ -165,8 +236,17 @@ ServerSnapshot Server::snapshot() {
   s.queued = counter(r, "queued");
   s.dispatched = counter(r, "dispatched");
   s.expired = counter(r, "expired");
-  for (auto& b : d.batchers) {
-    auto bs = d.ask_stats(b);
+  {
+    // The supervisor sums its batchers' counters and adds its own.
+    auto bs = d.ask_stats(d.supervisor);
+    s.executors = counter(bs, "executors");
+    s.scale_ups = counter(bs, "scale_ups");
+    s.scale_downs = counter(bs, "scale_downs");
+    s.executor_failures = counter(bs, "executor_failures");
+    s.requeued = counter(bs, "requeued");
+    s.recoveries = counter(bs, "recoveries");
+    s.recovery_ms_last = counter(bs, "recovery_ms_last");
+    s.recovery_ms_max = counter(bs, "recovery_ms_max");
     s.running += counter(bs, "running");
     s.blocks_used += counter(bs, "blocks_used");
     s.blocks_total += counter(bs, "blocks_total");
@@ -180,6 +260,15 @@ ServerSnapshot Server::snapshot() {
   s.received = g.received;
   s.sent = g.sent;
   s.decode_errors = g.decode_errors;
+  if (d.journal) {
+    auto j = d.ask_stats(d.journal);
+    s.journal_accepted = counter(j, "accepted");
+    s.journal_results = counter(j, "results");
+    s.journal_syncs = counter(j, "syncs");
+    s.journal_replayed = counter(j, "replayed_pending");
+    s.journal_restored = counter(j, "replayed_results");
+    s.journal_redelivered = counter(j, "redelivered");
+  }
   return s;
 }
 
@@ -225,13 +314,20 @@ void Server::shutdown(std::chrono::milliseconds grace) {
   auto stop = [](const caf::actor& a) {
     if (a) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   };
+  // The HTTP thread asks actors through the system: it stops before them.
+  if (d.metrics_http) d.metrics_http->stop();
+  stop(d.metrics);
+  d.metrics = caf::actor{};
   stop(d.control);
   stop(d.admission);
   stop(d.router);
+  stop(d.supervisor);  // stops its pairs first
+  d.supervisor = caf::actor{};
   for (auto& b : d.batchers) stop(b);
   for (auto& e : d.executors) stop(e);
+  stop(d.journal);
   stop(d.egress);
-  d.admission = d.router = d.egress = d.control = caf::actor{};
+  d.admission = d.router = d.egress = d.control = d.journal = caf::actor{};
   d.batchers.clear();
   d.executors.clear();
   d.sys.reset();
@@ -264,6 +360,20 @@ std::string ServerSnapshot::to_json() const {
   put("received", received);
   put("sent", sent);
   put("decode_errors", decode_errors);
+  put("executors", executors);
+  put("scale_ups", scale_ups);
+  put("scale_downs", scale_downs);
+  put("executor_failures", executor_failures);
+  put("requeued", requeued);
+  put("recoveries", recoveries);
+  put("recovery_ms_last", recovery_ms_last);
+  put("recovery_ms_max", recovery_ms_max);
+  put("journal_accepted", journal_accepted);
+  put("journal_results", journal_results);
+  put("journal_syncs", journal_syncs);
+  put("journal_replayed", journal_replayed);
+  put("journal_restored", journal_restored);
+  put("journal_redelivered", journal_redelivered);
   return j + "}";
 }
 

@@ -29,6 +29,20 @@ struct ServerSnapshot {
   uint64_t received = 0;    ///< client frames the gateway read
   uint64_t sent = 0;        ///< server messages the gateway delivered
   uint64_t decode_errors = 0;  ///< malformed client messages answered with an error
+  int64_t executors = 0;          ///< active batcher+executor pairs (supervisor)
+  int64_t scale_ups = 0;          ///< pairs added under load
+  int64_t scale_downs = 0;        ///< pairs retired when idle
+  int64_t executor_failures = 0;  ///< executors that crashed or hung (replaced)
+  int64_t requeued = 0;           ///< jobs re-queued after executor failures
+  int64_t recoveries = 0;         ///< faults whose first re-queued job ran again
+  int64_t recovery_ms_last = -1;  ///< fault -> first re-queued job running, last fault (ms)
+  int64_t recovery_ms_max = -1;   ///< the same, worst so far
+  int64_t journal_accepted = 0;   ///< accept records written by this process (journal on)
+  int64_t journal_results = 0;    ///< result records written by this process: jobs completed
+  int64_t journal_syncs = 0;      ///< fdatasync calls (group commit: far fewer than records)
+  int64_t journal_replayed = 0;   ///< jobs of the previous run re-queued at start
+  int64_t journal_restored = 0;   ///< results of the previous run kept for resubmissions
+  int64_t journal_redelivered = 0;  ///< results of the previous run delivered again at start
   /// One line of JSON with every field (the `serve` command prints it on SIGUSR1).
   std::string to_json() const;
 };
@@ -51,6 +65,8 @@ class Server {
   std::string endpoint() const;
   std::string pull_endpoint() const;
   std::string results_endpoint() const;
+  /// The metrics HTTP address "HOST:PORT" as bound ("" when off). Valid after start().
+  std::string metrics_endpoint() const;
 
   /// Graceful stop: stop reading, refuse new work, let in-flight jobs finish for up to `grace`,
   /// then cancel the rest (their clients get done "cancelled"), close the sockets and stop every

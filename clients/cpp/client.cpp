@@ -3,6 +3,8 @@
 
 #include <sstream>
 
+#include "ingress/curve.hpp"
+
 namespace sy::client {
 namespace {
 
@@ -29,6 +31,8 @@ zmq::socket_t make(zmq::context_t& ctx, zmq::socket_type t, const std::string& e
   // Receive options count only when set before connect.
   s.set(zmq::sockopt::rcvhwm, o.rcvhwm);
   if (o.rcvbuf >= 0) s.set(zmq::sockopt::rcvbuf, o.rcvbuf);
+  // CURVE options, like the receive ones, count only when set before connect.
+  if (!o.server_key.empty()) curve::make_client(s.handle(), o.server_key);
   s.connect(endpoint);
   return s;
 }
@@ -57,6 +61,10 @@ bool send_timed(zmq::socket_t& s, const void* data, std::size_t size, millisecon
 }
 
 }  // namespace
+
+std::string read_server_key(const std::string& path) {
+  return curve::read_key_file(path, "CURVE server public key");
+}
 
 // ---- Client ----
 
@@ -202,6 +210,10 @@ Pusher::Pusher(const std::string& endpoint)
 Pusher::Pusher(zmq::context_t& ctx, const std::string& endpoint)
     : sock_(make(ctx, zmq::socket_type::push, endpoint)) {}
 
+Pusher::Pusher(const std::string& endpoint, const ClientOptions& options)
+    : own_ctx_(std::make_unique<zmq::context_t>(1)),
+      sock_(make(*own_ctx_, zmq::socket_type::push, endpoint, options)) {}
+
 bool Pusher::submit(const wire::Submit& s, milliseconds timeout) {
   return send(s, timeout);
 }
@@ -223,6 +235,10 @@ Sink::Sink(const std::string& endpoint)
 
 Sink::Sink(zmq::context_t& ctx, const std::string& endpoint)
     : sock_(make(ctx, zmq::socket_type::pull, endpoint)) {}
+
+Sink::Sink(const std::string& endpoint, const ClientOptions& options)
+    : own_ctx_(std::make_unique<zmq::context_t>(1)),
+      sock_(make(*own_ctx_, zmq::socket_type::pull, endpoint, options)) {}
 
 std::optional<wire::ServerMessage> Sink::next(milliseconds timeout) {
   return recv_one(sock_, timeout);

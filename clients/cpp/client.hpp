@@ -50,7 +50,15 @@ struct ControlResult {
 struct ClientOptions {
   int rcvhwm = 1000;  ///< ZMQ_RCVHWM: messages queued before the server's sends back up
   int rcvbuf = -1;    ///< ZMQ_RCVBUF in bytes; -1: the OS default
+  /// The server's CURVE public key (Z85, 40 characters; read_server_key reads a file): the socket
+  /// becomes a CURVE client with an ephemeral keypair of its own. "": plain TCP.
+  /// (Default-initialized explicitly so that `ClientOptions{hwm, buf}` stays warning-free.)
+  std::string server_key = {};
 };
+
+/// Reads the server's CURVE public key from a file written by `switchyard keygen` (PREFIX.pub);
+/// throws std::runtime_error naming the file when it is missing or malformed.
+std::string read_server_key(const std::string& path);
 
 /// A DEALER connection to the server's request endpoint (ROUTER). Not thread-safe: one thread
 /// per Client (ZeroMQ sockets belong to one thread).
@@ -114,6 +122,8 @@ class Pusher {
   explicit Pusher(const std::string& endpoint);
   /// Connects using a shared context.
   Pusher(zmq::context_t& ctx, const std::string& endpoint);
+  /// Connects with its own context and options (server_key: CURVE).
+  Pusher(const std::string& endpoint, const ClientOptions& options);
   /// Sends a submit; blocks while the server is not reading. False when `timeout` passed first
   /// (negative: wait forever).
   bool submit(const wire::Submit& s, milliseconds timeout = milliseconds(-1));
@@ -136,6 +146,8 @@ class Sink {
   explicit Sink(const std::string& endpoint);
   /// Connects using a shared context.
   Sink(zmq::context_t& ctx, const std::string& endpoint);
+  /// Connects with its own context and options (server_key: CURVE).
+  Sink(const std::string& endpoint, const ClientOptions& options);
   /// The next result, or nullopt after `timeout`. Throws ClientError on undecodable bytes.
   std::optional<wire::ServerMessage> next(milliseconds timeout);
   /// The underlying socket.

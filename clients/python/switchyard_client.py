@@ -10,6 +10,9 @@ Uses Debian's python3-zmq and python3-msgpack (run it with /usr/bin/python3).
 
 Client talks to the request endpoint (DEALER to the server's ROUTER); Pusher feeds the pipeline
 input (PUSH to PULL) and Sink reads the pipeline results (PULL from PUSH).
+
+A server with CURVE on (docs/security.md) answers only clients that know its public key: pass
+server_key=read_key_file("server.pub") to Client, Pusher or Sink.
 """
 
 import collections
@@ -18,6 +21,7 @@ import time
 
 import msgpack
 import zmq
+from zmq.utils import z85
 
 PROTOCOL_VERSION = 1
 
@@ -40,6 +44,47 @@ _SUBMIT_OPTIONS = {
 # Server messages are trusted more than client ones, but a non-streamed `done` carries a whole
 # completion: allow large bodies, still bounded.
 _MAX_SERVER_MESSAGE = 64 << 20
+
+
+def read_key_file(path):
+    """The Z85 key (40 characters) of a file written by `switchyard keygen` (PREFIX.pub).
+
+    Raises ValueError naming the file when it holds no single well-formed key."""
+    try:
+        with open(path, "r", encoding="ascii", errors="replace") as f:
+            # Key files are tiny: a big file is not one.
+            text = f.read(4097)
+    except OSError as e:
+        raise ValueError("CURVE key file '%s': cannot open: %s" % (path, e.strerror)) from None
+    if len(text) > 4096:
+        raise ValueError("CURVE key file '%s': too large for a key file" % path)
+    keys = [l.strip() for l in text.splitlines() if l.strip() and not l.strip().startswith("#")]
+    if len(keys) != 1:
+        raise ValueError("CURVE key file '%s': expected one 40-character Z85 key, found %d lines"
+                         % (path, len(keys)))
+    key = keys[0]
+    try:
+        ok = len(key) == 40 and len(z85.decode(key.encode("ascii"))) == 32
+    except Exception:
+        ok = False
+    if not ok:
+        raise ValueError("CURVE key file '%s': malformed: expected one 40-character Z85 key" % path)
+    return key
+
+
+def _curve_client(sock, server_key):
+    """Makes `sock` a CURVE client of the server with this public key (before connect), with an
+    ephemeral keypair of its own."""
+    if not server_key:
+        return
+    if not zmq.has("curve"):
+        raise RuntimeError("server_key needs CURVE, but this libzmq was built without it")
+    if isinstance(server_key, str):
+        server_key = server_key.encode("ascii")
+    public, secret = zmq.curve_keypair()
+    sock.curve_serverkey = server_key
+    sock.curve_publickey = public
+    sock.curve_secretkey = secret
 
 
 class ProtocolError(Exception):
@@ -111,10 +156,11 @@ class Result:
 class Client:
     """A DEALER connection to the request endpoint. One thread per Client."""
 
-    def __init__(self, endpoint="tcp://127.0.0.1:5555", context=None):
+    def __init__(self, endpoint="tcp://127.0.0.1:5555", context=None, server_key=None):
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)  # a client that gave up must not block exit
+        _curve_client(self._sock, server_key)
         self._sock.connect(endpoint)
         self._pending = collections.deque()
         self._seq = 0
@@ -244,12 +290,13 @@ class Client:
 class Pusher:
     """A PUSH connection to the pipeline input. Sends block while the server's queues are full."""
 
-    def __init__(self, endpoint="tcp://127.0.0.1:5556", context=None):
+    def __init__(self, endpoint="tcp://127.0.0.1:5556", context=None, server_key=None):
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PUSH)
         # Pushed jobs were handed over: closing must not drop what ZeroMQ still holds, but a server
         # that is gone must not block the producer forever either.
         self._sock.setsockopt(zmq.LINGER, 60000)
+        _curve_client(self._sock, server_key)
         self._sock.connect(endpoint)
 
     def __enter__(self):
@@ -278,10 +325,12 @@ class Pusher:
 class Sink:
     """A PULL connection to the pipeline results: `done` and `error` messages."""
 
-    def __init__(self, endpoint="tcp://127.0.0.1:5557", context=None):
+    def __init__(self, endpoint="tcp://127.0.0.1:5557", context=None, server_key=None):
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.PULL)
         self._sock.setsockopt(zmq.LINGER, 0)
+        # The server's PUSH results socket is a CURVE server too: the sink is its CURVE client.
+        _curve_client(self._sock, server_key)
         self._sock.connect(endpoint)
 
     def __enter__(self):

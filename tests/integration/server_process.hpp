@@ -99,6 +99,7 @@ class ServerProcess {
       take("switchyard: listening on ", endpoint_);
       take("switchyard: pipeline input on ", pull_);
       take("switchyard: pipeline results on ", results_);
+      take("switchyard: metrics on http://", metrics_);
       if (line.rfind("switchyard: ready", 0) == 0) return;
     }
     kill_now();
@@ -111,6 +112,8 @@ class ServerProcess {
   const std::string& endpoint() const { return endpoint_; }
   const std::string& pull_endpoint() const { return pull_; }
   const std::string& results_endpoint() const { return results_; }
+  /// The metrics HTTP address "HOST:PORT" (--metrics), "" when off.
+  const std::string& metrics_endpoint() const { return metrics_; }
   pid_t pid() const { return pid_; }
 
   /// True while the process has not exited.
@@ -212,6 +215,7 @@ class ServerProcess {
   int status_ = 0;
   std::string buf_, log_;
   std::string endpoint_, pull_, results_;
+  std::string metrics_;
 };
 
 }  // namespace sy::it

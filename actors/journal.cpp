@@ -1,0 +1,689 @@
+// The journal actor and the journal's record codec and replay (see journal.hpp and
+// docs/durability.md): accept, result and delivered records over policies/journal_file.
+#include "actors/journal.hpp"
+
+#include <msgpack.hpp>
+
+#include <algorithm>
+#include <caf/all.hpp>
+#include <deque>
+#include <filesystem>
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+#include <variant>
+
+#include "policies/journal_file.hpp"
+
+namespace sy {
+namespace {
+
+using Packer = msgpack::packer<msgpack::sbuffer>;
+
+// Record kinds, the "t" field of every record.
+constexpr char kAccept = 'A', kResult = 'R', kDelivered = 'D';
+
+void pack_client(Packer& p, const ClientRef& c) {
+  p.pack_array(2);
+  p.pack(c.kind);
+  p.pack(c.identity);
+}
+
+void pack_kind(Packer& p, char kind) {
+  p.pack("t");
+  p.pack(std::string(1, kind));
+}
+
+void pack_done(Packer& p, const DoneEvent& d) {
+  p.pack_map(17);
+  p.pack("to"); pack_client(p, d.to);
+  p.pack("uid"); p.pack(d.uid);
+  p.pack("id"); p.pack(d.id);
+  p.pack("tenant"); p.pack(d.tenant);
+  p.pack("finish"); p.pack(d.finish);
+  p.pack("text"); p.pack(d.text);
+  p.pack("ids"); p.pack(d.ids);
+  p.pack("prompt_tokens"); p.pack(d.prompt_tokens);
+  p.pack("completion_tokens"); p.pack(d.completion_tokens);
+  p.pack("cached_tokens"); p.pack(d.cached_tokens);
+  p.pack("queue_ms"); p.pack(d.queue_ms);
+  p.pack("ttft_ms"); p.pack(d.ttft_ms);
+  p.pack("total_ms"); p.pack(d.total_ms);
+  p.pack("logprob"); p.pack(d.logprob);
+  p.pack("n_top"); p.pack(d.n_top);
+  p.pack("top_ids"); p.pack(d.top_ids);
+  p.pack("top_logprobs"); p.pack(d.top_logprobs);
+}
+
+void pack_error(Packer& p, const ErrorEvent& e) {
+  p.pack_map(7);
+  p.pack("to"); pack_client(p, e.to);
+  p.pack("uid"); p.pack(e.uid);
+  p.pack("id"); p.pack(e.id);
+  p.pack("tenant"); p.pack(e.tenant);
+  p.pack("code"); p.pack(e.code);
+  p.pack("message"); p.pack(e.message);
+  p.pack("retry_after_ms"); p.pack(e.retry_after_ms);
+}
+
+// Named-field access to a decoded map; absent fields keep their defaults (older records).
+struct Fields {
+  const msgpack::object* map = nullptr;
+  explicit Fields(const msgpack::object& o) {
+    if (o.type != msgpack::type::MAP) throw std::runtime_error("record is not a map");
+    map = &o;
+  }
+  const msgpack::object* find(std::string_view key) const {
+    for (uint32_t i = 0; i < map->via.map.size; ++i) {
+      const auto& kv = map->via.map.ptr[i];
+      if (kv.key.type == msgpack::type::STR &&
+          std::string_view(kv.key.via.str.ptr, kv.key.via.str.size) == key)
+        return &kv.val;
+    }
+    return nullptr;
+  }
+  template <class T>
+  void get(std::string_view key, T& out) const {
+    if (auto v = find(key)) v->convert(out);
+  }
+  void client(std::string_view key, ClientRef& out) const {
+    auto v = find(key);
+    if (!v) return;
+    if (v->type != msgpack::type::ARRAY || v->via.array.size != 2)
+      throw std::runtime_error("bad client field");
+    v->via.array.ptr[0].convert(out.kind);
+    v->via.array.ptr[1].convert(out.identity);
+  }
+};
+
+DoneEvent unpack_done(const msgpack::object& o) {
+  Fields f(o);
+  DoneEvent d;
+  f.client("to", d.to);
+  f.get("uid", d.uid);
+  f.get("id", d.id);
+  f.get("tenant", d.tenant);
+  f.get("finish", d.finish);
+  f.get("text", d.text);
+  f.get("ids", d.ids);
+  f.get("prompt_tokens", d.prompt_tokens);
+  f.get("completion_tokens", d.completion_tokens);
+  f.get("cached_tokens", d.cached_tokens);
+  f.get("queue_ms", d.queue_ms);
+  f.get("ttft_ms", d.ttft_ms);
+  f.get("total_ms", d.total_ms);
+  f.get("logprob", d.logprob);
+  f.get("n_top", d.n_top);
+  f.get("top_ids", d.top_ids);
+  f.get("top_logprobs", d.top_logprobs);
+  return d;
+}
+
+ErrorEvent unpack_error(const msgpack::object& o) {
+  Fields f(o);
+  ErrorEvent e;
+  f.client("to", e.to);
+  f.get("uid", e.uid);
+  f.get("id", e.id);
+  f.get("tenant", e.tenant);
+  f.get("code", e.code);
+  f.get("message", e.message);
+  f.get("retry_after_ms", e.retry_after_ms);
+  return e;
+}
+
+/// One decoded record.
+struct Decoded {
+  char kind = 0;
+  uint64_t uid = 0;
+  Job job;          // kAccept
+  JobOutcome out;   // kResult
+};
+
+Decoded decode(const std::string& payload) {
+  auto oh = msgpack::unpack(payload.data(), payload.size());
+  Fields f(oh.get());
+  Decoded d;
+  std::string t;
+  f.get("t", t);
+  if (t.size() != 1) throw std::runtime_error("record without a kind");
+  d.kind = t[0];
+  f.get("uid", d.uid);
+  if (d.kind == kAccept) {
+    Job& j = d.job;
+    j.uid = d.uid;
+    f.get("id", j.id);
+    f.get("tenant", j.tenant);
+    f.client("client", j.client);
+    f.get("class_index", j.class_index);
+    f.get("prompt", j.prompt);
+    f.get("max_tokens", j.max_tokens);
+    f.get("temperature", j.temperature);
+    f.get("top_k", j.top_k);
+    f.get("top_p", j.top_p);
+    f.get("seed", j.seed);
+    f.get("stop", j.stop);
+    f.get("ignore_eos", j.ignore_eos);
+    f.get("stream", j.stream);
+    f.get("logprobs", j.logprobs);
+  } else if (d.kind == kResult) {
+    JobOutcome& o = d.out;
+    o.uid = d.uid;
+    f.get("id", o.id);
+    f.get("tenant", o.tenant);
+    f.get("outcome", o.outcome);
+    f.get("code", o.code);
+    f.get("tokens_used", o.tokens_used);
+    if (auto v = f.find("done")) o.done = unpack_done(*v);
+    if (auto v = f.find("error")) o.error = unpack_error(*v);
+  } else if (d.kind != kDelivered) {
+    throw std::runtime_error("unknown record kind");
+  }
+  return d;
+}
+
+// Where an outcome's replies go (the batcher and router fill `to` of the event they made).
+const ClientRef& client_of(const JobOutcome& o) { return o.outcome == 1 ? o.error.to : o.done.to; }
+
+}  // namespace
+
+std::string encode_accept(const Job& j) {
+  msgpack::sbuffer buf;
+  Packer p(buf);
+  // arrival_us and deadline_us are steady-clock times of this process: meaningless after a
+  // restart, so they are not kept (a replayed job arrives anew, without a deadline).
+  p.pack_map(16);
+  pack_kind(p, kAccept);
+  p.pack("uid"); p.pack(j.uid);
+  p.pack("id"); p.pack(j.id);
+  p.pack("tenant"); p.pack(j.tenant);
+  p.pack("client"); pack_client(p, j.client);
+  p.pack("class_index"); p.pack(j.class_index);
+  p.pack("prompt"); p.pack(j.prompt);
+  p.pack("max_tokens"); p.pack(j.max_tokens);
+  p.pack("temperature"); p.pack(j.temperature);
+  p.pack("top_k"); p.pack(j.top_k);
+  p.pack("top_p"); p.pack(j.top_p);
+  p.pack("seed"); p.pack(j.seed);
+  p.pack("stop"); p.pack(j.stop);
+  p.pack("ignore_eos"); p.pack(j.ignore_eos);
+  p.pack("stream"); p.pack(j.stream);
+  p.pack("logprobs"); p.pack(j.logprobs);
+  return std::string(buf.data(), buf.size());
+}
+
+std::string encode_result(const JobOutcome& o) {
+  msgpack::sbuffer buf;
+  Packer p(buf);
+  const bool failed = o.outcome == 1;
+  p.pack_map(8);
+  pack_kind(p, kResult);
+  p.pack("uid"); p.pack(o.uid);
+  p.pack("id"); p.pack(o.id);
+  p.pack("tenant"); p.pack(o.tenant);
+  p.pack("outcome"); p.pack(o.outcome);
+  p.pack("code"); p.pack(o.code);
+  p.pack("tokens_used"); p.pack(o.tokens_used);
+  // Only the event that ends the job is kept: the other one is empty.
+  if (failed) {
+    p.pack("error");
+    pack_error(p, o.error);
+  } else {
+    p.pack("done");
+    pack_done(p, o.done);
+  }
+  return std::string(buf.data(), buf.size());
+}
+
+std::string encode_delivered(uint64_t uid) {
+  msgpack::sbuffer buf;
+  Packer p(buf);
+  p.pack_map(2);
+  pack_kind(p, kDelivered);
+  p.pack("uid"); p.pack(uid);
+  return std::string(buf.data(), buf.size());
+}
+
+void replay_records(const std::vector<std::string>& records, std::size_t keep_results,
+                    JournalReplay& out, std::vector<std::string>& compacted) {
+  std::map<uint64_t, Job> accepted;  // by uid: the order jobs were admitted in
+  std::vector<JobOutcome> results;   // in journal order
+  std::unordered_map<uint64_t, std::size_t> result_at;
+  std::unordered_set<uint64_t> delivered;
+  uint64_t max_uid = 0;
+  for (const auto& r : records) {
+    Decoded d;
+    try {
+      d = decode(r);
+    } catch (const std::exception&) {
+      // A good CRC over an unreadable payload: written by an incompatible version. Skipping it
+      // beats refusing to start; the count is reported.
+      ++out.undecodable;
+      continue;
+    }
+    ++out.records;
+    max_uid = std::max(max_uid, d.uid);
+    if (d.kind == kAccept) {
+      accepted[d.uid] = std::move(d.job);
+    } else if (d.kind == kResult) {
+      if (result_at.count(d.uid)) continue;  // the first result of a job is the one delivered
+      result_at[d.uid] = results.size();
+      results.push_back(std::move(d.out));
+    } else {
+      delivered.insert(d.uid);
+    }
+  }
+  out.next_uid = max_uid + 1;
+  const int64_t now = now_us();
+  for (auto& [uid, job] : accepted) {
+    if (result_at.count(uid)) continue;
+    job.arrival_us = now;
+    job.deadline_us = 0;
+    // A ROUTER client's routing id died with the old process, and a new client may well be given
+    // the same one: the job now belongs to nobody (empty id); resubmitting its key attaches.
+    if (job.client.kind == ClientRef::router) job.client.identity.clear();
+    out.pending.push_back(std::move(job));
+  }
+  // Newest first: the result cache keeps the newest done results; every pipeline result that
+  // may not have reached its sink is kept until it is marked delivered.
+  std::vector<const JobOutcome*> kept;
+  std::size_t kept_done = 0;
+  for (auto it = results.rbegin(); it != results.rend(); ++it) {
+    bool undelivered = client_of(*it).kind == ClientRef::pipeline && !delivered.count(it->uid);
+    bool cache = it->outcome == 0 && kept_done < keep_results;
+    if (!cache && !undelivered) continue;
+    if (cache) ++kept_done;
+    kept.push_back(&*it);
+  }
+  std::reverse(kept.begin(), kept.end());
+  compacted.clear();
+  for (const auto& j : out.pending) compacted.push_back(encode_accept(j));
+  for (const auto* o : kept) {
+    compacted.push_back(encode_result(*o));
+    if (delivered.count(o->uid)) compacted.push_back(encode_delivered(o->uid));
+    if (o->outcome == 0) out.results.push_back(*o);
+    if (client_of(*o).kind == ClientRef::pipeline && !delivered.count(o->uid))
+      out.redeliver.push_back(*o);
+  }
+}
+
+std::string journal_file_path(const std::string& path) {
+  std::error_code ec;
+  if (!path.empty() && (path.back() == '/' || std::filesystem::is_directory(path, ec)))
+    return (std::filesystem::path(path) / "switchyard.journal").string();
+  return path;
+}
+
+std::shared_ptr<JournalFile> open_journal(const JournalConfig& cfg, std::size_t keep_results,
+                                          JournalReplay& out) {
+  JournalScan scan;
+  auto file = std::make_shared<JournalFile>(journal_file_path(cfg.path), scan);
+  out.warning = scan.warning;
+  std::vector<std::string> compacted;
+  replay_records(scan.records, keep_results, out, compacted);
+  file->rewrite(compacted);
+  return file;
+}
+
+namespace {
+
+using Terminal = std::variant<DoneEvent, ErrorEvent>;
+
+/// A job whose accept record is in the journal and whose result is not.
+struct LiveJob {
+  std::string record;  // its accept record, for compaction
+  ClientRef client;
+};
+
+/// A result kept for compaction (the same ones admission keeps for resubmissions).
+struct KeptResult {
+  std::string record;
+  bool pipeline = false;
+  bool delivered = false;
+  bool done = false;
+};
+
+struct JournalState {
+  JournalConfig cfg;
+  FsyncPolicy policy = FsyncPolicy::batch;
+  std::shared_ptr<JournalFile> file;
+  caf::actor egress;
+  std::size_t keep = 0;
+  std::unordered_map<uint64_t, LiveJob> live;
+  std::unordered_set<uint64_t> ending;                       // result written, not yet durable
+  std::unordered_map<uint64_t, std::vector<Terminal>> held;  // terminal events awaiting commit
+  std::vector<caf::typed_response_promise<uint8_t>> acks;    // waiting for the group commit
+  std::vector<uint64_t> committing;                          // results waiting for it
+  bool commit_armed = false, marks_armed = false;
+  std::deque<std::pair<int64_t, uint64_t>> forwarded;        // pipeline results handed to egress
+  std::unordered_map<uint64_t, KeptResult> kept;
+  std::deque<uint64_t> kept_order;
+  std::size_t kept_done = 0;
+  uint64_t accepted = 0, results = 0, dropped = 0, redelivered = 0, marks = 0, compactions = 0,
+           replayed_pending = 0, replayed_results = 0, write_errors = 0;
+
+  static inline const char* name = "sy.journal";
+};
+
+using Self = caf::stateful_actor<JournalState>;
+
+// A replayed job of a ROUTER client has no client any more (replay_records empties its routing
+// id; ZeroMQ never gives an empty one): its events go nowhere.
+bool is_orphan(const ClientRef& to) { return to.kind == ClientRef::router && to.identity.empty(); }
+
+void forward(Self* self, auto ev) {
+  if (is_orphan(ev.to)) {
+    ++self->state.dropped;
+    return;
+  }
+  self->send(self->state.egress, out_atom::value, std::move(ev));
+}
+
+void remember(Self* self, uint64_t uid, KeptResult r) {
+  auto& st = self->state;
+  if (r.done) ++st.kept_done;
+  st.kept[uid] = std::move(r);
+  st.kept_order.push_back(uid);
+  // Oldest first, like admission's result cache; undelivered pipeline results stay until marked.
+  while (st.kept_done > st.keep && !st.kept_order.empty()) {
+    uint64_t old = st.kept_order.front();
+    auto it = st.kept.find(old);
+    if (it != st.kept.end() && it->second.pipeline && !it->second.delivered) break;
+    st.kept_order.pop_front();
+    if (it != st.kept.end()) {
+      if (it->second.done) --st.kept_done;
+      st.kept.erase(it);
+    }
+  }
+}
+
+// The job's result is durable: its held events go out, and it is no longer live.
+void release(Self* self, uint64_t uid) {
+  auto& st = self->state;
+  st.ending.erase(uid);
+  if (auto h = st.held.find(uid); h != st.held.end()) {
+    auto events = std::move(h->second);
+    st.held.erase(h);
+    for (auto& ev : events) std::visit([&](auto& e) { forward(self, std::move(e)); }, ev);
+  }
+  if (auto k = st.kept.find(uid); k != st.kept.end() && k->second.pipeline)
+    st.forwarded.emplace_back(now_us(), uid);
+}
+
+void arm_marks(Self* self);
+
+// The group commit: one fdatasync for everything appended since the last one.
+void commit(Self* self) {
+  auto& st = self->state;
+  if (st.acks.empty() && st.committing.empty()) return;
+  try {
+    st.file->sync();
+  } catch (const std::exception& e) {
+    ++st.write_errors;
+    for (auto& rp : st.acks) rp.deliver(caf::make_error(caf::sec::runtime_error, e.what()));
+    st.acks.clear();
+    // A result that cannot be made durable is still delivered: holding it forever would lose it
+    // for sure, while the write may well have reached the disk.
+  }
+  for (auto& rp : st.acks) rp.deliver(uint8_t{0});
+  st.acks.clear();
+  auto uids = std::move(st.committing);
+  st.committing.clear();
+  for (auto uid : uids) release(self, uid);
+  arm_marks(self);
+}
+
+// After a write: sync now (always), leave it to the OS (never) or wait for the group commit.
+// Returns true when the record is durable enough to acknowledge now.
+bool after_write(Self* self) {
+  auto& st = self->state;
+  switch (st.policy) {
+    case FsyncPolicy::always:
+      st.file->sync();
+      return true;
+    case FsyncPolicy::never:
+      st.file->flush();
+      return true;
+    case FsyncPolicy::batch:
+      // Written at once (a killed process loses nothing); only the fsync is shared.
+      st.file->flush();
+      if (!st.commit_armed) {
+        st.commit_armed = true;
+        self->delayed_send(self, std::chrono::milliseconds(st.cfg.batch_ms), tick_atom::value);
+      }
+      return false;
+  }
+  return true;
+}
+
+void compact_if_due(Self* self) {
+  auto& st = self->state;
+  if (!st.acks.empty() || !st.committing.empty()) return;
+  const uint64_t size = st.file->size();
+  if (size < static_cast<uint64_t>(st.cfg.compact_bytes)) return;
+  uint64_t needed = 0;
+  for (auto& [uid, j] : st.live) needed += j.record.size() + 8;
+  for (auto& [uid, r] : st.kept) needed += r.record.size() + 8;
+  // Only when most of the file is dead: rewriting costs as much as the live part.
+  if (needed * 2 > size) return;
+  std::vector<std::pair<uint64_t, const std::string*>> accepts;
+  for (auto& [uid, j] : st.live) accepts.emplace_back(uid, &j.record);
+  std::sort(accepts.begin(), accepts.end());
+  std::vector<std::string> records;
+  for (auto& [uid, r] : accepts) records.push_back(*r);
+  for (auto uid : st.kept_order) {
+    auto it = st.kept.find(uid);
+    if (it == st.kept.end()) continue;
+    records.push_back(it->second.record);
+    if (it->second.delivered) records.push_back(encode_delivered(uid));
+  }
+  try {
+    st.file->rewrite(records);
+    ++st.compactions;
+  } catch (const std::exception&) {
+    ++st.write_errors;  // the old file is intact (rename is atomic): keep appending to it
+  }
+}
+
+// Marks pipeline results delivered once they left egress long enough ago (config), so that a
+// restart does not send them again; then compacts when due.
+void write_marks(Self* self) {
+  auto& st = self->state;
+  const int64_t due = now_us() - st.cfg.delivered_lag_ms * 1000;
+  bool wrote = false;
+  while (!st.forwarded.empty() && st.forwarded.front().first <= due) {
+    uint64_t uid = st.forwarded.front().second;
+    st.forwarded.pop_front();
+    try {
+      st.file->append(encode_delivered(uid));
+      wrote = true;
+      ++st.marks;
+    } catch (const std::exception&) {
+      ++st.write_errors;
+    }
+    if (auto k = st.kept.find(uid); k != st.kept.end()) k->second.delivered = true;
+  }
+  // No fsync: a lost mark only means one more delivery after a crash.
+  if (wrote) {
+    try {
+      st.file->flush();
+    } catch (const std::exception&) {
+      ++st.write_errors;
+    }
+  }
+  compact_if_due(self);
+}
+
+void arm_marks(Self* self) {
+  auto& st = self->state;
+  if (st.marks_armed || st.forwarded.empty()) return;
+  if (st.cfg.delivered_lag_ms <= 0) return write_marks(self);
+  st.marks_armed = true;
+  // A quarter of the lag keeps marks at most 25% late while waking rarely.
+  auto every = std::max<int64_t>(50, st.cfg.delivered_lag_ms / 4);
+  self->delayed_send(self, std::chrono::milliseconds(every), tick_atom::value, uint8_t{1});
+}
+
+caf::result<uint8_t> accept(Self* self, const Job& job) {
+  auto& st = self->state;
+  std::string rec = encode_accept(job);
+  try {
+    st.file->append(rec);
+    st.live[job.uid] = LiveJob{std::move(rec), job.client};
+    ++st.accepted;
+    if (after_write(self)) return uint8_t{0};
+  } catch (const std::exception& e) {
+    ++st.write_errors;
+    st.live.erase(job.uid);
+    return caf::make_error(caf::sec::runtime_error, std::string("journal: ") + e.what());
+  }
+  auto rp = self->make_response_promise<uint8_t>();
+  st.acks.push_back(rp);
+  return rp;
+}
+
+void end(Self* self, const JobOutcome& o) {
+  auto& st = self->state;
+  auto it = st.live.find(o.uid);
+  if (it == st.live.end()) return;  // not journaled, or a second report
+  st.live.erase(it);
+  KeptResult k;
+  k.record = encode_result(o);
+  k.pipeline = client_of(o).kind == ClientRef::pipeline;
+  k.done = o.outcome == 0;
+  std::string rec = k.record;
+  if (k.done || k.pipeline) remember(self, o.uid, std::move(k));
+  ++st.results;
+  st.ending.insert(o.uid);
+  bool now = true;
+  try {
+    st.file->append(rec);
+    now = after_write(self);
+  } catch (const std::exception&) {
+    ++st.write_errors;  // delivered anyway: see commit()
+  }
+  if (now) {
+    release(self, o.uid);
+    arm_marks(self);
+  } else {
+    st.committing.push_back(o.uid);
+  }
+}
+
+// A done/error of a journaled job waits for the job's result record; anything else goes on.
+void terminal(Self* self, Terminal ev, uint64_t uid) {
+  auto& st = self->state;
+  if (uid != 0 && (st.live.count(uid) || st.ending.count(uid))) {
+    st.held[uid].push_back(std::move(ev));
+    return;
+  }
+  std::visit([&](auto& e) { forward(self, std::move(e)); }, ev);
+}
+
+caf::settings stats(Self* self) {
+  auto& st = self->state;
+  caf::settings s;
+  auto put = [&](const char* k, uint64_t v) {
+    s.insert_or_assign(k, caf::config_value{static_cast<int64_t>(v)});
+  };
+  put("accepted", st.accepted);
+  put("results", st.results);
+  put("syncs", st.file->syncs());
+  put("live", st.live.size());
+  put("held", st.held.size());
+  put("dropped", st.dropped);
+  put("redelivered", st.redelivered);
+  put("delivered_marks", st.marks);
+  put("compactions", st.compactions);
+  put("bytes", st.file->size());
+  put("replayed_pending", st.replayed_pending);
+  put("replayed_results", st.replayed_results);
+  put("write_errors", st.write_errors);
+  return s;
+}
+
+caf::behavior journal_actor(Self* self, JournalConfig cfg, std::shared_ptr<JournalFile> file,
+                            JournalReplay replay, std::size_t keep, caf::actor egress) {
+  auto& st = self->state;
+  st.policy = parse_fsync_policy(cfg.fsync).value_or(FsyncPolicy::batch);
+  st.cfg = std::move(cfg);
+  st.file = std::move(file);
+  st.egress = egress;
+  st.keep = keep;
+  st.replayed_pending = replay.pending.size();
+  st.replayed_results = replay.results.size();
+  for (auto& j : replay.pending) st.live[j.uid] = LiveJob{encode_accept(j), j.client};
+  // The compacted file holds exactly these results (in this order): mirror it for compaction.
+  std::unordered_set<uint64_t> redeliver;
+  for (auto& o : replay.redeliver) redeliver.insert(o.uid);
+  std::vector<const JobOutcome*> all;
+  for (auto& o : replay.results) all.push_back(&o);
+  for (auto& o : replay.redeliver)
+    if (o.outcome != 0) all.push_back(&o);
+  std::sort(all.begin(), all.end(), [](auto* a, auto* b) { return a->uid < b->uid; });
+  for (auto* o : all) {
+    KeptResult k;
+    k.record = encode_result(*o);
+    k.pipeline = client_of(*o).kind == ClientRef::pipeline;
+    k.delivered = !redeliver.count(o->uid);
+    k.done = o->outcome == 0;
+    remember(self, o->uid, std::move(k));
+  }
+  // Results that may not have reached their sink before the restart: once more (at least once).
+  for (auto& o : replay.redeliver) {
+    if (o.outcome == 1) {
+      self->send(egress, out_atom::value, o.error);
+    } else {
+      self->send(egress, out_atom::value, o.done);
+    }
+    st.forwarded.emplace_back(now_us(), o.uid);
+    ++st.redelivered;
+  }
+  arm_marks(self);
+  // Anything this actor does not know is for egress (it stands in front of it).
+  self->set_default_handler(
+      [self, egress](caf::scheduled_actor*, caf::message_view& x) -> caf::result<caf::message> {
+        self->send(egress, x.move_content_to_message());
+        return caf::message{};
+      });
+  return {
+      [self](journal_atom, const Job& job) { return accept(self, job); },
+      [self](journal_atom, const JobOutcome& o) { end(self, o); },
+      [self](out_atom, DoneEvent& e) {
+        auto uid = e.uid;
+        terminal(self, Terminal{std::move(e)}, uid);
+      },
+      [self](out_atom, ErrorEvent& e) {
+        auto uid = e.uid;
+        terminal(self, Terminal{std::move(e)}, uid);
+      },
+      [self](out_atom, TokensEvent& e) { forward(self, std::move(e)); },
+      [self](out_atom, AcceptedEvent& e) { forward(self, std::move(e)); },
+      [self](out_atom, StatusEvent& e) { forward(self, std::move(e)); },
+      [self](out_atom, ControlEvent& e) {
+        self->send(self->state.egress, out_atom::value, std::move(e));
+      },
+      [self](pull_atom, uint32_t n) { self->send(self->state.egress, pull_atom::value, n); },
+      [self](tick_atom) {
+        self->state.commit_armed = false;
+        commit(self);
+      },
+      [self](tick_atom, uint8_t) {
+        self->state.marks_armed = false;
+        write_marks(self);
+        arm_marks(self);
+      },
+      [self](stats_atom) { return stats(self); },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_journal(caf::actor_system& sys, JournalConfig cfg,
+                         std::shared_ptr<JournalFile> file, const JournalReplay& replay,
+                         std::size_t keep_results, caf::actor egress) {
+  return sys.spawn(journal_actor, std::move(cfg), std::move(file), replay, keep_results,
+                   std::move(egress));
+}
+
+}  // namespace sy

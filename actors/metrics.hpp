@@ -1,0 +1,94 @@
+// Prometheus metrics: the text exposition format 0.0.4 (plain value types, no CAF) and the metrics
+// actor, which counts finished jobs and gathers gauges from the other actors when scraped.
+#pragma once
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace sy {
+
+namespace prom {
+
+/// Label pairs of one sample, written in this order.
+using Labels = std::vector<std::pair<std::string, std::string>>;
+
+/// A label value with `\`, `"` and newline escaped as the text format requires.
+std::string escape_label(std::string_view v);
+/// HELP text with `\` and newline escaped (quotes stay as they are there).
+std::string escape_help(std::string_view v);
+/// A sample value: integers without a fraction, others in the shortest exact form; +Inf, -Inf, NaN.
+std::string format_value(double v);
+
+/// A histogram over fixed upper bounds (ascending, +Inf implied). Counts are kept per bucket and
+/// made cumulative when written.
+class Histogram {
+ public:
+  /// Throws std::invalid_argument when `bounds` is not strictly ascending and finite.
+  explicit Histogram(std::vector<double> bounds);
+  /// Counts one observation in the first bucket whose bound is >= v (NaN is ignored).
+  void observe(double v);
+  const std::vector<double>& bounds() const { return bounds_; }
+  /// Per-bucket (not cumulative) counts; one more than bounds(): the last is the +Inf bucket.
+  const std::vector<uint64_t>& counts() const { return counts_; }
+  double sum() const { return sum_; }
+  uint64_t count() const { return count_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+/// Builds an exposition text: a family header, then that family's samples, family after family.
+class TextWriter {
+ public:
+  /// "# HELP name help" and "# TYPE name type" (counter, gauge, histogram, untyped).
+  void family(std::string_view name, std::string_view type, std::string_view help);
+  /// One sample line: name{labels} value.
+  void sample(std::string_view name, const Labels& labels, double value);
+  /// A histogram's samples: name_bucket{labels..., le} cumulative, +Inf, name_sum, name_count.
+  void histogram(std::string_view name, const Labels& labels, const Histogram& h);
+  /// The text so far (ends with a newline when not empty).
+  const std::string& str() const { return out_; }
+
+ private:
+  std::string out_;
+};
+
+/// The Content-Type of the text format.
+inline constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
+
+}  // namespace prom
+
+/// What the metrics actor reads from. Batcher+executor pairs are added by message (observe_atom),
+/// so that pairs spawned later (an elastic supervisor) are counted too.
+struct MetricsWiring {
+  caf::actor admission, router;
+  /// The priority class names, in the router's order: one queue-depth gauge each.
+  std::vector<std::string> classes;
+  /// How long one actor may take to answer a scrape: a busy actor answers between messages, well
+  /// within this; a stuck one must not hold the scrape (its last known values are used instead).
+  std::chrono::milliseconds ask_timeout{1000};
+};
+
+/// Spawns the metrics actor. Handles:
+///   (finished_atom, JobOutcome, std::string class_name)  one ended job (admission sends them once
+///       per job): switchyard_jobs_total{class,tenant,outcome}; for outcome done the queue-time,
+///       time-to-first-token, time-per-output-token and end-to-end histograms by class; token and
+///       prefix-hit counters;
+///   (observe_atom, caf::actor batcher, caf::actor executor)  a pair to scrape; both are monitored,
+///       a dead batcher's counters stay in the totals, a dead executor stops counting as running;
+///   (metrics_atom) -> std::string  asks admission, router and every batcher for stats_atom (each
+///       within ask_timeout) and answers the whole exposition text;
+///   (ready_atom) -> bool  whether at least one executor is alive (an executor exists only once its
+///       model is loaded: spawn_executor builds the engine before the actor starts).
+caf::actor spawn_metrics(caf::actor_system& sys, MetricsWiring wiring);
+
+}  // namespace sy

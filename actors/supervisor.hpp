@@ -1,0 +1,62 @@
+// The supervisor actor: runs between min and max batcher+executor pairs (elastic, driven by
+// policy::decide_autoscale), replaces a pair whose executor crashed or hung, and measures recovery.
+#pragma once
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "actors/executor.hpp"
+#include "policies/autoscale.hpp"
+#include "server/config.hpp"
+
+namespace sy {
+
+class LlamaModel;
+
+/// How the supervisor builds and sizes its pairs.
+struct SupervisorConfig {
+  BatchingConfig batching;
+  /// The template of every executor (backend, model, threads, KV sizing). Its test fault flags
+  /// apply to the first executor only; replacements and later pairs run clean.
+  ExecutorSpec executor;
+  int32_t n_blocks = 1;                 ///< KV blocks per pair (batcher pool = executor pool)
+  policy::AutoscaleKnobs knobs;         ///< max_executors is clipped to slots.size()
+  std::vector<policy::ExecutorSlot> slots;  ///< where pairs may run (policy::executor_slots)
+  /// How often the load is looked at. 100 ms reacts well within Ray Serve-like delays (seconds)
+  /// while costing one stats round trip per pair per tick.
+  int64_t interval_ms = 100;
+  /// How long a pair may take to answer a stats request before the tick goes on without it.
+  int64_t ask_timeout_ms = 1000;
+};
+
+/// The actors the pairs talk to (any may be invalid in tests).
+struct SupervisorWiring {
+  caf::actor router, egress, admission;
+  caf::actor metrics;  ///< gets (observe_atom, batcher, executor) for every new pair
+  std::shared_ptr<const LlamaModel> model;  ///< shared by every batcher (already loaded)
+};
+
+/// Spawns the supervisor; it starts min_executors pairs at once. Handles:
+///   (connect_atom, caf::actor control)  the control actor gets (connect_atom,
+///       std::vector<caf::actor> batchers) now and whenever the set of pairs changes; answers true
+///       once the list is sent (a caller that waits for it knows control has the list);
+///   (observe_atom, caf::actor metrics)  the metrics actor gets (observe_atom, batcher,
+///       executor) for every pair now and later;
+///   (failed_atom, PairFailure)  a batcher's executor failed (the batcher re-queued its jobs and
+///       exits; a replacement pair is spawned when it is down);
+///   (recovered_atom, int64 fault_us, int64 now_us)  the first re-queued job of a fault runs
+///       again: recovery time = now - fault, logged and kept;
+///   (kvpolicy_atom, policy::KvPolicy)  an operator swap: pairs spawned later start with it;
+///   (scale_atom)  its own timer: asks the router and every batcher for stats, decides, scales;
+///   (stats_atom) -> caf::settings: every int64 counter of the live batchers summed, plus
+///       executors (active pairs), executors_retiring, scale_ups, scale_downs,
+///       executor_failures, replacements, requeued, failed_jobs, recoveries, recovery_ms_last,
+///       recovery_ms_max, detect_ms_last (fault -> detection).
+/// Scale events and failures are logged on stdout ("switchyard: supervisor: ...").
+/// An exit message stops every pair, then the supervisor.
+caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorConfig cfg, SupervisorWiring wiring);
+
+}  // namespace sy

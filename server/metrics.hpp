@@ -1,0 +1,38 @@
+// The operator endpoints of a server process: /metrics (Prometheus text), /health and /ready over
+// HTTP, answered by asking the metrics actor (actors/metrics.hpp) with a bounded wait.
+#pragma once
+
+#include <caf/actor.hpp>
+#include <caf/fwd.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "server/http.hpp"
+
+namespace sy {
+
+/// Routes one request: GET/HEAD /metrics -> 200 with the exposition text (503 when the metrics
+/// actor does not answer within `timeout`); /health -> 200 (the process serves); /ready -> 200
+/// when the metrics actor says an executor is up, else 503; another method on these paths -> 405;
+/// any other path -> 404.
+HttpReply metrics_route(caf::actor_system& sys, const caf::actor& metrics,
+                        std::chrono::milliseconds timeout, const std::string& method,
+                        const std::string& path);
+
+/// The HTTP thread of the operator endpoints, bound to `bind` ("HOST:PORT").
+class MetricsEndpoint {
+ public:
+  MetricsEndpoint(caf::actor_system& sys, caf::actor metrics, std::string bind);
+  /// Binds and starts (throws std::runtime_error on a bad or busy address).
+  void start();
+  /// "HOST:PORT" as bound.
+  std::string address() const;
+  /// Stops the thread; idempotent. Must run before the actor system goes away.
+  void stop();
+
+ private:
+  std::unique_ptr<HttpServer> http_;
+};
+
+}  // namespace sy

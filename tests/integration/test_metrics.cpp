@@ -1,0 +1,310 @@
+// /metrics, /health and /ready of the real server (issue 6, must show 5): jobs of two tenants and
+// two classes go through `switchyard serve`, then /metrics is parsed by Debian's
+// python3-prometheus-client parser and its counters must agree with what was sent.
+#define BOOST_TEST_MODULE it_metrics
+#include <boost/test/unit_test.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "clients/cpp/client.hpp"
+#include "tests/integration/server_process.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+// The Debian interpreter: it has the distribution's python3-prometheus-client, which the `python3`
+// first on a developer's PATH may lack.
+const std::string kPython = "/usr/bin/python3";
+
+struct HttpResult {
+  int status = -1;
+  std::string content_type, body;
+};
+
+// One GET over a plain loopback socket (HTTP/1.0 semantics: the server closes when done).
+HttpResult http_get(const std::string& address, const std::string& path) {
+  HttpResult r;
+  auto colon = address.rfind(':');
+  if (colon == std::string::npos) return r;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  // A scrape answers within the server's own 2 s bound; 20 s only guards against a hang.
+  timeval tv{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &a.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+    close(fd);
+    return r;
+  }
+  std::string req = "GET " + path + " HTTP/1.1\r\nHost: " + address + "\r\nConnection: close\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string resp;
+  char buf[8192];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) resp.append(buf, static_cast<size_t>(n));
+  close(fd);
+  auto head_end = resp.find("\r\n\r\n");
+  if (resp.size() < 12 || head_end == std::string::npos) return r;
+  r.status = std::stoi(resp.substr(9, 3));
+  std::string head = resp.substr(0, head_end);
+  for (const char* key : {"Content-Type: ", "content-type: "}) {
+    auto p = head.find(key);
+    if (p != std::string::npos) r.content_type = head.substr(p + 14, head.find("\r\n", p) - p - 14);
+  }
+  r.body = resp.substr(head_end + 4);
+  return r;
+}
+
+// /ready's status once it says 200, or after 30 s: the supervisor announces its first pair to the
+// metrics actor by message, which may land just after serve prints "ready".
+int wait_ready(const std::string& address) {
+  int status = -1;
+  for (int i = 0; i < 300; ++i) {
+    status = http_get(address, "/ready").status;
+    if (status == 200) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  return status;
+}
+
+// What the reference parser read: each sample as name + sorted labels -> value, and each
+// family's type.
+struct Parsed {
+  std::map<std::string, double> samples;     // "name{k=v,k=v}" (labels sorted by key), "name"
+  std::map<std::string, std::string> types;  // family name -> type
+  std::vector<std::pair<std::string, double>> in_order;  // "name{...}" in the text's order
+  double at(const std::string& key) const {
+    auto it = samples.find(key);
+    if (it == samples.end()) throw std::runtime_error("no sample " + key);
+    return it->second;
+  }
+  bool has(const std::string& key) const { return samples.count(key) > 0; }
+};
+
+// Parses `text` with prometheus_client.parser (a parse error fails the script, so the test).
+Parsed parse_with_python(const std::string& text, const std::string& dir) {
+  std::string file = dir + "/metrics.txt";
+  std::ofstream(file) << text;
+  std::string script = dir + "/parse.py";
+  std::ofstream(script) << R"(import sys
+from prometheus_client.parser import text_string_to_metric_families
+text = open(sys.argv[1], encoding='utf-8').read()
+for fam in text_string_to_metric_families(text):
+    print('F\t%s\t%s' % (fam.name, fam.type))
+    for s in fam.samples:
+        labels = ','.join('%s=%s' % (k, s.labels[k]) for k in sorted(s.labels))
+        print('S\t%s%s\t%r' % (s.name, '{%s}' % labels if labels else '', float(s.value)))
+)";
+  sy::it::Run r;
+  FILE* p = popen((kPython + " " + script + " " + file + " 2>&1").c_str(), "r");
+  BOOST_REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  int st = pclose(p);
+  BOOST_REQUIRE_MESSAGE(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+                        "prometheus_client could not parse /metrics: " << r.out);
+  Parsed out;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> f;
+    std::istringstream ls(line);
+    for (std::string x; std::getline(ls, x, '\t');) f.push_back(x);
+    if (f.size() != 3) continue;
+    if (f[0] == "F") out.types[f[1]] = f[2];
+    if (f[0] == "S") {
+      double v = f[2] == "inf" ? INFINITY : std::stod(f[2]);
+      out.samples[f[1]] = v;
+      out.in_order.emplace_back(f[1], v);
+    }
+  }
+  return out;
+}
+
+struct Sent {
+  std::string tenant, cls;
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(metrics_agree_with_the_jobs_sent) {
+  sy::it::TempDir dir;
+  // The metrics address from the config file (port 0: any free one).
+  std::string cfg = dir.path() + "/metrics.yaml";
+  std::ofstream(cfg) << "metrics:\n  bind: \"127.0.0.1:0\"\n";
+  sy::it::ServerProcess srv({"--model", sy::it::kStories, "--threads", "1", "--config", cfg});
+  const std::string addr = srv.metrics_endpoint();
+  BOOST_REQUIRE_MESSAGE(!addr.empty(), "no 'switchyard: metrics on' line");
+  BOOST_TEST(addr.rfind("127.0.0.1:", 0) == 0u);
+
+  BOOST_TEST(http_get(addr, "/health").status == 200);
+  BOOST_TEST(wait_ready(addr) == 200);
+  BOOST_TEST(http_get(addr, "/nowhere").status == 404);
+
+  // Two tenants x two classes, uneven counts so that a mix-up shows; plus one job of an unknown
+  // class, which admission refuses as bad_request.
+  const std::map<std::pair<std::string, std::string>, int> plan = {
+      {{"alpha", "interactive"}, 7}, {{"alpha", "batch"}, 3},
+      {{"beta", "interactive"}, 4},  {{"beta", "batch"}, 6}};
+  const uint32_t max_tokens = 5;
+  sy::client::Client cl(srv.endpoint());
+  std::set<std::string> waiting;
+  int total = 0;
+  for (const auto& [key, count] : plan) {
+    for (int i = 0; i < count; ++i) {
+      sy::wire::Submit s;
+      s.id = key.first + "-" + key.second + "-" + std::to_string(i);
+      s.tenant = key.first;
+      s.priority = key.second;
+      s.prompt = std::vector<int32_t>{1, 20 + i, 30 + total % 5};
+      s.max_tokens = max_tokens;
+      s.ignore_eos = true;
+      s.temperature = 0;
+      cl.submit(s);
+      waiting.insert(s.id);
+      ++total;
+    }
+  }
+  sy::wire::Submit bad;
+  bad.id = "bad-class";
+  bad.tenant = "alpha";
+  bad.priority = "no-such-class";
+  bad.prompt = std::vector<int32_t>{1, 2};
+  cl.submit(bad);
+  waiting.insert(bad.id);
+  int done = 0, errors = 0;
+  std::string bad_code;
+  while (!waiting.empty()) {
+    auto m = cl.next(60s);
+    BOOST_REQUIRE_MESSAGE(m.has_value(), "no answer for " << waiting.size() << " jobs");
+    if (auto* d = std::get_if<sy::wire::Done>(&*m)) {
+      waiting.erase(d->id);
+      ++done;
+      BOOST_TEST(d->usage.completion_tokens == max_tokens);
+    } else if (auto* e = std::get_if<sy::wire::Error>(&*m)) {
+      waiting.erase(e->id);
+      ++errors;
+      if (e->id == "bad-class") bad_code = std::string(sy::to_string(e->code));
+    }
+  }
+  BOOST_TEST(done == total);
+  BOOST_TEST(errors == 1);
+  BOOST_TEST(bad_code == "bad_request");
+
+  // A client may see its last `done` before admission has counted the job (the two travel
+  // separately). Admission forwards each outcome to the metrics actor before it answers that
+  // actor's stats request, so a scrape showing no active job has counted every job.
+  HttpResult res;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < 300; ++i) {
+    t0 = std::chrono::steady_clock::now();
+    res = http_get(addr, "/metrics");
+    if (res.status == 200 && res.body.find("\nswitchyard_jobs_active 0\n") != std::string::npos) break;
+    std::this_thread::sleep_for(100ms);
+  }
+  auto scrape_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  BOOST_REQUIRE(res.status == 200);
+  BOOST_TEST(res.content_type.find("text/plain; version=0.0.4") == 0u, res.content_type);
+  BOOST_TEST_MESSAGE("scrape: " << res.body.size() << " bytes in " << scrape_ms << " ms");
+  auto p = parse_with_python(res.body, dir.path());
+
+  // Every job counted once, under its own class and tenant; the refused one is not a job.
+  double sum = 0;
+  for (const auto& [key, count] : plan) {
+    std::string k = "switchyard_jobs_total{class=" + key.second + ",outcome=done,tenant=" + key.first + "}";
+    BOOST_TEST_CONTEXT(k) { BOOST_TEST(p.at(k) == count); }
+  }
+  for (const auto& [k, v] : p.samples)
+    if (k.rfind("switchyard_jobs_total{", 0) == 0) sum += v;
+  BOOST_TEST(sum == total);
+  BOOST_TEST(p.at("switchyard_jobs_rejected_total{reason=bad_request}") == 1);
+  BOOST_TEST(p.at("switchyard_jobs_rejected_total{reason=unauthorized}") == 0);
+  BOOST_TEST(p.types.at("switchyard_jobs") == "counter");
+  BOOST_TEST(p.types.at("switchyard_time_to_first_token_seconds") == "histogram");
+
+  // Histograms: one observation per done job of the class; buckets cumulative; +Inf = count.
+  for (const char* cls : {"interactive", "batch"}) {
+    int n = 0;
+    for (const auto& [key, count] : plan)
+      if (key.second == cls) n += count;
+    for (const char* h : {"switchyard_queue_time_seconds", "switchyard_time_to_first_token_seconds",
+                          "switchyard_time_per_output_token_seconds",
+                          "switchyard_e2e_request_latency_seconds"}) {
+      std::string base = std::string(h);
+      BOOST_TEST_CONTEXT(base << " " << cls) {
+        BOOST_TEST(p.at(base + "_count{class=" + cls + "}") == n);
+        BOOST_TEST(p.at(base + "_bucket{class=" + std::string(cls) + ",le=+Inf}") == n);
+        BOOST_TEST(p.at(base + "_sum{class=" + std::string(cls) + "}") > 0);
+        double prev = 0;
+        std::string prefix = base + "_bucket{class=" + cls + ",";
+        for (const auto& [k, v] : p.in_order) {
+          if (k.rfind(prefix, 0) != 0) continue;
+          BOOST_TEST(v >= prev, k);
+          prev = v;
+        }
+      }
+    }
+  }
+
+  BOOST_TEST(p.at("switchyard_generation_tokens_total") == total * static_cast<double>(max_tokens));
+  BOOST_TEST(p.at("switchyard_prompt_tokens_total") == total * 3.0);
+  BOOST_TEST(p.at("switchyard_executors_running") == 1);
+  BOOST_TEST(p.at("switchyard_jobs_active") == 0);
+  BOOST_TEST(p.at("switchyard_jobs_running") == 0);
+  BOOST_TEST(p.at("switchyard_queue_depth{class=interactive}") == 0);
+  BOOST_TEST(p.at("switchyard_queue_depth{class=batch}") == 0);
+  BOOST_TEST(p.at("switchyard_kv_blocks_total") > 0);
+  BOOST_TEST(p.at("switchyard_kv_blocks_used") == 0);
+  BOOST_TEST(p.has("switchyard_kv_blocks_free"));
+  BOOST_TEST(p.has("switchyard_kv_blocks_cached"));
+  BOOST_TEST(p.has("switchyard_preemptions_total"));
+  BOOST_TEST(p.has("switchyard_prefix_cache_hit_tokens_total"));
+  BOOST_TEST(p.has("switchyard_kv_policy_swaps_total"));
+  for (const auto& [k, v] : p.samples)
+    if (k.find("_seconds_sum") != std::string::npos) BOOST_TEST_MESSAGE(k << " = " << v);
+
+  BOOST_TEST(http_get(addr, "/ready").status == 200);
+  BOOST_TEST(srv.stop(SIGTERM) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(flag_and_off_by_default) {
+  // --metrics on the command line; the null backend needs no model.
+  sy::it::ServerProcess srv({"--backend", "null", "--metrics", "127.0.0.1:0"});
+  BOOST_REQUIRE(!srv.metrics_endpoint().empty());
+  BOOST_TEST(http_get(srv.metrics_endpoint(), "/health").status == 200);
+  BOOST_TEST(wait_ready(srv.metrics_endpoint()) == 200);
+  auto m = http_get(srv.metrics_endpoint(), "/metrics");
+  BOOST_TEST(m.status == 200);
+  BOOST_TEST(m.body.find("switchyard_executors_running 1\n") != std::string::npos);
+  BOOST_TEST(srv.stop(SIGTERM) == 0);
+
+  sy::it::ServerProcess off({"--backend", "null"});
+  BOOST_TEST(off.metrics_endpoint().empty());
+  BOOST_TEST(off.stop(SIGTERM) == 0);
+
+  // A busy port is a startup error naming the address, not a silent server without metrics.
+  sy::it::ServerProcess first({"--backend", "null", "--metrics", "127.0.0.1:0"});
+  auto run = sy::it::run_binary("serve --backend null --bind tcp://127.0.0.1:* --metrics " +
+                                    first.metrics_endpoint(),
+                                "timeout 60 ");
+  BOOST_TEST(run.status != 0);
+  BOOST_TEST(run.out.find(first.metrics_endpoint()) != std::string::npos, run.out);
+  BOOST_TEST(first.stop(SIGTERM) == 0);
+}

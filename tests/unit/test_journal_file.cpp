@@ -1,0 +1,232 @@
+// The journal file format: framing round trip, recovery of a truncated or corrupt tail (with a
+// warning), empty and foreign files, the exclusive lock, compaction, and the fsync policies.
+#define BOOST_TEST_MODULE journal_file
+#include <boost/test/unit_test.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "policies/journal_file.hpp"
+#include "tests/support/temp_dir.hpp"
+
+using namespace sy;
+
+namespace {
+
+std::string read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+void write_all(const std::string& path, const std::string& data) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f << data;
+}
+
+std::vector<std::string> sample_records() {
+  std::string binary("\0\1\2\xff record", 12);
+  return {"first", "", binary, std::string(100000, 'x'), "last"};
+}
+
+// Writes the sample records through JournalFile and returns the path.
+std::string make_journal(const test::TempDir& dir) {
+  std::string path = dir.file("j.journal");
+  JournalScan scan;
+  JournalFile f(path, scan);
+  for (auto& r : sample_records()) f.append(r);
+  f.sync();
+  return path;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(crc32_matches_the_standard_check_value) {
+  // The CRC-32 check value of "123456789" (IEEE 802.3) is 0xCBF43926.
+  BOOST_TEST(crc32("123456789") == 0xCBF43926u);
+  BOOST_TEST(crc32("") == 0u);
+  // Continuing a CRC over a split input equals the CRC of the whole.
+  BOOST_TEST(crc32("6789", crc32("12345")) == 0xCBF43926u);
+}
+
+BOOST_AUTO_TEST_CASE(records_round_trip) {
+  test::TempDir dir("sy_jf_");
+  auto path = make_journal(dir);
+  auto scan = scan_journal(path);
+  BOOST_TEST(scan.warning.empty());
+  BOOST_TEST(scan.records == sample_records());
+  BOOST_TEST(scan.good_bytes == scan.file_bytes);
+  // Reopening appends after the existing records.
+  {
+    JournalScan s2;
+    JournalFile f(path, s2);
+    BOOST_TEST(s2.records.size() == sample_records().size());
+    f.append("after reopen");
+    f.flush();
+  }
+  auto again = scan_journal(path);
+  BOOST_REQUIRE(again.records.size() == sample_records().size() + 1);
+  BOOST_TEST(again.records.back() == "after reopen");
+}
+
+BOOST_AUTO_TEST_CASE(truncated_mid_record_tail_is_recovered_with_a_warning) {
+  test::TempDir dir("sy_jf_");
+  auto path = make_journal(dir);
+  auto whole = read_all(path);
+  // Cut the file in the middle of the last record's payload ("last": 4 bytes).
+  std::filesystem::resize_file(path, whole.size() - 2);
+  JournalScan scan;
+  {
+    JournalFile f(path, scan);
+    BOOST_TEST(!scan.warning.empty());
+    BOOST_TEST(scan.warning.find("cut short") != std::string::npos);
+    BOOST_TEST_MESSAGE("warning: " << scan.warning);
+    auto expected = sample_records();
+    expected.pop_back();
+    BOOST_TEST(scan.records == expected);
+    // The damaged tail is gone from the file: new records follow the last good one.
+    BOOST_TEST(std::filesystem::file_size(path) == scan.good_bytes);
+    f.append("new");
+    f.sync();
+  }
+  auto after = scan_journal(path);
+  BOOST_TEST(after.warning.empty());
+  BOOST_REQUIRE(after.records.size() == sample_records().size());
+  BOOST_TEST(after.records.back() == "new");
+}
+
+BOOST_AUTO_TEST_CASE(truncated_inside_a_record_header_is_recovered) {
+  test::TempDir dir("sy_jf_");
+  auto path = make_journal(dir);
+  auto whole = read_all(path);
+  // Keep 3 of the last record's 8 frame bytes (length + CRC): the record header itself is cut.
+  std::filesystem::resize_file(path, whole.size() - 4 - 5);
+  auto scan = scan_journal(path);
+  BOOST_TEST(scan.warning.find("record header cut short") != std::string::npos);
+  BOOST_TEST(scan.records.size() == sample_records().size() - 1);
+}
+
+BOOST_AUTO_TEST_CASE(corrupt_crc_ends_the_good_part) {
+  test::TempDir dir("sy_jf_");
+  auto path = make_journal(dir);
+  auto data = read_all(path);
+  data[data.size() - 1] ^= 0x20;  // one bit of the last record's payload
+  write_all(path, data);
+  JournalScan scan;
+  JournalFile f(path, scan);
+  BOOST_TEST(scan.warning.find("CRC mismatch") != std::string::npos);
+  BOOST_TEST(scan.records.size() == sample_records().size() - 1);
+  BOOST_TEST(std::filesystem::file_size(path) == scan.good_bytes);
+}
+
+BOOST_AUTO_TEST_CASE(absurd_length_is_damage_not_an_allocation) {
+  test::TempDir dir("sy_jf_");
+  std::string data(journal_header());
+  frame_record(data, "good");
+  data += std::string("\xff\xff\xff\x7f\0\0\0\0", 8);  // length 2 GiB
+  write_all(dir.file("j"), data);
+  auto scan = scan_journal(dir.file("j"));
+  BOOST_TEST(scan.records.size() == 1u);
+  BOOST_TEST(scan.warning.find("beyond the limit") != std::string::npos);
+}
+
+BOOST_AUTO_TEST_CASE(empty_missing_and_partial_header_files) {
+  test::TempDir dir("sy_jf_");
+  // Missing: an empty journal, no warning.
+  auto missing = scan_journal(dir.file("none"));
+  BOOST_TEST(missing.records.empty());
+  BOOST_TEST(missing.warning.empty());
+  // Empty file: the same; opening it writes the header.
+  write_all(dir.file("empty"), "");
+  auto empty = scan_journal(dir.file("empty"));
+  BOOST_TEST(empty.records.empty());
+  BOOST_TEST(empty.warning.empty());
+  {
+    JournalScan s;
+    JournalFile f(dir.file("empty"), s);
+    BOOST_TEST(s.records.empty());
+  }
+  BOOST_TEST(read_all(dir.file("empty")) == std::string(journal_header()));
+  // A crash while writing the header: treated as empty, with a warning, and repaired.
+  write_all(dir.file("partial"), std::string(journal_header().substr(0, 3)));
+  JournalScan s;
+  {
+    JournalFile f(dir.file("partial"), s);
+    f.append("x");
+    f.flush();
+  }
+  BOOST_TEST(!s.warning.empty());
+  BOOST_TEST(scan_journal(dir.file("partial")).records == std::vector<std::string>{"x"});
+}
+
+BOOST_AUTO_TEST_CASE(a_foreign_file_is_refused_not_cut) {
+  test::TempDir dir("sy_jf_");
+  write_all(dir.file("config.yaml"), "model: stories260K.gguf\nendpoints: {}\n");
+  BOOST_CHECK_THROW(scan_journal(dir.file("config.yaml")), std::runtime_error);
+  JournalScan s;
+  BOOST_CHECK_THROW(JournalFile(dir.file("config.yaml"), s), std::runtime_error);
+  BOOST_TEST(read_all(dir.file("config.yaml")).find("model:") == 0u);
+}
+
+BOOST_AUTO_TEST_CASE(a_second_writer_is_locked_out) {
+  test::TempDir dir("sy_jf_");
+  JournalScan s1, s2;
+  JournalFile first(dir.file("j"), s1);
+  try {
+    JournalFile second(dir.file("j"), s2);
+    BOOST_FAIL("a second JournalFile on the same path was allowed");
+  } catch (const std::runtime_error& e) {
+    BOOST_TEST(std::string(e.what()).find("locked") != std::string::npos);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(rewrite_replaces_the_records_and_keeps_appending) {
+  test::TempDir dir("sy_jf_");
+  auto path = make_journal(dir);
+  JournalScan s;
+  JournalFile f(path, s);
+  f.rewrite({"kept 1", "kept 2"});
+  f.append("appended");
+  f.sync();
+  BOOST_TEST(scan_journal(path).records ==
+             (std::vector<std::string>{"kept 1", "kept 2", "appended"}));
+  BOOST_TEST(!std::filesystem::exists(path + ".tmp"));
+}
+
+BOOST_AUTO_TEST_CASE(fsync_policies_parse_and_group_commit_syncs_less) {
+  BOOST_TEST((parse_fsync_policy("always") == FsyncPolicy::always));
+  BOOST_TEST((parse_fsync_policy("batch") == FsyncPolicy::batch));
+  BOOST_TEST((parse_fsync_policy("never") == FsyncPolicy::never));
+  BOOST_TEST(!parse_fsync_policy("sometimes"));
+  BOOST_TEST(std::string(to_string(FsyncPolicy::batch)) == "batch");
+
+  // The three ways the journal actor drives the file, over the same 400 job-sized records:
+  // always = one fdatasync per record; batch = one per group of 50; never = write(2) only.
+  test::TempDir dir("sy_jf_");
+  const int n = 400, group = 50;
+  const std::string rec(300, 'j');  // about an accept record of a short prompt
+  double per_s[3] = {0, 0, 0};
+  uint64_t syncs[3] = {0, 0, 0};
+  for (int mode = 0; mode < 3; ++mode) {
+    std::string path = dir.file("p" + std::to_string(mode));
+    JournalScan s;
+    JournalFile f(path, s);
+    uint64_t base = f.syncs();
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {
+      f.append(rec);
+      if (mode == 0) f.sync();
+      else if (mode == 1 && (i + 1) % group == 0) f.sync();
+      else f.flush();
+    }
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    per_s[mode] = n / std::max(secs, 1e-9);
+    syncs[mode] = f.syncs() - base;
+    BOOST_TEST(scan_journal(path).records.size() == static_cast<size_t>(n));
+  }
+  BOOST_TEST(syncs[0] == static_cast<uint64_t>(n));
+  BOOST_TEST(syncs[1] == static_cast<uint64_t>(n / group));
+  BOOST_TEST(syncs[2] == 0u);
+  BOOST_TEST_MESSAGE("records/s: always " << per_s[0] << ", batch(" << group << ") " << per_s[1]
+                                          << ", never " << per_s[2]);
+}

@@ -324,8 +324,9 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
       drop(*s);
     }
     requeued_ += static_cast<int64_t>(back.size());
-    caf::aout(self_) << "switchyard: batcher " << extras_.pair << ": " << why << ": "
-                     << back.size() << " jobs re-queued, " << failed << " failed\n";
+    log_line("batcher " + std::to_string(extras_.pair) + ": " + why + ": " +
+             std::to_string(back.size()) + " jobs re-queued, " + std::to_string(failed) +
+             " failed");
     PairFailure f;
     f.pair = extras_.pair;
     f.why = why;
@@ -443,8 +444,8 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     } else {
       self_->become(mode(np));
     }
-    caf::aout(self_) << "switchyard: batcher: kv policy " << policy::to_string(base_) << " -> "
-                     << policy::to_string(np) << " (command)\n";
+    log_line("batcher: kv policy " + policy::to_string(base_) + " -> " + policy::to_string(np) +
+             " (command)");
     base_ = np;
     ++swaps_;
     // Pairs the supervisor starts later take the operator's choice too.
@@ -475,9 +476,9 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     } else {
       self_->unbecome();
     }
-    caf::aout(self_) << "switchyard: batcher: kv usage " << static_cast<int>(usage * 100)
-                     << "%: " << (pressure_ ? "pressure policy " : "back to ")
-                     << policy::to_string(pressure_ ? *pressure_policy_ : base_) << "\n";
+    log_line("batcher: kv usage " + std::to_string(static_cast<int>(usage * 100)) + "%: " +
+             (pressure_ ? "pressure policy " : "back to ") +
+             policy::to_string(pressure_ ? *pressure_policy_ : base_));
   }
 
   // Takes a sequence out of the batch: blocks freed, recomputed from its tokens when resumed.

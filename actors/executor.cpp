@@ -108,14 +108,12 @@ caf::behavior executor_actor(caf::event_based_actor* self, std::shared_ptr<Execu
         const auto& spec = st->spec;
         if (spec.test_fault_hang_after > 0 && st->steps >= spec.test_fault_hang_after) {
           if (st->held.empty())
-            caf::aout(self) << "switchyard: TEST fault: executor hangs after " << st->steps
-                            << " steps\n";
+            log_line("TEST fault: executor hangs after " + std::to_string(st->steps) + " steps");
           st->held.push_back(self->make_response_promise<StepResult>());
           return st->held.back();
         }
         if (spec.test_fault_throw_after > 0 && st->steps >= spec.test_fault_throw_after) {
-          caf::aout(self) << "switchyard: TEST fault: executor throws after " << st->steps
-                          << " steps\n";
+          log_line("TEST fault: executor throws after " + std::to_string(st->steps) + " steps");
           // Out of the handler on purpose: the actor terminates with an error (a crash).
           throw std::runtime_error("test fault: executor crashed after " +
                                    std::to_string(st->steps) + " steps");

@@ -1,6 +1,8 @@
 // Registration of the actor message types with CAF, and the shared time base.
 #include "actors/messages.hpp"
 
+#include <cstdio>
+
 #include <chrono>
 
 namespace sy {
@@ -34,6 +36,12 @@ int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+void log_line(const std::string& text) {
+  const std::string line = "switchyard: " + text + "\n";
+  // One fwrite on unbuffered stderr is one write(2): whole lines, never interleaved.
+  std::fwrite(line.data(), 1, line.size(), stderr);
 }
 
 }  // namespace sy

@@ -295,6 +295,11 @@ void register_message_types(caf::actor_system_config& cfg);
 /// Steady-clock microseconds, the time base of every *_us field.
 int64_t now_us();
 
+/// Writes one log line ("switchyard: " + text + newline) to stderr in a single write, so lines
+/// of concurrent actors never interleave with each other or with the machine-read lines that the
+/// serve command prints on stdout.
+void log_line(const std::string& text);
+
 }  // namespace sy
 
 // Request/response shapes (documented here, carried as plain CAF tuples):

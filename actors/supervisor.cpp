@@ -94,7 +94,8 @@ bool spawn_pair(Self* self) {
 }
 
 void log(Self* self, const std::string& line) {
-  caf::aout(self) << "switchyard: supervisor: " << line << "\n";
+  (void)self;
+  log_line("supervisor: " + line);
 }
 
 void add_pairs(Self* self, int n, const std::string& reason, bool count_as_scale) {

@@ -130,6 +130,19 @@ void answered(Self* self, const std::shared_ptr<Pending>& p) {
   if (--p->owed == 0) complete(self, *p);
 }
 
+
+// The error handler of one request of a pending command: the failure is recorded (the first one
+// becomes the reply) and the answer counted.
+auto failure_handler(Self* self, std::shared_ptr<Pending> p, std::string who) {
+  return [self, p, who](caf::error& err) {
+    ErrorCode code;
+    std::string message;
+    describe_failure(err, who, code, message);
+    p->fail(code, message);
+    answered(self, p);
+  };
+}
+
 void kv_policy(Self* self, ControlRequest& req) {
   std::string why;
   auto parsed = policy::parse_kv_policy(req.policy, &why);
@@ -156,13 +169,7 @@ void kv_policy(Self* self, ControlRequest& req) {
               if (!refusal.empty()) p->fail(ErrorCode::bad_request, refusal);
               answered(self, p);
             },
-            [=](caf::error& err) {
-              ErrorCode code;
-              std::string message;
-              describe_failure(err, who, code, message);
-              p->fail(code, message);
-              answered(self, p);
-            });
+            failure_handler(self, p, who));
   }
 }
 
@@ -187,13 +194,7 @@ void stats(Self* self, ControlRequest& req) {
                 p->batchers[index] = std::move(s);
               answered(self, p);
             },
-            [=](caf::error& err) {
-              ErrorCode code;
-              std::string message;
-              describe_failure(err, who, code, message);
-              p->fail(code, message);
-              answered(self, p);
-            });
+            failure_handler(self, p, who));
   };
   ask(w.admission, &Pending::admission, 0, "admission");
   ask(w.router, &Pending::router, 0, "router");

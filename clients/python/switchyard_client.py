@@ -153,17 +153,15 @@ class Result:
         return "Result(timed out)"
 
 
-class Client:
-    """A DEALER connection to the request endpoint. One thread per Client."""
+class _Connection:
+    """One connected socket (a CURVE client when server_key is given), usable with `with`."""
 
-    def __init__(self, endpoint="tcp://127.0.0.1:5555", context=None, server_key=None):
+    def __init__(self, endpoint, context, server_key, kind, linger_ms):
         self._ctx = context or zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)  # a client that gave up must not block exit
+        self._sock = self._ctx.socket(kind)
+        self._sock.setsockopt(zmq.LINGER, linger_ms)
         _curve_client(self._sock, server_key)
         self._sock.connect(endpoint)
-        self._pending = collections.deque()
-        self._seq = 0
 
     def __enter__(self):
         return self
@@ -172,8 +170,18 @@ class Client:
         self.close()
 
     def close(self):
-        """Closes the socket."""
+        """Closes the socket (after up to LINGER ms for what it still holds to leave)."""
         self._sock.close()
+
+
+class Client(_Connection):
+    """A DEALER connection to the request endpoint. One thread per Client."""
+
+    def __init__(self, endpoint="tcp://127.0.0.1:5555", context=None, server_key=None):
+        # Linger 0: a client that gave up must not block exit.
+        super().__init__(endpoint, context, server_key, zmq.DEALER, 0)
+        self._pending = collections.deque()
+        self._seq = 0
 
     def send(self, msg):
         """Sends one message dict (adds "v")."""
@@ -287,27 +295,13 @@ class Client:
             self._pending.append(m)
 
 
-class Pusher:
+class Pusher(_Connection):
     """A PUSH connection to the pipeline input. Sends block while the server's queues are full."""
 
     def __init__(self, endpoint="tcp://127.0.0.1:5556", context=None, server_key=None):
-        self._ctx = context or zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.PUSH)
-        # Pushed jobs were handed over: closing must not drop what ZeroMQ still holds, but a server
-        # that is gone must not block the producer forever either.
-        self._sock.setsockopt(zmq.LINGER, 60000)
-        _curve_client(self._sock, server_key)
-        self._sock.connect(endpoint)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def close(self):
-        """Closes the socket; waits up to 60 s for queued jobs to reach the server."""
-        self._sock.close()
+        # Pushed jobs were handed over: closing waits up to 60 s so that it does not drop what
+        # ZeroMQ still holds, but a server that is gone must not block the producer forever.
+        super().__init__(endpoint, context, server_key, zmq.PUSH, 60000)
 
     def submit(self, job_id, tenant, prompt, timeout_ms=None, **options):
         """Pushes a submit; False when the server did not take it within timeout_ms."""
@@ -322,26 +316,12 @@ class Pusher:
         return True
 
 
-class Sink:
+class Sink(_Connection):
     """A PULL connection to the pipeline results: `done` and `error` messages."""
 
     def __init__(self, endpoint="tcp://127.0.0.1:5557", context=None, server_key=None):
-        self._ctx = context or zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.PULL)
-        self._sock.setsockopt(zmq.LINGER, 0)
         # The server's PUSH results socket is a CURVE server too: the sink is its CURVE client.
-        _curve_client(self._sock, server_key)
-        self._sock.connect(endpoint)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def close(self):
-        """Closes the socket."""
-        self._sock.close()
+        super().__init__(endpoint, context, server_key, zmq.PULL, 0)
 
     def next(self, timeout_ms=10000):
         """The next result (a dict), or None after timeout_ms."""

@@ -42,57 +42,29 @@ int32_t argmax(const float* x, int32_t n) {
 // Greedy generation of all prompts in one engine, every sequence in every step; prompts are fed
 // `chunk` tokens at a time. Returns the generated ids per prompt.
 std::vector<std::vector<int32_t>> greedy(sy::Engine& e, const std::vector<Case>& cases, int chunk) {
-  struct Seq {
-    std::vector<int32_t> cur, blocks, gen;
-    int32_t n_past = 0;
-    size_t fed = 0;
-  };
-  std::vector<Seq> seqs(cases.size());
+  std::vector<sy::test::FedSeq> seqs(cases.size());
+  std::vector<std::vector<int32_t>> gen(cases.size());
   sy::StepOutput out;
   for (;;) {
     std::vector<sy::SeqStep> batch;
     std::vector<size_t> who;
     for (size_t i = 0; i < cases.size(); ++i) {
-      Seq& s = seqs[i];
-      if (s.gen.size() >= cases[i].generated.size()) continue;
-      const auto& p = cases[i].prompt;
-      if (s.fed < p.size()) {
-        const size_t k = std::min<size_t>(static_cast<size_t>(chunk), p.size() - s.fed);
-        s.cur.assign(p.begin() + static_cast<long>(s.fed),
-                     p.begin() + static_cast<long>(s.fed + k));
-      } else {
-        s.cur.assign(1, s.gen.back());
-      }
-      const int32_t need = s.n_past + static_cast<int32_t>(s.cur.size());
-      while (static_cast<int32_t>(s.blocks.size()) * e.block_size() < need) {
-        auto b = e.pool().alloc();
-        BOOST_REQUIRE(b.has_value());
-        s.blocks.push_back(*b);
-      }
+      if (gen[i].size() >= cases[i].generated.size()) continue;
       sy::SeqStep st;
-      st.tokens = s.cur.data();
-      st.n_tokens = static_cast<int32_t>(s.cur.size());
-      st.n_past = s.n_past;
-      st.block_table = s.blocks.data();
-      st.n_blocks = static_cast<int32_t>(s.blocks.size());
+      BOOST_REQUIRE(
+          seqs[i].next_step(e, cases[i].prompt, chunk, gen[i].empty() ? 0 : gen[i].back(), st));
       batch.push_back(st);
       who.push_back(i);
     }
     if (batch.empty()) break;
     e.step(batch, out);
     for (size_t b = 0; b < who.size(); ++b) {
-      Seq& s = seqs[who[b]];
-      s.n_past += batch[b].n_tokens;
-      s.fed += static_cast<size_t>(batch[b].n_tokens);
-      if (s.fed >= cases[who[b]].prompt.size()) s.gen.push_back(argmax(out.row(b), out.n_vocab));
+      if (seqs[who[b]].stepped(cases[who[b]].prompt))
+        gen[who[b]].push_back(argmax(out.row(b), out.n_vocab));
     }
   }
-  std::vector<std::vector<int32_t>> r;
-  for (Seq& s : seqs) {
-    for (int32_t b : s.blocks) e.pool().free(b);
-    r.push_back(s.gen);
-  }
-  return r;
+  for (auto& s : seqs) s.release(e);
+  return gen;
 }
 
 sy::CudaEngineOptions f32_opts() {

@@ -2,10 +2,13 @@
 // shared by the engine tests on CPU and GPU. Header-only so each test keeps its own link set.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "gpu/engine.hpp"
 #include "model/llama.hpp"
 
 namespace sy::test {
@@ -25,5 +28,52 @@ inline int32_t argmax(const float* x, int32_t n) {
   }
   return best;
 }
+
+/// One sequence of a hand-driven greedy run: its prompt is fed `chunk` tokens per step, then one
+/// sampled token per step, into blocks taken from the engine's pool.
+struct FedSeq {
+  std::vector<int32_t> cur;     // the tokens of the step being built
+  std::vector<int32_t> blocks;  // block table
+  int32_t n_past = 0;
+  size_t fed = 0;               // prompt tokens fed so far
+
+  /// Builds the next step of this sequence into `st`: the next prompt chunk, or `last` once the
+  /// prompt is fed. False when the pool has no block left for it.
+  bool next_step(Engine& e, const std::vector<int32_t>& prompt, int chunk, int32_t last,
+                 SeqStep& st) {
+    if (fed < prompt.size()) {
+      const size_t k = std::min<size_t>(static_cast<size_t>(chunk), prompt.size() - fed);
+      cur.assign(prompt.begin() + static_cast<long>(fed),
+                 prompt.begin() + static_cast<long>(fed + k));
+    } else {
+      cur.assign(1, last);
+    }
+    const int32_t need = n_past + static_cast<int32_t>(cur.size());
+    while (static_cast<int32_t>(blocks.size()) * e.block_size() < need) {
+      auto b = e.pool().alloc();
+      if (!b) return false;
+      blocks.push_back(*b);
+    }
+    st = SeqStep{};
+    st.tokens = cur.data();
+    st.n_tokens = static_cast<int32_t>(cur.size());
+    st.n_past = n_past;
+    st.block_table = blocks.data();
+    st.n_blocks = static_cast<int32_t>(blocks.size());
+    return true;
+  }
+  /// Records that the step built by next_step ran; true when its logits are a sampled token's
+  /// (the prompt is fed completely).
+  bool stepped(const std::vector<int32_t>& prompt) {
+    n_past += static_cast<int32_t>(cur.size());
+    if (fed < prompt.size()) fed += cur.size();
+    return fed >= prompt.size();
+  }
+  /// Returns the blocks to the engine's pool.
+  void release(Engine& e) {
+    for (int32_t b : blocks) e.pool().free(b);
+    blocks.clear();
+  }
+};
 
 }  // namespace sy::test

@@ -41,14 +41,8 @@ struct Run {
 // tokens per step; sequence i joins at step start[i], so prefill and decode mix in one batch.
 Run run_greedy(sy::Engine& e, const std::vector<std::vector<int32_t>>& prompts, int chunk,
                int n_gen, const std::vector<int>& start = {}) {
-  struct Seq {
-    std::vector<int32_t> cur;
-    std::vector<int32_t> blocks;
-    int32_t n_past = 0;
-    size_t fed = 0;
-  };
   const size_t n = prompts.size();
-  std::vector<Seq> seqs(n);
+  std::vector<sy::test::FedSeq> seqs(n);
   Run r;
   r.tokens.resize(n);
   r.logprobs.resize(n);
@@ -58,27 +52,10 @@ Run run_greedy(sy::Engine& e, const std::vector<std::vector<int32_t>>& prompts, 
     std::vector<sy::SeqStep> batch;
     std::vector<size_t> who;
     for (size_t i = 0; i < n; ++i) {
-      Seq& s = seqs[i];
       if ((!start.empty() && step < start[i]) || static_cast<int>(r.tokens[i].size()) >= n_gen) continue;
-      if (s.fed < prompts[i].size()) {
-        const size_t k = std::min<size_t>(static_cast<size_t>(chunk), prompts[i].size() - s.fed);
-        s.cur.assign(prompts[i].begin() + static_cast<long>(s.fed),
-                     prompts[i].begin() + static_cast<long>(s.fed + k));
-      } else {
-        s.cur.assign(1, r.tokens[i].back());
-      }
-      const int32_t need = s.n_past + static_cast<int32_t>(s.cur.size());
-      while (static_cast<int32_t>(s.blocks.size()) * e.block_size() < need) {
-        auto b = e.pool().alloc();
-        BOOST_REQUIRE(b.has_value());
-        s.blocks.push_back(*b);
-      }
       sy::SeqStep st;
-      st.tokens = s.cur.data();
-      st.n_tokens = static_cast<int32_t>(s.cur.size());
-      st.n_past = s.n_past;
-      st.block_table = s.blocks.data();
-      st.n_blocks = static_cast<int32_t>(s.blocks.size());
+      const int32_t last = r.tokens[i].empty() ? 0 : r.tokens[i].back();
+      BOOST_REQUIRE(seqs[i].next_step(e, prompts[i], chunk, last, st));
       batch.push_back(st);
       who.push_back(i);
     }
@@ -90,20 +67,15 @@ Run run_greedy(sy::Engine& e, const std::vector<std::vector<int32_t>>& prompts, 
     }
     e.step(batch, out);
     for (size_t j = 0; j < who.size(); ++j) {
-      Seq& s = seqs[who[j]];
-      s.n_past += static_cast<int32_t>(s.cur.size());
-      const bool was_prompt = s.fed < prompts[who[j]].size();
-      if (was_prompt) s.fed += s.cur.size();
-      if (s.fed < prompts[who[j]].size()) continue;  // prompt not finished: logits unused
+      // Prompt not finished: logits unused.
+      if (!seqs[who[j]].stepped(prompts[who[j]])) continue;
       const float* row = out.row(j);
       const int32_t tok = argmax(row, out.n_vocab);
       r.tokens[who[j]].push_back(tok);
       r.logprobs[who[j]].push_back(log_softmax_at(row, out.n_vocab, tok));
     }
   }
-  for (Seq& s : seqs) {
-    for (int32_t b : s.blocks) e.pool().free(b);
-  }
+  for (auto& s : seqs) s.release(e);
   BOOST_TEST(e.pool().n_free() == free_before);
   return r;
 }

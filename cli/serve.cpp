@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 
 #include "cli/demo_model.hpp"
@@ -11,6 +12,19 @@
 #include "server/server.hpp"
 
 namespace sy::cli {
+
+namespace {
+
+/// The XDG base-directory rule for state that should survive restarts; "" when neither variable
+/// is set (then there is no default journal). The command line is the one place that reads the
+/// environment: core code gets the result in ServerConfig::state_dir.
+std::string default_state_dir() {
+  if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/switchyard";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/switchyard";
+  return {};
+}
+
+}  // namespace
 
 const char* const kServeUsage =
     "  serve       [--model FILE] [--config FILE.yaml] [--bind ADDR] [--pull ADDR]\n"
@@ -35,7 +49,12 @@ const char* const kServeUsage =
     "              N] [--test-fault-executor-hang-after N] make the first executor crash or hang\n"
     "              after N steps.\n"
     "              [--journal PATH] [--journal-fsync always|batch|never] [--journal-batch-ms MS]:\n"
-    "              durable accepted jobs and results, replayed at start (docs/durability.md).\n";
+    "              durable accepted jobs and results, replayed at start (docs/durability.md).\n"
+    "              On by default at STATE/<bind address>/switchyard.journal, STATE being\n"
+    "              [--state-dir DIR] or $XDG_STATE_HOME/switchyard or ~/.local/state/switchyard;\n"
+    "              [--no-journal] turns it off (a wildcard port gets no default journal).\n"
+    "              [--curve-allowed-keys FILE]: only these client public keys may connect.\n"
+    "              [--no-prefix-routing]: dispatch by free credit alone, not by cached prefix.\n";
 
 const std::vector<std::string> kServeOptions = {
     "model", "config", "bind", "pull", "results", "backend", "executors", "threads",
@@ -44,8 +63,8 @@ const std::vector<std::string> kServeOptions = {
     "min-executors", "max-executors", "target-ongoing", "target-queue-wait-ms",
     "upscale-delay-ms", "downscale-delay-ms", "step-timeout-ms", "max-job-retries",
     "test-fault-executor-throw-after", "test-fault-executor-hang-after",
-    "journal", "journal-fsync", "journal-batch-ms"};
-const std::vector<std::string> kServeFlags = {"no-prefix-cache"};
+    "journal", "journal-fsync", "journal-batch-ms", "state-dir", "curve-allowed-keys"};
+const std::vector<std::string> kServeFlags = {"no-prefix-cache", "no-journal", "no-prefix-routing"};
 
 int cmd_serve(const Args& a) {
   ServerConfig cfg;
@@ -86,6 +105,14 @@ int cmd_serve(const Args& a) {
   if (a.has("no-prefix-cache")) cfg.batching.prefix_cache = false;
   if (a.has("metrics")) cfg.metrics.bind = a.str("metrics");
   if (a.has("journal")) cfg.journal.path = a.str("journal");
+  if (a.has("no-journal")) {
+    if (a.has("journal")) throw UsageError("--journal and --no-journal contradict each other");
+    cfg.journal.path = "off";
+  }
+  if (a.has("state-dir")) cfg.state_dir = a.str("state-dir");
+  if (cfg.state_dir.empty()) cfg.state_dir = default_state_dir();
+  if (a.has("no-prefix-routing")) cfg.router.prefix_affinity = false;
+  if (a.has("curve-allowed-keys")) cfg.endpoints.curve_allowed_keys = a.str("curve-allowed-keys");
   if (a.has("journal-fsync")) {
     cfg.journal.fsync = a.str("journal-fsync");
     if (cfg.journal.fsync != "always" && cfg.journal.fsync != "batch" && cfg.journal.fsync != "never")

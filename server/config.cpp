@@ -121,15 +121,17 @@ constexpr double kMaxWeight = 1e6;
 void load_endpoints(const Ctx& c, const YAML::Node& n, EndpointConfig& e) {
   each(c, "endpoints", n,
        {"bind", "pull", "results", "max_message_bytes", "sndhwm", "rcvhwm", "curve_secret_key",
-        "curve_public_key"},
+        "curve_public_key", "curve_allowed_keys"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "bind") e.bind = get_string(c, key, v);
          // Key files, like the model, are found relative to the config file's folder.
-         else if (k == "curve_secret_key" || k == "curve_public_key") {
+         else if (k == "curve_secret_key" || k == "curve_public_key" || k == "curve_allowed_keys") {
            std::string f = get_string(c, key, v);
            if (!f.empty() && std::filesystem::path(f).is_relative())
              f = (std::filesystem::path(c.file).parent_path() / f).lexically_normal().string();
-           (k == "curve_secret_key" ? e.curve_secret_key : e.curve_public_key) = f;
+           (k == "curve_secret_key"   ? e.curve_secret_key
+            : k == "curve_public_key" ? e.curve_public_key
+                                      : e.curve_allowed_keys) = f;
          }
          else if (k == "pull") e.pull = get_string(c, key, v);
          else if (k == "results") e.results = get_string(c, key, v);
@@ -193,9 +195,14 @@ void load_class(const Ctx& c, const std::string& prefix, const YAML::Node& n,
 }
 
 void load_router(const Ctx& c, const YAML::Node& n, RouterConfig& r) {
-  each(c, "router", n, {"classes", "default_class"},
+  each(c, "router", n, {"classes", "default_class", "prefix_affinity", "prefix_affinity_slack"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
-         if (k == "default_class") {
+         if (k == "prefix_affinity") {
+           r.prefix_affinity = get_bool(c, key, v);
+         } else if (k == "prefix_affinity_slack") {
+           // Beyond a million jobs of difference the balance would never matter: a typo.
+           r.prefix_affinity_slack = static_cast<uint32_t>(get_int(c, key, v, 0, 1 << 20));
+         } else if (k == "default_class") {
            r.default_class = get_string(c, key, v);
          } else if (k == "classes") {
            if (!v.IsSequence()) c.fail(key, v, "expected a list of classes, got " + shown(v));
@@ -287,7 +294,7 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
   try {
     each(c, "", root,
          {"model", "endpoints", "admission", "router", "batching", "executors", "shutdown_grace_ms",
-          "metrics", "journal", "autoscale"},
+          "metrics", "journal", "autoscale", "state_dir"},
          [&](const std::string& k, const std::string& key, const YAML::Node& v) {
            if (k == "model") {
              cfg.model = get_string(c, key, v);
@@ -303,7 +310,11 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
            else if (k == "autoscale") load_autoscale(c, v, cfg.autoscale);
            // An hour of grace is the most a deployment could want before a forced stop.
            else if (k == "shutdown_grace_ms") cfg.shutdown_grace_ms = get_int(c, key, v, 0, 3600000);
-           else if (k == "metrics")
+           else if (k == "state_dir") {
+             cfg.state_dir = get_string(c, key, v);
+             if (!cfg.state_dir.empty() && std::filesystem::path(cfg.state_dir).is_relative())
+               cfg.state_dir = (std::filesystem::path(path).parent_path() / cfg.state_dir).string();
+           } else if (k == "metrics")
              each(c, key, v, {"bind"}, [&](const std::string&, const std::string& k2, const YAML::Node& v2) {
                cfg.metrics.bind = get_string(c, k2, v2);
              });
@@ -314,7 +325,7 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
                     if (k2 == "path") {
                       j.path = get_string(c, key2, v2);
                       // Like the model: a relative journal lives next to its config file.
-                      if (!j.path.empty() && std::filesystem::path(j.path).is_relative())
+                      if (!j.path.empty() && j.path != "off" && std::filesystem::path(j.path).is_relative())
                         j.path = (std::filesystem::path(path).parent_path() / j.path).string();
                     } else if (k2 == "fsync") {
                       j.fsync = get_string(c, key2, v2);
@@ -392,11 +403,22 @@ void finalize_config(ServerConfig& cfg) {
     throw std::runtime_error("config: neither endpoints.bind nor endpoints.pull is set: no way in");
   if (!cfg.endpoints.pull.empty() && cfg.endpoints.results.empty())
     throw std::runtime_error("config: endpoints.pull needs endpoints.results (where pipeline results go)");
+  cfg.router.block_size = cfg.batching.kv_block_size;
+  // Affinity only pays where the batcher keeps prefixes.
+  if (!cfg.batching.prefix_cache) cfg.router.prefix_affinity = false;
   if (cfg.shutdown_grace_ms < 0) throw std::runtime_error("config: shutdown_grace_ms must be >= 0");
   if (!cfg.endpoints.curve_public_key.empty() && cfg.endpoints.curve_secret_key.empty())
     throw std::runtime_error(
         "config: endpoints.curve_public_key needs endpoints.curve_secret_key (the server's own "
         "secret key turns CURVE on)");
+}
+
+std::string journal_location(const ServerConfig& cfg, std::string* why) {
+  // Written by the durability work: see the declaration.
+  if (cfg.journal.path == "off") return {};
+  if (!cfg.journal.path.empty()) return cfg.journal.path;
+  if (why) *why = "no default journal yet";
+  return {};
 }
 
 }  // namespace sy

@@ -21,6 +21,10 @@ struct EndpointConfig {
   // against the secret key (a mismatched pair is a deployment error worth catching at start).
   std::string curve_secret_key;               // Z85 secret key file (`switchyard keygen`)
   std::string curve_public_key;               // Z85 public key file
+  // With CURVE on: a file of client public keys (Z85, one per line, '#' comments) that may
+  // connect; every other key is refused during the handshake (ZAP). "" = any client that knows
+  // the server's public key.
+  std::string curve_allowed_keys;
 };
 
 struct TenantConfig {
@@ -47,6 +51,12 @@ struct AdmissionConfig {
 struct RouterConfig {
   std::vector<policy::PriorityClass> classes;  // empty: interactive (rank 0) and batch (rank 1)
   std::string default_class;                   // "" = the lowest-rank... first class
+  // Prefix-aware dispatch (policies/prefix_route.hpp): a job goes to the batcher that was last
+  // sent its longest prompt prefix, unless that batcher has `prefix_affinity_slack` fewer free
+  // credits than the freest one. Off by itself when batching.prefix_cache is off.
+  bool prefix_affinity = true;
+  uint32_t prefix_affinity_slack = 8;
+  int32_t block_size = 16;  // set by finalize_config from batching.kv_block_size
 };
 
 struct BatchingConfig {
@@ -96,8 +106,9 @@ struct MetricsConfig {
 
 /// The durable journal of accepted jobs and results (docs/durability.md).
 struct JournalConfig {
-  std::string path;                  // journal file; a folder (or a path ending in '/') gets
-                                     // FOLDER/switchyard.journal; "" = no journal
+  // Journal file; a folder (or a path ending in '/') gets FOLDER/switchyard.journal. "" = the
+  // default location (journal_location()), "off" = no journal.
+  std::string path;
   std::string fsync = "batch";       // always | batch | never (policies/journal_file.hpp)
   int64_t batch_ms = 2;              // group-commit window: acks wait at most this for the fsync
   // A result handed to egress this long ago is marked delivered (not redelivered after a crash);
@@ -117,7 +128,17 @@ struct ServerConfig {
   int64_t shutdown_grace_ms = 5000;  // finish in-flight jobs this long on SIGTERM, then cancel
   MetricsConfig metrics;
   JournalConfig journal;
+  // Where a server keeps its state (the default journal) when nothing more specific is given.
+  // `switchyard serve` fills it ($XDG_STATE_HOME/switchyard or ~/.local/state/switchyard);
+  // "" = no default journal.
+  std::string state_dir;
 };
+
+/// The journal file a server with `cfg` uses, or "" for none: journal.path when set ("off" =
+/// none), else STATE_DIR/<endpoint>/switchyard.journal where <endpoint> spells the bind (or pull)
+/// address as a folder name — so two servers on one host never share a journal. A wildcard port
+/// has no stable name across restarts, so it gets no default journal; `why` (if given) then says so.
+std::string journal_location(const ServerConfig& cfg, std::string* why = nullptr);
 
 /// Reads a YAML file into `cfg` (keys absent keep their values); throws std::runtime_error
 /// naming the file, key and problem.

@@ -60,7 +60,7 @@ struct Server::Impl {
   std::shared_ptr<LlamaModel> model;
   std::shared_ptr<Gateway> gateway;
   caf::actor egress, router, admission, control;
-  caf::actor journal;  // only with cfg.journal.path set; stands in front of egress
+  caf::actor journal;  // only with a journal_location(); stands in front of egress
   std::vector<caf::actor> executors, batchers;
   caf::actor supervisor;  // owns the batcher+executor pairs (elastic, crash recovery)
   bool started = false;
@@ -106,14 +106,20 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   // a journaled job's done/error leaves only once its result is durable (docs/durability.md).
   caf::actor out = d.egress;
   JournalReplay replay;
-  if (!c.journal.path.empty()) {
-    auto file = open_journal(c.journal, c.admission.result_cache, replay);
+  std::string why_no_journal;
+  const std::string journal_path = journal_location(c, &why_no_journal);
+  if (journal_path.empty() && !why_no_journal.empty())
+    std::cerr << "switchyard: no journal: " << why_no_journal << "\n";
+  if (!journal_path.empty()) {
+    JournalConfig jc = c.journal;
+    jc.path = journal_path;
+    auto file = open_journal(jc, c.admission.result_cache, replay);
     if (!replay.warning.empty()) std::cerr << "switchyard: WARNING: " << replay.warning << "\n";
     std::cerr << "switchyard: journal " << file->path() << " (fsync " << c.journal.fsync
               << "): " << replay.records << " records, " << replay.pending.size()
               << " jobs to run again, " << replay.results.size() << " results kept, "
               << replay.redeliver.size() << " results to deliver again\n";
-    d.journal = spawn_journal(*d.sys, c.journal, std::move(file), replay,
+    d.journal = spawn_journal(*d.sys, jc, std::move(file), replay,
                               c.admission.result_cache, d.egress);
     out = d.journal;
   }

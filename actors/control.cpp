@@ -223,6 +223,8 @@ std::string control_stats_json(const caf::settings& admission, const caf::settin
   o.num("queued", stats_counter(router, "queued"));
   o.num("dispatched", stats_counter(router, "dispatched"));
   o.num("expired", stats_counter(router, "expired"));
+  o.num("affinity_hits", stats_counter(router, "affinity_hits"));
+  o.num("affinity_overruled", stats_counter(router, "affinity_overruled"));
   auto sum = [&](const char* k) {
     int64_t t = 0;
     for (const auto& b : batchers) t += stats_counter(b, k);

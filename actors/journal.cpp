@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <caf/all.hpp>
+#include <chrono>
 #include <deque>
 #include <filesystem>
 #include <map>
@@ -19,6 +20,13 @@ namespace sy {
 namespace {
 
 using Packer = msgpack::packer<msgpack::sbuffer>;
+
+// Wall-clock microseconds since the epoch: the time base of deadlines kept across restarts.
+int64_t wall_now_us() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
 
 // Record kinds, the "t" field of every record.
 constexpr char kAccept = 'A', kResult = 'R', kDelivered = 'D';
@@ -137,6 +145,7 @@ struct Decoded {
   char kind = 0;
   uint64_t uid = 0;
   Job job;          // kAccept
+  int64_t deadline_wall_us = 0;  // kAccept: the job's deadline in wall-clock time; 0: none
   JobOutcome out;   // kResult
 };
 
@@ -166,6 +175,7 @@ Decoded decode(const std::string& payload) {
     f.get("ignore_eos", j.ignore_eos);
     f.get("stream", j.stream);
     f.get("logprobs", j.logprobs);
+    f.get("deadline_wall_us", d.deadline_wall_us);
   } else if (d.kind == kResult) {
     JobOutcome& o = d.out;
     o.uid = d.uid;
@@ -190,9 +200,14 @@ const ClientRef& client_of(const JobOutcome& o) { return o.outcome == 1 ? o.erro
 std::string encode_accept(const Job& j) {
   msgpack::sbuffer buf;
   Packer p(buf);
-  // arrival_us and deadline_us are steady-clock times of this process: meaningless after a
-  // restart, so they are not kept (a replayed job arrives anew, without a deadline).
-  p.pack_map(16);
+  // arrival_us and deadline_us are steady-clock times of this process, meaningless after a
+  // restart: a replayed job arrives anew, and its deadline is kept as wall-clock time (the one
+  // clock two processes share) so that it still bounds the job after a restart.
+  p.pack_map(j.deadline_us > 0 ? 17 : 16);
+  if (j.deadline_us > 0) {
+    p.pack("deadline_wall_us");
+    p.pack(wall_now_us() + (j.deadline_us - now_us()));
+  }
   pack_kind(p, kAccept);
   p.pack("uid"); p.pack(j.uid);
   p.pack("id"); p.pack(j.id);
@@ -264,6 +279,7 @@ void replay_records(const std::vector<std::string>& records, std::size_t keep_re
     ++out.records;
     max_uid = std::max(max_uid, d.uid);
     if (d.kind == kAccept) {
+      d.job.deadline_us = d.deadline_wall_us;  // converted below, once per pending job
       accepted[d.uid] = std::move(d.job);
     } else if (d.kind == kResult) {
       if (result_at.count(d.uid)) continue;  // the first result of a job is the one delivered
@@ -274,11 +290,14 @@ void replay_records(const std::vector<std::string>& records, std::size_t keep_re
     }
   }
   out.next_uid = max_uid + 1;
-  const int64_t now = now_us();
+  const int64_t now = now_us(), wall = wall_now_us();
   for (auto& [uid, job] : accepted) {
     if (result_at.count(uid)) continue;
     job.arrival_us = now;
-    job.deadline_us = 0;
+    // Back to this process's steady clock. A deadline that passed while the server was down
+    // stays in the past (never 0, which means none): the router then ends the job with
+    // deadline_exceeded before it runs, as it would have without the restart.
+    if (job.deadline_us > 0) job.deadline_us = std::max<int64_t>(1, now + (job.deadline_us - wall));
     // A ROUTER client's routing id died with the old process, and a new client may well be given
     // the same one: the job now belongs to nobody (empty id); resubmitting its key attaches.
     if (job.client.kind == ClientRef::router) job.client.identity.clear();

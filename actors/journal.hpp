@@ -25,7 +25,7 @@ struct JournalReplay {
   uint64_t next_uid = 1;                ///< above every uid in the journal
   uint64_t records = 0;                 ///< good records read
   uint64_t undecodable = 0;             ///< records with a good CRC that did not decode (skipped)
-  std::string warning;                  ///< a damaged tail was cut (empty: none)
+  std::string warning;                  ///< damage was skipped or a damaged tail cut (empty: none)
 };
 
 /// Record payloads (msgpack maps with named fields, so a later version can add fields and
@@ -44,7 +44,7 @@ void replay_records(const std::vector<std::string>& records, std::size_t keep_re
 /// holds it as FOLDER/switchyard.journal.
 std::string journal_file_path(const std::string& path);
 
-/// Opens the journal (cfg.path must be set), cuts a damaged tail (out.warning says so), replays
+/// Opens and locks the journal (cfg.path must be set), skips damage (out.warning says so), replays
 /// it into `out` and rewrites it compacted. Throws std::runtime_error on I/O errors or a lock
 /// held by another process.
 std::shared_ptr<JournalFile> open_journal(const JournalConfig& cfg, std::size_t keep_results,

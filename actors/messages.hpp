@@ -453,3 +453,8 @@ using journal_atom = caf::atom_constant<caf::atom("journal")>;  // admission -> 
 //   admission -> journal: (journal_atom, JobOutcome)  a journaled job ended: its result record
 //                         (no reply); its held done/error go out after the commit
 //   stats_atom on the journal -> accepted, results, syncs, held, live, redelivered, ...
+
+// Metrics of the supervisor (actors/metrics.hpp, docs/metrics.md):
+//   supervisor -> metrics: (observe_atom, caf::actor batcher, caf::actor executor, int32 slot)
+//                          a new pair; the slot is its executor="N" label
+//   supervisor -> metrics: (recovered_atom, int64 fault_us, int64 at_us)  once per fault

@@ -138,6 +138,7 @@ struct ClassHistograms {
 // One batcher+executor pair and the batcher's last stats (kept so that its counters survive it).
 struct Pair {
   caf::actor batcher, executor;
+  std::string label;  // its executor="..." label value
   bool batcher_alive = true, executor_alive = true;
   caf::settings last;
 };
@@ -145,6 +146,7 @@ struct Pair {
 // Counters of the batchers that are gone, so the totals never go backwards.
 struct Retired {
   int64_t preemptions = 0, policy_swaps = 0;
+  std::map<std::string, int64_t> preemptions_by;  // by executor label
 };
 
 struct MetricsState {
@@ -156,6 +158,9 @@ struct MetricsState {
   std::map<uint64_t, Pair> pairs;  // by registration number
   uint64_t next_pair = 0;
   Retired retired;
+  // Fault to first re-queued job running again. The same bounds as job latencies: a crash
+  // recovers in milliseconds, a hang only after the step watchdog (30 s by default).
+  prom::Histogram recovery{kLatencyBounds};
 
   static inline const char* name = "sy.metrics";
 };
@@ -194,7 +199,7 @@ void record(Self* self, const JobOutcome& o, const std::string& cls) {
 struct Scrape {
   caf::response_promise rp;
   size_t owed = 0;
-  caf::settings admission, router;
+  caf::settings admission, router, supervisor, gateway;
   std::map<uint64_t, caf::settings> batchers;  // answered this time (others: their last stats)
 };
 
@@ -223,47 +228,121 @@ std::string render(Self* self, const Scrape& s) {
   for (const auto& c : st.w.classes)
     w.sample("switchyard_queue_depth", Labels{{"class", c}},
              static_cast<double>(stats_counter(s.router, "queued_" + c)));
+  w.family("switchyard_prefix_affinity_dispatches_total", "counter",
+           "Jobs whose prompt prefix had gone to a batcher before: result hit (sent there again) "
+           "or overruled (sent to a freer batcher, the other being too busy).");
+  w.sample("switchyard_prefix_affinity_dispatches_total", Labels{{"result", "hit"}},
+           static_cast<double>(stats_counter(s.router, "affinity_hits")));
+  w.sample("switchyard_prefix_affinity_dispatches_total", Labels{{"result", "overruled"}},
+           static_cast<double>(stats_counter(s.router, "affinity_overruled")));
 
   // Gauges and counters summed over the pairs: this scrape's answers, else the last known ones.
   int64_t running = 0, used = 0, freeb = 0, cached = 0, total = 0, preempt = 0, swaps = 0;
   int64_t executors = 0;
+  // The same per executor label. A label may hold two pairs for a moment (a replacement spawned
+  // before the metrics actor saw its predecessor go): their figures add up.
+  struct PerExecutor {
+    int64_t used = 0, freeb = 0, cached = 0, total = 0, preempt = 0;
+    bool live = false;  // a live batcher: its gauges are written
+  };
+  std::map<std::string, PerExecutor> by;
+  for (const auto& [label, n] : st.retired.preemptions_by) by[label].preempt += n;
   for (const auto& [id, p] : st.pairs) {
     if (p.executor_alive) ++executors;
     auto it = s.batchers.find(id);
     const caf::settings& b = it != s.batchers.end() ? it->second : p.last;
+    auto& e = by[p.label];
     preempt += stats_counter(b, "preemptions");
+    e.preempt += stats_counter(b, "preemptions");
     swaps += stats_counter(b, "policy_swaps");
     if (!p.batcher_alive) continue;
+    e.live = true;
     running += stats_counter(b, "running");
     used += stats_counter(b, "blocks_used");
     freeb += stats_counter(b, "blocks_free");
     cached += stats_counter(b, "blocks_cached");
     total += stats_counter(b, "blocks_total");
+    e.used += stats_counter(b, "blocks_used");
+    e.freeb += stats_counter(b, "blocks_free");
+    e.cached += stats_counter(b, "blocks_cached");
+    e.total += stats_counter(b, "blocks_total");
   }
+  // Per-executor series live in families of their own (switchyard_executor_*), so that a sum()
+  // over any family counts each block once. Gauges of live executors only; counters of every
+  // executor label ever seen (they never go backwards, so a label stays once it has appeared).
+  auto per_executor = [&](const char* name, const std::string& help, int64_t PerExecutor::*field,
+                          bool counter) {
+    w.family(name, counter ? "counter" : "gauge", help + " (by executor slot).");
+    for (const auto& [label, e] : by)
+      if (counter || e.live)
+        w.sample(name, Labels{{"executor", label}}, static_cast<double>(e.*field));
+  };
   w.family("switchyard_jobs_running", "gauge", "Sequences running in the batchers.");
   w.sample("switchyard_jobs_running", {}, static_cast<double>(running));
 
-  const char* kv = "Paged KV-cache blocks over all executors";
-  w.family("switchyard_kv_blocks_used", "gauge", std::string(kv) + ", held by running sequences.");
+  const std::string kv = "Paged KV-cache blocks";
+  w.family("switchyard_kv_blocks_used", "gauge", kv + " held by running sequences, all executors.");
   w.sample("switchyard_kv_blocks_used", {}, static_cast<double>(used));
-  w.family("switchyard_kv_blocks_free", "gauge", std::string(kv) + ", free.");
+  w.family("switchyard_kv_blocks_free", "gauge", kv + " free, all executors.");
   w.sample("switchyard_kv_blocks_free", {}, static_cast<double>(freeb));
   w.family("switchyard_kv_blocks_cached", "gauge",
-           std::string(kv) + ", unreferenced but kept for prefix reuse.");
+           kv + " unreferenced but kept for prefix reuse, all executors.");
   w.sample("switchyard_kv_blocks_cached", {}, static_cast<double>(cached));
-  w.family("switchyard_kv_blocks_total", "gauge", std::string(kv) + ", in all.");
+  w.family("switchyard_kv_blocks_total", "gauge", kv + " in all, all executors.");
   w.sample("switchyard_kv_blocks_total", {}, static_cast<double>(total));
   w.family("switchyard_kv_cache_usage_ratio", "gauge", "Fraction of KV blocks held by sequences.");
   w.sample("switchyard_kv_cache_usage_ratio", {},
            total > 0 ? static_cast<double>(used) / static_cast<double>(total) : 0.0);
+  per_executor("switchyard_executor_kv_blocks_used", kv + " held by running sequences",
+               &PerExecutor::used, false);
+  per_executor("switchyard_executor_kv_blocks_free", kv + " free", &PerExecutor::freeb, false);
+  per_executor("switchyard_executor_kv_blocks_cached", kv + " kept for prefix reuse",
+               &PerExecutor::cached, false);
+  per_executor("switchyard_executor_kv_blocks_total", kv + " in all", &PerExecutor::total, false);
 
-  w.family("switchyard_preemptions_total", "counter", "Sequences preempted under KV pressure.");
+  w.family("switchyard_preemptions_total", "counter",
+           "Sequences preempted under KV pressure, all executors.");
   w.sample("switchyard_preemptions_total", {}, static_cast<double>(preempt + st.retired.preemptions));
+  per_executor("switchyard_executor_preemptions_total", "Sequences preempted under KV pressure",
+               &PerExecutor::preempt, true);
   w.family("switchyard_kv_policy_swaps_total", "counter",
            "KV-cache policy swaps, by command and by watermark.");
   w.sample("switchyard_kv_policy_swaps_total", {}, static_cast<double>(swaps + st.retired.policy_swaps));
   w.family("switchyard_executors_running", "gauge", "Executors alive (each with its model loaded).");
   w.sample("switchyard_executors_running", {}, static_cast<double>(executors));
+
+  // The supervisor's view: pairs by state, scale events, failures, re-queues, recoveries.
+  const caf::settings& sv = s.supervisor;
+  w.family("switchyard_executors", "gauge",
+           "Batcher+executor pairs by state: running (taking work) or retiring (finishing, then gone).");
+  w.sample("switchyard_executors", Labels{{"state", "running"}},
+           static_cast<double>(stats_counter(sv, "executors")));
+  w.sample("switchyard_executors", Labels{{"state", "retiring"}},
+           static_cast<double>(stats_counter(sv, "executors_retiring")));
+  w.family("switchyard_executor_scale_events_total", "counter",
+           "Pairs added under load (up) and retired when idle (down).");
+  w.sample("switchyard_executor_scale_events_total", Labels{{"direction", "up"}},
+           static_cast<double>(stats_counter(sv, "scale_ups")));
+  w.sample("switchyard_executor_scale_events_total", Labels{{"direction", "down"}},
+           static_cast<double>(stats_counter(sv, "scale_downs")));
+  w.family("switchyard_executor_failures_total", "counter",
+           "Executors that failed and were replaced: crash (threw, or its batcher died) or hang "
+           "(caught by the step watchdog).");
+  w.sample("switchyard_executor_failures_total", Labels{{"reason", "crash"}},
+           static_cast<double>(stats_counter(sv, "failures_crash")));
+  w.sample("switchyard_executor_failures_total", Labels{{"reason", "hang"}},
+           static_cast<double>(stats_counter(sv, "failures_hang")));
+  w.family("switchyard_jobs_requeued_total", "counter",
+           "Jobs sent back to the router after their executor failed, to run elsewhere.");
+  w.sample("switchyard_jobs_requeued_total", {}, static_cast<double>(stats_counter(sv, "requeued")));
+  w.family("switchyard_recovery_seconds", "histogram",
+           "Time from an executor fault to the first of its re-queued jobs running again.");
+  w.histogram("switchyard_recovery_seconds", {}, st.recovery);
+
+  w.family("switchyard_curve_refused_total", "counter",
+           "CURVE handshakes refused because the client key is not in the allow-list.");
+  w.sample("switchyard_curve_refused_total", {},
+           static_cast<double>(stats_counter(s.gateway, "curve_refused")));
 
   w.family("switchyard_prompt_tokens_total", "counter", "Prompt tokens of ended jobs.");
   w.sample("switchyard_prompt_tokens_total", {}, static_cast<double>(st.prompt_tokens));
@@ -312,6 +391,9 @@ caf::response_promise scrape(Self* self) {
   ++s->owed;  // held until every request is out, so an early answer cannot complete the scrape
   if (st.w.admission) ask(st.w.admission, [s](caf::settings& r) { s->admission = std::move(r); });
   if (st.w.router) ask(st.w.router, [s](caf::settings& r) { s->router = std::move(r); });
+  if (st.w.supervisor)
+    ask(st.w.supervisor, [s](caf::settings& r) { s->supervisor = std::move(r); });
+  if (st.w.gateway_stats) s->gateway = st.w.gateway_stats();
   for (auto& [id, p] : st.pairs) {
     if (!p.batcher_alive) continue;
     ask(p.batcher, [self, s, id = id](caf::settings& r) {
@@ -335,6 +417,7 @@ void on_down(Self* self, const caf::down_msg& dm) {
     if (!p.batcher_alive && !p.executor_alive) {
       // Its counters move into the retired totals so that they never go backwards.
       st.retired.preemptions += stats_counter(p.last, "preemptions");
+      st.retired.preemptions_by[p.label] += stats_counter(p.last, "preemptions");
       st.retired.policy_swaps += stats_counter(p.last, "policy_swaps");
       it = st.pairs.erase(it);
     } else {
@@ -343,21 +426,32 @@ void on_down(Self* self, const caf::down_msg& dm) {
   }
 }
 
+void add_pair(Self* self, const caf::actor& batcher, const caf::actor& executor, std::string label) {
+  auto& st = self->state;
+  Pair p;
+  p.batcher = batcher;
+  p.executor = executor;
+  p.label = std::move(label);
+  p.batcher_alive = static_cast<bool>(batcher);
+  p.executor_alive = static_cast<bool>(executor);
+  if (batcher) self->monitor(batcher);
+  if (executor) self->monitor(executor);
+  st.pairs.emplace(st.next_pair++, std::move(p));
+}
+
 caf::behavior metrics_actor(Self* self, MetricsWiring w) {
   self->state.w = std::move(w);
   self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
   return {
       [self](finished_atom, const JobOutcome& o, const std::string& cls) { record(self, o, cls); },
       [self](observe_atom, caf::actor& batcher, caf::actor& executor) {
-        auto& st = self->state;
-        Pair p;
-        p.batcher = batcher;
-        p.executor = executor;
-        p.batcher_alive = static_cast<bool>(batcher);
-        p.executor_alive = static_cast<bool>(executor);
-        if (batcher) self->monitor(batcher);
-        if (executor) self->monitor(executor);
-        st.pairs.emplace(st.next_pair++, std::move(p));
+        add_pair(self, batcher, executor, std::to_string(self->state.next_pair));
+      },
+      [self](observe_atom, caf::actor& batcher, caf::actor& executor, int32_t slot) {
+        add_pair(self, batcher, executor, std::to_string(slot));
+      },
+      [self](recovered_atom, int64_t fault_us, int64_t at_us) {
+        self->state.recovery.observe(static_cast<double>(at_us - fault_us) / 1e6);
       },
       [self](metrics_atom) { return scrape(self); },
       [self](ready_atom) {

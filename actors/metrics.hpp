@@ -6,6 +6,7 @@
 #include <caf/fwd.hpp>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -71,6 +72,12 @@ inline constexpr const char* kContentType = "text/plain; version=0.0.4; charset=
 /// so that pairs spawned later (an elastic supervisor) are counted too.
 struct MetricsWiring {
   caf::actor admission, router;
+  /// The supervisor, asked for stats_atom at scrape time: executors by state, scale events,
+  /// failures by reason, re-queued jobs. May be invalid (then those series read 0).
+  caf::actor supervisor;
+  /// Reads the gateway's counters (curve_refused). The gateway is no actor; its counters are
+  /// atomics that any thread may read. Empty: those series read 0.
+  std::function<caf::settings()> gateway_stats;
   /// The priority class names, in the router's order: one queue-depth gauge each.
   std::vector<std::string> classes;
   /// How long one actor may take to answer a scrape: a busy actor answers between messages, well
@@ -85,6 +92,12 @@ struct MetricsWiring {
 ///       prefix-hit counters;
 ///   (observe_atom, caf::actor batcher, caf::actor executor)  a pair to scrape; both are monitored,
 ///       a dead batcher's counters stay in the totals, a dead executor stops counting as running;
+///       its series carry executor="<registration number>";
+///   (observe_atom, caf::actor batcher, caf::actor executor, int32_t slot)  the same from the
+///       supervisor: executor="<slot>", so a replacement in the same slot continues its series
+///       (per-executor counters keep what the pairs before it counted);
+///   (recovered_atom, int64 fault_us, int64 at_us)  one recovery (the supervisor sends the first
+///       per fault): switchyard_recovery_seconds observes (at - fault);
 ///   (metrics_atom) -> std::string  asks admission, router and every batcher for stats_atom (each
 ///       within ask_timeout) and answers the whole exposition text;
 ///   (ready_atom) -> bool  whether at least one executor is alive (an executor exists only once its

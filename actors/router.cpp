@@ -13,6 +13,7 @@
 
 #include "actors/messages.hpp"
 #include "ingress/error_code.hpp"
+#include "policies/prefix_route.hpp"
 
 namespace sy {
 
@@ -41,6 +42,9 @@ struct Held {
 struct BatcherCredit {
   caf::actor handle;
   uint64_t credit = 0;
+  // Leading prompt blocks sent to this batcher; it goes with the entry when the batcher retires
+  // or goes down, so a replacement starts cold like its real cache.
+  policy::PrefixIndex index;
 };
 
 struct RouterState {
@@ -67,7 +71,8 @@ struct RouterState {
   bool draining = false;
   // counters (stats_atom)
   uint64_t enqueued = 0, dispatched = 0, expired = 0, cancelled = 0, rejected_full = 0,
-           overflowed = 0, pull_granted = 0, requeued = 0, retired = 0;
+           overflowed = 0, pull_granted = 0, requeued = 0, retired = 0, affinity_hits = 0,
+           affinity_overruled = 0;
 
   static inline const char* name = "sy.router";
 };
@@ -227,13 +232,31 @@ std::optional<std::size_t> retry_first(RouterState& st) {
   return best;
 }
 
-/// Sends a job to the batcher with the most free credit (an idle pair before a busy one).
+/// Picks the batcher for `job`: the one with the most free credit (an idle pair before a busy
+/// one), or with prefix affinity the one already sent the job's prefix if it is not much busier.
+std::vector<BatcherCredit>::iterator pick_batcher(RouterState& st, const Job& job) {
+  auto freest = std::max_element(st.batchers.begin(), st.batchers.end(),
+                                 [](const BatcherCredit& a, const BatcherCredit& b) {
+                                   return a.credit < b.credit;
+                                 });
+  if (!st.cfg.prefix_affinity) return freest;
+  const auto hashes = policy::prefix_block_hashes(job.prompt, st.cfg.block_size);
+  if (hashes.empty()) return freest;  // shorter than a block: nothing a cache could share
+  std::vector<policy::RouteCandidate> cands;
+  cands.reserve(st.batchers.size());
+  for (const auto& b : st.batchers) cands.push_back({b.credit, b.index.match(hashes)});
+  const auto d = policy::choose(cands, st.cfg.prefix_affinity_slack);
+  st.affinity_hits += d.by_prefix;
+  st.affinity_overruled += d.overruled;
+  auto best = st.batchers.begin() + static_cast<std::ptrdiff_t>(d.index);
+  best->index.record(hashes);
+  return best;
+}
+
+/// Sends a job to the batcher pick_batcher chooses.
 void send_to_best(Self* self, Job job, int64_t now_ms) {
   auto& st = self->state;
-  auto best = std::max_element(st.batchers.begin(), st.batchers.end(),
-                               [](const BatcherCredit& a, const BatcherCredit& b) {
-                                 return a.credit < b.credit;
-                               });
+  auto best = pick_batcher(st, job);
   --best->credit;
   --st.credit_total;
   ++st.dispatched;
@@ -411,6 +434,11 @@ caf::settings stats(Self* self) {
   put("oldest_wait_ms", oldest ? std::max<int64_t>(0, now_us() - oldest) / 1000 : 0);
   for (std::size_t ci = 0; ci < st.queue->class_count(); ++ci)
     put("queued_" + st.queue->config(ci).name, st.queue->size(ci) + st.overflow[ci].size());
+  put("affinity_hits", st.affinity_hits);
+  put("affinity_overruled", st.affinity_overruled);
+  std::size_t indexed = 0;
+  for (const auto& b : st.batchers) indexed += b.index.size();
+  put("affinity_indexed", indexed);
   return s;
 }
 
@@ -446,7 +474,7 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
                                [&](const BatcherCredit& b) { return b.handle == batcher; });
         if (it == s.batchers.end()) {
           self->monitor(batcher);
-          s.batchers.push_back({batcher, 0});
+          s.batchers.push_back({batcher, 0, policy::PrefixIndex(s.opts.prefix_index_capacity)});
           it = s.batchers.end() - 1;
         }
         it->credit += n;

@@ -27,6 +27,11 @@ struct RouterOptions {
   std::size_t pipeline_overflow_cap = 4096;
   /// Constants of the retry_after_ms estimate for `overloaded` replies.
   policy::RetryConfig retry;
+  /// Block hashes remembered per batcher for prefix-aware dispatch (policy::PrefixIndex). The
+  /// index stands in for the batcher's prefix cache, so it should cover at least what that cache
+  /// can hold: 65536 blocks of 16 tokens are 1M tokens, more KV than one device keeps for any
+  /// model worth serving, at about 5 MB of router memory per batcher.
+  std::size_t prefix_index_capacity = 65536;
 };
 
 /// The priority classes the router and admission use: `classes`, or interactive (rank 0, 256
@@ -47,6 +52,9 @@ std::vector<policy::PriorityClass> effective_classes(std::vector<policy::Priorit
 ///       Pipeline jobs are never refused while the queue is full: they wait in a small overflow.
 ///   (credit_atom, caf::actor batcher, uint32 n)  the batcher takes n more jobs; the router
 ///       dispatches (run_atom, Job) to the batcher with the most credit, highest priority first.
+///       With cfg.prefix_affinity, to the batcher it earlier sent the job's longest leading
+///       prompt blocks instead, unless that one has more than cfg.prefix_affinity_slack credits
+///       fewer than the freest (policies/prefix_route.hpp; docs/elasticity.md).
 ///   (cancel_atom, uint64 uid)  a queued job is removed (DoneEvent finish=cancelled to the client,
 ///       JobOutcome outcome=2 to admission); otherwise forwarded to every batcher.
 ///   (status_atom, uint64 uid) -> (uint8 state, uint32 position)  queued (0) or running/unknown (1).
@@ -61,7 +69,9 @@ std::vector<policy::PriorityClass> effective_classes(std::vector<policy::Priorit
 ///   (stats_atom) -> caf::settings with int64 counters: enqueued, dispatched, expired,
 ///       cancelled, rejected_full, overflowed, queued, overflow, credit, pull_outstanding,
 ///       pull_granted, batchers, requeued, retry_queued, retired, waiting_total (queued +
-///       overflow + re-queued), oldest_wait_ms, and queued_<class name> per class.
+///       overflow + re-queued), oldest_wait_ms, queued_<class name> per class, affinity_hits
+///       (dispatched for a cached prefix), affinity_overruled (a batcher held a prefix of the job
+///       but was too busy or had no credit) and affinity_indexed (block hashes held, all batchers).
 /// Sends (pull_atom, uint32 n) to egress: n more pipeline submits may be read (additive).
 /// Expired jobs get ErrorEvent deadline_exceeded and are never dispatched: the queue is swept
 /// before every dispatch and by a timer set to the earliest expiry.

@@ -33,6 +33,8 @@ struct SupervisorState {
   bool fault_flags_used = false;  // the test fault flags went to the first executor already
   bool tick_busy = false;         // a stats round is in progress
   std::set<int64_t> recovered;    // faults (by fault_us) whose first re-queued job ran again
+  // failures = failures_crash + failures_hang (metrics label them by reason).
+  int64_t failures_crash = 0, failures_hang = 0;
   int64_t scale_ups = 0, scale_downs = 0, failures = 0, replacements = 0, requeued = 0,
           failed_jobs = 0, recoveries = 0, recovery_ms_last = -1, recovery_ms_max = -1,
           detect_ms_last = -1;
@@ -88,7 +90,9 @@ bool spawn_pair(Self* self) {
   p.batcher = spawn_batcher(self->system(), st.cfg.batching, st.w.model, p.executor, st.w.router,
                             st.w.egress, st.w.admission, st.cfg.n_blocks, extras);
   self->monitor(p.batcher);
-  if (st.w.metrics) self->send(st.w.metrics, observe_atom::value, p.batcher, p.executor);
+  // With its slot: the metrics label a replacement like the pair it replaces.
+  if (st.w.metrics)
+    self->send(st.w.metrics, observe_atom::value, p.batcher, p.executor, static_cast<int32_t>(p.slot));
   st.pairs.push_back(std::move(p));
   return true;
 }
@@ -218,6 +222,8 @@ caf::settings own_stats(const SupervisorState& st) {
   put("scale_ups", st.scale_ups);
   put("scale_downs", st.scale_downs);
   put("executor_failures", st.failures);
+  put("failures_crash", st.failures_crash);
+  put("failures_hang", st.failures_hang);
   put("replacements", st.replacements);
   put("requeued", st.requeued);
   put("failed_jobs", st.failed_jobs);
@@ -252,6 +258,7 @@ caf::behavior supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWirin
     }
     if (!p.failed) {
       ++s.failures;  // the batcher itself died; its jobs cannot be recovered from here
+      ++s.failures_crash;
       log(self, "batcher " + std::to_string(p.id) + " down: " + self->system().render(dm.reason));
     }
     // Replace at once: re-queued jobs are waiting for credit.
@@ -275,7 +282,8 @@ caf::behavior supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWirin
       [self](observe_atom, const caf::actor& metrics) {
         auto& s = self->state;
         s.w.metrics = metrics;
-        for (const Pair& p : s.pairs) self->send(metrics, observe_atom::value, p.batcher, p.executor);
+        for (const Pair& p : s.pairs)
+          self->send(metrics, observe_atom::value, p.batcher, p.executor, static_cast<int32_t>(p.slot));
       },
       [self](connect_atom, const caf::actor& control) -> bool {
         self->state.control = control;
@@ -285,6 +293,9 @@ caf::behavior supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWirin
       [self](failed_atom, const PairFailure& f) {
         auto& s = self->state;
         ++s.failures;
+        // The batcher's watchdog names a hang in its reason; every other failure is a crash.
+        if (f.why.find("hung") != std::string::npos) ++s.failures_hang;
+        else ++s.failures_crash;
         s.requeued += f.requeued;
         s.failed_jobs += f.failed;
         s.detect_ms_last = (f.detected_us - f.fault_us) / 1000;
@@ -300,6 +311,8 @@ caf::behavior supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWirin
         ++s.recoveries;
         s.recovery_ms_last = (at_us - fault_us) / 1000;
         s.recovery_ms_max = std::max(s.recovery_ms_max, s.recovery_ms_last);
+        // The metrics keep every recovery time (a histogram); the stats keep the last and worst.
+        if (s.w.metrics) self->send(s.w.metrics, recovered_atom::value, fault_us, at_us);
         log(self, "recovered: first re-queued job running again " +
                       std::to_string((at_us - fault_us) / 1000.0) + " ms after the fault");
       },

@@ -35,7 +35,9 @@ struct SupervisorConfig {
 /// The actors the pairs talk to (any may be invalid in tests).
 struct SupervisorWiring {
   caf::actor router, egress, admission;
-  caf::actor metrics;  ///< gets (observe_atom, batcher, executor) for every new pair
+  /// gets (observe_atom, batcher, executor, int32 slot) for every new pair and
+  /// (recovered_atom, fault_us, at_us) for every recovery
+  caf::actor metrics;
   std::shared_ptr<const LlamaModel> model;  ///< shared by every batcher (already loaded)
 };
 
@@ -44,7 +46,8 @@ struct SupervisorWiring {
 ///       std::vector<caf::actor> batchers) now and whenever the set of pairs changes; answers true
 ///       once the list is sent (a caller that waits for it knows control has the list);
 ///   (observe_atom, caf::actor metrics)  the metrics actor gets (observe_atom, batcher,
-///       executor) for every pair now and later;
+///       executor, int32 slot) for every pair now and later, and (recovered_atom, fault_us,
+///       at_us) for every recovery from then on;
 ///   (failed_atom, PairFailure)  a batcher's executor failed (the batcher re-queued its jobs and
 ///       exits; a replacement pair is spawned when it is down);
 ///   (recovered_atom, int64 fault_us, int64 now_us)  the first re-queued job of a fault runs
@@ -53,7 +56,7 @@ struct SupervisorWiring {
 ///   (scale_atom)  its own timer: asks the router and every batcher for stats, decides, scales;
 ///   (stats_atom) -> caf::settings: every int64 counter of the live batchers summed, plus
 ///       executors (active pairs), executors_retiring, scale_ups, scale_downs,
-///       executor_failures, replacements, requeued, failed_jobs, recoveries, recovery_ms_last,
+///       executor_failures (= failures_crash + failures_hang), replacements, requeued, failed_jobs, recoveries, recovery_ms_last,
 ///       recovery_ms_max, detect_ms_last (fault -> detection).
 /// Scale events and failures are logged on stdout ("switchyard: supervisor: ...").
 /// An exit message stops every pair, then the supervisor.

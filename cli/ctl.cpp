@@ -11,7 +11,7 @@ namespace sy::cli {
 
 const char* const kCtlUsage =
     "  ctl         --server ADDR [--token ADMIN_TOKEN] [--timeout-ms MS] [--server-key FILE]\n"
-    "              COMMAND\n"
+    "              [--client-key FILE] COMMAND\n"
     "              kv-policy full | kv-policy sliding_window W | kv-policy sinks S W\n"
     "              swaps every batcher's KV-cache policy for new jobs; stats prints the\n"
     "              counters as JSON. Exits 1 with the server's error, or after --timeout-ms\n"
@@ -55,7 +55,7 @@ int cmd_ctl(int argc, char** argv, int first) {
   // Options may come before or after the command words; Args parses the options only.
   std::vector<char*> opts = {argv[0]};
   std::vector<std::string> words;
-  const std::vector<std::string> valued = {"server", "token", "timeout-ms", "server-key"};
+  const std::vector<std::string> valued = {"server", "token", "timeout-ms", "server-key", "client-key"};
   for (int i = first; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--", 0) == 0) {
@@ -86,6 +86,11 @@ int cmd_ctl(int argc, char** argv, int first) {
   client::ClientOptions copt;
   // The server's CURVE public key (PREFIX.pub): a server with CURVE on answers nobody without it.
   if (args.has("server-key")) copt.server_key = client::read_server_key(args.str("server-key"));
+  // Our own secret key (PREFIX.key), for a server that admits only listed client keys.
+  if (args.has("client-key")) {
+    if (!args.has("server-key")) throw UsageError("--client-key needs --server-key (CURVE)");
+    copt.client_key = client::read_client_key(args.str("client-key"));
+  }
   client::Client c(args.str("server"), copt);
   auto r = c.control(command, policy, args.str("token"), std::chrono::milliseconds(timeout));
   if (r.ok()) {

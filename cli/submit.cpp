@@ -28,10 +28,12 @@ const char* const kSubmitUsage =
     "              \"max_tokens\": N, \"temperature\", \"top_k\", \"top_p\", \"seed\", \"stop\",\n"
     "              \"ignore_eos\", \"priority\", \"deadline_ms\", \"tenant\"}. Ids already in the\n"
     "              output are skipped (resumable); overloaded jobs are retried.\n"
-    "              --server-key: the server's CURVE public key file (PREFIX.pub).\n";
+    "              --server-key: the server's CURVE public key file (PREFIX.pub);\n"
+    "              [--client-key FILE]: this client's secret key (PREFIX.key) for a server\n"
+    "              that admits only listed client keys.\n";
 const std::vector<std::string> kSubmitOptions = {"input", "output", "server", "window",
                                                  "tenant", "token",  "priority",
-                                                 "server-key"};
+                                                 "server-key", "client-key"};
 
 namespace {
 
@@ -238,6 +240,10 @@ int cmd_submit(const Args& a) {
   if (!out) throw UsageError("cannot open --output " + out_path);
   client::ClientOptions copt;
   if (a.has("server-key")) copt.server_key = client::read_server_key(a.str("server-key"));
+  if (a.has("client-key")) {
+    if (!a.has("server-key")) throw UsageError("--client-key needs --server-key (CURVE)");
+    copt.client_key = client::read_client_key(a.str("client-key"));
+  }
   client::Client cl(server, copt);
 
   std::unordered_map<std::string, size_t> in_flight;            // job id -> index in jobs

@@ -173,12 +173,17 @@ inline void make_server(void* socket, const std::string& secret_z85) {
   sec.fill(0);
 }
 
-/// Makes a (not yet connected) socket a CURVE client of the server with this Z85 public key,
-/// with a fresh ephemeral keypair of its own (the server accepts any client that knows its key).
-inline void make_client(void* socket, const std::string& server_public_z85) {
+/// Makes a (not yet connected) socket a CURVE client of the server with this Z85 public key.
+/// Its own keypair is `client_secret_z85` (and the public key that belongs to it) when given —
+/// what a server with a client allow-list (endpoints.curve_allowed_keys) needs — else a fresh
+/// ephemeral one (enough for a server that accepts any client knowing its key).
+inline void make_client(void* socket, const std::string& server_public_z85,
+                        const std::string& client_secret_z85 = {}) {
   require("a CURVE connection (--server-key)");
   auto server = decode(server_public_z85);
-  KeyPair mine = generate();
+  KeyPair mine = client_secret_z85.empty()
+                     ? generate()
+                     : KeyPair{public_of(client_secret_z85), client_secret_z85};
   auto pub = decode(mine.public_key), sec = decode(mine.secret_key);
   if (zmq_setsockopt(socket, ZMQ_CURVE_SERVERKEY, server.data(), server.size()) != 0 ||
       zmq_setsockopt(socket, ZMQ_CURVE_PUBLICKEY, pub.data(), pub.size()) != 0 ||

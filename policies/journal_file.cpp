@@ -1,5 +1,6 @@
 // The journal file format (see journal_file.hpp): header, then records framed as
-// [u32 length LE][u32 CRC32 LE of the payload][payload]; scanning stops at the first bad record.
+// [u32 length LE][u32 CRC32 LE of the payload][payload]; a scan skips damaged regions in the
+// middle and cuts a damaged tail.
 #include "policies/journal_file.hpp"
 
 #include <fcntl.h>
@@ -7,8 +8,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -67,6 +70,17 @@ void sync_dir(const std::string& file) {
   ::close(d);
 }
 
+// Creates the missing folders of `dir` with mode 0700: a journal holds prompts and results,
+// which are nobody else's business. Folders that exist keep their mode.
+void make_private_dirs(const std::filesystem::path& dir) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  if (std::filesystem::is_directory(dir, ec)) return;
+  make_private_dirs(dir.parent_path());
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST)
+    fail(dir.string(), "cannot create the folder");
+}
+
 }  // namespace
 
 std::optional<FsyncPolicy> parse_fsync_policy(std::string_view text) {
@@ -120,56 +134,136 @@ JournalScan scan_journal(const std::string& path) {
     throw std::runtime_error("journal " + path + ": not a Switchyard journal (bad header)");
   size_t pos = sizeof kHeader;
   s.good_bytes = pos;
+  // The length of the good record at `at`, 0 when there is none there (`why` says why). A
+  // resynchronizing search (`resync`) also refuses empty records: eight zero bytes frame a valid
+  // empty record, and zero-filled blocks are exactly what a crashed file system leaves behind.
+  auto record_at = [&](size_t at, bool resync, std::string* why) -> size_t {
+    if (data.size() - at < kFrameBytes) {
+      if (why) *why = "record header cut short";
+      return 0;
+    }
+    uint32_t len = get_u32(data.data() + at);
+    if (len > JournalFile::kMaxRecordBytes) {
+      if (why) *why = "record length " + std::to_string(len) + " beyond the limit";
+      return 0;
+    }
+    if (data.size() - at - kFrameBytes < len) {
+      if (why)
+        *why = "record of " + std::to_string(len) + " bytes cut short at " +
+               std::to_string(data.size() - at - kFrameBytes);
+      return 0;
+    }
+    if (resync && len == 0) return 0;
+    if (crc32(std::string_view(data.data() + at + kFrameBytes, len)) != get_u32(data.data() + at + 4)) {
+      if (why) *why = "record CRC mismatch";
+      return 0;
+    }
+    return kFrameBytes + len;
+  };
+  // The resynchronizing search checks a CRC at every offset whose length field fits; its total
+  // work is bounded so that a large damaged region costs a few passes over the file, not a
+  // quadratic scan. Past the bound the rest is treated as a damaged tail.
+  uint64_t budget = 16 * static_cast<uint64_t>(data.size()) + (1u << 20);
+  auto add_warning = [&](const std::string& w) {
+    s.warning += (s.warning.empty() ? "journal " + path + ": " : std::string("; ")) + w;
+  };
   while (pos < data.size()) {
     std::string why;
-    if (data.size() - pos < kFrameBytes) {
-      why = "record header cut short";
-    } else {
-      uint32_t len = get_u32(data.data() + pos);
-      uint32_t crc = get_u32(data.data() + pos + 4);
-      if (len > JournalFile::kMaxRecordBytes) {
-        why = "record length " + std::to_string(len) + " beyond the limit";
-      } else if (data.size() - pos - kFrameBytes < len) {
-        why = "record of " + std::to_string(len) + " bytes cut short at " +
-              std::to_string(data.size() - pos - kFrameBytes);
-      } else {
-        std::string_view payload(data.data() + pos + kFrameBytes, len);
-        if (crc32(payload) != crc) {
-          why = "record CRC mismatch";
-        } else {
-          s.records.emplace_back(payload);
-          pos += kFrameBytes + len;
-          s.good_bytes = pos;
-          continue;
-        }
+    if (size_t n = record_at(pos, false, &why)) {
+      s.records.emplace_back(data.data() + pos + kFrameBytes, n - kFrameBytes);
+      pos += n;
+      s.good_bytes = pos;
+      continue;
+    }
+    // Damage. A later good record means damage in the middle (a bad sector, a stray write):
+    // skip to it rather than lose every record after one bad one.
+    size_t next = std::string::npos;
+    for (size_t q = pos + 1; q + kFrameBytes <= data.size() && budget > 0; ++q) {
+      uint32_t len = get_u32(data.data() + q);
+      if (len == 0 || len > JournalFile::kMaxRecordBytes || data.size() - q - kFrameBytes < len) continue;
+      budget -= std::min<uint64_t>(budget, len);
+      if (record_at(q, true, nullptr)) {
+        next = q;
+        break;
       }
     }
-    s.warning = "journal " + path + ": " + why + " at offset " + std::to_string(pos) +
-                "; recovered " + std::to_string(s.records.size()) + " records, dropping the last " +
-                std::to_string(data.size() - pos) + " bytes";
-    break;
+    if (next == std::string::npos) {
+      add_warning(why + " at offset " + std::to_string(pos) + "; recovered " +
+                  std::to_string(s.records.size()) + " records, dropping the last " +
+                  std::to_string(data.size() - pos) + " bytes");
+      break;
+    }
+    add_warning(why + " at offset " + std::to_string(pos) + "; skipped bytes " + std::to_string(pos) +
+                " to " + std::to_string(next) + " (" + std::to_string(next - pos) +
+                " bytes) up to the next good record");
+    s.skipped_bytes += next - pos;
+    ++s.skipped_ranges;
+    pos = next;
   }
   return s;
 }
 
 JournalFile::JournalFile(const std::string& path, JournalScan& scan) : path_(path) {
-  auto dir = std::filesystem::path(path).parent_path();
-  std::error_code ec;
-  if (!dir.empty()) std::filesystem::create_directories(dir, ec);
-  scan = scan_journal(path);
-  open_for_append();
-  if (scan.good_bytes < scan.file_bytes || scan.file_bytes < sizeof kHeader) {
-    // Cut the damaged tail (or a partial header) so that new records follow the last good one.
-    uint64_t keep = scan.good_bytes;
-    if (::ftruncate(fd_, static_cast<off_t>(keep)) != 0) fail(path_, "truncate");
-    size_ = keep;
-    if (keep == 0) {
-      buf_.assign(kHeader, sizeof kHeader);
-      sync();
-      sync_dir(path_);
-    } else {
-      ::fdatasync(fd_);
+  make_private_dirs(std::filesystem::path(path).parent_path());
+  lock();
+  try {
+    scan = scan_journal(path);
+    open_for_append();
+    if (scan.good_bytes < scan.file_bytes || scan.file_bytes < sizeof kHeader) {
+      // Cut the damaged tail (or a partial header) so that new records follow the last good one.
+      uint64_t keep = scan.good_bytes;
+      if (::ftruncate(fd_, static_cast<off_t>(keep)) != 0) fail(path_, "truncate");
+      size_ = keep;
+      if (keep == 0) {
+        buf_.assign(kHeader, sizeof kHeader);
+        sync();
+        sync_dir(path_);
+      } else {
+        ::fdatasync(fd_);
+      }
     }
+  } catch (...) {
+    // No destructor runs for a half-built object: release the lock here, or this process would
+    // keep the journal locked against its own next attempt.
+    if (fd_ >= 0) ::close(fd_);
+    ::close(lock_fd_);
+    fd_ = lock_fd_ = -1;
+    throw;
+  }
+}
+
+std::string JournalFile::lock_path(const std::string& path) { return path + ".lock"; }
+
+void JournalFile::lock() {
+  // The lock lives on a file of its own rather than on the journal: compaction renames a new
+  // journal over the old one, and a lock on the old file would be lost with it.
+  const std::string lp = lock_path(path_);
+  lock_fd_ = ::open(lp.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd_ < 0) fail(lp, "open the lock file");
+  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    int e = errno;
+    std::string holder;
+    if (e == EWOULDBLOCK) {
+      // The holder wrote its pid into the lock file; it may be missing when it is just starting.
+      char buf[32] = {};
+      ssize_t n = ::pread(lock_fd_, buf, sizeof buf - 1, 0);
+      long pid = n > 0 ? std::strtol(buf, nullptr, 10) : 0;
+      if (pid > 0) holder = " (pid " + std::to_string(pid) + ")";
+    }
+    ::close(lock_fd_);
+    lock_fd_ = -1;
+    if (e == EWOULDBLOCK)
+      throw std::runtime_error("journal " + path_ + " is in use by another server" + holder +
+                               "; one journal has one server: give this one another --journal, "
+                               "--state-dir or bind address");
+    errno = e;
+    fail(lp, "lock");
+  }
+  // Best effort: the pid only makes the refusal message of a second server more useful.
+  std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(lock_fd_, 0) == 0) {
+    ssize_t w = ::pwrite(lock_fd_, pid.data(), pid.size(), 0);
+    (void)w;
   }
 }
 
@@ -177,13 +271,6 @@ void JournalFile::open_for_append() {
   // O_APPEND: every write lands at the end, also after a damaged tail was cut off.
   fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
   if (fd_ < 0) fail(path_, "open");
-  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-    int e = errno;
-    ::close(fd_);
-    fd_ = -1;
-    errno = e;
-    fail(path_, "locked by another process (is a second server using this journal?)");
-  }
   struct stat st {};
   if (::fstat(fd_, &st) != 0) fail(path_, "stat");
   size_ = static_cast<uint64_t>(st.st_size);
@@ -199,6 +286,9 @@ JournalFile::~JournalFile() {
     }
     ::close(fd_);
   }
+  // Closing releases the lock; the lock file stays (removing it could race with a server that
+  // is opening it right now and split the lock in two).
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 void JournalFile::append(std::string_view payload) {

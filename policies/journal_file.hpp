@@ -28,15 +28,19 @@ uint32_t crc32(std::string_view data, uint32_t crc = 0);
 /// What a scan of a journal file found: every good record in order, and where the good part ends.
 struct JournalScan {
   std::vector<std::string> records;  ///< payloads, in append order
-  uint64_t good_bytes = 0;           ///< the file's valid prefix (header + whole good records)
+  uint64_t good_bytes = 0;           ///< where the last good record ends (what a damaged tail is cut to)
   uint64_t file_bytes = 0;           ///< the file's size
-  std::string warning;               ///< non-empty: a damaged tail was found (what and where)
+  uint64_t skipped_bytes = 0;        ///< damaged bytes skipped in the middle of the file
+  uint64_t skipped_ranges = 0;       ///< how many damaged regions were skipped
+  std::string warning;               ///< non-empty: damage was found (what, where, what was lost)
 };
 
-/// Reads a journal file. A missing or empty file is an empty journal. The first record that is
-/// cut short, longer than kMaxRecordBytes, or fails its CRC ends the scan: it and everything
-/// after it are reported in `warning` and excluded from good_bytes. Throws std::runtime_error
-/// when the file exists but cannot be read, or its header is not a journal's.
+/// Reads a journal file. A missing or empty file is an empty journal. A record that is cut
+/// short, longer than kMaxRecordBytes, or fails its CRC is damage: the scan looks for the next
+/// offset that holds a good non-empty record (length that fits and a matching CRC) and goes on
+/// from there, reporting the skipped byte range in `warning`; when there is none, the rest is a
+/// damaged tail, reported and excluded from good_bytes. Throws std::runtime_error when the file
+/// exists but cannot be read, or its header is not a journal's.
 JournalScan scan_journal(const std::string& path);
 
 /// An open journal file, appended to by one owner. Not thread-safe.
@@ -46,9 +50,11 @@ class JournalFile {
   /// context-sized prompt and its completion is far below a megabyte).
   static constexpr uint32_t kMaxRecordBytes = 64u << 20;
 
-  /// Opens (creating it if missing) the journal at `path`, scans it, cuts a damaged tail off
-  /// (the scan's warning says what was cut) and takes an exclusive lock, so that two servers
-  /// never write one journal. Throws std::runtime_error naming the path and the problem.
+  /// Takes an exclusive lock on PATH.lock (so that two servers never write one journal; the
+  /// refusal names the holder's pid), then opens (creating it and its folders, mode 0700, if
+  /// missing) the journal at `path`, scans it and cuts a damaged tail off (the scan's warning
+  /// says what was cut). Throws std::runtime_error naming the path and the problem; a journal
+  /// locked by another owner gives "journal PATH is in use by another server (pid N)...".
   JournalFile(const std::string& path, JournalScan& scan);
   ~JournalFile();
   JournalFile(const JournalFile&) = delete;
@@ -65,6 +71,8 @@ class JournalFile {
   /// Number of fdatasync calls so far (group commit shows as far fewer syncs than records).
   uint64_t syncs() const { return syncs_; }
   const std::string& path() const { return path_; }
+  /// The lock file that marks a journal at `path` as owned (it holds the owner's pid).
+  static std::string lock_path(const std::string& path);
 
   /// Replaces the whole journal by `records` (compaction): writes PATH.tmp, syncs it, renames it
   /// over PATH, syncs the folder, and continues appending to the new file.
@@ -72,8 +80,10 @@ class JournalFile {
 
  private:
   void open_for_append();
+  void lock();
   std::string path_;
   int fd_ = -1;
+  int lock_fd_ = -1;  // held (flock) for the object's life
   uint64_t size_ = 0;
   uint64_t syncs_ = 0;
   std::string buf_;

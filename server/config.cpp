@@ -6,7 +6,9 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <limits>
 #include <set>
@@ -413,12 +415,113 @@ void finalize_config(ServerConfig& cfg) {
         "secret key turns CURVE on)");
 }
 
+namespace {
+
+// FNV-1a (64 bit): a stable, dependency-free hash; it only has to tell endpoint names apart.
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// True when `endpoint` binds a port (or ipc path) that ZeroMQ picks at bind time: such a name
+// means another address after every restart, so a journal keyed by it would never be replayed.
+bool wildcard_endpoint(const std::string& endpoint) {
+  auto sep = endpoint.find("://");
+  std::string scheme = sep == std::string::npos ? "" : endpoint.substr(0, sep);
+  std::string rest = sep == std::string::npos ? endpoint : endpoint.substr(sep + 3);
+  if (scheme == "ipc") return rest == "*";
+  if (scheme == "tcp" || scheme == "ws" || scheme == "wss") {
+    auto colon = rest.rfind(':');
+    std::string port = colon == std::string::npos ? "" : rest.substr(colon + 1);
+    return port.empty() || port == "*" || port == "0" || port.find_first_not_of("0123456789") != std::string::npos;
+  }
+  return false;
+}
+
+// The endpoint spelled as one folder name: the scheme, then the address with ':' and '/' turned
+// into '-'. Whenever that spelling could stand for two endpoints (a '-' beside a replaced
+// separator, both separators replaced, any other character replaced) or is long, a hash of the
+// full endpoint is appended, so two servers never share a folder while common names stay readable.
+std::string endpoint_slug(const std::string& endpoint) {
+  // Far below NAME_MAX (255), and short enough to read in a listing.
+  constexpr size_t kMaxReadable = 64;
+  std::string slug;
+  bool lossy = false, dash = false, colon = false, slash = false;
+  auto sep = endpoint.find("://");
+  size_t from = 0;
+  if (sep != std::string::npos) {
+    for (char c : endpoint.substr(0, sep)) {
+      if (std::isalnum(static_cast<unsigned char>(c))) slug += c;
+      else lossy = true;
+    }
+    slug += '-';
+    from = sep + 3;
+  } else {
+    lossy = true;  // not a ZeroMQ endpoint as written; keep it apart from every real one
+  }
+  for (size_t i = from; i < endpoint.size(); ++i) {
+    char c = endpoint[i];
+    if (std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_') {
+      slug += c;
+    } else if (c == '-') {
+      slug += c;
+      dash = true;
+    } else if (c == ':' || c == '/') {
+      slug += '-';
+      (c == ':' ? colon : slash) = true;
+    } else {
+      // "*" (every interface) is common enough to deserve a readable spelling.
+      slug += c == '*' ? "any" : "-";
+      lossy = true;
+    }
+  }
+  // One kind of replaced separator and no '-' of its own: every '-' maps back to that separator.
+  if ((colon && slash) || (dash && (colon || slash))) lossy = true;
+  if (slug.size() > kMaxReadable) {
+    slug.resize(kMaxReadable);
+    lossy = true;
+  }
+  if (lossy) {
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%08llx",
+                  static_cast<unsigned long long>(fnv1a(endpoint) & 0xffffffffull));
+    slug += '-';
+    slug += hex;
+  }
+  return slug;
+}
+
+}  // namespace
+
 std::string journal_location(const ServerConfig& cfg, std::string* why) {
-  // Written by the durability work: see the declaration.
   if (cfg.journal.path == "off") return {};
   if (!cfg.journal.path.empty()) return cfg.journal.path;
-  if (why) *why = "no default journal yet";
-  return {};
+  std::string endpoint = cfg.endpoints.bind.empty() ? cfg.endpoints.pull : cfg.endpoints.bind;
+  // A relative ipc path names a different socket in every working folder: spell it absolute so
+  // that two servers in two folders get two journals (and '@' abstract names stay as they are).
+  if (endpoint.rfind("ipc://", 0) == 0 && endpoint.size() > 6 && endpoint[6] != '/' &&
+      endpoint[6] != '@' && endpoint != "ipc://*") {
+    std::error_code ec;
+    auto abs = std::filesystem::absolute(endpoint.substr(6), ec);
+    if (!ec) endpoint = "ipc://" + abs.lexically_normal().string();
+  }
+  if (cfg.state_dir.empty()) {
+    if (why) *why = "no state directory (give --state-dir, or set XDG_STATE_HOME or HOME), or give --journal PATH";
+    return {};
+  }
+  if (endpoint.empty()) {
+    if (why) *why = "no bind or pull address to name the default journal after; give --journal PATH";
+    return {};
+  }
+  if (wildcard_endpoint(endpoint)) {
+    if (why)
+      *why = "the address " + endpoint +
+             " has a wildcard port, which changes at every start, so a default journal would "
+             "never be replayed; give a fixed port or --journal PATH";
+    return {};
+  }
+  return (std::filesystem::path(cfg.state_dir) / endpoint_slug(endpoint) / "switchyard.journal").string();
 }
 
 }  // namespace sy

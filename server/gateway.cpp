@@ -1,5 +1,6 @@
-// The gateway thread: zmq_poll over the ROUTER, the PULL (only while it has credit) and an
-// eventfd raised by post(); decodes at the edge, answers ping itself, sends what egress posts.
+// The gateway thread: zmq_poll over the ROUTER, the PULL (only while it has credit), the ZAP
+// handler (with a CURVE client allow-list) and an eventfd raised by post(); decodes at the edge,
+// answers ping itself, sends what egress posts.
 #include "server/gateway.hpp"
 
 #include <sys/eventfd.h>
@@ -8,13 +9,17 @@
 #include <algorithm>
 #include <atomic>
 #include <caf/all.hpp>
+#include <cerrno>
+#include <cstring>
 #include <deque>
 #include <iostream>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
+#include <fstream>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 #include <zmq.hpp>
 
@@ -102,6 +107,48 @@ std::string load_curve_secret(const EndpointConfig& ep) {
   return secret;
 }
 
+// Where libzmq looks for the ZAP handler of a context (RFC 27): a handshake on a CURVE server
+// socket asks whatever REP socket is bound here, in the same context.
+constexpr const char* kZapEndpoint = "inproc://zeromq.zap.01";
+// Distinct refused keys that are logged; beyond this only the counter grows, so a client that
+// retries forever (ZeroMQ reconnects every 100 ms) or many strangers cannot flood the log.
+constexpr size_t kMaxLoggedRefusals = 64;
+
+// The client public keys (32 binary bytes each) of the allow-list file; errors name the file and
+// the line. The file lists Z85 keys, one a line; blank lines and lines starting with '#' are
+// skipped.
+std::unordered_set<std::string> load_allowed_keys(const EndpointConfig& ep) {
+  std::unordered_set<std::string> keys;
+  if (ep.curve_allowed_keys.empty()) return keys;
+  const std::string& path = ep.curve_allowed_keys;
+  if (ep.curve_secret_key.empty())
+    throw std::runtime_error("endpoints.curve_allowed_keys ('" + path +
+                             "') needs endpoints.curve_secret_key: client keys are checked during "
+                             "the CURVE handshake, so CURVE must be on (--curve-secret-key)");
+  std::ifstream f(path, std::ios::binary);
+  if (!f)
+    throw std::runtime_error("CURVE allowed keys file '" + path + "': cannot open: " +
+                             std::strerror(errno));
+  std::string line;
+  for (int n = 1; std::getline(f, line); ++n) {
+    auto b = line.find_first_not_of(" \t\r");
+    if (b == std::string::npos || line[b] == '#') continue;
+    auto e = line.find_last_not_of(" \t\r");
+    std::string key = line.substr(b, e - b + 1);
+    if (!curve::is_z85_key(key))
+      throw std::runtime_error("CURVE allowed keys file '" + path + "' line " + std::to_string(n) +
+                               ": malformed: expected a 40-character Z85 client public key, found " +
+                               std::to_string(key.size()) + " characters");
+    auto bin = curve::decode(key);
+    keys.emplace(reinterpret_cast<const char*>(bin.data()), bin.size());
+  }
+  // An empty list would refuse every client: surely not what the operator meant.
+  if (keys.empty())
+    throw std::runtime_error("CURVE allowed keys file '" + path +
+                             "' lists no key (every client would be refused)");
+  return keys;
+}
+
 std::string job_key(const std::string& identity, const std::string& id) {
   std::string k;
   k.reserve(identity.size() + 1 + id.size());
@@ -117,8 +164,12 @@ struct Gateway::Impl {
   EndpointConfig ep;
   GatewayOptions opt;
   std::string curve_secret;  // Z85; "" = plain TCP
+  // Binary client public keys that may connect; empty = no allow-list (no ZAP handler).
+  std::unordered_set<std::string> allowed_keys;
   zmq::context_t ctx{1};
   zmq::socket_t router, pull, push;
+  zmq::socket_t zap;  // the ZAP handler (REP), only with an allow-list
+  std::unordered_set<std::string> logged_refusals;  // gateway thread only
   std::string router_ep, pull_ep, results_ep;
   int efd = -1;
   std::thread thread;
@@ -138,7 +189,7 @@ struct Gateway::Impl {
   std::atomic<int64_t> pull_credit{0};
   struct Counters {
     std::atomic<uint64_t> received{0}, decode_errors{0}, submits{0}, controls{0}, sent{0},
-        dropped{0}, hwm_deferrals{0}, internal_cancels{0};
+        dropped{0}, hwm_deferrals{0}, internal_cancels{0}, curve_allowed{0}, curve_refused{0};
   } c;
 
   // Gateway thread only.
@@ -458,6 +509,57 @@ struct Gateway::Impl {
     }
   }
 
+  // ---- the ZAP handler (RFC 27) ----
+
+  // Answers the handshake requests libzmq queued: 200 for a listed CURVE key, 400 otherwise.
+  // Every request gets its reply (a REP socket that skipped one could read no further).
+  void serve_zap() {
+    for (int i = 0; i < kReadBatch; ++i) {
+      std::vector<zmq::message_t> frames;
+      zmq::message_t f;
+      if (!zap.recv(f, zmq::recv_flags::dontwait)) return;
+      bool more = f.more();
+      frames.push_back(std::move(f));
+      while (more) {
+        zmq::message_t x;
+        if (!zap.recv(x, zmq::recv_flags::dontwait)) break;
+        more = x.more();
+        frames.push_back(std::move(x));
+      }
+      // version, request id, domain, address, identity, mechanism, credentials...
+      std::string request_id = frames.size() > 1 ? frames[1].to_string() : std::string();
+      std::string status = "400", text = "client key not allowed", user;
+      if (frames.size() < 7 || frames[0].to_string() != "1.0") {
+        text = "malformed ZAP request";
+      } else if (frames[5].to_string() != "CURVE" || frames[6].size() != curve::kKeyBytes) {
+        text = "only CURVE clients are allowed";
+      } else if (allowed_keys.count(frames[6].to_string())) {
+        status = "200";
+        text = "OK";
+        char z85[curve::kZ85KeyChars + 1];
+        if (zmq_z85_encode(z85, static_cast<const uint8_t*>(frames[6].data()), curve::kKeyBytes))
+          user = z85;  // the connection's User-Id: the client's public key
+      }
+      if (status == "200") {
+        c.curve_allowed++;
+      } else {
+        c.curve_refused++;
+        std::string who = frames.size() > 3 ? frames[3].to_string() : std::string("?");
+        std::string key = frames.size() > 6 ? frames[6].to_string() : std::string();
+        if (logged_refusals.size() < kMaxLoggedRefusals && logged_refusals.insert(key).second) {
+          char z85[curve::kZ85KeyChars + 1] = "?";
+          if (key.size() == curve::kKeyBytes)
+            zmq_z85_encode(z85, reinterpret_cast<const uint8_t*>(key.data()), curve::kKeyBytes);
+          std::cerr << "switchyard: CURVE handshake refused from " << who << " (" << text
+                    << "; client key " << z85 << ")\n";
+        }
+      }
+      const std::string reply[] = {"1.0", request_id, status, text, user, ""};
+      for (size_t k = 0; k < 6; ++k)
+        zap.send(zmq::buffer(reply[k]), k + 1 < 6 ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    }
+  }
+
   // ---- the loop ----
 
   void run() {
@@ -472,7 +574,12 @@ struct Gateway::Impl {
       std::vector<zmq::pollitem_t> items;
       items.push_back({nullptr, efd, ZMQ_POLLIN, 0});
       items.push_back({router.handle(), 0, static_cast<short>(reading ? ZMQ_POLLIN : 0), 0});
-      int pull_i = -1, push_i = -1;
+      int pull_i = -1, push_i = -1, zap_i = -1;
+      // Handshakes are answered even while draining: a sink may still be connecting for results.
+      if (zap) {
+        zap_i = static_cast<int>(items.size());
+        items.push_back({zap.handle(), 0, ZMQ_POLLIN, 0});
+      }
       if (pull_open) {
         pull_i = static_cast<int>(items.size());
         items.push_back({pull.handle(), 0, ZMQ_POLLIN, 0});
@@ -495,6 +602,7 @@ struct Gateway::Impl {
         uint64_t v;
         [[maybe_unused]] auto n = ::read(efd, &v, sizeof v);
       }
+      if (zap_i >= 0 && (items[zap_i].revents & ZMQ_POLLIN)) serve_zap();
       drain_inbox();
       if (!backlog.empty() || (push_i >= 0 && (items[push_i].revents & ZMQ_POLLOUT)))
         retry_backlogs();
@@ -507,7 +615,7 @@ struct Gateway::Impl {
     // What is still queued after the grace period is dropped; ZeroMQ gets a short linger for
     // what it already holds.
     int linger = static_cast<int>(std::clamp<int64_t>(grace_ms.load(), 0, kMaxLingerMs));
-    for (auto* s : {&router, &pull, &push}) {
+    for (auto* s : {&router, &pull, &push, &zap}) {
       if (*s) {
         s->set(zmq::sockopt::linger, linger);
         s->close();
@@ -522,6 +630,10 @@ Gateway::Gateway(EndpointConfig endpoints, GatewayOptions options) : impl_(new I
   impl_->opt.limits.max_message_bytes = static_cast<size_t>(impl_->ep.max_message_bytes);
   impl_->pull_credit = options.initial_pull_credit;
   impl_->curve_secret = load_curve_secret(impl_->ep);
+  impl_->allowed_keys = load_allowed_keys(impl_->ep);
+  if (!impl_->allowed_keys.empty())
+    std::cerr << "switchyard: CURVE client allow-list '" << impl_->ep.curve_allowed_keys << "': "
+              << impl_->allowed_keys.size() << " keys\n";
   impl_->efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl_->efd < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
 }
@@ -544,6 +656,13 @@ void Gateway::set_control(caf::actor control) {
 void Gateway::start() {
   auto& d = *impl_;
   if (d.started) return;
+  // The handler is bound before any CURVE socket: no handshake may pass before it is there
+  // (without a handler libzmq lets every client that knows the server key in).
+  if (!d.allowed_keys.empty()) {
+    d.zap = zmq::socket_t(d.ctx, zmq::socket_type::rep);
+    d.zap.set(zmq::sockopt::linger, 0);
+    bind_named(d.zap, kZapEndpoint, "CURVE allow-list (ZAP) handler");
+  }
   auto common = [&](zmq::socket_t& s) {
     s.set(zmq::sockopt::sndhwm, d.ep.sndhwm);
     s.set(zmq::sockopt::rcvhwm, d.ep.rcvhwm);
@@ -635,6 +754,8 @@ GatewayStats Gateway::stats() const {
   s.dropped = c.dropped;
   s.hwm_deferrals = c.hwm_deferrals;
   s.internal_cancels = c.internal_cancels;
+  s.curve_allowed = c.curve_allowed;
+  s.curve_refused = c.curve_refused;
   s.pull_credit = impl_->pull_credit;
   return s;
 }

@@ -1,6 +1,7 @@
 // The ZeroMQ edge of the server: one thread owns every socket (ROUTER for DEALER clients,
-// optional PULL for pipeline producers and PUSH for pipeline results), decodes client messages
-// at the edge and hands them to the admission actor; sends what the egress actor posts.
+// optional PULL for pipeline producers and PUSH for pipeline results, and the ZAP handler that
+// checks CURVE client keys against an allow-list), decodes client messages at the edge and hands
+// them to the admission actor; sends what the egress actor posts.
 #pragma once
 
 #include <caf/actor.hpp>
@@ -40,13 +41,17 @@ struct GatewayStats {
   uint64_t dropped = 0;           ///< undeliverable (peer gone, no results socket, backlog full)
   uint64_t hwm_deferrals = 0;     ///< sends put off because a peer was at its high-water mark
   uint64_t internal_cancels = 0;  ///< KeyRequests raised because a client vanished
+  uint64_t curve_allowed = 0;     ///< CURVE handshakes the allow-list let through (ZAP 200)
+  uint64_t curve_refused = 0;     ///< CURVE handshakes the allow-list refused (ZAP 400)
   int64_t pull_credit = 0;        ///< PULL messages that may be read now
 };
 
 /// The gateway thread and its sockets. Hold it in a shared_ptr: the egress actor posts to it.
 class Gateway : public Outbox {
  public:
-  /// Creates the ZeroMQ context; binds nothing yet.
+  /// Creates the ZeroMQ context and reads the key files; binds nothing yet. Throws
+  /// std::runtime_error naming the file (and line) for a bad key file, and when
+  /// curve_allowed_keys is set without curve_secret_key.
   explicit Gateway(EndpointConfig endpoints, GatewayOptions options = {});
   /// Stops (no grace) if still running.
   ~Gateway() override;

@@ -183,6 +183,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
       caf::put(s, "received", static_cast<int64_t>(st.received));
       caf::put(s, "sent", static_cast<int64_t>(st.sent));
       caf::put(s, "decode_errors", static_cast<int64_t>(st.decode_errors));
+      caf::put(s, "curve_refused", static_cast<int64_t>(st.curve_refused));
     }
   };
   d.control = spawn_control(*d.sys, std::move(cw));
@@ -199,6 +200,12 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
     MetricsWiring mw;
     mw.admission = d.admission;
     mw.router = d.router;
+    mw.supervisor = d.supervisor;
+    mw.gateway_stats = [gw = std::weak_ptr<Gateway>(d.gateway)] {
+      caf::settings s;
+      if (auto g = gw.lock()) caf::put(s, "curve_refused", static_cast<int64_t>(g->stats().curve_refused));
+      return s;
+    };
     for (const auto& pc : effective_classes(c.router.classes)) mw.classes.push_back(pc.name);
     d.metrics = spawn_metrics(*d.sys, std::move(mw));
     caf::anon_send(d.admission, observe_atom::value, d.metrics);
@@ -241,6 +248,8 @@ ServerSnapshot Server::snapshot() {
   auto r = d.ask_stats(d.router);
   s.queued = counter(r, "queued");
   s.dispatched = counter(r, "dispatched");
+  s.affinity_hits = counter(r, "affinity_hits");
+  s.affinity_overruled = counter(r, "affinity_overruled");
   s.expired = counter(r, "expired");
   {
     // The supervisor sums its batchers' counters and adds its own.
@@ -266,6 +275,7 @@ ServerSnapshot Server::snapshot() {
   s.received = g.received;
   s.sent = g.sent;
   s.decode_errors = g.decode_errors;
+  s.curve_refused = g.curve_refused;
   if (d.journal) {
     auto j = d.ask_stats(d.journal);
     s.journal_accepted = counter(j, "accepted");
@@ -354,6 +364,8 @@ std::string ServerSnapshot::to_json() const {
   put("overloaded", overloaded);
   put("queued", queued);
   put("dispatched", dispatched);
+  put("affinity_hits", affinity_hits);
+  put("affinity_overruled", affinity_overruled);
   put("expired", expired);
   put("running", running);
   put("blocks_used", blocks_used);
@@ -366,6 +378,7 @@ std::string ServerSnapshot::to_json() const {
   put("received", received);
   put("sent", sent);
   put("decode_errors", decode_errors);
+  put("curve_refused", curve_refused);
   put("executors", executors);
   put("scale_ups", scale_ups);
   put("scale_downs", scale_downs);

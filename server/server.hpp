@@ -17,6 +17,8 @@ struct ServerSnapshot {
   int64_t overloaded = 0;   ///< submits refused because a class queue was full
   int64_t queued = 0;       ///< waiting in the router's queues
   int64_t dispatched = 0;   ///< jobs the router gave to batchers
+  int64_t affinity_hits = 0;       ///< of those, sent where their prompt prefix went before
+  int64_t affinity_overruled = 0;  ///< a prefix match lost to the balance rule (slack)
   int64_t expired = 0;      ///< jobs whose deadline passed in the queue (never dispatched)
   int64_t running = 0;      ///< sequences running in the batchers (all pairs)
   int64_t blocks_used = 0;  ///< KV blocks held by sequences (all pairs)
@@ -29,6 +31,7 @@ struct ServerSnapshot {
   uint64_t received = 0;    ///< client frames the gateway read
   uint64_t sent = 0;        ///< server messages the gateway delivered
   uint64_t decode_errors = 0;  ///< malformed client messages answered with an error
+  uint64_t curve_refused = 0;  ///< CURVE handshakes the client allow-list refused
   int64_t executors = 0;          ///< active batcher+executor pairs (supervisor)
   int64_t scale_ups = 0;          ///< pairs added under load
   int64_t scale_downs = 0;        ///< pairs retired when idle

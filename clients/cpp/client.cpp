@@ -32,7 +32,7 @@ zmq::socket_t make(zmq::context_t& ctx, zmq::socket_type t, const std::string& e
   s.set(zmq::sockopt::rcvhwm, o.rcvhwm);
   if (o.rcvbuf >= 0) s.set(zmq::sockopt::rcvbuf, o.rcvbuf);
   // CURVE options, like the receive ones, count only when set before connect.
-  if (!o.server_key.empty()) curve::make_client(s.handle(), o.server_key);
+  if (!o.server_key.empty()) curve::make_client(s.handle(), o.server_key, o.client_key);
   s.connect(endpoint);
   return s;
 }
@@ -64,6 +64,10 @@ bool send_timed(zmq::socket_t& s, const void* data, std::size_t size, millisecon
 
 std::string read_server_key(const std::string& path) {
   return curve::read_key_file(path, "CURVE server public key");
+}
+
+std::string read_client_key(const std::string& path) {
+  return curve::read_key_file(path, "CURVE client secret key");
 }
 
 // ---- Client ----

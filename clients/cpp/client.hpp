@@ -54,11 +54,19 @@ struct ClientOptions {
   /// becomes a CURVE client with an ephemeral keypair of its own. "": plain TCP.
   /// (Default-initialized explicitly so that `ClientOptions{hwm, buf}` stays warning-free.)
   std::string server_key = {};
+  /// This client's own CURVE secret key (Z85; read_client_key reads a PREFIX.key file), needed
+  /// when the server admits only listed client keys (endpoints.curve_allowed_keys); its public
+  /// key is derived from it. "": a fresh ephemeral keypair. Only used with server_key.
+  std::string client_key = {};
 };
 
 /// Reads the server's CURVE public key from a file written by `switchyard keygen` (PREFIX.pub);
 /// throws std::runtime_error naming the file when it is missing or malformed.
 std::string read_server_key(const std::string& path);
+
+/// Reads this client's CURVE secret key from a file written by `switchyard keygen` (PREFIX.key);
+/// throws std::runtime_error naming the file when it is missing or malformed.
+std::string read_client_key(const std::string& path);
 
 /// A DEALER connection to the server's request endpoint (ROUTER). Not thread-safe: one thread
 /// per Client (ZeroMQ sockets belong to one thread).

@@ -12,7 +12,8 @@ Client talks to the request endpoint (DEALER to the server's ROUTER); Pusher fee
 input (PUSH to PULL) and Sink reads the pipeline results (PULL from PUSH).
 
 A server with CURVE on (docs/security.md) answers only clients that know its public key: pass
-server_key=read_key_file("server.pub") to Client, Pusher or Sink.
+server_key=read_key_file("server.pub") to Client, Pusher or Sink; a server that admits only listed
+client keys also needs client_key=read_key_file("client.key").
 """
 
 import collections
@@ -72,16 +73,23 @@ def read_key_file(path):
     return key
 
 
-def _curve_client(sock, server_key):
-    """Makes `sock` a CURVE client of the server with this public key (before connect), with an
-    ephemeral keypair of its own."""
+def _curve_client(sock, server_key, client_key=None):
+    """Makes `sock` a CURVE client of the server with this public key (before connect). Its own
+    keypair is client_key (a secret key, e.g. read_key_file("client.key"), for a server that
+    admits only listed client keys) with its public key, else a fresh ephemeral one."""
     if not server_key:
+        if client_key:
+            raise ValueError("client_key needs server_key (CURVE)")
         return
     if not zmq.has("curve"):
         raise RuntimeError("server_key needs CURVE, but this libzmq was built without it")
     if isinstance(server_key, str):
         server_key = server_key.encode("ascii")
-    public, secret = zmq.curve_keypair()
+    if client_key:
+        secret = client_key.encode("ascii") if isinstance(client_key, str) else client_key
+        public = zmq.curve_public(secret)
+    else:
+        public, secret = zmq.curve_keypair()
     sock.curve_serverkey = server_key
     sock.curve_publickey = public
     sock.curve_secretkey = secret
@@ -156,11 +164,11 @@ class Result:
 class _Connection:
     """One connected socket (a CURVE client when server_key is given), usable with `with`."""
 
-    def __init__(self, endpoint, context, server_key, kind, linger_ms):
+    def __init__(self, endpoint, context, server_key, kind, linger_ms, client_key=None):
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(kind)
         self._sock.setsockopt(zmq.LINGER, linger_ms)
-        _curve_client(self._sock, server_key)
+        _curve_client(self._sock, server_key, client_key)
         self._sock.connect(endpoint)
 
     def __enter__(self):
@@ -177,9 +185,10 @@ class _Connection:
 class Client(_Connection):
     """A DEALER connection to the request endpoint. One thread per Client."""
 
-    def __init__(self, endpoint="tcp://127.0.0.1:5555", context=None, server_key=None):
+    def __init__(self, endpoint="tcp://127.0.0.1:5555", context=None, server_key=None,
+                 client_key=None):
         # Linger 0: a client that gave up must not block exit.
-        super().__init__(endpoint, context, server_key, zmq.DEALER, 0)
+        super().__init__(endpoint, context, server_key, zmq.DEALER, 0, client_key)
         self._pending = collections.deque()
         self._seq = 0
 
@@ -298,10 +307,11 @@ class Client(_Connection):
 class Pusher(_Connection):
     """A PUSH connection to the pipeline input. Sends block while the server's queues are full."""
 
-    def __init__(self, endpoint="tcp://127.0.0.1:5556", context=None, server_key=None):
+    def __init__(self, endpoint="tcp://127.0.0.1:5556", context=None, server_key=None,
+                 client_key=None):
         # Pushed jobs were handed over: closing waits up to 60 s so that it does not drop what
         # ZeroMQ still holds, but a server that is gone must not block the producer forever.
-        super().__init__(endpoint, context, server_key, zmq.PUSH, 60000)
+        super().__init__(endpoint, context, server_key, zmq.PUSH, 60000, client_key)
 
     def submit(self, job_id, tenant, prompt, timeout_ms=None, **options):
         """Pushes a submit; False when the server did not take it within timeout_ms."""
@@ -319,9 +329,10 @@ class Pusher(_Connection):
 class Sink(_Connection):
     """A PULL connection to the pipeline results: `done` and `error` messages."""
 
-    def __init__(self, endpoint="tcp://127.0.0.1:5557", context=None, server_key=None):
+    def __init__(self, endpoint="tcp://127.0.0.1:5557", context=None, server_key=None,
+                 client_key=None):
         # The server's PUSH results socket is a CURVE server too: the sink is its CURVE client.
-        super().__init__(endpoint, context, server_key, zmq.PULL, 0)
+        super().__init__(endpoint, context, server_key, zmq.PULL, 0, client_key)
 
     def next(self, timeout_ms=10000):
         """The next result (a dict), or None after timeout_ms."""

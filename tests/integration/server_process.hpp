@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -61,15 +62,28 @@ inline Run run_binary(const std::string& args, const std::string& prefix = "") {
 class ServerProcess {
  public:
   /// `args` are passed after `serve`; `--bind tcp://127.0.0.1:*` is added unless `args` has
-  /// --bind. Throws when the process exits or stays silent for `startup` before being ready.
+  /// --bind, and `--state-dir` (a temp folder of this object) unless `args` has --state-dir,
+  /// --journal or --no-journal, so that no test writes a default journal into the real home
+  /// folder. A test that restarts a server on its default journal passes its own --state-dir.
+  /// Throws when the process exits or stays silent for `startup` before being ready. With
+  /// `stderr_file`, the server's stderr is appended to that file (tests that read its messages).
   explicit ServerProcess(std::vector<std::string> args,
-                         std::chrono::seconds startup = std::chrono::seconds(60)) {
-    bool has_bind = false;
-    for (auto& a : args) has_bind |= a == "--bind";
+                         std::chrono::seconds startup = std::chrono::seconds(60),
+                         const std::string& stderr_file = "") {
+    bool has_bind = false, has_state = false;
+    for (auto& a : args) {
+      has_bind |= a == "--bind";
+      has_state |= a == "--state-dir" || a == "--journal" || a == "--no-journal";
+    }
     std::vector<std::string> argv = {kBinary, "serve"};
     if (!has_bind) {
       argv.push_back("--bind");
       argv.push_back("tcp://127.0.0.1:*");
+    }
+    if (!has_state) {
+      state_ = std::make_unique<TempDir>();
+      argv.push_back("--state-dir");
+      argv.push_back(state_->path());
     }
     argv.insert(argv.end(), args.begin(), args.end());
     int out[2];
@@ -80,6 +94,13 @@ class ServerProcess {
       // The server dies with the test, even when the test crashes before its destructors run.
       prctl(PR_SET_PDEATHSIG, SIGKILL);
       dup2(out[1], 1);
+      if (!stderr_file.empty()) {
+        int e = ::open(stderr_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+        if (e >= 0) {
+          dup2(e, 2);
+          close(e);
+        }
+      }
       close(out[0]);
       close(out[1]);
       std::vector<char*> cargv;
@@ -115,6 +136,8 @@ class ServerProcess {
   /// The metrics HTTP address "HOST:PORT" (--metrics), "" when off.
   const std::string& metrics_endpoint() const { return metrics_; }
   pid_t pid() const { return pid_; }
+  /// Everything the server printed so far (stdout and stderr) that this object has read.
+  const std::string& log() const { return log_; }
 
   /// True while the process has not exited.
   bool alive() {
@@ -210,6 +233,7 @@ class ServerProcess {
     }
   }
 
+  std::unique_ptr<TempDir> state_;  // the added --state-dir; outlives the process (declared first)
   pid_t pid_ = -1;
   int fd_ = -1;
   int status_ = 0;

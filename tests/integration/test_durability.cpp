@@ -1,7 +1,8 @@
 // Must-show 3 and 4 (durable jobs): 1,000 pipeline jobs are accepted by a server with a journal,
 // the server is killed with SIGKILL while some are done and some are not, a torn record is left
 // at the journal's end, and a new server on the same journal delivers every result; how many
-// were delivered twice is reported. Also: jobs/s with fsync always against batch.
+// were delivered twice is reported. Also: jobs/s with fsync always against batch, and a replayed
+// job whose deadline passed while the server was down.
 #define BOOST_TEST_MODULE it_durability
 #include <boost/test/unit_test.hpp>
 
@@ -233,5 +234,48 @@ BOOST_AUTO_TEST_CASE(router_clients_resubmit_by_key_after_a_kill) {
   auto st = srv->stats();
   BOOST_TEST(st["journal_replayed"] == 1);
   BOOST_TEST(st["journal_results"] == 1);  // only "slow" ran in the second server
+  BOOST_TEST(srv->stop(SIGTERM) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(a_replayed_job_whose_deadline_passed_while_down_is_not_run) {
+  sy::it::TempDir dir;
+  std::string cfg = dir.write("d.yaml", kConfig);
+  const std::string journal = dir.path() + "/j.journal";
+  // 200 steps of 20 ms: neither job can finish before the kill.
+  auto srv = std::make_unique<sy::it::ServerProcess>(std::vector<std::string>{
+      "--config", cfg, "--pull", "tcp://127.0.0.1:*", "--results", "tcp://127.0.0.1:*",
+      "--journal", journal, "--step-delay-ms", "20"});
+  const std::string pull = srv->pull_endpoint(), results = srv->results_endpoint();
+  // Connected before the restart and reconnecting by itself, as a pipeline's sink is.
+  sy::client::Sink sink(results);
+  sy::wire::Submit open = job(1), due = job(2);
+  open.id = "open";
+  due.id = "due";
+  open.max_tokens = due.max_tokens = 200;
+  due.deadline_ms = 1500;  // passes while the server is down
+  {
+    sy::client::Pusher push(pull);
+    push.socket().set(zmq::sockopt::linger, 30000);
+    BOOST_REQUIRE(push.submit(open, 30s));
+    BOOST_REQUIRE(push.submit(due, 30s));
+  }
+  auto st = wait_stats(*srv, [](auto& s) { return s["journal_accepted"] >= 2; });
+  BOOST_REQUIRE(st["journal_accepted"] == 2);
+  BOOST_TEST(srv->stop(SIGKILL) == 128 + SIGKILL);
+  srv.reset();
+  std::this_thread::sleep_for(2000ms);
+  srv = std::make_unique<sy::it::ServerProcess>(std::vector<std::string>{
+      "--config", cfg, "--pull", pull, "--results", results, "--journal", journal});
+  std::map<std::string, std::string> outcome;  // id -> "done" or the error code
+  while (outcome.size() < 2) {
+    auto m = sink.next(30s);
+    BOOST_REQUIRE(m.has_value());
+    if (auto* d = std::get_if<sy::wire::Done>(&*m)) outcome[d->id] = "done";
+    else if (auto* e = std::get_if<sy::wire::Error>(&*m)) outcome[e->id] = std::string(to_string(e->code));
+  }
+  BOOST_TEST(outcome["open"] == "done");
+  BOOST_TEST(outcome["due"] == "deadline_exceeded");
+  auto st2 = srv->stats();
+  BOOST_TEST(st2["journal_replayed"] == 2);
   BOOST_TEST(srv->stop(SIGTERM) == 0);
 }

@@ -1,6 +1,7 @@
 // /metrics, /health and /ready of the real server (issue 6, must show 5): jobs of two tenants and
 // two classes go through `switchyard serve`, then /metrics is parsed by Debian's
-// python3-prometheus-client parser and its counters must agree with what was sent.
+// python3-prometheus-client parser and its counters must agree with what was sent; after an
+// executor fault, the supervisor's figures on /metrics agree with its own stats.
 #define BOOST_TEST_MODULE it_metrics
 #include <boost/test/unit_test.hpp>
 
@@ -282,6 +283,96 @@ BOOST_AUTO_TEST_CASE(metrics_agree_with_the_jobs_sent) {
 
   BOOST_TEST(http_get(addr, "/ready").status == 200);
   BOOST_TEST(srv.stop(SIGTERM) == 0);
+}
+
+// An executor fault with jobs in flight (null backend, slow steps): the supervisor's figures on
+// /metrics (failures by reason, re-queued jobs, recovery histogram, executors by state,
+// per-executor KV series) must agree with its own counters in `switchyard: stats`.
+BOOST_AUTO_TEST_CASE(recovery_metrics_agree_with_the_supervisor) {
+  struct Fault {
+    const char* reason;
+    std::vector<std::string> flags;
+  } faults[] = {
+      {"crash", {"--test-fault-executor-throw-after", "8"}},
+      // A short watchdog keeps the test quick; the hang is caught after 300 ms.
+      {"hang", {"--test-fault-executor-hang-after", "8", "--step-timeout-ms", "300"}},
+  };
+  for (const auto& f : faults) {
+    BOOST_TEST_CONTEXT(f.reason) {
+      sy::it::TempDir dir;
+      std::vector<std::string> args = {"--backend", "null", "--step-delay-ms", "5", "--metrics",
+                                       "127.0.0.1:0"};
+      args.insert(args.end(), f.flags.begin(), f.flags.end());
+      sy::it::ServerProcess srv(args);
+      const std::string addr = srv.metrics_endpoint();
+      BOOST_REQUIRE(!addr.empty());
+      BOOST_REQUIRE(wait_ready(addr) == 200);
+      sy::client::Client cl(srv.endpoint());
+      const int jobs = 20;
+      const uint32_t max_tokens = 16;
+      for (int i = 0; i < jobs; ++i) {
+        sy::wire::Submit s;
+        s.id = "j" + std::to_string(i);
+        s.tenant = "t";
+        s.prompt = std::vector<int32_t>{1, 2, 3 + i};
+        s.max_tokens = max_tokens;
+        s.ignore_eos = true;
+        cl.submit(s);
+      }
+      int done = 0, errors = 0;
+      while (done + errors < jobs) {
+        auto m = cl.next(60s);
+        BOOST_REQUIRE_MESSAGE(m.has_value(), "silence after " << done + errors << " jobs");
+        if (std::get_if<sy::wire::Done>(&*m)) ++done;
+        if (std::get_if<sy::wire::Error>(&*m)) ++errors;
+      }
+      BOOST_TEST(done == jobs);
+
+      HttpResult res;
+      for (int i = 0; i < 300; ++i) {
+        res = http_get(addr, "/metrics");
+        if (res.status == 200 && res.body.find("\nswitchyard_jobs_active 0\n") != std::string::npos)
+          break;
+        std::this_thread::sleep_for(100ms);
+      }
+      BOOST_REQUIRE(res.status == 200);
+      auto st = srv.stats();
+      auto p = parse_with_python(res.body, dir.path());
+
+      const bool crash = std::string(f.reason) == "crash";
+      BOOST_TEST(p.at("switchyard_executor_failures_total{reason=crash}") == (crash ? 1 : 0));
+      BOOST_TEST(p.at("switchyard_executor_failures_total{reason=hang}") == (crash ? 0 : 1));
+      BOOST_TEST(st["executor_failures"] == 1);
+      BOOST_TEST(st["requeued"] > 0);
+      BOOST_TEST(p.at("switchyard_jobs_requeued_total") == st["requeued"]);
+      BOOST_TEST(st["recoveries"] == 1);
+      BOOST_TEST(p.at("switchyard_recovery_seconds_count") == st["recoveries"]);
+      BOOST_TEST(p.at("switchyard_recovery_seconds_bucket{le=+Inf}") == st["recoveries"]);
+      // The stats keep whole milliseconds (truncated); the histogram the exact time.
+      const double recovery_ms = p.at("switchyard_recovery_seconds_sum") * 1000;
+      BOOST_TEST(std::fabs(recovery_ms - static_cast<double>(st["recovery_ms_last"])) < 1.001);
+      if (!crash) BOOST_TEST(recovery_ms >= 300);  // no earlier than the watchdog
+      BOOST_TEST(p.types.at("switchyard_recovery_seconds") == "histogram");
+      BOOST_TEST(p.at("switchyard_executors{state=running}") == st["executors"]);
+      BOOST_TEST(p.at("switchyard_executors{state=retiring}") == 0);
+      BOOST_TEST(p.at("switchyard_executor_scale_events_total{direction=up}") == st["scale_ups"]);
+      BOOST_TEST(p.at("switchyard_executor_scale_events_total{direction=down}") == st["scale_downs"]);
+      BOOST_TEST(p.at("switchyard_executors_running") == 1);
+      // The replacement runs in the failed pair's slot: executor="0" carries the whole pool.
+      BOOST_TEST(p.at("switchyard_executor_kv_blocks_total{executor=0}") == p.at("switchyard_kv_blocks_total"));
+      BOOST_TEST(p.at("switchyard_executor_kv_blocks_total{executor=0}") == st["blocks_total"]);
+      BOOST_TEST(p.at("switchyard_executor_kv_blocks_used{executor=0}") == 0);
+      BOOST_TEST(p.at("switchyard_executor_kv_blocks_free{executor=0}") == p.at("switchyard_kv_blocks_free"));
+      BOOST_TEST(p.at("switchyard_executor_preemptions_total{executor=0}") == p.at("switchyard_preemptions_total"));
+      BOOST_TEST(p.at("switchyard_curve_refused_total") == 0);
+      BOOST_TEST(p.at("switchyard_prefix_affinity_dispatches_total{result=hit}") == st["affinity_hits"]);
+      BOOST_TEST(p.at("switchyard_prefix_affinity_dispatches_total{result=overruled}") ==
+                 st["affinity_overruled"]);
+      BOOST_TEST_MESSAGE(f.reason << ": " << st["requeued"] << " re-queued, recovery "
+                                  << recovery_ms << " ms");
+      BOOST_TEST(srv.stop(SIGTERM) == 0);
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(flag_and_off_by_default) {

@@ -1,7 +1,8 @@
 // Security through the real server (issue 6, must show 6): `switchyard keygen`, key-file errors,
 // CURVE on the ROUTER and on PULL -> PUSH (no key: no connection, nothing read; the key: end to
 // end), and tenant isolation (another tenant's job can be neither cancelled nor seen; a wrong
-// token or an unknown tenant is refused with `unauthorized` before anything is queued).
+// token or an unknown tenant is refused with `unauthorized` before anything is queued), and the
+// CURVE client allow-list (ZAP): listed keys get results, unlisted ones are refused and counted.
 #define BOOST_TEST_MODULE it_security
 #include <boost/test/unit_test.hpp>
 
@@ -13,6 +14,7 @@
 #include <thread>
 
 #include "clients/cpp/client.hpp"
+#include "ingress/codec.hpp"
 #include "ingress/curve.hpp"
 #include "tests/integration/server_process.hpp"
 
@@ -88,6 +90,50 @@ sy::wire::Error expect_error(Client& c, const std::string& id, ErrorCode code) {
   BOOST_TEST(to_string(e->code) == to_string(code));
   BOOST_TEST_MESSAGE(id << ": " << to_string(e->code) << ": " << e->message);
   return *e;
+}
+
+// A raw socket that is a CURVE client with a keypair of its own (the client library makes an
+// ephemeral one per connection, which an allow-list can never name).
+zmq::socket_t keyed_socket(zmq::context_t& ctx, zmq::socket_type type, const std::string& endpoint,
+                           const std::string& server_pub_file, const sy::curve::KeyPair& mine) {
+  zmq::socket_t sock(ctx, type);
+  sock.set(zmq::sockopt::linger, 0);
+  // A refused send must not block the test forever (PUSH waits for a peer that never comes).
+  sock.set(zmq::sockopt::sndtimeo, 1000);
+  auto server = sy::curve::decode(sy::client::read_server_key(server_pub_file));
+  auto pub = sy::curve::decode(mine.public_key), sec = sy::curve::decode(mine.secret_key);
+  sock.set(zmq::sockopt::curve_serverkey, zmq::const_buffer(server.data(), server.size()));
+  sock.set(zmq::sockopt::curve_publickey, zmq::const_buffer(pub.data(), pub.size()));
+  sock.set(zmq::sockopt::curve_secretkey, zmq::const_buffer(sec.data(), sec.size()));
+  sock.connect(endpoint);
+  return sock;
+}
+
+bool send_submit(zmq::socket_t& sock, const sy::wire::Submit& s) {
+  std::string bytes = sy::wire::encode_client(sy::wire::ClientMessage{s});
+  return sock.send(zmq::buffer(bytes), zmq::send_flags::none).has_value();
+}
+
+// The next decoded server message on `sock`, or nullopt after `wait`.
+std::optional<sy::wire::ServerMessage> recv_message(zmq::socket_t& sock, std::chrono::milliseconds wait) {
+  zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
+  if (zmq::poll(&item, 1, wait) <= 0) return std::nullopt;
+  zmq::message_t msg;
+  if (!sock.recv(msg, zmq::recv_flags::dontwait)) return std::nullopt;
+  auto d = sy::wire::decode_server(msg.data(), msg.size());
+  if (auto* m = std::get_if<sy::wire::ServerMessage>(&d)) return std::move(*m);
+  return std::nullopt;
+}
+
+// Waits for the `done` of `id` (other messages skipped) for up to 30 s.
+std::optional<sy::wire::Done> wait_done(zmq::socket_t& sock, const std::string& id) {
+  auto until = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < until) {
+    auto m = recv_message(sock, 200ms);
+    if (!m) continue;
+    if (auto* d = std::get_if<sy::wire::Done>(&*m); d && d->id == id) return *d;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -226,6 +272,175 @@ BOOST_AUTO_TEST_CASE(curve_pipeline_needs_the_server_key_on_both_sockets) {
   BOOST_TEST(static_cast<int>(done.size()) == n);
   BOOST_TEST(!done.count("plain-p"));
   BOOST_TEST(!plain_sink.next(300ms).has_value());
+  BOOST_TEST(server.stats()["received"] == n);
+  BOOST_TEST(server.stop() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(allow_list_file_errors_name_file_and_line) {
+  Keys k;
+  auto client = sy::curve::generate();
+  const std::string serve = "serve --backend null --bind tcp://127.0.0.1:* ";
+  std::string bad = k.dir.write("bad.allow", "# clients\n\n" + client.public_key + "\nshort-key\n");
+  std::string empty = k.dir.write("empty.allow", "# nobody yet\n");
+  struct Case {
+    std::string args, needle;
+  } cases[] = {
+      {"--curve-secret-key " + k.key + " --curve-allowed-keys " + bad, "bad.allow' line 4: malformed"},
+      {"--curve-secret-key " + k.key + " --curve-allowed-keys " + empty, "empty.allow' lists no key"},
+      {"--curve-secret-key " + k.key + " --curve-allowed-keys " + k.dir.file("none.allow"),
+       "none.allow': cannot open"},
+      {"--curve-allowed-keys " + bad, "curve_allowed_keys ('" + bad + "') needs endpoints.curve_secret_key"},
+  };
+  for (const auto& c : cases) {
+    auto r = sy::it::run_binary(serve + c.args, "timeout 30 ");
+    BOOST_TEST(r.status == 1, c.args << ": " << r.out);
+    BOOST_TEST(r.out.find(c.needle) != std::string::npos, c.args << ": " << r.out);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(allow_list_on_the_router) {
+  Keys k;
+  auto listed = sy::curve::generate(), unlisted = sy::curve::generate();
+  std::string allow = k.dir.write("clients.allow", "# who may connect\n\n  " + listed.public_key +
+                                                       "  \n# " + unlisted.public_key + " (revoked)\n");
+  sy::it::ServerProcess server({"--backend", "null", "--curve-secret-key", k.key,
+                                "--curve-allowed-keys", allow});
+  const std::string ep = server.endpoint();
+  zmq::context_t ctx;
+
+  // Knows the server key, but is not listed: the handshake is refused, nothing is read.
+  {
+    auto stranger = keyed_socket(ctx, zmq::socket_type::dealer, ep, k.pub, unlisted);
+    send_submit(stranger, job("stranger-1", "t", 4));
+    BOOST_TEST(!recv_message(stranger, kNoAnswerWait).has_value());
+    // The client library's ephemeral keys are never listed either.
+    Client ephemeral(ep, k.with(k.pub));
+    ephemeral.submit(job("ephemeral-1", "t", 4));
+    BOOST_TEST(!ephemeral.ping_wait(kNoAnswerWait));
+  }
+  auto before = server.stats();
+  BOOST_TEST(before["received"] == 0);
+  BOOST_TEST(before["admitted"] == 0);
+  BOOST_TEST(before["curve_refused"] > 0);
+
+  auto member = keyed_socket(ctx, zmq::socket_type::dealer, ep, k.pub, listed);
+  BOOST_REQUIRE(send_submit(member, job("member-1", "t", 6)));
+  auto d = wait_done(member, "member-1");
+  BOOST_REQUIRE_MESSAGE(d.has_value(), "the listed client got no result");
+  BOOST_TEST(d->ids.size() == 6u);
+  auto after = server.stats();
+  BOOST_TEST(after["received"] == 1);
+  BOOST_TEST(after["admitted"] == 1);
+  BOOST_TEST(after["curve_refused"] >= before["curve_refused"]);
+  BOOST_TEST_MESSAGE("refused handshakes: " << after["curve_refused"]);
+  BOOST_TEST(server.stop() == 0);
+}
+
+// The shipped clients with a key pair of their own from `switchyard keygen`: the C++ library,
+// `switchyard ctl` and the Python client each pass the allow-list with --client-key/client_key.
+BOOST_AUTO_TEST_CASE(allow_list_admits_the_clients_with_their_own_keys) {
+  Keys k;
+  auto r = sy::it::run_binary("keygen --out " + k.dir.file("client"), "timeout 30 ");
+  BOOST_REQUIRE_MESSAGE(r.status == 0, r.out);
+  const std::string client_pub = sy::curve::read_key_file(k.dir.file("client.pub"), "client key");
+  std::string allow = k.dir.write("clients.allow", client_pub + "\n");
+  sy::it::ServerProcess server({"--backend", "null", "--curve-secret-key", k.key,
+                                "--curve-allowed-keys", allow, "--admin-token", "adm"});
+  const std::string ep = server.endpoint();
+
+  ClientOptions o = k.with(k.pub);
+  o.client_key = sy::client::read_client_key(k.dir.file("client.key"));
+  Client c(ep, o);
+  c.submit(job("lib-1", "t", 5));
+  auto m = next_for(c, "lib-1");
+  while (m && !std::holds_alternative<sy::wire::Done>(*m)) m = next_for(c, "lib-1");
+  BOOST_REQUIRE_MESSAGE(m.has_value(), "the C++ client with a listed key got no result");
+  BOOST_TEST(std::get<sy::wire::Done>(*m).ids.size() == 5u);
+
+  r = sy::it::run_binary("ctl --server " + ep + " --server-key " + k.pub + " --client-key " +
+                             k.dir.file("client.key") + " --token adm --timeout-ms 10000 stats",
+                         "timeout 30 ");
+  BOOST_TEST(r.status == 0, r.out);
+  BOOST_TEST(r.out.find("batchers") != std::string::npos, r.out);
+  // Without its own key, ctl is refused at the handshake and times out.
+  r = sy::it::run_binary("ctl --server " + ep + " --server-key " + k.pub +
+                             " --token adm --timeout-ms 1500 stats", "timeout 30 ");
+  BOOST_TEST(r.status != 0, r.out);
+  // --client-key alone makes no sense without CURVE.
+  r = sy::it::run_binary("ctl --server " + ep + " --client-key " + k.dir.file("client.key") +
+                             " --token adm stats", "timeout 30 ");
+  BOOST_TEST(r.status != 0);
+  BOOST_TEST(r.out.find("--client-key needs --server-key") != std::string::npos, r.out);
+
+  // The Python client (Debian's interpreter has pyzmq and msgpack).
+  std::string script = k.dir.write(
+      "py_client.py",
+      "import sys\n"
+      "sys.path.insert(0, sys.argv[1])\n"
+      "import switchyard_client as sc\n"
+      "c = sc.Client(sys.argv[2], server_key=sc.read_key_file(sys.argv[3]),\n"
+      "              client_key=sc.read_key_file(sys.argv[4]))\n"
+      "res = c.run('py-1', 't', [1, 42, 7], max_tokens=3, temperature=0, ignore_eos=True,\n"
+      "                 timeout_ms=20000)\n"
+      "print('ids', len(res.ids))\n");
+  std::string cmd = "timeout 60 /usr/bin/python3 " + script + " " + SY_SOURCE_DIR +
+                    "/clients/python " + ep + " " + k.pub + " " + k.dir.file("client.key") + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  BOOST_REQUIRE(p);
+  std::string out;
+  char buf[512];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  BOOST_TEST(pclose(p) == 0, out);
+  BOOST_TEST(out.find("ids 3") != std::string::npos, out);
+
+  auto s = server.stats();
+  BOOST_TEST(s["admitted"] == 2);  // lib-1 and py-1
+  BOOST_TEST(server.stop() == 0);
+}
+
+BOOST_AUTO_TEST_CASE(allow_list_on_pull_and_push) {
+  Keys k;
+  auto producer = sy::curve::generate(), sink_keys = sy::curve::generate(),
+       stranger = sy::curve::generate();
+  std::string allow = k.dir.write("clients.allow", producer.public_key + "\n" + sink_keys.public_key + "\n");
+  sy::it::ServerProcess server({"--backend", "null", "--pull", "tcp://127.0.0.1:*", "--results",
+                                "tcp://127.0.0.1:*", "--curve-secret-key", k.key,
+                                "--curve-allowed-keys", allow});
+  zmq::context_t ctx;
+  auto sink = keyed_socket(ctx, zmq::socket_type::pull, server.results_endpoint(), k.pub, sink_keys);
+  // An unlisted sink that knows the server key never becomes a peer of the results socket.
+  auto stranger_sink =
+      keyed_socket(ctx, zmq::socket_type::pull, server.results_endpoint(), k.pub, stranger);
+  {
+    auto push = keyed_socket(ctx, zmq::socket_type::push, server.pull_endpoint(), k.pub, stranger);
+    send_submit(push, job("stranger-p", "t", 4));  // times out: no peer ever completes
+    std::this_thread::sleep_for(kNoAnswerWait);
+  }
+  auto before = server.stats();
+  BOOST_TEST(before["received"] == 0);
+  BOOST_TEST(before["curve_refused"] > 0);
+
+  auto push = keyed_socket(ctx, zmq::socket_type::push, server.pull_endpoint(), k.pub, producer);
+  const int n = 3;
+  std::set<std::string> done;
+  for (int i = 0; i < n; ++i) {
+    std::string id = "p";
+    id += std::to_string(i);
+    BOOST_REQUIRE(send_submit(push, job(id, "t", 4)));
+  }
+  auto until = std::chrono::steady_clock::now() + 30s;
+  while (static_cast<int>(done.size()) < n && std::chrono::steady_clock::now() < until) {
+    auto m = recv_message(sink, 200ms);
+    if (!m) continue;
+    auto* d = std::get_if<sy::wire::Done>(&*m);
+    BOOST_REQUIRE_MESSAGE(d, "unexpected result: " << sy::client::describe(*m));
+    BOOST_TEST(d->ids.size() == 4u);
+    done.insert(d->id);
+  }
+  BOOST_TEST(static_cast<int>(done.size()) == n);
+  BOOST_TEST(!done.count("stranger-p"));
+  BOOST_TEST(!recv_message(stranger_sink, 300ms).has_value());
   BOOST_TEST(server.stats()["received"] == n);
   BOOST_TEST(server.stop() == 0);
 }

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 #include "policies/journal_file.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -106,7 +108,7 @@ BOOST_AUTO_TEST_CASE(truncated_inside_a_record_header_is_recovered) {
   BOOST_TEST(scan.records.size() == sample_records().size() - 1);
 }
 
-BOOST_AUTO_TEST_CASE(corrupt_crc_ends_the_good_part) {
+BOOST_AUTO_TEST_CASE(corrupt_crc_of_the_last_record_ends_the_good_part) {
   test::TempDir dir("sy_jf_");
   auto path = make_journal(dir);
   auto data = read_all(path);
@@ -117,6 +119,82 @@ BOOST_AUTO_TEST_CASE(corrupt_crc_ends_the_good_part) {
   BOOST_TEST(scan.warning.find("CRC mismatch") != std::string::npos);
   BOOST_TEST(scan.records.size() == sample_records().size() - 1);
   BOOST_TEST(std::filesystem::file_size(path) == scan.good_bytes);
+}
+
+// Offsets of each sample record's frame in a journal written by make_journal.
+std::vector<size_t> frame_offsets() {
+  std::vector<size_t> at;
+  size_t pos = journal_header().size();
+  for (auto& r : sample_records()) {
+    at.push_back(pos);
+    pos += 8 + r.size();
+  }
+  return at;
+}
+
+BOOST_AUTO_TEST_CASE(a_corrupt_record_in_the_middle_is_skipped_not_the_end_of_the_scan) {
+  test::TempDir dir("sy_jf_");
+  auto path = make_journal(dir);
+  auto data = read_all(path);
+  const auto at = frame_offsets();
+  data[at[2] + 8 + 3] ^= 0x01;  // one bit of the third record's payload
+  write_all(path, data);
+  JournalScan scan;
+  {
+    JournalFile f(path, scan);
+    BOOST_TEST_MESSAGE("warning: " << scan.warning);
+    auto expected = sample_records();
+    expected.erase(expected.begin() + 2);
+    BOOST_TEST(scan.records == expected);
+    BOOST_TEST(scan.skipped_ranges == 1u);
+    BOOST_TEST(scan.skipped_bytes == at[3] - at[2]);
+    const std::string range = "skipped bytes " + std::to_string(at[2]) + " to " + std::to_string(at[3]);
+    BOOST_TEST(scan.warning.find("CRC mismatch at offset " + std::to_string(at[2])) != std::string::npos);
+    BOOST_TEST(scan.warning.find(range) != std::string::npos, scan.warning);
+    // The end was good: nothing is cut, and appends follow the last record.
+    BOOST_TEST(std::filesystem::file_size(path) == data.size());
+    f.append("after");
+    f.sync();
+  }
+  auto again = scan_journal(path);
+  BOOST_TEST(again.records.size() == sample_records().size());  // 4 old + 1 new
+  BOOST_TEST(again.records.back() == "after");
+}
+
+BOOST_AUTO_TEST_CASE(a_damaged_length_field_and_two_regions_are_skipped) {
+  test::TempDir dir("sy_jf_");
+  auto path = make_journal(dir);
+  auto data = read_all(path);
+  const auto at = frame_offsets();
+  // The empty record's length says 5: its 8 frame bytes then read as a bad 5-byte record, and
+  // the zero CRC field must not pass for an empty record during the search.
+  data[at[1]] = 5;
+  data[at[3] + 8 + 50000] = 'y';  // inside the 100,000-byte record
+  write_all(path, data);
+  auto scan = scan_journal(path);
+  BOOST_TEST_MESSAGE("warning: " << scan.warning);
+  auto expected = sample_records();
+  expected.erase(expected.begin() + 3);
+  expected.erase(expected.begin() + 1);
+  BOOST_TEST(scan.records == expected);
+  BOOST_TEST(scan.skipped_ranges == 2u);
+  BOOST_TEST(scan.good_bytes == data.size());
+}
+
+BOOST_AUTO_TEST_CASE(a_zero_filled_tail_is_cut_not_read_as_empty_records) {
+  test::TempDir dir("sy_jf_");
+  auto path = make_journal(dir);
+  auto data = read_all(path);
+  const auto at = frame_offsets();
+  // The last record's length field damaged, followed by a zero-filled block.
+  data[at[4]] = 0x7f;
+  data += std::string(4096, '\0');
+  write_all(path, data);
+  auto scan = scan_journal(path);
+  BOOST_TEST(scan.records.size() == sample_records().size() - 1);
+  BOOST_TEST(scan.skipped_ranges == 0u);
+  BOOST_TEST(scan.good_bytes == at[4]);
+  BOOST_TEST(scan.warning.find("dropping the last") != std::string::npos, scan.warning);
 }
 
 BOOST_AUTO_TEST_CASE(absurd_length_is_damage_not_an_allocation) {
@@ -168,15 +246,57 @@ BOOST_AUTO_TEST_CASE(a_foreign_file_is_refused_not_cut) {
   BOOST_TEST(read_all(dir.file("config.yaml")).find("model:") == 0u);
 }
 
-BOOST_AUTO_TEST_CASE(a_second_writer_is_locked_out) {
-  test::TempDir dir("sy_jf_");
-  JournalScan s1, s2;
-  JournalFile first(dir.file("j"), s1);
+// True when opening `path` again is refused with the in-use message naming this process.
+static bool refused_as_in_use(const std::string& path) {
+  JournalScan s;
   try {
-    JournalFile second(dir.file("j"), s2);
-    BOOST_FAIL("a second JournalFile on the same path was allowed");
+    JournalFile second(path, s);
   } catch (const std::runtime_error& e) {
-    BOOST_TEST(std::string(e.what()).find("locked") != std::string::npos);
+    BOOST_TEST_MESSAGE(e.what());
+    const std::string want = "journal " + path + " is in use by another server (pid " +
+                             std::to_string(::getpid()) + ")";
+    return std::string(e.what()).find(want) != std::string::npos;
+  }
+  return false;
+}
+
+BOOST_AUTO_TEST_CASE(a_second_writer_is_locked_out_and_told_the_holder) {
+  test::TempDir dir("sy_jf_");
+  JournalScan s1;
+  {
+    JournalFile first(dir.file("j"), s1);
+    BOOST_TEST(refused_as_in_use(dir.file("j")));
+    // Compaction renames a new file over the journal: the lock must not go with the old one.
+    first.rewrite({"a"});
+    BOOST_TEST(refused_as_in_use(dir.file("j")));
+  }
+  // Released with its owner: the next one opens it (the lock file stays behind, harmlessly).
+  BOOST_TEST(std::filesystem::exists(JournalFile::lock_path(dir.file("j"))));
+  JournalFile again(dir.file("j"), s1);
+  BOOST_TEST(s1.records == std::vector<std::string>{"a"});
+}
+
+BOOST_AUTO_TEST_CASE(a_refused_open_does_not_keep_the_lock) {
+  test::TempDir dir("sy_jf_");
+  write_all(dir.file("foreign"), "not a journal at all");
+  JournalScan s;
+  BOOST_CHECK_THROW(JournalFile(dir.file("foreign"), s), std::runtime_error);
+  // Had the failed constructor kept its lock, this would say "in use" instead of "not a journal".
+  try {
+    JournalFile(dir.file("foreign"), s);
+  } catch (const std::runtime_error& e) {
+    BOOST_TEST(std::string(e.what()).find("not a Switchyard journal") != std::string::npos, e.what());
+  }
+}
+
+BOOST_AUTO_TEST_CASE(missing_folders_are_made_private) {
+  test::TempDir dir("sy_jf_");
+  const std::string path = dir.path() + "/state/server/j.journal";
+  JournalScan s;
+  JournalFile f(path, s);
+  for (auto* d : {"/state", "/state/server"}) {
+    auto perms = std::filesystem::status(dir.path() + d).permissions();
+    BOOST_TEST(((perms & std::filesystem::perms::all) == std::filesystem::perms::owner_all), d);
   }
 }
 

@@ -3,6 +3,8 @@
 #define BOOST_TEST_MODULE journal_replay
 #include <boost/test/unit_test.hpp>
 
+#include <cstdlib>
+
 #include "actors/journal.hpp"
 #include "policies/journal_file.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -96,10 +98,37 @@ BOOST_AUTO_TEST_CASE(an_accepted_job_without_result_is_pending_with_every_field)
   BOOST_TEST(p.stop == a.stop);
   BOOST_TEST(p.ignore_eos);
   BOOST_TEST(p.logprobs == 2u);
-  BOOST_TEST(p.deadline_us == 0);  // steady-clock times do not survive a restart
+  BOOST_TEST(p.deadline_us == 0);  // it had none
   BOOST_TEST(r.next_uid == 6u);
   BOOST_TEST(r.results.empty());
   BOOST_TEST(compacted.size() == 1u);
+}
+
+BOOST_AUTO_TEST_CASE(a_replayed_job_keeps_its_deadline_and_a_passed_one_stays_passed) {
+  const int64_t minute = 60'000'000;
+  Job open = job(1, "open", ClientRef::pipeline), due = job(2, "due", ClientRef::pipeline);
+  open.deadline_us = now_us() + minute;
+  due.deadline_us = now_us() - 5'000'000;  // passed (as if the server had been down 5 s too long)
+  JournalReplay r;
+  std::vector<std::string> compacted;
+  replay_records({encode_accept(open), encode_accept(due)}, 10, r, compacted);
+  BOOST_REQUIRE(r.pending.size() == 2u);
+  const int64_t now = now_us();
+  // The deadline comes back on this process's clock: about a minute ahead. The bounds allow for
+  // a slow machine between the two clock reads, not for a lost or reset deadline.
+  BOOST_TEST(r.pending[0].deadline_us > now + minute - 10'000'000);
+  BOOST_TEST(r.pending[0].deadline_us <= now + minute);
+  // Passed, but not "none": the router expires it (deadline_exceeded) instead of running it.
+  BOOST_TEST(r.pending[1].deadline_us > 0);
+  BOOST_TEST(r.pending[1].deadline_us <= now - 4'000'000);
+  // The compacted journal carries the deadlines on.
+  JournalReplay again;
+  std::vector<std::string> compacted2;
+  replay_records(compacted, 10, again, compacted2);
+  BOOST_REQUIRE(again.pending.size() == 2u);
+  BOOST_TEST(std::llabs(again.pending[0].deadline_us - r.pending[0].deadline_us) < 1'000'000);
+  BOOST_TEST(again.pending[1].deadline_us > 0);
+  BOOST_TEST(again.pending[1].deadline_us <= now - 4'000'000);
 }
 
 BOOST_AUTO_TEST_CASE(a_replayed_router_job_loses_its_dead_client) {

@@ -1,6 +1,7 @@
-// The metrics actor with stand-in admission, router, batcher and executor actors: job counters by
-// class, tenant and outcome, latency histograms, gauges gathered at scrape time, counters that
-// survive a dead batcher, /ready, and the HTTP routes over a real loopback socket.
+// The metrics actor with stand-in admission, router, supervisor, batcher and executor actors: job
+// counters by class, tenant and outcome, latency histograms, gauges gathered at scrape time,
+// counters that survive a dead batcher, the supervisor's figures and per-executor series, /ready,
+// and the HTTP routes over a real loopback socket.
 #define BOOST_TEST_MODULE metrics_actor
 #include <boost/test/unit_test.hpp>
 
@@ -175,6 +176,80 @@ BOOST_AUTO_TEST_CASE(jobs_histograms_and_gauges) {
   BOOST_TEST(has_line(t, "switchyard_kv_blocks_total 0"));
   BOOST_TEST(has_line(t, "switchyard_executors_running 0"));
   for (auto& a : {admission, router, m}) self->send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+BOOST_AUTO_TEST_CASE(supervisor_figures_and_per_executor_series) {
+  Config cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto supervisor = sys.spawn(
+      stats_double, counters({{"executors", 2}, {"executors_retiring", 1}, {"scale_ups", 3},
+                              {"scale_downs", 1}, {"failures_crash", 2}, {"failures_hang", 1},
+                              {"requeued", 17}}));
+  auto b0 = sys.spawn(stats_double, counters({{"blocks_used", 3}, {"blocks_free", 5},
+                                              {"blocks_total", 8}, {"preemptions", 4}}));
+  auto e0 = sys.spawn(stats_double, caf::settings{});
+  auto b1 = sys.spawn(stats_double, counters({{"blocks_used", 1}, {"blocks_free", 7},
+                                              {"blocks_total", 8}, {"preemptions", 2}}));
+  auto e1 = sys.spawn(stats_double, caf::settings{});
+  MetricsWiring w;
+  w.supervisor = supervisor;
+  w.gateway_stats = [] { return counters({{"curve_refused", 9}}); };
+  auto m = spawn_metrics(sys, w);
+  self->send(m, observe_atom::value, b0, e0, int32_t{0});
+  self->send(m, observe_atom::value, b1, e1, int32_t{1});
+  // Two recoveries: 4 ms (a crash) and 0.6 s (a hang caught by the watchdog).
+  self->send(m, recovered_atom::value, int64_t{1'000'000}, int64_t{1'004'000});
+  self->send(m, recovered_atom::value, int64_t{2'000'000}, int64_t{2'600'000});
+
+  auto t = scrape(self, m);
+  BOOST_TEST_MESSAGE(t);
+  BOOST_TEST(has_line(t, "switchyard_executors{state=\"running\"} 2"));
+  BOOST_TEST(has_line(t, "switchyard_executors{state=\"retiring\"} 1"));
+  BOOST_TEST(has_line(t, "switchyard_executor_scale_events_total{direction=\"up\"} 3"));
+  BOOST_TEST(has_line(t, "switchyard_executor_scale_events_total{direction=\"down\"} 1"));
+  BOOST_TEST(has_line(t, "switchyard_executor_failures_total{reason=\"crash\"} 2"));
+  BOOST_TEST(has_line(t, "switchyard_executor_failures_total{reason=\"hang\"} 1"));
+  BOOST_TEST(has_line(t, "switchyard_jobs_requeued_total 17"));
+  BOOST_TEST(has_line(t, "switchyard_curve_refused_total 9"));
+  BOOST_TEST(has_line(t, "# TYPE switchyard_recovery_seconds histogram"));
+  BOOST_TEST(has_line(t, "switchyard_recovery_seconds_bucket{le=\"0.005\"} 1"));
+  BOOST_TEST(has_line(t, "switchyard_recovery_seconds_bucket{le=\"0.5\"} 1"));
+  BOOST_TEST(has_line(t, "switchyard_recovery_seconds_bucket{le=\"1\"} 2"));
+  BOOST_TEST(has_line(t, "switchyard_recovery_seconds_count 2"));
+  BOOST_TEST(has_line(t, "switchyard_recovery_seconds_sum 0.604"));
+  // Per executor, and the unlabeled sums beside them.
+  BOOST_TEST(has_line(t, "switchyard_kv_blocks_used 4"));
+  BOOST_TEST(has_line(t, "switchyard_executor_kv_blocks_used{executor=\"0\"} 3"));
+  BOOST_TEST(has_line(t, "switchyard_executor_kv_blocks_used{executor=\"1\"} 1"));
+  BOOST_TEST(has_line(t, "switchyard_executor_kv_blocks_free{executor=\"1\"} 7"));
+  BOOST_TEST(has_line(t, "switchyard_executor_kv_blocks_total{executor=\"0\"} 8"));
+  BOOST_TEST(has_line(t, "switchyard_preemptions_total 6"));
+  BOOST_TEST(has_line(t, "switchyard_executor_preemptions_total{executor=\"0\"} 4"));
+  BOOST_TEST(has_line(t, "switchyard_executor_preemptions_total{executor=\"1\"} 2"));
+
+  // Slot 0's pair fails and a replacement takes the slot: its gauges are the new pair's, its
+  // preemption counter goes on from what the old pair counted.
+  self->send_exit(b0, caf::exit_reason::user_shutdown);
+  self->send_exit(e0, caf::exit_reason::user_shutdown);
+  auto b2 = sys.spawn(stats_double, counters({{"blocks_used", 0}, {"blocks_free", 8},
+                                              {"blocks_total", 8}, {"preemptions", 1}}));
+  auto e2 = sys.spawn(stats_double, caf::settings{});
+  // The old pair must be gone from the metrics actor's view before the new one comes (else the
+  // two would add up for a moment): wait until neither its executor nor its blocks count.
+  auto gone = [&] {
+    auto x = scrape(self, m);
+    return has_line(x, "switchyard_executors_running 1") && has_line(x, "switchyard_kv_blocks_total 8");
+  };
+  for (int i = 0; i < 500 && !gone(); ++i) std::this_thread::sleep_for(10ms);
+  self->send(m, observe_atom::value, b2, e2, int32_t{0});
+  t = scrape(self, m);
+  BOOST_TEST(has_line(t, "switchyard_executors_running 2"));
+  BOOST_TEST(has_line(t, "switchyard_executor_kv_blocks_used{executor=\"0\"} 0"));
+  BOOST_TEST(has_line(t, "switchyard_executor_kv_blocks_free{executor=\"0\"} 8"));
+  BOOST_TEST(has_line(t, "switchyard_executor_preemptions_total{executor=\"0\"} 5"));
+  BOOST_TEST(has_line(t, "switchyard_preemptions_total 7"));
+  for (auto& a : {supervisor, b1, e1, b2, e2, m}) self->send_exit(a, caf::exit_reason::user_shutdown);
 }
 
 BOOST_AUTO_TEST_CASE(a_silent_actor_does_not_hold_the_scrape) {

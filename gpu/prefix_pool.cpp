@@ -6,28 +6,9 @@
 #include <stdexcept>
 #include <string>
 
+#include "policies/prefix_route.hpp"
+
 namespace sy {
-namespace {
-
-// A bijective 64-bit mixer: xor-shifts fold high bits down, large odd multipliers spread low
-// bits up, so one flipped input bit changes about half of the output bits (the tests check it).
-uint64_t avalanche(uint64_t x) {
-  x ^= x >> 31;
-  x *= 0x7FB5D329728EA185ull;
-  x ^= x >> 27;
-  x *= 0x81DADEF4BC2DD44Dull;
-  x ^= x >> 33;
-  return x;
-}
-
-// Added to every token so that token 0 still changes the state (avalanche(0) == 0); the golden
-// ratio's fraction, an odd constant with no structure.
-constexpr uint64_t kTokenOffset = 0x9E3779B97F4A7C15ull;
-// Separates the chain's parent from the token stream, so (parent, tokens) cannot be confused
-// with a longer token stream.
-constexpr uint64_t kParentSalt = 0xD6E8FEB86659FD93ull;
-
-}  // namespace
 
 PrefixBlockPool::PrefixBlockPool(int32_t n_blocks, int32_t block_size, bool caching)
     : n_total_(n_blocks), bs_(block_size), caching_(caching) {
@@ -77,11 +58,7 @@ void PrefixBlockPool::release(int32_t id) {
 }
 
 uint64_t PrefixBlockPool::block_hash(uint64_t parent, const int32_t* tokens) const {
-  uint64_t h = avalanche(parent ^ kParentSalt);
-  for (int32_t i = 0; i < bs_; ++i)
-    h = avalanche(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(tokens[i])) + kTokenOffset));
-  // 0 is the parent of a sequence's first block; no block's own hash takes that value.
-  return h == 0 ? 1 : h;
+  return policy::chain_block_hash(parent, {tokens, static_cast<std::size_t>(bs_)});
 }
 
 int32_t PrefixBlockPool::acquire_prefix(const int32_t* tokens, int64_t n_tokens,

@@ -9,22 +9,34 @@ namespace sy::policy {
 
 namespace {
 
-// splitmix64's finalizer: every input bit affects every output bit, so hashes of nearby token
-// sequences do not cluster in the unordered_map.
-uint64_t mix(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xbf58476d1ce4e5b9ULL;
-  x ^= x >> 27;
-  x *= 0x94d049bb133111ebULL;
+// A bijective 64-bit mixer: xor-shifts fold high bits down, large odd multipliers spread low
+// bits up, so one flipped input bit changes about half of the output bits (test_prefix_pool
+// checks it).
+uint64_t avalanche(uint64_t x) {
   x ^= x >> 31;
+  x *= 0x7FB5D329728EA185ull;
+  x ^= x >> 27;
+  x *= 0x81DADEF4BC2DD44Dull;
+  x ^= x >> 33;
   return x;
 }
 
-// Odd constants that keep a zero parent or a zero token from leaving the state unchanged.
-constexpr uint64_t kSeed = 0x9e3779b97f4a7c15ULL;
-constexpr uint64_t kTokenSalt = 0xd6e8feb86659fd93ULL;
+// Added to every token so that token 0 still changes the state (avalanche(0) == 0); the golden
+// ratio's fraction, an odd constant with no structure.
+constexpr uint64_t kTokenOffset = 0x9E3779B97F4A7C15ull;
+// Separates the chain's parent from the token stream, so (parent, tokens) cannot be confused
+// with a longer token stream.
+constexpr uint64_t kParentSalt = 0xD6E8FEB86659FD93ull;
 
 }  // namespace
+
+uint64_t chain_block_hash(uint64_t parent, std::span<const int32_t> block) {
+  uint64_t h = avalanche(parent ^ kParentSalt);
+  for (int32_t t : block)
+    h = avalanche(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(t)) + kTokenOffset));
+  // 0 is the parent of a sequence's first block; no block's own hash takes that value.
+  return h == 0 ? 1 : h;
+}
 
 std::vector<uint64_t> prefix_block_hashes(std::span<const int32_t> tokens, int32_t block_size,
                                           std::size_t max_blocks) {
@@ -35,12 +47,8 @@ std::vector<uint64_t> prefix_block_hashes(std::span<const int32_t> tokens, int32
   out.reserve(n);
   uint64_t parent = 0;
   for (std::size_t b = 0; b < n; ++b) {
-    uint64_t h = mix(parent ^ kSeed);
-    for (std::size_t i = 0; i < bs; ++i)
-      h = mix(h ^ (static_cast<uint64_t>(static_cast<uint32_t>(tokens[b * bs + i])) + kTokenSalt));
-    if (h == 0) h = 1;  // 0 is reserved for "no parent"
-    out.push_back(h);
-    parent = h;
+    parent = chain_block_hash(parent, tokens.subspan(b * bs, bs));
+    out.push_back(parent);
   }
   return out;
 }

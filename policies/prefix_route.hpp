@@ -11,6 +11,11 @@
 
 namespace sy::policy {
 
+/// Chain hash of one full block of tokens after the block whose hash is `parent` (0 for a
+/// sequence's first block); never 0. The batchers' prefix cache (gpu/prefix_pool) publishes
+/// blocks under the same hash, so the router's index and the caches name blocks alike.
+uint64_t chain_block_hash(uint64_t parent, std::span<const int32_t> block);
+
 /// Chain hashes of the leading full blocks of `tokens` (`block_size` tokens each; a partial last
 /// block has none): block k's hash covers its tokens and block k-1's hash, so equal hashes mean
 /// (barring collisions) equal prefixes. At most `max_blocks` are computed. Empty when

@@ -33,12 +33,6 @@ executors:
   backend: "null"
 )";
 
-std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // The journal file a server named on stderr ("switchyard: journal PATH (fsync ...").
 std::string journal_named(const std::string& stderr_text) {
@@ -111,7 +105,7 @@ BOOST_AUTO_TEST_CASE(two_servers_on_one_host_keep_their_own_journals_through_kil
   }
   std::string journal[2];
   for (int k = 0; k < 2; ++k) {
-    journal[k] = journal_named(read_file(nodes[k].err));
+    journal[k] = journal_named(sy::test::read_file(nodes[k].err));
     BOOST_TEST_MESSAGE("server " << nodes[k].name << ": journal " << journal[k]);
     BOOST_REQUIRE(!journal[k].empty());
     BOOST_TEST(journal[k].rfind(state + "/", 0) == 0u);
@@ -137,7 +131,7 @@ BOOST_AUTO_TEST_CASE(two_servers_on_one_host_keep_their_own_journals_through_kil
   for (auto& n : nodes) {
     n.start(cfg, state, "0");
     sinks.push_back(std::make_unique<sy::client::Sink>(n.results));
-    BOOST_TEST(journal_named(read_file(n.err)) == journal[&n - nodes]);
+    BOOST_TEST(journal_named(sy::test::read_file(n.err)) == journal[&n - nodes]);
   }
   auto third = sy::it::run_binary("serve --backend null --bind 'tcp://127.0.0.1:*' --journal " +
                                       journal[0],
@@ -205,7 +199,7 @@ BOOST_AUTO_TEST_CASE(no_flag_and_a_fixed_bind_journal_under_the_state_folder) {
   s.prompt = std::vector<int32_t>{1, 2};
   s.max_tokens = 3;
   BOOST_TEST(c.run(s, 30s).ok());
-  const std::string named = journal_named(read_file(err));
+  const std::string named = journal_named(sy::test::read_file(err));
   BOOST_TEST_MESSAGE("default journal: " << named);
   BOOST_REQUIRE(!named.empty());
   BOOST_TEST(std::filesystem::path(named).parent_path().parent_path() == state);
@@ -221,7 +215,7 @@ BOOST_AUTO_TEST_CASE(a_wildcard_port_gets_no_default_journal_and_says_why) {
   const std::string err = dir.file("w.stderr");
   // No --bind: the harness binds tcp://127.0.0.1:*.
   sy::it::ServerProcess srv({"--backend", "null", "--state-dir", state}, 60s, err);
-  auto text = read_file(err);
+  auto text = sy::test::read_file(err);
   BOOST_TEST_MESSAGE(text);
   BOOST_TEST(text.find("switchyard: no journal: ") != std::string::npos);
   BOOST_TEST(text.find("wildcard") != std::string::npos);

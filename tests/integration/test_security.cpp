@@ -29,12 +29,6 @@ namespace {
 // take milliseconds; this is long enough for several ZeroMQ reconnect attempts (100 ms apart).
 constexpr auto kNoAnswerWait = 1500ms;
 
-std::string slurp(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // Keys for one test: the server's pair and an unrelated pair (a client with the wrong key).
 struct Keys {
@@ -136,6 +130,23 @@ std::optional<sy::wire::Done> wait_done(zmq::socket_t& sock, const std::string& 
   return std::nullopt;
 }
 
+// The ids of the `done`s that `next` yields (each of 4 tokens; anything else fails the test),
+// until there are n or 30 s have passed.
+template <class Next>
+std::set<std::string> collect_dones(int n, Next next) {
+  std::set<std::string> done;
+  auto until = std::chrono::steady_clock::now() + 30s;
+  while (static_cast<int>(done.size()) < n && std::chrono::steady_clock::now() < until) {
+    auto m = next();
+    if (!m) continue;
+    auto* d = std::get_if<sy::wire::Done>(&*m);
+    BOOST_REQUIRE_MESSAGE(d, "unexpected result: " << sy::client::describe(*m));
+    BOOST_TEST(d->ids.size() == 4u);
+    done.insert(d->id);
+  }
+  return done;
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(keygen_writes_a_private_pair_and_refuses_to_overwrite) {
@@ -165,7 +176,7 @@ BOOST_AUTO_TEST_CASE(keygen_writes_a_private_pair_and_refuses_to_overwrite) {
 BOOST_AUTO_TEST_CASE(bad_key_files_are_refused_naming_the_file) {
   Keys k;
   std::string bad = k.dir.write("bad.key", "# a comment\nnot-a-key\n");
-  std::string two = k.dir.write("two.key", slurp(k.key) + slurp(k.key));
+  std::string two = k.dir.write("two.key", sy::test::read_file(k.key) + sy::test::read_file(k.key));
   const std::string serve = "serve --backend null --bind tcp://127.0.0.1:* ";
   struct Case {
     std::string args, needle;
@@ -259,16 +270,7 @@ BOOST_AUTO_TEST_CASE(curve_pipeline_needs_the_server_key_on_both_sockets) {
     id += std::to_string(i);
     BOOST_REQUIRE(pusher.submit(job(id, "t", 4), 10000ms));
   }
-  std::set<std::string> done;
-  auto until = std::chrono::steady_clock::now() + 30s;
-  while (static_cast<int>(done.size()) < n && std::chrono::steady_clock::now() < until) {
-    auto m = sink.next(200ms);
-    if (!m) continue;
-    auto* d = std::get_if<sy::wire::Done>(&*m);
-    BOOST_REQUIRE_MESSAGE(d, "unexpected result: " << sy::client::describe(*m));
-    BOOST_TEST(d->ids.size() == 4u);
-    done.insert(d->id);
-  }
+  auto done = collect_dones(n, [&] { return sink.next(200ms); });
   BOOST_TEST(static_cast<int>(done.size()) == n);
   BOOST_TEST(!done.count("plain-p"));
   BOOST_TEST(!plain_sink.next(300ms).has_value());
@@ -423,21 +425,12 @@ BOOST_AUTO_TEST_CASE(allow_list_on_pull_and_push) {
 
   auto push = keyed_socket(ctx, zmq::socket_type::push, server.pull_endpoint(), k.pub, producer);
   const int n = 3;
-  std::set<std::string> done;
   for (int i = 0; i < n; ++i) {
     std::string id = "p";
     id += std::to_string(i);
     BOOST_REQUIRE(send_submit(push, job(id, "t", 4)));
   }
-  auto until = std::chrono::steady_clock::now() + 30s;
-  while (static_cast<int>(done.size()) < n && std::chrono::steady_clock::now() < until) {
-    auto m = recv_message(sink, 200ms);
-    if (!m) continue;
-    auto* d = std::get_if<sy::wire::Done>(&*m);
-    BOOST_REQUIRE_MESSAGE(d, "unexpected result: " << sy::client::describe(*m));
-    BOOST_TEST(d->ids.size() == 4u);
-    done.insert(d->id);
-  }
+  auto done = collect_dones(n, [&] { return recv_message(sink, 200ms); });
   BOOST_TEST(static_cast<int>(done.size()) == n);
   BOOST_TEST(!done.count("stranger-p"));
   BOOST_TEST(!recv_message(stranger_sink, 300ms).has_value());

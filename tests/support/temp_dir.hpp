@@ -1,5 +1,5 @@
-// A temporary folder for tests: made fresh under /tmp (mkdtemp) and removed with its contents
-// when the object goes. Header-only and Boost-free, so any test target (GPU ones too) can use it.
+// A temporary folder for tests, made fresh under /tmp (mkdtemp) and removed with its contents
+// when the object goes, and a whole-file reader. Header-only and Boost-free, so any test target (GPU ones too) can use it.
 #pragma once
 
 #include <stdlib.h>
@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -46,5 +47,11 @@ class TempDir {
  private:
   std::string path_;
 };
+
+/// The whole content of a file, bytes as they are; "" when it cannot be opened.
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
 
 }  // namespace sy::test

@@ -9,6 +9,7 @@
 
 #include "actors/admission.hpp"
 #include "actors/messages.hpp"
+#include "tests/support/test_system.hpp"
 #include "actors/router.hpp"
 #include "ingress/error_code.hpp"
 #include "model/llama.hpp"
@@ -72,21 +73,12 @@ TenantConfig tenant(const std::string& name, const std::string& token, uint32_t 
 }
 
 /// Admission and the real router with test doubles around them, on a deterministic scheduler.
-struct Rig {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  caf::scheduler::test_coordinator* sched = nullptr;
+struct Rig : test::TestSystem {
   TraceP t = std::make_shared<Trace>();
   caf::actor egress, router, admission, batcher, probe;
 
   explicit Rig(AdmissionConfig ac, std::shared_ptr<const LlamaModel> model = nullptr,
                std::size_t queue_limit = 100) {
-    cfg.set("scheduler.policy", caf::atom("testing"));
-    cfg.set("logger.file-verbosity", caf::atom("quiet"));
-    register_message_types(cfg);
-    sys = std::make_unique<caf::actor_system>(cfg);
-    sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
-    sched->clock().current_time += std::chrono::hours(1);  // time must not start at 0
     RouterConfig rc;
     rc.classes = {{"interactive", 0, 1.0, queue_limit, 0}, {"batch", 1, 1.0, queue_limit, 0}};
     egress = sys->spawn(egress_sink, t);

@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "actors/messages.hpp"
+#include "tests/support/test_system.hpp"
 #include "actors/router.hpp"
 #include "ingress/error_code.hpp"
 
@@ -88,23 +89,13 @@ RouterConfig two_classes(std::size_t interactive_limit = 1000, std::size_t batch
 }
 
 /// A router with test doubles around it, on a deterministic scheduler.
-struct Rig {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  caf::scheduler::test_coordinator* sched = nullptr;
+struct Rig : test::TestSystem {
   TraceP t = std::make_shared<Trace>();
   caf::actor egress, admission, router, batcher, probe;
   uint64_t next_uid = 1;
 
   explicit Rig(RouterConfig rc, std::vector<TenantConfig> tenants = {}, RouterOptions opts = {},
                bool regrant = false) {
-    cfg.set("scheduler.policy", caf::atom("testing"));
-    cfg.set("logger.file-verbosity", caf::atom("quiet"));
-    register_message_types(cfg);
-    sys = std::make_unique<caf::actor_system>(cfg);
-    sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
-    // Like CAF's own fixture: time must not start at 0.
-    sched->clock().current_time += std::chrono::hours(1);
     egress = sys->spawn(egress_sink, t);
     admission = sys->spawn(admission_sink, t);
     router = spawn_router(*sys, std::move(rc), egress, admission, std::move(tenants), opts);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "actors/messages.hpp"
+#include "tests/support/test_system.hpp"
 #include "actors/router.hpp"
 
 using namespace sy;
@@ -76,21 +77,12 @@ std::vector<int32_t> prompt(int conv, std::size_t shared, std::size_t own, int s
   return p;
 }
 
-struct Rig {
-  caf::actor_system_config cfg;
-  std::unique_ptr<caf::actor_system> sys;
-  caf::scheduler::test_coordinator* sched = nullptr;
+struct Rig : test::TestSystem {
   TraceP t = std::make_shared<Trace>();
   caf::actor out, router, a, b, probe;
   uint64_t next_uid = 1;
 
   explicit Rig(RouterConfig rc) {
-    cfg.set("scheduler.policy", caf::atom("testing"));
-    cfg.set("logger.file-verbosity", caf::atom("quiet"));
-    register_message_types(cfg);
-    sys = std::make_unique<caf::actor_system>(cfg);
-    sched = &dynamic_cast<caf::scheduler::test_coordinator&>(sys->scheduler());
-    sched->clock().current_time += std::chrono::hours(1);
     out = sys->spawn(sink);
     router = spawn_router(*sys, std::move(rc), out, out);
     a = sys->spawn(fake_batcher, t, 'A');

@@ -16,10 +16,6 @@ using namespace sy;
 
 namespace {
 
-std::string read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-}
 
 void write_all(const std::string& path, const std::string& data) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -74,7 +70,7 @@ BOOST_AUTO_TEST_CASE(records_round_trip) {
 BOOST_AUTO_TEST_CASE(truncated_mid_record_tail_is_recovered_with_a_warning) {
   test::TempDir dir("sy_jf_");
   auto path = make_journal(dir);
-  auto whole = read_all(path);
+  auto whole = sy::test::read_file(path);
   // Cut the file in the middle of the last record's payload ("last": 4 bytes).
   std::filesystem::resize_file(path, whole.size() - 2);
   JournalScan scan;
@@ -100,7 +96,7 @@ BOOST_AUTO_TEST_CASE(truncated_mid_record_tail_is_recovered_with_a_warning) {
 BOOST_AUTO_TEST_CASE(truncated_inside_a_record_header_is_recovered) {
   test::TempDir dir("sy_jf_");
   auto path = make_journal(dir);
-  auto whole = read_all(path);
+  auto whole = sy::test::read_file(path);
   // Keep 3 of the last record's 8 frame bytes (length + CRC): the record header itself is cut.
   std::filesystem::resize_file(path, whole.size() - 4 - 5);
   auto scan = scan_journal(path);
@@ -111,7 +107,7 @@ BOOST_AUTO_TEST_CASE(truncated_inside_a_record_header_is_recovered) {
 BOOST_AUTO_TEST_CASE(corrupt_crc_of_the_last_record_ends_the_good_part) {
   test::TempDir dir("sy_jf_");
   auto path = make_journal(dir);
-  auto data = read_all(path);
+  auto data = sy::test::read_file(path);
   data[data.size() - 1] ^= 0x20;  // one bit of the last record's payload
   write_all(path, data);
   JournalScan scan;
@@ -135,7 +131,7 @@ std::vector<size_t> frame_offsets() {
 BOOST_AUTO_TEST_CASE(a_corrupt_record_in_the_middle_is_skipped_not_the_end_of_the_scan) {
   test::TempDir dir("sy_jf_");
   auto path = make_journal(dir);
-  auto data = read_all(path);
+  auto data = sy::test::read_file(path);
   const auto at = frame_offsets();
   data[at[2] + 8 + 3] ^= 0x01;  // one bit of the third record's payload
   write_all(path, data);
@@ -164,7 +160,7 @@ BOOST_AUTO_TEST_CASE(a_corrupt_record_in_the_middle_is_skipped_not_the_end_of_th
 BOOST_AUTO_TEST_CASE(a_damaged_length_field_and_two_regions_are_skipped) {
   test::TempDir dir("sy_jf_");
   auto path = make_journal(dir);
-  auto data = read_all(path);
+  auto data = sy::test::read_file(path);
   const auto at = frame_offsets();
   // The empty record's length says 5: its 8 frame bytes then read as a bad 5-byte record, and
   // the zero CRC field must not pass for an empty record during the search.
@@ -184,7 +180,7 @@ BOOST_AUTO_TEST_CASE(a_damaged_length_field_and_two_regions_are_skipped) {
 BOOST_AUTO_TEST_CASE(a_zero_filled_tail_is_cut_not_read_as_empty_records) {
   test::TempDir dir("sy_jf_");
   auto path = make_journal(dir);
-  auto data = read_all(path);
+  auto data = sy::test::read_file(path);
   const auto at = frame_offsets();
   // The last record's length field damaged, followed by a zero-filled block.
   data[at[4]] = 0x7f;
@@ -224,7 +220,7 @@ BOOST_AUTO_TEST_CASE(empty_missing_and_partial_header_files) {
     JournalFile f(dir.file("empty"), s);
     BOOST_TEST(s.records.empty());
   }
-  BOOST_TEST(read_all(dir.file("empty")) == std::string(journal_header()));
+  BOOST_TEST(sy::test::read_file(dir.file("empty")) == std::string(journal_header()));
   // A crash while writing the header: treated as empty, with a warning, and repaired.
   write_all(dir.file("partial"), std::string(journal_header().substr(0, 3)));
   JournalScan s;
@@ -243,7 +239,7 @@ BOOST_AUTO_TEST_CASE(a_foreign_file_is_refused_not_cut) {
   BOOST_CHECK_THROW(scan_journal(dir.file("config.yaml")), std::runtime_error);
   JournalScan s;
   BOOST_CHECK_THROW(JournalFile(dir.file("config.yaml"), s), std::runtime_error);
-  BOOST_TEST(read_all(dir.file("config.yaml")).find("model:") == 0u);
+  BOOST_TEST(sy::test::read_file(dir.file("config.yaml")).find("model:") == 0u);
 }
 
 // True when opening `path` again is refused with the in-use message naming this process.

@@ -7,6 +7,7 @@
 #include <caf/all.hpp>
 #include <optional>
 #include <set>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <unordered_map>
@@ -537,6 +538,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     if (!s.running) waiting_.erase(&s);
     erase_from(planned_, &s);
     if (s.started) released_.push_back(s.job.uid);
+    ended_.push_back(s.job.uid);
     ++credit_;
     ++finished_;
     seqs_.erase(s.job.uid);  // destroys s
@@ -851,6 +853,11 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   }
 
   void on_result(StepResult& r) {
+    // TEST ONLY (--test-fault-batcher-throw-after): the batcher itself crashes, so its jobs can
+    // only be recovered by the router's records of what it dispatched here.
+    if (extras_.test_fault_throw_after > 0 && ++fault_steps_ >= extras_.test_fault_throw_after)
+      throw std::runtime_error("TEST ONLY fault: batcher throws after " +
+                               std::to_string(extras_.test_fault_throw_after) + " steps");
     if (dead_) return;  // a late answer of an executor already given up on
     in_flight_ = false;
     std::vector<Seq*> members;
@@ -888,6 +895,11 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
       self_->send(executor_, release_atom::value, std::move(released_));
       released_.clear();
     }
+    // Before the credit, so the router has forgotten these jobs when it dispatches against it.
+    if (!ended_.empty()) {
+      if (router_) self_->send(router_, finished_atom::value, std::move(ended_));
+      ended_.clear();
+    }
     if (credit_ > 0 && router_) {
       self_->send(router_, credit_atom::value, caf::actor_cast<caf::actor>(self_), credit_);
     }
@@ -908,6 +920,10 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
           prefix_blocks_ = 0;
   int64_t fed_ = 0;  // tokens sent to the engine (prefill and decode), recomputation included
   std::unordered_map<uint64_t, std::unique_ptr<Seq>> seqs_;
+  // Jobs ended since the last flush: the router forgets them (it keeps every dispatched job
+  // until then, to run again should this batcher go down).
+  std::vector<uint64_t> ended_;
+  int32_t fault_steps_ = 0;  // steps seen, for the test-only fault
   std::vector<Seq*> running_;  // sorted by Seq::key
   std::set<Seq*, Before> waiting_;  // preempted jobs resume before later arrivals
   std::vector<Seq*> planned_;  // the step being built, then the step in flight

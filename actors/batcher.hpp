@@ -55,6 +55,7 @@ caf::actor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
 struct BatcherExtras {
   caf::actor supervisor;  ///< gets failed_atom, recovered_atom and kvpolicy_atom notices
   uint64_t pair = 0;      ///< the supervisor's id of this batcher+executor pair (logs)
+  int32_t test_fault_throw_after = 0;  ///< TEST ONLY: throw after this many steps (0: never)
 };
 
 /// spawn_batcher for a supervised pair. Beyond the above it monitors `executor`; an executor

@@ -308,6 +308,7 @@ void log_line(const std::string& text);
 //   batcher   -> executor: (step_atom, StepPlan)      -> StepResult
 //   batcher   -> executor: (release_atom, std::vector<uint64_t> uids)   (no reply)
 //   batcher   -> router:   (credit_atom, caf::actor batcher, uint32 n)   (no reply)
+//   batcher   -> router:   (finished_atom, std::vector<uint64_t> uids)   jobs it ended (no reply)
 //   router    -> batcher:  (run_atom, Job)                               (no reply)
 //   router    -> egress:   (pull_atom, uint32 credit)   PULL messages the gateway may read
 //   any       -> egress:   (out_atom, <Event>)          one of the *Event types above

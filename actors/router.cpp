@@ -45,6 +45,10 @@ struct BatcherCredit {
   // Leading prompt blocks sent to this batcher; it goes with the entry when the batcher retires
   // or goes down, so a replacement starts cold like its real cache.
   policy::PrefixIndex index;
+  // The jobs dispatched here that have not ended (finished_atom) or come back (requeue_atom):
+  // what the router runs again should the batcher itself go down, since its own records die
+  // with it.
+  std::unordered_map<uint64_t, Job> running;
 };
 
 struct RouterState {
@@ -72,7 +76,9 @@ struct RouterState {
   // counters (stats_atom)
   uint64_t enqueued = 0, dispatched = 0, expired = 0, cancelled = 0, rejected_full = 0,
            overflowed = 0, pull_granted = 0, requeued = 0, retired = 0, affinity_hits = 0,
-           affinity_overruled = 0;
+           affinity_overruled = 0, lost_requeued = 0, lost_failed = 0;
+  // Jobs still running on batchers that retired (they finish them before they exit), by batcher.
+  std::unordered_map<caf::actor_addr, std::unordered_map<uint64_t, Job>> retiring;
 
   static inline const char* name = "sy.router";
 };
@@ -261,7 +267,71 @@ void send_to_best(Self* self, Job job, int64_t now_ms) {
   --st.credit_total;
   ++st.dispatched;
   st.drain->on_completed(1, now_ms);
+  best->running.insert_or_assign(job.uid, job);
   self->send(best->handle, run_atom::value, std::move(job));
+}
+
+/// Forgets `uid` as running anywhere (it ended, or it is back in the router).
+void forget_running(RouterState& st, uint64_t uid) {
+  for (auto& b : st.batchers)
+    if (b.running.erase(uid)) return;
+  for (auto& [addr, jobs] : st.retiring)
+    if (jobs.erase(uid)) return;
+}
+
+/// A batcher went down with jobs it had neither ended nor sent back (it crashed itself; an
+/// executor failure sends them back first). Jobs whose client saw no streamed chunk run again
+/// ahead of their class, as after an executor failure; a streamed job cannot be resumed without
+/// repeating or losing text the client may already have, so it ends with engine_dead, as does a
+/// job past its retries.
+void recover_lost(Self* self, std::unordered_map<uint64_t, Job> jobs, const caf::error& reason) {
+  auto& st = self->state;
+  if (jobs.empty()) return;
+  std::vector<Job> order;
+  order.reserve(jobs.size());
+  for (auto& [uid, j] : jobs) order.push_back(std::move(j));
+  // Oldest first, so that re-queued jobs keep their arrival order.
+  std::sort(order.begin(), order.end(),
+            [](const Job& a, const Job& b) { return a.arrival_us < b.arrival_us; });
+  const std::string why = self->system().render(reason);
+  uint64_t back = 0, failed = 0;
+  for (Job& j : order) {
+    const bool streamed = j.stream && j.client.kind == ClientRef::router;
+    ++j.attempt;
+    if (streamed || j.attempt > st.cfg.max_job_retries) {
+      ErrorEvent e;
+      e.to = j.client;
+      e.uid = j.uid;
+      e.id = j.id;
+      e.tenant = j.tenant;
+      e.code = static_cast<uint8_t>(ErrorCode::engine_dead);
+      e.message = streamed ? "the batcher running this streamed job stopped (" + why +
+                                 "); output already streamed cannot be resumed"
+                           : "the batcher running this job stopped (" + why + ") " +
+                                 std::to_string(j.attempt) + " times";
+      JobOutcome o;
+      o.uid = j.uid;
+      o.id = j.id;
+      o.tenant = j.tenant;
+      o.outcome = 1;
+      o.code = e.code;
+      o.error = e;
+      send_out(self, std::move(e));
+      report(self, std::move(o));
+      ++failed;
+      continue;
+    }
+    std::size_t ci = std::min<std::size_t>(j.class_index, st.retry.size() - 1);
+    st.retry[ci].push_back(std::move(j));
+    ++st.retry_total;
+    ++st.requeued;
+    ++back;
+  }
+  st.lost_requeued += back;
+  st.lost_failed += failed;
+  log_line("router: a batcher went down (" + why + ") holding " + std::to_string(order.size()) +
+           " jobs: " + std::to_string(back) + " re-queued, " + std::to_string(failed) +
+           " ended with engine_dead");
 }
 
 /// Sweeps expired jobs, then hands out queued jobs against batcher credit, highest priority first.
@@ -419,6 +489,12 @@ caf::settings stats(Self* self) {
   put("requeued", st.requeued);
   put("retry_queued", st.retry_total);
   put("retired", st.retired);
+  put("lost_requeued", st.lost_requeued);
+  put("lost_failed", st.lost_failed);
+  std::size_t tracked = 0;
+  for (const auto& b : st.batchers) tracked += b.running.size();
+  for (const auto& [addr, jobs] : st.retiring) tracked += jobs.size();
+  put("running_tracked", tracked);
   put("waiting_total", st.queue->size() + st.overflow_total + st.retry_total);
   // The age of the oldest waiting job (the autoscaler's queue-wait signal). arrival_us is the
   // gateway's steady clock, the same as now_us().
@@ -458,11 +534,23 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
   st.drain.emplace(clock_ms(self), opts.retry);
   self->set_down_handler([self](const caf::down_msg& dm) {
     auto& s = self->state;
+    std::unordered_map<uint64_t, Job> lost;
     auto it = std::find_if(s.batchers.begin(), s.batchers.end(),
                            [&](const BatcherCredit& b) { return b.handle.address() == dm.source; });
-    if (it == s.batchers.end()) return;
-    s.credit_total -= it->credit;
-    s.batchers.erase(it);
+    if (it != s.batchers.end()) {
+      s.credit_total -= it->credit;
+      lost = std::move(it->running);
+      s.batchers.erase(it);
+    } else if (auto r = s.retiring.find(dm.source); r != s.retiring.end()) {
+      lost = std::move(r->second);
+      s.retiring.erase(r);
+    } else {
+      return;
+    }
+    // Whatever is left was neither ended nor sent back before the batcher went: its notices to
+    // the router precede its down message (one sender, one receiver: CAF keeps their order).
+    recover_lost(self, std::move(lost), dm.reason);
+    dispatch(self);
   });
   grant_pull(self);
   return {
@@ -474,7 +562,7 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
                                [&](const BatcherCredit& b) { return b.handle == batcher; });
         if (it == s.batchers.end()) {
           self->monitor(batcher);
-          s.batchers.push_back({batcher, 0, policy::PrefixIndex(s.opts.prefix_index_capacity)});
+          s.batchers.push_back({batcher, 0, policy::PrefixIndex(s.opts.prefix_index_capacity), {}});
           it = s.batchers.end() - 1;
         }
         it->credit += n;
@@ -482,9 +570,13 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
         dispatch(self);
       },
       [self](cancel_atom, uint64_t uid) { cancel(self, uid); },
+      [self](finished_atom, const std::vector<uint64_t>& uids) {
+        for (uint64_t uid : uids) forget_running(self->state, uid);
+      },
       [self](requeue_atom, std::vector<Job>& jobs) {
         auto& s = self->state;
         for (Job& j : jobs) {
+          forget_running(s, j.uid);
           if (s.queued.count(j.uid)) continue;  // already back (a duplicate requeue)
           std::size_t ci = std::min<std::size_t>(j.class_index, s.retry.size() - 1);
           s.retry[ci].push_back(std::move(j));
@@ -500,7 +592,10 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
         if (it == s.batchers.end()) return 0;
         auto revoked = static_cast<uint32_t>(it->credit);
         s.credit_total -= it->credit;
-        self->demonitor(batcher);
+        // Still monitored: a retiring batcher finishes its jobs first, and should it go down
+        // before that, they are recovered like any other batcher's.
+        if (it->running.empty()) self->demonitor(batcher);
+        else s.retiring[batcher.address()] = std::move(it->running);
         s.batchers.erase(it);
         ++s.retired;
         return revoked;

@@ -73,6 +73,7 @@ bool spawn_pair(Self* self) {
   const int slot = free_slot(st);
   if (slot < 0) return false;  // every slot busy (retiring pairs still hold theirs)
   ExecutorSpec spec = st.cfg.executor;
+  const bool first = !st.fault_flags_used;
   if (st.fault_flags_used) {
     spec.test_fault_throw_after = 0;
     spec.test_fault_hang_after = 0;
@@ -87,6 +88,7 @@ bool spawn_pair(Self* self) {
   BatcherExtras extras;
   extras.supervisor = caf::actor_cast<caf::actor>(self);
   extras.pair = p.id;
+  if (first) extras.test_fault_throw_after = st.cfg.test_fault_batcher_throw_after;
   p.batcher = spawn_batcher(self->system(), st.cfg.batching, st.w.model, p.executor, st.w.router,
                             st.w.egress, st.w.admission, st.cfg.n_blocks, extras);
   self->monitor(p.batcher);
@@ -257,7 +259,7 @@ caf::behavior supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWirin
       return;
     }
     if (!p.failed) {
-      ++s.failures;  // the batcher itself died; its jobs cannot be recovered from here
+      ++s.failures;  // the batcher itself died; the router runs its jobs again
       ++s.failures_crash;
       log(self, "batcher " + std::to_string(p.id) + " down: " + self->system().render(dm.reason));
     }

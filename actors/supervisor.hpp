@@ -30,6 +30,8 @@ struct SupervisorConfig {
   int64_t interval_ms = 100;
   /// How long a pair may take to answer a stats request before the tick goes on without it.
   int64_t ask_timeout_ms = 1000;
+  /// TEST ONLY: the first batcher throws after this many steps (0: never).
+  int32_t test_fault_batcher_throw_after = 0;
 };
 
 /// The actors the pairs talk to (any may be invalid in tests).

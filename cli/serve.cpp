@@ -47,7 +47,7 @@ const char* const kServeUsage =
     "              [--step-timeout-ms MS] [--max-job-retries N]: elastic pairs and crash\n"
     "              recovery (docs/elasticity.md). TESTS ONLY: [--test-fault-executor-throw-after\n"
     "              N] [--test-fault-executor-hang-after N] make the first executor crash or hang\n"
-    "              after N steps.\n"
+    "              after N steps; [--test-fault-batcher-throw-after N] the first batcher.\n"
     "              [--journal PATH] [--journal-fsync always|batch|never] [--journal-batch-ms MS]:\n"
     "              durable accepted jobs and results, replayed at start (docs/durability.md).\n"
     "              On by default at STATE/<bind address>/switchyard.journal, STATE being\n"
@@ -63,6 +63,7 @@ const std::vector<std::string> kServeOptions = {
     "min-executors", "max-executors", "target-ongoing", "target-queue-wait-ms",
     "upscale-delay-ms", "downscale-delay-ms", "step-timeout-ms", "max-job-retries",
     "test-fault-executor-throw-after", "test-fault-executor-hang-after",
+    "test-fault-batcher-throw-after",
     "journal", "journal-fsync", "journal-batch-ms", "state-dir", "curve-allowed-keys"};
 const std::vector<std::string> kServeFlags = {"no-prefix-cache", "no-journal", "no-prefix-routing"};
 
@@ -148,6 +149,12 @@ int cmd_serve(const Args& a) {
     cfg.executors.test_fault_throw_after = static_cast<int>(ranged("test-fault-executor-throw-after", 1, 1 << 30));
   if (a.has("test-fault-executor-hang-after"))
     cfg.executors.test_fault_hang_after = static_cast<int>(ranged("test-fault-executor-hang-after", 1, 1 << 30));
+  if (a.has("test-fault-batcher-throw-after")) {
+    cfg.executors.test_fault_batcher_throw_after =
+        static_cast<int>(ranged("test-fault-batcher-throw-after", 1, 1 << 30));
+    std::cerr << "switchyard: TEST ONLY: the first batcher will throw after "
+              << cfg.executors.test_fault_batcher_throw_after << " steps\n";
+  }
   if (cfg.executors.test_fault_throw_after > 0 || cfg.executors.test_fault_hang_after > 0)
     std::cerr << "switchyard: TEST ONLY: the first executor will "
               << (cfg.executors.test_fault_throw_after > 0 ? "throw" : "hang") << " after "

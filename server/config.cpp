@@ -406,6 +406,7 @@ void finalize_config(ServerConfig& cfg) {
   if (!cfg.endpoints.pull.empty() && cfg.endpoints.results.empty())
     throw std::runtime_error("config: endpoints.pull needs endpoints.results (where pipeline results go)");
   cfg.router.block_size = cfg.batching.kv_block_size;
+  cfg.router.max_job_retries = cfg.batching.max_job_retries;
   // Affinity only pays where the batcher keeps prefixes.
   if (!cfg.batching.prefix_cache) cfg.router.prefix_affinity = false;
   if (cfg.shutdown_grace_ms < 0) throw std::runtime_error("config: shutdown_grace_ms must be >= 0");

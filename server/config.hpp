@@ -57,6 +57,7 @@ struct RouterConfig {
   bool prefix_affinity = true;
   uint32_t prefix_affinity_slack = 8;
   int32_t block_size = 16;  // set by finalize_config from batching.kv_block_size
+  uint32_t max_job_retries = 2;  // set by finalize_config from batching.max_job_retries
 };
 
 struct BatchingConfig {
@@ -85,6 +86,7 @@ struct ExecutorConfig {
   int threads = 0;                   // per executor; 0 = cores / count
   int test_fault_throw_after = 0;    // TEST ONLY: the first executor throws after N steps (0 off)
   int test_fault_hang_after = 0;     // TEST ONLY: the first executor stops answering after N steps
+  int test_fault_batcher_throw_after = 0;  // TEST ONLY: the first batcher throws after N steps
 };
 
 /// Elastic pairs (actors/supervisor.hpp, policies/autoscale.hpp): Ray Serve's autoscaling knobs.

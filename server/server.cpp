@@ -160,6 +160,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   sc.executor.max_batch_tokens = static_cast<int32_t>(c.batching.step_token_budget);
   sc.executor.step_delay_ms = c.batching.step_delay_ms;
   sc.executor.test_fault_throw_after = c.executors.test_fault_throw_after;
+  sc.test_fault_batcher_throw_after = c.executors.test_fault_batcher_throw_after;
   sc.executor.test_fault_hang_after = c.executors.test_fault_hang_after;
   // Fail here, not inside the actor, when the executor cannot be built (bad backend or model).
   if (sc.executor.backend == "cpu" && !sc.executor.model)
@@ -250,6 +251,8 @@ ServerSnapshot Server::snapshot() {
   s.dispatched = counter(r, "dispatched");
   s.affinity_hits = counter(r, "affinity_hits");
   s.affinity_overruled = counter(r, "affinity_overruled");
+  s.lost_requeued = counter(r, "lost_requeued");
+  s.lost_failed = counter(r, "lost_failed");
   s.expired = counter(r, "expired");
   {
     // The supervisor sums its batchers' counters and adds its own.
@@ -366,6 +369,8 @@ std::string ServerSnapshot::to_json() const {
   put("dispatched", dispatched);
   put("affinity_hits", affinity_hits);
   put("affinity_overruled", affinity_overruled);
+  put("lost_requeued", lost_requeued);
+  put("lost_failed", lost_failed);
   put("expired", expired);
   put("running", running);
   put("blocks_used", blocks_used);

@@ -19,6 +19,8 @@ struct ServerSnapshot {
   int64_t dispatched = 0;   ///< jobs the router gave to batchers
   int64_t affinity_hits = 0;       ///< of those, sent where their prompt prefix went before
   int64_t affinity_overruled = 0;  ///< a prefix match lost to the balance rule (slack)
+  int64_t lost_requeued = 0;  ///< jobs of a batcher that went down, run again elsewhere
+  int64_t lost_failed = 0;    ///< jobs of a batcher that went down, ended with engine_dead
   int64_t expired = 0;      ///< jobs whose deadline passed in the queue (never dispatched)
   int64_t running = 0;      ///< sequences running in the batchers (all pairs)
   int64_t blocks_used = 0;  ///< KV blocks held by sequences (all pairs)

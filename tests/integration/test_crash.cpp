@@ -1,6 +1,8 @@
 // Must-show 2: with 100 greedy jobs in flight, an executor that throws (TEST ONLY flag) and,
 // separately, one that hangs (caught by the step watchdog) are replaced; all 100 jobs complete
 // exactly once with llama.cpp's reference output, streamed ones without a repeated chunk.
+// Also a batcher that itself throws: the router runs its jobs again (streamed ones in flight end
+// with engine_dead, since their text cannot be resumed), and nothing is lost.
 #define BOOST_TEST_MODULE it_crash
 #include <boost/test/unit_test.hpp>
 
@@ -26,7 +28,10 @@ struct Seen {
   std::string error;
 };
 
-void run_with_fault(const std::vector<std::string>& fault, const char* what) {
+enum class Fault { executor, batcher };
+
+void run_with_fault(const std::vector<std::string>& fault, const char* what,
+                    Fault kind = Fault::executor) {
   const auto cases = sy::test::reference_cases(32);
   BOOST_REQUIRE(!cases.empty());
   std::vector<std::string> args = {"--model", sy::it::kStories, "--threads", "1"};
@@ -45,7 +50,9 @@ void run_with_fault(const std::vector<std::string>& fault, const char* what) {
     s.prompt = c.prompt_token_ids;
     s.max_tokens = 32;
     s.temperature = 0;
-    s.stream = i % 2 == 0;
+    // Half streamed for an executor fault (no chunk may repeat); a tenth for a batcher fault
+    // (those in flight end with engine_dead, so most jobs must run again to show recovery).
+    s.stream = kind == Fault::executor ? i % 2 == 0 : i % 10 == 0;
     expect[s.id] = &c;
     streamed[s.id] = s.stream;
     cl.submit(s);
@@ -77,10 +84,18 @@ void run_with_fault(const std::vector<std::string>& fault, const char* what) {
       seen[t->id].contiguous = false;  // a chunk after done
     }
   }
-  int exact = 0;
+  int exact = 0, dead = 0;
   for (const auto& [id, c] : expect) {
     BOOST_TEST_CONTEXT(what << " " << id) {
       const Seen& s = seen[id];
+      if (kind == Fault::batcher && streamed[id] && s.errors > 0) {
+        // In flight when its batcher died: ended once, with engine_dead, and no done.
+        BOOST_TEST(s.errors == 1);
+        BOOST_TEST(s.dones == 0);
+        BOOST_TEST(s.error.find("cannot be resumed") != std::string::npos, s.error);
+        ++dead;
+        continue;
+      }
       BOOST_TEST(s.dones == 1);
       BOOST_TEST(s.errors == 0, s.error);
       const auto& ids = streamed[id] ? s.streamed : s.done.ids;
@@ -91,8 +106,18 @@ void run_with_fault(const std::vector<std::string>& fault, const char* what) {
   }
   auto st = srv.stats();
   BOOST_TEST(st["executor_failures"] == 1);
-  BOOST_TEST(st["recoveries"] == 1);
   BOOST_TEST(st["executors"] == 1);
+  if (kind == Fault::batcher) {
+    BOOST_TEST(st["lost_requeued"] > 0);
+    BOOST_TEST(st["lost_failed"] == dead);
+    BOOST_TEST(exact + dead == kJobs);
+    BOOST_TEST_MESSAGE(what << ": " << exact << "/" << kJobs << " exact, " << st["lost_requeued"]
+                            << " re-queued by the router, " << dead
+                            << " streamed jobs ended with engine_dead");
+    BOOST_TEST(srv.stop(SIGTERM) == 0);
+    return;
+  }
+  BOOST_TEST(st["recoveries"] == 1);
   BOOST_TEST(st["requeued"] > 0);
   BOOST_TEST_MESSAGE(what << ": " << exact << "/" << kJobs << " exact, " << st["requeued"]
                           << " re-queued, recovery (fault -> first re-queued job running) "
@@ -108,4 +133,8 @@ BOOST_AUTO_TEST_CASE(throwing_executor) {
 
 BOOST_AUTO_TEST_CASE(hung_executor) {
   run_with_fault({"--test-fault-executor-hang-after", "12", "--step-timeout-ms", "500"}, "hang");
+}
+
+BOOST_AUTO_TEST_CASE(throwing_batcher) {
+  run_with_fault({"--test-fault-batcher-throw-after", "12"}, "batcher throw", Fault::batcher);
 }

@@ -9,10 +9,10 @@
 
 #include "actors/admission.hpp"
 #include "actors/messages.hpp"
-#include "tests/support/test_system.hpp"
 #include "actors/router.hpp"
 #include "ingress/error_code.hpp"
 #include "model/llama.hpp"
+#include "tests/support/test_system.hpp"
 
 using namespace sy;
 

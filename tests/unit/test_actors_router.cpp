@@ -7,12 +7,13 @@
 #include <caf/scheduler/test_coordinator.hpp>
 #include <map>
 #include <memory>
+#include <set>
 #include <tuple>
 
 #include "actors/messages.hpp"
-#include "tests/support/test_system.hpp"
 #include "actors/router.hpp"
 #include "ingress/error_code.hpp"
+#include "tests/support/test_system.hpp"
 
 using namespace sy;
 
@@ -454,6 +455,73 @@ BOOST_AUTO_TEST_CASE(batcher_going_down_loses_its_credit) {
   rig.sched->run();
   BOOST_CHECK(rig.t->runs.empty());
   BOOST_CHECK_EQUAL(rig.stat("queued"), 1);
+}
+
+// A batcher that itself goes down (not its executor) takes its records with it: the router runs
+// again what it had dispatched there and not heard of as ended — except a streamed job, whose
+// text cannot be resumed, and a job past its retries; those end with engine_dead.
+BOOST_AUTO_TEST_CASE(batcher_going_down_reruns_the_jobs_it_had_not_ended) {
+  RouterConfig rc = two_classes();
+  rc.max_job_retries = 2;
+  Rig rig(rc);
+  rig.credit(4);
+  Job plain = rig.job("a", 1, 4, 4, ClientRef::pipeline);
+  Job ended = rig.job("a", 1, 4, 4, ClientRef::pipeline);
+  Job streamed = rig.job("a", 0);
+  streamed.stream = true;
+  Job worn = rig.job("a", 1, 4, 4, ClientRef::pipeline);
+  worn.attempt = 2;  // two failures already: one more is past max_job_retries
+  for (const Job* j : {&plain, &ended, &streamed, &worn}) rig.push(*j);
+  rig.sched->run();
+  BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 4u);
+  BOOST_CHECK_EQUAL(rig.stat("running_tracked"), 4);
+  caf::anon_send(rig.router, finished_atom::value, std::vector<uint64_t>{ended.uid});
+  rig.sched->run();
+  BOOST_CHECK_EQUAL(rig.stat("running_tracked"), 3);
+
+  caf::anon_send_exit(rig.batcher, caf::exit_reason::kill);
+  rig.sched->run();
+  BOOST_CHECK_EQUAL(rig.stat("lost_requeued"), 1);
+  BOOST_CHECK_EQUAL(rig.stat("lost_failed"), 2);
+  BOOST_CHECK_EQUAL(rig.stat("retry_queued"), 1);
+  std::set<uint64_t> dead;
+  for (const auto& e : rig.t->errors) {
+    BOOST_CHECK_EQUAL(e.code, static_cast<uint8_t>(ErrorCode::engine_dead));
+    dead.insert(e.uid);
+  }
+  BOOST_CHECK((dead == std::set<uint64_t>{streamed.uid, worn.uid}));
+  BOOST_CHECK_EQUAL(rig.t->outcomes.size(), 2u);
+
+  // A replacement batcher gets the re-queued job, one attempt further on.
+  auto other = rig.sys->spawn(fake_batcher, rig.t, false);
+  caf::anon_send(other, credit_atom::value, rig.router, uint32_t{3});
+  rig.sched->run();
+  BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 5u);
+  BOOST_CHECK_EQUAL(rig.t->runs.back().uid, plain.uid);
+  BOOST_CHECK_EQUAL(rig.t->runs.back().attempt, 1u);
+  BOOST_CHECK_EQUAL(rig.stat("running_tracked"), 1);
+  caf::anon_send_exit(other, caf::exit_reason::user_shutdown);
+  rig.sched->run();
+}
+
+// A retiring batcher is still watched until it has ended its jobs.
+BOOST_AUTO_TEST_CASE(retiring_batcher_that_goes_down_loses_nothing) {
+  Rig rig(two_classes());
+  rig.credit(2);
+  rig.push(rig.job("a", 1, 4, 4, ClientRef::pipeline));
+  rig.push(rig.job("a", 1, 4, 4, ClientRef::pipeline));
+  rig.sched->run();
+  BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 2u);
+  caf::anon_send(rig.router, retire_atom::value, rig.batcher);
+  caf::anon_send(rig.router, finished_atom::value, std::vector<uint64_t>{rig.t->runs[0].uid});
+  rig.sched->run();
+  BOOST_CHECK_EQUAL(rig.stat("batchers"), 0);
+  BOOST_CHECK_EQUAL(rig.stat("running_tracked"), 1);
+  caf::anon_send_exit(rig.batcher, caf::exit_reason::kill);
+  rig.sched->run();
+  BOOST_CHECK_EQUAL(rig.stat("lost_requeued"), 1);
+  BOOST_CHECK_EQUAL(rig.stat("retry_queued"), 1);
+  BOOST_CHECK_EQUAL(rig.stat("running_tracked"), 0);
 }
 
 BOOST_AUTO_TEST_CASE(held_pipeline_job_expires_and_cancels_too) {

@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "actors/messages.hpp"
-#include "tests/support/test_system.hpp"
 #include "actors/router.hpp"
+#include "tests/support/test_system.hpp"
 
 using namespace sy;
 

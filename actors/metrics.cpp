@@ -335,6 +335,13 @@ std::string render(Self* self, const Scrape& s) {
   w.family("switchyard_jobs_requeued_total", "counter",
            "Jobs sent back to the router after their executor failed, to run elsewhere.");
   w.sample("switchyard_jobs_requeued_total", {}, static_cast<double>(stats_counter(sv, "requeued")));
+  w.family("switchyard_batcher_lost_jobs_total", "counter",
+           "Jobs held by a batcher that itself went down: re-queued by the router, or failed "
+           "(streamed, or past their retries).");
+  w.sample("switchyard_batcher_lost_jobs_total", Labels{{"outcome", "requeued"}},
+           static_cast<double>(stats_counter(s.router, "lost_requeued")));
+  w.sample("switchyard_batcher_lost_jobs_total", Labels{{"outcome", "failed"}},
+           static_cast<double>(stats_counter(s.router, "lost_failed")));
   w.family("switchyard_recovery_seconds", "histogram",
            "Time from an executor fault to the first of its re-queued jobs running again.");
   w.histogram("switchyard_recovery_seconds", {}, st.recovery);

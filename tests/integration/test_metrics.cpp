@@ -366,6 +366,7 @@ BOOST_AUTO_TEST_CASE(recovery_metrics_agree_with_the_supervisor) {
       BOOST_TEST(p.at("switchyard_executor_preemptions_total{executor=0}") == p.at("switchyard_preemptions_total"));
       BOOST_TEST(p.at("switchyard_curve_refused_total") == 0);
       BOOST_TEST(p.at("switchyard_prefix_affinity_dispatches_total{result=hit}") == st["affinity_hits"]);
+      BOOST_TEST(p.at("switchyard_batcher_lost_jobs_total{outcome=requeued}") == st["lost_requeued"]);
       BOOST_TEST(p.at("switchyard_prefix_affinity_dispatches_total{result=overruled}") ==
                  st["affinity_overruled"]);
       BOOST_TEST_MESSAGE(f.reason << ": " << st["requeued"] << " re-queued, recovery "

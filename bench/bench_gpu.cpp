@@ -2,8 +2,11 @@
 // (Llama-3-8B dimensions, random bf16 weights made on the device) through the CUDA engine:
 // decode tokens/s at several batch sizes over a 1024-token context, prefill tokens/s for
 // 2048-token prompts, each as a fraction of the measured ceilings. Prints a table; --json PATH
-// also writes the figures as JSON.
+// also writes the figures as JSON. --cuda-graphs replays the decode steps as CUDA graphs;
+// --graph-batches 1,16 adds decode rows of those batches with graphs (a second engine, built after
+// the first is gone), so one run shows decode both ways.
 //   bench_gpu [--json PATH] [--layers N] [--ctx 1024] [--prompt 2048] [--batches 1,16,64,256]
+//             [--cuda-graphs] [--graph-batches 1,16]
 #include <cuda_runtime.h>
 
 #include <chrono>
@@ -91,15 +94,73 @@ std::vector<int> parse_list(const std::string& s) {
 
 struct DecodeRow {
   int batch;
+  bool graphs;
   double step_ms, tok_s, gb_s;
 };
+
+// Decode rows for each batch size: every sequence holds `ctx` cached tokens (random KV) and
+// decodes warm + iters tokens; the timed steps are the last iters.
+std::vector<DecodeRow> decode_rows(sy::CudaEngine& e, const std::vector<int>& batches, int ctx,
+                                   bool graphs) {
+  const sy::LlamaConfig& c = e.config();
+  const int64_t kv_dim = int64_t{c.n_kv_heads} * c.head_dim;
+  const double kv_bytes_per_token = 2.0 * 2.0 * double(c.n_layers) * double(kv_dim);  // K+V, bf16
+  const int warm = 3, iters = 20;  // warm-up steps include a graph's capture
+  std::vector<DecodeRow> decode;
+  for (int B : batches) {
+    const int total = ctx + warm + iters;
+    const int nb = (total + e.block_size() - 1) / e.block_size();
+    std::vector<std::vector<int32_t>> bt(static_cast<size_t>(B));
+    bool ok = true;
+    for (auto& t : bt) {
+      for (int i = 0; i < nb && ok; ++i) {
+        auto b = e.pool().alloc();
+        if (!b)
+          ok = false;
+        else
+          t.push_back(*b);
+      }
+    }
+    if (!ok) {
+      std::printf("batch %d: KV pool too small, skipped\n", B);
+      for (auto& t : bt)
+        for (int32_t b : t) e.pool().free(b);
+      continue;
+    }
+    std::vector<int32_t> tok(static_cast<size_t>(B), 1), ids;
+    std::vector<sy::SampleControl> ctl(static_cast<size_t>(B));
+    Clock::time_point t0;
+    for (int s = 0; s < warm + iters; ++s) {
+      if (s == warm) t0 = Clock::now();
+      std::vector<sy::SeqStep> batch(static_cast<size_t>(B));
+      for (int i = 0; i < B; ++i) {
+        sy::SeqStep& st = batch[static_cast<size_t>(i)];
+        st.tokens = &tok[static_cast<size_t>(i)];
+        st.n_tokens = 1;
+        st.n_past = ctx + s;
+        st.block_table = bt[static_cast<size_t>(i)].data();
+        st.n_blocks = nb;
+      }
+      e.step_sample(batch, ctl, ids);
+      for (int i = 0; i < B; ++i) tok[static_cast<size_t>(i)] = ids[static_cast<size_t>(i)];
+    }
+    const double dt = seconds_since(t0) / iters;
+    const double bytes =
+        static_cast<double>(e.weight_bytes()) + B * (ctx + warm + iters / 2.0) * kv_bytes_per_token;
+    decode.push_back({B, graphs, dt * 1e3, B / dt, bytes / dt / 1e9});
+    for (auto& t : bt)
+      for (int32_t b : t) e.pool().free(b);
+  }
+  return decode;
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string json;
   int layers = 32, ctx = 1024, prompt = 2048;
-  std::vector<int> batches = {1, 16, 64, 256};
+  std::vector<int> batches = {1, 16, 64, 256}, graph_batches;
+  bool graphs = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto next = [&]() -> std::string {
@@ -119,10 +180,14 @@ int main(int argc, char** argv) {
       prompt = std::stoi(next());
     else if (a == "--batches")
       batches = parse_list(next());
+    else if (a == "--cuda-graphs")
+      graphs = true;
+    else if (a == "--graph-batches")
+      graph_batches = parse_list(next());
     else {
       std::fprintf(stderr,
                    "usage: bench_gpu [--json PATH] [--layers N] [--ctx N] [--prompt N] "
-                   "[--batches 1,16,...]\n");
+                   "[--batches 1,16,...] [--cuda-graphs] [--graph-batches 1,16,...]\n");
       return 2;
     }
   }
@@ -156,65 +221,19 @@ int main(int argc, char** argv) {
   c.norm_eps = 1e-5f;
   int max_batch = 1;
   for (int b : batches) max_batch = std::max(max_batch, b);
+  for (int b : graph_batches) max_batch = std::max(max_batch, b);
   sy::CudaEngineOptions o;
   o.max_batch_tokens = std::max(prompt, max_batch);
   o.max_logit_rows = max_batch;
+  o.cuda_graphs = graphs;
   const auto t_load = Clock::now();
   auto e = sy::make_cuda_engine_synthetic(c, o, 42);
   e->randomize_kv(7);
   std::printf("8B-shaped model (%d layers): weights %.2f GB, KV cache %.2f GB, built in %.1f s\n",
               layers, e->weight_bytes() / 1e9, e->kv_bytes() / 1e9, seconds_since(t_load));
 
-  const int64_t kv_dim = int64_t{c.n_kv_heads} * c.head_dim;
-  const double kv_bytes_per_token = 2.0 * 2.0 * double(c.n_layers) * double(kv_dim);  // K+V, bf16
-  const int warm = 3, iters = 20;
-  std::vector<DecodeRow> decode;
-  for (int B : batches) {
-    // Each sequence holds `ctx` cached tokens (random KV) and decodes warm + iters tokens.
-    const int total = ctx + warm + iters;
-    const int nb = (total + e->block_size() - 1) / e->block_size();
-    std::vector<std::vector<int32_t>> bt(static_cast<size_t>(B));
-    bool ok = true;
-    for (auto& t : bt) {
-      for (int i = 0; i < nb && ok; ++i) {
-        auto b = e->pool().alloc();
-        if (!b)
-          ok = false;
-        else
-          t.push_back(*b);
-      }
-    }
-    if (!ok) {
-      std::printf("batch %d: KV pool too small, skipped\n", B);
-      for (auto& t : bt)
-        for (int32_t b : t) e->pool().free(b);
-      continue;
-    }
-    std::vector<int32_t> tok(static_cast<size_t>(B), 1), ids;
-    std::vector<sy::SampleControl> ctl(static_cast<size_t>(B));
-    Clock::time_point t0;
-    for (int s = 0; s < warm + iters; ++s) {
-      if (s == warm) t0 = Clock::now();
-      std::vector<sy::SeqStep> batch(static_cast<size_t>(B));
-      for (int i = 0; i < B; ++i) {
-        sy::SeqStep& st = batch[static_cast<size_t>(i)];
-        st.tokens = &tok[static_cast<size_t>(i)];
-        st.n_tokens = 1;
-        st.n_past = ctx + s;
-        st.block_table = bt[static_cast<size_t>(i)].data();
-        st.n_blocks = nb;
-      }
-      e->step_sample(batch, ctl, ids);
-      for (int i = 0; i < B; ++i) tok[static_cast<size_t>(i)] = ids[static_cast<size_t>(i)];
-    }
-    const double dt = seconds_since(t0) / iters;
-    const double bytes = static_cast<double>(e->weight_bytes()) +
-                         B * (ctx + warm + iters / 2.0) * kv_bytes_per_token;
-    decode.push_back({B, dt * 1e3, B / dt, bytes / dt / 1e9});
-    for (auto& t : bt)
-      for (int32_t b : t) e->pool().free(b);
-  }
-
+  const size_t weight_bytes = e->weight_bytes();
+  std::vector<DecodeRow> decode = decode_rows(*e, batches, ctx, graphs);
   // prefill: one 2048-token prompt per step
   double prefill_s = 0, prefill_tflops = 0;
   {
@@ -243,12 +262,22 @@ int main(int argc, char** argv) {
     prefill_tflops = flops / prefill_s / 1e12;
     for (int32_t b : bt) e->pool().free(b);
   }
+  if (!graph_batches.empty()) {
+    // The first engine's KV cache fills the device: it goes before the second is built.
+    e.reset();
+    o.cuda_graphs = true;
+    const auto t_graphs = Clock::now();
+    auto eg = sy::make_cuda_engine_synthetic(c, o, 42);
+    eg->randomize_kv(7);
+    std::printf("second engine, with CUDA graphs: built in %.1f s\n", seconds_since(t_graphs));
+    for (const DecodeRow& d : decode_rows(*eg, graph_batches, ctx, true)) decode.push_back(d);
+  }
 
   std::printf(
       "\n| phase | batch | step ms | tokens/s | GB/s | fraction |\n|---|---|---|---|---|---|\n");
   for (const DecodeRow& d : decode) {
-    std::printf("| decode ctx %d | %d | %.2f | %.0f | %.0f | %.2f of copy bandwidth |\n", ctx,
-                d.batch, d.step_ms, d.tok_s, d.gb_s, d.gb_s * 1e9 / bw);
+    std::printf("| decode ctx %d%s | %d | %.2f | %.0f | %.0f | %.2f of copy bandwidth |\n", ctx,
+                d.graphs ? " graphs" : "", d.batch, d.step_ms, d.tok_s, d.gb_s, d.gb_s * 1e9 / bw);
   }
   std::printf("| prefill %d | 1 | %.1f | %.0f | - | %.2f of GEMM rate (%.0f TFLOP/s) |\n", prompt,
               prefill_s * 1e3, prompt / prefill_s, prefill_tflops * 1e12 / gemm, prefill_tflops);
@@ -257,12 +286,13 @@ int main(int argc, char** argv) {
     std::ofstream f(json);
     f << "{\n  \"device\": \"" << prop.name << "\",\n  \"copy_bandwidth_gbs\": " << bw / 1e9
       << ",\n  \"gemm_bf16_tflops\": " << gemm / 1e12 << ",\n  \"layers\": " << layers
-      << ",\n  \"weight_bytes\": " << e->weight_bytes() << ",\n  \"decode\": [";
+      << ",\n  \"weight_bytes\": " << weight_bytes << ",\n  \"decode\": [";
     for (size_t i = 0; i < decode.size(); ++i) {
       const DecodeRow& d = decode[i];
       f << (i ? ",\n" : "\n") << "    {\"batch\": " << d.batch << ", \"ctx\": " << ctx
-        << ", \"step_ms\": " << d.step_ms << ", \"tokens_per_s\": " << d.tok_s
-        << ", \"gbs\": " << d.gb_s << ", \"fraction_of_copy_bw\": " << d.gb_s * 1e9 / bw << "}";
+        << ", \"cuda_graphs\": " << (d.graphs ? "true" : "false") << ", \"step_ms\": " << d.step_ms
+        << ", \"tokens_per_s\": " << d.tok_s << ", \"gbs\": " << d.gb_s
+        << ", \"fraction_of_copy_bw\": " << d.gb_s * 1e9 / bw << "}";
     }
     f << "\n  ],\n  \"prefill\": {\"prompt\": " << prompt << ", \"ms\": " << prefill_s * 1e3
       << ", \"tokens_per_s\": " << prompt / prefill_s << ", \"tflops\": " << prefill_tflops

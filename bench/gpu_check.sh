@@ -6,7 +6,8 @@
 # Figures and logs go under $OUT when it is set. Optional environment: SY_MODELS_DIR (folder with
 # stories260K.gguf and reference-llamacpp.json; default ../shared/models, else ./build-models, a
 # git-ignored folder a device session can carry),
-# BUILD_DIR (default build-gpucheck), JOBS (default: all cores), BENCH_ARGS (extra bench_gpu flags).
+# BUILD_DIR (default build-gpucheck), JOBS (default: all cores), BENCH_ARGS (extra bench_gpu flags),
+# GRAPH_BATCHES (decode batches measured again with CUDA graphs, default 1,16; empty: none).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -73,9 +74,17 @@ else
 fi
 
 log "bench_gpu"
+graph_batches=${GRAPH_BATCHES-1,16}
 # shellcheck disable=SC2086
-timeout 360 "$build/bench_gpu" ${out:+--json "$out/bench_gpu.json"} ${BENCH_ARGS:-} 2>&1 \
-  | tee ${out:+"$out/bench_gpu.log"}
+timeout 360 "$build/bench_gpu" ${out:+--json "$out/bench_gpu.json"} \
+  ${graph_batches:+--graph-batches "$graph_batches"} ${BENCH_ARGS:-} 2>&1 \
+  | tee /tmp/sy_bench_gpu.log ${out:+"$out/bench_gpu.log"}
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if [ -n "$graph_batches" ]; then
+  log "decode without and with CUDA graphs (batches $graph_batches)"
+  for b in ${graph_batches//,/ }; do
+    grep -E "^\| decode ctx [0-9]+( graphs)? \| $b \|" /tmp/sy_bench_gpu.log
+  done
+fi
 log "done in $(( $(date +%s) - t_start )) s, status $status"
 exit $status

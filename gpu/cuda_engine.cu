@@ -1,13 +1,18 @@
 // The CUDA backend: a batched Llama step over a paged KV cache in device memory. All new tokens
 // of a step form one (T, dim) activation matrix; matrix products go through cuBLASLt, the rest
 // through the kernels of kernels/cuda. Only token ids, positions, block tables (and sampling
-// controls) go to the device each step; logits or sampled ids come back.
+// controls) go to the device each step; logits or sampled ids come back. With cuda_graphs, pure
+// decode steps replay a graph captured per padded batch size.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
+#include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <type_traits>
 
 #include "gpu/cuda_engine.hpp"
 #include "kernels/cuda/attention_decode.cuh"
@@ -15,6 +20,7 @@
 #include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/gemm.cuh"
+#include "kernels/cuda/gemv_q.cuh"
 #include "kernels/cuda/kv_cache.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
@@ -49,6 +55,20 @@ constexpr int32_t kMaxSplits = 64;
 constexpr size_t kUploadChunkBytes = size_t{64} << 20;
 // Largest accepted KV block: far above useful sizes, small enough for 32-bit slot arithmetic.
 constexpr int32_t kMaxBlockSize = 1 << 16;
+// Largest decode batch replayed as a CUDA graph; smaller batches are padded up to the next power
+// of two (1, 2, 4, ...), so at most nine graphs per variant exist. Past 256 sequences the launch
+// gaps a graph removes are small next to the step's own work.
+constexpr int32_t kMaxGraphBatch = 256;
+// Block-table entries per sequence that the graphs' fixed metadata first holds (1024 tokens at
+// 16 per block); a longer sequence doubles it and the graphs are captured again.
+constexpr int32_t kGraphMinBlocksPerSeq = 64;
+
+// Smallest power of two >= n (n >= 1).
+int32_t pow2_at_least(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return static_cast<int32_t>(std::min<int64_t>(p, INT32_MAX));
+}
 
 double gib(size_t b) {
   return static_cast<double>(b) / static_cast<double>(size_t{1} << 30);
@@ -127,6 +147,16 @@ class HostBuf {
   size_t bytes_ = 0;
 };
 
+// Q8_0 and Q4_0: the types gemv_q reads straight from the file's blocks.
+bool gemv_type(kernels::DType t) {
+  return t == kernels::DType::Q8_0 || t == kernels::DType::Q4_0;
+}
+
+// Bytes of a weight as stored in the file.
+size_t file_bytes(const kernels::WeightView& w) {
+  return kernels::row_bytes(w.type, w.cols) * static_cast<size_t>(w.rows);
+}
+
 cuda::SrcType src_type(kernels::DType t) {
   switch (t) {
     case kernels::DType::F32:
@@ -151,6 +181,7 @@ class CudaEngineImpl final : public CudaEngine {
   ~CudaEngineImpl() override {
     if (stream_) {
       cudaStreamSynchronize(stream_);
+      drop_graphs();
       gemm_.reset();
       cudaStreamDestroy(stream_);
     }
@@ -171,16 +202,27 @@ class CudaEngineImpl final : public CudaEngine {
   size_t kv_bytes() const override { return k_.bytes() + v_.bytes(); }
 
  private:
+  // A matrix kept as the file's Q8_0 / Q4_0 blocks for gemv_q (quantized_decode).
+  struct QWeight {
+    DevBuf buf;
+    cuda::SrcType type = cuda::SrcType::Q8_0;
+  };
   struct Layer {
     DevBuf attn_norm, wqkv, wo, ffn_norm, wgu, wdown;
+    QWeight qwqkv, qwo, qwgu, qwdown;  // with quantized_decode only
   };
   // Offsets (in int32 units) of the step's metadata inside the host and device buffers.
   struct Meta {
-    size_t tokens, pos, slot, nkeys, window, row_seq, bt_off, bt, dec_rows, tile_row0, tile_len,
-        out_rows, total;
+    size_t tokens, pos, slot, nkeys, window, sinks, sink_pos, row_seq, bt_off, bt, dec_rows,
+        tile_row0, tile_len, out_rows, total;
   };
+  // The offsets for T_ rows, S sequences and n_bt block-table entries.
+  static Meta layout(size_t T_, size_t S, size_t n_bt);
 
   void upload(const kernels::WeightView& w, T* dst, DevBuf& staging);
+  // The parts' blocks back to back (parts of one type) as one quantized matrix.
+  void upload_quant(std::initializer_list<const kernels::WeightView*> parts, QWeight& dst,
+                    const char* what);
   void upload_norm(const float* src, DevBuf& dst, const char* what);
   void synth(T* dst, int64_t rows, int64_t cols, uint64_t seed);
   int32_t plan(const std::vector<SeqStep>& batch, bool last_only, StepOutput* out);
@@ -190,10 +232,19 @@ class CudaEngineImpl final : public CudaEngine {
     if (s.window > 0 && o_.sliding_window > 0) return std::min(s.window, o_.sliding_window);
     return s.window > 0 ? s.window : o_.sliding_window;
   }
+  // The sinks of a sequence's rows: SeqStep::sinks where its rows have a window, else 0.
+  int32_t row_sinks(const SeqStep& s) const {
+    return s.window > 0 && row_window(s) > 0 ? s.sinks : 0;
+  }
   void forward();
+  // forward() (then the sampling kernel with `sample`), directly or through the CUDA graph of
+  // the step's padded decode batch, captured on first use.
+  void run(bool sample);
+  void launch_sample();
+  void drop_graphs();
   void ensure_logit_rows(int32_t rows);
-  T* kc(int l) const { return k_.template as<T>() + int64_t{l} * n_slots_ * kv_dim_; }
-  T* vc(int l) const { return v_.template as<T>() + int64_t{l} * n_slots_ * kv_dim_; }
+  T* kc(int l) const { return k_.template as<T>() + int64_t{l} * layer_slots_ * kv_dim_; }
+  T* vc(int l) const { return v_.template as<T>() + int64_t{l} * layer_slots_ * kv_dim_; }
 
   std::shared_ptr<LlamaModel> model_;
   LlamaConfig c_;
@@ -205,12 +256,18 @@ class CudaEngineImpl final : public CudaEngine {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Gemm> gemm_;
   std::unique_ptr<BlockPool> pool_;
-  int64_t n_slots_ = 0;
+  int64_t n_slots_ = 0;      // slots of the pool's blocks
+  int64_t layer_slots_ = 0;  // slots per layer: the pool's, plus the padding block with graphs
   size_t weight_bytes_ = 0;
 
   // weights
   DevBuf tok_embd_, output_, output_norm_;
   std::vector<Layer> layers_;
+  // quantized_decode: every layer matrix has a quantized copy (qdecode_), the output matrix too
+  // where the file stores it quantized (qoutput_); steps of at most kGemvMaxTokens tokens use them.
+  bool qdecode_ = false, qoutput_ = false;
+  QWeight qout_;
+  DevBuf qx_;                    // f32 (kGemvMaxTokens, max(dim, q_dim, ffn)) inputs of gemv_q
   const T* output_w_ = nullptr;  // output_ or tok_embd_ when the file ties them
   // KV cache
   DevBuf k_, v_;  // (n_layers, n_slots, kv_dim) each
@@ -228,10 +285,23 @@ class CudaEngineImpl final : public CudaEngine {
   HostBuf meta_h_, params_h_, tokens_h_;
   int32_t logit_rows_cap_ = 0;
   int64_t ws_row_splits_ = 0;  // (row, split) pairs the decode workspace holds
+  DevBuf q_sink_;              // f32 (T, q_dim) sink queries; allocated by the first sinks step
+
+  // CUDA graphs of decode steps, by (padded batch, sinks, sampling). A graph bakes in the
+  // addresses of every buffer it touches: whatever reallocates one drops them all.
+  std::map<std::tuple<int32_t, bool, bool>, cudaGraphExec_t> graphs_;
+  DevBuf graph_meta_d_;  // fixed metadata of graph steps, laid out for kMaxGraphBatch rows
+  HostBuf graph_meta_h_;
+  int32_t graph_bt_cap_ = 0;  // block-table entries per sequence in graph metadata
+  int32_t pad_block_ = -1;    // block outside the pool that padding rows write and read
 
   // the current step's plan
   Meta m_{};
   int32_t n_tok_ = 0, n_seq_ = 0, n_dec_ = 0, n_tiles_ = 0, n_out_ = 0, n_splits_ = 1;
+  int32_t n_ret_ = 0;               // logit rows (or sampled ids) returned: n_out_ without padding
+  int32_t graph_rows_ = 0;          // padded batch of a graph step; 0: the step runs directly
+  bool sinks_ = false;              // some row of the step attends to sink slots
+  const int32_t* md_ = nullptr;     // the step's device metadata (meta_d_ or graph_meta_d_)
   std::vector<int32_t> host_;       // metadata assembled here, then copied to pinned memory
   std::vector<int64_t> slot_sort_;  // duplicate-slot check
 };
@@ -272,9 +342,25 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
   const bool tied = model_ && model_->weights().output.data == model_->weights().tok_embd.data;
   const int64_t dim = c.dim, F = c.ffn_dim, V = c.n_vocab;
   const int64_t per_layer = qkv_dim_ * dim + dim * q_dim_ + 2 * F * dim + dim * F;
-  const size_t wbytes =
+  size_t wbytes =
       sizeof(T) * static_cast<size_t>(per_layer * c.n_layers + V * dim * (tied ? 1 : 2)) +
       sizeof(float) * static_cast<size_t>(2 * dim * c.n_layers + dim);
+  if (o_.quantized_decode && model_) {
+    // Only when every layer matrix is Q8_0 / Q4_0, fused parts (q|k|v, gate|up) of one type.
+    const LlamaWeights& w = model_->weights();
+    qdecode_ = !w.layers.empty();
+    size_t qbytes = 0;
+    for (const LlamaLayer& S : w.layers) {
+      qdecode_ = qdecode_ && gemv_type(S.wq.type) && S.wk.type == S.wq.type &&
+                 S.wv.type == S.wq.type && gemv_type(S.wo.type) && gemv_type(S.w_gate.type) &&
+                 S.w_up.type == S.w_gate.type && gemv_type(S.w_down.type);
+      for (const auto* m : {&S.wq, &S.wk, &S.wv, &S.wo, &S.w_gate, &S.w_up, &S.w_down})
+        qbytes += file_bytes(*m);
+    }
+    qoutput_ = qdecode_ && gemv_type(w.output.type);
+    if (qoutput_) qbytes += file_bytes(w.output);
+    if (qdecode_) wbytes += qbytes;
+  }
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (wbytes > free_b) {
@@ -331,7 +417,14 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
       upload(S.w_down, L.wdown.template as<T>(), staging);
       upload_norm(S.attn_norm, L.attn_norm, "attn_norm");
       upload_norm(S.ffn_norm, L.ffn_norm, "ffn_norm");
+      if (qdecode_) {
+        upload_quant({&S.wq, &S.wk, &S.wv}, L.qwqkv, "quantized wq|wk|wv");
+        upload_quant({&S.wo}, L.qwo, "quantized wo");
+        upload_quant({&S.w_gate, &S.w_up}, L.qwgu, "quantized w_gate|w_up");
+        upload_quant({&S.w_down}, L.qwdown, "quantized w_down");
+      }
     }
+    if (qoutput_) upload_quant({&w.output}, qout_, "quantized output matrix");
     CUDA_CHECK(cudaStreamSynchronize(stream_));
   }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -345,6 +438,9 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
   att_.alloc(sizeof(T) * Tm * q_dim_, "activations");
   gu_.alloc(sizeof(float) * Tm * 2 * F, "activations");
   h_.alloc(sizeof(T) * Tm * F, "activations");
+  if (qdecode_) {
+    qx_.alloc(sizeof(float) * cuda::kGemvMaxTokens * std::max({dim, q_dim_, F}), "gemv inputs");
+  }
   // Every decode row needs one split's worth at least, however large the step.
   ws_row_splits_ = std::max<int64_t>(kDecodeWorkspaceRowSplits, Tm);
   attn_ws_.alloc(sizeof(float) * cuda::attention_decode_workspace(static_cast<int>(ws_row_splits_),
@@ -373,8 +469,15 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
   }
   pool_ = std::make_unique<BlockPool>(static_cast<int32_t>(n_blocks));
   n_slots_ = n_blocks * bs_;
-  k_.alloc(sizeof(T) * static_cast<size_t>(c.n_layers * n_slots_ * kv_dim_), "K cache");
-  v_.alloc(sizeof(T) * static_cast<size_t>(c.n_layers * n_slots_ * kv_dim_), "V cache");
+  layer_slots_ = n_slots_;
+  if (o_.cuda_graphs) {
+    // Padding rows of graph steps need a block of their own; a slot id must stay 32-bit.
+    if (n_blocks >= INT32_MAX / bs_) throw std::invalid_argument("cuda engine: too many KV blocks");
+    pad_block_ = static_cast<int32_t>(n_blocks);
+    layer_slots_ += bs_;
+  }
+  k_.alloc(sizeof(T) * static_cast<size_t>(c.n_layers * layer_slots_ * kv_dim_), "K cache");
+  v_.alloc(sizeof(T) * static_cast<size_t>(c.n_layers * layer_slots_ * kv_dim_), "V cache");
 }
 
 template <class T>
@@ -398,6 +501,21 @@ void CudaEngineImpl<T>::upload(const kernels::WeightView& w, T* dst, DevBuf& sta
 }
 
 template <class T>
+void CudaEngineImpl<T>::upload_quant(std::initializer_list<const kernels::WeightView*> parts,
+                                     QWeight& dst, const char* what) {
+  size_t bytes = 0;
+  for (const auto* w : parts) bytes += file_bytes(*w);
+  dst.buf.alloc(bytes, what);
+  dst.type = src_type((*parts.begin())->type);
+  size_t at = 0;
+  for (const auto* w : parts) {
+    CUDA_CHECK(cudaMemcpy(dst.buf.template as<uint8_t>() + at, w->data, file_bytes(*w),
+                          cudaMemcpyHostToDevice));
+    at += file_bytes(*w);
+  }
+}
+
+template <class T>
 void CudaEngineImpl<T>::upload_norm(const float* src, DevBuf& dst, const char* what) {
   dst.alloc(sizeof(float) * static_cast<size_t>(c_.dim), what);
   CUDA_CHECK(cudaMemcpy(dst.template as<float>(), src, sizeof(float) * static_cast<size_t>(c_.dim),
@@ -414,7 +532,7 @@ void CudaEngineImpl<T>::synth(T* dst, int64_t rows, int64_t cols, uint64_t seed)
 
 template <class T>
 void CudaEngineImpl<T>::randomize_kv(uint64_t seed) {
-  const int64_t n = int64_t{c_.n_layers} * n_slots_ * kv_dim_;
+  const int64_t n = int64_t{c_.n_layers} * layer_slots_ * kv_dim_;
   CUDA_CHECK(cuda::fill_uniform<T>(k_.template as<T>(), n, 0.0f, 1.0f, seed, stream_));
   CUDA_CHECK(cuda::fill_uniform<T>(v_.template as<T>(), n, 0.0f, 1.0f, seed + 1, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -424,6 +542,7 @@ template <class T>
 void CudaEngineImpl<T>::ensure_logit_rows(int32_t rows) {
   if (rows <= logit_rows_cap_) return;
   CUDA_CHECK(cudaStreamSynchronize(stream_));
+  drop_graphs();
   logits_.alloc(sizeof(float) * static_cast<size_t>(rows) * c_.n_vocab, "logits");
   xr_.alloc(sizeof(T) * static_cast<size_t>(rows) * c_.dim, "final norm rows");
   params_d_.alloc(sizeof(cuda::SampleParams) * static_cast<size_t>(rows), "sampling controls");
@@ -431,6 +550,33 @@ void CudaEngineImpl<T>::ensure_logit_rows(int32_t rows) {
   params_h_.alloc(sizeof(cuda::SampleParams) * static_cast<size_t>(rows));
   tokens_h_.alloc(sizeof(int32_t) * static_cast<size_t>(rows));
   logit_rows_cap_ = rows;
+}
+
+template <class T>
+typename CudaEngineImpl<T>::Meta CudaEngineImpl<T>::layout(size_t T_, size_t S, size_t n_bt) {
+  Meta m{};
+  m.tokens = 0;
+  m.pos = m.tokens + T_;
+  m.slot = m.pos + T_;
+  m.nkeys = m.slot + T_;
+  m.window = m.nkeys + T_;
+  m.sinks = m.window + T_;
+  m.sink_pos = m.sinks + T_;
+  m.row_seq = m.sink_pos + T_;
+  m.bt_off = m.row_seq + T_;
+  m.bt = m.bt_off + S;
+  m.dec_rows = m.bt + n_bt;
+  m.tile_row0 = m.dec_rows + T_;
+  m.tile_len = m.tile_row0 + T_;
+  m.out_rows = m.tile_len + T_;
+  m.total = m.out_rows + T_;
+  return m;
+}
+
+template <class T>
+void CudaEngineImpl<T>::drop_graphs() {
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  graphs_.clear();
 }
 
 // Checks the whole batch before anything is written (a refused step leaves the cache as it was),
@@ -444,7 +590,8 @@ int32_t CudaEngineImpl<T>::plan(const std::vector<SeqStep>& batch, bool last_onl
   };
   // A step that threw half way may have left copies in flight from the pinned buffers.
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  int64_t total = 0, n_bt = 0;
+  int64_t total = 0, n_bt = 0, max_need = 0;
+  bool any_sinks = false;
   for (size_t i = 0; i < batch.size(); ++i) {
     const SeqStep& s = batch[i];
     if (s.n_tokens < 1) bad(i, "n_tokens must be >= 1");
@@ -452,10 +599,6 @@ int32_t CudaEngineImpl<T>::plan(const std::vector<SeqStep>& batch, bool last_onl
     if (s.n_past < 0) bad(i, "n_past must be >= 0");
     if (s.window < 0) bad(i, "window must be >= 0");
     if (s.sinks < 0) bad(i, "sinks must be >= 0");
-    // The sinks' second query position is not in the kernels; without a window sinks mean nothing.
-    if (s.sinks > 0 && s.window > 0) {
-      throw std::invalid_argument("sinks not supported by the CUDA backend yet");
-    }
     total += s.n_tokens;
     if (total > o_.max_batch_tokens) {
       throw std::invalid_argument("step: more than " + std::to_string(o_.max_batch_tokens) +
@@ -468,14 +611,18 @@ int32_t CudaEngineImpl<T>::plan(const std::vector<SeqStep>& batch, bool last_onl
       bad(i, "block table has " + std::to_string(s.n_blocks) + " blocks, " + std::to_string(need) +
                  " needed for " + std::to_string(end) + " slots");
     }
-    // Released (-1) entries are allowed only below the first new token's window: the slots
-    // the step reads or writes are [win_lo, end).
+    // Released (-1) entries are allowed only where no new token reads or writes: the slots the
+    // step touches are [0, sink_end) and [win_lo, end). Windows only move forward, so the first
+    // token has the lowest window start and the last the most sinks in sight.
     const int32_t w = row_window(s);
     const int64_t win_lo = w > 0 ? std::max<int64_t>(0, int64_t{s.n_past} + 1 - w) : 0;
+    const int64_t sink_end =
+        std::min<int64_t>(row_sinks(s), w > 0 ? std::max<int64_t>(0, end - w) : 0);
+    any_sinks = any_sinks || sink_end > 0;
     for (int64_t b = 0; b < need; ++b) {
       const int32_t id = s.block_table[b];
       if (id == -1) {
-        if ((b + 1) * bs_ > win_lo) {
+        if ((b + 1) * bs_ > win_lo || b * bs_ < sink_end) {
           bad(i, "block table entry " + std::to_string(b) +
                      " is -1 (released) but its slots are attended to or written by this step");
         }
@@ -491,28 +638,39 @@ int32_t CudaEngineImpl<T>::plan(const std::vector<SeqStep>& batch, bool last_onl
       if (s.positions && s.positions[t] < 0) bad(i, "negative position");
     }
     n_bt += need;
+    max_need = std::max(max_need, need);
   }
-  const size_t T_ = static_cast<size_t>(total), S = batch.size();
-  n_tok_ = static_cast<int32_t>(total);
-  n_seq_ = static_cast<int32_t>(S);
+  const size_t S = batch.size();
+  sinks_ = any_sinks;
+
+  // A pure decode step with cuda_graphs runs as the graph of its batch padded to a power of two:
+  // padding rows decode token 0 at position 0 into the private pad block, and every sequence's
+  // block table sits at a fixed stride, so the graph's metadata layout depends only on the size.
+  graph_rows_ = 0;
+  if (o_.cuda_graphs && S > 0 && total == static_cast<int64_t>(S)) {
+    const int32_t rows = pow2_at_least(static_cast<int64_t>(S));
+    if (rows <= kMaxGraphBatch && rows <= o_.max_batch_tokens) graph_rows_ = rows;
+  }
+  if (graph_rows_ > 0 && max_need > graph_bt_cap_) {
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    drop_graphs();
+    graph_bt_cap_ = std::max(kGraphMinBlocksPerSeq, pow2_at_least(max_need));
+    const Meta big =
+        layout(kMaxGraphBatch, kMaxGraphBatch, static_cast<size_t>(kMaxGraphBatch) * graph_bt_cap_);
+    graph_meta_h_.alloc(sizeof(int32_t) * big.total);
+    graph_meta_d_.alloc(sizeof(int32_t) * big.total, "graph step metadata");
+  }
+  const size_t T_ = graph_rows_ > 0 ? static_cast<size_t>(graph_rows_) : static_cast<size_t>(total);
+  const size_t n_seq = graph_rows_ > 0 ? T_ : S;
+  const size_t bt_stride = graph_rows_ > 0 ? static_cast<size_t>(graph_bt_cap_) : 0;
+  n_tok_ = static_cast<int32_t>(T_);
+  n_seq_ = static_cast<int32_t>(n_seq);
 
   Meta& m = m_;
-  m.tokens = 0;
-  m.pos = m.tokens + T_;
-  m.slot = m.pos + T_;
-  m.nkeys = m.slot + T_;
-  m.window = m.nkeys + T_;
-  m.row_seq = m.window + T_;
-  m.bt_off = m.row_seq + T_;
-  m.bt = m.bt_off + S;
-  m.dec_rows = m.bt + static_cast<size_t>(n_bt);
-  m.tile_row0 = m.dec_rows + T_;
-  m.tile_len = m.tile_row0 + T_;
-  m.out_rows = m.tile_len + T_;
-  m.total = m.out_rows + T_;
+  m = layout(T_, n_seq, graph_rows_ > 0 ? n_seq * bt_stride : static_cast<size_t>(n_bt));
   host_.resize(m.total);
   int32_t* H = host_.data();
-  slot_sort_.resize(T_);
+  slot_sort_.resize(static_cast<size_t>(total));
 
   int32_t row = 0, bt_at = 0, max_dec_keys = 0;
   n_dec_ = n_tiles_ = n_out_ = 0;
@@ -523,6 +681,7 @@ int32_t CudaEngineImpl<T>::plan(const std::vector<SeqStep>& batch, bool last_onl
   for (size_t i = 0; i < S; ++i) {
     const SeqStep& s = batch[i];
     const int32_t need = static_cast<int32_t>((int64_t{s.n_past} + s.n_tokens + bs_ - 1) / bs_);
+    if (graph_rows_ > 0) bt_at = static_cast<int32_t>(i * bt_stride);
     H[m.bt_off + i] = bt_at;
     std::copy(s.block_table, s.block_table + need, H + m.bt + bt_at);
     bt_at += need;
@@ -531,24 +690,30 @@ int32_t CudaEngineImpl<T>::plan(const std::vector<SeqStep>& batch, bool last_onl
       out->offset[i] = n_out_;
       out->count[i] = all ? s.n_tokens : 1;
     }
+    const int32_t w = row_window(s), ns = row_sinks(s);
+    // The sink query's position (docs/kv_policies.md): no query-key distance to a sink exceeds
+    // sinks + window - 1, as in StreamingLLM's cache positions.
+    const int64_t sink_at = int64_t{ns} + w - 1;
     const int32_t row0 = row;
     for (int32_t t = 0; t < s.n_tokens; ++t, ++row) {
       const int64_t logical = int64_t{s.n_past} + t;
       const int64_t slot = int64_t{s.block_table[logical / bs_]} * bs_ + logical % bs_;
+      const int32_t p = s.positions ? s.positions[t] : s.n_past + t;
       H[m.tokens + row] = s.tokens[t];
-      H[m.pos + row] = s.positions ? s.positions[t] : s.n_past + t;
+      H[m.pos + row] = p;
       H[m.slot + row] = static_cast<int32_t>(slot);
       slot_sort_[static_cast<size_t>(row)] = slot;
       H[m.nkeys + row] = s.n_past + t + 1;
-      H[m.window + row] = row_window(s);
+      H[m.window + row] = w;
+      H[m.sinks + row] = ns;
+      H[m.sink_pos + row] = ns > 0 ? static_cast<int32_t>(std::min<int64_t>(p, sink_at)) : p;
       H[m.row_seq + row] = static_cast<int32_t>(i);
       if (all || t == s.n_tokens - 1) H[m.out_rows + n_out_++] = row;
     }
     if (s.n_tokens <= kDecodeMaxTokens) {
       for (int32_t r = row0; r < row; ++r) H[m.dec_rows + n_dec_++] = r;
-      const int32_t w = row_window(s);
-      max_dec_keys = std::max(max_dec_keys, w > 0 ? std::min(s.n_past + s.n_tokens, w)
-                                                  : s.n_past + s.n_tokens);
+      const int32_t end = s.n_past + s.n_tokens;
+      max_dec_keys = std::max(max_dec_keys, w > 0 ? std::min(end, w + ns) : end);
     } else {
       for (int32_t r = row0; r < row; r += cuda::kPrefillTileRows) {
         H[m.tile_row0 + n_tiles_] = r;
@@ -562,34 +727,68 @@ int32_t CudaEngineImpl<T>::plan(const std::vector<SeqStep>& batch, bool last_onl
   if (std::adjacent_find(slot_sort_.begin(), slot_sort_.end()) != slot_sort_.end()) {
     throw std::invalid_argument("step: two new tokens map to the same KV slot");
   }
+  n_ret_ = n_out_;
+  for (; row < static_cast<int32_t>(T_); ++row) {  // padding rows of a graph step
+    H[m.bt_off + row] = static_cast<int32_t>(static_cast<size_t>(row) * bt_stride);
+    H[m.bt + static_cast<size_t>(row) * bt_stride] = pad_block_;
+    H[m.tokens + row] = 0;
+    H[m.pos + row] = 0;
+    H[m.slot + row] = pad_block_ * bs_;  // all padding rows write this slot: it is never read
+    H[m.nkeys + row] = 1;                // by a real row, and each padding row only needs it finite
+    H[m.window + row] = 0;
+    H[m.sinks + row] = 0;
+    H[m.sink_pos + row] = 0;
+    H[m.row_seq + row] = row;
+    H[m.dec_rows + n_dec_++] = row;
+    H[m.out_rows + n_out_++] = row;
+  }
 
   // Decode splits: enough blocks to cover the device twice, no split under kMinKeysPerSplit keys,
-  // and no more row-splits than the workspace holds.
+  // and no more row-splits than the workspace holds. A graph cannot know the context lengths of
+  // its later replays, so it drops the key bound (an empty split costs one skipped partial).
   n_splits_ = 1;
   if (n_dec_ > 0) {
     const int64_t blocks = int64_t{n_dec_} * c_.n_kv_heads;
     int64_t want = (2 * int64_t{sms_} + blocks - 1) / blocks;
-    want = std::min<int64_t>(want, (max_dec_keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
+    if (graph_rows_ == 0) {
+      want = std::min<int64_t>(want, (max_dec_keys + kMinKeysPerSplit - 1) / kMinKeysPerSplit);
+    }
     want = std::min<int64_t>(want, ws_row_splits_ / n_dec_);
     n_splits_ = static_cast<int32_t>(std::clamp<int64_t>(want, 1, kMaxSplits));
   }
 
   ensure_logit_rows(n_out_);
-  const size_t bytes = sizeof(int32_t) * m.total;
-  if (meta_h_.bytes() < bytes) {
+  if (sinks_ && !q_sink_.bytes()) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
-    meta_h_.alloc(bytes * 2);
-    meta_d_.alloc(bytes * 2, "step metadata");
+    drop_graphs();
+    q_sink_.alloc(sizeof(float) * static_cast<size_t>(o_.max_batch_tokens) * q_dim_,
+                  "sink queries");
   }
-  // The previous step's copy from the pinned buffer is complete: every step ends synchronised.
-  std::memcpy(meta_h_.template as<int32_t>(), H, bytes);
-  CUDA_CHECK(cudaMemcpyAsync(meta_d_.template as<int32_t>(), meta_h_.template as<int32_t>(), bytes,
-                             cudaMemcpyHostToDevice, stream_));
+  const size_t bytes = sizeof(int32_t) * m.total;
+  if (graph_rows_ > 0) {
+    // Only this copy changes between replays of a graph.
+    std::memcpy(graph_meta_h_.template as<int32_t>(), H, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(graph_meta_d_.template as<int32_t>(),
+                               graph_meta_h_.template as<int32_t>(), bytes, cudaMemcpyHostToDevice,
+                               stream_));
+    md_ = graph_meta_d_.template as<int32_t>();
+  } else {
+    if (meta_h_.bytes() < bytes) {
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      meta_h_.alloc(bytes * 2);
+      meta_d_.alloc(bytes * 2, "step metadata");
+    }
+    // The previous step's copy from the pinned buffer is complete: every step ends synchronised.
+    std::memcpy(meta_h_.template as<int32_t>(), H, bytes);
+    CUDA_CHECK(cudaMemcpyAsync(meta_d_.template as<int32_t>(), meta_h_.template as<int32_t>(),
+                               bytes, cudaMemcpyHostToDevice, stream_));
+    md_ = meta_d_.template as<int32_t>();
+  }
   if (out) {
     out->n_vocab = c_.n_vocab;
-    out->logits.resize(static_cast<size_t>(n_out_) * c_.n_vocab);
+    out->logits.resize(static_cast<size_t>(n_ret_) * c_.n_vocab);
   }
-  return n_out_;
+  return n_ret_;
 }
 
 template <class T>
@@ -597,23 +796,47 @@ void CudaEngineImpl<T>::forward() {
   const LlamaConfig& c = c_;
   const int T_ = n_tok_;
   const int64_t dim = c.dim, F = c.ffn_dim;
-  const int32_t* md = meta_d_.template as<int32_t>();
+  const int32_t* md = md_;
   float* x = x_.template as<float>();
   float* tmp = tmp_.template as<float>();
   T* xn = xn_.template as<T>();
   float* qkv = qkv_.template as<float>();
+  float* qs = sinks_ ? q_sink_.template as<float>() : nullptr;
   T* att = att_.template as<T>();
   float* gu = gu_.template as<float>();
   T* h = h_.template as<T>();
   cudaStream_t st = stream_;
+  // Few tokens and quantized copies: the products read the Q8_0 / Q4_0 blocks through gemv_q,
+  // with f32 inputs in qx (a quarter to a half of the bytes of bf16 weights).
+  const bool gemv = qdecode_ && T_ <= cuda::kGemvMaxTokens;
+  float* qx = qx_.template as<float>();
+  const auto qgemv = [&](const QWeight& w, int64_t rows, int64_t cols, const float* in, int n,
+                         float* y) {
+    CUDA_CHECK(cuda::gemv_q(w.type, w.buf.template as<void>(), rows, cols, in, n, y, st));
+  };
 
   CUDA_CHECK(cuda::embedding<T>(tok_embd_.template as<T>(), md + m_.tokens, T_, c.dim, x, st));
   for (int l = 0; l < c.n_layers; ++l) {
     const Layer& L = layers_[static_cast<size_t>(l)];
     // attention block: the previous block's output (tmp) joins the residual stream here
-    CUDA_CHECK(cuda::rmsnorm_add<T>(x, l > 0 ? tmp : nullptr, L.attn_norm.template as<float>(),
-                                    nullptr, xn, T_, c.dim, c.norm_eps, st));
-    CUBLAS_CHECK(gemm_->run<T>(L.wqkv.template as<T>(), xn, qkv_dim_, dim, T_, qkv, st));
+    if (gemv) {
+      CUDA_CHECK(cuda::rmsnorm_add<float>(x, l > 0 ? tmp : nullptr,
+                                          L.attn_norm.template as<float>(), nullptr, qx, T_, c.dim,
+                                          c.norm_eps, st));
+      qgemv(L.qwqkv, qkv_dim_, dim, qx, T_, qkv);
+    } else {
+      CUDA_CHECK(cuda::rmsnorm_add<T>(x, l > 0 ? tmp : nullptr, L.attn_norm.template as<float>(),
+                                      nullptr, xn, T_, c.dim, c.norm_eps, st));
+      CUBLAS_CHECK(gemm_->run<T>(L.wqkv.template as<T>(), xn, qkv_dim_, dim, T_, qkv, st));
+    }
+    if (qs) {
+      // The sink queries: the unrotated queries turned to each row's sink position.
+      CUDA_CHECK(cudaMemcpy2DAsync(qs, sizeof(float) * q_dim_, qkv, sizeof(float) * qkv_dim_,
+                                   sizeof(float) * q_dim_, static_cast<size_t>(T_),
+                                   cudaMemcpyDeviceToDevice, st));
+      CUDA_CHECK(cuda::rope(qs, q_dim_, T_, c.n_heads, c.head_dim, c.rope_dim, md + m_.sink_pos,
+                            theta_scale_, st));
+    }
     CUDA_CHECK(cuda::rope(qkv, qkv_dim_, T_, c.n_heads, c.head_dim, c.rope_dim, md + m_.pos,
                           theta_scale_, st));
     CUDA_CHECK(cuda::rope(qkv + q_dim_, qkv_dim_, T_, c.n_kv_heads, c.head_dim, c.rope_dim,
@@ -630,12 +853,34 @@ void CudaEngineImpl<T>::forward() {
     kv.block_size = bs_;
     kv.window = o_.sliding_window;
     kv.row_window = md + m_.window;
+    if (qs) {
+      kv.row_sinks = md + m_.sinks;
+      kv.q_sink = qs;
+      kv.q_sink_stride = q_dim_;
+    }
     CUDA_CHECK(cuda::attention_decode<T>(qkv, qkv_dim_, kv, md + m_.dec_rows, n_dec_, c.n_heads,
                                          c.n_kv_heads, c.head_dim, n_splits_,
                                          attn_ws_.template as<float>(), att, q_dim_, st));
     CUDA_CHECK(cuda::attention_prefill<T>(qkv, qkv_dim_, kv, md + m_.tile_row0, md + m_.tile_len,
                                           n_tiles_, c.n_heads, c.n_kv_heads, c.head_dim, att,
                                           q_dim_, st, o_.tensor_core_attention));
+    if (gemv) {
+      const float* a = nullptr;
+      if constexpr (std::is_same_v<T, float>) {
+        a = att;
+      } else {
+        CUDA_CHECK(cuda::convert_rows<float>(cuda::SrcType::BF16, att, T_, q_dim_, qx, st));
+        a = qx;
+      }
+      qgemv(L.qwo, dim, q_dim_, a, T_, tmp);
+      // feed-forward block
+      CUDA_CHECK(cuda::rmsnorm_add<float>(x, tmp, L.ffn_norm.template as<float>(), nullptr, qx, T_,
+                                          c.dim, c.norm_eps, st));
+      qgemv(L.qwgu, 2 * F, dim, qx, T_, gu);
+      CUDA_CHECK(cuda::swiglu<float>(gu, T_, c.ffn_dim, qx, st));
+      qgemv(L.qwdown, dim, F, qx, T_, tmp);
+      continue;
+    }
     CUBLAS_CHECK(gemm_->run<T>(L.wo.template as<T>(), att, dim, q_dim_, T_, tmp, st));
     // feed-forward block
     CUDA_CHECK(cuda::rmsnorm_add<T>(x, tmp, L.ffn_norm.template as<float>(), nullptr, xn, T_, c.dim,
@@ -645,6 +890,13 @@ void CudaEngineImpl<T>::forward() {
     CUBLAS_CHECK(gemm_->run<T>(L.wdown.template as<T>(), h, dim, F, T_, tmp, st));
   }
   // Only the rows that get logits take the last residual add and the final norm.
+  if (gemv && qoutput_) {
+    CUDA_CHECK(cuda::rmsnorm_add<float>(x, c.n_layers > 0 ? tmp : nullptr,
+                                        output_norm_.template as<float>(), md + m_.out_rows, qx,
+                                        n_out_, c.dim, c.norm_eps, st));
+    qgemv(qout_, c.n_vocab, dim, qx, n_out_, logits_.template as<float>());
+    return;
+  }
   CUDA_CHECK(cuda::rmsnorm_add<T>(x, c.n_layers > 0 ? tmp : nullptr,
                                   output_norm_.template as<float>(), md + m_.out_rows,
                                   xr_.template as<T>(), n_out_, c.dim, c.norm_eps, st));
@@ -653,10 +905,51 @@ void CudaEngineImpl<T>::forward() {
 }
 
 template <class T>
+void CudaEngineImpl<T>::launch_sample() {
+  CUDA_CHECK(cuda::sample(logits_.template as<float>(), n_out_, c_.n_vocab,
+                          params_d_.template as<cuda::SampleParams>(),
+                          tokens_d_.template as<int32_t>(), stream_));
+}
+
+template <class T>
+void CudaEngineImpl<T>::run(bool sample) {
+  if (graph_rows_ == 0) {
+    forward();
+    if (sample) launch_sample();
+    return;
+  }
+  const auto key = std::make_tuple(graph_rows_, sinks_, sample);
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    // The capture starts on an idle stream (the step's uploads done), so nothing earlier can be
+    // taken for part of the graph. Relaxed: a launcher may set a kernel attribute meanwhile.
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    cudaGraph_t g = nullptr;
+    try {
+      forward();
+      if (sample) launch_sample();
+    } catch (...) {
+      // End the capture, or the stream stays unusable.
+      if (cudaStreamEndCapture(stream_, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+      (void)cudaGetLastError();
+      throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    CUDA_CHECK(e);
+    it = graphs_.emplace(key, exec).first;
+  }
+  CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+}
+
+template <class T>
 void CudaEngineImpl<T>::step(const std::vector<SeqStep>& batch, StepOutput& out) {
   plan(batch, false, &out);
   if (n_tok_ == 0) return;
-  forward();
+  run(false);
   CUDA_CHECK(cudaMemcpyAsync(out.logits.data(), logits_.template as<float>(),
                              sizeof(float) * out.logits.size(), cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -674,24 +967,24 @@ void CudaEngineImpl<T>::step_sample(const std::vector<SeqStep>& batch,
   if (n_tok_ == 0) return;
   auto* p = params_h_.template as<cuda::SampleParams>();
   for (size_t i = 0; i < controls.size(); ++i) {
+    p[i] = cuda::SampleParams{};
     p[i].temperature = controls[i].temperature;
     p[i].top_k = controls[i].top_k;
     p[i].top_p = controls[i].top_p;
     p[i].seed = controls[i].seed;
     p[i].counter = controls[i].counter;
   }
+  // padding rows of a graph step: greedy, their ids are dropped
+  for (int32_t i = static_cast<int32_t>(controls.size()); i < n_out_; ++i) p[i] = {};
   CUDA_CHECK(cudaMemcpyAsync(params_d_.template as<void>(), p,
-                             sizeof(cuda::SampleParams) * controls.size(), cudaMemcpyHostToDevice,
-                             stream_));
-  forward();
-  CUDA_CHECK(cuda::sample(logits_.template as<float>(), n_out_, c_.n_vocab,
-                          params_d_.template as<cuda::SampleParams>(),
-                          tokens_d_.template as<int32_t>(), stream_));
+                             sizeof(cuda::SampleParams) * static_cast<size_t>(n_out_),
+                             cudaMemcpyHostToDevice, stream_));
+  run(true);
   CUDA_CHECK(cudaMemcpyAsync(tokens_h_.template as<int32_t>(), tokens_d_.template as<int32_t>(),
-                             sizeof(int32_t) * static_cast<size_t>(n_out_), cudaMemcpyDeviceToHost,
+                             sizeof(int32_t) * static_cast<size_t>(n_ret_), cudaMemcpyDeviceToHost,
                              stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));
-  std::copy(tokens_h_.template as<int32_t>(), tokens_h_.template as<int32_t>() + n_out_,
+  std::copy(tokens_h_.template as<int32_t>(), tokens_h_.template as<int32_t>() + n_ret_,
             tokens.begin());
 }
 

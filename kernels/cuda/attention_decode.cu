@@ -1,5 +1,6 @@
 // Split-K paged decode attention: pass 1 scores one key range of one row per block (all query
 // heads of one KV head together, so each key and value is read once per group), pass 2 merges.
+// A row's keys are its sink slots (if any) followed by its window, numbered 0.. as one range.
 #include "kernels/cuda/attention_decode.cuh"
 
 namespace sy::cuda {
@@ -14,21 +15,27 @@ __global__ void decode_partial_kernel(const float* q, int64_t q_stride, PagedKv<
                                       int n_splits, float scale, float* ws) {
   extern __shared__ float smem[];
   const int G = n_heads / n_kv_heads;
-  float* sq = smem;                    // (G, hd) scaled queries
-  float* sacc = sq + G * hd;           // (warps, G, hd) unnormalised outputs
-  float* sm = sacc + kWarps * G * hd;  // (warps, G) running maxima
-  float* sl = sm + kWarps * G;         // (warps, G) running sums
+  const bool sinks = kv.row_sinks != nullptr;
+  float* sq = smem;                          // (G, hd) scaled queries
+  float* sqs = sq + G * hd;                  // (G, hd) scaled sink queries, only with sinks
+  float* sacc = sqs + (sinks ? G * hd : 0);  // (warps, G, hd) unnormalised outputs
+  float* sm = sacc + kWarps * G * hd;        // (warps, G) running maxima
+  float* sl = sm + kWarps * G;               // (warps, G) running sums
   const int i = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
   const int64_t t = rows[i];
   const int nk = kv.row_nkeys[t];
   const int start = window_start(kv, t, nk);
-  const int chunk = (nk - start + n_splits - 1) / n_splits;
-  const int k0 = start + split * chunk;
-  const int k1 = min(nk, k0 + chunk);
+  const int ns = sink_count(kv, t, start);
+  // Key j < ns is sink slot j; key j >= ns is window slot start + j - ns.
+  const int n_keys = ns + nk - start;
+  const int chunk = (n_keys + n_splits - 1) / n_splits;
+  const int k0 = split * chunk;
+  const int k1 = min(n_keys, k0 + chunk);
   const int64_t kv_dim = int64_t{n_kv_heads} * hd;
 
   for (int e = threadIdx.x; e < G * hd; e += blockDim.x) {
     sq[e] = q[t * q_stride + int64_t{kvh} * G * hd + e] * scale;
+    if (sinks) sqs[e] = kv.q_sink[t * kv.q_sink_stride + int64_t{kvh} * G * hd + e] * scale;
   }
   for (int e = threadIdx.x; e < kWarps * G * hd; e += blockDim.x) sacc[e] = 0.0f;
   for (int e = threadIdx.x; e < kWarps * G; e += blockDim.x) {
@@ -43,7 +50,9 @@ __global__ void decode_partial_kernel(const float* q, int64_t q_stride, PagedKv<
   float* wl = sl + warp * G;
   const int32_t* bt = kv.block_tables + kv.seq_bt_off[kv.row_seq[t]];
   for (int j = k0 + warp; j < k1; j += kWarps) {
-    const int64_t slot = int64_t{bt[j / kv.block_size]} * kv.block_size + j % kv.block_size;
+    const int key = j < ns ? j : start + j - ns;
+    const float* qbase = j < ns ? sqs : sq;
+    const int64_t slot = int64_t{bt[key / kv.block_size]} * kv.block_size + key % kv.block_size;
     const T* kp = kv.k + slot * kv_dim + int64_t{kvh} * hd;
     const T* vp = kv.v + slot * kv_dim + int64_t{kvh} * hd;
     float kr[kPerLane], vr[kPerLane];
@@ -54,7 +63,7 @@ __global__ void decode_partial_kernel(const float* q, int64_t q_stride, PagedKv<
       vr[u] = d < hd ? dev::to_f(vp[d]) : 0.0f;
     }
     for (int g = 0; g < G; ++g) {
-      const float* qg = sq + g * hd;
+      const float* qg = qbase + g * hd;
       float s = 0.0f;
 #pragma unroll
       for (int u = 0; u < kPerLane; ++u) {
@@ -144,8 +153,10 @@ cudaError_t attention_decode(const float* q, int64_t q_stride, const PagedKv<T>&
     return cudaErrorInvalidValue;
   }
   const int G = n_heads / n_kv_heads;
-  const size_t smem = sizeof(float) * (size_t{1} * G * head_dim + size_t{kWarps} * G * head_dim +
-                                       2 * size_t{kWarps} * G);
+  if (kv.row_sinks && !kv.q_sink) return cudaErrorInvalidValue;
+  const size_t n_q = kv.row_sinks ? 2 : 1;  // the sink queries take a second (G, hd) array
+  const size_t smem =
+      sizeof(float) * (n_q * G * head_dim + size_t{kWarps} * G * head_dim + 2 * size_t{kWarps} * G);
   if (smem > 48 * 1024) {
     // Above 48 KB a kernel must opt in to more dynamic shared memory.
     const cudaError_t e =

@@ -1,7 +1,9 @@
 // Tiled prefill attention: one block per (query tile, query head); key/value tiles staged in
 // shared memory, running max / sum per query row, output rescaled as the max grows. Two
 // versions: plain f32 arithmetic (any type, any head_dim) and, for bf16 caches with head_dim a
-// multiple of 16, the two tile products on tensor cores (wmma, f32 accumulation).
+// multiple of 16, the two tile products on tensor cores (wmma, f32 accumulation). With sinks a
+// tile makes two passes sharing one running softmax: the sink slots with the sink queries, then
+// the window slots with the ordinary queries.
 #include <mma.h>
 
 #include <type_traits>
@@ -45,73 +47,83 @@ __global__ void prefill_kernel(const float* q, int64_t q_stride, PagedKv<T> kv,
   const int nk_first = kv.row_nkeys[r0];
   const int nk_last = kv.row_nkeys[r0 + nr - 1];
   const int kstart = window_start(kv, r0, nk_first);
+  // Window starts grow with the row, so the last row sees the most sink slots.
+  const int ns_last = sink_count(kv, r0 + nr - 1, window_start(kv, r0 + nr - 1, nk_last));
 
-  for (int e = threadIdx.x; e < kBQ * hd; e += blockDim.x) {
-    const int r = e / hd, d = e % hd;
-    sQ[e] = r < nr ? q[(r0 + r) * q_stride + int64_t{h} * hd + d] * scale : 0.0f;
-    sO[e] = 0.0f;
-  }
+  for (int e = threadIdx.x; e < kBQ * hd; e += blockDim.x) sO[e] = 0.0f;
   if (threadIdx.x < kBQ) {
     sM[threadIdx.x] = -INFINITY;
     sL[threadIdx.x] = 0.0f;
   }
 
-  for (int kb = kstart; kb < nk_last; kb += kBK) {
-    const int nkt = min(kBK, nk_last - kb);
-    __syncthreads();  // the previous tile's K, V and S are no longer read
-    for (int e = threadIdx.x; e < nkt * hd; e += blockDim.x) {
-      const int j = e / hd, d = e % hd;
-      const int key = kb + j;
-      const int64_t slot = int64_t{bt[key / kv.block_size]} * kv.block_size + key % kv.block_size;
-      sK[j * (hd + 1) + d] = dev::to_f(kv.k[slot * kv_dim + int64_t{kvh} * hd + d]);
-      sV[j * hd + d] = dev::to_f(kv.v[slot * kv_dim + int64_t{kvh} * hd + d]);
-    }
-    __syncthreads();
-    for (int e = threadIdx.x; e < kBQ * kBK; e += blockDim.x) {
-      const int r = e / kBK, j = e % kBK;
-      float s = -INFINITY;
-      if (r < nr && j < nkt) {
-        const int nk = kv.row_nkeys[r0 + r];
-        const int st = window_start(kv, r0 + r, nk);
-        const int key = kb + j;
-        if (key < nk && key >= st) {
-          s = 0.0f;
-          for (int d = 0; d < hd; ++d) s += sQ[r * hd + d] * sK[j * (hd + 1) + d];
-        }
-      }
-      sS[e] = s;
-    }
-    __syncthreads();
-    if (threadIdx.x < kBQ) {
-      const int r = threadIdx.x;
-      float* sr = sS + r * kBK;
-      float mx = -INFINITY;
-      for (int j = 0; j < kBK; ++j) mx = fmaxf(mx, sr[j]);
-      const float m_old = sM[r];
-      const float m_new = fmaxf(m_old, mx);
-      if (m_new == -INFINITY) {  // nothing visible to this row yet
-        for (int j = 0; j < kBK; ++j) sr[j] = 0.0f;
-        sC[r] = 1.0f;
-      } else {
-        float sum = 0.0f;
-        for (int j = 0; j < kBK; ++j) {
-          const float p = expf(sr[j] - m_new);  // masked keys (-inf) give 0
-          sr[j] = p;
-          sum += p;
-        }
-        const float corr = expf(m_old - m_new);
-        sL[r] = sL[r] * corr + sum;
-        sM[r] = m_new;
-        sC[r] = corr;
-      }
-    }
-    __syncthreads();
+  // pass 0: sink slots [0, ns_last) with the sink queries; pass 1: the windows with the queries
+  for (int pass = ns_last > 0 ? 0 : 1; pass < 2; ++pass) {
+    const float* qsrc = pass == 0 ? kv.q_sink : q;
+    const int64_t qst = pass == 0 ? kv.q_sink_stride : q_stride;
+    __syncthreads();  // the previous pass has finished reading sQ
     for (int e = threadIdx.x; e < kBQ * hd; e += blockDim.x) {
       const int r = e / hd, d = e % hd;
-      const float* pr = sS + r * kBK;
-      float acc = sO[e] * sC[r];
-      for (int j = 0; j < nkt; ++j) acc += pr[j] * sV[j * hd + d];
-      sO[e] = acc;
+      sQ[e] = r < nr ? qsrc[(r0 + r) * qst + int64_t{h} * hd + d] * scale : 0.0f;
+    }
+    const int kfrom = pass == 0 ? 0 : kstart, kto = pass == 0 ? ns_last : nk_last;
+    for (int kb = kfrom; kb < kto; kb += kBK) {
+      const int nkt = min(kBK, kto - kb);
+      __syncthreads();  // the previous tile's K, V and S are no longer read
+      for (int e = threadIdx.x; e < nkt * hd; e += blockDim.x) {
+        const int j = e / hd, d = e % hd;
+        const int key = kb + j;
+        const int64_t slot = int64_t{bt[key / kv.block_size]} * kv.block_size + key % kv.block_size;
+        sK[j * (hd + 1) + d] = dev::to_f(kv.k[slot * kv_dim + int64_t{kvh} * hd + d]);
+        sV[j * hd + d] = dev::to_f(kv.v[slot * kv_dim + int64_t{kvh} * hd + d]);
+      }
+      __syncthreads();
+      for (int e = threadIdx.x; e < kBQ * kBK; e += blockDim.x) {
+        const int r = e / kBK, j = e % kBK;
+        float s = -INFINITY;
+        if (r < nr && j < nkt) {
+          const int nk = kv.row_nkeys[r0 + r];
+          const int st = window_start(kv, r0 + r, nk);
+          const int key = kb + j;
+          const bool seen = pass == 0 ? key < sink_count(kv, r0 + r, st) : key < nk && key >= st;
+          if (seen) {
+            s = 0.0f;
+            for (int d = 0; d < hd; ++d) s += sQ[r * hd + d] * sK[j * (hd + 1) + d];
+          }
+        }
+        sS[e] = s;
+      }
+      __syncthreads();
+      if (threadIdx.x < kBQ) {
+        const int r = threadIdx.x;
+        float* sr = sS + r * kBK;
+        float mx = -INFINITY;
+        for (int j = 0; j < kBK; ++j) mx = fmaxf(mx, sr[j]);
+        const float m_old = sM[r];
+        const float m_new = fmaxf(m_old, mx);
+        if (m_new == -INFINITY) {  // nothing visible to this row yet
+          for (int j = 0; j < kBK; ++j) sr[j] = 0.0f;
+          sC[r] = 1.0f;
+        } else {
+          float sum = 0.0f;
+          for (int j = 0; j < kBK; ++j) {
+            const float p = expf(sr[j] - m_new);  // masked keys (-inf) give 0
+            sr[j] = p;
+            sum += p;
+          }
+          const float corr = expf(m_old - m_new);
+          sL[r] = sL[r] * corr + sum;
+          sM[r] = m_new;
+          sC[r] = corr;
+        }
+      }
+      __syncthreads();
+      for (int e = threadIdx.x; e < kBQ * hd; e += blockDim.x) {
+        const int r = e / hd, d = e % hd;
+        const float* pr = sS + r * kBK;
+        float acc = sO[e] * sC[r];
+        for (int j = 0; j < nkt; ++j) acc += pr[j] * sV[j * hd + d];
+        sO[e] = acc;
+      }
     }
   }
   __syncthreads();
@@ -159,101 +171,112 @@ __global__ void prefill_tc_kernel(const float* q, int64_t q_stride, PagedKv<bf16
   const int nk_first = kv.row_nkeys[r0];
   const int nk_last = kv.row_nkeys[r0 + nr - 1];
   const int kstart = window_start(kv, r0, nk_first);
+  const int ns_last = sink_count(kv, r0 + nr - 1, window_start(kv, r0 + nr - 1, nk_last));
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int vec = hd / 8;  // 16-byte vectors per key row
 
-  for (int e = threadIdx.x; e < kBQ * hd; e += blockDim.x) {
-    const int r = e / hd, d = e % hd;
-    sQ[e] =
-        __float2bfloat16_rn(r < nr ? q[(r0 + r) * q_stride + int64_t{h} * hd + d] * scale : 0.0f);
-    sO[e] = 0.0f;
-  }
+  for (int e = threadIdx.x; e < kBQ * hd; e += blockDim.x) sO[e] = 0.0f;
   if (threadIdx.x < kBQ) {
     sM[threadIdx.x] = -INFINITY;
     sL[threadIdx.x] = 0.0f;
   }
 
-  for (int kb = kstart; kb < nk_last; kb += kTcBK) {
-    const int nkt = min(kTcBK, nk_last - kb);
-    __syncthreads();  // the previous tile's K, V, P and PV are no longer read
-    for (int e = threadIdx.x; e < kTcBK * vec; e += blockDim.x) {
-      const int j = e / vec, c = e % vec;
-      uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
-      if (j < nkt) {
-        const int key = kb + j;
-        const int64_t slot = int64_t{bt[key / kv.block_size]} * kv.block_size + key % kv.block_size;
-        const int64_t off = slot * kv_dim + int64_t{kvh} * hd;
-        kx = reinterpret_cast<const uint4*>(kv.k + off)[c];
-        vx = reinterpret_cast<const uint4*>(kv.v + off)[c];
-      }
-      reinterpret_cast<uint4*>(sK + j * hd)[c] = kx;  // zeros past the last key: no NaN in P V
-      reinterpret_cast<uint4*>(sV + j * hd)[c] = vx;
-    }
-    __syncthreads();
-    {
-      // S[:, 16 w .. 16 w + 16) = Q K^T: K row-major (BK, hd) is K^T column-major with ld hd
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.0f);
-      for (int k = 0; k < hd; k += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> b;
-        wmma::load_matrix_sync(a, sQ + k, hd);
-        wmma::load_matrix_sync(b, sK + warp * 16 * hd + k, hd);
-        wmma::mma_sync(acc, a, b, acc);
-      }
-      wmma::store_matrix_sync(sS + warp * 16, acc, kTcBK, wmma::mem_row_major);
-    }
-    __syncthreads();
-    // online softmax: warp w owns rows 4w .. 4w + 3, each lane two keys of a row
-    for (int rr = 0; rr < kBQ / 4; ++rr) {
-      const int r = warp * (kBQ / 4) + rr;
-      const int nk = r < nr ? kv.row_nkeys[r0 + r] : 0;
-      const int st = r < nr ? window_start(kv, r0 + r, nk) : 0;
-      float s[2];
-      float mx = -INFINITY;
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const int j = lane + 32 * u, key = kb + j;
-        s[u] = (j < nkt && key < nk && key >= st) ? sS[r * kTcBK + j] : -INFINITY;
-        mx = fmaxf(mx, s[u]);
-      }
-      mx = dev::warp_max(mx);
-      const float m_old = sM[r];
-      const float m_new = fmaxf(m_old, mx);
-      float sum = 0.0f;
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        const float p = m_new == -INFINITY ? 0.0f : expf(s[u] - m_new);
-        sP[r * kTcBK + lane + 32 * u] = __float2bfloat16_rn(p);
-        sum += p;
-      }
-      sum = dev::warp_sum(sum);
-      __syncwarp();  // every lane has read sM[r]
-      if (lane == 0) {
-        const float corr = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
-        sL[r] = sL[r] * corr + sum;
-        sM[r] = m_new;
-        sC[r] = corr;
-      }
-    }
-    __syncthreads();
-    // PV = P V, one 16-column strip of the output per warp in turn
-    for (int nt = warp; nt < hd / 16; nt += 4) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-      wmma::fill_fragment(acc, 0.0f);
-#pragma unroll
-      for (int k = 0; k < kTcBK; k += 16) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> b;
-        wmma::load_matrix_sync(a, sP + k, kTcBK);
-        wmma::load_matrix_sync(b, sV + k * hd + nt * 16, hd);
-        wmma::mma_sync(acc, a, b, acc);
-      }
-      wmma::store_matrix_sync(sPV + nt * 16, acc, hd, wmma::mem_row_major);
-    }
-    __syncthreads();
+  // pass 0: sink slots [0, ns_last) with the sink queries; pass 1: the windows with the queries
+  for (int pass = ns_last > 0 ? 0 : 1; pass < 2; ++pass) {
+    const float* qsrc = pass == 0 ? kv.q_sink : q;
+    const int64_t qst = pass == 0 ? kv.q_sink_stride : q_stride;
+    __syncthreads();  // the previous pass has finished reading sQ
     for (int e = threadIdx.x; e < kBQ * hd; e += blockDim.x) {
-      sO[e] = sO[e] * sC[e / hd] + sPV[e];
+      const int r = e / hd, d = e % hd;
+      sQ[e] =
+          __float2bfloat16_rn(r < nr ? qsrc[(r0 + r) * qst + int64_t{h} * hd + d] * scale : 0.0f);
+    }
+    const int kfrom = pass == 0 ? 0 : kstart, kto = pass == 0 ? ns_last : nk_last;
+    for (int kb = kfrom; kb < kto; kb += kTcBK) {
+      const int nkt = min(kTcBK, kto - kb);
+      __syncthreads();  // the previous tile's K, V, P and PV are no longer read
+      for (int e = threadIdx.x; e < kTcBK * vec; e += blockDim.x) {
+        const int j = e / vec, c = e % vec;
+        uint4 kx = make_uint4(0, 0, 0, 0), vx = make_uint4(0, 0, 0, 0);
+        if (j < nkt) {
+          const int key = kb + j;
+          const int64_t slot =
+              int64_t{bt[key / kv.block_size]} * kv.block_size + key % kv.block_size;
+          const int64_t off = slot * kv_dim + int64_t{kvh} * hd;
+          kx = reinterpret_cast<const uint4*>(kv.k + off)[c];
+          vx = reinterpret_cast<const uint4*>(kv.v + off)[c];
+        }
+        reinterpret_cast<uint4*>(sK + j * hd)[c] = kx;  // zeros past the last key: no NaN in P V
+        reinterpret_cast<uint4*>(sV + j * hd)[c] = vx;
+      }
+      __syncthreads();
+      {
+        // S[:, 16 w .. 16 w + 16) = Q K^T: K row-major (BK, hd) is K^T column-major with ld hd
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fill_fragment(acc, 0.0f);
+        for (int k = 0; k < hd; k += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> b;
+          wmma::load_matrix_sync(a, sQ + k, hd);
+          wmma::load_matrix_sync(b, sK + warp * 16 * hd + k, hd);
+          wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(sS + warp * 16, acc, kTcBK, wmma::mem_row_major);
+      }
+      __syncthreads();
+      // online softmax: warp w owns rows 4w .. 4w + 3, each lane two keys of a row
+      for (int rr = 0; rr < kBQ / 4; ++rr) {
+        const int r = warp * (kBQ / 4) + rr;
+        const int nk = r < nr ? kv.row_nkeys[r0 + r] : 0;
+        const int st = r < nr ? window_start(kv, r0 + r, nk) : 0;
+        float s[2];
+        float mx = -INFINITY;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const int j = lane + 32 * u, key = kb + j;
+          const bool seen =
+              pass == 0 ? r < nr && key < sink_count(kv, r0 + r, st) : key < nk && key >= st;
+          s[u] = (j < nkt && seen) ? sS[r * kTcBK + j] : -INFINITY;
+          mx = fmaxf(mx, s[u]);
+        }
+        mx = dev::warp_max(mx);
+        const float m_old = sM[r];
+        const float m_new = fmaxf(m_old, mx);
+        float sum = 0.0f;
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+          const float p = m_new == -INFINITY ? 0.0f : expf(s[u] - m_new);
+          sP[r * kTcBK + lane + 32 * u] = __float2bfloat16_rn(p);
+          sum += p;
+        }
+        sum = dev::warp_sum(sum);
+        __syncwarp();  // every lane has read sM[r]
+        if (lane == 0) {
+          const float corr = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
+          sL[r] = sL[r] * corr + sum;
+          sM[r] = m_new;
+          sC[r] = corr;
+        }
+      }
+      __syncthreads();
+      // PV = P V, one 16-column strip of the output per warp in turn
+      for (int nt = warp; nt < hd / 16; nt += 4) {
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+        for (int k = 0; k < kTcBK; k += 16) {
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> b;
+          wmma::load_matrix_sync(a, sP + k, kTcBK);
+          wmma::load_matrix_sync(b, sV + k * hd + nt * 16, hd);
+          wmma::mma_sync(acc, a, b, acc);
+        }
+        wmma::store_matrix_sync(sPV + nt * 16, acc, hd, wmma::mem_row_major);
+      }
+      __syncthreads();
+      for (int e = threadIdx.x; e < kBQ * hd; e += blockDim.x) {
+        sO[e] = sO[e] * sC[e / hd] + sPV[e];
+      }
     }
   }
   __syncthreads();
@@ -272,6 +295,7 @@ cudaError_t attention_prefill(const float* q, int64_t q_stride, const PagedKv<T>
                               cudaStream_t stream, bool tensor_cores) {
   if (n_tiles <= 0) return cudaSuccess;
   if (head_dim > 256 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return cudaErrorInvalidValue;
+  if (kv.row_sinks && !kv.q_sink) return cudaErrorInvalidValue;
   const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
   if constexpr (std::is_same_v<T, bf16>) {
     if (tensor_cores && head_dim % 16 == 0) {

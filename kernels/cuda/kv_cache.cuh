@@ -19,6 +19,12 @@ struct PagedKv {
   int32_t block_size = 16;
   int32_t window = 0;  // > 0: start = max(0, row_nkeys - window) (sliding window); 0: start = 0
   const int32_t* row_window = nullptr;  // (T) per-row window, as `window`; nullptr: `window`
+  // StreamingLLM sinks (docs/kv_policies.md): a row with a window > 0 also sees slots
+  // [0, min(row_sinks[t], start)), scored with its second query q_sink + t * q_sink_stride (the
+  // query rotated at min(p, sinks + window - 1)); the window slots keep the first query.
+  const int32_t* row_sinks = nullptr;  // (T) sink slots of each row's policy; nullptr: no sinks
+  const float* q_sink = nullptr;       // f32 sink queries, laid out as q; needed with row_sinks
+  int64_t q_sink_stride = 0;
 };
 
 #ifdef __CUDACC__
@@ -27,6 +33,11 @@ template <class T>
 __device__ __forceinline__ int window_start(const PagedKv<T>& kv, int64_t t, int nk) {
   const int w = kv.row_window ? kv.row_window[t] : kv.window;
   return w > 0 ? max(0, nk - w) : 0;
+}
+/// Sink slots row t sees below its window start `start`: [0, result), scored with q_sink.
+template <class T>
+__device__ __forceinline__ int sink_count(const PagedKv<T>& kv, int64_t t, int start) {
+  return kv.row_sinks ? min(kv.row_sinks[t], start) : 0;
 }
 #endif
 

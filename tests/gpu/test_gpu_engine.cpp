@@ -1,7 +1,9 @@
 // The CUDA engine on stories260K: greedy continuations equal llama.cpp's token ids (f32 weights,
 // alone and batched, prefill kernel and decode kernel), bf16 logits stay close to the CPU
 // engine's, on-device greedy sampling agrees with the logits, malformed batches are refused;
-// on a random 15M-shaped model (head_dim 48: tensor-core prefill) logits match the CPU engine.
+// on a random 15M-shaped model (head_dim 48: tensor-core prefill) logits match the CPU engine;
+// per-sequence windows and StreamingLLM sinks match the CPU engine; decode steps replayed as CUDA
+// graphs give the same ids as direct steps.
 #define BOOST_TEST_MODULE gpu_engine
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
@@ -242,9 +244,9 @@ BOOST_AUTO_TEST_CASE(random_15m_model_matches_cpu_engine) {
   BOOST_TEST(rel_err(tc, plain) < 2e-2);
 }
 
-// Per-sequence sliding windows (SeqStep::window): logits of every token of a 69-token prompt
-// equal the CPU reference engine's, in one step (prefill kernel) and one token per step (decode
-// kernel, blocks behind the window released as -1). Sinks are refused for now.
+// Per-sequence sliding windows and sinks (SeqStep::window/sinks): logits of every token of a
+// 69-token prompt equal the CPU reference engine's, in one step (prefill kernel) and one token per
+// step (decode kernel, blocks behind the window and after the sinks released as -1).
 BOOST_AUTO_TEST_CASE(sequence_windows_match_cpu_engine) {
   const auto cases = load_cases();
   std::vector<int32_t> p = cases[0].prompt;
@@ -256,15 +258,17 @@ BOOST_AUTO_TEST_CASE(sequence_windows_match_cpu_engine) {
   sy::CudaEngineOptions go = f32_opts();
   go.block_size = 4;
   auto gpu = sy::make_cuda_engine(stories(), go);
-  const auto run = [&](sy::Engine& e, int32_t window, int chunk, bool release) {
+  const auto run = [&](sy::Engine& e, int32_t window, int32_t sinks, int chunk, bool release) {
     std::vector<int32_t> bt;
     for (size_t i = 0; i * 4 < p.size(); ++i) bt.push_back(*e.pool().alloc());
     std::vector<float> logits;
     sy::StepOutput o;
     for (size_t at = 0; at < p.size(); at += static_cast<size_t>(chunk)) {
       if (release) {
-        // blocks wholly before the window of the step's first token (slot `at`)
-        for (size_t b = 0; (b + 1) * 4 + window <= at + 1; ++b) {
+        // blocks wholly before the window of the step's first token (slot `at`), after the
+        // blocks holding a sink slot
+        for (size_t b = (static_cast<size_t>(sinks) + 3) / 4; (b + 1) * 4 + window <= at + 1;
+             ++b) {
           if (bt[b] >= 0) e.pool().free(bt[b]);
           bt[b] = -1;
         }
@@ -277,6 +281,7 @@ BOOST_AUTO_TEST_CASE(sequence_windows_match_cpu_engine) {
       s.n_blocks = static_cast<int32_t>(bt.size());
       s.all_logits = true;
       s.window = window;
+      s.sinks = sinks;
       e.step({s}, o);
       logits.insert(logits.end(), o.logits.begin(), o.logits.end());
     }
@@ -284,13 +289,13 @@ BOOST_AUTO_TEST_CASE(sequence_windows_match_cpu_engine) {
       if (b >= 0) e.pool().free(b);
     return logits;
   };
-  for (int32_t w : {16, 5}) {
-    const auto want = run(*cpu, w, 1 << 20, false);
-    for (int chunk : {1 << 20, 1}) {
-      const auto got = run(*gpu, w, chunk, chunk == 1);
+  for (auto [w, ns] : {std::pair{16, 0}, {5, 0}, {16, 4}, {5, 9}, {12, 1}}) {
+    const auto want = run(*cpu, w, ns, 1 << 20, false);
+    for (int chunk : {1 << 20, 1, 7}) {
+      const auto got = run(*gpu, w, ns, chunk, chunk == 1);
       BOOST_REQUIRE(got.size() == want.size());
       // f32 weights and cache on both sides: only summation order differs
-      BOOST_TEST(rel_err(got, want) < 1e-3, "window " << w << " chunk " << chunk);
+      BOOST_TEST(rel_err(got, want) < 1e-3, "window " << w << " sinks " << ns << " chunk " << chunk);
     }
   }
   BOOST_TEST(gpu->pool().n_used() == 0);
@@ -309,7 +314,199 @@ BOOST_AUTO_TEST_CASE(sequence_windows_match_cpu_engine) {
   s.window = 30;  // sees (30, 60]: block 7 is needed but released
   BOOST_CHECK_THROW(gpu->step({s}, o), std::invalid_argument);
   s.window = 16;
-  s.sinks = 4;
+  s.sinks = 4;  // sink slots 0..3 are in block 0, released
   BOOST_CHECK_THROW(gpu->step({s}, o), std::invalid_argument);
-  for (size_t b = 10; b < bt.size(); ++b) gpu->pool().free(bt[b]);
+  bt[0] = *gpu->pool().alloc();
+  gpu->step({s}, o);
+  BOOST_TEST(o.logits.size() == static_cast<size_t>(o.n_vocab));
+  for (size_t b = 0; b < bt.size(); ++b)
+    if (bt[b] >= 0) gpu->pool().free(bt[b]);
+}
+
+namespace {
+
+// Greedy ids of `prompt` plus n_gen tokens under SeqStep::window/sinks: the prompt in one step,
+// then one token per step, blocks behind the window (after the sink blocks) released as -1.
+std::vector<int32_t> greedy_policy(sy::Engine& e, const std::vector<int32_t>& prompt, int n_gen,
+                                   int32_t window, int32_t sinks) {
+  const int32_t bs = e.block_size();
+  std::vector<int32_t> bt, toks = prompt, gen;
+  sy::StepOutput o;
+  int32_t n_past = 0;
+  while (static_cast<int>(gen.size()) < n_gen) {
+    const int32_t n = n_past == 0 ? static_cast<int32_t>(toks.size()) : 1;
+    while (static_cast<int32_t>(bt.size()) * bs < n_past + n) bt.push_back(*e.pool().alloc());
+    for (int32_t b = (sinks + bs - 1) / bs; (b + 1) * bs + window <= n_past + 1; ++b) {
+      if (bt[static_cast<size_t>(b)] >= 0) e.pool().free(bt[static_cast<size_t>(b)]);
+      bt[static_cast<size_t>(b)] = -1;
+    }
+    sy::SeqStep s;
+    s.tokens = toks.data() + n_past;
+    s.n_tokens = n;
+    s.n_past = n_past;
+    s.block_table = bt.data();
+    s.n_blocks = static_cast<int32_t>(bt.size());
+    s.window = window;
+    s.sinks = sinks;
+    e.step({s}, o);
+    n_past += n;
+    gen.push_back(sy::test::argmax(o.row(0), o.n_vocab));
+    toks.push_back(gen.back());
+  }
+  for (int32_t b : bt)
+    if (b >= 0) e.pool().free(b);
+  return gen;
+}
+
+}  // namespace
+
+// Greedy continuations past sinks + window (StreamingLLM's regime) give the CPU engine's ids, for
+// sinks(4, 16), sinks(2, 8) and sinks(0, 16) (= window 16); also through CUDA graphs (their sinks
+// variant).
+BOOST_AUTO_TEST_CASE(sinks_greedy_ids_match_cpu_engine) {
+  const auto cases = load_cases();
+  auto cpu = sy::make_cpu_engine(stories(), sy::EngineOptions{});
+  sy::CudaEngineOptions go = f32_opts();
+  auto gpu = sy::make_cuda_engine(stories(), go);
+  go.cuda_graphs = true;
+  auto gpu_graphs = sy::make_cuda_engine(stories(), go);
+  const int n_gen = 80;  // prompts of 4-5 tokens: well past sinks + window
+  for (size_t ci : {size_t{1}, size_t{4}}) {
+    const auto& p = cases[ci].prompt;
+    for (auto [w, ns] : {std::pair{16, 4}, {16, 0}, {8, 2}}) {
+      const auto want = greedy_policy(*cpu, p, n_gen, w, ns);
+      BOOST_TEST(greedy_policy(*gpu, p, n_gen, w, ns) == want,
+                 "case " << ci << " window " << w << " sinks " << ns);
+      BOOST_TEST(greedy_policy(*gpu_graphs, p, n_gen, w, ns) == want,
+                 "graphs: case " << ci << " window " << w << " sinks " << ns);
+    }
+  }
+  BOOST_TEST(gpu->pool().n_used() == 0);
+  BOOST_TEST(gpu_graphs->pool().n_used() == 0);
+}
+
+namespace {
+
+// Greedy ids through step_sample (sampling on the device), all sequences each step: the prompts
+// whole, then pure decode steps until each sequence has its reference length.
+std::vector<std::vector<int32_t>> greedy_on_device(sy::CudaEngine& e,
+                                                   const std::vector<Case>& cases) {
+  std::vector<sy::test::FedSeq> seqs(cases.size());
+  std::vector<std::vector<int32_t>> gen(cases.size());
+  for (;;) {
+    std::vector<sy::SeqStep> batch;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      if (gen[i].size() >= cases[i].generated.size()) continue;
+      sy::SeqStep st;
+      BOOST_REQUIRE(
+          seqs[i].next_step(e, cases[i].prompt, 1 << 20, gen[i].empty() ? 0 : gen[i].back(), st));
+      batch.push_back(st);
+      who.push_back(i);
+    }
+    if (batch.empty()) break;
+    std::vector<int32_t> ids;
+    e.step_sample(batch, std::vector<sy::SampleControl>(batch.size()), ids);
+    BOOST_REQUIRE(ids.size() == batch.size());
+    for (size_t b = 0; b < who.size(); ++b) {
+      seqs[who[b]].stepped(cases[who[b]].prompt);
+      gen[who[b]].push_back(ids[b]);
+    }
+  }
+  for (auto& s : seqs) s.release(e);
+  return gen;
+}
+
+}  // namespace
+
+// Decode steps replayed as CUDA graphs (3 and 17 sequences padded to 4 and 32, then 1 and 8 once
+// the 32-token cases finish) give the ids of direct steps, which are llama.cpp's.
+BOOST_AUTO_TEST_CASE(cuda_graphs_give_the_same_ids) {
+  const auto base = load_cases();
+  sy::CudaEngineOptions o = f32_opts();
+  auto direct_any = sy::make_cuda_engine(stories(), o);
+  o.cuda_graphs = true;
+  auto graphs_any = sy::make_cuda_engine(stories(), o);
+  auto* direct = dynamic_cast<sy::CudaEngine*>(direct_any.get());
+  auto* graphs = dynamic_cast<sy::CudaEngine*>(graphs_any.get());
+  BOOST_REQUIRE(direct);
+  BOOST_REQUIRE(graphs);
+  for (size_t n : {size_t{3}, size_t{17}}) {
+    std::vector<Case> cases;
+    for (size_t i = 0; i < n; ++i) cases.push_back(base[i % base.size()]);
+    const auto want = greedy(*direct, cases, 1 << 20);
+    const auto got = greedy(*graphs, cases, 1 << 20);
+    const auto got_dev = greedy_on_device(*graphs, cases);
+    for (size_t i = 0; i < n; ++i) {
+      BOOST_TEST(want[i] == cases[i].generated, "batch " << n << " seq " << i);
+      BOOST_TEST(got[i] == want[i], "graphs, batch " << n << " seq " << i);
+      BOOST_TEST(got_dev[i] == want[i], "graphs + device sampling, batch " << n << " seq " << i);
+    }
+    // a second pass replays the graphs captured by the first
+    BOOST_TEST(greedy(*graphs, cases, 1 << 20) == want);
+  }
+  BOOST_TEST(graphs->pool().n_used() == 0);
+}
+
+// quantized_decode on random 15M-shaped Q8_0 and Q4_0 models: steps of at most 8 new tokens read
+// the quantized blocks through gemv_q; their logits equal those of the dequantized f32 weights up
+// to summation order, and a 9-token step (matrix products on the dequantized copies) too.
+BOOST_AUTO_TEST_CASE(quantized_decode_matches_dequantized_weights) {
+  for (const char* dtype : {"q8_0", "q4_0"}) {
+    std::shared_ptr<sy::LlamaModel> model;
+    {
+      const sy::test::TempDir dir("sy_gpu_engine_q_");
+      sy::MakeModelOptions mo;
+      mo.shape = "15m";
+      mo.dtype = dtype;
+      mo.seed = rng()();
+      mo.out = dir.file("m.gguf");
+      sy::make_model(mo);
+      model = sy::LlamaModel::load(mo.out);
+    }
+    const int32_t n_vocab = model->config().n_vocab;
+    // three sequences: 20-token prompts in one step, then 4 decode steps of all three (3 tokens),
+    // then a 9-token chunk of the first alone
+    std::vector<std::vector<int32_t>> toks(3, std::vector<int32_t>(33));
+    for (auto& t : toks)
+      for (int32_t& x : t) x = std::uniform_int_distribution<int32_t>(3, n_vocab - 1)(rng());
+    const auto run = [&](sy::Engine& e) {
+      std::vector<std::vector<int32_t>> bt(3);
+      for (auto& b : bt)
+        for (int i = 0; i < 3; ++i) b.push_back(*e.pool().alloc());
+      std::vector<float> all;
+      sy::StepOutput o;
+      const auto step = [&](const std::vector<size_t>& seqs, int32_t n_past, int32_t n) {
+        std::vector<sy::SeqStep> batch;
+        for (size_t i : seqs) {
+          sy::SeqStep s;
+          s.tokens = toks[i].data() + n_past;
+          s.n_tokens = n;
+          s.n_past = n_past;
+          s.block_table = bt[i].data();
+          s.n_blocks = 3;
+          s.all_logits = true;
+          batch.push_back(s);
+        }
+        e.step(batch, o);
+        all.insert(all.end(), o.logits.begin(), o.logits.end());
+      };
+      step({0, 1, 2}, 0, 20);
+      for (int32_t p = 20; p < 24; ++p) step({0, 1, 2}, p, 1);
+      step({0}, 24, 9);
+      for (auto& b : bt)
+        for (int32_t x : b) e.pool().free(x);
+      return all;
+    };
+    sy::CudaEngineOptions o;
+    o.n_blocks = 64;
+    o.f32_weights = true;  // dequantized weights exact in f32: only summation order differs
+    const std::vector<float> want = run(*sy::make_cuda_engine(model, o));
+    o.quantized_decode = true;
+    const std::vector<float> got = run(*sy::make_cuda_engine(model, o));
+    BOOST_TEST(rel_err(got, want) < 1e-3, dtype);
+    o.f32_weights = false;  // bf16 activations in attention, f32 GEMV inputs
+    const std::vector<float> bf = run(*sy::make_cuda_engine(model, o));
+    BOOST_TEST(rel_err(bf, want) < 5e-2, dtype);
+  }
 }

@@ -122,10 +122,11 @@ namespace {
 // the metadata in the layout the kernels read.
 struct AttnCase {
   int n_heads = 8, n_kv = 2, hd = 64, bs = 16, window = 0;
+  int sinks = 0;  // with window > 0: StreamingLLM sinks, scored with the second query qs
   std::vector<int> n_past, n_new;
   int T = 0, n_slots = 0;
-  std::vector<float> q, k, v;  // q (T, n_heads * hd); k, v (n_slots, n_kv * hd)
-  std::vector<int32_t> bt, bt_off, row_seq, nkeys;
+  std::vector<float> q, qs, k, v;  // q, qs (T, n_heads * hd); k, v (n_slots, n_kv * hd)
+  std::vector<int32_t> bt, bt_off, row_seq, nkeys, row_sinks;
   std::vector<float> want;  // (T, n_heads * hd)
 
   void build(bool bf16_kv) {
@@ -151,30 +152,38 @@ struct AttnCase {
       for (int i = 0; i < n_new[s]; ++i) {
         row_seq.push_back(static_cast<int32_t>(s));
         nkeys.push_back(n_past[s] + i + 1);
+        row_sinks.push_back(sinks);
       }
     }
     T = static_cast<int>(row_seq.size());
     q = randn(size_t(T) * q_dim);
+    qs = randn(size_t(T) * q_dim);
     want.assign(size_t(T) * q_dim, 0.0f);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
     for (int t = 0; t < T; ++t) {
       const int32_t* table = bt.data() + bt_off[row_seq[t]];
       const int nk = nkeys[t];
       const int start = window > 0 ? std::max(0, nk - window) : 0;
+      // visible: sink slots [0, ns) with the sink query, then window slots [start, nk)
+      const int ns = window > 0 ? std::min(sinks, start) : 0;
+      std::vector<int> keys;
+      for (int j = 0; j < ns; ++j) keys.push_back(j);
+      for (int j = start; j < nk; ++j) keys.push_back(j);
       for (int h = 0; h < n_heads; ++h) {
         const int g = h / (n_heads / n_kv);
         std::vector<float> sc;
-        for (int j = start; j < nk; ++j) {
+        for (size_t x = 0; x < keys.size(); ++x) {
+          const int j = keys[x];
           const int64_t slot = int64_t{table[j / bs]} * bs + j % bs;
-          sc.push_back(
-              ref::dot(q.data() + t * q_dim + h * hd, k.data() + slot * kv_dim + g * hd, hd) *
-              scale);
+          const float* qh = (j < ns ? qs : q).data() + t * q_dim + h * hd;
+          sc.push_back(ref::dot(qh, k.data() + slot * kv_dim + g * hd, hd) * scale);
         }
         ref::softmax(sc.data(), static_cast<int64_t>(sc.size()));
         float* o = want.data() + t * q_dim + h * hd;
-        for (int j = start; j < nk; ++j) {
+        for (size_t x = 0; x < keys.size(); ++x) {
+          const int j = keys[x];
           const int64_t slot = int64_t{table[j / bs]} * bs + j % bs;
-          ref::axpy(sc[j - start], v.data() + slot * kv_dim + g * hd, o, hd);
+          ref::axpy(sc[x], v.data() + slot * kv_dim + g * hd, o, hd);
         }
       }
     }
@@ -186,8 +195,8 @@ void run_attention(AttnCase& c, bool prefill, int n_splits, bool tensor_cores = 
   const bool is_bf16 = std::is_same_v<KV, bf16>;
   c.build(is_bf16);
   const int q_dim = c.n_heads * c.hd;
-  DevArray<float> dq(c.q);
-  DevArray<int32_t> dbt(c.bt), doff(c.bt_off), dseq(c.row_seq), dnk(c.nkeys);
+  DevArray<float> dq(c.q), dqs(c.qs);
+  DevArray<int32_t> dbt(c.bt), doff(c.bt_off), dseq(c.row_seq), dnk(c.nkeys), dsinks(c.row_sinks);
   using Bits = std::conditional_t<std::is_same_v<KV, bf16>, uint16_t, float>;
   std::vector<Bits> kh, vh;
   if constexpr (std::is_same_v<KV, bf16>) {
@@ -208,6 +217,11 @@ void run_attention(AttnCase& c, bool prefill, int n_splits, bool tensor_cores = 
   kv.row_nkeys = dnk.get();
   kv.block_size = c.bs;
   kv.window = c.window;
+  if (c.sinks > 0) {
+    kv.row_sinks = dsinks.get();
+    kv.q_sink = dqs.get();
+    kv.q_sink_stride = q_dim;
+  }
   if (prefill) {
     // tiles of consecutive rows of one sequence
     std::vector<int32_t> r0, len;
@@ -307,6 +321,61 @@ BOOST_AUTO_TEST_CASE(prefill_attention_causal_tiles) {
   w.n_past = {30};
   w.n_new = {40};
   run_attention<float>(w, true, 1);
+}
+
+// StreamingLLM sinks: a row sees slots [0, min(sinks, start)) scored with its sink query, then its
+// window; rows still inside sinks + window see everything (no sink query at all).
+BOOST_AUTO_TEST_CASE(decode_attention_sinks) {
+  for (int splits : {1, 3, 16}) {
+    AttnCase c;
+    c.window = 20;
+    c.sinks = 4;
+    c.n_past = {10, 21, 30, 300};
+    c.n_new = {1, 1, 2, 1};
+    run_attention<float>(c, false, splits);
+  }
+  AttnCase b;  // bf16, sinks spanning several blocks, a window of one key
+  b.window = 1;
+  b.sinks = 37;
+  b.n_past = {5, 60, 500};
+  b.n_new = {1, 1, 1};
+  run_attention<bf16>(b, false, 4);
+  AttnCase z;  // sinks(0, W) is the plain sliding window
+  z.window = 50;
+  z.sinks = 0;
+  z.n_past = {10, 200};
+  z.n_new = {1, 1};
+  run_attention<float>(z, false, 3);
+}
+
+BOOST_AUTO_TEST_CASE(prefill_attention_sinks) {
+  AttnCase c;  // rows crossing sinks + window inside one tile, several tiles
+  c.window = 16;
+  c.sinks = 4;
+  c.n_past = {0, 7};
+  c.n_new = {60, 40};
+  run_attention<float>(c, true, 1);
+  AttnCase w;  // more sinks than one key tile of either kernel (32 and 64 keys)
+  w.window = 50;
+  w.sinks = 70;
+  w.n_past = {100};
+  w.n_new = {45};
+  run_attention<float>(w, true, 1);
+  for (bool tc : {false, true}) {
+    AttnCase t;
+    t.hd = 128;
+    t.window = 24;
+    t.sinks = 4;
+    t.n_past = {0, 100};
+    t.n_new = {90, 33};
+    run_attention<bf16>(t, true, 1, tc);
+    AttnCase u;
+    u.window = 50;
+    u.sinks = 70;
+    u.n_past = {100};
+    u.n_new = {45};
+    run_attention<bf16>(u, true, 1, tc);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(kv_store_writes_slots) {

@@ -55,8 +55,8 @@ struct Record {
   std::vector<ClientRef> attached;  // later submitters of the same key
   uint32_t charged = 0;             // tokens taken from the tenant's bucket
   std::string tenant;
-  uint32_t class_index = 0;  // for the metrics actor's per-class counts
-  bool journaled = false;      // its accept record is durable: its end must be journaled too
+  uint32_t class_index = 0;     // for the metrics actor's per-class counts
+  bool journaled = false;       // its accept record is durable: its end must be journaled too
   bool cancel_pending = false;  // cancelled while being journaled: cancel once enqueued
   DoneEvent done;
   ErrorEvent error;
@@ -68,15 +68,15 @@ struct AdmissionState {
   std::size_t default_class = 0;
   std::shared_ptr<const LlamaModel> model;
   caf::actor router, egress;
-  caf::actor observer;  // the metrics actor (observe_atom): a copy of every JobOutcome
-  caf::actor journal;   // null: no journal
+  caf::actor observer;     // the metrics actor (observe_atom): a copy of every JobOutcome
+  caf::actor journal;      // null: no journal
   std::deque<Job> replay;  // journaled jobs of the previous run, not yet back in the router
   bool replay_busy = false;
   uint64_t replayed = 0, restored = 0;
   std::unordered_map<std::string, TenantState> tenants;
   bool anonymous = false;
-  std::unordered_map<std::string, Record> records;  // by job key
-  std::unordered_map<uint64_t, std::string> live;   // uid -> job key
+  std::unordered_map<std::string, Record> records;     // by job key
+  std::unordered_map<uint64_t, std::string> live;      // uid -> job key
   std::deque<std::pair<std::string, uint64_t>> ended;  // eviction order: key, uid
   std::optional<policy::DrainRate> drain;
   policy::RetryConfig retry;
@@ -138,7 +138,8 @@ TenantState* authenticate(Self* self, const std::string& tenant, const std::stri
     }
     // Anonymous mode: every tenant name is its own unlimited tenant of weight 1.
     auto now_ms = clock_us(self) / 1000;
-    i = st.tenants.emplace(tenant, TenantState{"", 1.0, policy::TenantQuota(0, 0, 0, now_ms)}).first;
+    i = st.tenants.emplace(tenant, TenantState{"", 1.0, policy::TenantQuota(0, 0, 0, now_ms)})
+            .first;
   }
   if (!internal && !i->second.token.empty() && !tokens_equal(i->second.token, token)) {
     why = "wrong token for tenant '" + tenant + "'";
@@ -277,8 +278,8 @@ void enqueue(Self* self, const std::string& key, Job job) {
             }
             if (result == 1) {
               ++s.overloaded;
-              drop_pending(self, key, uid, ErrorCode::overloaded, "the priority class queue is full",
-                           retry_after_ms);
+              drop_pending(self, key, uid, ErrorCode::overloaded,
+                           "the priority class queue is full", retry_after_ms);
             } else {
               drop_pending(self, key, uid, ErrorCode::internal,
                            "the router does not know the job's priority class", -1);

@@ -72,22 +72,22 @@ struct Seq {
   Job job;
   std::vector<int32_t> tokens;  // prompt + generated: what the KV cache must hold to go on
   int32_t n_prompt = 0;
-  int32_t n_past = 0;           // tokens of `tokens` cached in `blocks`
-  std::vector<int32_t> blocks;  // block table; -1: released (outside the policy's window)
-  std::vector<uint64_t> hashes; // chain hashes of the leading full blocks seen by the prefix cache
-  policy::KvPolicy policy;      // the KV policy this job runs under
-  int32_t cached_tokens = -1;   // prompt tokens reused from the prefix cache at first start
+  int32_t n_past = 0;            // tokens of `tokens` cached in `blocks`
+  std::vector<int32_t> blocks;   // block table; -1: released (outside the policy's window)
+  std::vector<uint64_t> hashes;  // chain hashes of the leading full blocks seen by the prefix cache
+  policy::KvPolicy policy;       // the KV policy this job runs under
+  int32_t cached_tokens = -1;    // prompt tokens reused from the prefix cache at first start
   bool running = false;
-  bool in_step = false;         // part of the step in flight
-  int32_t step_tokens = 0;      // tokens it feeds in the step in flight
-  bool cancelled = false;       // cancel arrived while in the step in flight
-  bool started = false;         // the executor has made its sampler
+  bool in_step = false;     // part of the step in flight
+  int32_t step_tokens = 0;  // tokens it feeds in the step in flight
+  bool cancelled = false;   // cancel arrived while in the step in flight
+  bool started = false;     // the executor has made its sampler
   Utf8Stream utf8;
-  std::string text;             // complete characters, cut at a stop string when one matched
-  size_t emitted = 0;           // bytes of `text` already final (streamed)
+  std::string text;    // complete characters, cut at a stop string when one matched
+  size_t emitted = 0;  // bytes of `text` already final (streamed)
   size_t max_stop = 0;
-  uint32_t sent_ids = 0;        // completion ids already streamed
-  std::vector<float> logprob;   // per completion id (when job.logprobs > 0)
+  uint32_t sent_ids = 0;       // completion ids already streamed
+  std::vector<float> logprob;  // per completion id (when job.logprobs > 0)
   std::vector<int32_t> top_ids;
   std::vector<float> top_lps;
   int64_t first_sched_us = 0, first_token_us = 0;
@@ -96,8 +96,8 @@ struct Seq {
   int32_t n_generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
   int32_t remaining() const { return static_cast<int32_t>(tokens.size()) - n_past; }
   int32_t held() const {
-    return static_cast<int32_t>(std::count_if(blocks.begin(), blocks.end(),
-                                              [](int32_t b) { return b >= 0; }));
+    return static_cast<int32_t>(
+        std::count_if(blocks.begin(), blocks.end(), [](int32_t b) { return b >= 0; }));
   }
   // Scheduling priority: lower is more important (class first, then earlier arrival).
   std::tuple<uint32_t, int64_t, uint64_t> key() const {
@@ -105,7 +105,9 @@ struct Seq {
   }
 };
 
-bool before(const Seq* a, const Seq* b) { return a->key() < b->key(); }
+bool before(const Seq* a, const Seq* b) {
+  return a->key() < b->key();
+}
 
 struct Before {
   bool operator()(const Seq* a, const Seq* b) const { return before(a, b); }
@@ -113,9 +115,9 @@ struct Before {
 
 class Batcher : public std::enable_shared_from_this<Batcher> {
  public:
-  Batcher(caf::event_based_actor* self, BatchingConfig cfg,
-          std::shared_ptr<const LlamaModel> model, caf::actor executor, caf::actor router,
-          caf::actor egress, caf::actor admission, int32_t n_blocks, BatcherExtras extras)
+  Batcher(caf::event_based_actor* self, BatchingConfig cfg, std::shared_ptr<const LlamaModel> model,
+          caf::actor executor, caf::actor router, caf::actor egress, caf::actor admission,
+          int32_t n_blocks, BatcherExtras extras)
       : self_(self),
         cfg_(cfg),
         model_(std::move(model)),
@@ -277,9 +279,9 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     const int64_t limit_us = cfg_.step_timeout_ms * 1000;
     const int64_t age = now_us() - step_sent_us_;
     if (age >= limit_us) {
-      on_executor_failure("no step result within " + std::to_string(cfg_.step_timeout_ms) +
-                              " ms (hung executor)",
-                          step_sent_us_);
+      on_executor_failure(
+          "no step result within " + std::to_string(cfg_.step_timeout_ms) + " ms (hung executor)",
+          step_sent_us_);
       return;
     }
     arm_watchdog(limit_us - age);
@@ -477,8 +479,8 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     } else {
       self_->unbecome();
     }
-    log_line("batcher: kv usage " + std::to_string(static_cast<int>(usage * 100)) + "%: " +
-             (pressure_ ? "pressure policy " : "back to ") +
+    log_line("batcher: kv usage " + std::to_string(static_cast<int>(usage * 100)) +
+             "%: " + (pressure_ ? "pressure policy " : "back to ") +
              policy::to_string(pressure_ ? *pressure_policy_ : base_));
   }
 
@@ -628,8 +630,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     }
     // A job re-run after an executor failure regenerates, identically (greedy or seeded), what its
     // client already got: that part is not sent again.
-    const size_t from =
-        std::max<size_t>(s.emitted, std::min<uint64_t>(s.job.streamed_bytes, upto));
+    const size_t from = std::max<size_t>(s.emitted, std::min<uint64_t>(s.job.streamed_bytes, upto));
     TokensEvent t;
     t.text.assign(s.text, from, upto - from);
     s.emitted = upto;
@@ -739,11 +740,10 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     while (!waiting_.empty()) {
       Seq* s = *waiting_.begin();
       reuse_prefix(*s);
-      const int64_t need =
-          std::max<int64_t>(0, policy::max_blocks_held(s->policy,
-                                                       static_cast<int64_t>(s->tokens.size()),
-                                                       cfg_.prefill_chunk, bs_) -
-                                   s->held());
+      const int64_t need = std::max<int64_t>(
+          0, policy::max_blocks_held(s->policy, static_cast<int64_t>(s->tokens.size()),
+                                     cfg_.prefill_chunk, bs_) -
+                 s->held());
       while (!running_.empty() && before(s, running_.back()) &&
              (running_.size() >= cfg_.max_sequences || need > room()))
         preempt(*running_.back());  // goes to waiting_ behind s
@@ -913,33 +913,32 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   caf::actor executor_, router_, egress_, admission_;
   PrefixBlockPool pool_;
   int32_t bs_;
-  policy::KvPolicy base_;                          // the normal policy (operator's choice)
+  policy::KvPolicy base_;                            // the normal policy (operator's choice)
   std::optional<policy::KvPolicy> pressure_policy_;  // swapped in above the high watermark
-  bool pressure_ = false;                          // the pressure behavior is on top
-  int64_t swaps_ = 0, pressure_swaps_ = 0, blocks_peak_ = 0, prefix_tokens_ = 0,
-          prefix_blocks_ = 0;
+  bool pressure_ = false;                            // the pressure behavior is on top
+  int64_t swaps_ = 0, pressure_swaps_ = 0, blocks_peak_ = 0, prefix_tokens_ = 0, prefix_blocks_ = 0;
   int64_t fed_ = 0;  // tokens sent to the engine (prefill and decode), recomputation included
   std::unordered_map<uint64_t, std::unique_ptr<Seq>> seqs_;
   // Jobs ended since the last flush: the router forgets them (it keeps every dispatched job
   // until then, to run again should this batcher go down).
   std::vector<uint64_t> ended_;
-  int32_t fault_steps_ = 0;  // steps seen, for the test-only fault
-  std::vector<Seq*> running_;  // sorted by Seq::key
+  int32_t fault_steps_ = 0;         // steps seen, for the test-only fault
+  std::vector<Seq*> running_;       // sorted by Seq::key
   std::set<Seq*, Before> waiting_;  // preempted jobs resume before later arrivals
-  std::vector<Seq*> planned_;  // the step being built, then the step in flight
-  int64_t budget_ = 0;         // tokens left in the step being built
+  std::vector<Seq*> planned_;       // the step being built, then the step in flight
+  int64_t budget_ = 0;              // tokens left in the step being built
   bool in_flight_ = false;
   std::vector<uint64_t> released_;
   uint32_t credit_ = 0;
   int64_t preemptions_ = 0, steps_ = 0, tokens_ = 0, finished_ = 0;
   BatcherExtras extras_;
-  int64_t idle_since_us_ = 0;   // when the last job ended (0 while jobs are here)
-  int64_t step_sent_us_ = 0;    // when the step in flight was sent (watchdog)
+  int64_t idle_since_us_ = 0;  // when the last job ended (0 while jobs are here)
+  int64_t step_sent_us_ = 0;   // when the step in flight was sent (watchdog)
   bool watchdog_armed_ = false;
-  bool dead_ = false;           // the executor failed; everything went back to the router
-  bool retiring_ = false;       // scale down: finish, take nothing new, exit
-  bool leaving_ = false;        // asked the router to stop dispatching here
-  bool router_ack_ = false;     // ... and it answered
+  bool dead_ = false;        // the executor failed; everything went back to the router
+  bool retiring_ = false;    // scale down: finish, take nothing new, exit
+  bool leaving_ = false;     // asked the router to stop dispatching here
+  bool router_ack_ = false;  // ... and it answered
   int64_t requeued_ = 0;
 };
 

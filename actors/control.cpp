@@ -130,7 +130,6 @@ void answered(Self* self, const std::shared_ptr<Pending>& p) {
   if (--p->owed == 0) complete(self, *p);
 }
 
-
 // The error handler of one request of a pending command: the failure is recorded (the first one
 // becomes the reply) and the answer counted.
 auto failure_handler(Self* self, std::shared_ptr<Pending> p, std::string who) {
@@ -239,9 +238,9 @@ std::string control_stats_json(const caf::settings& admission, const caf::settin
     const auto& b = batchers[i];
     JsonObject bo;
     bo.str("kv_policy", string_of(b, "kv_policy"));
-    for (const char* k : {"policy_swaps", "pressure_swaps", "pressure", "blocks_used",
-                          "blocks_cached", "blocks_used_peak", "prefix_hit_blocks",
-                          "prefix_hit_tokens", "preemptions"})
+    for (const char* k :
+         {"policy_swaps", "pressure_swaps", "pressure", "blocks_used", "blocks_cached",
+          "blocks_used_peak", "prefix_hit_blocks", "prefix_hit_tokens", "preemptions"})
       bo.num(k, stats_counter(b, k));
     arr += (i ? ", " : "") + bo.finish();
   }
@@ -254,7 +253,9 @@ caf::actor spawn_control(caf::actor_system& sys, ControlWiring wiring) {
     self->state.w = std::move(w);
     return {
         // The supervisor's current batchers (elastic pairs come and go).
-        [self](connect_atom, std::vector<caf::actor>& bs) { self->state.w.batchers = std::move(bs); },
+        [self](connect_atom, std::vector<caf::actor>& bs) {
+          self->state.w.batchers = std::move(bs);
+        },
         [self](control_atom, ControlRequest& req) {
           const std::string& admin = self->state.w.admin_token;
           if (admin.empty()) {

@@ -3,8 +3,8 @@
 #pragma once
 
 #include <caf/actor.hpp>
-#include <caf/settings.hpp>
 #include <caf/fwd.hpp>
+#include <caf/settings.hpp>
 #include <chrono>
 #include <functional>
 #include <string>

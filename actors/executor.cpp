@@ -20,7 +20,7 @@ struct ExecutorState {
   ExecutorSpec spec;
   std::unique_ptr<Engine> engine;  // null for the "null" backend
   std::unordered_map<uint64_t, Sampler> samplers;
-  std::vector<SeqStep> batch;      // reused across steps: no per-step allocation once warm
+  std::vector<SeqStep> batch;  // reused across steps: no per-step allocation once warm
   std::vector<int32_t> positions;
   StepOutput out;
   std::vector<TokenLogprob> top;
@@ -80,8 +80,8 @@ void run_cpu(ExecutorState& st, const StepPlan& plan, StepResult& res) {
     SeqResult r;
     r.uid = p.uid;
     st.top.clear();
-    r.token = samplers[i]->sample(st.out.row(i), n_vocab, p.logprobs ? &st.top : nullptr,
-                                  &r.logprob);
+    r.token =
+        samplers[i]->sample(st.out.row(i), n_vocab, p.logprobs ? &st.top : nullptr, &r.logprob);
     fill_top(st, p, r);
     res.seqs.push_back(std::move(r));
   }

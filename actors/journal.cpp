@@ -2,14 +2,13 @@
 // docs/durability.md): accept, result and delivered records over policies/journal_file.
 #include "actors/journal.hpp"
 
-#include <msgpack.hpp>
-
 #include <algorithm>
 #include <caf/all.hpp>
 #include <chrono>
 #include <deque>
 #include <filesystem>
 #include <map>
+#include <msgpack.hpp>
 #include <unordered_map>
 #include <unordered_set>
 #include <variant>
@@ -44,34 +43,58 @@ void pack_kind(Packer& p, char kind) {
 
 void pack_done(Packer& p, const DoneEvent& d) {
   p.pack_map(17);
-  p.pack("to"); pack_client(p, d.to);
-  p.pack("uid"); p.pack(d.uid);
-  p.pack("id"); p.pack(d.id);
-  p.pack("tenant"); p.pack(d.tenant);
-  p.pack("finish"); p.pack(d.finish);
-  p.pack("text"); p.pack(d.text);
-  p.pack("ids"); p.pack(d.ids);
-  p.pack("prompt_tokens"); p.pack(d.prompt_tokens);
-  p.pack("completion_tokens"); p.pack(d.completion_tokens);
-  p.pack("cached_tokens"); p.pack(d.cached_tokens);
-  p.pack("queue_ms"); p.pack(d.queue_ms);
-  p.pack("ttft_ms"); p.pack(d.ttft_ms);
-  p.pack("total_ms"); p.pack(d.total_ms);
-  p.pack("logprob"); p.pack(d.logprob);
-  p.pack("n_top"); p.pack(d.n_top);
-  p.pack("top_ids"); p.pack(d.top_ids);
-  p.pack("top_logprobs"); p.pack(d.top_logprobs);
+  p.pack("to");
+  pack_client(p, d.to);
+  p.pack("uid");
+  p.pack(d.uid);
+  p.pack("id");
+  p.pack(d.id);
+  p.pack("tenant");
+  p.pack(d.tenant);
+  p.pack("finish");
+  p.pack(d.finish);
+  p.pack("text");
+  p.pack(d.text);
+  p.pack("ids");
+  p.pack(d.ids);
+  p.pack("prompt_tokens");
+  p.pack(d.prompt_tokens);
+  p.pack("completion_tokens");
+  p.pack(d.completion_tokens);
+  p.pack("cached_tokens");
+  p.pack(d.cached_tokens);
+  p.pack("queue_ms");
+  p.pack(d.queue_ms);
+  p.pack("ttft_ms");
+  p.pack(d.ttft_ms);
+  p.pack("total_ms");
+  p.pack(d.total_ms);
+  p.pack("logprob");
+  p.pack(d.logprob);
+  p.pack("n_top");
+  p.pack(d.n_top);
+  p.pack("top_ids");
+  p.pack(d.top_ids);
+  p.pack("top_logprobs");
+  p.pack(d.top_logprobs);
 }
 
 void pack_error(Packer& p, const ErrorEvent& e) {
   p.pack_map(7);
-  p.pack("to"); pack_client(p, e.to);
-  p.pack("uid"); p.pack(e.uid);
-  p.pack("id"); p.pack(e.id);
-  p.pack("tenant"); p.pack(e.tenant);
-  p.pack("code"); p.pack(e.code);
-  p.pack("message"); p.pack(e.message);
-  p.pack("retry_after_ms"); p.pack(e.retry_after_ms);
+  p.pack("to");
+  pack_client(p, e.to);
+  p.pack("uid");
+  p.pack(e.uid);
+  p.pack("id");
+  p.pack(e.id);
+  p.pack("tenant");
+  p.pack(e.tenant);
+  p.pack("code");
+  p.pack(e.code);
+  p.pack("message");
+  p.pack(e.message);
+  p.pack("retry_after_ms");
+  p.pack(e.retry_after_ms);
 }
 
 // Named-field access to a decoded map; absent fields keep their defaults (older records).
@@ -144,9 +167,9 @@ ErrorEvent unpack_error(const msgpack::object& o) {
 struct Decoded {
   char kind = 0;
   uint64_t uid = 0;
-  Job job;          // kAccept
+  Job job;                       // kAccept
   int64_t deadline_wall_us = 0;  // kAccept: the job's deadline in wall-clock time; 0: none
-  JobOutcome out;   // kResult
+  JobOutcome out;                // kResult
 };
 
 Decoded decode(const std::string& payload) {
@@ -193,7 +216,9 @@ Decoded decode(const std::string& payload) {
 }
 
 // Where an outcome's replies go (the batcher and router fill `to` of the event they made).
-const ClientRef& client_of(const JobOutcome& o) { return o.outcome == 1 ? o.error.to : o.done.to; }
+const ClientRef& client_of(const JobOutcome& o) {
+  return o.outcome == 1 ? o.error.to : o.done.to;
+}
 
 }  // namespace
 
@@ -209,21 +234,36 @@ std::string encode_accept(const Job& j) {
     p.pack(wall_now_us() + (j.deadline_us - now_us()));
   }
   pack_kind(p, kAccept);
-  p.pack("uid"); p.pack(j.uid);
-  p.pack("id"); p.pack(j.id);
-  p.pack("tenant"); p.pack(j.tenant);
-  p.pack("client"); pack_client(p, j.client);
-  p.pack("class_index"); p.pack(j.class_index);
-  p.pack("prompt"); p.pack(j.prompt);
-  p.pack("max_tokens"); p.pack(j.max_tokens);
-  p.pack("temperature"); p.pack(j.temperature);
-  p.pack("top_k"); p.pack(j.top_k);
-  p.pack("top_p"); p.pack(j.top_p);
-  p.pack("seed"); p.pack(j.seed);
-  p.pack("stop"); p.pack(j.stop);
-  p.pack("ignore_eos"); p.pack(j.ignore_eos);
-  p.pack("stream"); p.pack(j.stream);
-  p.pack("logprobs"); p.pack(j.logprobs);
+  p.pack("uid");
+  p.pack(j.uid);
+  p.pack("id");
+  p.pack(j.id);
+  p.pack("tenant");
+  p.pack(j.tenant);
+  p.pack("client");
+  pack_client(p, j.client);
+  p.pack("class_index");
+  p.pack(j.class_index);
+  p.pack("prompt");
+  p.pack(j.prompt);
+  p.pack("max_tokens");
+  p.pack(j.max_tokens);
+  p.pack("temperature");
+  p.pack(j.temperature);
+  p.pack("top_k");
+  p.pack(j.top_k);
+  p.pack("top_p");
+  p.pack(j.top_p);
+  p.pack("seed");
+  p.pack(j.seed);
+  p.pack("stop");
+  p.pack(j.stop);
+  p.pack("ignore_eos");
+  p.pack(j.ignore_eos);
+  p.pack("stream");
+  p.pack(j.stream);
+  p.pack("logprobs");
+  p.pack(j.logprobs);
   return std::string(buf.data(), buf.size());
 }
 
@@ -233,12 +273,18 @@ std::string encode_result(const JobOutcome& o) {
   const bool failed = o.outcome == 1;
   p.pack_map(8);
   pack_kind(p, kResult);
-  p.pack("uid"); p.pack(o.uid);
-  p.pack("id"); p.pack(o.id);
-  p.pack("tenant"); p.pack(o.tenant);
-  p.pack("outcome"); p.pack(o.outcome);
-  p.pack("code"); p.pack(o.code);
-  p.pack("tokens_used"); p.pack(o.tokens_used);
+  p.pack("uid");
+  p.pack(o.uid);
+  p.pack("id");
+  p.pack(o.id);
+  p.pack("tenant");
+  p.pack(o.tenant);
+  p.pack("outcome");
+  p.pack(o.outcome);
+  p.pack("code");
+  p.pack(o.code);
+  p.pack("tokens_used");
+  p.pack(o.tokens_used);
   // Only the event that ends the job is kept: the other one is empty.
   if (failed) {
     p.pack("error");
@@ -255,7 +301,8 @@ std::string encode_delivered(uint64_t uid) {
   Packer p(buf);
   p.pack_map(2);
   pack_kind(p, kDelivered);
-  p.pack("uid"); p.pack(uid);
+  p.pack("uid");
+  p.pack(uid);
   return std::string(buf.data(), buf.size());
 }
 
@@ -374,7 +421,7 @@ struct JournalState {
   std::vector<caf::typed_response_promise<uint8_t>> acks;    // waiting for the group commit
   std::vector<uint64_t> committing;                          // results waiting for it
   bool commit_armed = false, marks_armed = false;
-  std::deque<std::pair<int64_t, uint64_t>> forwarded;        // pipeline results handed to egress
+  std::deque<std::pair<int64_t, uint64_t>> forwarded;  // pipeline results handed to egress
   std::unordered_map<uint64_t, KeptResult> kept;
   std::deque<uint64_t> kept_order;
   std::size_t kept_done = 0;
@@ -388,7 +435,9 @@ using Self = caf::stateful_actor<JournalState>;
 
 // A replayed job of a ROUTER client has no client any more (replay_records empties its routing
 // id; ZeroMQ never gives an empty one): its events go nowhere.
-bool is_orphan(const ClientRef& to) { return to.kind == ClientRef::router && to.identity.empty(); }
+bool is_orphan(const ClientRef& to) {
+  return to.kind == ClientRef::router && to.identity.empty();
+}
 
 void forward(Self* self, auto ev) {
   if (is_orphan(ev.to)) {

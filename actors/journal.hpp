@@ -20,12 +20,12 @@ struct JournalReplay {
   /// Accepted, no result: run again (oldest first). A ROUTER client's routing id is emptied: that
   /// client is gone, and ZeroMQ may give the same id to a new one.
   std::vector<Job> pending;
-  std::vector<JobOutcome> results;      ///< finished with a result: kept for resubmissions
-  std::vector<JobOutcome> redeliver;    ///< pipeline results (any outcome) not known delivered
-  uint64_t next_uid = 1;                ///< above every uid in the journal
-  uint64_t records = 0;                 ///< good records read
-  uint64_t undecodable = 0;             ///< records with a good CRC that did not decode (skipped)
-  std::string warning;                  ///< damage was skipped or a damaged tail cut (empty: none)
+  std::vector<JobOutcome> results;    ///< finished with a result: kept for resubmissions
+  std::vector<JobOutcome> redeliver;  ///< pipeline results (any outcome) not known delivered
+  uint64_t next_uid = 1;              ///< above every uid in the journal
+  uint64_t records = 0;               ///< good records read
+  uint64_t undecodable = 0;           ///< records with a good CRC that did not decode (skipped)
+  std::string warning;                ///< damage was skipped or a damaged tail cut (empty: none)
 };
 
 /// Record payloads (msgpack maps with named fields, so a later version can add fields and
@@ -54,8 +54,9 @@ std::shared_ptr<JournalFile> open_journal(const JournalConfig& cfg, std::size_t 
 /// router, batchers and admission as their egress): TokensEvent and other events pass straight
 /// through; a journaled job's DoneEvent/ErrorEvent is held until admission reports the job's end
 /// ((journal_atom, JobOutcome)) and that result record is durable. `replay` seeds the live jobs
-/// (events to a ROUTER client with an empty routing id, i.e. of a replayed job, are dropped) and its
-/// `redeliver` results are sent to egress at once. Protocol: actors/messages.hpp, "Journal shapes".
+/// (events to a ROUTER client with an empty routing id, i.e. of a replayed job, are dropped) and
+/// its `redeliver` results are sent to egress at once. Protocol: actors/messages.hpp, "Journal
+/// shapes".
 caf::actor spawn_journal(caf::actor_system& sys, JournalConfig cfg,
                          std::shared_ptr<JournalFile> file, const JournalReplay& replay,
                          std::size_t keep_results, caf::actor egress);

@@ -1,9 +1,8 @@
 // Registration of the actor message types with CAF, and the shared time base.
 #include "actors/messages.hpp"
 
-#include <cstdio>
-
 #include <chrono>
+#include <cstdio>
 
 namespace sy {
 

@@ -21,17 +21,19 @@ typename Inspector::result_type inspect(Inspector& f, KvPolicy& x) {
 }  // namespace policy
 
 // ---- atoms (CAF 0.17: at most 10 characters) ----
-using submit_atom = caf::atom_constant<caf::atom("submit")>;      // gateway -> admission
-using cancel_atom = caf::atom_constant<caf::atom("cancel")>;      // gateway -> admission -> router/batchers
-using status_atom = caf::atom_constant<caf::atom("status")>;      // gateway -> admission
-using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;    // admission -> router (request)
-using credit_atom = caf::atom_constant<caf::atom("credit")>;      // batcher -> router: may take n more
-using run_atom = caf::atom_constant<caf::atom("run")>;            // router -> batcher: a job
-using step_atom = caf::atom_constant<caf::atom("step")>;          // batcher -> executor (request)
-using release_atom = caf::atom_constant<caf::atom("release")>;    // batcher -> executor: forget uids
+using submit_atom = caf::atom_constant<caf::atom("submit")>;  // gateway -> admission
+using cancel_atom =
+    caf::atom_constant<caf::atom("cancel")>;  // gateway -> admission -> router/batchers
+using status_atom = caf::atom_constant<caf::atom("status")>;    // gateway -> admission
+using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;  // admission -> router (request)
+using credit_atom = caf::atom_constant<caf::atom("credit")>;  // batcher -> router: may take n more
+using run_atom = caf::atom_constant<caf::atom("run")>;        // router -> batcher: a job
+using step_atom = caf::atom_constant<caf::atom("step")>;      // batcher -> executor (request)
+using release_atom = caf::atom_constant<caf::atom("release")>;  // batcher -> executor: forget uids
 using finished_atom = caf::atom_constant<caf::atom("finished")>;  // batcher/router -> admission
 using out_atom = caf::atom_constant<caf::atom("out")>;            // anyone -> egress
-using pull_atom = caf::atom_constant<caf::atom("pull")>;          // router -> egress -> gateway: PULL credit
+using pull_atom =
+    caf::atom_constant<caf::atom("pull")>;  // router -> egress -> gateway: PULL credit
 using drain_atom = caf::atom_constant<caf::atom("drain")>;        // shutdown: stop taking new work
 using stats_atom = caf::atom_constant<caf::atom("stats")>;        // introspection (tests, metrics)
 using tick_atom = caf::atom_constant<caf::atom("tick")>;          // self-timers
@@ -54,8 +56,8 @@ typename Inspector::result_type inspect(Inspector& f, ClientRef& x) {
 /// An admitted job as the router, batchers and executors see it: prompt already tokenized and
 /// checked against the context, sampling parameters validated, times in steady-clock µs.
 struct Job {
-  uint64_t uid = 0;          // server-unique, assigned at admission
-  std::string id;            // client job id; (tenant, id) is the job key
+  uint64_t uid = 0;  // server-unique, assigned at admission
+  std::string id;    // client job id; (tenant, id) is the job key
   std::string tenant;
   ClientRef client;
   uint32_t class_index = 0;  // index into the configured priority classes
@@ -72,10 +74,10 @@ struct Job {
   int64_t arrival_us = 0;   // receipt at the gateway
   int64_t deadline_us = 0;  // absolute; 0: none. Only bounds the wait before the job starts.
   // Crash recovery (appended): set when an executor failure re-queued the job.
-  uint32_t attempt = 0;          // executor failures this job has been through
-  uint32_t streamed_ids = 0;     // completion ids its client already got (not streamed again)
-  uint64_t streamed_bytes = 0;   // completion text bytes its client already got
-  int64_t fault_us = 0;          // when the last failure struck (recovery time is measured from it)
+  uint32_t attempt = 0;         // executor failures this job has been through
+  uint32_t streamed_ids = 0;    // completion ids its client already got (not streamed again)
+  uint64_t streamed_bytes = 0;  // completion text bytes its client already got
+  int64_t fault_us = 0;         // when the last failure struck (recovery time is measured from it)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Job& x) {
@@ -110,9 +112,9 @@ struct SubmitRequest {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SubmitRequest& x) {
   return f(caf::meta::type_name("SubmitRequest"), x.client, x.id, x.tenant, x.token, x.prompt_text,
-           x.prompt_ids, x.prompt_is_ids, x.max_tokens, x.temperature, x.top_k, x.top_p,
-           x.has_seed, x.seed, x.stop, x.ignore_eos, x.priority, x.deadline_ms, x.stream,
-           x.logprobs, x.arrival_us);
+           x.prompt_ids, x.prompt_is_ids, x.max_tokens, x.temperature, x.top_k, x.top_p, x.has_seed,
+           x.seed, x.stop, x.ignore_eos, x.priority, x.deadline_ms, x.stream, x.logprobs,
+           x.arrival_us);
 }
 
 /// cancel or status from a client (kind says which).
@@ -172,8 +174,7 @@ struct SeqResult {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SeqResult& x) {
-  return f(caf::meta::type_name("SeqResult"), x.uid, x.token, x.logprob, x.top_ids,
-           x.top_logprobs);
+  return f(caf::meta::type_name("SeqResult"), x.uid, x.token, x.logprob, x.top_ids, x.top_logprobs);
 }
 
 struct StepResult {
@@ -237,9 +238,8 @@ struct DoneEvent {
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, DoneEvent& x) {
-  return f(caf::meta::type_name("DoneEvent"), x.to, x.uid, x.id, x.tenant, x.finish, x.text,
-           x.ids, x.prompt_tokens, x.completion_tokens, x.cached_tokens, x.queue_ms, x.ttft_ms,
-           x.total_ms,
+  return f(caf::meta::type_name("DoneEvent"), x.to, x.uid, x.id, x.tenant, x.finish, x.text, x.ids,
+           x.prompt_tokens, x.completion_tokens, x.cached_tokens, x.queue_ms, x.ttft_ms, x.total_ms,
            x.logprob, x.n_top, x.top_ids, x.top_logprobs);
 }
 
@@ -303,7 +303,8 @@ void log_line(const std::string& text);
 }  // namespace sy
 
 // Request/response shapes (documented here, carried as plain CAF tuples):
-//   admission -> router:  (enqueue_atom, Job)        -> (uint8 result, uint32 position, int64 retry_after_ms)
+//   admission -> router:  (enqueue_atom, Job)        -> (uint8 result, uint32 position, int64
+//   retry_after_ms)
 //                          result: 0 accepted, 1 full (retry_after_ms set), 2 unknown class
 //   batcher   -> executor: (step_atom, StepPlan)      -> StepResult
 //   batcher   -> executor: (release_atom, std::vector<uint64_t> uids)   (no reply)
@@ -322,7 +323,8 @@ void log_line(const std::string& text);
 namespace sy {
 
 /// Wiring: (connect_atom, caf::actor admission, TenantWeights) tells the router its admission
-/// actor and the tenants' fair-share weights (spawn_admission sends it; the two actors form a cycle).
+/// actor and the tenants' fair-share weights (spawn_admission sends it; the two actors form a
+/// cycle).
 using connect_atom = caf::atom_constant<caf::atom("connect")>;
 
 /// Tenant weights for the router's fair queuing; a tenant not listed weighs 1.
@@ -381,9 +383,9 @@ typename Inspector::result_type inspect(Inspector& f, ControlEvent& x) {
 // Control shapes:
 //   gateway -> control:  (control_atom, ControlRequest)
 //   control -> egress:   (out_atom, ControlEvent) or (out_atom, ErrorEvent)
-//   control -> batcher:  (kvpolicy_atom, policy::KvPolicy) -> std::string ("" swapped, else why not)
-//   stats_atom on a batcher also reports "kv_policy" (string), "policy_swaps", "pressure" (0/1),
-//   "blocks_cached", "blocks_used_peak", "prefix_hit_blocks", "prefix_hit_tokens".
+//   control -> batcher:  (kvpolicy_atom, policy::KvPolicy) -> std::string ("" swapped, else why
+//   not) stats_atom on a batcher also reports "kv_policy" (string), "policy_swaps", "pressure"
+//   (0/1), "blocks_cached", "blocks_used_peak", "prefix_hit_blocks", "prefix_hit_tokens".
 
 // ---- metrics (Prometheus /metrics, /ready: actors/metrics.hpp) ----
 namespace sy {
@@ -394,19 +396,21 @@ using ready_atom = caf::atom_constant<caf::atom("ready")>;      // HTTP thread -
 
 // Metrics shapes:
 //   server     -> admission: (observe_atom, caf::actor metrics)  copy every JobOutcome there
-//   admission  -> metrics:   (finished_atom, JobOutcome, std::string class_name)  bulky fields cleared
-//   server/supervisor -> metrics: (observe_atom, caf::actor batcher, caf::actor executor)  a new
+//   admission  -> metrics:   (finished_atom, JobOutcome, std::string class_name)  bulky fields
+//   cleared server/supervisor -> metrics: (observe_atom, caf::actor batcher, caf::actor executor)
+//   a new
 //                             pair to count and scrape; the metrics actor monitors both
-//   HTTP       -> metrics:   (metrics_atom) -> std::string (text format 0.0.4); (ready_atom) -> bool
+//   HTTP       -> metrics:   (metrics_atom) -> std::string (text format 0.0.4); (ready_atom) ->
+//   bool
 
 // ---- elasticity and crash recovery (actors/supervisor.hpp) ----
 namespace sy {
-using requeue_atom = caf::atom_constant<caf::atom("requeue")>;    // batcher -> router: jobs back
-using retire_atom = caf::atom_constant<caf::atom("retire")>;      // supervisor -> batcher -> router
-using failed_atom = caf::atom_constant<caf::atom("failed")>;      // batcher -> supervisor
+using requeue_atom = caf::atom_constant<caf::atom("requeue")>;  // batcher -> router: jobs back
+using retire_atom = caf::atom_constant<caf::atom("retire")>;    // supervisor -> batcher -> router
+using failed_atom = caf::atom_constant<caf::atom("failed")>;    // batcher -> supervisor
 using recovered_atom = caf::atom_constant<caf::atom("recovered")>;  // batcher -> supervisor
-using watchdog_atom = caf::atom_constant<caf::atom("watchdog")>;  // batcher self-timer
-using scale_atom = caf::atom_constant<caf::atom("scale")>;        // supervisor self-timer
+using watchdog_atom = caf::atom_constant<caf::atom("watchdog")>;    // batcher self-timer
+using scale_atom = caf::atom_constant<caf::atom("scale")>;          // supervisor self-timer
 
 /// What a batcher reports to its supervisor when its executor failed (before it exits).
 struct PairFailure {
@@ -429,14 +433,15 @@ typename Inspector::result_type inspect(Inspector& f, PairFailure& x) {
 //   batcher    -> router:     (requeue_atom, std::vector<Job>)  jobs of a failed executor: they
 //                             go to the FRONT of their class (not counted against its limit)
 //   batcher    -> router:     (retire_atom, caf::actor batcher) -> uint32 credit revoked: the
-//                             router stops dispatching there; runs sent before the reply still arrive
+//                             router stops dispatching there; runs sent before the reply still
+//                             arrive
 //   supervisor -> batcher:    (retire_atom)  take no new work, finish what is there, then exit
 //   batcher    -> supervisor: (failed_atom, PairFailure)  then the batcher exits
 //   batcher    -> supervisor: (recovered_atom, int64 fault_us, int64 now_us)  a re-queued job runs
 //                             again (its first step after the fault was planned)
-//   batcher    -> supervisor: (kvpolicy_atom, policy::KvPolicy)  an operator swap (new pairs take it)
-//   stats_atom on a batcher also reports "ongoing" (running + waiting) and "idle_since_us"
-//   (0 while it holds jobs); on the router "waiting_total", "oldest_wait_ms", "requeued",
+//   batcher    -> supervisor: (kvpolicy_atom, policy::KvPolicy)  an operator swap (new pairs take
+//   it) stats_atom on a batcher also reports "ongoing" (running + waiting) and "idle_since_us" (0
+//   while it holds jobs); on the router "waiting_total", "oldest_wait_ms", "requeued",
 //   "retry_queued"; on the supervisor the batchers' counters summed plus its own (executors,
 //   scale_ups, scale_downs, executor_failures, replacements, requeued, recoveries,
 //   recovery_ms_last, recovery_ms_max, detect_ms_last).

@@ -22,10 +22,14 @@ std::string escape_label(std::string_view v) {
   std::string out;
   out.reserve(v.size());
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -34,9 +38,12 @@ std::string escape_help(std::string_view v) {
   std::string out;
   out.reserve(v.size());
   for (char c : v) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -122,8 +129,8 @@ namespace {
 // Latency bounds in seconds: from a millisecond (the demo model's step on CPU) to five minutes
 // (a long generation of a large model on CPU), roughly 2.5x apart so a quantile estimate from
 // them is within a bucket's width.
-const std::vector<double> kLatencyBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                            0.5,   1,      2.5,   5,    10,    30,   60,  120, 300};
+const std::vector<double> kLatencyBounds = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                            1,     2.5,    5,     10,   30,    60,   120, 300};
 // Per output token: a fraction of a millisecond (tiny models, big batches) to a few seconds (a
 // large model on a loaded CPU).
 const std::vector<double> kTokenBounds = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -209,11 +216,13 @@ std::string render(Self* self, const Scrape& s) {
   using prom::Labels;
 
   w.family("switchyard_jobs_total", "counter",
-           "Jobs that ended, by priority class, tenant and outcome (done, cancelled or the error code).");
+           "Jobs that ended, by priority class, tenant and outcome (done, cancelled or the error "
+           "code).");
   for (const auto& [k, n] : st.jobs)
-    w.sample("switchyard_jobs_total",
-             Labels{{"class", std::get<0>(k)}, {"tenant", std::get<1>(k)}, {"outcome", std::get<2>(k)}},
-             static_cast<double>(n));
+    w.sample(
+        "switchyard_jobs_total",
+        Labels{{"class", std::get<0>(k)}, {"tenant", std::get<1>(k)}, {"outcome", std::get<2>(k)}},
+        static_cast<double>(n));
 
   w.family("switchyard_jobs_rejected_total", "counter",
            "Submits refused by admission before they were queued, by reason.");
@@ -224,7 +233,8 @@ std::string render(Self* self, const Scrape& s) {
   w.family("switchyard_jobs_active", "gauge", "Jobs admitted and not yet ended.");
   w.sample("switchyard_jobs_active", {}, static_cast<double>(stats_counter(s.admission, "active")));
 
-  w.family("switchyard_queue_depth", "gauge", "Jobs waiting in the router's queues, by priority class.");
+  w.family("switchyard_queue_depth", "gauge",
+           "Jobs waiting in the router's queues, by priority class.");
   for (const auto& c : st.w.classes)
     w.sample("switchyard_queue_depth", Labels{{"class", c}},
              static_cast<double>(stats_counter(s.router, "queued_" + c)));
@@ -302,19 +312,23 @@ std::string render(Self* self, const Scrape& s) {
 
   w.family("switchyard_preemptions_total", "counter",
            "Sequences preempted under KV pressure, all executors.");
-  w.sample("switchyard_preemptions_total", {}, static_cast<double>(preempt + st.retired.preemptions));
+  w.sample("switchyard_preemptions_total", {},
+           static_cast<double>(preempt + st.retired.preemptions));
   per_executor("switchyard_executor_preemptions_total", "Sequences preempted under KV pressure",
                &PerExecutor::preempt, true);
   w.family("switchyard_kv_policy_swaps_total", "counter",
            "KV-cache policy swaps, by command and by watermark.");
-  w.sample("switchyard_kv_policy_swaps_total", {}, static_cast<double>(swaps + st.retired.policy_swaps));
-  w.family("switchyard_executors_running", "gauge", "Executors alive (each with its model loaded).");
+  w.sample("switchyard_kv_policy_swaps_total", {},
+           static_cast<double>(swaps + st.retired.policy_swaps));
+  w.family("switchyard_executors_running", "gauge",
+           "Executors alive (each with its model loaded).");
   w.sample("switchyard_executors_running", {}, static_cast<double>(executors));
 
   // The supervisor's view: pairs by state, scale events, failures, re-queues, recoveries.
   const caf::settings& sv = s.supervisor;
-  w.family("switchyard_executors", "gauge",
-           "Batcher+executor pairs by state: running (taking work) or retiring (finishing, then gone).");
+  w.family(
+      "switchyard_executors", "gauge",
+      "Batcher+executor pairs by state: running (taking work) or retiring (finishing, then gone).");
   w.sample("switchyard_executors", Labels{{"state", "running"}},
            static_cast<double>(stats_counter(sv, "executors")));
   w.sample("switchyard_executors", Labels{{"state", "retiring"}},
@@ -334,7 +348,8 @@ std::string render(Self* self, const Scrape& s) {
            static_cast<double>(stats_counter(sv, "failures_hang")));
   w.family("switchyard_jobs_requeued_total", "counter",
            "Jobs sent back to the router after their executor failed, to run elsewhere.");
-  w.sample("switchyard_jobs_requeued_total", {}, static_cast<double>(stats_counter(sv, "requeued")));
+  w.sample("switchyard_jobs_requeued_total", {},
+           static_cast<double>(stats_counter(sv, "requeued")));
   w.family("switchyard_batcher_lost_jobs_total", "counter",
            "Jobs held by a batcher that itself went down: re-queued by the router, or failed "
            "(streamed, or past their retries).");
@@ -358,16 +373,17 @@ std::string render(Self* self, const Scrape& s) {
   w.sample("switchyard_generation_tokens_total", {}, static_cast<double>(st.generation_tokens));
   w.family("switchyard_prefix_cache_hit_tokens_total", "counter",
            "Prompt tokens whose KV came from the prefix cache.");
-  w.sample("switchyard_prefix_cache_hit_tokens_total", {}, static_cast<double>(st.prefix_hit_tokens));
+  w.sample("switchyard_prefix_cache_hit_tokens_total", {},
+           static_cast<double>(st.prefix_hit_tokens));
 
   auto hist = [&](const char* name, const char* help, prom::Histogram ClassHistograms::*field) {
     w.family(name, "histogram", help);
     for (const auto& [cls, h] : st.hist) w.histogram(name, Labels{{"class", cls}}, h.*field);
   };
-  hist("switchyard_queue_time_seconds", "Time from arrival to the first scheduled step (done jobs).",
-       &ClassHistograms::queue);
-  hist("switchyard_time_to_first_token_seconds", "Time from arrival to the first token (done jobs).",
-       &ClassHistograms::ttft);
+  hist("switchyard_queue_time_seconds",
+       "Time from arrival to the first scheduled step (done jobs).", &ClassHistograms::queue);
+  hist("switchyard_time_to_first_token_seconds",
+       "Time from arrival to the first token (done jobs).", &ClassHistograms::ttft);
   hist("switchyard_time_per_output_token_seconds",
        "Time per output token after the first (done jobs with two or more tokens).",
        &ClassHistograms::tpot);
@@ -420,7 +436,8 @@ void on_down(Self* self, const caf::down_msg& dm) {
     if (p.batcher_alive && p.batcher && p.batcher.address() == dm.source) {
       p.batcher_alive = false;
     }
-    if (p.executor_alive && p.executor && p.executor.address() == dm.source) p.executor_alive = false;
+    if (p.executor_alive && p.executor && p.executor.address() == dm.source)
+      p.executor_alive = false;
     if (!p.batcher_alive && !p.executor_alive) {
       // Its counters move into the retired totals so that they never go backwards.
       st.retired.preemptions += stats_counter(p.last, "preemptions");
@@ -433,7 +450,8 @@ void on_down(Self* self, const caf::down_msg& dm) {
   }
 }
 
-void add_pair(Self* self, const caf::actor& batcher, const caf::actor& executor, std::string label) {
+void add_pair(Self* self, const caf::actor& batcher, const caf::actor& executor,
+              std::string label) {
   auto& st = self->state;
   Pair p;
   p.batcher = batcher;

@@ -69,8 +69,8 @@ struct RouterState {
   std::size_t overflow_total = 0;
   std::vector<BatcherCredit> batchers;
   uint64_t credit_total = 0;
-  std::optional<policy::DrainRate> drain;    // dispatches per second: how fast queues empty
-  int64_t timer_at = kNever;                 // earliest pending sweep tick (ms)
+  std::optional<policy::DrainRate> drain;  // dispatches per second: how fast queues empty
+  int64_t timer_at = kNever;               // earliest pending sweep tick (ms)
   uint64_t pull_outstanding = 0;
   bool draining = false;
   // counters (stats_atom)
@@ -90,7 +90,9 @@ int64_t clock_us(Self* self) {
              self->clock().now().time_since_epoch())
       .count();
 }
-int64_t clock_ms(Self* self) { return clock_us(self) / 1000; }
+int64_t clock_ms(Self* self) {
+  return clock_us(self) / 1000;
+}
 
 double weight_of(RouterState& st, const std::string& tenant) {
   auto i = st.weights.find(tenant);
@@ -127,8 +129,7 @@ void expire_job(Self* self, Job job, bool by_deadline, int64_t enqueued_ms, int6
     e.message = "deadline passed after " + std::to_string(waited) + " ms in the queue";
   else
     e.message = "queue timeout of class '" + st.queue->config(job.class_index).name + "' (" +
-                std::to_string(st.queue->config(job.class_index).queue_timeout_ms) +
-                " ms) passed";
+                std::to_string(st.queue->config(job.class_index).queue_timeout_ms) + " ms) passed";
   JobOutcome o;
   o.uid = job.uid;
   o.id = job.id;
@@ -148,8 +149,8 @@ void sweep(Self* self, int64_t now_ms) {
     if (i == st.queued.end()) continue;
     Job job = std::move(i->second);
     st.queued.erase(i);
-    expire_job(self, std::move(job), x.reason == policy::ExpiryReason::deadline,
-               x.job.enqueued_ms, now_ms);
+    expire_job(self, std::move(job), x.reason == policy::ExpiryReason::deadline, x.job.enqueued_ms,
+               now_ms);
   }
   if (st.overflow_total == 0) return;
   for (auto& q : st.overflow) {
@@ -172,8 +173,8 @@ policy::PushResult push_queue(Self* self, Job& job, int64_t enqueued_ms) {
   q.handle = job.uid;
   q.tenant = job.tenant;
   q.tenant_weight = weight_of(st, job.tenant);
-  q.cost = static_cast<uint32_t>(
-      std::min<std::size_t>(job.prompt.size() + job.max_tokens, std::numeric_limits<uint32_t>::max()));
+  q.cost = static_cast<uint32_t>(std::min<std::size_t>(job.prompt.size() + job.max_tokens,
+                                                       std::numeric_limits<uint32_t>::max()));
   q.enqueued_ms = enqueued_ms;
   q.deadline_ms = deadline_ms_of(job);
   auto r = st.queue->push(job.class_index, std::move(q));
@@ -241,10 +242,9 @@ std::optional<std::size_t> retry_first(RouterState& st) {
 /// Picks the batcher for `job`: the one with the most free credit (an idle pair before a busy
 /// one), or with prefix affinity the one already sent the job's prefix if it is not much busier.
 std::vector<BatcherCredit>::iterator pick_batcher(RouterState& st, const Job& job) {
-  auto freest = std::max_element(st.batchers.begin(), st.batchers.end(),
-                                 [](const BatcherCredit& a, const BatcherCredit& b) {
-                                   return a.credit < b.credit;
-                                 });
+  auto freest = std::max_element(
+      st.batchers.begin(), st.batchers.end(),
+      [](const BatcherCredit& a, const BatcherCredit& b) { return a.credit < b.credit; });
   if (!st.cfg.prefix_affinity) return freest;
   const auto hashes = policy::prefix_block_hashes(job.prompt, st.cfg.block_size);
   if (hashes.empty()) return freest;  // shorter than a block: nothing a cache could share
@@ -406,8 +406,8 @@ std::tuple<uint8_t, uint32_t, int64_t> enqueue(Self* self, Job job) {
   }
   if (r == policy::PushResult::duplicate) return {uint8_t{0}, position, int64_t{-1}};
   ++st.rejected_full;
-  auto retry = policy::retry_after_ms(st.queue->position_estimate(ci),
-                                      st.drain->jobs_per_s(now_ms), st.opts.retry);
+  auto retry = policy::retry_after_ms(st.queue->position_estimate(ci), st.drain->jobs_per_s(now_ms),
+                                      st.opts.retry);
   grant_pull(self);
   return {uint8_t{1}, uint32_t{0}, retry};
 }
@@ -455,7 +455,8 @@ void cancel(Self* self, uint64_t uid) {
   d.tenant = job->tenant;
   d.finish = 2;  // cancelled
   d.prompt_tokens = static_cast<uint32_t>(job->prompt.size());
-  if (job->arrival_us > 0) d.queue_ms = d.total_ms = std::max<int64_t>(0, now_us - job->arrival_us) / 1000.0;
+  if (job->arrival_us > 0)
+    d.queue_ms = d.total_ms = std::max<int64_t>(0, now_us - job->arrival_us) / 1000.0;
   JobOutcome o;
   o.uid = job->uid;
   o.id = job->id;
@@ -594,8 +595,10 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
         s.credit_total -= it->credit;
         // Still monitored: a retiring batcher finishes its jobs first, and should it go down
         // before that, they are recovered like any other batcher's.
-        if (it->running.empty()) self->demonitor(batcher);
-        else s.retiring[batcher.address()] = std::move(it->running);
+        if (it->running.empty())
+          self->demonitor(batcher);
+        else
+          s.retiring[batcher.address()] = std::move(it->running);
         s.batchers.erase(it);
         ++s.retired;
         return revoked;
@@ -604,7 +607,8 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
         auto& s = self->state;
         auto i = s.queued.find(uid);
         if (i != s.queued.end())
-          return {uint8_t{0}, static_cast<uint32_t>(s.queue->position_estimate(i->second.class_index))};
+          return {uint8_t{0},
+                  static_cast<uint32_t>(s.queue->position_estimate(i->second.class_index))};
         for (std::size_t ci = 0; ci < s.overflow.size(); ++ci)
           for (auto& h : s.overflow[ci])
             if (h.job.uid == uid)

@@ -45,8 +45,8 @@ struct SupervisorState {
 using Self = caf::stateful_actor<SupervisorState>;
 
 int active_count(const SupervisorState& st) {
-  return static_cast<int>(std::count_if(st.pairs.begin(), st.pairs.end(),
-                                        [](const Pair& p) { return !p.retiring; }));
+  return static_cast<int>(
+      std::count_if(st.pairs.begin(), st.pairs.end(), [](const Pair& p) { return !p.retiring; }));
 }
 
 void notify_control(Self* self) {
@@ -94,7 +94,8 @@ bool spawn_pair(Self* self) {
   self->monitor(p.batcher);
   // With its slot: the metrics label a replacement like the pair it replaces.
   if (st.w.metrics)
-    self->send(st.w.metrics, observe_atom::value, p.batcher, p.executor, static_cast<int32_t>(p.slot));
+    self->send(st.w.metrics, observe_atom::value, p.batcher, p.executor,
+               static_cast<int32_t>(p.slot));
   st.pairs.push_back(std::move(p));
   return true;
 }
@@ -117,7 +118,8 @@ void add_pairs(Self* self, int n, const std::string& reason, bool count_as_scale
 
 void retire_pair(Self* self, uint64_t id, const std::string& reason) {
   auto& st = self->state;
-  auto it = std::find_if(st.pairs.begin(), st.pairs.end(), [&](const Pair& p) { return p.id == id; });
+  auto it =
+      std::find_if(st.pairs.begin(), st.pairs.end(), [&](const Pair& p) { return p.id == id; });
   if (it == st.pairs.end() || it->retiring) return;
   it->retiring = true;
   ++st.scale_downs;
@@ -163,7 +165,8 @@ void gather(Self* self, std::vector<caf::actor> to, F done) {
 }
 
 void arm_tick(Self* self) {
-  self->delayed_send(self, std::chrono::milliseconds(std::max<int64_t>(1, self->state.cfg.interval_ms)),
+  self->delayed_send(self,
+                     std::chrono::milliseconds(std::max<int64_t>(1, self->state.cfg.interval_ms)),
                      scale_atom::value);
 }
 
@@ -285,7 +288,8 @@ caf::behavior supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWirin
         auto& s = self->state;
         s.w.metrics = metrics;
         for (const Pair& p : s.pairs)
-          self->send(metrics, observe_atom::value, p.batcher, p.executor, static_cast<int32_t>(p.slot));
+          self->send(metrics, observe_atom::value, p.batcher, p.executor,
+                     static_cast<int32_t>(p.slot));
       },
       [self](connect_atom, const caf::actor& control) -> bool {
         self->state.control = control;
@@ -296,16 +300,19 @@ caf::behavior supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWirin
         auto& s = self->state;
         ++s.failures;
         // The batcher's watchdog names a hang in its reason; every other failure is a crash.
-        if (f.why.find("hung") != std::string::npos) ++s.failures_hang;
-        else ++s.failures_crash;
+        if (f.why.find("hung") != std::string::npos)
+          ++s.failures_hang;
+        else
+          ++s.failures_crash;
         s.requeued += f.requeued;
         s.failed_jobs += f.failed;
         s.detect_ms_last = (f.detected_us - f.fault_us) / 1000;
         for (Pair& p : s.pairs)
           if (p.id == f.pair) p.failed = true;
-        log(self, "executor " + std::to_string(f.pair) + " failed (" + f.why + "), detected after " +
-                      std::to_string(s.detect_ms_last) + " ms; " + std::to_string(f.requeued) +
-                      " jobs re-queued, " + std::to_string(f.failed) + " ended engine_dead");
+        log(self, "executor " + std::to_string(f.pair) + " failed (" + f.why +
+                      "), detected after " + std::to_string(s.detect_ms_last) + " ms; " +
+                      std::to_string(f.requeued) + " jobs re-queued, " + std::to_string(f.failed) +
+                      " ended engine_dead");
       },
       [self](recovered_atom, int64_t fault_us, int64_t at_us) {
         auto& s = self->state;

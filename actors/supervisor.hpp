@@ -22,8 +22,8 @@ struct SupervisorConfig {
   /// The template of every executor (backend, model, threads, KV sizing). Its test fault flags
   /// apply to the first executor only; replacements and later pairs run clean.
   ExecutorSpec executor;
-  int32_t n_blocks = 1;                 ///< KV blocks per pair (batcher pool = executor pool)
-  policy::AutoscaleKnobs knobs;         ///< max_executors is clipped to slots.size()
+  int32_t n_blocks = 1;                     ///< KV blocks per pair (batcher pool = executor pool)
+  policy::AutoscaleKnobs knobs;             ///< max_executors is clipped to slots.size()
   std::vector<policy::ExecutorSlot> slots;  ///< where pairs may run (policy::executor_slots)
   /// How often the load is looked at. 100 ms reacts well within Ray Serve-like delays (seconds)
   /// while costing one stats round trip per pair per tick.
@@ -58,8 +58,8 @@ struct SupervisorWiring {
 ///   (scale_atom)  its own timer: asks the router and every batcher for stats, decides, scales;
 ///   (stats_atom) -> caf::settings: every int64 counter of the live batchers summed, plus
 ///       executors (active pairs), executors_retiring, scale_ups, scale_downs,
-///       executor_failures (= failures_crash + failures_hang), replacements, requeued, failed_jobs, recoveries, recovery_ms_last,
-///       recovery_ms_max, detect_ms_last (fault -> detection).
+///       executor_failures (= failures_crash + failures_hang), replacements, requeued, failed_jobs,
+///       recoveries, recovery_ms_last, recovery_ms_max, detect_ms_last (fault -> detection).
 /// Scale events and failures are logged on stdout ("switchyard: supervisor: ...").
 /// An exit message stops every pair, then the supervisor.
 caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorConfig cfg, SupervisorWiring wiring);

@@ -10,9 +10,9 @@
 //     attention and sliding_window(--kv-window). Prints a table (stderr) and JSON (stdout).
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -43,8 +43,8 @@ struct Options {
   int decode_prompt = 32;  // context before decode; with 64 steps the mean context is ~64, as tg128
   int reps = 2;            // timed repetitions after one warm-up; the best is reported
   bool kv_bench = false;
-  int kv_gen = 8192;       // generated tokens of the KV benchmark; measured at half and at all
-  int kv_window = 1024;    // the sliding window compared with full attention
+  int kv_gen = 8192;     // generated tokens of the KV benchmark; measured at half and at all
+  int kv_window = 1024;  // the sliding window compared with full attention
 };
 
 // llama.cpp (llama-bench, 2 threads, same machine class) on the 110M shape: the figures to beat.
@@ -83,25 +83,38 @@ Options parse(int argc, char** argv) {
     }
     if (i + 1 >= argc) throw std::invalid_argument("option " + a + " needs a value");
     const std::string v = argv[++i];
-    if (a == "--dir") o.dir = v;
-    else if (a == "--shape") o.shape = v;
-    else if (a == "--vocab-from") o.vocab_from = v;
-    else if (a == "--threads") o.threads = to_int(a, v);
-    else if (a == "--dtypes") o.dtypes = split(v);
+    if (a == "--dir")
+      o.dir = v;
+    else if (a == "--shape")
+      o.shape = v;
+    else if (a == "--vocab-from")
+      o.vocab_from = v;
+    else if (a == "--threads")
+      o.threads = to_int(a, v);
+    else if (a == "--dtypes")
+      o.dtypes = split(v);
     else if (a == "--batches") {
       o.batches.clear();
       for (const auto& b : split(v)) o.batches.push_back(to_int(a, b));
-    } else if (a == "--decode-steps") o.decode_steps = to_int(a, v);
-    else if (a == "--prompt") o.prompt = to_int(a, v);
-    else if (a == "--decode-prompt") o.decode_prompt = to_int(a, v);
-    else if (a == "--reps") o.reps = to_int(a, v);
-    else if (a == "--kv-gen") o.kv_gen = to_int(a, v);
-    else if (a == "--kv-window") o.kv_window = to_int(a, v);
-    else throw std::invalid_argument("unknown option " + a);
+    } else if (a == "--decode-steps")
+      o.decode_steps = to_int(a, v);
+    else if (a == "--prompt")
+      o.prompt = to_int(a, v);
+    else if (a == "--decode-prompt")
+      o.decode_prompt = to_int(a, v);
+    else if (a == "--reps")
+      o.reps = to_int(a, v);
+    else if (a == "--kv-gen")
+      o.kv_gen = to_int(a, v);
+    else if (a == "--kv-window")
+      o.kv_window = to_int(a, v);
+    else
+      throw std::invalid_argument("unknown option " + a);
   }
   if (o.threads < 1 || o.decode_steps < 1 || o.prompt < 1 || o.decode_prompt < 1 || o.reps < 1)
-    throw std::invalid_argument("--threads, --decode-steps, --prompt, --decode-prompt and --reps "
-                                "must be >= 1");
+    throw std::invalid_argument(
+        "--threads, --decode-steps, --prompt, --decode-prompt and --reps "
+        "must be >= 1");
   for (int b : o.batches)
     if (b < 1) throw std::invalid_argument("--batches entries must be >= 1");
   // Two checkpoints, each averaged over its last kKvAvgTokens tokens.
@@ -343,10 +356,10 @@ int kv_bench(const Options& o) {
     for (const KvPoint& p : kv_run(*engine, o, window)) {
       std::fprintf(stderr, "%-22s %9d %10.1f %10.2f %8lld %9.1f\n", name.c_str(), p.generated,
                    p.tok_s, p.cpu_ms, static_cast<long long>(p.blocks), p.kv_mib);
-      js << (first ? "" : ",") << "\n    {\"policy\": \"" << name << "\", \"generated\": "
-         << p.generated << ", \"decode_tok_s\": " << fmt(p.tok_s) << ", \"cpu_ms_per_tok\": "
-         << fmt(p.cpu_ms) << ", \"blocks_held\": "
-         << p.blocks << ", \"kv_mib\": " << fmt(p.kv_mib) << "}";
+      js << (first ? "" : ",") << "\n    {\"policy\": \"" << name
+         << "\", \"generated\": " << p.generated << ", \"decode_tok_s\": " << fmt(p.tok_s)
+         << ", \"cpu_ms_per_tok\": " << fmt(p.cpu_ms) << ", \"blocks_held\": " << p.blocks
+         << ", \"kv_mib\": " << fmt(p.kv_mib) << "}";
       first = false;
     }
   }
@@ -377,7 +390,8 @@ int main(int argc, char** argv) {
       sy::EngineOptions eo;
       eo.n_threads = o.threads;
       const int32_t bs = eo.block_size;
-      const int per_seq_blocks = (std::max(o.prompt, o.decode_prompt + o.decode_steps) + bs - 1) / bs;
+      const int per_seq_blocks =
+          (std::max(o.prompt, o.decode_prompt + o.decode_steps) + bs - 1) / bs;
       eo.n_blocks = per_seq_blocks * std::max(max_batch, 1);
       if (o.prompt > model->config().ctx_len ||
           o.decode_prompt + o.decode_steps > model->config().ctx_len)
@@ -395,8 +409,8 @@ int main(int argc, char** argv) {
       const double pp = o.prompt / best_pp;
       std::cerr << "bench_engine: " << dtype << " prefill " << fmt(pp) << " tok/s\n";
 
-      js << (first ? "" : ",") << "\n    {\"dtype\": \"" << dtype << "\", \"file_mib\": "
-         << fmt(static_cast<double>(fs::file_size(path)) / (1 << 20))
+      js << (first ? "" : ",") << "\n    {\"dtype\": \"" << dtype
+         << "\", \"file_mib\": " << fmt(static_cast<double>(fs::file_size(path)) / (1 << 20))
          << ", \"prefill_tok_s\": " << fmt(pp) << ", \"decode_tok_s\": {";
       first = false;
       double tg1 = 0;
@@ -422,8 +436,7 @@ int main(int argc, char** argv) {
         js << ", \"llama_cpp\": {\"pp512\": " << fmt(t->second.pp512)
            << ", \"tg128\": " << fmt(t->second.tg128)
            << "}, \"pct_of_llama_cpp\": {\"prefill\": " << fmt(100 * pp / t->second.pp512)
-           << ", \"decode_b1\": " << (tg1 > 0 ? fmt(100 * tg1 / t->second.tg128) : "null")
-           << "}";
+           << ", \"decode_b1\": " << (tg1 > 0 ? fmt(100 * tg1 / t->second.tg128) : "null") << "}";
       }
       js << "}";
     }

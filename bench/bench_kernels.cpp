@@ -6,10 +6,10 @@
 // model step streams them, so caches hold no more than they would in a real step.
 #include <algorithm>
 #include <chrono>
-#include <ctime>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,7 +28,8 @@ struct Mat {
   int kind;  // index into kShapeNames
 };
 
-const char* kShapeNames[] = {"attn_768x768", "ffn_up_2048x768", "ffn_down_768x2048", "output_32000x768"};
+const char* kShapeNames[] = {"attn_768x768", "ffn_up_2048x768", "ffn_down_768x2048",
+                             "output_32000x768"};
 
 /// Fills a matrix with pseudo-random values (xorshift: generating 110M values must be quick).
 Mat make(DType t, int rows, int cols, int kind, uint64_t& state) {
@@ -88,12 +89,15 @@ int main(int argc, char** argv) {
   const int threads = argc > 1 ? std::atoi(argv[1]) : 2;
   const auto types = split(argc > 2 ? argv[2] : "f32,f16,bf16,q8_0,q4_0");
   std::vector<int> tokens;
-  for (const auto& s : split(argc > 3 ? argv[3] : "1,8,32,512")) tokens.push_back(std::atoi(s.c_str()));
+  for (const auto& s : split(argc > 3 ? argv[3] : "1,8,32,512"))
+    tokens.push_back(std::atoi(s.c_str()));
   const int max_tokens = *std::max_element(tokens.begin(), tokens.end());
 
   ThreadPool pool(threads);
-  std::vector<float> x(static_cast<size_t>(max_tokens) * kFfn), y(static_cast<size_t>(max_tokens) * kVocab);
-  for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 7919) % 1000) / 1000.0f - 0.5f;
+  std::vector<float> x(static_cast<size_t>(max_tokens) * kFfn),
+      y(static_cast<size_t>(max_tokens) * kVocab);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>((i * 7919) % 1000) / 1000.0f - 0.5f;
 
   for (const auto& tname : types) {
     const DType t = parse_type(tname);
@@ -151,7 +155,8 @@ int main(int argc, char** argv) {
         bytes_total += bytes;
         flops_total += flops;
         std::printf(
-            "{\"dtype\":\"%s\",\"threads\":%d,\"tokens\":%d,\"shape\":\"%s\",\"ms\":%.4f,\"GBps\":%.2f,"
+            "{\"dtype\":\"%s\",\"threads\":%d,\"tokens\":%d,\"shape\":\"%s\",\"ms\":%.4f,\"GBps\":%"
+            ".2f,"
             "\"GFLOPps\":%.2f}\n",
             tname.c_str(), threads, nt, kShapeNames[k], kind_s[k] * 1e3, bytes / kind_s[k] / 1e9,
             flops / kind_s[k] / 1e9);
@@ -160,10 +165,12 @@ int main(int argc, char** argv) {
       const double out1 = out1_s;
       const double layers_s = kind_s[0] + kind_s[1] + kind_s[2];
       std::printf(
-          "{\"dtype\":\"%s\",\"threads\":%d,\"tokens\":%d,\"shape\":\"model\",\"ms\":%.3f,\"GBps\":%.2f,"
-          "\"GFLOPps\":%.2f,\"tok_per_s_all_logits\":%.1f,\"tok_per_s_last_logits\":%.1f,\"cpu_ms\":%.3f}\n",
-          tname.c_str(), threads, nt, pass_s * 1e3, bytes_total / pass_s / 1e9, flops_total / pass_s / 1e9,
-          nt / pass_s, nt / (layers_s + out1), pass_cpu_s * 1e3);
+          "{\"dtype\":\"%s\",\"threads\":%d,\"tokens\":%d,\"shape\":\"model\",\"ms\":%.3f,\"GBps\":"
+          "%.2f,"
+          "\"GFLOPps\":%.2f,\"tok_per_s_all_logits\":%.1f,\"tok_per_s_last_logits\":%.1f,\"cpu_"
+          "ms\":%.3f}\n",
+          tname.c_str(), threads, nt, pass_s * 1e3, bytes_total / pass_s / 1e9,
+          flops_total / pass_s / 1e9, nt / pass_s, nt / (layers_s + out1), pass_cpu_s * 1e3);
       std::fflush(stdout);
     }
   }

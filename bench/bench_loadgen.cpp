@@ -109,15 +109,15 @@ struct Options {
   uint64_t latency_jobs = 5000;
   double timeout_s = 60;  // no message for this long while jobs are in flight: give up
   uint64_t seed = 1;
-  uint64_t multi_turn = 0;    // > 0: conversations of the multi-turn mode
-  uint32_t turns = 4;         // turns per conversation
-  uint32_t user_len = 32;     // tokens (ids) or words (text) of each later user turn
-  std::string prefix_cache;   // "", "on", "off", "both": batching.prefix_cache of --spawn
+  uint64_t multi_turn = 0;   // > 0: conversations of the multi-turn mode
+  uint32_t turns = 4;        // turns per conversation
+  uint32_t user_len = 32;    // tokens (ids) or words (text) of each later user turn
+  std::string prefix_cache;  // "", "on", "off", "both": batching.prefix_cache of --spawn
 };
 
 // Serve flags that --spawn forwards as they are (the rest of the serve flags go after `--`).
-const std::set<std::string> kServeValueFlags = {
-    "model", "config", "backend", "executors", "threads", "kv-mb", "grace-ms", "step-delay-ms"};
+const std::set<std::string> kServeValueFlags = {"model",   "config", "backend",  "executors",
+                                                "threads", "kv-mb",  "grace-ms", "step-delay-ms"};
 
 const char* kUsage =
     "usage: bench_loadgen (--server ADDR | --spawn [--backend null|cpu] [--model FILE]\n"
@@ -182,17 +182,36 @@ Options parse(int argc, char** argv) {
       std::cout << kUsage;
       std::exit(0);
     }
-    if (k == "spawn") { o.spawn = true; continue; }
-    if (k == "stream") { o.stream = true; continue; }
-    if (k == "no-stream") { o.stream = false; continue; }
-    if (k == "ignore-eos") { o.ignore_eos = true; continue; }
-    if (k == "no-ignore-eos") { o.ignore_eos = false; continue; }
-    if (k == "overhead") { o.overhead = true; continue; }
+    if (k == "spawn") {
+      o.spawn = true;
+      continue;
+    }
+    if (k == "stream") {
+      o.stream = true;
+      continue;
+    }
+    if (k == "no-stream") {
+      o.stream = false;
+      continue;
+    }
+    if (k == "ignore-eos") {
+      o.ignore_eos = true;
+      continue;
+    }
+    if (k == "no-ignore-eos") {
+      o.ignore_eos = false;
+      continue;
+    }
+    if (k == "overhead") {
+      o.overhead = true;
+      continue;
+    }
     static const std::set<std::string> kValueFlags = {
-        "server", "switchyard", "rate", "concurrency", "jobs", "duration", "mix", "prompt-len",
-        "prompt-kind", "vocab", "max-tokens", "temperature", "slo-ttft-ms", "slo-tpot-ms",
-        "sockets", "warmup", "plot", "plot-script", "latency-jobs", "timeout-s", "seed",
-        "multi-turn", "turns", "user-len", "prefix-cache"};
+        "server",     "switchyard",  "rate",        "concurrency",  "jobs",
+        "duration",   "mix",         "prompt-len",  "prompt-kind",  "vocab",
+        "max-tokens", "temperature", "slo-ttft-ms", "slo-tpot-ms",  "sockets",
+        "warmup",     "plot",        "plot-script", "latency-jobs", "timeout-s",
+        "seed",       "multi-turn",  "turns",       "user-len",     "prefix-cache"};
     if (!kValueFlags.count(k) && !kServeValueFlags.count(k))
       throw UsageError("unknown option --" + k);
     if (i + 1 >= argc) throw UsageError("--" + k + " needs a value");
@@ -201,41 +220,63 @@ Options parse(int argc, char** argv) {
       o.serve_args.push_back(a);
       o.serve_args.push_back(v);
       if (k == "model") o.model = v;
-    } else if (k == "server") o.server = v;
-    else if (k == "switchyard") o.switchyard = v;
-    else if (k == "rate") o.rate = to_double(k, v);
+    } else if (k == "server")
+      o.server = v;
+    else if (k == "switchyard")
+      o.switchyard = v;
+    else if (k == "rate")
+      o.rate = to_double(k, v);
     else if (k == "concurrency") {
       o.concurrency = static_cast<int>(to_double(k, v));
       concurrency_set = true;
-    }
-    else if (k == "jobs") { o.jobs = static_cast<uint64_t>(to_double(k, v)); jobs_set = true; }
-    else if (k == "duration") o.duration_s = to_double(k, v);
-    else if (k == "mix") o.mix = parse_mix(v);
-    else if (k == "prompt-len") o.prompt_len = parse_range(k, v);
+    } else if (k == "jobs") {
+      o.jobs = static_cast<uint64_t>(to_double(k, v));
+      jobs_set = true;
+    } else if (k == "duration")
+      o.duration_s = to_double(k, v);
+    else if (k == "mix")
+      o.mix = parse_mix(v);
+    else if (k == "prompt-len")
+      o.prompt_len = parse_range(k, v);
     else if (k == "prompt-kind") {
       if (v != "ids" && v != "text") throw UsageError("--prompt-kind must be ids or text");
       o.prompt_text = v == "text";
-    } else if (k == "vocab") o.vocab = static_cast<int>(to_double(k, v));
-    else if (k == "max-tokens") o.max_tokens = parse_range(k, v);
-    else if (k == "temperature") o.temperature = to_double(k, v);
-    else if (k == "slo-ttft-ms") o.slo_ttft_ms = to_double(k, v);
-    else if (k == "slo-tpot-ms") o.slo_tpot_ms = to_double(k, v);
-    else if (k == "sockets") o.sockets = static_cast<int>(to_double(k, v));
-    else if (k == "warmup") o.warmup = static_cast<uint64_t>(to_double(k, v));
-    else if (k == "plot") o.plot = v;
-    else if (k == "plot-script") o.plot_script = v;
-    else if (k == "latency-jobs") o.latency_jobs = static_cast<uint64_t>(to_double(k, v));
-    else if (k == "timeout-s") o.timeout_s = to_double(k, v);
-    else if (k == "seed") o.seed = static_cast<uint64_t>(to_double(k, v));
-    else if (k == "multi-turn") o.multi_turn = static_cast<uint64_t>(to_double(k, v));
-    else if (k == "turns") o.turns = static_cast<uint32_t>(to_double(k, v));
-    else if (k == "user-len") o.user_len = static_cast<uint32_t>(to_double(k, v));
+    } else if (k == "vocab")
+      o.vocab = static_cast<int>(to_double(k, v));
+    else if (k == "max-tokens")
+      o.max_tokens = parse_range(k, v);
+    else if (k == "temperature")
+      o.temperature = to_double(k, v);
+    else if (k == "slo-ttft-ms")
+      o.slo_ttft_ms = to_double(k, v);
+    else if (k == "slo-tpot-ms")
+      o.slo_tpot_ms = to_double(k, v);
+    else if (k == "sockets")
+      o.sockets = static_cast<int>(to_double(k, v));
+    else if (k == "warmup")
+      o.warmup = static_cast<uint64_t>(to_double(k, v));
+    else if (k == "plot")
+      o.plot = v;
+    else if (k == "plot-script")
+      o.plot_script = v;
+    else if (k == "latency-jobs")
+      o.latency_jobs = static_cast<uint64_t>(to_double(k, v));
+    else if (k == "timeout-s")
+      o.timeout_s = to_double(k, v);
+    else if (k == "seed")
+      o.seed = static_cast<uint64_t>(to_double(k, v));
+    else if (k == "multi-turn")
+      o.multi_turn = static_cast<uint64_t>(to_double(k, v));
+    else if (k == "turns")
+      o.turns = static_cast<uint32_t>(to_double(k, v));
+    else if (k == "user-len")
+      o.user_len = static_cast<uint32_t>(to_double(k, v));
     else if (k == "prefix-cache") {
       if (v != "on" && v != "off" && v != "both")
         throw UsageError("--prefix-cache must be on, off or both");
       o.prefix_cache = v;
-    }
-    else throw UsageError("unknown option --" + k);
+    } else
+      throw UsageError("unknown option --" + k);
   }
   if (o.spawn == !o.server.empty()) throw UsageError("give exactly one of --server and --spawn");
   if (!o.spawn && !o.serve_args.empty())
@@ -251,7 +292,8 @@ Options parse(int argc, char** argv) {
     if (o.warmup == 0) o.warmup = 1000;
   }
   if (!o.prefix_cache.empty()) {
-    if (!o.spawn) throw UsageError("--prefix-cache sets the spawned server's config: needs --spawn");
+    if (!o.spawn)
+      throw UsageError("--prefix-cache sets the spawned server's config: needs --spawn");
     for (size_t i = 0; i < o.serve_args.size(); ++i)
       if (o.serve_args[i] == "--config")
         throw UsageError("--prefix-cache writes the server's config file: no --config with it");
@@ -262,7 +304,8 @@ Options parse(int argc, char** argv) {
     if (o.turns < 1 || o.turns > 10000) throw UsageError("--turns must be in [1, 10000]");
     if (o.user_len < 1) throw UsageError("--user-len must be >= 1");
     // The next turn needs this one's completion: the mode waits for every turn to finish.
-    if (!concurrency_set) o.concurrency = static_cast<int>(std::min<uint64_t>(o.multi_turn, 100000));
+    if (!concurrency_set)
+      o.concurrency = static_cast<int>(std::min<uint64_t>(o.multi_turn, 100000));
   }
   if (o.concurrency < 1 || o.concurrency > 100000) throw UsageError("--concurrency must be >= 1");
   if (o.jobs == 0 && o.duration_s <= 0) o.jobs = 1000;
@@ -421,10 +464,10 @@ struct RunData {
   bool timed_out = false;
 };
 
-const char* kWords[] = {"once", "upon", "a",    "time", "there", "was", "little", "girl",
-                        "named", "lily", "she", "loved", "to",   "play", "in",   "the",
-                        "park", "with", "her",  "dog",  "one",   "day", "saw",   "big",
-                        "red",  "ball", "and",  "happy", "sun",  "tree", "went",  "home"};
+const char* kWords[] = {"once",  "upon", "a",   "time",  "there", "was",  "little", "girl",
+                        "named", "lily", "she", "loved", "to",    "play", "in",     "the",
+                        "park",  "with", "her", "dog",   "one",   "day",  "saw",    "big",
+                        "red",   "ball", "and", "happy", "sun",   "tree", "went",   "home"};
 
 class Runner {
  public:
@@ -640,12 +683,14 @@ std::string num(double v) {
 std::string jstr(const std::string& s) {
   std::string o = "\"";
   for (char c : s) {
-    if (c == '"' || c == '\\') o += '\\', o += c;
+    if (c == '"' || c == '\\')
+      o += '\\', o += c;
     else if (static_cast<unsigned char>(c) < 0x20) {
       char b[8];
       std::snprintf(b, sizeof b, "\\u%04x", c);
       o += b;
-    } else o += c;
+    } else
+      o += c;
   }
   return o + "\"";
 }
@@ -714,8 +759,8 @@ std::string group_json(const Group& g, double secs, bool micro) {
     << ",\"output_tokens\":" << g.out_tokens << ",\"jobs_per_s\":" << num(g.completed / secs)
     << ",\"output_tokens_per_s\":" << num(g.out_tokens / secs)
     << ",\"goodput\":{\"jobs\":" << g.good << ",\"jobs_per_s\":" << num(g.good / secs)
-    << ",\"output_tokens_per_s\":" << num(g.good_tokens / secs) << ",\"fraction\":"
-    << num(g.submitted ? static_cast<double>(g.good) / g.submitted : NAN) << "}"
+    << ",\"output_tokens_per_s\":" << num(g.good_tokens / secs)
+    << ",\"fraction\":" << num(g.submitted ? static_cast<double>(g.good) / g.submitted : NAN) << "}"
     << ",\"rejected\":{\"overloaded\":" << overloaded << ",\"rate_limited\":" << limited << "}"
     << ",\"errors\":{";
   bool first = true;
@@ -753,11 +798,12 @@ Report summarize(const Options& o, const Phase& ph, const RunData& d) {
   double secs = std::max(1e-9, (d.t_end - d.t_start) / 1e9);
   bool micro = o.max_tokens.hi == 1;
   std::ostringstream s;
-  s << "{\"load\":" << (ph.rate > 0 ? "{\"open_loop_rate\":" + num(ph.rate)
-                                    : "{\"concurrency\":" + std::to_string(ph.concurrency))
+  s << "{\"load\":"
+    << (ph.rate > 0 ? "{\"open_loop_rate\":" + num(ph.rate)
+                    : "{\"concurrency\":" + std::to_string(ph.concurrency))
     << ",\"warmup_jobs\":" << ph.warmup << "},\"elapsed_s\":" << num(secs)
-    << ",\"timed_out\":" << (d.timed_out ? "true" : "false") << ",\"unmatched_messages\":"
-    << d.unmatched << ",\"arrival_lag_ms\":" << dist(d.lag_ms)
+    << ",\"timed_out\":" << (d.timed_out ? "true" : "false")
+    << ",\"unmatched_messages\":" << d.unmatched << ",\"arrival_lag_ms\":" << dist(d.lag_ms)
     << ",\"overall\":" << group_json(r.all, secs, micro) << ",\"by_class\":{";
   bool first = true;
   for (auto& [k, g] : r.by_class) {
@@ -829,8 +875,8 @@ int vocab_size(const Options& o) {
     try {
       return sy::read_llama_config(sy::gguf::File::open(*o.model)).n_vocab;
     } catch (const std::exception& e) {
-      std::cerr << "bench_loadgen: warning: cannot read the vocabulary size of " << *o.model
-                << " (" << e.what() << "), using 256\n";
+      std::cerr << "bench_loadgen: warning: cannot read the vocabulary size of " << *o.model << " ("
+                << e.what() << "), using 256\n";
     }
   }
   // Small enough for any llama vocabulary; pass --vocab for the real one.
@@ -846,20 +892,19 @@ std::string options_json(const Options& o, const std::string& endpoint) {
   s << "{\"server\":" << jstr(endpoint) << ",\"spawned\":" << (o.spawn ? "true" : "false");
   if (o.spawn) {
     s << ",\"serve_args\":[";
-    for (size_t i = 0; i < o.serve_args.size(); ++i)
-      s << (i ? "," : "") << jstr(o.serve_args[i]);
+    for (size_t i = 0; i < o.serve_args.size(); ++i) s << (i ? "," : "") << jstr(o.serve_args[i]);
     s << "]";
   }
   s << ",\"sockets\":" << o.sockets << ",\"stream\":" << (o.stream ? "true" : "false")
     << ",\"ignore_eos\":" << (o.ignore_eos ? "true" : "false")
-    << ",\"prompt_len\":" << range(o.prompt_len) << ",\"prompt_kind\":"
-    << (o.prompt_text ? "\"text\"" : "\"ids\"") << ",\"max_tokens\":" << range(o.max_tokens)
-    << ",\"temperature\":" << num(o.temperature) << ",\"slo_ttft_ms\":"
-    << (o.slo_ttft_ms > 0 ? num(o.slo_ttft_ms) : "null") << ",\"slo_tpot_ms\":"
-    << (o.slo_tpot_ms > 0 ? num(o.slo_tpot_ms) : "null") << ",\"mix\":[";
+    << ",\"prompt_len\":" << range(o.prompt_len)
+    << ",\"prompt_kind\":" << (o.prompt_text ? "\"text\"" : "\"ids\"")
+    << ",\"max_tokens\":" << range(o.max_tokens) << ",\"temperature\":" << num(o.temperature)
+    << ",\"slo_ttft_ms\":" << (o.slo_ttft_ms > 0 ? num(o.slo_ttft_ms) : "null")
+    << ",\"slo_tpot_ms\":" << (o.slo_tpot_ms > 0 ? num(o.slo_tpot_ms) : "null") << ",\"mix\":[";
   for (size_t i = 0; i < o.mix.size(); ++i)
-    s << (i ? "," : "") << "{\"class\":" << jstr(o.mix[i].cls) << ",\"tenant\":"
-      << jstr(o.mix[i].tenant) << ",\"weight\":" << num(o.mix[i].weight) << "}";
+    s << (i ? "," : "") << "{\"class\":" << jstr(o.mix[i].cls)
+      << ",\"tenant\":" << jstr(o.mix[i].tenant) << ",\"weight\":" << num(o.mix[i].weight) << "}";
   s << "]}";
   return s.str();
 }
@@ -870,7 +915,6 @@ std::string loadavg() {
   f >> a >> b >> c;
   return "[" + num(a) + "," + num(b) + "," + num(c) + "]";
 }
-
 
 // ---- multi-turn conversations -------------------------------------------------------------------
 
@@ -912,10 +956,10 @@ class MultiTurn {
   Result run() {
     Result r;
     struct Conv {
-      std::vector<int32_t> ids;   // the history (ids mode)
-      std::string text;           // the history (text mode)
-      uint32_t turn = 0;          // turns sent
-      size_t current = 0;         // index into r.turns of the turn in flight
+      std::vector<int32_t> ids;  // the history (ids mode)
+      std::string text;          // the history (text mode)
+      uint32_t turn = 0;         // turns sent
+      size_t current = 0;        // index into r.turns of the turn in flight
       std::vector<int32_t> out_ids;
       std::string out_text;
     };
@@ -943,8 +987,10 @@ class MultiTurn {
       s.tenant = m.tenant;
       s.token = m.token;
       s.priority = m.cls;
-      if (o_.prompt_text) s.prompt = c.text;
-      else s.prompt = c.ids;
+      if (o_.prompt_text)
+        s.prompt = c.text;
+      else
+        s.prompt = c.ids;
       s.max_tokens = pick(o_.max_tokens);
       s.temperature = o_.temperature;
       s.seed = ci * 1000003u + c.turn;
@@ -1117,8 +1163,7 @@ std::string multi_turn_json(const Options& o, const MultiTurn::Result& r) {
   }
   s << "},\"turn1\":" << acc_json(first) << ",\"later_turns\":" << acc_json(later)
     << ",\"by_turn\":[";
-  for (size_t i = 0; i < by_turn.size(); ++i)
-    s << (i ? "," : "") << acc_json(by_turn[i]);
+  for (size_t i = 0; i < by_turn.size(); ++i) s << (i ? "," : "") << acc_json(by_turn[i]);
   s << "]}";
   return s.str();
 }
@@ -1171,13 +1216,16 @@ int multi_turn_main(const Options& o, int vocab) {
     }
   }
   std::vector<std::string> settings;
-  if (o.prefix_cache == "both") settings = {"on", "off"};
-  else settings = {o.prefix_cache};  // "" = whatever the server is configured with
+  if (o.prefix_cache == "both")
+    settings = {"on", "off"};
+  else
+    settings = {o.prefix_cache};  // "" = whatever the server is configured with
   std::ostringstream out;
   out << "{\"tool\":\"bench_loadgen\",\"mode\":\"multi_turn\",\"options\":{\"conversations\":"
       << o.multi_turn << ",\"turns\":" << o.turns << ",\"user_len\":" << o.user_len
-      << ",\"concurrency\":" << o.concurrency << ",\"max_prompt_tokens\":"
-      << multi_turn_max_prompt(o) << ",\"load\":" << options_json(o, o.server) << "}"
+      << ",\"concurrency\":" << o.concurrency
+      << ",\"max_prompt_tokens\":" << multi_turn_max_prompt(o)
+      << ",\"load\":" << options_json(o, o.server) << "}"
       << ",\"loadavg_before\":" << loadavg() << ",\"runs\":[";
   bool failed = false;
   std::vector<double> p50;  // later turns' client TTFT p50, per setting
@@ -1191,8 +1239,8 @@ int multi_turn_main(const Options& o, int vocab) {
         cfg.emplace(settings[i] == "on");
         args.insert(args.end(), {"--config", cfg->path()});
       }
-      server = std::make_unique<Spawned>(
-          o.switchyard.empty() ? default_switchyard() : o.switchyard, args);
+      server = std::make_unique<Spawned>(o.switchyard.empty() ? default_switchyard() : o.switchyard,
+                                         args);
       endpoint = server->endpoint();
     }
     MultiTurn mt(o, endpoint, vocab);
@@ -1203,8 +1251,8 @@ int multi_turn_main(const Options& o, int vocab) {
       if (t.turn >= 2 && t.ok && t.t_first) later.push_back((t.t_first - t.t_submit) / 1e6);
     std::sort(later.begin(), later.end());
     p50.push_back(pct(later, 0.5));
-    out << (i ? "," : "") << "{\"prefix_cache\":"
-        << (settings[i].empty() ? "\"server default\"" : jstr(settings[i]))
+    out << (i ? "," : "")
+        << "{\"prefix_cache\":" << (settings[i].empty() ? "\"server default\"" : jstr(settings[i]))
         << ",\"endpoint\":" << jstr(endpoint) << ",\"result\":" << multi_turn_json(o, r);
     if (server) {
       std::string st = server->stats();
@@ -1214,8 +1262,7 @@ int multi_turn_main(const Options& o, int vocab) {
     out << "}";
   }
   out << "]";
-  if (settings.size() == 2)
-    out << ",\"ttft_later_p50_off_over_on\":" << num(p50[1] / p50[0]);
+  if (settings.size() == 2) out << ",\"ttft_later_p50_off_over_on\":" << num(p50[1] / p50[0]);
   out << ",\"loadavg_after\":" << loadavg() << "}";
   std::cout << out.str() << std::endl;
   if (failed) std::cerr << "bench_loadgen: timed out waiting for the server\n";
@@ -1257,9 +1304,9 @@ int main_impl(int argc, char** argv) {
     std::sort(e2e.begin(), e2e.end());
     double secs = std::max(1e-9, (d1.t_end - d1.t_start) / 1e9);
     out << ",\"summary\":{\"jobs_per_s\":" << num(r1.all.completed / secs)
-        << ",\"concurrency\":" << o.concurrency << ",\"latency_c1_us\":{\"p50\":"
-        << num(pct(e2e, 0.5) * 1000) << ",\"p90\":" << num(pct(e2e, 0.9) * 1000)
-        << ",\"p99\":" << num(pct(e2e, 0.99) * 1000)
+        << ",\"concurrency\":" << o.concurrency
+        << ",\"latency_c1_us\":{\"p50\":" << num(pct(e2e, 0.5) * 1000)
+        << ",\"p90\":" << num(pct(e2e, 0.9) * 1000) << ",\"p99\":" << num(pct(e2e, 0.99) * 1000)
         << "},\"ping_rtt_us\":" << dist(pings, 1000.0) << "}"
         << ",\"throughput_phase\":" << r1.json << ",\"latency_phase\":" << r2.json;
     failed = d1.timed_out || d2.timed_out;
@@ -1275,8 +1322,8 @@ int main_impl(int argc, char** argv) {
     t << (o.rate > 0 ? "rate " + num(o.rate) + " jobs/s"
                      : "concurrency " + std::to_string(o.concurrency))
       << ", max_tokens " << o.max_tokens.lo
-      << (o.max_tokens.lo != o.max_tokens.hi ? ".." + std::to_string(o.max_tokens.hi) : "")
-      << ", " << main_report.all.completed << " jobs";
+      << (o.max_tokens.lo != o.max_tokens.hi ? ".." + std::to_string(o.max_tokens.hi) : "") << ", "
+      << main_report.all.completed << " jobs";
     if (o.model) t << ", " << fs::path(*o.model).filename().string();
     title = t.str();
   }

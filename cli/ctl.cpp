@@ -55,7 +55,8 @@ int cmd_ctl(int argc, char** argv, int first) {
   // Options may come before or after the command words; Args parses the options only.
   std::vector<char*> opts = {argv[0]};
   std::vector<std::string> words;
-  const std::vector<std::string> valued = {"server", "token", "timeout-ms", "server-key", "client-key"};
+  const std::vector<std::string> valued = {"server", "token", "timeout-ms", "server-key",
+                                           "client-key"};
   for (int i = first; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--", 0) == 0) {
@@ -101,8 +102,8 @@ int cmd_ctl(int argc, char** argv, int first) {
     std::cerr << "switchyard: " << to_string(r.error->code) << ": " << r.error->message << "\n";
     return 1;
   }
-  std::cerr << "switchyard: no answer from " << args.str("server") << " within " << timeout
-            << " ms" << (args.has("server-key") ? "" : " (if the server has CURVE on, pass --server-key)")
+  std::cerr << "switchyard: no answer from " << args.str("server") << " within " << timeout << " ms"
+            << (args.has("server-key") ? "" : " (if the server has CURVE on, pass --server-key)")
             << "\n";
   return 1;
 }

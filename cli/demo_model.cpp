@@ -1,11 +1,11 @@
 // The cached demo model (see demo_model.hpp).
 #include "cli/demo_model.hpp"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
-
-#include <unistd.h>
 
 #include "model/make_model.hpp"
 

@@ -63,7 +63,8 @@ class JsonReader {
     throw std::runtime_error("json: " + what + " at offset " + std::to_string(i_));
   }
   void ws() {
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r'))
+      ++i_;
   }
   char peek() {
     ws();
@@ -102,10 +103,14 @@ class JsonReader {
     for (int k = 0; k < 4; ++k) {
       char c = s_[i_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= c - '0';
-      else if (c >= 'a' && c <= 'f') v |= c - 'a' + 10;
-      else if (c >= 'A' && c <= 'F') v |= c - 'A' + 10;
-      else fail("bad \\u escape");
+      if (c >= '0' && c <= '9')
+        v |= c - '0';
+      else if (c >= 'a' && c <= 'f')
+        v |= c - 'a' + 10;
+      else if (c >= 'A' && c <= 'F')
+        v |= c - 'A' + 10;
+      else
+        fail("bad \\u escape");
     }
     return v;
   }
@@ -124,28 +129,47 @@ class JsonReader {
       if (i_ >= s_.size()) fail("unterminated string");
       char e = s_[i_++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           uint32_t cp = hex4();
           if (cp >= 0xD800 && cp < 0xDC00 && s_.substr(i_, 2) == "\\u") {
             i_ += 2;
             uint32_t lo = hex4();
-            if (lo >= 0xDC00 && lo < 0xE000) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            else cp = 0xFFFD;
+            if (lo >= 0xDC00 && lo < 0xE000)
+              cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            else
+              cp = 0xFFFD;
           } else if (cp >= 0xD800 && cp < 0xE000) {
             cp = 0xFFFD;  // a lone surrogate has no UTF-8 form
           }
           put_utf8(out, cp);
           break;
         }
-        default: fail(std::string("bad escape \\") + e);
+        default:
+          fail(std::string("bad escape \\") + e);
       }
     }
     return out;

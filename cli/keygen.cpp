@@ -18,7 +18,8 @@ const std::vector<std::string> kKeygenFlags = {"force"};
 
 int cmd_keygen(const Args& a) {
   std::string prefix = a.str("out");
-  if (prefix.empty()) throw UsageError("keygen needs --out PREFIX (writes PREFIX.key and PREFIX.pub)");
+  if (prefix.empty())
+    throw UsageError("keygen needs --out PREFIX (writes PREFIX.key and PREFIX.pub)");
   if (!curve::available()) {
     std::cerr << "switchyard: error: keygen needs CURVE, but this libzmq was built without it "
                  "(zmq_has(\"curve\") is false)\n";

@@ -2,8 +2,8 @@
 // the server's endpoints.curve_secret_key and the clients' --server-key.
 #pragma once
 
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "cli/args.hpp"
 

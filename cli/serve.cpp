@@ -20,7 +20,8 @@ namespace {
 /// environment: core code gets the result in ServerConfig::state_dir.
 std::string default_state_dir() {
   if (const char* x = std::getenv("XDG_STATE_HOME"); x && *x) return std::string(x) + "/switchyard";
-  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.local/state/switchyard";
+  if (const char* h = std::getenv("HOME"); h && *h)
+    return std::string(h) + "/.local/state/switchyard";
   return {};
 }
 
@@ -56,15 +57,39 @@ const char* const kServeUsage =
     "              [--curve-allowed-keys FILE]: only these client public keys may connect.\n"
     "              [--no-prefix-routing]: dispatch by free credit alone, not by cached prefix.\n";
 
-const std::vector<std::string> kServeOptions = {
-    "model", "config", "bind", "pull", "results", "backend", "executors", "threads",
-    "kv-mb", "grace-ms", "step-delay-ms", "kv-policy", "kv-pressure-policy", "admin-token",
-    "curve-secret-key", "curve-public-key", "metrics",
-    "min-executors", "max-executors", "target-ongoing", "target-queue-wait-ms",
-    "upscale-delay-ms", "downscale-delay-ms", "step-timeout-ms", "max-job-retries",
-    "test-fault-executor-throw-after", "test-fault-executor-hang-after",
-    "test-fault-batcher-throw-after",
-    "journal", "journal-fsync", "journal-batch-ms", "state-dir", "curve-allowed-keys"};
+const std::vector<std::string> kServeOptions = {"model",
+                                                "config",
+                                                "bind",
+                                                "pull",
+                                                "results",
+                                                "backend",
+                                                "executors",
+                                                "threads",
+                                                "kv-mb",
+                                                "grace-ms",
+                                                "step-delay-ms",
+                                                "kv-policy",
+                                                "kv-pressure-policy",
+                                                "admin-token",
+                                                "curve-secret-key",
+                                                "curve-public-key",
+                                                "metrics",
+                                                "min-executors",
+                                                "max-executors",
+                                                "target-ongoing",
+                                                "target-queue-wait-ms",
+                                                "upscale-delay-ms",
+                                                "downscale-delay-ms",
+                                                "step-timeout-ms",
+                                                "max-job-retries",
+                                                "test-fault-executor-throw-after",
+                                                "test-fault-executor-hang-after",
+                                                "test-fault-batcher-throw-after",
+                                                "journal",
+                                                "journal-fsync",
+                                                "journal-batch-ms",
+                                                "state-dir",
+                                                "curve-allowed-keys"};
 const std::vector<std::string> kServeFlags = {"no-prefix-cache", "no-journal", "no-prefix-routing"};
 
 int cmd_serve(const Args& a) {
@@ -116,7 +141,8 @@ int cmd_serve(const Args& a) {
   if (a.has("curve-allowed-keys")) cfg.endpoints.curve_allowed_keys = a.str("curve-allowed-keys");
   if (a.has("journal-fsync")) {
     cfg.journal.fsync = a.str("journal-fsync");
-    if (cfg.journal.fsync != "always" && cfg.journal.fsync != "batch" && cfg.journal.fsync != "never")
+    if (cfg.journal.fsync != "always" && cfg.journal.fsync != "batch" &&
+        cfg.journal.fsync != "never")
       throw UsageError("--journal-fsync must be always, batch or never");
   }
   if (a.has("journal-batch-ms")) {
@@ -136,19 +162,29 @@ int cmd_serve(const Args& a) {
                        std::to_string(hi) + "]");
     return n;
   };
-  if (a.has("min-executors")) cfg.autoscale.min_executors = static_cast<int>(ranged("min-executors", 1, 256));
-  if (a.has("max-executors")) cfg.autoscale.max_executors = static_cast<int>(ranged("max-executors", 1, 256));
+  if (a.has("min-executors"))
+    cfg.autoscale.min_executors = static_cast<int>(ranged("min-executors", 1, 256));
+  if (a.has("max-executors"))
+    cfg.autoscale.max_executors = static_cast<int>(ranged("max-executors", 1, 256));
   if (a.has("target-ongoing"))
-    cfg.autoscale.target_ongoing_per_executor = static_cast<uint32_t>(ranged("target-ongoing", 0, 1 << 20));
-  if (a.has("target-queue-wait-ms")) cfg.autoscale.target_queue_wait_ms = ranged("target-queue-wait-ms", 0, 3600000);
-  if (a.has("upscale-delay-ms")) cfg.autoscale.upscale_delay_ms = ranged("upscale-delay-ms", 0, 3600000);
-  if (a.has("downscale-delay-ms")) cfg.autoscale.downscale_delay_ms = ranged("downscale-delay-ms", 0, 3600000);
-  if (a.has("step-timeout-ms")) cfg.batching.step_timeout_ms = ranged("step-timeout-ms", 0, 3600000);
-  if (a.has("max-job-retries")) cfg.batching.max_job_retries = static_cast<uint32_t>(ranged("max-job-retries", 0, 100));
+    cfg.autoscale.target_ongoing_per_executor =
+        static_cast<uint32_t>(ranged("target-ongoing", 0, 1 << 20));
+  if (a.has("target-queue-wait-ms"))
+    cfg.autoscale.target_queue_wait_ms = ranged("target-queue-wait-ms", 0, 3600000);
+  if (a.has("upscale-delay-ms"))
+    cfg.autoscale.upscale_delay_ms = ranged("upscale-delay-ms", 0, 3600000);
+  if (a.has("downscale-delay-ms"))
+    cfg.autoscale.downscale_delay_ms = ranged("downscale-delay-ms", 0, 3600000);
+  if (a.has("step-timeout-ms"))
+    cfg.batching.step_timeout_ms = ranged("step-timeout-ms", 0, 3600000);
+  if (a.has("max-job-retries"))
+    cfg.batching.max_job_retries = static_cast<uint32_t>(ranged("max-job-retries", 0, 100));
   if (a.has("test-fault-executor-throw-after"))
-    cfg.executors.test_fault_throw_after = static_cast<int>(ranged("test-fault-executor-throw-after", 1, 1 << 30));
+    cfg.executors.test_fault_throw_after =
+        static_cast<int>(ranged("test-fault-executor-throw-after", 1, 1 << 30));
   if (a.has("test-fault-executor-hang-after"))
-    cfg.executors.test_fault_hang_after = static_cast<int>(ranged("test-fault-executor-hang-after", 1, 1 << 30));
+    cfg.executors.test_fault_hang_after =
+        static_cast<int>(ranged("test-fault-executor-hang-after", 1, 1 << 30));
   if (a.has("test-fault-batcher-throw-after")) {
     cfg.executors.test_fault_batcher_throw_after =
         static_cast<int>(ranged("test-fault-batcher-throw-after", 1, 1 << 30));
@@ -176,30 +212,31 @@ int cmd_serve(const Args& a) {
   Server server(cfg);
   server.start();
   // Tests and scripts read these lines to find the bound (possibly wildcard) ports.
-  if (!server.endpoint().empty()) std::cout << "switchyard: listening on " << server.endpoint() << "\n";
+  if (!server.endpoint().empty())
+    std::cout << "switchyard: listening on " << server.endpoint() << "\n";
   if (!server.pull_endpoint().empty())
     std::cout << "switchyard: pipeline input on " << server.pull_endpoint() << "\n";
   if (!server.results_endpoint().empty())
     std::cout << "switchyard: pipeline results on " << server.results_endpoint() << "\n";
   if (!cfg.endpoints.curve_secret_key.empty())
-    std::cout << "switchyard: CURVE on every endpoint (secret key " << cfg.endpoints.curve_secret_key
-              << ")\n";
+    std::cout << "switchyard: CURVE on every endpoint (secret key "
+              << cfg.endpoints.curve_secret_key << ")\n";
   if (!server.metrics_endpoint().empty())
     std::cout << "switchyard: metrics on http://" << server.metrics_endpoint() << "\n";
   std::cout << "switchyard: ready (" << cfg.executors.count << " executor"
-            << (cfg.executors.count > 1 ? "s" : "") << ", backend " << cfg.executors.backend
-            << ")" << std::endl;
+            << (cfg.executors.count > 1 ? "s" : "") << ", backend " << cfg.executors.backend << ")"
+            << std::endl;
 
   int sig = 0;
   // SIGUSR1 prints the counters as one JSON line on stdout (operators, integration tests).
   while ((sig = Server::wait_for_signal()) == SIGUSR1)
     std::cout << "switchyard: stats " << server.snapshot().to_json() << std::endl;
-  std::cerr << "switchyard: " << (sig == SIGINT ? "SIGINT" : "SIGTERM")
-            << ": stopping (grace " << cfg.shutdown_grace_ms << " ms)\n";
+  std::cerr << "switchyard: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ": stopping (grace "
+            << cfg.shutdown_grace_ms << " ms)\n";
   auto snap = server.snapshot();
   server.shutdown(std::chrono::milliseconds(cfg.shutdown_grace_ms));
-  std::cerr << "switchyard: stopped (" << snap.received << " messages in, " << snap.sent
-            << " out)" << std::endl;
+  std::cerr << "switchyard: stopped (" << snap.received << " messages in, " << snap.sent << " out)"
+            << std::endl;
   return 0;
 }
 

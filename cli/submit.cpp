@@ -31,9 +31,9 @@ const char* const kSubmitUsage =
     "              --server-key: the server's CURVE public key file (PREFIX.pub);\n"
     "              [--client-key FILE]: this client's secret key (PREFIX.key) for a server\n"
     "              that admits only listed client keys.\n";
-const std::vector<std::string> kSubmitOptions = {"input", "output", "server", "window",
-                                                 "tenant", "token",  "priority",
-                                                 "server-key", "client-key"};
+const std::vector<std::string> kSubmitOptions = {"input",    "output",     "server",
+                                                 "window",   "tenant",     "token",
+                                                 "priority", "server-key", "client-key"};
 
 namespace {
 
@@ -52,7 +52,8 @@ struct Line {
 
 uint64_t get_uint(size_t n, const JsonValue& v, const char* key, uint64_t max) {
   if (v.kind != JsonValue::number || !v.is_int || v.i < 0 || static_cast<uint64_t>(v.i) > max)
-    bad_line(n, std::string("'") + key + "' must be an integer in [0, " + std::to_string(max) + "]");
+    bad_line(n,
+             std::string("'") + key + "' must be an integer in [0, " + std::to_string(max) + "]");
   return static_cast<uint64_t>(v.i);
 }
 
@@ -84,14 +85,17 @@ Line parse_job(size_t n, const std::string& text, const std::string& tenant,
   s.priority = priority;
   for (const auto& [k, v] : j.obj) {
     if (k == "id") {
-      if (v.kind == JsonValue::number && v.is_int) s.id = std::to_string(v.i);
-      else s.id = get_str(n, v, "id");
+      if (v.kind == JsonValue::number && v.is_int)
+        s.id = std::to_string(v.i);
+      else
+        s.id = get_str(n, v, "id");
     } else if (k == "prompt") {
       if (v.kind == JsonValue::string) {
         s.prompt = v.str;
       } else if (v.kind == JsonValue::array) {
         std::vector<int32_t> ids;
-        for (const auto& e : v.arr) ids.push_back(static_cast<int32_t>(get_uint(n, e, "prompt", INT32_MAX)));
+        for (const auto& e : v.arr)
+          ids.push_back(static_cast<int32_t>(get_uint(n, e, "prompt", INT32_MAX)));
         s.prompt = std::move(ids);
       } else {
         bad_line(n, "'prompt' must be a string or an array of token ids");
@@ -197,9 +201,12 @@ std::string duration(double s) {
   if (!(s >= 0) || s > 1e7) return "?";
   long t = static_cast<long>(s + 0.5);
   char buf[32];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm%02lds", t / 3600, t / 60 % 60, t % 60);
-  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%lds", t);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm%02lds", t / 3600, t / 60 % 60, t % 60);
+  else if (t >= 60)
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lds", t);
   return buf;
 }
 
@@ -246,8 +253,8 @@ int cmd_submit(const Args& a) {
   }
   client::Client cl(server, copt);
 
-  std::unordered_map<std::string, size_t> in_flight;            // job id -> index in jobs
-  std::multimap<Clock::time_point, size_t> retry_at;            // overloaded jobs, when to resend
+  std::unordered_map<std::string, size_t> in_flight;  // job id -> index in jobs
+  std::multimap<Clock::time_point, size_t> retry_at;  // overloaded jobs, when to resend
   size_t done = 0, failed = 0, retries = 0;
   uint64_t tokens = 0;
   auto t0 = Clock::now();
@@ -263,7 +270,9 @@ int cmd_submit(const Args& a) {
   auto progress = [&](bool final) {
     auto now = Clock::now();
     // A terminal is redrawn 5 times a second; a log file gets a line every 5 seconds.
-    if (!final && now - last_progress < (tty ? std::chrono::milliseconds(200) : std::chrono::seconds(5))) return;
+    if (!final &&
+        now - last_progress < (tty ? std::chrono::milliseconds(200) : std::chrono::seconds(5)))
+      return;
     last_progress = now;
     // Results reach the file at every progress tick, so an interrupted run loses little.
     out.flush();
@@ -275,7 +284,8 @@ int cmd_submit(const Args& a) {
     size_t doneall = skipped + finished;
     int width = 30, fill = total ? static_cast<int>(width * doneall / total) : width;
     char line[256];
-    std::snprintf(line, sizeof line, "[%s%s] %zu/%zu  %.0f tok/s  %.1f jobs/s  ETA %s  (%zu in flight, %zu failed)",
+    std::snprintf(line, sizeof line,
+                  "[%s%s] %zu/%zu  %.0f tok/s  %.1f jobs/s  ETA %s  (%zu in flight, %zu failed)",
                   std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), doneall,
                   total, secs > 0 ? tokens / secs : 0.0, rate, final ? "0s" : duration(eta).c_str(),
                   in_flight.size(), failed);
@@ -326,7 +336,8 @@ int cmd_submit(const Args& a) {
       in_flight.erase(it);
       if (e->code == ErrorCode::overloaded || e->code == ErrorCode::rate_limited) {
         // The server said when: wait that long (at least 10 ms so a 0 cannot spin).
-        auto wait = std::chrono::milliseconds(std::max<uint32_t>(10, e->retry_after_ms.value_or(100)));
+        auto wait =
+            std::chrono::milliseconds(std::max<uint32_t>(10, e->retry_after_ms.value_or(100)));
         retry_at.emplace(Clock::now() + wait, i);
         ++retries;
       } else if (e->code == ErrorCode::bad_request || e->code == ErrorCode::unauthorized ||

@@ -71,8 +71,8 @@ class CpuEngine final : public Engine {
   void attention_fast(const std::vector<SeqStep>& batch, int layer);
   void attend_dot(const SeqStep& s, int32_t row0, int h, const KvElem* kc, const KvElem* vc,
                   float* ws);
-  void attend_gemm(const SeqStep& s, int32_t row0, int g, int32_t i0, int32_t i1,
-                   const KvElem* kc, const KvElem* vc, float* ws);
+  void attend_gemm(const SeqStep& s, int32_t row0, int g, int32_t i0, int32_t i1, const KvElem* kc,
+                   const KvElem* vc, float* ws);
   // The pool for an op of `macs` multiply-adds, or nullptr when it is too small to split.
   kernels::ThreadPool* pool_for(int64_t macs) const {
     return macs >= kMinParallelMacs ? threads_.get() : nullptr;
@@ -97,8 +97,12 @@ class CpuEngine final : public Engine {
       x += lim;
     }
   }
-  KvElem* k_row(int layer, int64_t slot) { return k_cache_.get() + (layer * n_slots_ + slot) * kv_dim_; }
-  KvElem* v_row(int layer, int64_t slot) { return v_cache_.get() + (layer * n_slots_ + slot) * kv_dim_; }
+  KvElem* k_row(int layer, int64_t slot) {
+    return k_cache_.get() + (layer * n_slots_ + slot) * kv_dim_;
+  }
+  KvElem* v_row(int layer, int64_t slot) {
+    return v_cache_.get() + (layer * n_slots_ + slot) * kv_dim_;
+  }
 
   std::shared_ptr<LlamaModel> model_;
   const LlamaConfig& c_;
@@ -127,8 +131,8 @@ class CpuEngine final : public Engine {
   // Sinks with a gap (position p > sinks + window - 1): the sink slots are scored with a second
   // copy of the query rotated to sinks + window - 1. sink_pos_[row] is that position or -1 (no
   // second query); sink_idx_[row] the row of q_sink_ holding it.
-  std::vector<int32_t> sink_pos_;   // (T)
-  std::vector<int32_t> sink_idx_;   // (T)
+  std::vector<int32_t> sink_pos_;  // (T)
+  std::vector<int32_t> sink_idx_;  // (T)
   int32_t n_sink_rows_ = 0;
   // One attention task: a query head of a decoding sequence (dot path, gemm = false), or a KV
   // head with its group of query heads over query tokens [i0, i1) (tiled path, gemm = true).
@@ -139,22 +143,22 @@ class CpuEngine final : public Engine {
     int32_t i1;
     bool gemm;
   };
-  std::vector<AttnUnit> units_;     // the step's attention tasks, handed out dynamically
-  int64_t attn_macs_ = 0;           // attention work of the step, per layer
-  int64_t ws_floats_ = 0;           // scratch floats one worker needs for any unit
+  std::vector<AttnUnit> units_;  // the step's attention tasks, handed out dynamically
+  int64_t attn_macs_ = 0;        // attention work of the step, per layer
+  int64_t ws_floats_ = 0;        // scratch floats one worker needs for any unit
 
   // Fast-path activations, (T, width) row-major; they only grow.
-  std::vector<float> x_;      // (T, dim) residual stream
-  std::vector<float> xb_;     // (T, dim) normed input / block output
-  std::vector<float> q_;      // (T, n_heads * head_dim)
-  std::vector<float> q_sink_; // (n_sink_rows_, n_heads * head_dim) sink queries
-  std::vector<float> k_;      // (T, n_kv_heads * head_dim)
-  std::vector<float> v_;      // (T, n_kv_heads * head_dim)
-  std::vector<float> att_;    // (T, n_heads * head_dim) attention output
-  std::vector<float> hb_;     // (T, ffn_dim) gate, then silu(gate) * up
-  std::vector<float> hb2_;    // (T, ffn_dim) up
-  std::vector<float> xr_;     // (R, dim) normed rows that get logits
-  std::vector<float> ws_;     // (n_workers, ws_floats_) attention scratch, one slice per worker
+  std::vector<float> x_;       // (T, dim) residual stream
+  std::vector<float> xb_;      // (T, dim) normed input / block output
+  std::vector<float> q_;       // (T, n_heads * head_dim)
+  std::vector<float> q_sink_;  // (n_sink_rows_, n_heads * head_dim) sink queries
+  std::vector<float> k_;       // (T, n_kv_heads * head_dim)
+  std::vector<float> v_;       // (T, n_kv_heads * head_dim)
+  std::vector<float> att_;     // (T, n_heads * head_dim) attention output
+  std::vector<float> hb_;      // (T, ffn_dim) gate, then silu(gate) * up
+  std::vector<float> hb2_;     // (T, ffn_dim) up
+  std::vector<float> xr_;      // (R, dim) normed rows that get logits
+  std::vector<float> ws_;      // (n_workers, ws_floats_) attention scratch, one slice per worker
 };
 
 CpuEngine::CpuEngine(std::shared_ptr<LlamaModel> model, const EngineOptions& opts)
@@ -171,8 +175,8 @@ CpuEngine::CpuEngine(std::shared_ptr<LlamaModel> model, const EngineOptions& opt
         }
         if (opts.n_blocks < 0) throw std::invalid_argument("EngineOptions::n_blocks < 0");
         if (opts.n_blocks > 0) return opts.n_blocks;
-        const int64_t per_seq = (int64_t{model_->config().ctx_len} + opts.block_size - 1) /
-                                opts.block_size;
+        const int64_t per_seq =
+            (int64_t{model_->config().ctx_len} + opts.block_size - 1) / opts.block_size;
         return static_cast<int32_t>(std::min<int64_t>(per_seq * kDefaultSeqsOfContext, INT32_MAX));
       }()) {
   n_slots_ = int64_t{pool_.n_total()} * bs_;
@@ -221,8 +225,8 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
     if (end > INT32_MAX) bad(i, "n_past + n_tokens overflows");
     const int64_t need = (end + bs_ - 1) / bs_;
     if (s.n_blocks < need || !s.block_table) {
-      bad(i, "block table has " + std::to_string(s.n_blocks) + " blocks, " +
-                 std::to_string(need) + " needed for " + std::to_string(end) + " slots");
+      bad(i, "block table has " + std::to_string(s.n_blocks) + " blocks, " + std::to_string(need) +
+                 " needed for " + std::to_string(end) + " slots");
     }
     // Slots some new token reads or writes: [0, sink_end) and [win_lo, end). Tokens' windows
     // only move forward, so the first token has the lowest window start and the last the most
@@ -278,7 +282,8 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
     } else if (s.n_tokens >= kGemmMinTokens) {
       for (int32_t i0 = 0; i0 < s.n_tokens; i0 += kQueryTile) {
         const int32_t i1 = std::min(s.n_tokens, i0 + kQueryTile);
-        for (int g = 0; g < c_.n_kv_heads; ++g) units_.push_back({static_cast<int32_t>(i), g, i0, i1, true});
+        for (int g = 0; g < c_.n_kv_heads; ++g)
+          units_.push_back({static_cast<int32_t>(i), g, i0, i1, true});
         // keys (nk, hd), values transposed (hd, nk), queries (rows, hd), scores (rows, nk),
         // output (rows, hd); nk: the tile's sinks plus its first token's window start up to its
         // last token
@@ -288,7 +293,8 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
         ws_floats_ = std::max(ws_floats_, 2 * nk * hd + 2 * rows * hd + rows * nk);
       }
     } else {
-      for (int h = 0; h < c_.n_heads; ++h) units_.push_back({static_cast<int32_t>(i), h, 0, s.n_tokens, false});
+      for (int h = 0; h < c_.n_heads; ++h)
+        units_.push_back({static_cast<int32_t>(i), h, 0, s.n_tokens, false});
       ws_floats_ = std::max(ws_floats_, int64_t{s.n_past} + s.n_tokens);  // one score row
     }
     // Each query token scores and mixes about n_past + n_tokens / 2 slots (at most sinks +
@@ -338,17 +344,17 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
   const int hd = c.head_dim;
   const int group = c.n_heads / c.n_kv_heads;  // query heads per KV head
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> x(c.dim);            // (dim) residual stream
-  std::vector<float> xb(c.dim);           // (dim) normed input
-  std::vector<float> xb2(c.dim);          // (dim) block output
-  std::vector<float> q(q_dim_);           // (n_heads * head_dim)
-  std::vector<float> qs(q_dim_);          // (n_heads * head_dim) sink query
-  std::vector<float> k(kv_dim_);          // (n_kv_heads * head_dim)
-  std::vector<float> v(kv_dim_);          // (n_kv_heads * head_dim)
-  std::vector<float> att(q_dim_);         // (n_heads * head_dim)
-  std::vector<float> hb(c.ffn_dim);       // (ffn_dim)
-  std::vector<float> hb2(c.ffn_dim);      // (ffn_dim)
-  std::vector<float> scores;              // (visible slots) attention weights of one head
+  std::vector<float> x(c.dim);        // (dim) residual stream
+  std::vector<float> xb(c.dim);       // (dim) normed input
+  std::vector<float> xb2(c.dim);      // (dim) block output
+  std::vector<float> q(q_dim_);       // (n_heads * head_dim)
+  std::vector<float> qs(q_dim_);      // (n_heads * head_dim) sink query
+  std::vector<float> k(kv_dim_);      // (n_kv_heads * head_dim)
+  std::vector<float> v(kv_dim_);      // (n_kv_heads * head_dim)
+  std::vector<float> att(q_dim_);     // (n_heads * head_dim)
+  std::vector<float> hb(c.ffn_dim);   // (ffn_dim)
+  std::vector<float> hb2(c.ffn_dim);  // (ffn_dim)
+  std::vector<float> scores;          // (visible slots) attention weights of one head
 
   size_t out_i = 0;
   for (size_t si = 0; si < batch.size(); ++si) {
@@ -461,7 +467,8 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
         std::memcpy(qs, q_.data() + t * q_dim_, sizeof(float) * q_dim_);
         kernels::rope(qs, c.n_heads, c.head_dim, c.rope_dim, sink_pos_[t], c.rope_theta);
       }
-      kernels::rope(q_.data() + t * q_dim_, c.n_heads, c.head_dim, c.rope_dim, pos_[t], c.rope_theta);
+      kernels::rope(q_.data() + t * q_dim_, c.n_heads, c.head_dim, c.rope_dim, pos_[t],
+                    c.rope_theta);
       kernels::rope(k_.data() + t * kv_dim_, c.n_kv_heads, c.head_dim, c.rope_dim, pos_[t],
                     c.rope_theta);
       std::memcpy(k_row(l, slot_[t]), k_.data() + t * kv_dim_, sizeof(float) * kv_dim_);
@@ -570,12 +577,12 @@ void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int g, int32_t i0, i
   const int64_t ns0 = v0.n_sinks;
   const int64_t nk = ns0 + t1 - v0.lo;  // gathered slots
   const int64_t qt = i1 - i0;
-  const int64_t rows = group * qt;            // row hh * qt + r: head g * group + hh, token i0 + r
-  float* K = ws;                // (nk, hd)
-  float* Vt = K + nk * hd;      // (hd, nk)
-  float* Q = Vt + hd * nk;      // (rows, hd)
-  float* S = Q + rows * hd;     // (rows, nk)
-  float* O = S + rows * nk;     // (rows, hd)
+  const int64_t rows = group * qt;  // row hh * qt + r: head g * group + hh, token i0 + r
+  float* K = ws;                    // (nk, hd)
+  float* Vt = K + nk * hd;          // (hd, nk)
+  float* Q = Vt + hd * nk;          // (rows, hd)
+  float* S = Q + rows * hd;         // (rows, nk)
+  float* O = S + rows * nk;         // (rows, hd)
 
   const auto gather = [&](int64_t j, int64_t slot) {
     const KvElem* kr = kc + slot * kv_dim_ + g * hd;

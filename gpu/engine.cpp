@@ -1,7 +1,7 @@
 // Engine-side helpers shared by every backend (step output access).
-#include <stdexcept>
-
 #include "gpu/engine.hpp"
+
+#include <stdexcept>
 
 namespace sy {
 

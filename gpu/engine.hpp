@@ -55,15 +55,15 @@ struct StepOutput {
   std::vector<float> logits;
   std::vector<int32_t> offset;
   std::vector<int32_t> count;
-  int32_t n_vocab = 0;  // floats per row
+  int32_t n_vocab = 0;                                 // floats per row
   const float* row(size_t seq, int32_t k = -1) const;  ///< k = -1: the sequence's last row
 };
 
 struct EngineOptions {
-  int n_threads = 0;         // 0: hardware concurrency
-  int32_t block_size = 16;   // tokens per KV block
-  int32_t n_blocks = 0;      // 0: enough for 4 sequences of the full context
-  bool reference = false;    // plain-loop reference path (test oracle), single thread
+  int n_threads = 0;             // 0: hardware concurrency
+  int32_t block_size = 16;       // tokens per KV block
+  int32_t n_blocks = 0;          // 0: enough for 4 sequences of the full context
+  bool reference = false;        // plain-loop reference path (test oracle), single thread
   int32_t max_batch_tokens = 0;  // most new tokens in one step; 0: 4096
 };
 

@@ -25,9 +25,9 @@ struct Seq {
   int32_t step_tokens = 0;      // tokens fed in the current step
   bool done = false;
   Utf8Stream utf8;
-  std::string text;      // complete characters so far, cut at a stop string when one is found
-  size_t emitted = 0;    // bytes of `text` already passed to the callback
-  size_t max_stop = 0;   // longest stop string
+  std::string text;     // complete characters so far, cut at a stop string when one is found
+  size_t emitted = 0;   // bytes of `text` already passed to the callback
+  size_t max_stop = 0;  // longest stop string
 
   Seq(size_t i, const GenRequest& r, GenResult& out)
       : index(i), req(&r), res(&out), sampler(r.sampling) {
@@ -66,7 +66,9 @@ size_t held_back(const std::string& text, const std::vector<std::string>& stops,
   return 0;
 }
 
-std::string where(size_t i) { return "generate: request " + std::to_string(i) + ": "; }
+std::string where(size_t i) {
+  return "generate: request " + std::to_string(i) + ": ";
+}
 
 }  // namespace
 

@@ -61,8 +61,8 @@ uint64_t PrefixBlockPool::block_hash(uint64_t parent, const int32_t* tokens) con
   return policy::chain_block_hash(parent, {tokens, static_cast<std::size_t>(bs_)});
 }
 
-int32_t PrefixBlockPool::acquire_prefix(const int32_t* tokens, int64_t n_tokens,
-                                        int64_t max_blocks, std::vector<int32_t>& blocks,
+int32_t PrefixBlockPool::acquire_prefix(const int32_t* tokens, int64_t n_tokens, int64_t max_blocks,
+                                        std::vector<int32_t>& blocks,
                                         std::vector<uint64_t>& hashes) {
   if (!caching_ || n_tokens < bs_ || max_blocks <= 0) return 0;
   const int64_t limit = std::min(n_tokens / bs_, max_blocks);
@@ -135,10 +135,14 @@ void PrefixBlockPool::unpublish(int32_t id) {
 
 void PrefixBlockPool::lru_unlink(int32_t id) {
   Block& b = blocks_[static_cast<size_t>(id)];
-  if (b.lru_prev >= 0) blocks_[static_cast<size_t>(b.lru_prev)].lru_next = b.lru_next;
-  else lru_head_ = b.lru_next;
-  if (b.lru_next >= 0) blocks_[static_cast<size_t>(b.lru_next)].lru_prev = b.lru_prev;
-  else lru_tail_ = b.lru_prev;
+  if (b.lru_prev >= 0)
+    blocks_[static_cast<size_t>(b.lru_prev)].lru_next = b.lru_next;
+  else
+    lru_head_ = b.lru_next;
+  if (b.lru_next >= 0)
+    blocks_[static_cast<size_t>(b.lru_next)].lru_prev = b.lru_prev;
+  else
+    lru_tail_ = b.lru_prev;
   b.lru_prev = b.lru_next = -1;
 }
 
@@ -146,8 +150,10 @@ void PrefixBlockPool::lru_push_back(int32_t id) {
   Block& b = blocks_[static_cast<size_t>(id)];
   b.lru_prev = lru_tail_;
   b.lru_next = -1;
-  if (lru_tail_ >= 0) blocks_[static_cast<size_t>(lru_tail_)].lru_next = id;
-  else lru_head_ = id;
+  if (lru_tail_ >= 0)
+    blocks_[static_cast<size_t>(lru_tail_)].lru_next = id;
+  else
+    lru_head_ = id;
   lru_tail_ = id;
 }
 

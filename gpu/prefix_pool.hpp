@@ -44,13 +44,13 @@ class PrefixBlockPool {
 
   int32_t block_size() const { return bs_; }
   int32_t n_total() const { return n_total_; }
-  int32_t n_held() const { return n_held_; }          ///< reference count > 0
-  int32_t n_cached() const { return n_cached_; }      ///< published, unreferenced (evictable)
+  int32_t n_held() const { return n_held_; }             ///< reference count > 0
+  int32_t n_cached() const { return n_cached_; }         ///< published, unreferenced (evictable)
   int32_t n_free() const { return n_total_ - n_held_; }  ///< alloc() can hand out this many
   int32_t ref_count(int32_t id) const;
   bool is_published(int32_t id) const;
-  int64_t hits() const { return hits_; }              ///< blocks found by acquire_prefix
-  int64_t evictions() const { return evictions_; }    ///< cached blocks reclaimed by alloc
+  int64_t hits() const { return hits_; }            ///< blocks found by acquire_prefix
+  int64_t evictions() const { return evictions_; }  ///< cached blocks reclaimed by alloc
 
  private:
   struct Block {
@@ -66,7 +66,7 @@ class PrefixBlockPool {
   int32_t n_cached_ = 0;
   std::vector<Block> blocks_;
   std::vector<int32_t> free_;
-  int32_t lru_head_ = -1, lru_tail_ = -1;  // head: least recently used
+  int32_t lru_head_ = -1, lru_tail_ = -1;        // head: least recently used
   std::unordered_map<uint64_t, int32_t> index_;  // hash -> published block
   int64_t hits_ = 0, evictions_ = 0;
 

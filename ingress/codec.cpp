@@ -2,8 +2,6 @@
 // limits, then field-by-field conversion into protocol.hpp structs with precise error messages.
 #include "ingress/codec.hpp"
 
-#include <msgpack.hpp>
-
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -11,15 +9,19 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <msgpack.hpp>
 #include <stdexcept>
 
 namespace sy::wire {
 
 std::string_view to_string(FinishReason r) {
   switch (r) {
-    case FinishReason::stop: return "stop";
-    case FinishReason::length: return "length";
-    case FinishReason::cancelled: return "cancelled";
+    case FinishReason::stop:
+      return "stop";
+    case FinishReason::length:
+      return "length";
+    case FinishReason::cancelled:
+      return "cancelled";
   }
   return "stop";
 }
@@ -33,11 +35,16 @@ std::optional<FinishReason> finish_reason_from_string(std::string_view s) {
 
 std::string_view to_string(JobState s) {
   switch (s) {
-    case JobState::queued: return "queued";
-    case JobState::running: return "running";
-    case JobState::done: return "done";
-    case JobState::failed: return "failed";
-    case JobState::cancelled: return "cancelled";
+    case JobState::queued:
+      return "queued";
+    case JobState::running:
+      return "running";
+    case JobState::done:
+      return "done";
+    case JobState::failed:
+      return "failed";
+    case JobState::cancelled:
+      return "cancelled";
   }
   return "queued";
 }
@@ -58,10 +65,16 @@ struct Reject {
   std::string message;
 };
 
-[[noreturn]] void reject(std::string message) { throw Reject{std::move(message)}; }
+[[noreturn]] void reject(std::string message) {
+  throw Reject{std::move(message)};
+}
 
-std::string num(std::uint64_t v) { return std::to_string(v); }
-std::string num(std::int64_t v) { return std::to_string(v); }
+std::string num(std::uint64_t v) {
+  return std::to_string(v);
+}
+std::string num(std::int64_t v) {
+  return std::to_string(v);
+}
 
 // Shortest round-trip-ish rendering of a double for messages ("0.5", "150", "nan").
 std::string num(double v) {
@@ -149,30 +162,108 @@ void scan_msgpack(const std::uint8_t* p, std::size_t n, const DecodeLimits& lim)
       payload = b & 0x1f;
     } else {
       switch (b) {
-        case 0xc4: kind = "bin"; len_bytes = 1; break;
-        case 0xc5: kind = "bin"; len_bytes = 2; break;
-        case 0xc6: kind = "bin"; len_bytes = 4; break;
-        case 0xc7: kind = "ext"; len_bytes = 1; extra = 1; break;
-        case 0xc8: kind = "ext"; len_bytes = 2; extra = 1; break;
-        case 0xc9: kind = "ext"; len_bytes = 4; extra = 1; break;
-        case 0xca: payload = 4; break;
-        case 0xcb: payload = 8; break;
-        case 0xcc: case 0xd0: payload = 1; break;
-        case 0xcd: case 0xd1: payload = 2; break;
-        case 0xce: case 0xd2: payload = 4; break;
-        case 0xcf: case 0xd3: payload = 8; break;
-        case 0xd4: kind = "ext"; payload = 1; extra = 1; break;
-        case 0xd5: kind = "ext"; payload = 2; extra = 1; break;
-        case 0xd6: kind = "ext"; payload = 4; extra = 1; break;
-        case 0xd7: kind = "ext"; payload = 8; extra = 1; break;
-        case 0xd8: kind = "ext"; payload = 16; extra = 1; break;
-        case 0xd9: kind = "str"; len_bytes = 1; break;
-        case 0xda: kind = "str"; len_bytes = 2; break;
-        case 0xdb: kind = "str"; len_bytes = 4; break;
-        case 0xdc: kind = "array"; len_bytes = 2; break;
-        case 0xdd: kind = "array"; len_bytes = 4; break;
-        case 0xde: kind = "map"; len_bytes = 2; break;
-        case 0xdf: kind = "map"; len_bytes = 4; break;
+        case 0xc4:
+          kind = "bin";
+          len_bytes = 1;
+          break;
+        case 0xc5:
+          kind = "bin";
+          len_bytes = 2;
+          break;
+        case 0xc6:
+          kind = "bin";
+          len_bytes = 4;
+          break;
+        case 0xc7:
+          kind = "ext";
+          len_bytes = 1;
+          extra = 1;
+          break;
+        case 0xc8:
+          kind = "ext";
+          len_bytes = 2;
+          extra = 1;
+          break;
+        case 0xc9:
+          kind = "ext";
+          len_bytes = 4;
+          extra = 1;
+          break;
+        case 0xca:
+          payload = 4;
+          break;
+        case 0xcb:
+          payload = 8;
+          break;
+        case 0xcc:
+        case 0xd0:
+          payload = 1;
+          break;
+        case 0xcd:
+        case 0xd1:
+          payload = 2;
+          break;
+        case 0xce:
+        case 0xd2:
+          payload = 4;
+          break;
+        case 0xcf:
+        case 0xd3:
+          payload = 8;
+          break;
+        case 0xd4:
+          kind = "ext";
+          payload = 1;
+          extra = 1;
+          break;
+        case 0xd5:
+          kind = "ext";
+          payload = 2;
+          extra = 1;
+          break;
+        case 0xd6:
+          kind = "ext";
+          payload = 4;
+          extra = 1;
+          break;
+        case 0xd7:
+          kind = "ext";
+          payload = 8;
+          extra = 1;
+          break;
+        case 0xd8:
+          kind = "ext";
+          payload = 16;
+          extra = 1;
+          break;
+        case 0xd9:
+          kind = "str";
+          len_bytes = 1;
+          break;
+        case 0xda:
+          kind = "str";
+          len_bytes = 2;
+          break;
+        case 0xdb:
+          kind = "str";
+          len_bytes = 4;
+          break;
+        case 0xdc:
+          kind = "array";
+          len_bytes = 2;
+          break;
+        case 0xdd:
+          kind = "array";
+          len_bytes = 4;
+          break;
+        case 0xde:
+          kind = "map";
+          len_bytes = 2;
+          break;
+        case 0xdf:
+          kind = "map";
+          len_bytes = 4;
+          break;
         default: {  // only 0xc1 remains: reserved, never valid
           char buf[64];
           std::snprintf(buf, sizeof buf, "bad msgpack: invalid byte 0x%02x at offset %zu", b, at);
@@ -181,7 +272,8 @@ void scan_msgpack(const std::uint8_t* p, std::size_t n, const DecodeLimits& lim)
       }
       if (len_bytes > 0) {
         if (n - off < len_bytes)
-          reject(std::string("bad msgpack: truncated ") + kind + " header at offset " + num(std::uint64_t{at}));
+          reject(std::string("bad msgpack: truncated ") + kind + " header at offset " +
+                 num(std::uint64_t{at}));
         const std::uint64_t len = read_be(p + off, len_bytes);
         off += len_bytes;
         if (std::strcmp(kind, "array") == 0 || std::strcmp(kind, "map") == 0)
@@ -196,18 +288,20 @@ void scan_msgpack(const std::uint8_t* p, std::size_t n, const DecodeLimits& lim)
     if (is_array || is_map) {
       const std::size_t limit = is_array ? lim.max_array : lim.max_map;
       if (count > limit)
-        reject(std::string("bad msgpack: ") + kind + " of " + num(count) + (is_array ? " elements" : " entries") +
-               " exceeds limit " + num(std::uint64_t{limit}));
-      if (depth + 1 > max_depth) reject("bad msgpack: nesting deeper than " + num(std::uint64_t{max_depth}));
+        reject(std::string("bad msgpack: ") + kind + " of " + num(count) +
+               (is_array ? " elements" : " entries") + " exceeds limit " +
+               num(std::uint64_t{limit}));
+      if (depth + 1 > max_depth)
+        reject("bad msgpack: nesting deeper than " + num(std::uint64_t{max_depth}));
       elements = is_map ? 2 * count : count;
       if (owed_total + elements > n - off)
-        reject(std::string("bad msgpack: ") + kind + " header at offset " + num(std::uint64_t{at}) + " claims " +
-               num(count) + (is_array ? " elements" : " entries") + " but only " + num(std::uint64_t{n - off}) +
-               " bytes follow");
+        reject(std::string("bad msgpack: ") + kind + " header at offset " + num(std::uint64_t{at}) +
+               " claims " + num(count) + (is_array ? " elements" : " entries") + " but only " +
+               num(std::uint64_t{n - off}) + " bytes follow");
     } else {
       if (kind && payload > lim.max_string_bytes)
-        reject(std::string("bad msgpack: ") + kind + " of " + num(payload) + " bytes exceeds limit " +
-               num(std::uint64_t{lim.max_string_bytes}));
+        reject(std::string("bad msgpack: ") + kind + " of " + num(payload) +
+               " bytes exceeds limit " + num(std::uint64_t{lim.max_string_bytes}));
       if (payload + extra > n - off)
         reject("bad msgpack: truncated value at offset " + num(std::uint64_t{at}) + " (needs " +
                num(payload + extra) + " bytes, " + num(std::uint64_t{n - off}) + " follow)");
@@ -221,25 +315,31 @@ void scan_msgpack(const std::uint8_t* p, std::size_t n, const DecodeLimits& lim)
       while (depth > 0 && owed[depth - 1] == 0) --depth;  // this object closed its containers
     }
   } while (depth > 0);
-  if (off != n) reject("bad msgpack: trailing data after the message (" + num(std::uint64_t{n - off}) + " bytes)");
+  if (off != n)
+    reject("bad msgpack: trailing data after the message (" + num(std::uint64_t{n - off}) +
+           " bytes)");
 }
 
 // Lets msgpack-c point strings into the caller's buffer instead of copying them: every string is
 // copied into a struct before decode_* returns, while the buffer is still alive.
-bool reference_strings(msgpack::type::object_type, std::size_t, void*) { return true; }
+bool reference_strings(msgpack::type::object_type, std::size_t, void*) {
+  return true;
+}
 
 msgpack::object_handle unpack_checked(const void* data, std::size_t size, const DecodeLimits& lim) {
   if (size > lim.max_message_bytes)
-    reject("message of " + num(std::uint64_t{size}) + " bytes exceeds limit " + num(std::uint64_t{lim.max_message_bytes}));
+    reject("message of " + num(std::uint64_t{size}) + " bytes exceeds limit " +
+           num(std::uint64_t{lim.max_message_bytes}));
   scan_msgpack(static_cast<const std::uint8_t*>(data), size, lim);
   // The same limits again, now as msgpack-c's own guard; the scan makes these throws unreachable
   // for any input it passed, but they stay as a second line.
-  const msgpack::unpack_limit limit(lim.max_array, lim.max_map, lim.max_string_bytes, lim.max_string_bytes,
-                                    lim.max_string_bytes, lim.max_depth);
+  const msgpack::unpack_limit limit(lim.max_array, lim.max_map, lim.max_string_bytes,
+                                    lim.max_string_bytes, lim.max_string_bytes, lim.max_depth);
   try {
     std::size_t off = 0;
     msgpack::object_handle h;
-    msgpack::unpack(h, static_cast<const char*>(data), size, off, reference_strings, nullptr, limit);
+    msgpack::unpack(h, static_cast<const char*>(data), size, off, reference_strings, nullptr,
+                    limit);
     if (off != size) reject("bad msgpack: trailing bytes after the message");
     return h;
   } catch (const msgpack::depth_size_overflow&) {
@@ -255,26 +355,38 @@ msgpack::object_handle unpack_checked(const void* data, std::size_t size, const 
   }
 }
 
-// ---- reading fields ------------------------------------------------------------------------------
+// ---- reading fields
+// ------------------------------------------------------------------------------
 
 const char* type_name(const msgpack::object& o) {
   switch (o.type) {
-    case msgpack::type::NIL: return "nil";
-    case msgpack::type::BOOLEAN: return "boolean";
+    case msgpack::type::NIL:
+      return "nil";
+    case msgpack::type::BOOLEAN:
+      return "boolean";
     case msgpack::type::POSITIVE_INTEGER:
-    case msgpack::type::NEGATIVE_INTEGER: return "integer";
+    case msgpack::type::NEGATIVE_INTEGER:
+      return "integer";
     case msgpack::type::FLOAT32:
-    case msgpack::type::FLOAT64: return "float";
-    case msgpack::type::STR: return "string";
-    case msgpack::type::BIN: return "binary";
-    case msgpack::type::ARRAY: return "array";
-    case msgpack::type::MAP: return "map";
-    case msgpack::type::EXT: return "ext";
+    case msgpack::type::FLOAT64:
+      return "float";
+    case msgpack::type::STR:
+      return "string";
+    case msgpack::type::BIN:
+      return "binary";
+    case msgpack::type::ARRAY:
+      return "array";
+    case msgpack::type::MAP:
+      return "map";
+    case msgpack::type::EXT:
+      return "ext";
   }
   return "unknown";
 }
 
-std::string_view str_of(const msgpack::object& o) { return {o.via.str.ptr, o.via.str.size}; }
+std::string_view str_of(const msgpack::object& o) {
+  return {o.via.str.ptr, o.via.str.size};
+}
 
 // The keys of one msgpack map. `where` prefixes field names in messages ("" at top level,
 // "usage." inside usage) so that a nested problem reads "field 'usage.prompt_tokens' ...".
@@ -310,10 +422,12 @@ class Fields {
     return *o;
   }
 
-  std::string str(std::string_view key, std::size_t max_bytes, bool required, bool allow_empty = true) const {
+  std::string str(std::string_view key, std::size_t max_bytes, bool required,
+                  bool allow_empty = true) const {
     const msgpack::object* o = required ? &need(key) : get(key);
     if (!o) return {};
-    if (o->type != msgpack::type::STR) reject("field " + name(key) + " must be a string, got " + type_name(*o));
+    if (o->type != msgpack::type::STR)
+      reject("field " + name(key) + " must be a string, got " + type_name(*o));
     const std::string_view s = str_of(*o);
     if (s.empty() && !allow_empty) reject("field " + name(key) + " must not be empty");
     if (s.size() > max_bytes)
@@ -341,44 +455,59 @@ class Fields {
   bool boolean(std::string_view key, bool def) const {
     const msgpack::object* o = get(key);
     if (!o) return def;
-    if (o->type != msgpack::type::BOOLEAN) reject("field " + name(key) + " must be a boolean, got " + type_name(*o));
+    if (o->type != msgpack::type::BOOLEAN)
+      reject("field " + name(key) + " must be a boolean, got " + type_name(*o));
     return o->via.boolean;
   }
 
   const msgpack::object* typed(std::string_view key, msgpack::type::object_type t, const char* what,
                                bool required) const {
     const msgpack::object* o = required ? &need(key) : get(key);
-    if (o && o->type != t) reject("field " + name(key) + " must be " + what + ", got " + type_name(*o));
+    if (o && o->type != t)
+      reject("field " + name(key) + " must be " + what + ", got " + type_name(*o));
     return o;
   }
 
-  static std::uint64_t uint_value(const msgpack::object& o, const std::string& what, std::uint64_t lo,
-                                  std::uint64_t hi) {
+  static std::uint64_t uint_value(const msgpack::object& o, const std::string& what,
+                                  std::uint64_t lo, std::uint64_t hi) {
     const std::string range = " out of range [" + num(lo) + ", " + num(hi) + "]";
-    if (o.type == msgpack::type::NEGATIVE_INTEGER) reject(what + " " + num(std::int64_t{o.via.i64}) + range);
+    if (o.type == msgpack::type::NEGATIVE_INTEGER)
+      reject(what + " " + num(std::int64_t{o.via.i64}) + range);
     if (o.type != msgpack::type::POSITIVE_INTEGER)
       reject("field '" + what + "' must be an integer, got " + type_name(o));
-    if (o.via.u64 < lo || o.via.u64 > hi) reject(what + " " + num(std::uint64_t{o.via.u64}) + range);
+    if (o.via.u64 < lo || o.via.u64 > hi)
+      reject(what + " " + num(std::uint64_t{o.via.u64}) + range);
     return o.via.u64;
   }
 
-  static double number_value(const msgpack::object& o, const std::string& what, double lo, double hi,
-                             bool lo_open) {
+  static double number_value(const msgpack::object& o, const std::string& what, double lo,
+                             double hi, bool lo_open) {
     double v = 0;
     switch (o.type) {
       case msgpack::type::FLOAT32:
-      case msgpack::type::FLOAT64: v = o.via.f64; break;
-      case msgpack::type::POSITIVE_INTEGER: v = static_cast<double>(o.via.u64); break;
-      case msgpack::type::NEGATIVE_INTEGER: v = static_cast<double>(o.via.i64); break;
-      default: reject("field '" + what + "' must be a number, got " + type_name(o));
+      case msgpack::type::FLOAT64:
+        v = o.via.f64;
+        break;
+      case msgpack::type::POSITIVE_INTEGER:
+        v = static_cast<double>(o.via.u64);
+        break;
+      case msgpack::type::NEGATIVE_INTEGER:
+        v = static_cast<double>(o.via.i64);
+        break;
+      default:
+        reject("field '" + what + "' must be a number, got " + type_name(o));
     }
     const bool ok = !std::isnan(v) && (lo_open ? v > lo : v >= lo) && v <= hi;
-    if (!ok) reject(what + " " + num(v) + " out of range " + (lo_open ? "(" : "[") + num(lo) + ", " + num(hi) + "]");
+    if (!ok)
+      reject(what + " " + num(v) + " out of range " + (lo_open ? "(" : "[") + num(lo) + ", " +
+             num(hi) + "]");
     return v;
   }
 
  private:
-  std::string where_suffix() const { return where_.empty() ? "" : " in '" + where_.substr(0, where_.size() - 1) + "'"; }
+  std::string where_suffix() const {
+    return where_.empty() ? "" : " in '" + where_.substr(0, where_.size() - 1) + "'";
+  }
 
   std::string where_;
   std::vector<std::pair<std::string_view, const msgpack::object*>> entries_;
@@ -396,10 +525,13 @@ std::vector<std::int32_t> token_ids(const msgpack::object& arr, const std::strin
     const msgpack::object& e = arr.via.array.ptr[i];
     const std::string at = what + " token at index " + num(std::uint64_t{i});
     if (e.type == msgpack::type::NEGATIVE_INTEGER)
-      reject(at + " is " + num(std::int64_t{e.via.i64}) + ", must be in [0, " + num(kMaxTokenId) + "]");
-    if (e.type != msgpack::type::POSITIVE_INTEGER) reject(at + " must be an integer, got " + type_name(e));
+      reject(at + " is " + num(std::int64_t{e.via.i64}) + ", must be in [0, " + num(kMaxTokenId) +
+             "]");
+    if (e.type != msgpack::type::POSITIVE_INTEGER)
+      reject(at + " must be an integer, got " + type_name(e));
     if (e.via.u64 > kMaxTokenId)
-      reject(at + " is " + num(std::uint64_t{e.via.u64}) + ", must be in [0, " + num(kMaxTokenId) + "]");
+      reject(at + " is " + num(std::uint64_t{e.via.u64}) + ", must be in [0, " + num(kMaxTokenId) +
+             "]");
     ids.push_back(static_cast<std::int32_t>(e.via.u64));
   }
   return ids;
@@ -413,15 +545,18 @@ std::string_view message_type(const Fields& f) {
     reject(std::string("field 'v' must be an integer, got ") + type_name(*v));
   if (v->type == msgpack::type::NEGATIVE_INTEGER || v->via.u64 != kProtocolVersion)
     reject("unsupported protocol version " +
-           (v->type == msgpack::type::NEGATIVE_INTEGER ? num(std::int64_t{v->via.i64}) : num(std::uint64_t{v->via.u64})) +
+           (v->type == msgpack::type::NEGATIVE_INTEGER ? num(std::int64_t{v->via.i64})
+                                                       : num(std::uint64_t{v->via.u64})) +
            " (this side speaks " + num(std::uint64_t{kProtocolVersion}) + ")");
   const msgpack::object& t = f.need("type");
-  if (t.type != msgpack::type::STR) reject(std::string("field 'type' must be a string, got ") + type_name(t));
+  if (t.type != msgpack::type::STR)
+    reject(std::string("field 'type' must be a string, got ") + type_name(t));
   return str_of(t);
 }
 
 // The job key of cancel/status/submit, read first so errors can name the job.
-void read_key(const Fields& f, const DecodeLimits& lim, std::string& id, std::string& tenant, std::string& token) {
+void read_key(const Fields& f, const DecodeLimits& lim, std::string& id, std::string& tenant,
+              std::string& token) {
   id = f.str("id", lim.max_id_bytes, true, false);
   tenant = f.str("tenant", lim.max_name_bytes, true, false);
   token = f.str("token", lim.max_token_bytes, false);
@@ -446,7 +581,8 @@ Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
              num(std::uint64_t{lim.max_prompt_tokens}));
     s.prompt = token_ids(p, "prompt");
   } else {
-    reject(std::string("field 'prompt' must be a string or an array of token ids, got ") + type_name(p));
+    reject(std::string("field 'prompt' must be a string or an array of token ids, got ") +
+           type_name(p));
   }
 
   s.max_tokens = static_cast<std::uint32_t>(f.uint("max_tokens", 16, 1, lim.max_new_tokens));
@@ -454,7 +590,8 @@ Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
   s.temperature = f.number("temperature", 1.0, 0.0, 100.0);
   s.top_k = static_cast<std::uint32_t>(f.uint("top_k", 0, 0, kMaxTokenId));
   s.top_p = f.number("top_p", 1.0, 0.0, 1.0, true);
-  if (const msgpack::object* seed = f.get("seed")) s.seed = Fields::uint_value(*seed, "seed", 0, kU64);
+  if (const msgpack::object* seed = f.get("seed"))
+    s.seed = Fields::uint_value(*seed, "seed", 0, kU64);
 
   if (const msgpack::object* stop = f.get("stop")) {
     auto one = [&](const msgpack::object& e, std::uint64_t i) {
@@ -463,7 +600,8 @@ Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
       const std::string_view sv = str_of(e);
       if (sv.empty()) reject(at + " must not be empty");
       if (sv.size() > lim.max_stop_bytes)
-        reject(at + " has " + num(std::uint64_t{sv.size()}) + " bytes, limit " + num(std::uint64_t{lim.max_stop_bytes}));
+        reject(at + " has " + num(std::uint64_t{sv.size()}) + " bytes, limit " +
+               num(std::uint64_t{lim.max_stop_bytes}));
       s.stop.emplace_back(sv);
     };
     if (stop->type == msgpack::type::STR) {
@@ -474,7 +612,8 @@ Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
                num(std::uint64_t{lim.max_stop}));
       for (std::uint32_t i = 0; i < stop->via.array.size; ++i) one(stop->via.array.ptr[i], i);
     } else {
-      reject(std::string("field 'stop' must be a string or an array of strings, got ") + type_name(*stop));
+      reject(std::string("field 'stop' must be a string or an array of strings, got ") +
+             type_name(*stop));
     }
   }
 
@@ -500,13 +639,17 @@ Control decode_control(const Fields& f, const DecodeLimits& lim) {
   return c;
 }
 
-ClientMessage decode_client_object(const msgpack::object& root, const DecodeLimits& lim, DecodeError& partial) {
-  if (root.type != msgpack::type::MAP) reject(std::string("message must be a map, got ") + type_name(root));
+ClientMessage decode_client_object(const msgpack::object& root, const DecodeLimits& lim,
+                                   DecodeError& partial) {
+  if (root.type != msgpack::type::MAP)
+    reject(std::string("message must be a map, got ") + type_name(root));
   const Fields f(root, "");
   // Best effort, before anything can fail: lets the error reply name the job.
-  if (const msgpack::object* id = f.get("id"); id && id->type == msgpack::type::STR && id->via.str.size <= lim.max_id_bytes)
+  if (const msgpack::object* id = f.get("id");
+      id && id->type == msgpack::type::STR && id->via.str.size <= lim.max_id_bytes)
     partial.id = std::string(str_of(*id));
-  if (const msgpack::object* t = f.get("tenant"); t && t->type == msgpack::type::STR && t->via.str.size <= lim.max_name_bytes)
+  if (const msgpack::object* t = f.get("tenant");
+      t && t->type == msgpack::type::STR && t->via.str.size <= lim.max_name_bytes)
     partial.tenant = std::string(str_of(*t));
 
   const std::string_view type = message_type(f);
@@ -532,7 +675,8 @@ std::vector<TokenLogprobs> decode_logprobs(const msgpack::object& arr) {
   for (std::uint32_t i = 0; i < arr.via.array.size; ++i) {
     const msgpack::object& e = arr.via.array.ptr[i];
     const std::string at = "logprobs." + num(std::uint64_t{i});
-    if (e.type != msgpack::type::MAP) reject("field '" + at + "' must be a map, got " + type_name(e));
+    if (e.type != msgpack::type::MAP)
+      reject("field '" + at + "' must be a map, got " + type_name(e));
     const Fields f(e, at + ".");
     TokenLogprobs t;
     const double inf = std::numeric_limits<double>::infinity();
@@ -544,8 +688,10 @@ std::vector<TokenLogprobs> decode_logprobs(const msgpack::object& arr) {
         if (pair.type != msgpack::type::ARRAY || pair.via.array.size != 2)
           reject("field '" + pat + "' must be an [id, logprob] pair");
         TopLogprob tl;
-        tl.id = static_cast<std::int32_t>(Fields::uint_value(pair.via.array.ptr[0], pat + ".id", 0, kMaxTokenId));
-        tl.logprob = static_cast<float>(Fields::number_value(pair.via.array.ptr[1], pat + ".logprob", -inf, 0.0, false));
+        tl.id = static_cast<std::int32_t>(
+            Fields::uint_value(pair.via.array.ptr[0], pat + ".id", 0, kMaxTokenId));
+        tl.logprob = static_cast<float>(
+            Fields::number_value(pair.via.array.ptr[1], pat + ".logprob", -inf, 0.0, false));
         t.top.push_back(tl);
       }
     }
@@ -554,10 +700,13 @@ std::vector<TokenLogprobs> decode_logprobs(const msgpack::object& arr) {
   return out;
 }
 
-ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimits& lim, DecodeError& partial) {
-  if (root.type != msgpack::type::MAP) reject(std::string("message must be a map, got ") + type_name(root));
+ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimits& lim,
+                                   DecodeError& partial) {
+  if (root.type != msgpack::type::MAP)
+    reject(std::string("message must be a map, got ") + type_name(root));
   const Fields f(root, "");
-  if (const msgpack::object* id = f.get("id"); id && id->type == msgpack::type::STR && id->via.str.size <= lim.max_id_bytes)
+  if (const msgpack::object* id = f.get("id");
+      id && id->type == msgpack::type::STR && id->via.str.size <= lim.max_id_bytes)
     partial.id = std::string(str_of(*id));
   const std::string_view type = message_type(f);
   // A timing is a non-negative duration; a day bounds it like deadline_ms.
@@ -572,9 +721,11 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
     Tokens t;
     t.id = f.str("id", lim.max_id_bytes, true, false);
     t.index = static_cast<std::uint32_t>(f.uint("index", 0, 0, kU32));
-    if (const msgpack::object* ids = f.typed("ids", msgpack::type::ARRAY, "an array", false)) t.ids = token_ids(*ids, "ids");
+    if (const msgpack::object* ids = f.typed("ids", msgpack::type::ARRAY, "an array", false))
+      t.ids = token_ids(*ids, "ids");
     t.text = f.str("text", lim.max_string_bytes, false);
-    if (const msgpack::object* lp = f.typed("logprobs", msgpack::type::ARRAY, "an array", false)) t.logprobs = decode_logprobs(*lp);
+    if (const msgpack::object* lp = f.typed("logprobs", msgpack::type::ARRAY, "an array", false))
+      t.logprobs = decode_logprobs(*lp);
     return t;
   }
   if (type == "done") {
@@ -586,11 +737,13 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
     if (!reason) reject("unknown finish_reason " + quote(fr));
     d.finish_reason = *reason;
     d.text = f.str("text", lim.max_string_bytes, false);
-    if (const msgpack::object* ids = f.typed("ids", msgpack::type::ARRAY, "an array", false)) d.ids = token_ids(*ids, "ids");
+    if (const msgpack::object* ids = f.typed("ids", msgpack::type::ARRAY, "an array", false))
+      d.ids = token_ids(*ids, "ids");
     if (const msgpack::object* u = f.typed("usage", msgpack::type::MAP, "a map", false)) {
       const Fields uf(*u, "usage.");
       d.usage.prompt_tokens = static_cast<std::uint32_t>(uf.uint("prompt_tokens", 0, 0, kU32));
-      d.usage.completion_tokens = static_cast<std::uint32_t>(uf.uint("completion_tokens", 0, 0, kU32));
+      d.usage.completion_tokens =
+          static_cast<std::uint32_t>(uf.uint("completion_tokens", 0, 0, kU32));
       d.usage.cached_tokens = static_cast<std::uint32_t>(uf.uint("cached_tokens", 0, 0, kU32));
     }
     if (const msgpack::object* t = f.typed("timings", msgpack::type::MAP, "a map", false)) {
@@ -609,7 +762,8 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
     // A code from a newer server is kept as internal; the message still says what happened.
     e.code = error_code_from_string(code).value_or(ErrorCode::internal);
     e.message = f.str("message", lim.max_string_bytes, false);
-    if (f.get("retry_after_ms")) e.retry_after_ms = static_cast<std::uint32_t>(f.uint("retry_after_ms", 0, 0, kU32));
+    if (f.get("retry_after_ms"))
+      e.retry_after_ms = static_cast<std::uint32_t>(f.uint("retry_after_ms", 0, 0, kU32));
     return e;
   }
   if (type == "pong") return Pong{f.uint("seq", 0, 0, kU64)};
@@ -634,7 +788,8 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
 }
 
 template <class Message, class Body>
-std::variant<Message, DecodeError> decode_with(const void* data, std::size_t size, const DecodeLimits& lim, Body body) {
+std::variant<Message, DecodeError> decode_with(const void* data, std::size_t size,
+                                               const DecodeLimits& lim, Body body) {
   DecodeError err;
   try {
     if (!data && size > 0) reject("bad msgpack: null buffer");
@@ -801,7 +956,8 @@ struct ServerEncoder {
   }
 };
 
-void encode_key(MapOut& m, const std::string& id, const std::string& tenant, const std::string& token) {
+void encode_key(MapOut& m, const std::string& id, const std::string& tenant,
+                const std::string& token) {
   m.str("id", id);
   m.str("tenant", tenant);
   if (!token.empty()) m.str("token", token);
@@ -863,16 +1019,22 @@ struct ClientEncoder {
 
 }  // namespace
 
-std::variant<ClientMessage, DecodeError> decode_client(const void* data, std::size_t size, const DecodeLimits& limits) {
+std::variant<ClientMessage, DecodeError> decode_client(const void* data, std::size_t size,
+                                                       const DecodeLimits& limits) {
   return decode_with<ClientMessage>(data, size, limits, decode_client_object);
 }
 
-std::variant<ServerMessage, DecodeError> decode_server(const void* data, std::size_t size, const DecodeLimits& limits) {
+std::variant<ServerMessage, DecodeError> decode_server(const void* data, std::size_t size,
+                                                       const DecodeLimits& limits) {
   return decode_with<ServerMessage>(data, size, limits, decode_server_object);
 }
 
-std::string encode_server(const ServerMessage& m) { return std::visit(ServerEncoder{}, m); }
+std::string encode_server(const ServerMessage& m) {
+  return std::visit(ServerEncoder{}, m);
+}
 
-std::string encode_client(const ClientMessage& m) { return std::visit(ClientEncoder{}, m); }
+std::string encode_client(const ClientMessage& m) {
+  return std::visit(ClientEncoder{}, m);
+}
 
 }  // namespace sy::wire

@@ -25,16 +25,16 @@ struct DecodeLimits {
   /// Bytes of any one str/bin/ext value.
   std::size_t max_string_bytes = 1u << 20;
 
-  std::size_t max_prompt_tokens = 4096;       ///< model context length
-  std::size_t max_prompt_bytes = 256u << 10;  ///< prompt text, before tokenization
-  std::uint32_t max_new_tokens = 4096;        ///< upper end of max_tokens
-  std::size_t max_stop = 16;                  ///< stop strings per job
-  std::size_t max_stop_bytes = 256;           ///< bytes per stop string
-  std::uint32_t max_logprobs = 20;            ///< upper end of logprobs
-  std::uint32_t max_deadline_ms = 86'400'000; ///< one day: longer is a mistake, not a deadline
-  std::size_t max_id_bytes = 128;             ///< job id
-  std::size_t max_name_bytes = 64;            ///< tenant and priority class names
-  std::size_t max_token_bytes = 256;          ///< auth token
+  std::size_t max_prompt_tokens = 4096;        ///< model context length
+  std::size_t max_prompt_bytes = 256u << 10;   ///< prompt text, before tokenization
+  std::uint32_t max_new_tokens = 4096;         ///< upper end of max_tokens
+  std::size_t max_stop = 16;                   ///< stop strings per job
+  std::size_t max_stop_bytes = 256;            ///< bytes per stop string
+  std::uint32_t max_logprobs = 20;             ///< upper end of logprobs
+  std::uint32_t max_deadline_ms = 86'400'000;  ///< one day: longer is a mistake, not a deadline
+  std::size_t max_id_bytes = 128;              ///< job id
+  std::size_t max_name_bytes = 64;             ///< tenant and priority class names
+  std::size_t max_token_bytes = 256;           ///< auth token
 };
 
 /// Why a message was refused. `id` and `tenant` are filled when they could be read, so the error

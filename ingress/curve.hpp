@@ -31,13 +31,17 @@ struct KeyPair {
 };
 
 /// True when the linked libzmq was built with CURVE (libsodium or its own tweetnacl).
-inline bool available() { return zmq_has("curve") != 0; }
+inline bool available() {
+  return zmq_has("curve") != 0;
+}
 
 /// Throws when CURVE is missing, saying what it was needed for.
 inline void require(const std::string& what) {
   if (!available())
-    throw std::runtime_error(what + " needs CURVE, but this libzmq was built without it (zmq_has(\"curve\") "
-                             "is false): install a libzmq built with libsodium (Debian's libzmq5 is)");
+    throw std::runtime_error(
+        what +
+        " needs CURVE, but this libzmq was built without it (zmq_has(\"curve\") "
+        "is false): install a libzmq built with libsodium (Debian's libzmq5 is)");
 }
 
 /// True when `text` is a well-formed Z85 key (40 characters of the Z85 alphabet).
@@ -135,8 +139,10 @@ inline void write_new_file(const std::string& path, const std::string& text, mod
   while (err == 0 && off < text.size()) {
     ssize_t n = ::write(fd, text.data() + off, text.size() - off);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) err = n < 0 ? errno : EIO;
-    else off += static_cast<std::size_t>(n);
+    if (n <= 0)
+      err = n < 0 ? errno : EIO;
+    else
+      off += static_cast<std::size_t>(n);
   }
   if (err == 0 && ::fsync(fd) != 0) err = errno;
   if (::close(fd) != 0 && err == 0) err = errno;
@@ -150,11 +156,13 @@ inline void write_key_files(const std::string& prefix, const KeyPair& kp, bool o
     for (const char* ext : {".key", ".pub"}) {
       struct stat st {};
       if (::lstat((prefix + ext).c_str(), &st) == 0)
-        throw std::runtime_error("'" + prefix + ext + "' exists already (pass --force to replace it)");
+        throw std::runtime_error("'" + prefix + ext +
+                                 "' exists already (pass --force to replace it)");
     }
   write_new_file(prefix + ".key",
                  "# Switchyard CURVE secret key (Z85). Keep it private: whoever has it can pose as "
-                 "the server.\n" + kp.secret_key + "\n",
+                 "the server.\n" +
+                     kp.secret_key + "\n",
                  0600, overwrite);
   write_new_file(prefix + ".pub",
                  "# Switchyard CURVE public key (Z85). Give it to clients (--server-key).\n" +

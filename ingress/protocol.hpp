@@ -27,17 +27,17 @@ struct Submit {
   std::string token;   ///< tenant's auth token ("" when the server needs none)
   /// Prompt as text (tokenized by the server, BOS added) or as token ids (used as given).
   std::variant<std::string, std::vector<std::int32_t>> prompt;
-  std::uint32_t max_tokens = 16;         ///< completion tokens to generate at most
-  double temperature = 1.0;              ///< 0: greedy
-  std::uint32_t top_k = 0;               ///< 0: off
-  double top_p = 1.0;                    ///< 1: off
-  std::optional<std::uint64_t> seed;     ///< absent: the server picks one
-  std::vector<std::string> stop;         ///< stop strings (not included in the output)
-  bool ignore_eos = false;               ///< keep going past end-of-sequence until max_tokens
-  std::string priority;                  ///< priority class name; "": the server's default class
-  std::uint32_t deadline_ms = 0;         ///< relative to receipt; 0: none
-  bool stream = false;                   ///< send `tokens` chunks as they are generated
-  std::uint32_t logprobs = 0;            ///< top-N log-probabilities per generated token; 0: none
+  std::uint32_t max_tokens = 16;      ///< completion tokens to generate at most
+  double temperature = 1.0;           ///< 0: greedy
+  std::uint32_t top_k = 0;            ///< 0: off
+  double top_p = 1.0;                 ///< 1: off
+  std::optional<std::uint64_t> seed;  ///< absent: the server picks one
+  std::vector<std::string> stop;      ///< stop strings (not included in the output)
+  bool ignore_eos = false;            ///< keep going past end-of-sequence until max_tokens
+  std::string priority;               ///< priority class name; "": the server's default class
+  std::uint32_t deadline_ms = 0;      ///< relative to receipt; 0: none
+  bool stream = false;                ///< send `tokens` chunks as they are generated
+  std::uint32_t logprobs = 0;         ///< top-N log-probabilities per generated token; 0: none
 
   bool prompt_is_tokens() const { return prompt.index() == 1; }
   bool operator==(const Submit&) const = default;
@@ -97,15 +97,15 @@ struct TopLogprob {
 
 /// Log-probabilities for one generated token.
 struct TokenLogprobs {
-  float logprob = 0.0f;           ///< of the chosen token
-  std::vector<TopLogprob> top;    ///< the N most likely tokens, most likely first
+  float logprob = 0.0f;         ///< of the chosen token
+  std::vector<TopLogprob> top;  ///< the N most likely tokens, most likely first
   bool operator==(const TokenLogprobs&) const = default;
 };
 
 /// A streamed chunk of generated tokens.
 struct Tokens {
   std::string id;
-  std::uint32_t index = 0;              ///< position of ids[0] among the completion tokens
+  std::uint32_t index = 0;  ///< position of ids[0] among the completion tokens
   std::vector<std::int32_t> ids;
   std::string text;                     ///< text delta these tokens add (may be "" mid-UTF-8)
   std::vector<TokenLogprobs> logprobs;  ///< one per id when logprobs > 0, else empty
@@ -139,10 +139,10 @@ struct Timings {
 /// The last message of a job that ran (or was cancelled after it was accepted).
 struct Done {
   std::string id;
-  std::string tenant;               ///< lets a pipeline sink tell jobs of different tenants apart
+  std::string tenant;  ///< lets a pipeline sink tell jobs of different tenants apart
   FinishReason finish_reason = FinishReason::stop;
-  std::string text;                 ///< the full completion ("" for streamed ROUTER jobs)
-  std::vector<std::int32_t> ids;    ///< the full completion ids (empty for streamed ROUTER jobs)
+  std::string text;               ///< the full completion ("" for streamed ROUTER jobs)
+  std::vector<std::int32_t> ids;  ///< the full completion ids (empty for streamed ROUTER jobs)
   Usage usage;
   Timings timings;
   bool operator==(const Done&) const = default;

@@ -27,22 +27,41 @@ constexpr uint32_t kMaxDims = 4;
 // allocating anything: a string is at least its 8-byte length, an array its type and count.
 uint64_t min_value_bytes(ValueType t) {
   switch (t) {
-    case ValueType::UINT8: case ValueType::INT8: case ValueType::BOOL: return 1;
-    case ValueType::UINT16: case ValueType::INT16: return 2;
-    case ValueType::UINT32: case ValueType::INT32: case ValueType::FLOAT32: return 4;
-    case ValueType::UINT64: case ValueType::INT64: case ValueType::FLOAT64: return 8;
-    case ValueType::STRING: return 8;
-    case ValueType::ARRAY: return 12;
+    case ValueType::UINT8:
+    case ValueType::INT8:
+    case ValueType::BOOL:
+      return 1;
+    case ValueType::UINT16:
+    case ValueType::INT16:
+      return 2;
+    case ValueType::UINT32:
+    case ValueType::INT32:
+    case ValueType::FLOAT32:
+      return 4;
+    case ValueType::UINT64:
+    case ValueType::INT64:
+    case ValueType::FLOAT64:
+      return 8;
+    case ValueType::STRING:
+      return 8;
+    case ValueType::ARRAY:
+      return 12;
   }
   return 1;
 }
 
-bool valid_value_type(uint32_t t) { return t <= static_cast<uint32_t>(ValueType::FLOAT64); }
+bool valid_value_type(uint32_t t) {
+  return t <= static_cast<uint32_t>(ValueType::FLOAT64);
+}
 
 bool valid_tensor_type(uint32_t t) {
   switch (static_cast<TensorType>(t)) {
-    case TensorType::F32: case TensorType::F16: case TensorType::BF16:
-    case TensorType::Q8_0: case TensorType::Q4_0: return true;
+    case TensorType::F32:
+    case TensorType::F16:
+    case TensorType::BF16:
+    case TensorType::Q8_0:
+    case TensorType::Q4_0:
+      return true;
   }
   return false;
 }
@@ -75,8 +94,8 @@ class Cursor {
     const size_t at = pos_;
     const uint64_t n = read<uint64_t>(what);
     if (n > remaining())
-      throw Error(std::string("truncated or corrupt: string length ") + std::to_string(n) +
-                  " of " + what + " at offset " + std::to_string(at) + " exceeds the " +
+      throw Error(std::string("truncated or corrupt: string length ") + std::to_string(n) + " of " +
+                  what + " at offset " + std::to_string(at) + " exceeds the " +
                   std::to_string(remaining()) + " bytes left in the file");
     std::string s(reinterpret_cast<const char*>(base_ + pos_), n);
     pos_ += n;
@@ -100,20 +119,45 @@ Value read_scalar_or_string(Cursor& c, ValueType type) {
   Value v;
   v.type = type;
   switch (type) {
-    case ValueType::UINT8: v.v = uint64_t{c.read<uint8_t>("uint8 value")}; break;
-    case ValueType::INT8: v.v = int64_t{c.read<int8_t>("int8 value")}; break;
-    case ValueType::UINT16: v.v = uint64_t{c.read<uint16_t>("uint16 value")}; break;
-    case ValueType::INT16: v.v = int64_t{c.read<int16_t>("int16 value")}; break;
-    case ValueType::UINT32: v.v = uint64_t{c.read<uint32_t>("uint32 value")}; break;
-    case ValueType::INT32: v.v = int64_t{c.read<int32_t>("int32 value")}; break;
-    case ValueType::UINT64: v.v = c.read<uint64_t>("uint64 value"); break;
-    case ValueType::INT64: v.v = c.read<int64_t>("int64 value"); break;
-    case ValueType::FLOAT32: v.v = double{c.read<float>("float32 value")}; break;
-    case ValueType::FLOAT64: v.v = c.read<double>("float64 value"); break;
+    case ValueType::UINT8:
+      v.v = uint64_t{c.read<uint8_t>("uint8 value")};
+      break;
+    case ValueType::INT8:
+      v.v = int64_t{c.read<int8_t>("int8 value")};
+      break;
+    case ValueType::UINT16:
+      v.v = uint64_t{c.read<uint16_t>("uint16 value")};
+      break;
+    case ValueType::INT16:
+      v.v = int64_t{c.read<int16_t>("int16 value")};
+      break;
+    case ValueType::UINT32:
+      v.v = uint64_t{c.read<uint32_t>("uint32 value")};
+      break;
+    case ValueType::INT32:
+      v.v = int64_t{c.read<int32_t>("int32 value")};
+      break;
+    case ValueType::UINT64:
+      v.v = c.read<uint64_t>("uint64 value");
+      break;
+    case ValueType::INT64:
+      v.v = c.read<int64_t>("int64 value");
+      break;
+    case ValueType::FLOAT32:
+      v.v = double{c.read<float>("float32 value")};
+      break;
+    case ValueType::FLOAT64:
+      v.v = c.read<double>("float64 value");
+      break;
     // Any nonzero byte reads as true, as in ggml's own reader.
-    case ValueType::BOOL: v.v = c.read<uint8_t>("bool value") != 0; break;
-    case ValueType::STRING: v.v = c.read_string("string value"); break;
-    case ValueType::ARRAY: break;  // handled by read_value
+    case ValueType::BOOL:
+      v.v = c.read<uint8_t>("bool value") != 0;
+      break;
+    case ValueType::STRING:
+      v.v = c.read_string("string value");
+      break;
+    case ValueType::ARRAY:
+      break;  // handled by read_value
   }
   return v;
 }
@@ -133,8 +177,8 @@ Value read_value(Cursor& c, ValueType type, const std::string& key, int depth) {
   const uint64_t n = c.read<uint64_t>("array count");
   if (n > c.remaining() / min_value_bytes(elem))
     throw Error("truncated or corrupt: metadata key '" + key + "': array count " +
-                std::to_string(n) + " at offset " +
-                std::to_string(count_at) + " exceeds what the " + std::to_string(c.remaining()) +
+                std::to_string(n) + " at offset " + std::to_string(count_at) +
+                " exceeds what the " + std::to_string(c.remaining()) +
                 " bytes left in the file can hold");
   auto arr = std::make_shared<Array>();
   arr->elem_type = elem;
@@ -158,33 +202,48 @@ std::string hex32(uint32_t x) {
 
 const char* type_name(TensorType t) {
   switch (t) {
-    case TensorType::F32: return "f32";
-    case TensorType::F16: return "f16";
-    case TensorType::BF16: return "bf16";
-    case TensorType::Q8_0: return "q8_0";
-    case TensorType::Q4_0: return "q4_0";
+    case TensorType::F32:
+      return "f32";
+    case TensorType::F16:
+      return "f16";
+    case TensorType::BF16:
+      return "bf16";
+    case TensorType::Q8_0:
+      return "q8_0";
+    case TensorType::Q4_0:
+      return "q4_0";
   }
   return "unknown";
 }
 
 int64_t block_elems(TensorType t) {
   switch (t) {
-    case TensorType::Q8_0: case TensorType::Q4_0: return 32;
-    default: return 1;
+    case TensorType::Q8_0:
+    case TensorType::Q4_0:
+      return 32;
+    default:
+      return 1;
   }
 }
 
 int64_t block_bytes(TensorType t) {
   switch (t) {
-    case TensorType::F32: return 4;
-    case TensorType::F16: case TensorType::BF16: return 2;
-    case TensorType::Q8_0: return 34;  // f16 scale + 32 int8
-    case TensorType::Q4_0: return 18;  // f16 scale + 32 nibbles
+    case TensorType::F32:
+      return 4;
+    case TensorType::F16:
+    case TensorType::BF16:
+      return 2;
+    case TensorType::Q8_0:
+      return 34;  // f16 scale + 32 int8
+    case TensorType::Q4_0:
+      return 18;  // f16 scale + 32 nibbles
   }
   return 0;
 }
 
-int64_t row_bytes(TensorType t, int64_t n) { return n / block_elems(t) * block_bytes(t); }
+int64_t row_bytes(TensorType t, int64_t n) {
+  return n / block_elems(t) * block_bytes(t);
+}
 
 // ---- Value accessors ----
 
@@ -217,7 +276,9 @@ const Array* Value::as_array() const {
 
 // ---- File ----
 
-File::File(File&& o) noexcept { *this = std::move(o); }
+File::File(File&& o) noexcept {
+  *this = std::move(o);
+}
 
 File& File::operator=(File&& o) noexcept {
   if (this == &o) return *this;
@@ -297,10 +358,11 @@ void File::parse() {
   if (version_ == 1)
     throw Error("GGUF version 1 is not supported (only versions 2 and 3); re-convert the model");
   if (version_ != 2 && version_ != 3) {
-    std::string msg = "unsupported GGUF version " + std::to_string(version_) +
-                      " (only versions 2 and 3)";
+    std::string msg =
+        "unsupported GGUF version " + std::to_string(version_) + " (only versions 2 and 3)";
     // A byte-swapped small version means a big-endian file, which ggml writes on s390x.
-    if (version_ > 0xffff && (version_ & 0xffff) == 0) msg += "; big-endian files are not supported";
+    if (version_ > 0xffff && (version_ & 0xffff) == 0)
+      msg += "; big-endian files are not supported";
     throw Error(msg);
   }
   const uint64_t n_tensors = c.read<uint64_t>("tensor count");
@@ -468,6 +530,8 @@ const TensorInfo* File::tensor(std::string_view name) const {
   return nullptr;
 }
 
-const uint8_t* File::data(const TensorInfo& t) const { return base_ + data_start_ + t.offset; }
+const uint8_t* File::data(const TensorInfo& t) const {
+  return base_ + data_start_ + t.offset;
+}
 
 }  // namespace sy::gguf

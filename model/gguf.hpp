@@ -23,8 +23,19 @@ class Error : public std::runtime_error {
 
 /// GGUF metadata value types (numbering of the GGUF spec).
 enum class ValueType : uint32_t {
-  UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6, BOOL = 7,
-  STRING = 8, ARRAY = 9, UINT64 = 10, INT64 = 11, FLOAT64 = 12,
+  UINT8 = 0,
+  INT8 = 1,
+  UINT16 = 2,
+  INT16 = 3,
+  UINT32 = 4,
+  INT32 = 5,
+  FLOAT32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  UINT64 = 10,
+  INT64 = 11,
+  FLOAT64 = 12,
 };
 
 /// Tensor element types we support (ggml numbering).
@@ -51,8 +62,8 @@ struct Value {
   ValueType type = ValueType::UINT8;
   std::variant<uint64_t, int64_t, double, bool, std::string, std::shared_ptr<Array>> v;
 
-  std::optional<int64_t> as_int() const;     ///< any integer type (or bool)
-  std::optional<double> as_float() const;    ///< float or integer types
+  std::optional<int64_t> as_int() const;   ///< any integer type (or bool)
+  std::optional<double> as_float() const;  ///< float or integer types
   std::optional<std::string_view> as_string() const;
   const Array* as_array() const;
 };
@@ -62,7 +73,7 @@ struct TensorInfo {
   std::string name;
   std::vector<uint64_t> dims;
   TensorType type = TensorType::F32;
-  uint64_t offset = 0;      ///< relative to the start of the data section
+  uint64_t offset = 0;  ///< relative to the start of the data section
   uint64_t n_elements = 0;
   uint64_t n_bytes = 0;
 };

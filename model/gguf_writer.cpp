@@ -51,13 +51,31 @@ double get_d(const Value& v) {
 // Payload only (no type tag): the array element encoding.
 void put_payload(Out& o, const Value& v) {
   switch (v.type) {
-    case ValueType::UINT8: case ValueType::INT8: o.put<uint8_t>(static_cast<uint8_t>(get_u(v))); break;
-    case ValueType::UINT16: case ValueType::INT16: o.put<uint16_t>(static_cast<uint16_t>(get_u(v))); break;
-    case ValueType::UINT32: case ValueType::INT32: o.put<uint32_t>(static_cast<uint32_t>(get_u(v))); break;
-    case ValueType::UINT64: case ValueType::INT64: o.put<uint64_t>(get_u(v)); break;
-    case ValueType::FLOAT32: o.put<float>(static_cast<float>(get_d(v))); break;
-    case ValueType::FLOAT64: o.put<double>(get_d(v)); break;
-    case ValueType::BOOL: o.put<uint8_t>(get_u(v) ? 1 : 0); break;
+    case ValueType::UINT8:
+    case ValueType::INT8:
+      o.put<uint8_t>(static_cast<uint8_t>(get_u(v)));
+      break;
+    case ValueType::UINT16:
+    case ValueType::INT16:
+      o.put<uint16_t>(static_cast<uint16_t>(get_u(v)));
+      break;
+    case ValueType::UINT32:
+    case ValueType::INT32:
+      o.put<uint32_t>(static_cast<uint32_t>(get_u(v)));
+      break;
+    case ValueType::UINT64:
+    case ValueType::INT64:
+      o.put<uint64_t>(get_u(v));
+      break;
+    case ValueType::FLOAT32:
+      o.put<float>(static_cast<float>(get_d(v)));
+      break;
+    case ValueType::FLOAT64:
+      o.put<double>(get_d(v));
+      break;
+    case ValueType::BOOL:
+      o.put<uint8_t>(get_u(v) ? 1 : 0);
+      break;
     case ValueType::STRING: {
       auto s = v.as_string();
       if (!s) bad_value("a string");
@@ -79,10 +97,12 @@ void put_payload(Out& o, const Value& v) {
   }
 }
 
-uint64_t pad_to(uint64_t n, uint64_t a) { return (n + a - 1) / a * a; }
+uint64_t pad_to(uint64_t n, uint64_t a) {
+  return (n + a - 1) / a * a;
+}
 
-Value scalar(ValueType t, std::variant<uint64_t, int64_t, double, bool, std::string,
-                                        std::shared_ptr<Array>> x) {
+Value scalar(ValueType t,
+             std::variant<uint64_t, int64_t, double, bool, std::string, std::shared_ptr<Array>> x) {
   Value v;
   v.type = t;
   v.v = std::move(x);
@@ -91,7 +111,9 @@ Value scalar(ValueType t, std::variant<uint64_t, int64_t, double, bool, std::str
 
 }  // namespace
 
-void Writer::add(std::string key, Value v) { kv_.emplace_back(std::move(key), std::move(v)); }
+void Writer::add(std::string key, Value v) {
+  kv_.emplace_back(std::move(key), std::move(v));
+}
 void Writer::add_u32(std::string key, uint32_t x) {
   add(std::move(key), scalar(ValueType::UINT32, uint64_t{x}));
 }
@@ -101,7 +123,9 @@ void Writer::add_i32(std::string key, int32_t x) {
 void Writer::add_f32(std::string key, float x) {
   add(std::move(key), scalar(ValueType::FLOAT32, double{x}));
 }
-void Writer::add_bool(std::string key, bool x) { add(std::move(key), scalar(ValueType::BOOL, x)); }
+void Writer::add_bool(std::string key, bool x) {
+  add(std::move(key), scalar(ValueType::BOOL, x));
+}
 void Writer::add_string(std::string key, std::string x) {
   add(std::move(key), scalar(ValueType::STRING, std::move(x)));
 }

@@ -17,7 +17,9 @@ constexpr int64_t kMaxHeads = 1024;
 constexpr int64_t kMaxCtx = int64_t{1} << 24;
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
 
-[[noreturn]] void fail(const std::string& msg) { throw gguf::Error(msg); }
+[[noreturn]] void fail(const std::string& msg) {
+  throw gguf::Error(msg);
+}
 
 // An integer key, or nullopt when absent; a present key of a non-integer type is an error (a
 // silent default would hide a broken file).
@@ -85,13 +87,13 @@ LlamaConfig read_llama_config(const gguf::File& file) {
   LlamaConfig c;
   c.dim = checked(p + "embedding_length", req_int(file, p + "embedding_length"), 1, kMaxDim);
   c.n_layers = checked(p + "block_count", req_int(file, p + "block_count"), 1, kMaxLayers);
-  c.ffn_dim = checked(p + "feed_forward_length", req_int(file, p + "feed_forward_length"), 1,
-                      kMaxDim * 8);
-  c.n_heads = checked(p + "attention.head_count", req_int(file, p + "attention.head_count"), 1,
-                      kMaxHeads);
-  c.n_kv_heads = checked(p + "attention.head_count_kv",
-                         opt_int(file, p + "attention.head_count_kv").value_or(c.n_heads), 1,
-                         c.n_heads);
+  c.ffn_dim =
+      checked(p + "feed_forward_length", req_int(file, p + "feed_forward_length"), 1, kMaxDim * 8);
+  c.n_heads =
+      checked(p + "attention.head_count", req_int(file, p + "attention.head_count"), 1, kMaxHeads);
+  c.n_kv_heads =
+      checked(p + "attention.head_count_kv",
+              opt_int(file, p + "attention.head_count_kv").value_or(c.n_heads), 1, c.n_heads);
   if (c.n_heads % c.n_kv_heads != 0) {
     fail("attention.head_count " + std::to_string(c.n_heads) +
          " is not a multiple of attention.head_count_kv " + std::to_string(c.n_kv_heads));
@@ -109,14 +111,14 @@ LlamaConfig read_llama_config(const gguf::File& file) {
     fail("attention.value_length " + std::to_string(*vl) + " differs from key_length " +
          std::to_string(c.head_dim) + " (unsupported)");
   }
-  c.rope_dim = checked(p + "rope.dimension_count",
-                       opt_int(file, p + "rope.dimension_count").value_or(c.head_dim), 2,
-                       c.head_dim);
+  c.rope_dim =
+      checked(p + "rope.dimension_count",
+              opt_int(file, p + "rope.dimension_count").value_or(c.head_dim), 2, c.head_dim);
   if (c.rope_dim % 2 != 0) fail("rope.dimension_count " + std::to_string(c.rope_dim) + " is odd");
   c.rope_theta = static_cast<float>(opt_float(file, p + "rope.freq_base").value_or(10000.0));
   if (!(c.rope_theta > 1.0f) || !std::isfinite(c.rope_theta)) fail("rope.freq_base must be > 1");
-  c.norm_eps = static_cast<float>(
-      opt_float(file, p + "attention.layer_norm_rms_epsilon").value_or(1e-5));
+  c.norm_eps =
+      static_cast<float>(opt_float(file, p + "attention.layer_norm_rms_epsilon").value_or(1e-5));
   if (!(c.norm_eps >= 0.0f) || !std::isfinite(c.norm_eps)) {
     fail("attention.layer_norm_rms_epsilon must be >= 0");
   }
@@ -193,8 +195,8 @@ std::shared_ptr<LlamaModel> LlamaModel::from_gguf(gguf::File file) {
       fail("tensor '" + name + "' of type " + gguf::type_name(t.type) + " has a partial block");
     }
     m->owned_.emplace_back(static_cast<size_t>(c.dim));
-    kernels::dequantize_row(static_cast<kernels::DType>(t.type), f.data(t),
-                            m->owned_.back().data(), c.dim);
+    kernels::dequantize_row(static_cast<kernels::DType>(t.type), f.data(t), m->owned_.back().data(),
+                            c.dim);
     return m->owned_.back().data();
   };
 

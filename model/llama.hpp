@@ -16,14 +16,14 @@ namespace sy {
 /// Hyperparameters of a llama-family model.
 struct LlamaConfig {
   int n_vocab = 0;
-  int dim = 0;           // embedding length
+  int dim = 0;  // embedding length
   int n_layers = 0;
   int n_heads = 0;
-  int n_kv_heads = 0;    // < n_heads for grouped-query attention
-  int head_dim = 0;      // dim / n_heads unless the file says otherwise
+  int n_kv_heads = 0;  // < n_heads for grouped-query attention
+  int head_dim = 0;    // dim / n_heads unless the file says otherwise
   int ffn_dim = 0;
-  int ctx_len = 0;       // trained context length (llama.context_length)
-  int rope_dim = 0;      // rotated dims per head (llama.rope.dimension_count, default head_dim)
+  int ctx_len = 0;   // trained context length (llama.context_length)
+  int rope_dim = 0;  // rotated dims per head (llama.rope.dimension_count, default head_dim)
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;
   int sliding_window = 0;  // 0: none declared by the file. Recorded only: like llama.cpp for
@@ -32,21 +32,21 @@ struct LlamaConfig {
 
 /// Weight views of one transformer block. Norm weights are always f32 (n floats).
 struct LlamaLayer {
-  const float* attn_norm = nullptr;   // (dim)
-  kernels::WeightView wq;             // (n_heads * head_dim, dim)
-  kernels::WeightView wk;             // (n_kv_heads * head_dim, dim)
-  kernels::WeightView wv;             // (n_kv_heads * head_dim, dim)
-  kernels::WeightView wo;             // (dim, n_heads * head_dim)
-  const float* ffn_norm = nullptr;    // (dim)
-  kernels::WeightView w_gate;         // (ffn_dim, dim)
-  kernels::WeightView w_up;           // (ffn_dim, dim)
-  kernels::WeightView w_down;         // (dim, ffn_dim)
+  const float* attn_norm = nullptr;  // (dim)
+  kernels::WeightView wq;            // (n_heads * head_dim, dim)
+  kernels::WeightView wk;            // (n_kv_heads * head_dim, dim)
+  kernels::WeightView wv;            // (n_kv_heads * head_dim, dim)
+  kernels::WeightView wo;            // (dim, n_heads * head_dim)
+  const float* ffn_norm = nullptr;   // (dim)
+  kernels::WeightView w_gate;        // (ffn_dim, dim)
+  kernels::WeightView w_up;          // (ffn_dim, dim)
+  kernels::WeightView w_down;        // (dim, ffn_dim)
 };
 
 struct LlamaWeights {
-  kernels::WeightView tok_embd;       // (n_vocab, dim): row t is token t's embedding
-  const float* output_norm = nullptr; // (dim)
-  kernels::WeightView output;         // (n_vocab, dim); token_embd when the file ties them
+  kernels::WeightView tok_embd;        // (n_vocab, dim): row t is token t's embedding
+  const float* output_norm = nullptr;  // (dim)
+  kernels::WeightView output;          // (n_vocab, dim); token_embd when the file ties them
   std::vector<LlamaLayer> layers;
 };
 

@@ -5,9 +5,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <climits>
 #include <cmath>
 #include <cstdio>
-#include <climits>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -40,7 +40,7 @@ struct DTypeInfo {
   uint32_t file_type;  // llama.cpp's llama_ftype for a file whose matrices are all this type
 };
 constexpr DTypeInfo kDTypes[] = {
-    {"f32", gguf::TensorType::F32, 0},  {"f16", gguf::TensorType::F16, 1},
+    {"f32", gguf::TensorType::F32, 0},    {"f16", gguf::TensorType::F16, 1},
     {"bf16", gguf::TensorType::BF16, 32}, {"q8_0", gguf::TensorType::Q8_0, 7},
     {"q4_0", gguf::TensorType::Q4_0, 2},
 };
@@ -76,8 +76,8 @@ int worker_count(int64_t rows) {
 // Fill callback for a (rows x cols) matrix of uniform values with standard deviation `stddev`,
 // encoded as `type`. Row r depends only on (seed, name, r): the thread count changes nothing.
 std::function<void(uint8_t*, size_t)> random_matrix(const std::string& name, gguf::TensorType type,
-                                                     int64_t rows, int64_t cols, float stddev,
-                                                     uint64_t seed) {
+                                                    int64_t rows, int64_t cols, float stddev,
+                                                    uint64_t seed) {
   const uint64_t tensor_key = fnv1a(name) ^ (seed * 0x2545f4914f6cdd1dull);
   return [=](uint8_t* dst, size_t n_bytes) {
     const auto rb = static_cast<size_t>(gguf::row_bytes(type, cols));
@@ -151,13 +151,12 @@ void add_builtin_vocab(gguf::Writer& w, int n_vocab) {
   std::vector<std::string> pieces = {sp};
   for (char c = 'a'; c <= 'z'; ++c) pieces.emplace_back(1, c);
   for (const char* p : {",", ".", "!", "?", "'", "\""}) pieces.emplace_back(p);
-  const char* words[] = {"the",  "and",   "a",    "to",     "was",  "he",    "she",   "it",
-                         "in",   "of",    "on",   "that",   "with", "for",   "is",    "his",
-                         "her",  "they",  "you",  "day",    "one",  "time",  "once",  "upon",
-                         "there", "little", "girl", "boy",  "big",  "play",  "said",  "mom",
-                         "cat",  "dog",   "happy", "saw",   "went", "had",   "ball",  "park",
-                         "fun",  "friend", "tree", "bird",  "sun",  "The",   "Once",  "One",
-                         "She",  "He",    "They", "Lily",   "Tom"};
+  const char* words[] = {
+      "the",  "and",   "a",     "to",     "was",  "he",   "she",  "it",   "in",     "of",   "on",
+      "that", "with",  "for",   "is",     "his",  "her",  "they", "you",  "day",    "one",  "time",
+      "once", "upon",  "there", "little", "girl", "boy",  "big",  "play", "said",   "mom",  "cat",
+      "dog",  "happy", "saw",   "went",   "had",  "ball", "park", "fun",  "friend", "tree", "bird",
+      "sun",  "The",   "Once",  "One",    "She",  "He",   "They", "Lily", "Tom"};
   std::set<std::string> seen(pieces.begin(), pieces.end());
   for (const char* word : words) {
     const std::string wd = word;

@@ -27,7 +27,7 @@ struct ModelShape {
   int n_heads = 0;
   int n_kv_heads = 0;
   int ffn_dim = 0;
-  int n_vocab = 0;       ///< of the built-in vocabulary; --vocab-from overrides it
+  int n_vocab = 0;  ///< of the built-in vocabulary; --vocab-from overrides it
   int ctx_len = 2048;
   float rope_theta = 10000.0f;
   float norm_eps = 1e-5f;

@@ -34,8 +34,10 @@ AutoscaleDecision decide_autoscale(const AutoscaleSnapshot& snap, const Autoscal
                  std::to_string(n);
     }
   }
-  if (!pressure) state.pressure_since_ms = -1;
-  else if (state.pressure_since_ms < 0) state.pressure_since_ms = snap.now_ms;
+  if (!pressure)
+    state.pressure_since_ms = -1;
+  else if (state.pressure_since_ms < 0)
+    state.pressure_since_ms = snap.now_ms;
 
   // The longest idle first; among equals the newest (highest id), so older pairs stay.
   auto idlest_first = [](const ExecutorLoad* a, const ExecutorLoad* b) {

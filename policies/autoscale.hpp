@@ -17,23 +17,23 @@ struct AutoscaleKnobs {
   uint32_t target_ongoing_per_executor = 0;
   /// The oldest queued job waiting longer than this means "add one".
   int64_t target_queue_wait_ms = 200;
-  int64_t upscale_delay_ms = 1000;    ///< the pressure must last this long before a pair is added
-  int64_t downscale_delay_ms = 10000; ///< a pair idle this long is retired
+  int64_t upscale_delay_ms = 1000;     ///< the pressure must last this long before a pair is added
+  int64_t downscale_delay_ms = 10000;  ///< a pair idle this long is retired
 };
 
 /// One pair as the supervisor sees it.
 struct ExecutorLoad {
   uint64_t id = 0;
-  uint32_t ongoing = 0;      ///< jobs inside its batcher (running + waiting there)
-  int64_t idle_ms = 0;       ///< how long it has held no job (0 while it holds some)
-  bool retiring = false;     ///< already told to retire: finishing, counted as gone
+  uint32_t ongoing = 0;   ///< jobs inside its batcher (running + waiting there)
+  int64_t idle_ms = 0;    ///< how long it has held no job (0 while it holds some)
+  bool retiring = false;  ///< already told to retire: finishing, counted as gone
 };
 
 /// The load at one moment.
 struct AutoscaleSnapshot {
   int64_t now_ms = 0;
-  uint64_t queued = 0;          ///< jobs waiting in the router (all classes, re-queued included)
-  int64_t queue_wait_ms = 0;    ///< age of the oldest waiting job (0: none waits)
+  uint64_t queued = 0;        ///< jobs waiting in the router (all classes, re-queued included)
+  int64_t queue_wait_ms = 0;  ///< age of the oldest waiting job (0: none waits)
   std::vector<ExecutorLoad> executors;
 };
 

@@ -92,9 +92,12 @@ std::optional<FsyncPolicy> parse_fsync_policy(std::string_view text) {
 
 const char* to_string(FsyncPolicy p) {
   switch (p) {
-    case FsyncPolicy::always: return "always";
-    case FsyncPolicy::batch: return "batch";
-    case FsyncPolicy::never: return "never";
+    case FsyncPolicy::always:
+      return "always";
+    case FsyncPolicy::batch:
+      return "batch";
+    case FsyncPolicy::never:
+      return "never";
   }
   return "batch";
 }
@@ -106,7 +109,9 @@ uint32_t crc32(std::string_view data, uint32_t crc) {
   return ~crc;
 }
 
-std::string_view journal_header() { return {kHeader, sizeof kHeader}; }
+std::string_view journal_header() {
+  return {kHeader, sizeof kHeader};
+}
 
 void frame_record(std::string& out, std::string_view payload) {
   put_u32(out, static_cast<uint32_t>(payload.size()));
@@ -154,7 +159,8 @@ JournalScan scan_journal(const std::string& path) {
       return 0;
     }
     if (resync && len == 0) return 0;
-    if (crc32(std::string_view(data.data() + at + kFrameBytes, len)) != get_u32(data.data() + at + 4)) {
+    if (crc32(std::string_view(data.data() + at + kFrameBytes, len)) !=
+        get_u32(data.data() + at + 4)) {
       if (why) *why = "record CRC mismatch";
       return 0;
     }
@@ -180,7 +186,8 @@ JournalScan scan_journal(const std::string& path) {
     size_t next = std::string::npos;
     for (size_t q = pos + 1; q + kFrameBytes <= data.size() && budget > 0; ++q) {
       uint32_t len = get_u32(data.data() + q);
-      if (len == 0 || len > JournalFile::kMaxRecordBytes || data.size() - q - kFrameBytes < len) continue;
+      if (len == 0 || len > JournalFile::kMaxRecordBytes || data.size() - q - kFrameBytes < len)
+        continue;
       budget -= std::min<uint64_t>(budget, len);
       if (record_at(q, true, nullptr)) {
         next = q;
@@ -193,9 +200,9 @@ JournalScan scan_journal(const std::string& path) {
                   std::to_string(data.size() - pos) + " bytes");
       break;
     }
-    add_warning(why + " at offset " + std::to_string(pos) + "; skipped bytes " + std::to_string(pos) +
-                " to " + std::to_string(next) + " (" + std::to_string(next - pos) +
-                " bytes) up to the next good record");
+    add_warning(why + " at offset " + std::to_string(pos) + "; skipped bytes " +
+                std::to_string(pos) + " to " + std::to_string(next) + " (" +
+                std::to_string(next - pos) + " bytes) up to the next good record");
     s.skipped_bytes += next - pos;
     ++s.skipped_ranges;
     pos = next;
@@ -232,7 +239,9 @@ JournalFile::JournalFile(const std::string& path, JournalScan& scan) : path_(pat
   }
 }
 
-std::string JournalFile::lock_path(const std::string& path) { return path + ".lock"; }
+std::string JournalFile::lock_path(const std::string& path) {
+  return path + ".lock";
+}
 
 void JournalFile::lock() {
   // The lock lives on a file of its own rather than on the journal: compaction renames a new

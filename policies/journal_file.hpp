@@ -28,11 +28,11 @@ uint32_t crc32(std::string_view data, uint32_t crc = 0);
 /// What a scan of a journal file found: every good record in order, and where the good part ends.
 struct JournalScan {
   std::vector<std::string> records;  ///< payloads, in append order
-  uint64_t good_bytes = 0;           ///< where the last good record ends (what a damaged tail is cut to)
-  uint64_t file_bytes = 0;           ///< the file's size
-  uint64_t skipped_bytes = 0;        ///< damaged bytes skipped in the middle of the file
-  uint64_t skipped_ranges = 0;       ///< how many damaged regions were skipped
-  std::string warning;               ///< non-empty: damage was found (what, where, what was lost)
+  uint64_t good_bytes = 0;      ///< where the last good record ends (what a damaged tail is cut to)
+  uint64_t file_bytes = 0;      ///< the file's size
+  uint64_t skipped_bytes = 0;   ///< damaged bytes skipped in the middle of the file
+  uint64_t skipped_ranges = 0;  ///< how many damaged regions were skipped
+  std::string warning;          ///< non-empty: damage was found (what, where, what was lost)
 };
 
 /// Reads a journal file. A missing or empty file is an empty journal. A record that is cut

@@ -36,8 +36,8 @@ std::vector<std::string_view> split(std::string_view s, char sep) {
 }
 
 // One integer parameter named `name` ("W", "S") of policy `policy`, within [min, kMaxParam].
-bool parse_param(std::string_view policy, std::string_view name, std::string_view text,
-                 int64_t min, int32_t& out, std::string* why) {
+bool parse_param(std::string_view policy, std::string_view name, std::string_view text, int64_t min,
+                 int32_t& out, std::string* why) {
   const std::string where = std::string(policy) + " parameter " + std::string(name);
   if (text.empty()) return fail(why, where + " is missing");
   int64_t v = 0;
@@ -57,7 +57,9 @@ bool parse_param(std::string_view policy, std::string_view name, std::string_vie
   return true;
 }
 
-int64_t ceil_div(int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
+int64_t ceil_div(int64_t a, int64_t b) {
+  return a <= 0 ? 0 : (a + b - 1) / b;
+}
 
 // Blocks [0, sink_blocks) hold at least one sink slot and therefore stay for the whole sequence.
 int64_t sink_blocks(const KvPolicy& p, int32_t bs) {
@@ -68,10 +70,12 @@ int64_t sink_blocks(const KvPolicy& p, int32_t bs) {
 
 std::string to_string(const KvPolicy& p) {
   switch (p.kind) {
-    case KvPolicy::sliding_window: return "sliding_window:" + std::to_string(p.window);
+    case KvPolicy::sliding_window:
+      return "sliding_window:" + std::to_string(p.window);
     case KvPolicy::sinks:
       return "sinks:" + std::to_string(p.n_sinks) + ":" + std::to_string(p.window);
-    default: return "full";
+    default:
+      return "full";
   }
 }
 
@@ -80,8 +84,8 @@ std::optional<KvPolicy> parse_kv_policy(std::string_view text, std::string* why)
   const std::string_view name = parts[0];
   const size_t n_params = parts.size() - 1;
   auto count_error = [&](size_t want, std::string_view form) {
-    fail(why, std::string(n_params < want ? "missing" : "extra") + " parameter: " +
-                  std::string(name) + " takes " + std::to_string(want) + " (" +
+    fail(why, std::string(n_params < want ? "missing" : "extra") +
+                  " parameter: " + std::string(name) + " takes " + std::to_string(want) + " (" +
                   std::string(form) + "), got " + std::to_string(n_params));
     return std::nullopt;
   };
@@ -108,9 +112,13 @@ std::optional<KvPolicy> parse_kv_policy(std::string_view text, std::string* why)
   return std::nullopt;
 }
 
-int32_t step_window(const KvPolicy& p) { return p.kind == KvPolicy::full ? 0 : p.window; }
+int32_t step_window(const KvPolicy& p) {
+  return p.kind == KvPolicy::full ? 0 : p.window;
+}
 
-int32_t step_sinks(const KvPolicy& p) { return p.kind == KvPolicy::sinks ? p.n_sinks : 0; }
+int32_t step_sinks(const KvPolicy& p) {
+  return p.kind == KvPolicy::sinks ? p.n_sinks : 0;
+}
 
 bool slot_needed(const KvPolicy& p, int64_t slot, int64_t next) {
   if (slot < 0) return false;
@@ -142,13 +150,18 @@ int64_t max_blocks_held(const KvPolicy& p, int64_t n_slots, int64_t chunk, int32
 
 int64_t full_attention_horizon(const KvPolicy& p) {
   switch (p.kind) {
-    case KvPolicy::sliding_window: return p.window;
-    case KvPolicy::sinks: return int64_t{p.n_sinks} + p.window;
-    default: return std::numeric_limits<int64_t>::max();
+    case KvPolicy::sliding_window:
+      return p.window;
+    case KvPolicy::sinks:
+      return int64_t{p.n_sinks} + p.window;
+    default:
+      return std::numeric_limits<int64_t>::max();
   }
 }
 
-bool bounded_by_context(const KvPolicy& p) { return p.kind != KvPolicy::sinks; }
+bool bounded_by_context(const KvPolicy& p) {
+  return p.kind != KvPolicy::sinks;
+}
 
 bool next_pressure_state(bool under_pressure, double usage, const Watermarks& w) {
   if (usage != usage) return under_pressure;  // NaN: no measurement, keep the state

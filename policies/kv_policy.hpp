@@ -18,8 +18,8 @@ namespace sy::policy {
 struct KvPolicy {
   enum Kind : uint8_t { full = 0, sliding_window = 1, sinks = 2 };
   uint8_t kind = full;
-  int32_t window = 0;  ///< W (sliding_window, sinks); 0 for full
-  int32_t n_sinks = 0; ///< S (sinks); 0 otherwise
+  int32_t window = 0;   ///< W (sliding_window, sinks); 0 for full
+  int32_t n_sinks = 0;  ///< S (sinks); 0 otherwise
   bool operator==(const KvPolicy&) const = default;
 };
 

@@ -51,7 +51,7 @@ class PrefixIndex {
 
 /// One batcher as choose() sees it.
 struct RouteCandidate {
-  uint64_t credit = 0;          ///< free credit (jobs it will take now)
+  uint64_t credit = 0;             ///< free credit (jobs it will take now)
   std::size_t matched_blocks = 0;  ///< leading blocks of the job its index holds
 };
 

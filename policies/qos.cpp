@@ -17,17 +17,22 @@ FairQueue::FairQueue(std::vector<PriorityClass> classes) {
   std::unordered_set<std::string> names;
   for (auto& c : classes) {
     if (c.name.empty()) throw std::invalid_argument("FairQueue: a priority class has no name");
-    if (!names.insert(c.name).second) throw std::invalid_argument("FairQueue: priority class '" + c.name + "' repeats");
-    if (!(c.weight > 0)) throw std::invalid_argument("FairQueue: class '" + c.name + "' weight must be > 0");
-    if (c.queue_limit == 0) throw std::invalid_argument("FairQueue: class '" + c.name + "' queue_limit must be > 0");
-    if (c.queue_timeout_ms < 0) throw std::invalid_argument("FairQueue: class '" + c.name + "' queue_timeout_ms < 0");
+    if (!names.insert(c.name).second)
+      throw std::invalid_argument("FairQueue: priority class '" + c.name + "' repeats");
+    if (!(c.weight > 0))
+      throw std::invalid_argument("FairQueue: class '" + c.name + "' weight must be > 0");
+    if (c.queue_limit == 0)
+      throw std::invalid_argument("FairQueue: class '" + c.name + "' queue_limit must be > 0");
+    if (c.queue_timeout_ms < 0)
+      throw std::invalid_argument("FairQueue: class '" + c.name + "' queue_timeout_ms < 0");
     ClassState s;
     s.cfg = std::move(c);
     classes_.push_back(std::move(s));
   }
   for (std::size_t i = 0; i < classes_.size(); ++i) by_rank_.push_back(i);
-  std::stable_sort(by_rank_.begin(), by_rank_.end(),
-                   [&](std::size_t a, std::size_t b) { return classes_[a].cfg.rank < classes_[b].cfg.rank; });
+  std::stable_sort(by_rank_.begin(), by_rank_.end(), [&](std::size_t a, std::size_t b) {
+    return classes_[a].cfg.rank < classes_[b].cfg.rank;
+  });
 }
 
 std::optional<std::size_t> FairQueue::find_class(std::string_view name) const {
@@ -60,7 +65,8 @@ void FairQueue::retire_flow(ClassState& c, const std::string& tenant) {
   // An empty flow whose last tag is not ahead of virtual time carries no state that matters
   // (it would re-enter at vtime anyway): drop it so idle tenants cost no memory.
   auto it = c.flows.find(tenant);
-  if (it != c.flows.end() && it->second.jobs.empty() && it->second.last_finish <= c.vtime) c.flows.erase(it);
+  if (it != c.flows.end() && it->second.jobs.empty() && it->second.last_finish <= c.vtime)
+    c.flows.erase(it);
 }
 
 PushResult FairQueue::push(std::size_t class_index, QueuedJob job) {
@@ -103,7 +109,8 @@ std::optional<Dequeued> FairQueue::pop() {
     if (best != classes_.size() && c.cfg.rank != rank) break;
     rank = c.cfg.rank;
     const double start = c.start;
-    const double finish = start + static_cast<double>(c.ready.begin()->flow->jobs.front().job.cost) / c.cfg.weight;
+    const double finish =
+        start + static_cast<double>(c.ready.begin()->flow->jobs.front().job.cost) / c.cfg.weight;
     if (best == classes_.size() || finish < best_finish) {
       best = i;
       best_finish = finish;
@@ -135,7 +142,8 @@ std::optional<Dequeued> FairQueue::pop() {
 QueuedJob FairQueue::take(const Where& at, std::uint64_t handle) {
   ClassState& c = classes_[at.class_index];
   Flow& f = c.flows.at(at.tenant);
-  auto it = std::find_if(f.jobs.begin(), f.jobs.end(), [&](const Entry& e) { return e.job.handle == handle; });
+  auto it = std::find_if(f.jobs.begin(), f.jobs.end(),
+                         [&](const Entry& e) { return e.job.handle == handle; });
   QueuedJob job = std::move(it->job);
   const bool was_head = it == f.jobs.begin();
   if (was_head) c.ready.erase(f.head);

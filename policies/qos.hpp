@@ -27,7 +27,7 @@ struct PriorityClass {
 
 /// A job as the queue sees it: a handle to the router's record and what ordering needs.
 struct QueuedJob {
-  std::uint64_t handle = 0;      ///< unique among queued jobs
+  std::uint64_t handle = 0;  ///< unique among queued jobs
   std::string tenant;
   double tenant_weight = 1.0;    ///< the tenant's share inside a class (> 0)
   std::uint32_t cost = 1;        ///< expected tokens (prompt + max_tokens): what fairness counts
@@ -95,7 +95,9 @@ class FairQueue {
   /// Jobs that would be served before a job pushed now into the class: an estimate, since fair
   /// queuing may let a later job of a lighter tenant overtake (all of lower rank + its own class).
   std::size_t position_estimate(std::size_t class_index) const;
-  const PriorityClass& config(std::size_t class_index) const { return classes_.at(class_index).cfg; }
+  const PriorityClass& config(std::size_t class_index) const {
+    return classes_.at(class_index).cfg;
+  }
   std::size_t class_count() const { return classes_.size(); }
 
  private:
@@ -123,8 +125,8 @@ class FairQueue {
   struct ClassState {
     PriorityClass cfg;
     std::unordered_map<std::string, Flow> flows;
-    std::set<Tag> ready;  // one tag per non-empty flow
-    double vtime = 0;     // tenant-level virtual time
+    std::set<Tag> ready;     // one tag per non-empty flow
+    double vtime = 0;        // tenant-level virtual time
     double last_finish = 0;  // class-level finish tag of its last service, among its rank
     double start = 0;        // class-level start tag, fixed while the class stays backlogged
     std::size_t size = 0;
@@ -141,8 +143,8 @@ class FairQueue {
   void retire_flow(ClassState& c, const std::string& tenant);
 
   std::vector<ClassState> classes_;
-  std::vector<std::size_t> by_rank_;         // class indices sorted by (rank, index)
-  std::map<int, double> rank_vtime_;         // class-level virtual time per rank
+  std::vector<std::size_t> by_rank_;  // class indices sorted by (rank, index)
+  std::map<int, double> rank_vtime_;  // class-level virtual time per rank
   std::unordered_map<std::uint64_t, Where> where_;
   std::set<std::pair<std::int64_t, std::uint64_t>> expiries_;  // (expiry, handle)
   std::uint64_t arrivals_ = 0;

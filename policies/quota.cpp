@@ -49,7 +49,8 @@ void TokenBucket::refund(double n, std::int64_t now_ms) {
 QuotaDecision TenantQuota::admit(double tokens, std::int64_t now_ms) {
   if (in_flight_.limit() != 0 && in_flight_.current() >= in_flight_.limit())
     return {QuotaDecision::too_many_in_flight, 0};
-  if (!bucket_.try_take(tokens, now_ms)) return {QuotaDecision::rate_limited, bucket_.wait_ms(tokens, now_ms)};
+  if (!bucket_.try_take(tokens, now_ms))
+    return {QuotaDecision::rate_limited, bucket_.wait_ms(tokens, now_ms)};
   in_flight_.try_acquire();
   return {QuotaDecision::admit, 0};
 }

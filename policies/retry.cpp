@@ -28,7 +28,8 @@ std::optional<double> DrainRate::jobs_per_s(std::int64_t now_ms) {
   return ewma_;
 }
 
-std::int64_t retry_after_ms(std::size_t queue_depth, std::optional<double> jobs_per_s, const RetryConfig& cfg) {
+std::int64_t retry_after_ms(std::size_t queue_depth, std::optional<double> jobs_per_s,
+                            const RetryConfig& cfg) {
   const std::int64_t lo = cfg.min_ms, hi = std::max(cfg.min_ms, cfg.max_ms);
   if (!jobs_per_s) return std::clamp(cfg.unknown_ms, lo, hi);
   // Rates below one job per max_ms would give more than max_ms anyway; this also covers 0 and NaN.

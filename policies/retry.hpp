@@ -29,7 +29,8 @@ struct RetryConfig {
 /// of k windows without completions counts as k zero samples, so a stalled server's rate decays.
 class DrainRate {
  public:
-  explicit DrainRate(std::int64_t now_ms, RetryConfig cfg = {}) : cfg_(cfg), window_start_(now_ms) {}
+  explicit DrainRate(std::int64_t now_ms, RetryConfig cfg = {})
+      : cfg_(cfg), window_start_(now_ms) {}
   /// Records n completions at now_ms.
   void on_completed(std::uint64_t n, std::int64_t now_ms);
   /// The smoothed rate as of now_ms, or nullopt before the first full window.
@@ -47,6 +48,7 @@ class DrainRate {
 
 /// How long a refused client should wait: the time to drain `queue_depth` jobs at `jobs_per_s`,
 /// clamped to [min_ms, max_ms]; unknown_ms (clamped) without a rate; max_ms for a rate of 0.
-std::int64_t retry_after_ms(std::size_t queue_depth, std::optional<double> jobs_per_s, const RetryConfig& cfg = {});
+std::int64_t retry_after_ms(std::size_t queue_depth, std::optional<double> jobs_per_s,
+                            const RetryConfig& cfg = {});
 
 }  // namespace sy::policy

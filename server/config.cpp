@@ -2,8 +2,6 @@
 // silently ignored), every error naming the file, the key path, the line and the problem.
 #include "server/config.hpp"
 
-#include "policies/kv_policy.hpp"
-
 #include <yaml-cpp/yaml.h>
 
 #include <cctype>
@@ -14,15 +12,20 @@
 #include <set>
 #include <stdexcept>
 
+#include "policies/kv_policy.hpp"
+
 namespace sy {
 namespace {
 
-// Where we are in the file, for messages like "cfg.yaml: key 'batching.max_sequences' (line 4): ...".
+// Where we are in the file, for messages like "cfg.yaml: key 'batching.max_sequences' (line 4):
+// ...".
 struct Ctx {
   std::string file;
-  [[noreturn]] void fail(const std::string& key, const YAML::Node& n, const std::string& what) const {
+  [[noreturn]] void fail(const std::string& key, const YAML::Node& n,
+                         const std::string& what) const {
     std::string where = file + ": key '" + key + "'";
-    if (n.IsDefined() && n.Mark().line >= 0) where += " (line " + std::to_string(n.Mark().line + 1) + ")";
+    if (n.IsDefined() && n.Mark().line >= 0)
+      where += " (line " + std::to_string(n.Mark().line + 1) + ")";
     throw std::runtime_error(where + ": " + what);
   }
 };
@@ -75,7 +78,8 @@ int64_t get_int(const Ctx& c, const std::string& key, const YAML::Node& n, int64
   }
   if (pos == 0 || pos != s.size()) c.fail(key, n, "expected an integer, got " + shown(n));
   if (v < lo || v > hi)
-    c.fail(key, n, "value " + s + " out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    c.fail(key, n,
+           "value " + s + " out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return v;
 }
 
@@ -92,7 +96,8 @@ double get_real(const Ctx& c, const std::string& key, const YAML::Node& n, doubl
   if (pos == 0 || pos != s.size() || !std::isfinite(v))
     c.fail(key, n, "expected a number, got " + shown(n));
   if (v < lo || v > hi)
-    c.fail(key, n, "value " + s + " out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    c.fail(key, n,
+           "value " + s + " out of range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
   return v;
 }
 
@@ -134,13 +139,17 @@ void load_endpoints(const Ctx& c, const YAML::Node& n, EndpointConfig& e) {
            (k == "curve_secret_key"   ? e.curve_secret_key
             : k == "curve_public_key" ? e.curve_public_key
                                       : e.curve_allowed_keys) = f;
-         }
-         else if (k == "pull") e.pull = get_string(c, key, v);
-         else if (k == "results") e.results = get_string(c, key, v);
+         } else if (k == "pull")
+           e.pull = get_string(c, key, v);
+         else if (k == "results")
+           e.results = get_string(c, key, v);
          // A frame needs a few hundred bytes at least; 1 GiB is far past any prompt limit.
-         else if (k == "max_message_bytes") e.max_message_bytes = get_int(c, key, v, 256, int64_t{1} << 30);
-         else if (k == "sndhwm") e.sndhwm = static_cast<int>(get_int(c, key, v, 0, kI32));
-         else if (k == "rcvhwm") e.rcvhwm = static_cast<int>(get_int(c, key, v, 0, kI32));
+         else if (k == "max_message_bytes")
+           e.max_message_bytes = get_int(c, key, v, 256, int64_t{1} << 30);
+         else if (k == "sndhwm")
+           e.sndhwm = static_cast<int>(get_int(c, key, v, 0, kI32));
+         else if (k == "rcvhwm")
+           e.rcvhwm = static_cast<int>(get_int(c, key, v, 0, kI32));
        });
 }
 
@@ -148,12 +157,18 @@ void load_tenant(const Ctx& c, const std::string& prefix, const YAML::Node& n, T
   each(c, prefix, n,
        {"name", "token", "weight", "max_in_flight", "tokens_per_second", "burst_tokens"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
-         if (k == "name") t.name = get_string(c, key, v);
-         else if (k == "token") t.token = get_string(c, key, v);
-         else if (k == "weight") t.weight = get_real(c, key, v, 1e-6, kMaxWeight);
-         else if (k == "max_in_flight") t.max_in_flight = static_cast<uint32_t>(get_int(c, key, v, 0, kU32));
-         else if (k == "tokens_per_second") t.tokens_per_second = get_real(c, key, v, 0, 1e12);
-         else if (k == "burst_tokens") t.burst_tokens = get_real(c, key, v, 0, 1e15);
+         if (k == "name")
+           t.name = get_string(c, key, v);
+         else if (k == "token")
+           t.token = get_string(c, key, v);
+         else if (k == "weight")
+           t.weight = get_real(c, key, v, 1e-6, kMaxWeight);
+         else if (k == "max_in_flight")
+           t.max_in_flight = static_cast<uint32_t>(get_int(c, key, v, 0, kU32));
+         else if (k == "tokens_per_second")
+           t.tokens_per_second = get_real(c, key, v, 0, 1e12);
+         else if (k == "burst_tokens")
+           t.burst_tokens = get_real(c, key, v, 0, 1e15);
        });
   if (t.name.empty()) c.fail(join(prefix, "name"), n, "a tenant needs a name");
 }
@@ -174,12 +189,18 @@ void load_admission(const Ctx& c, const YAML::Node& n, AdmissionConfig& a) {
        {"allow_anonymous", "tenants", "max_prompt_tokens", "max_output_tokens", "result_cache",
         "admin_token"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
-         if (k == "allow_anonymous") a.allow_anonymous = get_bool(c, key, v);
-         else if (k == "tenants") load_tenants(c, key, v, a.tenants);
-         else if (k == "max_prompt_tokens") a.max_prompt_tokens = static_cast<uint32_t>(get_int(c, key, v, 0, kU32));
-         else if (k == "max_output_tokens") a.max_output_tokens = static_cast<uint32_t>(get_int(c, key, v, 1, kU32));
-         else if (k == "result_cache") a.result_cache = static_cast<size_t>(get_int(c, key, v, 0, kI64));
-         else if (k == "admin_token") a.admin_token = get_string(c, key, v);
+         if (k == "allow_anonymous")
+           a.allow_anonymous = get_bool(c, key, v);
+         else if (k == "tenants")
+           load_tenants(c, key, v, a.tenants);
+         else if (k == "max_prompt_tokens")
+           a.max_prompt_tokens = static_cast<uint32_t>(get_int(c, key, v, 0, kU32));
+         else if (k == "max_output_tokens")
+           a.max_output_tokens = static_cast<uint32_t>(get_int(c, key, v, 1, kU32));
+         else if (k == "result_cache")
+           a.result_cache = static_cast<size_t>(get_int(c, key, v, 0, kI64));
+         else if (k == "admin_token")
+           a.admin_token = get_string(c, key, v);
        });
 }
 
@@ -187,11 +208,16 @@ void load_class(const Ctx& c, const std::string& prefix, const YAML::Node& n,
                 policy::PriorityClass& pc) {
   each(c, prefix, n, {"name", "rank", "weight", "queue_limit", "queue_timeout_ms"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
-         if (k == "name") pc.name = get_string(c, key, v);
-         else if (k == "rank") pc.rank = static_cast<int>(get_int(c, key, v, 0, 1000));
-         else if (k == "weight") pc.weight = get_real(c, key, v, 1e-6, kMaxWeight);
-         else if (k == "queue_limit") pc.queue_limit = static_cast<size_t>(get_int(c, key, v, 1, kI32));
-         else if (k == "queue_timeout_ms") pc.queue_timeout_ms = get_int(c, key, v, 0, kI64 / 1000);
+         if (k == "name")
+           pc.name = get_string(c, key, v);
+         else if (k == "rank")
+           pc.rank = static_cast<int>(get_int(c, key, v, 0, 1000));
+         else if (k == "weight")
+           pc.weight = get_real(c, key, v, 1e-6, kMaxWeight);
+         else if (k == "queue_limit")
+           pc.queue_limit = static_cast<size_t>(get_int(c, key, v, 1, kI32));
+         else if (k == "queue_timeout_ms")
+           pc.queue_timeout_ms = get_int(c, key, v, 0, kI64 / 1000);
        });
   if (pc.name.empty()) c.fail(join(prefix, "name"), n, "a priority class needs a name");
 }
@@ -221,29 +247,39 @@ void load_router(const Ctx& c, const YAML::Node& n, RouterConfig& r) {
 void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
   each(c, "batching", n,
        {"step_token_budget", "max_sequences", "prefill_chunk", "kv_block_size", "kv_memory_mb",
-        "step_delay_ms", "kv_policy", "kv_pressure_policy", "kv_high_watermark",
-        "kv_low_watermark", "prefix_cache", "step_timeout_ms", "max_job_retries"},
+        "step_delay_ms", "kv_policy", "kv_pressure_policy", "kv_high_watermark", "kv_low_watermark",
+        "prefix_cache", "step_timeout_ms", "max_job_retries"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
-         if (k == "step_token_budget") b.step_token_budget = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 20));
-         else if (k == "max_sequences") b.max_sequences = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 16));
-         else if (k == "prefill_chunk") b.prefill_chunk = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 20));
+         if (k == "step_token_budget")
+           b.step_token_budget = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 20));
+         else if (k == "max_sequences")
+           b.max_sequences = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 16));
+         else if (k == "prefill_chunk")
+           b.prefill_chunk = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 20));
          // Block sizes beyond 1024 tokens waste most of a block on short jobs.
-         else if (k == "kv_block_size") b.kv_block_size = static_cast<int32_t>(get_int(c, key, v, 1, 1024));
-         else if (k == "kv_memory_mb") b.kv_memory_mb = get_int(c, key, v, 1, int64_t{1} << 24);
+         else if (k == "kv_block_size")
+           b.kv_block_size = static_cast<int32_t>(get_int(c, key, v, 1, 1024));
+         else if (k == "kv_memory_mb")
+           b.kv_memory_mb = get_int(c, key, v, 1, int64_t{1} << 24);
          // One minute per step is already absurd; it exists only to slow tests down.
-         else if (k == "step_delay_ms") b.step_delay_ms = static_cast<int32_t>(get_int(c, key, v, 0, 60000));
+         else if (k == "step_delay_ms")
+           b.step_delay_ms = static_cast<int32_t>(get_int(c, key, v, 0, 60000));
          else if (k == "kv_policy" || k == "kv_pressure_policy") {
            std::string text = get_string(c, key, v), why;
            if (!text.empty() && !policy::parse_kv_policy(text, &why)) c.fail(key, v, why);
            (k == "kv_policy" ? b.kv_policy : b.kv_pressure_policy) = text;
-         }
-         else if (k == "kv_high_watermark") b.kv_high_watermark = get_real(c, key, v, 0.0, 1.0);
-         else if (k == "kv_low_watermark") b.kv_low_watermark = get_real(c, key, v, 0.0, 1.0);
-         else if (k == "prefix_cache") b.prefix_cache = get_bool(c, key, v);
+         } else if (k == "kv_high_watermark")
+           b.kv_high_watermark = get_real(c, key, v, 0.0, 1.0);
+         else if (k == "kv_low_watermark")
+           b.kv_low_watermark = get_real(c, key, v, 0.0, 1.0);
+         else if (k == "prefix_cache")
+           b.prefix_cache = get_bool(c, key, v);
          // An hour: a step that long is a hang by any measure; 0 turns the watchdog off.
-         else if (k == "step_timeout_ms") b.step_timeout_ms = get_int(c, key, v, 0, 3600000);
+         else if (k == "step_timeout_ms")
+           b.step_timeout_ms = get_int(c, key, v, 0, 3600000);
          // Each retry recomputes the whole job; beyond a handful a job is the problem itself.
-         else if (k == "max_job_retries") b.max_job_retries = static_cast<uint32_t>(get_int(c, key, v, 0, 100));
+         else if (k == "max_job_retries")
+           b.max_job_retries = static_cast<uint32_t>(get_int(c, key, v, 0, 100));
        });
 }
 
@@ -254,15 +290,21 @@ void load_autoscale(const Ctx& c, const YAML::Node& n, AutoscaleConfig& a) {
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          // Same bound as executors.count (0: that count); delays up to an hour (longer is a
          // typo, not a policy).
-         if (k == "min_executors") a.min_executors = static_cast<int>(get_int(c, key, v, 0, 256));
-         else if (k == "max_executors") a.max_executors = static_cast<int>(get_int(c, key, v, 0, 256));
+         if (k == "min_executors")
+           a.min_executors = static_cast<int>(get_int(c, key, v, 0, 256));
+         else if (k == "max_executors")
+           a.max_executors = static_cast<int>(get_int(c, key, v, 0, 256));
          else if (k == "target_ongoing_per_executor")
            a.target_ongoing_per_executor = static_cast<uint32_t>(get_int(c, key, v, 0, 1 << 20));
-         else if (k == "target_queue_wait_ms") a.target_queue_wait_ms = get_int(c, key, v, 0, 3600000);
-         else if (k == "upscale_delay_ms") a.upscale_delay_ms = get_int(c, key, v, 0, 3600000);
-         else if (k == "downscale_delay_ms") a.downscale_delay_ms = get_int(c, key, v, 0, 3600000);
+         else if (k == "target_queue_wait_ms")
+           a.target_queue_wait_ms = get_int(c, key, v, 0, 3600000);
+         else if (k == "upscale_delay_ms")
+           a.upscale_delay_ms = get_int(c, key, v, 0, 3600000);
+         else if (k == "downscale_delay_ms")
+           a.downscale_delay_ms = get_int(c, key, v, 0, 3600000);
          // At least 10 ms between looks: each costs a stats round trip per pair.
-         else if (k == "interval_ms") a.interval_ms = get_int(c, key, v, 10, 60000);
+         else if (k == "interval_ms")
+           a.interval_ms = get_int(c, key, v, 10, 60000);
        });
 }
 
@@ -275,8 +317,10 @@ void load_executors(const Ctx& c, const YAML::Node& n, ExecutorConfig& e) {
              c.fail(key, v, "unknown backend " + shown(v) + " (cpu or null)");
          }
          // More pairs than this would only contend for the same cores.
-         else if (k == "count") e.count = static_cast<int>(get_int(c, key, v, 1, 256));
-         else if (k == "threads") e.threads = static_cast<int>(get_int(c, key, v, 0, 1024));
+         else if (k == "count")
+           e.count = static_cast<int>(get_int(c, key, v, 1, 256));
+         else if (k == "threads")
+           e.threads = static_cast<int>(get_int(c, key, v, 0, 1024));
        });
 }
 
@@ -290,7 +334,8 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
   } catch (const YAML::BadFile&) {
     throw std::runtime_error(path + ": cannot open the config file");
   } catch (const YAML::Exception& e) {
-    throw std::runtime_error(path + ": line " + std::to_string(e.mark.line + 1) + ": YAML syntax: " + e.msg);
+    throw std::runtime_error(path + ": line " + std::to_string(e.mark.line + 1) +
+                             ": YAML syntax: " + e.msg);
   }
   if (root.IsNull()) return;  // an empty file changes nothing
   try {
@@ -303,23 +348,33 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
              // A relative model path is read from the config file's folder, so a config and its
              // model can move together.
              if (!cfg.model.empty() && std::filesystem::path(cfg.model).is_relative())
-               cfg.model = (std::filesystem::path(path).parent_path() / cfg.model).lexically_normal().string();
-           } else if (k == "endpoints") load_endpoints(c, v, cfg.endpoints);
-           else if (k == "admission") load_admission(c, v, cfg.admission);
-           else if (k == "router") load_router(c, v, cfg.router);
-           else if (k == "batching") load_batching(c, v, cfg.batching);
-           else if (k == "executors") load_executors(c, v, cfg.executors);
-           else if (k == "autoscale") load_autoscale(c, v, cfg.autoscale);
+               cfg.model = (std::filesystem::path(path).parent_path() / cfg.model)
+                               .lexically_normal()
+                               .string();
+           } else if (k == "endpoints")
+             load_endpoints(c, v, cfg.endpoints);
+           else if (k == "admission")
+             load_admission(c, v, cfg.admission);
+           else if (k == "router")
+             load_router(c, v, cfg.router);
+           else if (k == "batching")
+             load_batching(c, v, cfg.batching);
+           else if (k == "executors")
+             load_executors(c, v, cfg.executors);
+           else if (k == "autoscale")
+             load_autoscale(c, v, cfg.autoscale);
            // An hour of grace is the most a deployment could want before a forced stop.
-           else if (k == "shutdown_grace_ms") cfg.shutdown_grace_ms = get_int(c, key, v, 0, 3600000);
+           else if (k == "shutdown_grace_ms")
+             cfg.shutdown_grace_ms = get_int(c, key, v, 0, 3600000);
            else if (k == "state_dir") {
              cfg.state_dir = get_string(c, key, v);
              if (!cfg.state_dir.empty() && std::filesystem::path(cfg.state_dir).is_relative())
                cfg.state_dir = (std::filesystem::path(path).parent_path() / cfg.state_dir).string();
            } else if (k == "metrics")
-             each(c, key, v, {"bind"}, [&](const std::string&, const std::string& k2, const YAML::Node& v2) {
-               cfg.metrics.bind = get_string(c, k2, v2);
-             });
+             each(c, key, v, {"bind"},
+                  [&](const std::string&, const std::string& k2, const YAML::Node& v2) {
+                    cfg.metrics.bind = get_string(c, k2, v2);
+                  });
            else if (k == "journal") {
              auto& j = cfg.journal;
              each(c, key, v, {"path", "fsync", "batch_ms", "delivered_lag_ms", "compact_bytes"},
@@ -327,7 +382,8 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
                     if (k2 == "path") {
                       j.path = get_string(c, key2, v2);
                       // Like the model: a relative journal lives next to its config file.
-                      if (!j.path.empty() && j.path != "off" && std::filesystem::path(j.path).is_relative())
+                      if (!j.path.empty() && j.path != "off" &&
+                          std::filesystem::path(j.path).is_relative())
                         j.path = (std::filesystem::path(path).parent_path() / j.path).string();
                     } else if (k2 == "fsync") {
                       j.fsync = get_string(c, key2, v2);
@@ -335,10 +391,13 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
                         c.fail(key2, v2, "expected always, batch or never");
                     }
                     // A group commit longer than a second would hold every ack that long.
-                    else if (k2 == "batch_ms") j.batch_ms = get_int(c, key2, v2, 1, 1000);
-                    else if (k2 == "delivered_lag_ms") j.delivered_lag_ms = get_int(c, key2, v2, 0, 3600000);
+                    else if (k2 == "batch_ms")
+                      j.batch_ms = get_int(c, key2, v2, 1, 1000);
+                    else if (k2 == "delivered_lag_ms")
+                      j.delivered_lag_ms = get_int(c, key2, v2, 0, 3600000);
                     // Below a megabyte compaction would run all the time for little gain.
-                    else if (k2 == "compact_bytes") j.compact_bytes = get_int(c, key2, v2, 1 << 20, int64_t{1} << 40);
+                    else if (k2 == "compact_bytes")
+                      j.compact_bytes = get_int(c, key2, v2, 1 << 20, int64_t{1} << 40);
                   });
            }
          });
@@ -361,8 +420,10 @@ void finalize_config(ServerConfig& cfg) {
     if (pc.name.empty()) throw std::runtime_error("config: a priority class has no name");
     if (!names.insert(pc.name).second)
       throw std::runtime_error("config: priority class '" + pc.name + "' is defined twice");
-    if (!(pc.weight > 0)) throw std::runtime_error("config: priority class '" + pc.name + "' needs a weight > 0");
-    if (pc.queue_limit == 0) throw std::runtime_error("config: priority class '" + pc.name + "' needs a queue_limit >= 1");
+    if (!(pc.weight > 0))
+      throw std::runtime_error("config: priority class '" + pc.name + "' needs a weight > 0");
+    if (pc.queue_limit == 0)
+      throw std::runtime_error("config: priority class '" + pc.name + "' needs a queue_limit >= 1");
   }
   if (cfg.router.default_class.empty()) {
     cfg.router.default_class = classes.front().name;
@@ -379,13 +440,15 @@ void finalize_config(ServerConfig& cfg) {
     if (t.tokens_per_second > 0 && t.burst_tokens <= 0) t.burst_tokens = t.tokens_per_second * 10;
   }
   if (cfg.executors.backend != "cpu" && cfg.executors.backend != "null")
-    throw std::runtime_error("config: unknown backend '" + cfg.executors.backend + "' (cpu or null)");
+    throw std::runtime_error("config: unknown backend '" + cfg.executors.backend +
+                             "' (cpu or null)");
   if (cfg.executors.count < 1) throw std::runtime_error("config: executors.count must be >= 1");
   if (cfg.executors.threads < 0) throw std::runtime_error("config: executors.threads must be >= 0");
   if (cfg.autoscale.min_executors > 0 && cfg.autoscale.max_executors > 0 &&
       cfg.autoscale.min_executors > cfg.autoscale.max_executors)
     throw std::runtime_error("config: autoscale.min_executors must be <= max_executors");
-  if (cfg.batching.max_sequences < 1 || cfg.batching.step_token_budget < 1 || cfg.batching.prefill_chunk < 1)
+  if (cfg.batching.max_sequences < 1 || cfg.batching.step_token_budget < 1 ||
+      cfg.batching.prefill_chunk < 1)
     throw std::runtime_error("config: batching limits must be >= 1");
   // A step must fit at least one decode token of every running sequence.
   if (cfg.batching.step_token_budget < cfg.batching.max_sequences)
@@ -399,12 +462,14 @@ void finalize_config(ServerConfig& cfg) {
   }
   if (!(cfg.batching.kv_low_watermark < cfg.batching.kv_high_watermark))
     throw std::runtime_error("config: batching.kv_low_watermark must be below kv_high_watermark");
-  if (auto p = policy::parse_kv_policy(cfg.batching.kv_policy); p && !policy::bounded_by_context(*p))
+  if (auto p = policy::parse_kv_policy(cfg.batching.kv_policy);
+      p && !policy::bounded_by_context(*p))
     cfg.admission.beyond_context = true;
   if (cfg.endpoints.bind.empty() && cfg.endpoints.pull.empty())
     throw std::runtime_error("config: neither endpoints.bind nor endpoints.pull is set: no way in");
   if (!cfg.endpoints.pull.empty() && cfg.endpoints.results.empty())
-    throw std::runtime_error("config: endpoints.pull needs endpoints.results (where pipeline results go)");
+    throw std::runtime_error(
+        "config: endpoints.pull needs endpoints.results (where pipeline results go)");
   cfg.router.block_size = cfg.batching.kv_block_size;
   cfg.router.max_job_retries = cfg.batching.max_job_retries;
   // Affinity only pays where the batcher keeps prefixes.
@@ -435,7 +500,8 @@ bool wildcard_endpoint(const std::string& endpoint) {
   if (scheme == "tcp" || scheme == "ws" || scheme == "wss") {
     auto colon = rest.rfind(':');
     std::string port = colon == std::string::npos ? "" : rest.substr(colon + 1);
-    return port.empty() || port == "*" || port == "0" || port.find_first_not_of("0123456789") != std::string::npos;
+    return port.empty() || port == "*" || port == "0" ||
+           port.find_first_not_of("0123456789") != std::string::npos;
   }
   return false;
 }
@@ -453,8 +519,10 @@ std::string endpoint_slug(const std::string& endpoint) {
   size_t from = 0;
   if (sep != std::string::npos) {
     for (char c : endpoint.substr(0, sep)) {
-      if (std::isalnum(static_cast<unsigned char>(c))) slug += c;
-      else lossy = true;
+      if (std::isalnum(static_cast<unsigned char>(c)))
+        slug += c;
+      else
+        lossy = true;
     }
     slug += '-';
     from = sep + 3;
@@ -508,11 +576,15 @@ std::string journal_location(const ServerConfig& cfg, std::string* why) {
     if (!ec) endpoint = "ipc://" + abs.lexically_normal().string();
   }
   if (cfg.state_dir.empty()) {
-    if (why) *why = "no state directory (give --state-dir, or set XDG_STATE_HOME or HOME), or give --journal PATH";
+    if (why)
+      *why =
+          "no state directory (give --state-dir, or set XDG_STATE_HOME or HOME), or give --journal "
+          "PATH";
     return {};
   }
   if (endpoint.empty()) {
-    if (why) *why = "no bind or pull address to name the default journal after; give --journal PATH";
+    if (why)
+      *why = "no bind or pull address to name the default journal after; give --journal PATH";
     return {};
   }
   if (wildcard_endpoint(endpoint)) {
@@ -522,7 +594,8 @@ std::string journal_location(const ServerConfig& cfg, std::string* why) {
              "never be replayed; give a fixed port or --journal PATH";
     return {};
   }
-  return (std::filesystem::path(cfg.state_dir) / endpoint_slug(endpoint) / "switchyard.journal").string();
+  return (std::filesystem::path(cfg.state_dir) / endpoint_slug(endpoint) / "switchyard.journal")
+      .string();
 }
 
 }  // namespace sy

@@ -19,8 +19,8 @@ struct EndpointConfig {
   // CURVE (docs/security.md): with a secret key file every bound socket is a CURVE server and
   // clients need the public key; "" = plain TCP. The public key file is optional and only checked
   // against the secret key (a mismatched pair is a deployment error worth catching at start).
-  std::string curve_secret_key;               // Z85 secret key file (`switchyard keygen`)
-  std::string curve_public_key;               // Z85 public key file
+  std::string curve_secret_key;  // Z85 secret key file (`switchyard keygen`)
+  std::string curve_public_key;  // Z85 public key file
   // With CURVE on: a file of client public keys (Z85, one per line, '#' comments) that may
   // connect; every other key is refused during the handshake (ZAP). "" = any client that knows
   // the server's public key.
@@ -29,20 +29,20 @@ struct EndpointConfig {
 
 struct TenantConfig {
   std::string name;
-  std::string token;                 // "" = no token needed
-  double weight = 1.0;               // share inside a priority class
-  uint32_t max_in_flight = 0;        // 0 = unlimited
-  double tokens_per_second = 0;      // token-rate quota (prompt + max_tokens); 0 = unlimited
-  double burst_tokens = 0;           // bucket size; 0 = tokens_per_second * 10
+  std::string token;             // "" = no token needed
+  double weight = 1.0;           // share inside a priority class
+  uint32_t max_in_flight = 0;    // 0 = unlimited
+  double tokens_per_second = 0;  // token-rate quota (prompt + max_tokens); 0 = unlimited
+  double burst_tokens = 0;       // bucket size; 0 = tokens_per_second * 10
 };
 
 struct AdmissionConfig {
-  bool allow_anonymous = true;       // no tenants configured: every tenant name is accepted
+  bool allow_anonymous = true;  // no tenants configured: every tenant name is accepted
   std::vector<TenantConfig> tenants;
-  uint32_t max_prompt_tokens = 0;    // 0 = the model context
+  uint32_t max_prompt_tokens = 0;  // 0 = the model context
   uint32_t max_output_tokens = 4096;
-  size_t result_cache = 100000;      // finished job keys remembered for resubmission
-  std::string admin_token;           // operator commands (switchyard ctl); "" = none allowed
+  size_t result_cache = 100000;  // finished job keys remembered for resubmission
+  std::string admin_token;       // operator commands (switchyard ctl); "" = none allowed
   // Let prompt + max_tokens exceed the model context (set when the KV policy is sinks, whose
   // positions never pass the cache size); jobs under other policies still end at the context.
   bool beyond_context = false;
@@ -56,7 +56,7 @@ struct RouterConfig {
   // credits than the freest one. Off by itself when batching.prefix_cache is off.
   bool prefix_affinity = true;
   uint32_t prefix_affinity_slack = 8;
-  int32_t block_size = 16;  // set by finalize_config from batching.kv_block_size
+  int32_t block_size = 16;       // set by finalize_config from batching.kv_block_size
   uint32_t max_job_retries = 2;  // set by finalize_config from batching.max_job_retries
 };
 
@@ -65,27 +65,27 @@ struct BatchingConfig {
   uint32_t max_sequences = 64;       // running sequences per batcher
   uint32_t prefill_chunk = 256;      // longest prefill chunk of one sequence per step
   int32_t kv_block_size = 16;
-  int64_t kv_memory_mb = 256;        // KV memory per executor
-  int32_t step_delay_ms = 0;         // TEST ONLY: sleep before each step (slow executor)
+  int64_t kv_memory_mb = 256;  // KV memory per executor
+  int32_t step_delay_ms = 0;   // TEST ONLY: sleep before each step (slow executor)
   // KV-cache policy (policies/kv_policy.hpp format: full | sliding_window:W | sinks:S:W);
   // "" = the model's declared sliding window if it has one, else full.
   std::string kv_policy;
-  std::string kv_pressure_policy;    // swapped in above kv_high_watermark; "" = never
-  double kv_high_watermark = 0.90;   // fraction of KV blocks held by sequences
-  double kv_low_watermark = 0.70;    // back to the normal policy at or below this
-  bool prefix_cache = true;          // reuse cached KV blocks of shared prompt prefixes
+  std::string kv_pressure_policy;   // swapped in above kv_high_watermark; "" = never
+  double kv_high_watermark = 0.90;  // fraction of KV blocks held by sequences
+  double kv_low_watermark = 0.70;   // back to the normal policy at or below this
+  bool prefix_cache = true;         // reuse cached KV blocks of shared prompt prefixes
   // Crash recovery: a step that takes longer than this means a hung executor. Generous, since a
   // long prefill on a slow CPU can take seconds; tests set it low.
   int64_t step_timeout_ms = 30000;
-  uint32_t max_job_retries = 2;      // executor failures a job survives; then engine_dead
+  uint32_t max_job_retries = 2;  // executor failures a job survives; then engine_dead
 };
 
 struct ExecutorConfig {
-  std::string backend = "cpu";       // cpu | null (fixed tokens, no model: measures overhead)
-  int count = 1;                     // batcher+executor pairs
-  int threads = 0;                   // per executor; 0 = cores / count
-  int test_fault_throw_after = 0;    // TEST ONLY: the first executor throws after N steps (0 off)
-  int test_fault_hang_after = 0;     // TEST ONLY: the first executor stops answering after N steps
+  std::string backend = "cpu";     // cpu | null (fixed tokens, no model: measures overhead)
+  int count = 1;                   // batcher+executor pairs
+  int threads = 0;                 // per executor; 0 = cores / count
+  int test_fault_throw_after = 0;  // TEST ONLY: the first executor throws after N steps (0 off)
+  int test_fault_hang_after = 0;   // TEST ONLY: the first executor stops answering after N steps
   int test_fault_batcher_throw_after = 0;  // TEST ONLY: the first batcher throws after N steps
 };
 
@@ -93,17 +93,17 @@ struct ExecutorConfig {
 /// min/max 0 mean executors.count, so a config without this section runs a fixed count.
 struct AutoscaleConfig {
   int min_executors = 0;
-  int max_executors = 0;             // CPU executor slots (one per device where devices exist)
+  int max_executors = 0;  // CPU executor slots (one per device where devices exist)
   uint32_t target_ongoing_per_executor = 0;  // jobs (running + queued) per executor; 0: off
-  int64_t target_queue_wait_ms = 200;  // oldest queued job waiting longer means: add one
-  int64_t upscale_delay_ms = 1000;   // the pressure must last this long before adding
-  int64_t downscale_delay_ms = 10000;  // an executor idle this long is retired
-  int64_t interval_ms = 100;         // how often the supervisor looks at the load
+  int64_t target_queue_wait_ms = 200;        // oldest queued job waiting longer means: add one
+  int64_t upscale_delay_ms = 1000;           // the pressure must last this long before adding
+  int64_t downscale_delay_ms = 10000;        // an executor idle this long is retired
+  int64_t interval_ms = 100;                 // how often the supervisor looks at the load
 };
 
 /// The operator HTTP endpoints (/metrics, /health, /ready: docs/metrics.md).
 struct MetricsConfig {
-  std::string bind;                  // "HOST:PORT" (port 0: any free one); "" = off
+  std::string bind;  // "HOST:PORT" (port 0: any free one); "" = off
 };
 
 /// The durable journal of accepted jobs and results (docs/durability.md).
@@ -111,8 +111,8 @@ struct JournalConfig {
   // Journal file; a folder (or a path ending in '/') gets FOLDER/switchyard.journal. "" = the
   // default location (journal_location()), "off" = no journal.
   std::string path;
-  std::string fsync = "batch";       // always | batch | never (policies/journal_file.hpp)
-  int64_t batch_ms = 2;              // group-commit window: acks wait at most this for the fsync
+  std::string fsync = "batch";  // always | batch | never (policies/journal_file.hpp)
+  int64_t batch_ms = 2;         // group-commit window: acks wait at most this for the fsync
   // A result handed to egress this long ago is marked delivered (not redelivered after a crash);
   // two seconds is far beyond the gateway's usual hand-off time to the socket.
   int64_t delivered_lag_ms = 2000;
@@ -120,7 +120,7 @@ struct JournalConfig {
 };
 
 struct ServerConfig {
-  std::string model;                 // GGUF path; "" = the demo model
+  std::string model;  // GGUF path; "" = the demo model
   EndpointConfig endpoints;
   AdmissionConfig admission;
   RouterConfig router;
@@ -139,7 +139,8 @@ struct ServerConfig {
 /// The journal file a server with `cfg` uses, or "" for none: journal.path when set ("off" =
 /// none), else STATE_DIR/<endpoint>/switchyard.journal where <endpoint> spells the bind (or pull)
 /// address as a folder name — so two servers on one host never share a journal. A wildcard port
-/// has no stable name across restarts, so it gets no default journal; `why` (if given) then says so.
+/// has no stable name across restarts, so it gets no default journal; `why` (if given) then says
+/// so.
 std::string journal_location(const ServerConfig& cfg, std::string* why = nullptr);
 
 /// Reads a YAML file into `cfg` (keys absent keep their values); throws std::runtime_error

@@ -12,11 +12,11 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <iostream>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
-#include <fstream>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -127,8 +127,8 @@ std::unordered_set<std::string> load_allowed_keys(const EndpointConfig& ep) {
                              "the CURVE handshake, so CURVE must be on (--curve-secret-key)");
   std::ifstream f(path, std::ios::binary);
   if (!f)
-    throw std::runtime_error("CURVE allowed keys file '" + path + "': cannot open: " +
-                             std::strerror(errno));
+    throw std::runtime_error("CURVE allowed keys file '" + path +
+                             "': cannot open: " + std::strerror(errno));
   std::string line;
   for (int n = 1; std::getline(f, line); ++n) {
     auto b = line.find_first_not_of(" \t\r");
@@ -136,9 +136,10 @@ std::unordered_set<std::string> load_allowed_keys(const EndpointConfig& ep) {
     auto e = line.find_last_not_of(" \t\r");
     std::string key = line.substr(b, e - b + 1);
     if (!curve::is_z85_key(key))
-      throw std::runtime_error("CURVE allowed keys file '" + path + "' line " + std::to_string(n) +
-                               ": malformed: expected a 40-character Z85 client public key, found " +
-                               std::to_string(key.size()) + " characters");
+      throw std::runtime_error(
+          "CURVE allowed keys file '" + path + "' line " + std::to_string(n) +
+          ": malformed: expected a 40-character Z85 client public key, found " +
+          std::to_string(key.size()) + " characters");
     auto bin = curve::decode(key);
     keys.emplace(reinterpret_cast<const char*>(bin.data()), bin.size());
   }
@@ -556,7 +557,8 @@ struct Gateway::Impl {
       }
       const std::string reply[] = {"1.0", request_id, status, text, user, ""};
       for (size_t k = 0; k < 6; ++k)
-        zap.send(zmq::buffer(reply[k]), k + 1 < 6 ? zmq::send_flags::sndmore : zmq::send_flags::none);
+        zap.send(zmq::buffer(reply[k]),
+                 k + 1 < 6 ? zmq::send_flags::sndmore : zmq::send_flags::none);
     }
   }
 
@@ -632,8 +634,8 @@ Gateway::Gateway(EndpointConfig endpoints, GatewayOptions options) : impl_(new I
   impl_->curve_secret = load_curve_secret(impl_->ep);
   impl_->allowed_keys = load_allowed_keys(impl_->ep);
   if (!impl_->allowed_keys.empty())
-    std::cerr << "switchyard: CURVE client allow-list '" << impl_->ep.curve_allowed_keys << "': "
-              << impl_->allowed_keys.size() << " keys\n";
+    std::cerr << "switchyard: CURVE client allow-list '" << impl_->ep.curve_allowed_keys
+              << "': " << impl_->allowed_keys.size() << " keys\n";
   impl_->efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl_->efd < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
 }

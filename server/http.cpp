@@ -34,10 +34,9 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->body_limit(kBodyLimit);
     stream_.expires_after(kIoTimeout);
-    http::async_read(stream_, buf_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, std::size_t) {
-                       self->on_read(ec);
-                     });
+    http::async_read(
+        stream_, buf_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
   }
 
  private:
@@ -90,7 +89,8 @@ void split_host_port(const std::string& address, std::string& host, unsigned sho
   if (colon == std::string::npos || colon == 0 || colon + 1 == a.size())
     throw std::invalid_argument("metrics address '" + address + "' is not HOST:PORT");
   host = a.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
   std::string p = a.substr(colon + 1);
   unsigned long v = 0;
   size_t used = 0;
@@ -127,7 +127,9 @@ HttpServer::HttpServer(std::string bind, HttpHandler handler) : impl_(new Impl) 
   impl_->handler = std::move(handler);
 }
 
-HttpServer::~HttpServer() { stop(); }
+HttpServer::~HttpServer() {
+  stop();
+}
 
 void HttpServer::start() {
   auto& d = *impl_;
@@ -156,7 +158,9 @@ void HttpServer::start() {
   d.thread = std::thread([&d] { d.io.run(); });
 }
 
-std::string HttpServer::address() const { return impl_->address; }
+std::string HttpServer::address() const {
+  return impl_->address;
+}
 
 void HttpServer::stop() {
   auto& d = *impl_;

@@ -35,7 +35,8 @@ HttpReply metrics_route(caf::actor_system& sys, const caf::actor& metrics,
     bool ready = false;
     self->request(metrics, timeout, ready_atom::value)
         .receive([&](bool r) { ready = r; }, [&](caf::error&) {});
-    return ready ? text(200, "ready\n") : text(503, "not ready: no executor has its model loaded\n");
+    return ready ? text(200, "ready\n")
+                 : text(503, "not ready: no executor has its model loaded\n");
   }
   HttpReply r = text(503, "metrics unavailable: the server did not answer in time\n");
   self->request(metrics, timeout, metrics_atom::value)
@@ -55,8 +56,14 @@ MetricsEndpoint::MetricsEndpoint(caf::actor_system& sys, caf::actor metrics, std
             return metrics_route(sys, metrics, kAskTimeout, method, path);
           })) {}
 
-void MetricsEndpoint::start() { http_->start(); }
-std::string MetricsEndpoint::address() const { return http_->address(); }
-void MetricsEndpoint::stop() { http_->stop(); }
+void MetricsEndpoint::start() {
+  http_->start();
+}
+std::string MetricsEndpoint::address() const {
+  return http_->address();
+}
+void MetricsEndpoint::stop() {
+  http_->stop();
+}
 
 }  // namespace sy

@@ -119,14 +119,15 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
               << "): " << replay.records << " records, " << replay.pending.size()
               << " jobs to run again, " << replay.results.size() << " results kept, "
               << replay.redeliver.size() << " results to deliver again\n";
-    d.journal = spawn_journal(*d.sys, jc, std::move(file), replay,
-                              c.admission.result_cache, d.egress);
+    d.journal =
+        spawn_journal(*d.sys, jc, std::move(file), replay, c.admission.result_cache, d.egress);
     out = d.journal;
   }
   d.router = spawn_router(*d.sys, c.router, out, caf::actor{}, c.admission.tenants);
   if (d.journal)
-    d.admission = spawn_admission(*d.sys, c.admission, effective_classes(c.router.classes),
-                                  c.router.default_class, d.model, d.router, out, d.journal, replay);
+    d.admission =
+        spawn_admission(*d.sys, c.admission, effective_classes(c.router.classes),
+                        c.router.default_class, d.model, d.router, out, d.journal, replay);
   else
     d.admission = spawn_admission(*d.sys, c.admission, effective_classes(c.router.classes),
                                   c.router.default_class, d.model, d.router, d.egress);
@@ -134,7 +135,8 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   // The supervisor runs between min and max batcher+executor pairs (a fixed executors.count
   // unless the autoscale section says otherwise) and replaces failed ones.
   SupervisorConfig sc;
-  sc.knobs.min_executors = c.autoscale.min_executors > 0 ? c.autoscale.min_executors : c.executors.count;
+  sc.knobs.min_executors =
+      c.autoscale.min_executors > 0 ? c.autoscale.min_executors : c.executors.count;
   sc.knobs.max_executors = c.autoscale.max_executors > 0
                                ? c.autoscale.max_executors
                                : std::max(c.executors.count, sc.knobs.min_executors);
@@ -148,7 +150,8 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   // Engine threads: the cores split between the most executors that may run, at least one each.
   int threads = c.executors.threads;
   if (threads == 0)
-    threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / sc.knobs.max_executors);
+    threads =
+        std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / sc.knobs.max_executors);
   int32_t n_blocks = kv_blocks_for(c.batching, d.model ? &d.model->config() : nullptr);
   sc.n_blocks = n_blocks;
   sc.batching = c.batching;
@@ -204,7 +207,8 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
     mw.supervisor = d.supervisor;
     mw.gateway_stats = [gw = std::weak_ptr<Gateway>(d.gateway)] {
       caf::settings s;
-      if (auto g = gw.lock()) caf::put(s, "curve_refused", static_cast<int64_t>(g->stats().curve_refused));
+      if (auto g = gw.lock())
+        caf::put(s, "curve_refused", static_cast<int64_t>(g->stats().curve_refused));
       return s;
     };
     for (const auto& pc : effective_classes(c.router.classes)) mw.classes.push_back(pc.name);
@@ -231,9 +235,15 @@ void Server::start() {
   impl_->started = true;
 }
 
-std::string Server::endpoint() const { return impl_->gateway->endpoint(); }
-std::string Server::pull_endpoint() const { return impl_->gateway->pull_endpoint(); }
-std::string Server::results_endpoint() const { return impl_->gateway->results_endpoint(); }
+std::string Server::endpoint() const {
+  return impl_->gateway->endpoint();
+}
+std::string Server::pull_endpoint() const {
+  return impl_->gateway->pull_endpoint();
+}
+std::string Server::results_endpoint() const {
+  return impl_->gateway->results_endpoint();
+}
 std::string Server::metrics_endpoint() const {
   return impl_->metrics_http ? impl_->metrics_http->address() : std::string();
 }

@@ -275,9 +275,8 @@ std::string describe(const wire::ServerMessage& m) {
           o << "done " << x.id << " finish=" << wire::to_string(x.finish_reason)
             << " prompt_tokens=" << x.usage.prompt_tokens
             << " completion_tokens=" << x.usage.completion_tokens
-            << " cached_tokens=" << x.usage.cached_tokens
-            << " ttft_ms=" << x.timings.ttft_ms << " total_ms=" << x.timings.total_ms
-            << " text=" << x.text;
+            << " cached_tokens=" << x.usage.cached_tokens << " ttft_ms=" << x.timings.ttft_ms
+            << " total_ms=" << x.timings.total_ms << " text=" << x.text;
         } else if constexpr (std::is_same_v<T, wire::Error>) {
           o << "error " << x.id << " " << to_string(x.code) << ": " << x.message;
           if (x.retry_after_ms) o << " retry_after_ms=" << *x.retry_after_ms;

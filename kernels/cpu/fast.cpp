@@ -76,7 +76,8 @@ inline float scalar_weight(DType t, const uint8_t* row, int64_t k) {
       std::memcpy(&h, row + k * 2, 2);
       return bf16_to_f32(h);
     }
-    default: return 0.0f;
+    default:
+      return 0.0f;
   }
 }
 
@@ -112,11 +113,14 @@ inline __m512 load16(const uint8_t* row, int64_t k) {
 inline __m512 hsum16(const __m512* v) {
   __m512 u[8], w[4], x[2];
   for (int i = 0; i < 8; ++i)
-    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44), _mm512_shuffle_f32x4(v[i], v[i + 8], 0xee));
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44),
+                         _mm512_shuffle_f32x4(v[i], v[i + 8], 0xee));
   for (int i = 0; i < 4; ++i)
-    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[i], u[i + 4], 0x88), _mm512_shuffle_f32x4(u[i], u[i + 4], 0xdd));
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[i], u[i + 4], 0x88),
+                         _mm512_shuffle_f32x4(u[i], u[i + 4], 0xdd));
   for (int i = 0; i < 2; ++i)
-    x[i] = _mm512_add_ps(_mm512_shuffle_ps(w[i], w[i + 2], 0x44), _mm512_shuffle_ps(w[i], w[i + 2], 0xee));
+    x[i] = _mm512_add_ps(_mm512_shuffle_ps(w[i], w[i + 2], 0x44),
+                         _mm512_shuffle_ps(w[i], w[i + 2], 0xee));
   return _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xdd));
 }
 
@@ -130,7 +134,8 @@ inline void store_sums(const __m512 (&acc)[R][T], float* sums) {
   alignas(64) float lanes[16];
   for (int base = 0; base < n; base += 16) {
     __m512 v[16];
-    for (int i = 0; i < 16; ++i) v[i] = base + i < n ? acc[(base + i) / T][(base + i) % T] : _mm512_setzero_ps();
+    for (int i = 0; i < 16; ++i)
+      v[i] = base + i < n ? acc[(base + i) / T][(base + i) % T] : _mm512_setzero_ps();
     _mm512_store_ps(lanes, hsum16(v));
     for (int j = 0; j < 16; ++j)
       if (base + kHsumSrc[j] < n) sums[base + kHsumSrc[j]] = lanes[j];
@@ -152,8 +157,9 @@ void tile_float(const uint8_t* w, size_t rb, const float* x, int64_t cols, float
       // R * rb contiguous bytes) early; the hardware prefetcher ramps up too slowly on rows
       // this short.
       for (int r = 0; r < R; ++r)
-        _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * rb) + k * static_cast<int64_t>(sizeof(float)) /
-                         (TY == DType::F32 ? 1 : 2), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + (R + r) * rb) +
+                         k * static_cast<int64_t>(sizeof(float)) / (TY == DType::F32 ? 1 : 2),
+                     _MM_HINT_T0);
     }
     for (int t = 0; t < T; ++t) {
       __m512 xv = _mm512_loadu_ps(x + t * cols + k);
@@ -239,17 +245,32 @@ template <DType TY, int R>
 void tile_float_tokens(int nt, const uint8_t* w, size_t rb, const float* x, int64_t cols, float* y,
                        int64_t ys) {
   switch (nt) {
-    case 1: tile_float<TY, R, 1>(w, rb, x, cols, y, ys); return;
+    case 1:
+      tile_float<TY, R, 1>(w, rb, x, cols, y, ys);
+      return;
 #if defined(SY_AVX512)
-    case 2: tile_float<TY, R, 2>(w, rb, x, cols, y, ys); return;
-    case 3: tile_float<TY, R, 3>(w, rb, x, cols, y, ys); return;
-    case 4: tile_float<TY, R, 4>(w, rb, x, cols, y, ys); return;
-    case 5: tile_float<TY, R, 5>(w, rb, x, cols, y, ys); return;
-    case 6: tile_float<TY, R, 6>(w, rb, x, cols, y, ys); return;
+    case 2:
+      tile_float<TY, R, 2>(w, rb, x, cols, y, ys);
+      return;
+    case 3:
+      tile_float<TY, R, 3>(w, rb, x, cols, y, ys);
+      return;
+    case 4:
+      tile_float<TY, R, 4>(w, rb, x, cols, y, ys);
+      return;
+    case 5:
+      tile_float<TY, R, 5>(w, rb, x, cols, y, ys);
+      return;
+    case 6:
+      tile_float<TY, R, 6>(w, rb, x, cols, y, ys);
+      return;
 #else
-    case 2: tile_float<TY, R, 2>(w, rb, x, cols, y, ys); return;
+    case 2:
+      tile_float<TY, R, 2>(w, rb, x, cols, y, ys);
+      return;
 #endif
-    default: return;
+    default:
+      return;
   }
 }
 
@@ -260,20 +281,23 @@ void matmul_float_rows(const WeightView& w, const float* x, int64_t n_tokens, fl
   const auto* base = static_cast<const uint8_t*>(w.data);
   // Tokens per block: their activations (cols floats each) stay within ~192 KiB of L2 while the
   // rows of this thread stream past them.
-  const int64_t tb = std::max<int64_t>(kTokF, (192 * 1024 / 4 / std::max<int64_t>(w.cols, 1)) / kTokF * kTokF);
+  const int64_t tb =
+      std::max<int64_t>(kTokF, (192 * 1024 / 4 / std::max<int64_t>(w.cols, 1)) / kTokF * kTokF);
   for (int64_t t0 = 0; t0 < n_tokens; t0 += tb) {
     const int64_t t1 = std::min(n_tokens, t0 + tb);
     int64_t r = r0;
     for (; r + kRowsF <= r1; r += kRowsF) {
       for (int64_t t = t0; t < t1; t += kTokF) {
         const int nt = static_cast<int>(std::min<int64_t>(kTokF, t1 - t));
-        tile_float_tokens<TY, kRowsF>(nt, base + r * rb, rb, x + t * w.cols, w.cols, y + t * w.rows + r, w.rows);
+        tile_float_tokens<TY, kRowsF>(nt, base + r * rb, rb, x + t * w.cols, w.cols,
+                                      y + t * w.rows + r, w.rows);
       }
     }
     for (; r < r1; ++r) {
       for (int64_t t = t0; t < t1; t += kTokF) {
         const int nt = static_cast<int>(std::min<int64_t>(kTokF, t1 - t));
-        tile_float_tokens<TY, 1>(nt, base + r * rb, rb, x + t * w.cols, w.cols, y + t * w.rows + r, w.rows);
+        tile_float_tokens<TY, 1>(nt, base + r * rb, rb, x + t * w.cols, w.cols, y + t * w.rows + r,
+                                 w.rows);
       }
     }
   }
@@ -361,11 +385,13 @@ void quantize_act(DType wt, const float* x, int64_t cols, uint8_t* dst) {
       // lanes 0-3 and 8-11 hold block A, 4-7 and 12-15 block B
       dxv = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(da), _mm512_set1_ps(db));
       const __m512i s8 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), xv);
-      _mm512_store_si512(reinterpret_cast<__m512i*>(o + 128), _mm512_sub_epi32(_mm512_setzero_si512(), s8));
+      _mm512_store_si512(reinterpret_cast<__m512i*>(o + 128),
+                         _mm512_sub_epi32(_mm512_setzero_si512(), s8));
     } else {
       const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(qa));
       const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(qb));
-      xv = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1), _mm512_set1_epi8(-128));
+      xv = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1),
+                            _mm512_set1_epi8(-128));
       dxv = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(da), _mm512_set1_ps(db));
     }
     _mm512_store_si512(reinterpret_cast<__m512i*>(o), xv);
@@ -421,7 +447,8 @@ template <DType TY>
 inline __m512i load_wpair(const uint8_t* b) {
   if constexpr (TY == DType::Q8_0) {
     const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + sizeof(BlockQ8_0) + 2));
+    const __m256i c =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + sizeof(BlockQ8_0) + 2));
     return _mm512_inserti64x4(_mm512_castsi256_si512(a), c, 1);
   } else {
     const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
@@ -450,7 +477,8 @@ inline __m512 load_dwpair(const uint8_t* b) {
 }
 
 template <DType TY, int R, int T>
-void tile_quant(const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs, int64_t nb, float* y, int64_t ys) {
+void tile_quant(const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs, int64_t nb, float* y,
+                int64_t ys) {
   constexpr size_t rec = TY == DType::Q4_0 ? 192 : 128;
   constexpr size_t bb = block_bytes<TY>();
   __m512 acc[R][T];
@@ -463,12 +491,14 @@ void tile_quant(const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs, int64
     [[maybe_unused]] __m512i negc[R];
     for (int r = 0; r < R; ++r) {
       const uint8_t* b = w + r * rb + p * 2 * bb;
-      if constexpr (T == 1) _mm_prefetch(reinterpret_cast<const char*>(b + R * rb), _MM_HINT_T0);  // as tile_float
+      if constexpr (T == 1)
+        _mm_prefetch(reinterpret_cast<const char*>(b + R * rb), _MM_HINT_T0);  // as tile_float
       wv[r] = load_wpair<TY>(b);
       dw[r] = load_dwpair<TY>(b);
       if constexpr (TY == DType::Q8_0) {
-        negc[r] = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                   _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(-128), wv[r]));
+        negc[r] = _mm512_sub_epi32(
+            _mm512_setzero_si512(),
+            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(-128), wv[r]));
       }
     }
     for (int t = 0; t < T; ++t) {
@@ -480,7 +510,8 @@ void tile_quant(const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs, int64
         if constexpr (TY == DType::Q8_0) {
           s = _mm512_dpbusd_epi32(negc[r], xv, wv[r]);
         } else {
-          s = _mm512_dpbusd_epi32(_mm512_load_si512(reinterpret_cast<const __m512i*>(o + 128)), wv[r], xv);
+          s = _mm512_dpbusd_epi32(_mm512_load_si512(reinterpret_cast<const __m512i*>(o + 128)),
+                                  wv[r], xv);
         }
         acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[r], dx), acc[r][t]);
       }
@@ -527,7 +558,8 @@ inline __m256i load_wblock(const uint8_t* b) {
 }
 
 template <DType TY, int R, int T>
-void tile_quant(const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs, int64_t nb, float* y, int64_t ys) {
+void tile_quant(const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs, int64_t nb, float* y,
+                int64_t ys) {
   constexpr size_t bb = block_bytes<TY>();
   __m256 acc[R][T];
   for (int r = 0; r < R; ++r)
@@ -544,8 +576,8 @@ void tile_quant(const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs, int64
       const auto* xb = reinterpret_cast<const TailBlock*>(xq + t * xs) + b;
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb->qs));
       for (int r = 0; r < R; ++r) {
-        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_s8(wv[r], xv)), _mm256_set1_ps(dw[r] * xb->d),
-                                    acc[r][t]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_s8(wv[r], xv)),
+                                    _mm256_set1_ps(dw[r] * xb->d), acc[r][t]);
       }
     }
   }
@@ -559,7 +591,8 @@ constexpr int kTokQ = 2;
 #else
 
 template <DType TY, int R, int T>
-void tile_quant(const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs, int64_t nb, float* y, int64_t ys) {
+void tile_quant(const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs, int64_t nb, float* y,
+                int64_t ys) {
   constexpr size_t bb = block_bytes<TY>();
   for (int r = 0; r < R; ++r) {
     for (int t = 0; t < T; ++t) {
@@ -567,7 +600,8 @@ void tile_quant(const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs, int64
       float s = 0.0f;
       for (int64_t b = 0; b < nb; ++b) {
         const uint8_t* blk = w + r * rb + b * bb;
-        s += static_cast<float>(block_dot_scalar<TY>(blk, xb[b].qs)) * (block_scale<TY>(blk) * xb[b].d);
+        s += static_cast<float>(block_dot_scalar<TY>(blk, xb[b].qs)) *
+             (block_scale<TY>(blk) * xb[b].d);
       }
       y[t * ys + r] = s;
     }
@@ -580,42 +614,56 @@ constexpr int kTokQ = 1;
 #endif
 
 template <DType TY, int R>
-void tile_quant_tokens(int nt, const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs, int64_t nb, float* y,
-                       int64_t ys) {
+void tile_quant_tokens(int nt, const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs,
+                       int64_t nb, float* y, int64_t ys) {
   switch (nt) {
-    case 1: tile_quant<TY, R, 1>(w, rb, xq, xs, nb, y, ys); return;
+    case 1:
+      tile_quant<TY, R, 1>(w, rb, xq, xs, nb, y, ys);
+      return;
 #if defined(SY_VNNI512)
-    case 2: tile_quant<TY, R, 2>(w, rb, xq, xs, nb, y, ys); return;
-    case 3: tile_quant<TY, R, 3>(w, rb, xq, xs, nb, y, ys); return;
-    case 4: tile_quant<TY, R, 4>(w, rb, xq, xs, nb, y, ys); return;
+    case 2:
+      tile_quant<TY, R, 2>(w, rb, xq, xs, nb, y, ys);
+      return;
+    case 3:
+      tile_quant<TY, R, 3>(w, rb, xq, xs, nb, y, ys);
+      return;
+    case 4:
+      tile_quant<TY, R, 4>(w, rb, xq, xs, nb, y, ys);
+      return;
 #elif defined(SY_AVX2)
-    case 2: tile_quant<TY, R, 2>(w, rb, xq, xs, nb, y, ys); return;
+    case 2:
+      tile_quant<TY, R, 2>(w, rb, xq, xs, nb, y, ys);
+      return;
 #endif
-    default: return;
+    default:
+      return;
   }
 }
 
 template <DType TY>
-void matmul_quant_rows(const WeightView& w, const uint8_t* xq, size_t xs, int64_t n_tokens, float* y, int64_t r0,
-                       int64_t r1) {
+void matmul_quant_rows(const WeightView& w, const uint8_t* xq, size_t xs, int64_t n_tokens,
+                       float* y, int64_t r0, int64_t r1) {
   const size_t rb = row_bytes(TY, w.cols);
   const int64_t nb = w.cols / kQK;
   const auto* base = static_cast<const uint8_t*>(w.data);
   // Tokens per block: their quantized activations stay within ~192 KiB of L2.
-  const int64_t tb = std::max<int64_t>(kTokQ, static_cast<int64_t>(192 * 1024 / xs) / kTokQ * kTokQ);
+  const int64_t tb =
+      std::max<int64_t>(kTokQ, static_cast<int64_t>(192 * 1024 / xs) / kTokQ * kTokQ);
   for (int64_t t0 = 0; t0 < n_tokens; t0 += tb) {
     const int64_t t1 = std::min(n_tokens, t0 + tb);
     int64_t r = r0;
     for (; r + kRowsQ <= r1; r += kRowsQ) {
       for (int64_t t = t0; t < t1; t += kTokQ) {
         const int nt = static_cast<int>(std::min<int64_t>(kTokQ, t1 - t));
-        tile_quant_tokens<TY, kRowsQ>(nt, base + r * rb, rb, xq + t * xs, xs, nb, y + t * w.rows + r, w.rows);
+        tile_quant_tokens<TY, kRowsQ>(nt, base + r * rb, rb, xq + t * xs, xs, nb,
+                                      y + t * w.rows + r, w.rows);
       }
     }
     for (; r < r1; ++r) {
       for (int64_t t = t0; t < t1; t += kTokQ) {
         const int nt = static_cast<int>(std::min<int64_t>(kTokQ, t1 - t));
-        tile_quant_tokens<TY, 1>(nt, base + r * rb, rb, xq + t * xs, xs, nb, y + t * w.rows + r, w.rows);
+        tile_quant_tokens<TY, 1>(nt, base + r * rb, rb, xq + t * xs, xs, nb, y + t * w.rows + r,
+                                 w.rows);
       }
     }
   }
@@ -693,9 +741,12 @@ RowPrep prep_row(const uint8_t* row, int64_t nb, uint8_t* scratch) {
       // Sum of the 32 signed bytes: bias to unsigned, sad against 0 gives 4 partial sums,
       // then take off the 32 * 128 of bias.
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-      const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(v, _mm256_set1_epi8(-128)), _mm256_setzero_si256());
-      const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
-      const int64_t sum = _mm_cvtsi128_si64(_mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2))) - 32 * 128;
+      const __m256i sad =
+          _mm256_sad_epu8(_mm256_xor_si256(v, _mm256_set1_epi8(-128)), _mm256_setzero_si256());
+      const __m128i s2 =
+          _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+      const int64_t sum =
+          _mm_cvtsi128_si64(_mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2))) - 32 * 128;
       corr[b] = static_cast<int32_t>(-128 * sum);
     } else {
       const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
@@ -714,7 +765,8 @@ RowPrep prep_row(const uint8_t* row, int64_t nb, uint8_t* scratch) {
 
 /// R rows x TT panels of 16 tokens.
 template <DType TY, int R, int TT>
-void tile_panel(const RowPrep* rows, const uint8_t* panels, size_t panel_bytes, int64_t nb, float* out) {
+void tile_panel(const RowPrep* rows, const uint8_t* panels, size_t panel_bytes, int64_t nb,
+                float* out) {
   __m512 acc[R][TT];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < TT; ++g) acc[r][g] = _mm512_setzero_ps();
@@ -725,14 +777,16 @@ void tile_panel(const RowPrep* rows, const uint8_t* panels, size_t panel_bytes, 
         if constexpr (TY == DType::Q8_0) {
           ai[r][g] = _mm512_set1_epi32(rows[r].corr[b]);
         } else {
-          ai[r][g] = _mm512_load_si512(reinterpret_cast<const __m512i*>(panels + g * panel_bytes + b * kPanelBlock + 9 * 64));
+          ai[r][g] = _mm512_load_si512(reinterpret_cast<const __m512i*>(panels + g * panel_bytes +
+                                                                        b * kPanelBlock + 9 * 64));
         }
       }
     }
     for (int k4 = 0; k4 < 8; ++k4) {
       __m512i xv[TT];
       for (int g = 0; g < TT; ++g)
-        xv[g] = _mm512_load_si512(reinterpret_cast<const __m512i*>(panels + g * panel_bytes + b * kPanelBlock + k4 * 64));
+        xv[g] = _mm512_load_si512(
+            reinterpret_cast<const __m512i*>(panels + g * panel_bytes + b * kPanelBlock + k4 * 64));
       for (int r = 0; r < R; ++r) {
         int32_t wd;
         std::memcpy(&wd, rows[r].q + b * rows[r].stride + 4 * k4, 4);
@@ -747,9 +801,11 @@ void tile_panel(const RowPrep* rows, const uint8_t* panels, size_t panel_bytes, 
       }
     }
     for (int g = 0; g < TT; ++g) {
-      const __m512 dx = _mm512_load_ps(reinterpret_cast<const float*>(panels + g * panel_bytes + b * kPanelBlock + 8 * 64));
+      const __m512 dx = _mm512_load_ps(
+          reinterpret_cast<const float*>(panels + g * panel_bytes + b * kPanelBlock + 8 * 64));
       for (int r = 0; r < R; ++r)
-        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[r][g]), _mm512_mul_ps(dx, _mm512_set1_ps(rows[r].d[b])), acc[r][g]);
+        acc[r][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(ai[r][g]),
+                                    _mm512_mul_ps(dx, _mm512_set1_ps(rows[r].d[b])), acc[r][g]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -758,7 +814,8 @@ void tile_panel(const RowPrep* rows, const uint8_t* panels, size_t panel_bytes, 
 
 /// tile_panel for np (1..N) panels.
 template <DType TY, int R, int N>
-void tile_panels(int np, const RowPrep* rows, const uint8_t* panels, size_t panel_bytes, int64_t nb, float* out) {
+void tile_panels(int np, const RowPrep* rows, const uint8_t* panels, size_t panel_bytes, int64_t nb,
+                 float* out) {
   if constexpr (N > 1) {
     if (np < N) return tile_panels<TY, R, N - 1>(np, rows, panels, panel_bytes, nb, out);
   }
@@ -769,8 +826,8 @@ constexpr int kRowsP = 6;
 constexpr int kPanelsP = 2;
 
 template <DType TY>
-void matmul_panel_rows(const WeightView& w, const uint8_t* panels, size_t panel_bytes, int64_t n_tokens, float* y,
-                       int64_t r0, int64_t r1) {
+void matmul_panel_rows(const WeightView& w, const uint8_t* panels, size_t panel_bytes,
+                       int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
   const size_t rb = row_bytes(TY, w.cols);
   const int64_t nb = w.cols / kQK;
   const auto* base = static_cast<const uint8_t*>(w.data);
@@ -787,7 +844,8 @@ void matmul_panel_rows(const WeightView& w, const uint8_t* panels, size_t panel_
   auto* out = reinterpret_cast<float*>(prep + per_row * kChunk);
   float* ybuf = out + kRowsP * kChunkTokens;  // [token][row of chunk]
   // Panels per block of tokens: their bytes stay within ~256 KiB of L2 while the rows stream by.
-  const int64_t pb = std::max<int64_t>(kPanelsP, static_cast<int64_t>(256 * 1024 / panel_bytes) / kPanelsP * kPanelsP);
+  const int64_t pb = std::max<int64_t>(
+      kPanelsP, static_cast<int64_t>(256 * 1024 / panel_bytes) / kPanelsP * kPanelsP);
   for (int64_t p0 = 0; p0 < n_panels; p0 += pb) {
     const int64_t p1 = std::min(n_panels, p0 + pb);
     for (int64_t rc = r0; rc < r1; rc += kChunk) {
@@ -796,7 +854,8 @@ void matmul_panel_rows(const WeightView& w, const uint8_t* panels, size_t panel_
       RowPrep rows[kChunk];
       // Rows past the end repeat the last real row; their results are not stored.
       for (int i = 0; i < ntiles * kRowsP; ++i)
-        rows[i] = prep_row<TY>(base + std::min<int64_t>(rc + i, r1 - 1) * rb, nb, prep + per_row * i);
+        rows[i] =
+            prep_row<TY>(base + std::min<int64_t>(rc + i, r1 - 1) * rb, nb, prep + per_row * i);
       for (int64_t p = p0; p < p1; p += kPanelsP) {
         const int np = static_cast<int>(std::min<int64_t>(kPanelsP, p1 - p));
         const uint8_t* pp = panels + p * panel_bytes;
@@ -805,12 +864,14 @@ void matmul_panel_rows(const WeightView& w, const uint8_t* panels, size_t panel_
           for (int i = 0; i < kRowsP; ++i)
             for (int g = 0; g < np; ++g)
               for (int l = 0; l < kPanelTokens; ++l)
-                ybuf[(g * kPanelTokens + l) * kChunk + j * kRowsP + i] = out[(i * np + g) * kPanelTokens + l];
+                ybuf[(g * kPanelTokens + l) * kChunk + j * kRowsP + i] =
+                    out[(i * np + g) * kPanelTokens + l];
         }
         const int64_t t0 = p * kPanelTokens;
         const int64_t nt = std::min<int64_t>(np * kPanelTokens, n_tokens - t0);
         for (int64_t l = 0; l < nt; ++l)
-          std::memcpy(y + (t0 + l) * w.rows + rc, ybuf + l * kChunk, sizeof(float) * static_cast<size_t>(nrc));
+          std::memcpy(y + (t0 + l) * w.rows + rc, ybuf + l * kChunk,
+                      sizeof(float) * static_cast<size_t>(nrc));
       }
     }
   }
@@ -863,9 +924,15 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
     case DType::BF16: {
       auto body = [&](int64_t r0, int64_t r1) {
         switch (w.type) {
-          case DType::F32: matmul_float_rows<DType::F32>(w, x, n_tokens, y, r0, r1); break;
-          case DType::F16: matmul_float_rows<DType::F16>(w, x, n_tokens, y, r0, r1); break;
-          default: matmul_float_rows<DType::BF16>(w, x, n_tokens, y, r0, r1); break;
+          case DType::F32:
+            matmul_float_rows<DType::F32>(w, x, n_tokens, y, r0, r1);
+            break;
+          case DType::F16:
+            matmul_float_rows<DType::F16>(w, x, n_tokens, y, r0, r1);
+            break;
+          default:
+            matmul_float_rows<DType::BF16>(w, x, n_tokens, y, r0, r1);
+            break;
         }
       };
       for_rows(pool, w.rows, kRowsF, body);
@@ -883,9 +950,11 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
         run(pool, n_panels, [&](int64_t g0, int64_t g1) {
           for (int64_t g = g0; g < g1; ++g) {
             if (w.type == DType::Q8_0) {
-              pack_panel<DType::Q8_0>(x, w.cols, g * kPanelTokens, n_tokens, panels + g * panel_bytes);
+              pack_panel<DType::Q8_0>(x, w.cols, g * kPanelTokens, n_tokens,
+                                      panels + g * panel_bytes);
             } else {
-              pack_panel<DType::Q4_0>(x, w.cols, g * kPanelTokens, n_tokens, panels + g * panel_bytes);
+              pack_panel<DType::Q4_0>(x, w.cols, g * kPanelTokens, n_tokens,
+                                      panels + g * panel_bytes);
             }
           }
         });
@@ -934,7 +1003,8 @@ float dot(const float* a, const float* b, int64_t n) {
     s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
   }
   for (; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 m =
+        n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
     s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
   }
   return _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
@@ -963,7 +1033,8 @@ void rmsnorm(float* out, const float* x, const float* w, int64_t n, float eps) {
   for (; i + 16 <= n; i += 16) {
     const __m512 v = _mm512_loadu_ps(x + i);
     const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
-    const __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    const __m512d hi =
+        _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
     a0 = _mm512_fmadd_pd(lo, lo, a0);
     a1 = _mm512_fmadd_pd(hi, hi, a1);
   }
@@ -1027,7 +1098,8 @@ void softmax(float* x, int64_t n) {
   }
   sum = _mm512_reduce_add_ps(acc);
   const __m512 inv = _mm512_set1_ps(static_cast<float>(1.0 / sum));
-  for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+  for (i = 0; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
   const float invs = static_cast<float>(1.0 / sum);
   for (; i < n; ++i) x[i] *= invs;
 #else
@@ -1040,7 +1112,8 @@ void swiglu(float* gate, const float* up, int64_t n) {
   int64_t i = 0;
   const __m512 one = _mm512_set1_ps(1.0f);
   for (; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __mmask16 m =
+        n - i >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (n - i)) - 1u);
     const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
     const __m512 u = _mm512_maskz_loadu_ps(m, up + i);
     const __m512 e = exp512(_mm512_sub_ps(_mm512_setzero_ps(), g));

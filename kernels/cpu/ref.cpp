@@ -75,28 +75,40 @@ uint16_t f32_to_f16(float f) {
   return static_cast<uint16_t>(sign | h);
 }
 
-float bf16_to_f32(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+float bf16_to_f32(uint16_t h) {
+  return bits_float(static_cast<uint32_t>(h) << 16);
+}
 
 uint16_t f32_to_bf16(float f) {
   const uint32_t x = float_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  if ((x & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
   return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
 }
 
 size_t row_bytes(DType t, int64_t n) {
   switch (t) {
-    case DType::F32: return static_cast<size_t>(n) * 4;
+    case DType::F32:
+      return static_cast<size_t>(n) * 4;
     case DType::F16:
-    case DType::BF16: return static_cast<size_t>(n) * 2;
-    case DType::Q8_0: check_blocked(t, n); return static_cast<size_t>(n / kQK) * sizeof(BlockQ8_0);
-    case DType::Q4_0: check_blocked(t, n); return static_cast<size_t>(n / kQK) * sizeof(BlockQ4_0);
+    case DType::BF16:
+      return static_cast<size_t>(n) * 2;
+    case DType::Q8_0:
+      check_blocked(t, n);
+      return static_cast<size_t>(n / kQK) * sizeof(BlockQ8_0);
+    case DType::Q4_0:
+      check_blocked(t, n);
+      return static_cast<size_t>(n / kQK) * sizeof(BlockQ4_0);
   }
-  throw std::invalid_argument("kernels: unsupported dtype " + std::to_string(static_cast<uint32_t>(t)));
+  throw std::invalid_argument("kernels: unsupported dtype " +
+                              std::to_string(static_cast<uint32_t>(t)));
 }
 
 void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
   switch (t) {
-    case DType::F32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
+    case DType::F32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
     case DType::F16: {
       const auto* s = static_cast<const uint16_t*>(src);
       for (int64_t i = 0; i < n; ++i) dst[i] = f16_to_f32(s[i]);
@@ -129,7 +141,8 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       return;
     }
   }
-  throw std::invalid_argument("kernels: unsupported dtype " + std::to_string(static_cast<uint32_t>(t)));
+  throw std::invalid_argument("kernels: unsupported dtype " +
+                              std::to_string(static_cast<uint32_t>(t)));
 }
 
 void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t n) {
@@ -165,7 +178,8 @@ void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t n) {
     for (int j = 0; j < kQK / 2; ++j) {
       // +8.5 then truncation rounds to the nearest code; 15 caps the one value that reaches 16.
       const int lo = std::min(15, static_cast<int>(static_cast<int8_t>(x[j] * id + 8.5f)));
-      const int hi = std::min(15, static_cast<int>(static_cast<int8_t>(x[j + kQK / 2] * id + 8.5f)));
+      const int hi =
+          std::min(15, static_cast<int>(static_cast<int8_t>(x[j + kQK / 2] * id + 8.5f)));
       dst[i].qs[j] = static_cast<uint8_t>(lo | (hi << 4));
     }
   }
@@ -173,7 +187,9 @@ void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t n) {
 
 void quantize_row(DType t, const float* src, void* dst, int64_t n) {
   switch (t) {
-    case DType::F32: std::memcpy(dst, src, static_cast<size_t>(n) * 4); return;
+    case DType::F32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
     case DType::F16: {
       auto* d = static_cast<uint16_t*>(dst);
       for (int64_t i = 0; i < n; ++i) d[i] = f32_to_f16(src[i]);
@@ -184,10 +200,15 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
       for (int64_t i = 0; i < n; ++i) d[i] = f32_to_bf16(src[i]);
       return;
     }
-    case DType::Q8_0: quantize_row_q8_0(src, static_cast<BlockQ8_0*>(dst), n); return;
-    case DType::Q4_0: quantize_row_q4_0(src, static_cast<BlockQ4_0*>(dst), n); return;
+    case DType::Q8_0:
+      quantize_row_q8_0(src, static_cast<BlockQ8_0*>(dst), n);
+      return;
+    case DType::Q4_0:
+      quantize_row_q4_0(src, static_cast<BlockQ4_0*>(dst), n);
+      return;
   }
-  throw std::invalid_argument("kernels: unsupported dtype " + std::to_string(static_cast<uint32_t>(t)));
+  throw std::invalid_argument("kernels: unsupported dtype " +
+                              std::to_string(static_cast<uint32_t>(t)));
 }
 
 namespace ref {

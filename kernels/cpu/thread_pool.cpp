@@ -118,7 +118,8 @@ void ThreadPool::parallel_for(int64_t n, const std::function<void(int64_t, int64
     im.wake_cv.notify_all();
   }
   im.run_part(0);
-  for (int i = 0; im.pending.load(std::memory_order_acquire) != 0 && i < kSpinIters; ++i) SY_CPU_RELAX();
+  for (int i = 0; im.pending.load(std::memory_order_acquire) != 0 && i < kSpinIters; ++i)
+    SY_CPU_RELAX();
   if (im.pending.load(std::memory_order_acquire) != 0) {
     std::unique_lock<std::mutex> lk(im.mu);
     im.caller_sleeping.store(true, std::memory_order_seq_cst);

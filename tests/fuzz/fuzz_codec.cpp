@@ -31,12 +31,20 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (const DecodeLimits& lim : {DecodeLimits{}, small}) {
     auto c = decode_client(data, size, lim);
     if (auto* m = std::get_if<ClientMessage>(&c))
-      check_round_trip(*m, [](const void* d, std::size_t n, const DecodeLimits& l) { return decode_client(d, n, l); },
-                       [](const ClientMessage& x) { return encode_client(x); });
+      check_round_trip(
+          *m,
+          [](const void* d, std::size_t n, const DecodeLimits& l) {
+            return decode_client(d, n, l);
+          },
+          [](const ClientMessage& x) { return encode_client(x); });
     auto s = decode_server(data, size, lim);
     if (auto* m = std::get_if<ServerMessage>(&s))
-      check_round_trip(*m, [](const void* d, std::size_t n, const DecodeLimits& l) { return decode_server(d, n, l); },
-                       [](const ServerMessage& x) { return encode_server(x); });
+      check_round_trip(
+          *m,
+          [](const void* d, std::size_t n, const DecodeLimits& l) {
+            return decode_server(d, n, l);
+          },
+          [](const ServerMessage& x) { return encode_server(x); });
   }
   return 0;
 }

@@ -21,8 +21,8 @@ void save(const std::string& dir, const std::string& name, const std::vector<uin
   std::fclose(f);
 }
 
-Value scalar(ValueType t, std::variant<uint64_t, int64_t, double, bool, std::string,
-                                        std::shared_ptr<Array>> x) {
+Value scalar(ValueType t,
+             std::variant<uint64_t, int64_t, double, bool, std::string, std::shared_ptr<Array>> x) {
   Value v;
   v.type = t;
   v.v = std::move(x);

@@ -13,8 +13,8 @@
 #include "model/make_model.hpp"
 #include "tests/gpu/gpu_test.hpp"
 #include "tests/support/reference.hpp"
-#include "tests/support/temp_dir.hpp"
 #include "tests/support/stories.hpp"
+#include "tests/support/temp_dir.hpp"
 
 using namespace sy::gputest;
 
@@ -35,7 +35,9 @@ std::vector<Case> load_cases() {
   return cases;
 }
 
-std::shared_ptr<sy::LlamaModel> stories() { return sy::test::stories_model(); }
+std::shared_ptr<sy::LlamaModel> stories() {
+  return sy::test::stories_model();
+}
 
 int32_t argmax(const float* x, int32_t n) {
   return static_cast<int32_t>(std::max_element(x, x + n) - x);
@@ -267,8 +269,7 @@ BOOST_AUTO_TEST_CASE(sequence_windows_match_cpu_engine) {
       if (release) {
         // blocks wholly before the window of the step's first token (slot `at`), after the
         // blocks holding a sink slot
-        for (size_t b = (static_cast<size_t>(sinks) + 3) / 4; (b + 1) * 4 + window <= at + 1;
-             ++b) {
+        for (size_t b = (static_cast<size_t>(sinks) + 3) / 4; (b + 1) * 4 + window <= at + 1; ++b) {
           if (bt[b] >= 0) e.pool().free(bt[b]);
           bt[b] = -1;
         }
@@ -295,7 +296,8 @@ BOOST_AUTO_TEST_CASE(sequence_windows_match_cpu_engine) {
       const auto got = run(*gpu, w, ns, chunk, chunk == 1);
       BOOST_REQUIRE(got.size() == want.size());
       // f32 weights and cache on both sides: only summation order differs
-      BOOST_TEST(rel_err(got, want) < 1e-3, "window " << w << " sinks " << ns << " chunk " << chunk);
+      BOOST_TEST(rel_err(got, want) < 1e-3,
+                 "window " << w << " sinks " << ns << " chunk " << chunk);
     }
   }
   BOOST_TEST(gpu->pool().n_used() == 0);

@@ -6,18 +6,18 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <sys/prctl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <map>
-#include <memory>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -188,7 +188,8 @@ class ServerProcess {
     std::ifstream f("/proc/" + std::to_string(pid_) + "/status");
     std::string line;
     while (std::getline(f, line)) {
-      if (line.rfind(field + ":", 0) == 0) return std::strtol(line.c_str() + field.size() + 1, nullptr, 10);
+      if (line.rfind(field + ":", 0) == 0)
+        return std::strtol(line.c_str() + field.size() + 1, nullptr, 10);
     }
     return -1;
   }
@@ -209,7 +210,8 @@ class ServerProcess {
         log_ += line + "\n";
         return true;
       }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
       if (left.count() <= 0) return false;
       pollfd p{fd_, POLLIN, 0};
       if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;

@@ -3,7 +3,6 @@
 // ends with finish_reason "cancelled" well before 200, and its KV blocks are back in the pool.
 #define BOOST_TEST_MODULE it_abort
 #include <boost/test/unit_test.hpp>
-
 #include <map>
 
 #include "clients/cpp/client.hpp"
@@ -14,7 +13,8 @@ using namespace std::chrono_literals;
 BOOST_AUTO_TEST_CASE(cancel_one_of_21_streams) {
   // 2 ms per step (TEST ONLY flag) keeps the 200 steps long enough that the cancel surely
   // lands mid-stream.
-  sy::it::ServerProcess srv({"--model", sy::it::kStories, "--threads", "1", "--step-delay-ms", "2"});
+  sy::it::ServerProcess srv(
+      {"--model", sy::it::kStories, "--threads", "1", "--step-delay-ms", "2"});
   sy::client::Client cl(srv.endpoint());
   const std::string victim = "a10";
   for (int i = 0; i < 21; ++i) {

@@ -2,9 +2,8 @@
 // swaps by command (`control` messages and the `switchyard ctl` binary), and swaps under load —
 // by command and by KV-usage watermark — losing and failing no job (issue 5, must show 5).
 #define BOOST_TEST_MODULE it_control
-#include <boost/test/unit_test.hpp>
-
 #include <atomic>
+#include <boost/test/unit_test.hpp>
 #include <map>
 #include <set>
 #include <thread>
@@ -34,7 +33,9 @@ JsonValue stats_of(const std::string& endpoint) {
   return JsonReader::parse(r.reply->result);
 }
 
-int64_t num(const JsonValue& v, const std::string& key) { return v.at(key).i; }
+int64_t num(const JsonValue& v, const std::string& key) {
+  return v.at(key).i;
+}
 
 // What the load client saw.
 struct Tally {
@@ -112,7 +113,8 @@ void check_tally(const Tally& t, size_t n) {
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(admin_token_is_required) {
-  sy::it::ServerProcess srv({"--model", sy::it::kStories, "--threads", "1", "--admin-token", kAdmin});
+  sy::it::ServerProcess srv(
+      {"--model", sy::it::kStories, "--threads", "1", "--admin-token", kAdmin});
   auto none = control(srv.endpoint(), "stats", "", "");
   BOOST_REQUIRE(none.error.has_value());
   BOOST_TEST((none.error->code == sy::ErrorCode::unauthorized));
@@ -133,7 +135,8 @@ BOOST_AUTO_TEST_CASE(admin_token_is_required) {
 }
 
 BOOST_AUTO_TEST_CASE(bad_policies_are_named) {
-  sy::it::ServerProcess srv({"--model", sy::it::kStories, "--threads", "1", "--admin-token", kAdmin});
+  sy::it::ServerProcess srv(
+      {"--model", sy::it::kStories, "--threads", "1", "--admin-token", kAdmin});
   for (const std::string bad : {"sliding_window:x", "sliding_window:0", "lru", "sinks:4"}) {
     auto r = control(srv.endpoint(), "kv_policy", bad, kAdmin);
     BOOST_TEST_CONTEXT(bad) {
@@ -159,9 +162,9 @@ BOOST_AUTO_TEST_CASE(stats_and_swap_by_command) {
   sy::it::ServerProcess srv(
       {"--model", sy::it::kStories, "--threads", "1", "--executors", "2", "--admin-token", kAdmin});
   auto st = stats_of(srv.endpoint());
-  for (const char* k : {"active_jobs", "admitted", "queued", "running", "blocks_used",
-                        "blocks_total", "blocks_cached", "policy_swaps", "prefix_hit_tokens",
-                        "received", "sent", "decode_errors"})
+  for (const char* k :
+       {"active_jobs", "admitted", "queued", "running", "blocks_used", "blocks_total",
+        "blocks_cached", "policy_swaps", "prefix_hit_tokens", "received", "sent", "decode_errors"})
     BOOST_TEST(st.find(k) != nullptr, k);
   BOOST_TEST(num(st, "blocks_total") > 0);
   BOOST_REQUIRE(st.at("batchers").arr.size() == 2u);
@@ -202,7 +205,8 @@ BOOST_AUTO_TEST_CASE(stats_and_swap_by_command) {
 }
 
 BOOST_AUTO_TEST_CASE(ctl_binary_end_to_end) {
-  sy::it::ServerProcess srv({"--model", sy::it::kStories, "--threads", "1", "--admin-token", kAdmin});
+  sy::it::ServerProcess srv(
+      {"--model", sy::it::kStories, "--threads", "1", "--admin-token", kAdmin});
   const std::string base = "ctl --server " + srv.endpoint() + " --token " + kAdmin + " ";
   auto swap = sy::it::run_binary(base + "kv-policy sinks 4 60", "timeout 60 ");
   BOOST_TEST(swap.status == 0, swap.out);
@@ -215,8 +219,8 @@ BOOST_AUTO_TEST_CASE(ctl_binary_end_to_end) {
   auto full = sy::it::run_binary(base + "kv-policy full", "timeout 60 ");
   BOOST_TEST(full.status == 0, full.out);
 
-  auto wrong = sy::it::run_binary("ctl --server " + srv.endpoint() + " --token nope stats",
-                                  "timeout 60 ");
+  auto wrong =
+      sy::it::run_binary("ctl --server " + srv.endpoint() + " --token nope stats", "timeout 60 ");
   BOOST_TEST(wrong.status == 1, wrong.out);
   BOOST_TEST(wrong.out.find("unauthorized: wrong admin token") != std::string::npos, wrong.out);
   auto bad = sy::it::run_binary(base + "kv-policy sliding_window 0", "timeout 60 ");
@@ -285,11 +289,13 @@ BOOST_AUTO_TEST_CASE(swap_under_load) {
     sy::it::TempDir dir;
     auto cfg = dir.write("pressure.yaml",
                          "batching:\n"
-                         "  kv_memory_mb: " + std::to_string(kv_mb) + "\n"
-                         "  kv_block_size: 16\n"
-                         "  kv_pressure_policy: sliding_window:64\n"
-                         "  kv_high_watermark: 0.5\n"
-                         "  kv_low_watermark: 0.2\n");
+                         "  kv_memory_mb: " +
+                             std::to_string(kv_mb) +
+                             "\n"
+                             "  kv_block_size: 16\n"
+                             "  kv_pressure_policy: sliding_window:64\n"
+                             "  kv_high_watermark: 0.5\n"
+                             "  kv_low_watermark: 0.2\n");
     sy::it::ServerProcess srv(
         {"--model", sy::it::kStories, "--config", cfg, "--admin-token", kAdmin});
     Tally t = run_load(srv.endpoint(), kJobs, kWindow, kMaxTokens);
@@ -301,7 +307,8 @@ BOOST_AUTO_TEST_CASE(swap_under_load) {
     BOOST_TEST(b.at("blocks_used_peak").i <= num(st, "blocks_total"));
     BOOST_TEST_MESSAGE("pressure run: " << st.at("policy_swaps").i << " swaps, "
                                         << b.at("preemptions").i << " preemptions, peak "
-                                        << b.at("blocks_used_peak").i << "/" << blocks << " blocks");
+                                        << b.at("blocks_used_peak").i << "/" << blocks
+                                        << " blocks");
     BOOST_TEST(srv.stop(SIGTERM) == 0);
   }
 }

@@ -5,7 +5,6 @@
 // with engine_dead, since their text cannot be resumed), and nothing is lost.
 #define BOOST_TEST_MODULE it_crash
 #include <boost/test/unit_test.hpp>
-
 #include <map>
 #include <string>
 #include <vector>

@@ -3,7 +3,6 @@
 // dispatches it to a batcher (dispatched counts only the other jobs).
 #define BOOST_TEST_MODULE it_deadline
 #include <boost/test/unit_test.hpp>
-
 #include <map>
 
 #include "clients/cpp/client.hpp"
@@ -16,8 +15,8 @@ BOOST_AUTO_TEST_CASE(deadline_behind_a_long_queue) {
   // One sequence at a time and 20 ms per step (TEST ONLY flag): the queue ahead of the deadline
   // job takes seconds to drain, far beyond its 50 ms.
   std::string cfg = dir.write("d.yaml", "batching:\n  max_sequences: 1\n");
-  sy::it::ServerProcess srv({"--config", cfg, "--model", sy::it::kStories, "--threads", "1",
-                             "--step-delay-ms", "20"});
+  sy::it::ServerProcess srv(
+      {"--config", cfg, "--model", sy::it::kStories, "--threads", "1", "--step-delay-ms", "20"});
   sy::client::Client cl(srv.endpoint());
   auto job = [](const std::string& id, uint32_t n) {
     sy::wire::Submit s;

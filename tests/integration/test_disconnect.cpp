@@ -3,7 +3,6 @@
 // are not disturbed.
 #define BOOST_TEST_MODULE it_disconnect
 #include <boost/test/unit_test.hpp>
-
 #include <memory>
 
 #include "clients/cpp/client.hpp"
@@ -13,7 +12,8 @@ using namespace std::chrono_literals;
 
 BOOST_AUTO_TEST_CASE(vanished_client_cancels_its_job) {
   // 10 ms per step (TEST ONLY flag): the 2000-token job would run 20 s if nobody stopped it.
-  sy::it::ServerProcess srv({"--model", sy::it::kStories, "--threads", "1", "--step-delay-ms", "10"});
+  sy::it::ServerProcess srv(
+      {"--model", sy::it::kStories, "--threads", "1", "--step-delay-ms", "10"});
   {
     auto gone = std::make_unique<sy::client::Client>(srv.endpoint());
     sy::wire::Submit s;

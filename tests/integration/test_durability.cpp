@@ -4,9 +4,8 @@
 // were delivered twice is reported. Also: jobs/s with fsync always against batch, and a replayed
 // job whose deadline passed while the server was down.
 #define BOOST_TEST_MODULE it_durability
-#include <boost/test/unit_test.hpp>
-
 #include <atomic>
+#include <boost/test/unit_test.hpp>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -68,14 +67,15 @@ BOOST_AUTO_TEST_CASE(kill_9_with_a_thousand_accepted_jobs_loses_none) {
   sy::it::TempDir dir;
   // Results are marked delivered 200 ms after they left (default 2 s), so that a kill after a
   // second of work shows how the marks bound the duplicates.
-  std::string cfg = dir.write("d.yaml", std::string(kConfig) + "journal: {delivered_lag_ms: 200}\n");
+  std::string cfg =
+      dir.write("d.yaml", std::string(kConfig) + "journal: {delivered_lag_ms: 200}\n");
   const std::string journal = dir.path() + "/journal/";
   constexpr int kJobs = 1000;
 
   // Run 1: slowed executor (TEST ONLY flag) so that the kill finds jobs in every state.
   auto srv = std::make_unique<sy::it::ServerProcess>(std::vector<std::string>{
-      "--config", cfg, "--pull", "tcp://127.0.0.1:*", "--results", "tcp://127.0.0.1:*",
-      "--journal", journal, "--journal-fsync", "batch", "--step-delay-ms", "10"});
+      "--config", cfg, "--pull", "tcp://127.0.0.1:*", "--results", "tcp://127.0.0.1:*", "--journal",
+      journal, "--journal-fsync", "batch", "--step-delay-ms", "10"});
   const std::string pull = srv->pull_endpoint(), results = srv->results_endpoint();
   BOOST_REQUIRE(!pull.empty());
   BOOST_REQUIRE(!results.empty());
@@ -112,8 +112,8 @@ BOOST_AUTO_TEST_CASE(kill_9_with_a_thousand_accepted_jobs_loses_none) {
   }
   const size_t delivered_before = seen.size();
   BOOST_TEST_MESSAGE("killed with " << before["journal_accepted"] << " accepted, "
-                     << before["journal_results"] << " results journaled, " << delivered_before
-                     << " results at the sink");
+                                    << before["journal_results"] << " results journaled, "
+                                    << delivered_before << " results at the sink");
   BOOST_TEST(delivered_before < static_cast<size_t>(kJobs));
 
   // A torn write at the end of the journal, as a crash in the middle of an append leaves it:
@@ -124,9 +124,9 @@ BOOST_AUTO_TEST_CASE(kill_9_with_a_thousand_accepted_jobs_loses_none) {
   }
 
   // Run 2: the same journal and endpoints (the sink reconnects by itself), full speed.
-  srv = std::make_unique<sy::it::ServerProcess>(std::vector<std::string>{
-      "--config", cfg, "--pull", pull, "--results", results, "--journal", journal,
-      "--journal-fsync", "batch"});
+  srv = std::make_unique<sy::it::ServerProcess>(
+      std::vector<std::string>{"--config", cfg, "--pull", pull, "--results", results, "--journal",
+                               journal, "--journal-fsync", "batch"});
   while (seen.size() < static_cast<size_t>(kJobs) && take(30s)) {
   }
   // Late duplicates (redelivered results) may trail the last new one.
@@ -150,13 +150,14 @@ BOOST_AUTO_TEST_CASE(kill_9_with_a_thousand_accepted_jobs_loses_none) {
   BOOST_TEST(st2["journal_results"] == st2["journal_replayed"]);
   // A duplicate can only be a result of run 1 delivered again after the restart.
   BOOST_TEST(twice <= static_cast<size_t>(st2["journal_redelivered"]));
-  BOOST_TEST_MESSAGE("after restart: " << st2["journal_replayed"] << " jobs re-run, "
-                     << st2["journal_restored"] << " results restored, "
-                     << st2["journal_redelivered"] << " results sent again; at the sink: "
-                     << seen.size() << " keys, " << twice
+  BOOST_TEST_MESSAGE("after restart: "
+                     << st2["journal_replayed"] << " jobs re-run, " << st2["journal_restored"]
+                     << " results restored, " << st2["journal_redelivered"]
+                     << " results sent again; at the sink: " << seen.size() << " keys, " << twice
                      << " delivered twice (results of run 1 whose delivery the journal had not yet "
                         "marked when the server was killed: sent again because ZeroMQ gives no "
-                        "receipt); whole run " << secs << " s");
+                        "receipt); whole run "
+                     << secs << " s");
   BOOST_TEST(srv->stop(SIGTERM) == 0);
 }
 
@@ -185,17 +186,17 @@ BOOST_AUTO_TEST_CASE(jobs_per_second_with_fsync_always_and_batch) {
   // Always: one fdatasync per record (an accept and a result per job); batch: one per window.
   BOOST_TEST(syncs[0] >= 2 * kJobs);
   BOOST_TEST(syncs[1] < syncs[0]);
-  BOOST_TEST_MESSAGE("jobs/s end to end (null backend, " << kJobs << " jobs): fsync always "
-                     << rate[0] << " (" << syncs[0] << " syncs), batch " << rate[1] << " ("
-                     << syncs[1] << " syncs)");
+  BOOST_TEST_MESSAGE("jobs/s end to end (null backend, "
+                     << kJobs << " jobs): fsync always " << rate[0] << " (" << syncs[0]
+                     << " syncs), batch " << rate[1] << " (" << syncs[1] << " syncs)");
 }
 
 BOOST_AUTO_TEST_CASE(router_clients_resubmit_by_key_after_a_kill) {
   sy::it::TempDir dir;
   std::string cfg = dir.write("d.yaml", kConfig);
   const std::string journal = dir.path() + "/j.journal";
-  auto srv = std::make_unique<sy::it::ServerProcess>(std::vector<std::string>{
-      "--config", cfg, "--journal", journal, "--step-delay-ms", "20"});
+  auto srv = std::make_unique<sy::it::ServerProcess>(
+      std::vector<std::string>{"--config", cfg, "--journal", journal, "--step-delay-ms", "20"});
   sy::wire::Submit quick = job(1), streamed = job(2), slow = job(3);
   quick.id = "quick";
   streamed.id = "streamed";
@@ -242,9 +243,9 @@ BOOST_AUTO_TEST_CASE(a_replayed_job_whose_deadline_passed_while_down_is_not_run)
   std::string cfg = dir.write("d.yaml", kConfig);
   const std::string journal = dir.path() + "/j.journal";
   // 200 steps of 20 ms: neither job can finish before the kill.
-  auto srv = std::make_unique<sy::it::ServerProcess>(std::vector<std::string>{
-      "--config", cfg, "--pull", "tcp://127.0.0.1:*", "--results", "tcp://127.0.0.1:*",
-      "--journal", journal, "--step-delay-ms", "20"});
+  auto srv = std::make_unique<sy::it::ServerProcess>(
+      std::vector<std::string>{"--config", cfg, "--pull", "tcp://127.0.0.1:*", "--results",
+                               "tcp://127.0.0.1:*", "--journal", journal, "--step-delay-ms", "20"});
   const std::string pull = srv->pull_endpoint(), results = srv->results_endpoint();
   // Connected before the restart and reconnecting by itself, as a pipeline's sink is.
   sy::client::Sink sink(results);
@@ -270,8 +271,10 @@ BOOST_AUTO_TEST_CASE(a_replayed_job_whose_deadline_passed_while_down_is_not_run)
   while (outcome.size() < 2) {
     auto m = sink.next(30s);
     BOOST_REQUIRE(m.has_value());
-    if (auto* d = std::get_if<sy::wire::Done>(&*m)) outcome[d->id] = "done";
-    else if (auto* e = std::get_if<sy::wire::Error>(&*m)) outcome[e->id] = std::string(to_string(e->code));
+    if (auto* d = std::get_if<sy::wire::Done>(&*m))
+      outcome[d->id] = "done";
+    else if (auto* e = std::get_if<sy::wire::Error>(&*m))
+      outcome[e->id] = std::string(to_string(e->code));
   }
   BOOST_TEST(outcome["open"] == "done");
   BOOST_TEST(outcome["due"] == "deadline_exceeded");

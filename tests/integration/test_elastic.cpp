@@ -1,9 +1,8 @@
 // Must-show 1: a step load (idle -> saturation -> idle) on the real server makes the supervisor
 // add executors from min to max and retire them back to min afterwards; no job is lost or fails.
 #define BOOST_TEST_MODULE it_elastic
-#include <boost/test/unit_test.hpp>
-
 #include <atomic>
+#include <boost/test/unit_test.hpp>
 #include <map>
 #include <thread>
 
@@ -108,7 +107,8 @@ BOOST_AUTO_TEST_CASE(step_load_scales_up_and_back_down) {
   for (auto& t : clients) t.join();
   running = false;
   watcher.join();
-  const double busy_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double busy_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
   Tally all;
   for (const auto& t : tallies) {

@@ -19,8 +19,10 @@ sy::wire::Submit greedy(const std::string& id, const Case& c, bool stream, bool 
   sy::wire::Submit s;
   s.id = id;
   s.tenant = "golden";
-  if (as_ids) s.prompt = c.prompt_token_ids;
-  else s.prompt = c.prompt;
+  if (as_ids)
+    s.prompt = c.prompt_token_ids;
+  else
+    s.prompt = c.prompt;
   s.max_tokens = static_cast<uint32_t>(c.generated_token_ids.size());
   s.temperature = 0;
   s.stream = stream;
@@ -156,7 +158,8 @@ BOOST_AUTO_TEST_CASE(sigterm_stops_within_grace_when_a_job_runs_longer) {
   // Both end with done "cancelled" once the grace period is over, not with silence.
   for (const char* id : {"endless", "endless2"}) {
     auto r = cl.wait(id, 20s);
-    BOOST_REQUIRE_MESSAGE(r.ok(), id << ": " << (r.error ? r.error->message : std::string("no done")));
+    BOOST_REQUIRE_MESSAGE(r.ok(),
+                          id << ": " << (r.error ? r.error->message : std::string("no done")));
     BOOST_TEST(sy::wire::to_string(r.done->finish_reason) == "cancelled");
     BOOST_TEST(r.done->usage.completion_tokens < 1000u);
   }

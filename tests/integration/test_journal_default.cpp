@@ -2,10 +2,9 @@
 // folder each get a journal of their own, survive kill -9 and replay exactly their own jobs; a
 // server pointed at a journal in use is refused; a wildcard port gets no default journal.
 #define BOOST_TEST_MODULE it_journal_default
-#include <boost/test/unit_test.hpp>
-
 #include <sys/stat.h>
 
+#include <boost/test/unit_test.hpp>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -32,7 +31,6 @@ batching:
 executors:
   backend: "null"
 )";
-
 
 // The journal file a server named on stderr ("switchyard: journal PATH (fsync ...").
 std::string journal_named(const std::string& stderr_text) {
@@ -133,9 +131,8 @@ BOOST_AUTO_TEST_CASE(two_servers_on_one_host_keep_their_own_journals_through_kil
     sinks.push_back(std::make_unique<sy::client::Sink>(n.results));
     BOOST_TEST(journal_named(sy::test::read_file(n.err)) == journal[&n - nodes]);
   }
-  auto third = sy::it::run_binary("serve --backend null --bind 'tcp://127.0.0.1:*' --journal " +
-                                      journal[0],
-                                  "timeout 30 ");
+  auto third = sy::it::run_binary(
+      "serve --backend null --bind 'tcp://127.0.0.1:*' --journal " + journal[0], "timeout 30 ");
   BOOST_TEST_MESSAGE("third server: exit " << third.status << ": " << third.out);
   BOOST_TEST(third.status == 1);
   const std::string in_use = "journal " + journal[0] + " is in use by another server (pid " +

@@ -3,7 +3,6 @@
 // oversized frame: a disconnect), the server stays up, and the next valid job succeeds.
 #define BOOST_TEST_MODULE it_malformed
 #include <boost/test/unit_test.hpp>
-
 #include <random>
 
 #include "clients/cpp/client.hpp"
@@ -25,7 +24,8 @@ sy::wire::Submit valid(const std::string& id) {
 }
 
 // Sends raw bytes and returns the error they earn (fails the test on anything else).
-sy::wire::Error error_for(sy::client::Client& cl, const std::string& bytes, const std::string& what) {
+sy::wire::Error error_for(sy::client::Client& cl, const std::string& bytes,
+                          const std::string& what) {
   cl.send_raw(bytes.data(), bytes.size());
   auto m = cl.next(10s);
   BOOST_REQUIRE_MESSAGE(m, what << ": no reply");
@@ -35,12 +35,15 @@ sy::wire::Error error_for(sy::client::Client& cl, const std::string& bytes, cons
   return *e;
 }
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 // A valid job completes: the server is still up and serving.
 void check_alive(sy::client::Client& cl, const std::string& id) {
   auto r = cl.run(valid(id), 30s);
-  BOOST_REQUIRE_MESSAGE(r.ok(), id << ": " << (r.error ? r.error->message : std::string("no done")));
+  BOOST_REQUIRE_MESSAGE(r.ok(),
+                        id << ": " << (r.error ? r.error->message : std::string("no done")));
   BOOST_TEST(r.ids.size() == 8u);
 }
 
@@ -92,7 +95,8 @@ BOOST_AUTO_TEST_CASE(every_malformed_message_gets_its_error_and_the_server_stays
   {
     // {"v":1,"type":"submit","id":"w1","tenant":"t","prompt":"Hi","max_tokens":"8"}
     std::string m = std::string("\x86\xa1v\x01\xa4type\xa6submit\xa2id\xa2w1\xa6tenant\xa1t") +
-                    "\xa6prompt\xa2Hi\xaamax_tokens\xa1" "8";
+                    "\xa6prompt\xa2Hi\xaamax_tokens\xa1"
+                    "8";
     e = error_for(cl, m, "max_tokens as string");
     BOOST_TEST(sy::to_string(e.code) == "bad_request");
     BOOST_TEST(has(e.message, "max_tokens"), e.message);
@@ -135,7 +139,8 @@ BOOST_AUTO_TEST_CASE(every_malformed_message_gets_its_error_and_the_server_stays
     std::string huge(2u << 20, 'x');
     big.send_raw(huge.data(), huge.size());
     auto m = big.next(2s);
-    BOOST_TEST(!m.has_value(), "a reply to an oversized frame: " << (m ? sy::client::describe(*m) : ""));
+    BOOST_TEST(!m.has_value(),
+               "a reply to an oversized frame: " << (m ? sy::client::describe(*m) : ""));
   }
   BOOST_TEST(srv.alive());
   sy::client::Client fresh(srv.endpoint());

@@ -1,9 +1,8 @@
 // Must-show 1: 10,000 jobs from 4 concurrent clients with ignore_eos through the real server:
 // every job returns exactly its max_tokens tokens; none lost, none answered twice.
 #define BOOST_TEST_MODULE it_many_jobs
-#include <boost/test/unit_test.hpp>
-
 #include <atomic>
+#include <boost/test/unit_test.hpp>
 #include <map>
 #include <mutex>
 #include <random>
@@ -109,7 +108,8 @@ BOOST_AUTO_TEST_CASE(ten_thousand_jobs_four_clients) {
   std::vector<Tally> tallies(kClients);
   std::vector<std::thread> threads;
   for (int c = 0; c < kClients; ++c)
-    threads.emplace_back([&, c] { tallies[c] = run_client(srv.endpoint(), c, kJobsEach, kWindow); });
+    threads.emplace_back(
+        [&, c] { tallies[c] = run_client(srv.endpoint(), c, kJobsEach, kWindow); });
   for (auto& th : threads) th.join();
   size_t done = 0;
   for (int c = 0; c < kClients; ++c) {
@@ -122,7 +122,8 @@ BOOST_AUTO_TEST_CASE(ten_thousand_jobs_four_clients) {
       BOOST_TEST(t.unknown == 0u);
       BOOST_TEST(t.lost == 0u);
     }
-    BOOST_TEST_MESSAGE("client " << c << ": " << t.done << " done, " << t.overloaded << " overloaded");
+    BOOST_TEST_MESSAGE("client " << c << ": " << t.done << " done, " << t.overloaded
+                                 << " overloaded");
     done += t.done;
   }
   BOOST_TEST(done == 10000u);

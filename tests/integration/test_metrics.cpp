@@ -3,14 +3,13 @@
 // python3-prometheus-client parser and its counters must agree with what was sent; after an
 // executor fault, the supervisor's figures on /metrics agree with its own stats.
 #define BOOST_TEST_MODULE it_metrics
-#include <boost/test/unit_test.hpp>
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -54,7 +53,8 @@ HttpResult http_get(const std::string& address, const std::string& path) {
     close(fd);
     return r;
   }
-  std::string req = "GET " + path + " HTTP/1.1\r\nHost: " + address + "\r\nConnection: close\r\n\r\n";
+  std::string req =
+      "GET " + path + " HTTP/1.1\r\nHost: " + address + "\r\nConnection: close\r\n\r\n";
   (void)!write(fd, req.data(), req.size());
   std::string resp;
   char buf[8192];
@@ -161,9 +161,10 @@ BOOST_AUTO_TEST_CASE(metrics_agree_with_the_jobs_sent) {
 
   // Two tenants x two classes, uneven counts so that a mix-up shows; plus one job of an unknown
   // class, which admission refuses as bad_request.
-  const std::map<std::pair<std::string, std::string>, int> plan = {
-      {{"alpha", "interactive"}, 7}, {{"alpha", "batch"}, 3},
-      {{"beta", "interactive"}, 4},  {{"beta", "batch"}, 6}};
+  const std::map<std::pair<std::string, std::string>, int> plan = {{{"alpha", "interactive"}, 7},
+                                                                   {{"alpha", "batch"}, 3},
+                                                                   {{"beta", "interactive"}, 4},
+                                                                   {{"beta", "batch"}, 6}};
   const uint32_t max_tokens = 5;
   sy::client::Client cl(srv.endpoint());
   std::set<std::string> waiting;
@@ -217,10 +218,12 @@ BOOST_AUTO_TEST_CASE(metrics_agree_with_the_jobs_sent) {
   for (int i = 0; i < 300; ++i) {
     t0 = std::chrono::steady_clock::now();
     res = http_get(addr, "/metrics");
-    if (res.status == 200 && res.body.find("\nswitchyard_jobs_active 0\n") != std::string::npos) break;
+    if (res.status == 200 && res.body.find("\nswitchyard_jobs_active 0\n") != std::string::npos)
+      break;
     std::this_thread::sleep_for(100ms);
   }
-  auto scrape_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  auto scrape_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   BOOST_REQUIRE(res.status == 200);
   BOOST_TEST(res.content_type.find("text/plain; version=0.0.4") == 0u, res.content_type);
   BOOST_TEST_MESSAGE("scrape: " << res.body.size() << " bytes in " << scrape_ms << " ms");
@@ -229,8 +232,11 @@ BOOST_AUTO_TEST_CASE(metrics_agree_with_the_jobs_sent) {
   // Every job counted once, under its own class and tenant; the refused one is not a job.
   double sum = 0;
   for (const auto& [key, count] : plan) {
-    std::string k = "switchyard_jobs_total{class=" + key.second + ",outcome=done,tenant=" + key.first + "}";
-    BOOST_TEST_CONTEXT(k) { BOOST_TEST(p.at(k) == count); }
+    std::string k =
+        "switchyard_jobs_total{class=" + key.second + ",outcome=done,tenant=" + key.first + "}";
+    BOOST_TEST_CONTEXT(k) {
+      BOOST_TEST(p.at(k) == count);
+    }
   }
   for (const auto& [k, v] : p.samples)
     if (k.rfind("switchyard_jobs_total{", 0) == 0) sum += v;
@@ -245,9 +251,9 @@ BOOST_AUTO_TEST_CASE(metrics_agree_with_the_jobs_sent) {
     int n = 0;
     for (const auto& [key, count] : plan)
       if (key.second == cls) n += count;
-    for (const char* h : {"switchyard_queue_time_seconds", "switchyard_time_to_first_token_seconds",
-                          "switchyard_time_per_output_token_seconds",
-                          "switchyard_e2e_request_latency_seconds"}) {
+    for (const char* h :
+         {"switchyard_queue_time_seconds", "switchyard_time_to_first_token_seconds",
+          "switchyard_time_per_output_token_seconds", "switchyard_e2e_request_latency_seconds"}) {
       std::string base = std::string(h);
       BOOST_TEST_CONTEXT(base << " " << cls) {
         BOOST_TEST(p.at(base + "_count{class=" + cls + "}") == n);
@@ -300,8 +306,8 @@ BOOST_AUTO_TEST_CASE(recovery_metrics_agree_with_the_supervisor) {
   for (const auto& f : faults) {
     BOOST_TEST_CONTEXT(f.reason) {
       sy::it::TempDir dir;
-      std::vector<std::string> args = {"--backend", "null", "--step-delay-ms", "5", "--metrics",
-                                       "127.0.0.1:0"};
+      std::vector<std::string> args = {"--backend", "null",      "--step-delay-ms",
+                                       "5",         "--metrics", "127.0.0.1:0"};
       args.insert(args.end(), f.flags.begin(), f.flags.end());
       sy::it::ServerProcess srv(args);
       const std::string addr = srv.metrics_endpoint();
@@ -356,17 +362,23 @@ BOOST_AUTO_TEST_CASE(recovery_metrics_agree_with_the_supervisor) {
       BOOST_TEST(p.at("switchyard_executors{state=running}") == st["executors"]);
       BOOST_TEST(p.at("switchyard_executors{state=retiring}") == 0);
       BOOST_TEST(p.at("switchyard_executor_scale_events_total{direction=up}") == st["scale_ups"]);
-      BOOST_TEST(p.at("switchyard_executor_scale_events_total{direction=down}") == st["scale_downs"]);
+      BOOST_TEST(p.at("switchyard_executor_scale_events_total{direction=down}") ==
+                 st["scale_downs"]);
       BOOST_TEST(p.at("switchyard_executors_running") == 1);
       // The replacement runs in the failed pair's slot: executor="0" carries the whole pool.
-      BOOST_TEST(p.at("switchyard_executor_kv_blocks_total{executor=0}") == p.at("switchyard_kv_blocks_total"));
+      BOOST_TEST(p.at("switchyard_executor_kv_blocks_total{executor=0}") ==
+                 p.at("switchyard_kv_blocks_total"));
       BOOST_TEST(p.at("switchyard_executor_kv_blocks_total{executor=0}") == st["blocks_total"]);
       BOOST_TEST(p.at("switchyard_executor_kv_blocks_used{executor=0}") == 0);
-      BOOST_TEST(p.at("switchyard_executor_kv_blocks_free{executor=0}") == p.at("switchyard_kv_blocks_free"));
-      BOOST_TEST(p.at("switchyard_executor_preemptions_total{executor=0}") == p.at("switchyard_preemptions_total"));
+      BOOST_TEST(p.at("switchyard_executor_kv_blocks_free{executor=0}") ==
+                 p.at("switchyard_kv_blocks_free"));
+      BOOST_TEST(p.at("switchyard_executor_preemptions_total{executor=0}") ==
+                 p.at("switchyard_preemptions_total"));
       BOOST_TEST(p.at("switchyard_curve_refused_total") == 0);
-      BOOST_TEST(p.at("switchyard_prefix_affinity_dispatches_total{result=hit}") == st["affinity_hits"]);
-      BOOST_TEST(p.at("switchyard_batcher_lost_jobs_total{outcome=requeued}") == st["lost_requeued"]);
+      BOOST_TEST(p.at("switchyard_prefix_affinity_dispatches_total{result=hit}") ==
+                 st["affinity_hits"]);
+      BOOST_TEST(p.at("switchyard_batcher_lost_jobs_total{outcome=requeued}") ==
+                 st["lost_requeued"]);
       BOOST_TEST(p.at("switchyard_prefix_affinity_dispatches_total{result=overruled}") ==
                  st["affinity_overruled"]);
       BOOST_TEST_MESSAGE(f.reason << ": " << st["requeued"] << " re-queued, recovery "
@@ -393,9 +405,9 @@ BOOST_AUTO_TEST_CASE(flag_and_off_by_default) {
 
   // A busy port is a startup error naming the address, not a silent server without metrics.
   sy::it::ServerProcess first({"--backend", "null", "--metrics", "127.0.0.1:0"});
-  auto run = sy::it::run_binary("serve --backend null --bind tcp://127.0.0.1:* --metrics " +
-                                    first.metrics_endpoint(),
-                                "timeout 60 ");
+  auto run = sy::it::run_binary(
+      "serve --backend null --bind tcp://127.0.0.1:* --metrics " + first.metrics_endpoint(),
+      "timeout 60 ");
   BOOST_TEST(run.status != 0);
   BOOST_TEST(run.out.find(first.metrics_endpoint()) != std::string::npos, run.out);
   BOOST_TEST(first.stop(SIGTERM) == 0);

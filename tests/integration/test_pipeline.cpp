@@ -3,9 +3,8 @@
 // sink, none is refused, the queue never holds more than its limit, and the server's peak
 // resident memory (VmHWM) is reported.
 #define BOOST_TEST_MODULE it_pipeline
-#include <boost/test/unit_test.hpp>
-
 #include <atomic>
+#include <boost/test/unit_test.hpp>
 #include <set>
 #include <thread>
 
@@ -68,11 +67,15 @@ executors:
       auto t0 = std::chrono::steady_clock::now();
       // A minute blocked means the server stopped reading.
       if (!push.send_raw(m.data(), m.size(), 60s)) break;
-      long us = std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count();
+      long us = std::chrono::duration_cast<std::chrono::microseconds>(
+                    std::chrono::steady_clock::now() - t0)
+                    .count();
       if (us > longest_block_us) longest_block_us = us;
       ++pushed;
     }
-    push_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+    push_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  std::chrono::steady_clock::now() - start)
+                  .count();
   });
 
   std::set<std::string> got;
@@ -93,7 +96,9 @@ executors:
     if ((got.size() + errors) % 500 == 0) max_queued = std::max(max_queued, srv.stats()["queued"]);
   }
   producer.join();
-  auto all_ms = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start).count();
+  auto all_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::chrono::steady_clock::now() - start)
+                    .count();
   BOOST_TEST(pushed == kJobs);
   BOOST_TEST(got.size() == static_cast<size_t>(kJobs));
   BOOST_TEST(errors == 0u, first_error);
@@ -103,9 +108,11 @@ executors:
   auto st = srv.stats();
   BOOST_TEST(st["overloaded"] == 0);
   long hwm = srv.proc_status_kb("VmHWM");
-  BOOST_TEST_MESSAGE("peak RSS (VmHWM) of the server: " << hwm << " kB; deepest sampled queue "
-                     << max_queued << "; longest blocked push " << longest_block_us / 1000 << " ms; the producer took "
-                     << push_ms << " ms to push all, the sink had every result after " << all_ms
+  BOOST_TEST_MESSAGE("peak RSS (VmHWM) of the server: "
+                     << hwm << " kB; deepest sampled queue " << max_queued
+                     << "; longest blocked push " << longest_block_us / 1000
+                     << " ms; the producer took " << push_ms
+                     << " ms to push all, the sink had every result after " << all_ms
                      << " ms (a producer far slower than free pushing = it was held back)");
   // Bounded memory: the 5,000 frames are 40 MB; the server may hold its queue (100), its PULL
   // buffer (rcvhwm 100) and what it is running, a few MB. Growth near 20 MB would mean the jobs

@@ -4,10 +4,9 @@
 // token or an unknown tenant is refused with `unauthorized` before anything is queued), and the
 // CURVE client allow-list (ZAP): listed keys get results, unlisted ones are refused and counted.
 #define BOOST_TEST_MODULE it_security
-#include <boost/test/unit_test.hpp>
-
 #include <sys/stat.h>
 
+#include <boost/test/unit_test.hpp>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -28,7 +27,6 @@ namespace {
 // How long a client without the key waits for an answer that must not come. Loopback handshakes
 // take milliseconds; this is long enough for several ZeroMQ reconnect attempts (100 ms apart).
 constexpr auto kNoAnswerWait = 1500ms;
-
 
 // Keys for one test: the server's pair and an unrelated pair (a client with the wrong key).
 struct Keys {
@@ -79,8 +77,8 @@ sy::wire::Error expect_error(Client& c, const std::string& id, ErrorCode code) {
   auto m = next_for(c, id);
   BOOST_REQUIRE_MESSAGE(m.has_value(), "no answer for " << id);
   auto* e = std::get_if<sy::wire::Error>(&*m);
-  BOOST_REQUIRE_MESSAGE(e, "expected error " << to_string(code) << ", got "
-                                             << sy::client::describe(*m));
+  BOOST_REQUIRE_MESSAGE(
+      e, "expected error " << to_string(code) << ", got " << sy::client::describe(*m));
   BOOST_TEST(to_string(e->code) == to_string(code));
   BOOST_TEST_MESSAGE(id << ": " << to_string(e->code) << ": " << e->message);
   return *e;
@@ -109,7 +107,8 @@ bool send_submit(zmq::socket_t& sock, const sy::wire::Submit& s) {
 }
 
 // The next decoded server message on `sock`, or nullopt after `wait`.
-std::optional<sy::wire::ServerMessage> recv_message(zmq::socket_t& sock, std::chrono::milliseconds wait) {
+std::optional<sy::wire::ServerMessage> recv_message(zmq::socket_t& sock,
+                                                    std::chrono::milliseconds wait) {
   zmq::pollitem_t item{sock.handle(), 0, ZMQ_POLLIN, 0};
   if (zmq::poll(&item, 1, wait) <= 0) return std::nullopt;
   zmq::message_t msg;
@@ -166,8 +165,10 @@ BOOST_AUTO_TEST_CASE(keygen_writes_a_private_pair_and_refuses_to_overwrite) {
   BOOST_TEST(sy::curve::read_key_file(k.key, "secret") == secret);  // untouched
   r = sy::it::run_binary("keygen --out " + k.dir.file("again"), "timeout 30 ");
   BOOST_TEST(r.status == 0);
-  BOOST_TEST(r.out.find(sy::curve::read_key_file(k.dir.file("again.pub"), "p")) != std::string::npos);
-  BOOST_TEST(r.out.find(sy::curve::read_key_file(k.dir.file("again.key"), "s")) == std::string::npos);
+  BOOST_TEST(r.out.find(sy::curve::read_key_file(k.dir.file("again.pub"), "p")) !=
+             std::string::npos);
+  BOOST_TEST(r.out.find(sy::curve::read_key_file(k.dir.file("again.key"), "s")) ==
+             std::string::npos);
   r = sy::it::run_binary("keygen", "timeout 30 ");
   BOOST_TEST(r.status == 2);
   BOOST_TEST(r.out.find("--out PREFIX") != std::string::npos, r.out);
@@ -235,7 +236,8 @@ BOOST_AUTO_TEST_CASE(curve_router_needs_the_server_key) {
   // With the key: end to end, and `ctl` with --server-key.
   Client good(ep, k.with(k.pub));
   auto res = good.run(job("good-1", "t", 8), 30s);
-  BOOST_REQUIRE_MESSAGE(res.ok(), "keyed job failed: " << (res.error ? res.error->message : "timeout"));
+  BOOST_REQUIRE_MESSAGE(res.ok(),
+                        "keyed job failed: " << (res.error ? res.error->message : "timeout"));
   BOOST_TEST(res.ids.size() == 8u);
   r = sy::it::run_binary("ctl --server " + ep + " --token adm --server-key " + k.pub + " stats",
                          "timeout 30 ");
@@ -287,11 +289,14 @@ BOOST_AUTO_TEST_CASE(allow_list_file_errors_name_file_and_line) {
   struct Case {
     std::string args, needle;
   } cases[] = {
-      {"--curve-secret-key " + k.key + " --curve-allowed-keys " + bad, "bad.allow' line 4: malformed"},
-      {"--curve-secret-key " + k.key + " --curve-allowed-keys " + empty, "empty.allow' lists no key"},
+      {"--curve-secret-key " + k.key + " --curve-allowed-keys " + bad,
+       "bad.allow' line 4: malformed"},
+      {"--curve-secret-key " + k.key + " --curve-allowed-keys " + empty,
+       "empty.allow' lists no key"},
       {"--curve-secret-key " + k.key + " --curve-allowed-keys " + k.dir.file("none.allow"),
        "none.allow': cannot open"},
-      {"--curve-allowed-keys " + bad, "curve_allowed_keys ('" + bad + "') needs endpoints.curve_secret_key"},
+      {"--curve-allowed-keys " + bad,
+       "curve_allowed_keys ('" + bad + "') needs endpoints.curve_secret_key"},
   };
   for (const auto& c : cases) {
     auto r = sy::it::run_binary(serve + c.args, "timeout 30 ");
@@ -303,10 +308,11 @@ BOOST_AUTO_TEST_CASE(allow_list_file_errors_name_file_and_line) {
 BOOST_AUTO_TEST_CASE(allow_list_on_the_router) {
   Keys k;
   auto listed = sy::curve::generate(), unlisted = sy::curve::generate();
-  std::string allow = k.dir.write("clients.allow", "# who may connect\n\n  " + listed.public_key +
-                                                       "  \n# " + unlisted.public_key + " (revoked)\n");
-  sy::it::ServerProcess server({"--backend", "null", "--curve-secret-key", k.key,
-                                "--curve-allowed-keys", allow});
+  std::string allow =
+      k.dir.write("clients.allow", "# who may connect\n\n  " + listed.public_key + "  \n# " +
+                                       unlisted.public_key + " (revoked)\n");
+  sy::it::ServerProcess server(
+      {"--backend", "null", "--curve-secret-key", k.key, "--curve-allowed-keys", allow});
   const std::string ep = server.endpoint();
   zmq::context_t ctx;
 
@@ -365,12 +371,14 @@ BOOST_AUTO_TEST_CASE(allow_list_admits_the_clients_with_their_own_keys) {
   BOOST_TEST(r.status == 0, r.out);
   BOOST_TEST(r.out.find("batchers") != std::string::npos, r.out);
   // Without its own key, ctl is refused at the handshake and times out.
-  r = sy::it::run_binary("ctl --server " + ep + " --server-key " + k.pub +
-                             " --token adm --timeout-ms 1500 stats", "timeout 30 ");
+  r = sy::it::run_binary(
+      "ctl --server " + ep + " --server-key " + k.pub + " --token adm --timeout-ms 1500 stats",
+      "timeout 30 ");
   BOOST_TEST(r.status != 0, r.out);
   // --client-key alone makes no sense without CURVE.
-  r = sy::it::run_binary("ctl --server " + ep + " --client-key " + k.dir.file("client.key") +
-                             " --token adm stats", "timeout 30 ");
+  r = sy::it::run_binary(
+      "ctl --server " + ep + " --client-key " + k.dir.file("client.key") + " --token adm stats",
+      "timeout 30 ");
   BOOST_TEST(r.status != 0);
   BOOST_TEST(r.out.find("--client-key needs --server-key") != std::string::npos, r.out);
 
@@ -386,7 +394,8 @@ BOOST_AUTO_TEST_CASE(allow_list_admits_the_clients_with_their_own_keys) {
       "                 timeout_ms=20000)\n"
       "print('ids', len(res.ids))\n");
   std::string cmd = "timeout 60 /usr/bin/python3 " + script + " " + SY_SOURCE_DIR +
-                    "/clients/python " + ep + " " + k.pub + " " + k.dir.file("client.key") + " 2>&1";
+                    "/clients/python " + ep + " " + k.pub + " " + k.dir.file("client.key") +
+                    " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   BOOST_REQUIRE(p);
   std::string out;
@@ -405,12 +414,14 @@ BOOST_AUTO_TEST_CASE(allow_list_on_pull_and_push) {
   Keys k;
   auto producer = sy::curve::generate(), sink_keys = sy::curve::generate(),
        stranger = sy::curve::generate();
-  std::string allow = k.dir.write("clients.allow", producer.public_key + "\n" + sink_keys.public_key + "\n");
+  std::string allow =
+      k.dir.write("clients.allow", producer.public_key + "\n" + sink_keys.public_key + "\n");
   sy::it::ServerProcess server({"--backend", "null", "--pull", "tcp://127.0.0.1:*", "--results",
                                 "tcp://127.0.0.1:*", "--curve-secret-key", k.key,
                                 "--curve-allowed-keys", allow});
   zmq::context_t ctx;
-  auto sink = keyed_socket(ctx, zmq::socket_type::pull, server.results_endpoint(), k.pub, sink_keys);
+  auto sink =
+      keyed_socket(ctx, zmq::socket_type::pull, server.results_endpoint(), k.pub, sink_keys);
   // An unlisted sink that knows the server key never becomes a peer of the results socket.
   auto stranger_sink =
       keyed_socket(ctx, zmq::socket_type::pull, server.results_endpoint(), k.pub, stranger);
@@ -445,8 +456,7 @@ BOOST_AUTO_TEST_CASE(tenants_cannot_reach_each_others_jobs) {
                               "    - {name: alice, token: ta-secret}\n"
                               "    - {name: bob, token: tb-secret}\n");
   // Slow steps keep bob's job running while alice pokes at it.
-  sy::it::ServerProcess server(
-      {"--config", cfg, "--backend", "null", "--step-delay-ms", "20"});
+  sy::it::ServerProcess server({"--config", cfg, "--backend", "null", "--step-delay-ms", "20"});
   Client bob(server.endpoint()), alice(server.endpoint());
 
   bob.submit(job("job-b", "bob", 100, "tb-secret"));
@@ -474,7 +484,8 @@ BOOST_AUTO_TEST_CASE(tenants_cannot_reach_each_others_jobs) {
   BOOST_REQUIRE_MESSAGE(sr, sy::client::describe(*st));
   BOOST_TEST((sr->state == sy::wire::JobState::queued || sr->state == sy::wire::JobState::running));
   auto res = bob.wait("job-b", 60s);
-  BOOST_REQUIRE_MESSAGE(res.ok(), "bob's job failed: " << (res.error ? res.error->message : "timeout"));
+  BOOST_REQUIRE_MESSAGE(res.ok(),
+                        "bob's job failed: " << (res.error ? res.error->message : "timeout"));
   BOOST_TEST(sy::wire::to_string(res.done->finish_reason) == "length");
   BOOST_TEST(res.ids.size() == 100u);
 

@@ -14,7 +14,9 @@ using sy::it::Run;
 
 // Runs the binary to its end (for commands that fail at start-up); bounded so that one that
 // hangs instead fails the test rather than stalling the suite.
-Run run(const std::string& args) { return sy::it::run_binary(args, "timeout 60 "); }
+Run run(const std::string& args) {
+  return sy::it::run_binary(args, "timeout 60 ");
+}
 
 }  // namespace
 

@@ -3,7 +3,6 @@
 // jobs already there; a bad input line is refused before anything is sent.
 #define BOOST_TEST_MODULE it_submit_cmd
 #include <boost/test/unit_test.hpp>
-
 #include <set>
 
 #include "tests/integration/server_process.hpp"
@@ -12,7 +11,9 @@ namespace {
 
 using sy::it::Run;
 
-Run run(const std::string& args) { return sy::it::run_binary(args); }
+Run run(const std::string& args) {
+  return sy::it::run_binary(args);
+}
 
 std::vector<std::string> lines(const std::string& path) {
   std::ifstream f(path);
@@ -78,11 +79,15 @@ BOOST_AUTO_TEST_CASE(batch_runs_and_resumes) {
 
 BOOST_AUTO_TEST_CASE(bad_input_line_is_named) {
   sy::it::TempDir dir;
-  std::string in = dir.write("bad.jsonl", "{\"id\": \"a\", \"prompt\": \"x\"}\n{\"id\": \"b\", \"max_tokens\": \"many\", \"prompt\": \"x\"}\n");
+  std::string in = dir.write("bad.jsonl",
+                             "{\"id\": \"a\", \"prompt\": \"x\"}\n{\"id\": \"b\", \"max_tokens\": "
+                             "\"many\", \"prompt\": \"x\"}\n");
   // No server needed: the input is checked before connecting.
-  auto r = run("submit --input " + in + " --output " + dir.path() + "/o.jsonl --server tcp://127.0.0.1:1");
+  auto r = run("submit --input " + in + " --output " + dir.path() +
+               "/o.jsonl --server tcp://127.0.0.1:1");
   BOOST_TEST(r.status == 2, r.out);
-  BOOST_TEST(r.out.find("input line 2: 'max_tokens' must be an integer") != std::string::npos, r.out);
+  BOOST_TEST(r.out.find("input line 2: 'max_tokens' must be an integer") != std::string::npos,
+             r.out);
   r = run("submit --output x");
   BOOST_TEST(r.status == 2);
   BOOST_TEST(r.out.find("submit needs --input") != std::string::npos, r.out);

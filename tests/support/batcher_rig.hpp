@@ -59,7 +59,7 @@ struct Rig {
   uint64_t credit = 0;
   int credit_msgs = 0;
   uint64_t next_uid = 1;
-  uint64_t last_uid = 0;          // the job the last received message was about
+  uint64_t last_uid = 0;  // the job the last received message was about
 
   void start(BatchingConfig bc, int32_t n_blocks, ExecutorSpec spec, bool with_model = true) {
     if (spec.model) spec.model = model;
@@ -69,8 +69,8 @@ struct Rig {
     start_with(bc, n_blocks, executor, with_model);
   }
   void start_with(BatchingConfig bc, int32_t n_blocks, caf::actor exec, bool with_model) {
-    batcher = spawn_batcher(sys, bc, with_model ? model : nullptr, exec, sink, sink, sink,
-                            n_blocks);
+    batcher =
+        spawn_batcher(sys, bc, with_model ? model : nullptr, exec, sink, sink, sink, n_blocks);
   }
   ~Rig() {
     if (batcher) caf::anon_send_exit(batcher, caf::exit_reason::user_shutdown);
@@ -142,8 +142,7 @@ struct Rig {
   }
   bool ended(uint64_t uid) {
     auto it = seen.find(uid);
-    return it != seen.end() && it->second.outcomes > 0 &&
-           it->second.dones + it->second.errors > 0;
+    return it != seen.end() && it->second.outcomes > 0 && it->second.dones + it->second.errors > 0;
   }
   // Receives until every job in `uids` has its terminal event and outcome.
   void wait_all(const std::vector<uint64_t>& uids) {

@@ -20,8 +20,8 @@ struct ReferenceCase {
   std::vector<int32_t> prompt_token_ids;   ///< with BOS, as llama.cpp adds it
   std::vector<std::string> prompt_pieces;  ///< the text of each prompt token, BOS as "<s>"
   std::vector<int32_t> generated_token_ids;
-  std::string generated_text;              ///< excludes the prompt
-  std::vector<double> top1_logprobs;       ///< log-probability of each generated token
+  std::string generated_text;         ///< excludes the prompt
+  std::vector<double> top1_logprobs;  ///< log-probability of each generated token
 };
 
 namespace detail {

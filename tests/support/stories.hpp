@@ -35,7 +35,7 @@ struct FedSeq {
   std::vector<int32_t> cur;     // the tokens of the step being built
   std::vector<int32_t> blocks;  // block table
   int32_t n_past = 0;
-  size_t fed = 0;               // prompt tokens fed so far
+  size_t fed = 0;  // prompt tokens fed so far
 
   /// Builds the next step of this sequence into `st`: the next prompt chunk, or `last` once the
   /// prompt is fed. False when the pool has no block left for it.

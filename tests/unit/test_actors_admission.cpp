@@ -2,7 +2,6 @@
 // authentication, quotas, prompt checks, job-key deduplication, status and cancellation.
 #define BOOST_TEST_MODULE actors_admission
 #include <boost/test/unit_test.hpp>
-
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 #include <memory>
@@ -83,7 +82,8 @@ struct Rig : test::TestSystem {
     rc.classes = {{"interactive", 0, 1.0, queue_limit, 0}, {"batch", 1, 1.0, queue_limit, 0}};
     egress = sys->spawn(egress_sink, t);
     router = spawn_router(*sys, rc, egress);
-    admission = spawn_admission(*sys, std::move(ac), rc.classes, "", std::move(model), router, egress);
+    admission =
+        spawn_admission(*sys, std::move(ac), rc.classes, "", std::move(model), router, egress);
     batcher = sys->spawn(fake_batcher, t);
     probe = sys->spawn(stats_prober, t);
     sched->run();
@@ -109,8 +109,8 @@ struct Rig : test::TestSystem {
     caf::anon_send(admission, submit_atom::value, std::move(r));
     sched->run();
   }
-  void key(uint8_t kind, const std::string& tenant, const std::string& token,
-           const std::string& id, const std::string& client = "c1") {
+  void key(uint8_t kind, const std::string& tenant, const std::string& token, const std::string& id,
+           const std::string& client = "c1") {
     KeyRequest k;
     k.kind = kind;
     k.client.identity = client;
@@ -154,7 +154,9 @@ struct Rig : test::TestSystem {
   uint8_t last_error() const { return t->errors.empty() ? 255 : t->errors.back().code; }
 };
 
-constexpr uint8_t code(ErrorCode c) { return static_cast<uint8_t>(c); }
+constexpr uint8_t code(ErrorCode c) {
+  return static_cast<uint8_t>(c);
+}
 
 AdmissionConfig with_tenants(std::vector<TenantConfig> ts) {
   AdmissionConfig ac;
@@ -297,8 +299,8 @@ BOOST_AUTO_TEST_CASE(model_tokenizes_and_bounds_by_context) {
   rig.submit(r);
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->errors[0].code, code(ErrorCode::bad_request));
-  std::string expect = "prompt has " + std::to_string(ctx - 7) + " tokens, limit " +
-                       std::to_string(ctx - 8);
+  std::string expect =
+      "prompt has " + std::to_string(ctx - 7) + " tokens, limit " + std::to_string(ctx - 8);
   BOOST_CHECK_MESSAGE(rig.t->errors[0].message.rfind(expect, 0) == 0, rig.t->errors[0].message);
   r = rig.req("t", "", "vocab");
   r.prompt_is_ids = true;

@@ -3,7 +3,6 @@
 // max_tokens, chunked prefill plans, executor failure, and the null backend.
 #define BOOST_TEST_MODULE actors_batcher
 #include <boost/test/unit_test.hpp>
-
 #include <caf/all.hpp>
 #include <chrono>
 #include <map>
@@ -24,7 +23,6 @@ using namespace sy;
 using namespace sy::test;
 
 namespace {
-
 
 struct Golden {
   std::vector<int32_t> prompt, ids;
@@ -150,8 +148,7 @@ BOOST_AUTO_TEST_CASE(cancel_mid_stream_frees_blocks) {
   Job j = rig.job(golden64()[0].prompt, 1000, true);
   j.ignore_eos = true;
   const uint64_t uid = rig.submit(j);
-  while (rig.seen[uid].stream_ids.empty() && !rig.ended(uid))
-    BOOST_REQUIRE(rig.receive_one());
+  while (rig.seen[uid].stream_ids.empty() && !rig.ended(uid)) BOOST_REQUIRE(rig.receive_one());
   BOOST_REQUIRE(!rig.ended(uid));
   BOOST_TEST(counter(rig.stats(rig.batcher), "blocks_used") > 0);
   rig.sink->send(rig.batcher, cancel_atom::value, uid);

@@ -2,7 +2,6 @@
 // samplers live until released, a malformed plan fails the step, and the null backend's output.
 #define BOOST_TEST_MODULE actors_executor
 #include <boost/test/unit_test.hpp>
-
 #include <caf/all.hpp>
 #include <chrono>
 #include <stdexcept>

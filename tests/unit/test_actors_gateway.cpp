@@ -682,7 +682,8 @@ BOOST_AUTO_TEST_CASE(a_busy_or_bad_address_is_named) {
 namespace {
 
 // Control stand-in: records requests and answers each with a ControlEvent echoing the policy.
-caf::behavior fake_control(caf::event_based_actor*, std::shared_ptr<std::vector<sy::ControlRequest>> seen,
+caf::behavior fake_control(caf::event_based_actor*,
+                           std::shared_ptr<std::vector<sy::ControlRequest>> seen,
                            std::shared_ptr<std::mutex> mu, caf::actor egress) {
   return {
       [=](sy::control_atom, const sy::ControlRequest& r) {

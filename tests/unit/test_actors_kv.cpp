@@ -2,9 +2,8 @@
 // sliding window over 8,192 tokens, windows wider than the sequence equal full attention, swaps by
 // command and by watermark, and prefix reuse that changes no output even while blocks are evicted.
 #define BOOST_TEST_MODULE actors_kv
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
+#include <boost/test/unit_test.hpp>
 #include <map>
 #include <random>
 #include <string>
@@ -47,7 +46,8 @@ std::string swap(Rig& rig, const policy::KvPolicy& p) {
 }
 
 // Runs `prompts` (greedy, ignore_eos) all at once and returns each job's completion ids.
-std::vector<std::vector<int32_t>> run_all(Rig& rig, const std::vector<std::vector<int32_t>>& prompts,
+std::vector<std::vector<int32_t>> run_all(Rig& rig,
+                                          const std::vector<std::vector<int32_t>>& prompts,
                                           uint32_t max_tokens) {
   std::vector<uint64_t> uids;
   for (const auto& p : prompts) {
@@ -260,7 +260,8 @@ BOOST_AUTO_TEST_CASE(eviction_under_pressure_changes_no_output) {
   }
   const caf::settings st = rig.stats(rig.batcher);
   // Read first: a check inside the message stream would interleave with the message itself.
-  const int64_t hits = counter(st, "prefix_hit_blocks"), evictions = counter(st, "prefix_evictions"),
+  const int64_t hits = counter(st, "prefix_hit_blocks"),
+                evictions = counter(st, "prefix_evictions"),
                 preemptions = counter(st, "preemptions");
   BOOST_TEST_MESSAGE("prefix hits " << hits << " blocks, evictions " << evictions
                                     << ", preemptions " << preemptions);

@@ -2,7 +2,6 @@
 // deadline expiry, full queues, cancellation and pipeline backpressure, as message traces.
 #define BOOST_TEST_MODULE actors_router
 #include <boost/test/unit_test.hpp>
-
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 #include <map>
@@ -72,7 +71,9 @@ caf::behavior prober(caf::event_based_actor* self, TraceP t) {
   return {
       [=](enqueue_atom, const caf::actor& router, Job& j) {
         self->request(router, caf::infinite, enqueue_atom::value, std::move(j))
-            .then([t](uint8_t r, uint32_t pos, int64_t retry) { t->replies.emplace_back(r, pos, retry); });
+            .then([t](uint8_t r, uint32_t pos, int64_t retry) {
+              t->replies.emplace_back(r, pos, retry);
+            });
       },
       [=](stats_atom, const caf::actor& target) {
         self->request(target, caf::infinite, stats_atom::value).then([t](caf::settings& s) {
@@ -171,8 +172,9 @@ BOOST_AUTO_TEST_CASE(interactive_always_before_waiting_batch) {
     bool batch_seen = false;
     for (std::size_t i = seen; i < rig.t->runs.size(); ++i) {
       bool interactive = rig.t->runs[i].class_index == 0;
-      BOOST_CHECK_MESSAGE(!(interactive && batch_seen),
-                          "round " << round << ": a batch job was dispatched before an interactive one");
+      BOOST_CHECK_MESSAGE(
+          !(interactive && batch_seen),
+          "round " << round << ": a batch job was dispatched before an interactive one");
       batch_seen |= !interactive;
       batch_dispatched_total += !interactive;
       waiting_interactive -= interactive;

@@ -2,7 +2,6 @@
 // chosen credit, jobs sharing prompt blocks, the slack rule, the switch, and retirement.
 #define BOOST_TEST_MODULE actors_router_affinity
 #include <boost/test/unit_test.hpp>
-
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
 #include <memory>
@@ -26,10 +25,8 @@ using TraceP = std::shared_ptr<Trace>;
 
 caf::behavior sink(caf::event_based_actor*) {
   return {
-      [](out_atom, const AcceptedEvent&) {},
-      [](out_atom, const ErrorEvent&) {},
-      [](out_atom, const DoneEvent&) {},
-      [](pull_atom, uint32_t) {},
+      [](out_atom, const AcceptedEvent&) {},   [](out_atom, const ErrorEvent&) {},
+      [](out_atom, const DoneEvent&) {},       [](pull_atom, uint32_t) {},
       [](finished_atom, const JobOutcome&) {},
   };
 }
@@ -131,7 +128,7 @@ BOOST_AUTO_TEST_CASE(shared_prefix_follows_its_batcher_within_slack) {
   rig.credit(rig.b, 11);
   // First turn: no batcher has anything, so the freest (B) takes it and is remembered.
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 5, 1)) == 'B');  // A 10, B 10
-  rig.credit(rig.a, 3);                                      // A 13, B 10: A is freer
+  rig.credit(rig.a, 3);                                     // A 13, B 10: A is freer
   // Next turn shares the 3 blocks: B, 3 credits behind (slack 8), still gets it.
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 40, 2)) == 'B');  // A 13, B 9
   BOOST_TEST(rig.stat("affinity_hits") == 1);
@@ -139,7 +136,7 @@ BOOST_AUTO_TEST_CASE(shared_prefix_follows_its_batcher_within_slack) {
   // Another conversation has no match: the freest (A).
   BOOST_TEST(rig.run(prompt(2, 3 * kBlock, 5, 3)) == 'A');  // A 12, B 9
   // And its continuation stays on A even though A is no longer much freer.
-  rig.credit(rig.b, 5);                                      // A 12, B 14
+  rig.credit(rig.b, 5);  // A 12, B 14
   BOOST_TEST(rig.run(prompt(2, 3 * kBlock, 9, 4)) == 'A');
   BOOST_TEST(rig.stat("affinity_hits") == 2);
   // A prompt shorter than a block carries no prefix: plain rule (B has more credit).
@@ -153,7 +150,7 @@ BOOST_AUTO_TEST_CASE(too_busy_prefix_holder_is_overruled) {
   rig.credit(rig.a, 10);
   rig.credit(rig.b, 11);
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 5, 1)) == 'B');  // A 10, B 10
-  rig.credit(rig.a, 9);                                      // A 19, B 10: 9 behind > slack 8
+  rig.credit(rig.a, 9);                                     // A 19, B 10: 9 behind > slack 8
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 40, 2)) == 'A');
   BOOST_TEST(rig.stat("affinity_hits") == 0);
   BOOST_TEST(rig.stat("affinity_overruled") == 1);
@@ -167,7 +164,7 @@ BOOST_AUTO_TEST_CASE(affinity_off_always_takes_most_credit) {
   rig.credit(rig.a, 10);
   rig.credit(rig.b, 11);
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 5, 1)) == 'B');  // A 10, B 10
-  rig.credit(rig.a, 1);                                      // A 11, B 10
+  rig.credit(rig.a, 1);                                     // A 11, B 10
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 40, 2)) == 'A');
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 40, 2)) == 'A');  // A 10, B 10: tie, first
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 40, 2)) == 'B');  // A 9, B 10
@@ -182,7 +179,7 @@ BOOST_AUTO_TEST_CASE(retired_batcher_index_is_dropped) {
   rig.credit(rig.b, 11);
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 5, 1)) == 'B');  // A 10, B 10
   // Control: with B still there, the continuation follows it.
-  rig.credit(rig.a, 2);  // A 12, B 10
+  rig.credit(rig.a, 2);                                     // A 12, B 10
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 7, 2)) == 'B');  // A 12, B 9
   caf::anon_send(rig.router, retire_atom::value, rig.b);
   rig.sched->run();

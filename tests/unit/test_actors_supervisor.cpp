@@ -3,7 +3,6 @@
 // limit ends jobs with engine_dead; load makes pairs rise to max and idleness brings them back.
 #define BOOST_TEST_MODULE actors_supervisor
 #include <boost/test/unit_test.hpp>
-
 #include <caf/all.hpp>
 #include <chrono>
 #include <map>
@@ -96,27 +95,26 @@ struct Fixture {
 
   bool receive_one(caf::duration timeout = caf::duration{kWait}) {
     bool ok = true;
-    sink->receive(
-        [&](out_atom, const AcceptedEvent&) {}, [&](pull_atom, uint32_t) {},
-        [&](uint8_t, uint32_t, int64_t) {},  // enqueue answers
-        [&](out_atom, const TokensEvent& t) {
-          Seen& s = seen[t.uid];
-          if (t.index != s.stream_ids.size()) s.contiguous = false;
-          s.stream_ids.insert(s.stream_ids.end(), t.ids.begin(), t.ids.end());
-        },
-        [&](out_atom, const DoneEvent& d) {
-          seen[d.uid].done = d;
-          ++seen[d.uid].dones;
-        },
-        [&](out_atom, const ErrorEvent& e) {
-          seen[e.uid].error = e;
-          ++seen[e.uid].errors;
-        },
-        [&](finished_atom, const JobOutcome& o) {
-          seen[o.uid].outcome = o;
-          ++seen[o.uid].outcomes;
-        },
-        caf::after(timeout) >> [&] { ok = false; });
+    sink->receive([&](out_atom, const AcceptedEvent&) {}, [&](pull_atom, uint32_t) {},
+                  [&](uint8_t, uint32_t, int64_t) {},  // enqueue answers
+                  [&](out_atom, const TokensEvent& t) {
+                    Seen& s = seen[t.uid];
+                    if (t.index != s.stream_ids.size()) s.contiguous = false;
+                    s.stream_ids.insert(s.stream_ids.end(), t.ids.begin(), t.ids.end());
+                  },
+                  [&](out_atom, const DoneEvent& d) {
+                    seen[d.uid].done = d;
+                    ++seen[d.uid].dones;
+                  },
+                  [&](out_atom, const ErrorEvent& e) {
+                    seen[e.uid].error = e;
+                    ++seen[e.uid].errors;
+                  },
+                  [&](finished_atom, const JobOutcome& o) {
+                    seen[o.uid].outcome = o;
+                    ++seen[o.uid].outcomes;
+                  },
+                  caf::after(timeout) >> [&] { ok = false; });
     return ok;
   }
 
@@ -326,8 +324,8 @@ BOOST_AUTO_TEST_CASE(router_puts_requeued_jobs_first_and_honours_retire) {
   sink->send(router, requeue_atom::value, std::vector<Job>{job(7), job(8)});
   auto st = [&] {
     caf::settings s;
-    sink->request(router, kWait, stats_atom::value).receive([&](caf::settings& x) { s = x; },
-                                                             [](caf::error&) {});
+    sink->request(router, kWait, stats_atom::value)
+        .receive([&](caf::settings& x) { s = x; }, [](caf::error&) {});
     return s;
   };
   BOOST_TEST(num(st(), "retry_queued") == 2);
@@ -341,8 +339,8 @@ BOOST_AUTO_TEST_CASE(router_puts_requeued_jobs_first_and_honours_retire) {
   BOOST_TEST(order == (std::vector<uint64_t>{7, 8, 1}), boost::test_tools::per_element());
   // Retired: its remaining credit is revoked and nothing more is dispatched to it.
   uint32_t revoked = 99;
-  sink->request(router, kWait, retire_atom::value, b).receive([&](uint32_t n) { revoked = n; },
-                                                             [](caf::error&) {});
+  sink->request(router, kWait, retire_atom::value, b)
+      .receive([&](uint32_t n) { revoked = n; }, [](caf::error&) {});
   BOOST_TEST(revoked == 0u);
   sink->send(router, requeue_atom::value, std::vector<Job>{job(9)});
   BOOST_TEST(num(st(), "batchers") == 0);

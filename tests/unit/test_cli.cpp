@@ -44,9 +44,9 @@ BOOST_AUTO_TEST_CASE(generate_json_matches_llamacpp) {
   auto r = run("generate --model " + kModel + " --prompt 'The cat' -n 8 --json --logprobs 2");
   BOOST_TEST(r.status == 0);
   BOOST_TEST(r.out.find("\"prompt_token_ids\": [1, 291, 280, 294]") != std::string::npos, r.out);
-  BOOST_TEST(r.out.find("\"token_ids\": [269, 261, 268, 414, 422, 382, 276, 337]") !=
-                 std::string::npos,
-             r.out);
+  BOOST_TEST(
+      r.out.find("\"token_ids\": [269, 261, 268, 414, 422, 382, 276, 337]") != std::string::npos,
+      r.out);
   BOOST_TEST(r.out.find("\"text\": \" and a boy were play\"") != std::string::npos, r.out);
   BOOST_TEST(r.out.find("\"logprobs\": [[{\"id\": 269, \"logprob\": ") != std::string::npos, r.out);
 }
@@ -54,9 +54,9 @@ BOOST_AUTO_TEST_CASE(generate_json_matches_llamacpp) {
 BOOST_AUTO_TEST_CASE(generate_streams_text) {
   auto r = run("generate --model " + kModel + " --prompt 'Once upon a time' -n 12");
   BOOST_TEST(r.status == 0);
-  BOOST_TEST(r.out.find("Once upon a time, there was a little girl named Lily.") !=
-                 std::string::npos,
-             r.out);
+  BOOST_TEST(
+      r.out.find("Once upon a time, there was a little girl named Lily.") != std::string::npos,
+      r.out);
 }
 
 BOOST_AUTO_TEST_CASE(bad_input_is_named) {

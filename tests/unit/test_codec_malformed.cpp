@@ -1,18 +1,16 @@
 // Codec tests for hostile and broken input: random bytes, truncation, huge headers, deep nesting,
 // wrong field types, missing fields, out-of-range values — each refused with a message naming it.
 #define BOOST_TEST_MODULE codec_malformed
-#include <boost/test/unit_test.hpp>
-
-#include <msgpack.hpp>
-
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstdio>
 #include <functional>
 #include <limits>
+#include <msgpack.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -55,14 +53,28 @@ struct Msg {
   }
 };
 
-Value S(std::string s) { return [s](Packer& p) { p.pack(s); }; }
-Value U(uint64_t x) { return [x](Packer& p) { p.pack_uint64(x); }; }
-Value I(int64_t x) { return [x](Packer& p) { p.pack_int64(x); }; }
+Value S(std::string s) {
+  return [s](Packer& p) { p.pack(s); };
+}
+Value U(uint64_t x) {
+  return [x](Packer& p) { p.pack_uint64(x); };
+}
+Value I(int64_t x) {
+  return [x](Packer& p) { p.pack_int64(x); };
+}
 // pack_double would turn 2.0 into an integer; these write real floats.
-Value F(double x) { return [x](Packer& p) { p.pack_double(x); }; }
-Value F32(float x) { return [x](Packer& p) { p.pack_float(x); }; }
-Value B(bool x) { return [x](Packer& p) { x ? p.pack_true() : p.pack_false(); }; }
-Value Nil() { return [](Packer& p) { p.pack_nil(); }; }
+Value F(double x) {
+  return [x](Packer& p) { p.pack_double(x); };
+}
+Value F32(float x) {
+  return [x](Packer& p) { p.pack_float(x); };
+}
+Value B(bool x) {
+  return [x](Packer& p) { x ? p.pack_true() : p.pack_false(); };
+}
+Value Nil() {
+  return [](Packer& p) { p.pack_nil(); };
+}
 Value Ids(std::vector<int64_t> v) {
   return [v](Packer& p) {
     p.pack_array(static_cast<uint32_t>(v.size()));
@@ -72,7 +84,11 @@ Value Ids(std::vector<int64_t> v) {
 
 Msg submit() {
   Msg m;
-  m.set("v", U(1)).set("type", S("submit")).set("id", S("j1")).set("tenant", S("acme")).set("prompt", S("Hello"));
+  m.set("v", U(1))
+      .set("type", S("submit"))
+      .set("id", S("j1"))
+      .set("tenant", S("acme"))
+      .set("prompt", S("Hello"));
   return m;
 }
 
@@ -84,7 +100,9 @@ DecodeError error_of(const std::string& bytes, const DecodeLimits& lim = {}) {
   return e;
 }
 
-std::string message_of(const std::string& bytes, const DecodeLimits& lim = {}) { return error_of(bytes, lim).message; }
+std::string message_of(const std::string& bytes, const DecodeLimits& lim = {}) {
+  return error_of(bytes, lim).message;
+}
 
 Submit submit_of(const std::string& bytes) {
   auto r = decode_client(bytes.data(), bytes.size());
@@ -120,9 +138,12 @@ BOOST_AUTO_TEST_CASE(random_bytes_never_throw_and_never_pass_as_garbage) {
 BOOST_AUTO_TEST_CASE(specific_bad_bytes) {
   BOOST_TEST(message_of("") == "bad msgpack: empty message");
   BOOST_TEST(message_of("\xc1") == "bad msgpack: invalid byte 0xc1 at offset 0");
-  BOOST_TEST(message_of(std::string("\x82\xa1v\x01\xc1", 5)) == "bad msgpack: invalid byte 0xc1 at offset 4");
-  BOOST_TEST(message_of(submit().bytes() + "\xc0") == "bad msgpack: trailing data after the message (1 bytes)");
-  BOOST_TEST(message_of("\xcd\x01") == "bad msgpack: truncated value at offset 0 (needs 2 bytes, 1 follow)");
+  BOOST_TEST(message_of(std::string("\x82\xa1v\x01\xc1", 5)) ==
+             "bad msgpack: invalid byte 0xc1 at offset 4");
+  BOOST_TEST(message_of(submit().bytes() + "\xc0") ==
+             "bad msgpack: trailing data after the message (1 bytes)");
+  BOOST_TEST(message_of("\xcd\x01") ==
+             "bad msgpack: truncated value at offset 0 (needs 2 bytes, 1 follow)");
   BOOST_TEST(message_of("\xda\x01") == "bad msgpack: truncated str header at offset 0");
 }
 
@@ -143,32 +164,42 @@ BOOST_AUTO_TEST_CASE(every_truncation_of_a_valid_message_is_refused) {
 
 BOOST_AUTO_TEST_CASE(four_gib_headers_refused_before_allocation) {
   // array32 / map32 / str32 / bin32 headers claiming 2^32-1 elements or bytes, nothing after.
-  BOOST_TEST(message_of("\xdd\xff\xff\xff\xff") == "bad msgpack: array of 4294967295 elements exceeds limit 131072");
-  BOOST_TEST(message_of("\xdf\xff\xff\xff\xff") == "bad msgpack: map of 4294967295 entries exceeds limit 64");
-  BOOST_TEST(message_of("\xdb\xff\xff\xff\xff") == "bad msgpack: str of 4294967295 bytes exceeds limit 1048576");
-  BOOST_TEST(message_of("\xc6\xff\xff\xff\xff") == "bad msgpack: bin of 4294967295 bytes exceeds limit 1048576");
+  BOOST_TEST(message_of("\xdd\xff\xff\xff\xff") ==
+             "bad msgpack: array of 4294967295 elements exceeds limit 131072");
+  BOOST_TEST(message_of("\xdf\xff\xff\xff\xff") ==
+             "bad msgpack: map of 4294967295 entries exceeds limit 64");
+  BOOST_TEST(message_of("\xdb\xff\xff\xff\xff") ==
+             "bad msgpack: str of 4294967295 bytes exceeds limit 1048576");
+  BOOST_TEST(message_of("\xc6\xff\xff\xff\xff") ==
+             "bad msgpack: bin of 4294967295 bytes exceeds limit 1048576");
   // With the size limits lifted, the claim still cannot fit in the bytes that follow.
   DecodeLimits open;
   open.max_array = open.max_map = open.max_string_bytes = 0xffffffffu;
-  BOOST_TEST(message_of("\xdd\xff\xff\xff\xff", open) ==
-             "bad msgpack: array header at offset 0 claims 4294967295 elements but only 0 bytes follow");
-  BOOST_TEST(message_of("\xdf\xff\xff\xff\xff", open) ==
-             "bad msgpack: map header at offset 0 claims 4294967295 entries but only 0 bytes follow");
+  BOOST_TEST(
+      message_of("\xdd\xff\xff\xff\xff", open) ==
+      "bad msgpack: array header at offset 0 claims 4294967295 elements but only 0 bytes follow");
+  BOOST_TEST(
+      message_of("\xdf\xff\xff\xff\xff", open) ==
+      "bad msgpack: map header at offset 0 claims 4294967295 entries but only 0 bytes follow");
   BOOST_TEST(message_of("\xdb\xff\xff\xff\xff", open) ==
              "bad msgpack: truncated value at offset 0 (needs 4294967295 bytes, 0 follow)");
   // Inside an otherwise valid submit: the prompt claims 2^32-1 token ids.
-  const std::string inner = submit().set("prompt", [](Packer& p) { p.pack_array(0xffffffffu); }).bytes();
-  BOOST_TEST(message_of(inner).find("array of 4294967295 elements exceeds limit") != std::string::npos);
+  const std::string inner =
+      submit().set("prompt", [](Packer& p) { p.pack_array(0xffffffffu); }).bytes();
+  BOOST_TEST(message_of(inner).find("array of 4294967295 elements exceeds limit") !=
+             std::string::npos);
   // Nested claims that each fit alone but not together (every outstanding element needs a byte).
   std::string nested("\x93\xdc\x00\x10", 4);  // [ [16 elements...], ... ] with far too few bytes
   nested += std::string(15, '\x01');
-  BOOST_TEST(message_of(nested, open) == "bad msgpack: array header at offset 1 claims 16 elements but only 15 bytes follow");
+  BOOST_TEST(message_of(nested, open) ==
+             "bad msgpack: array header at offset 1 claims 16 elements but only 15 bytes follow");
 }
 
 BOOST_AUTO_TEST_CASE(adversarial_headers_under_an_address_space_cap) {
   // In a child capped at its current size + 256 MiB, decode headers that would make an unguarded
   // msgpack-c reserve gigabytes; the child reports whether each was refused by the codec.
-  std::vector<std::string> inputs = {"\xdd\xff\xff\xff\xff", "\xdf\xff\xff\xff\xff", "\xdb\xff\xff\xff\xff"};
+  std::vector<std::string> inputs = {"\xdd\xff\xff\xff\xff", "\xdf\xff\xff\xff\xff",
+                                     "\xdb\xff\xff\xff\xff"};
   std::string chain;
   for (int i = 0; i < 15; ++i) chain += "\xdd\x00\x00\xff\xff";  // 15 nested arrays of 65535
   inputs.push_back(chain);
@@ -180,7 +211,8 @@ BOOST_AUTO_TEST_CASE(adversarial_headers_under_an_address_space_cap) {
       if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
       std::fclose(f);
     }
-    const rlim_t cap = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (256ull << 20);
+    const rlim_t cap =
+        static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (256ull << 20);
     rlimit rl{cap, cap};
     if (pages == 0 || setrlimit(RLIMIT_AS, &rl) != 0) _exit(3);
     DecodeLimits open;
@@ -188,7 +220,9 @@ BOOST_AUTO_TEST_CASE(adversarial_headers_under_an_address_space_cap) {
     for (const auto& in : inputs) {
       auto r = decode_client(in.data(), in.size(), open);
       const auto* e = std::get_if<DecodeError>(&r);
-      if (!e || e->message.rfind("bad msgpack: ", 0) != 0 || e->message.find("memory") != std::string::npos) _exit(1);
+      if (!e || e->message.rfind("bad msgpack: ", 0) != 0 ||
+          e->message.find("memory") != std::string::npos)
+        _exit(1);
     }
     _exit(0);
   }
@@ -211,10 +245,13 @@ BOOST_AUTO_TEST_CASE(nesting_depth) {
   BOOST_TEST(message_of(std::string(16, '\x91') + "\xc0") == "message must be a map, got array");
   BOOST_TEST(message_of(std::string(17, '\x91') + "\xc0") == "bad msgpack: nesting deeper than 16");
   // Deep nesting inside an unknown field of a valid submit is refused the same way.
-  const std::string in_field = submit().set("x", [](Packer& p) {
-    for (int i = 0; i < 40; ++i) p.pack_array(1);
-    p.pack_nil();
-  }).bytes();
+  const std::string in_field = submit()
+                                   .set("x",
+                                        [](Packer& p) {
+                                          for (int i = 0; i < 40; ++i) p.pack_array(1);
+                                          p.pack_nil();
+                                        })
+                                   .bytes();
   BOOST_TEST(message_of(in_field) == "bad msgpack: nesting deeper than 16");
 }
 
@@ -222,7 +259,8 @@ BOOST_AUTO_TEST_CASE(oversized_message) {
   DecodeLimits lim;
   lim.max_message_bytes = 100;
   const std::string big = submit().set("prompt", S(std::string(200, 'a'))).bytes();
-  BOOST_TEST(message_of(big, lim) == "message of " + std::to_string(big.size()) + " bytes exceeds limit 100");
+  BOOST_TEST(message_of(big, lim) ==
+             "message of " + std::to_string(big.size()) + " bytes exceeds limit 100");
 }
 
 BOOST_AUTO_TEST_CASE(shape_errors) {
@@ -236,14 +274,19 @@ BOOST_AUTO_TEST_CASE(shape_errors) {
 
 BOOST_AUTO_TEST_CASE(header_fields) {
   BOOST_TEST(message_of(submit().drop("v").bytes()) == "missing field 'v'");
-  BOOST_TEST(message_of(submit().set("v", U(2)).bytes()) == "unsupported protocol version 2 (this side speaks 1)");
-  BOOST_TEST(message_of(submit().set("v", I(-1)).bytes()) == "unsupported protocol version -1 (this side speaks 1)");
-  BOOST_TEST(message_of(submit().set("v", S("1")).bytes()) == "field 'v' must be an integer, got string");
+  BOOST_TEST(message_of(submit().set("v", U(2)).bytes()) ==
+             "unsupported protocol version 2 (this side speaks 1)");
+  BOOST_TEST(message_of(submit().set("v", I(-1)).bytes()) ==
+             "unsupported protocol version -1 (this side speaks 1)");
+  BOOST_TEST(message_of(submit().set("v", S("1")).bytes()) ==
+             "field 'v' must be an integer, got string");
   BOOST_TEST(message_of(submit().drop("type").bytes()) == "missing field 'type'");
-  BOOST_TEST(message_of(submit().set("type", U(3)).bytes()) == "field 'type' must be a string, got integer");
+  BOOST_TEST(message_of(submit().set("type", U(3)).bytes()) ==
+             "field 'type' must be a string, got integer");
   BOOST_TEST(message_of(submit().set("type", S("x")).bytes()) == "unknown message type 'x'");
   BOOST_TEST(message_of(submit().set("type", S("done")).bytes()) == "unknown message type 'done'");
-  BOOST_TEST(message_of(submit().set("type", S("a'\x01")).bytes()) == "unknown message type 'a\\x27\\x01'");
+  BOOST_TEST(message_of(submit().set("type", S("a'\x01")).bytes()) ==
+             "unknown message type 'a\\x27\\x01'");
   BOOST_TEST(message_of(submit().set("type", S(std::string(100, 'z'))).bytes()) ==
              "unknown message type '" + std::string(64, 'z') + "...'");
 }
@@ -256,7 +299,8 @@ BOOST_AUTO_TEST_CASE(missing_fields_and_partial_key) {
   BOOST_TEST(message_of(submit().drop("prompt").bytes()) == "missing field 'prompt'");
   BOOST_TEST(message_of(submit().set("tenant", Nil()).bytes()) == "missing field 'tenant'");
   BOOST_TEST(message_of(submit().set("id", S("")).bytes()) == "field 'id' must not be empty");
-  const DecodeError c = error_of(Msg().set("v", U(1)).set("type", S("cancel")).set("tenant", S("t")).bytes());
+  const DecodeError c =
+      error_of(Msg().set("v", U(1)).set("type", S("cancel")).set("tenant", S("t")).bytes());
   BOOST_TEST(c.message == "missing field 'id'");
   BOOST_TEST(c.tenant == "t");
 }
@@ -272,10 +316,20 @@ BOOST_AUTO_TEST_CASE(wrong_field_types) {
       {"tenant", F(1.5), "field 'tenant' must be a string, got float"},
       {"token", B(true), "field 'token' must be a string, got boolean"},
       {"prompt", U(5), "field 'prompt' must be a string or an array of token ids, got integer"},
-      {"prompt", [](Packer& p) { p.pack_map(0); }, "field 'prompt' must be a string or an array of token ids, got map"},
-      {"prompt", [](Packer& p) { p.pack_array(2); p.pack(1); p.pack(std::string("a")); },
+      {"prompt", [](Packer& p) { p.pack_map(0); },
+       "field 'prompt' must be a string or an array of token ids, got map"},
+      {"prompt",
+       [](Packer& p) {
+         p.pack_array(2);
+         p.pack(1);
+         p.pack(std::string("a"));
+       },
        "prompt token at index 1 must be an integer, got string"},
-      {"prompt", [](Packer& p) { p.pack_array(1); p.pack_double(1.5); },
+      {"prompt",
+       [](Packer& p) {
+         p.pack_array(1);
+         p.pack_double(1.5);
+       },
        "prompt token at index 0 must be an integer, got float"},
       {"max_tokens", S("10"), "field 'max_tokens' must be an integer, got string"},
       {"max_tokens", F(1.5), "field 'max_tokens' must be an integer, got float"},
@@ -290,9 +344,15 @@ BOOST_AUTO_TEST_CASE(wrong_field_types) {
       {"deadline_ms", F(0.5), "field 'deadline_ms' must be an integer, got float"},
       {"stream", S("yes"), "field 'stream' must be a boolean, got string"},
       {"logprobs", B(true), "field 'logprobs' must be an integer, got boolean"},
-      {"id", [](Packer& p) { p.pack_bin(2); p.pack_bin_body("ab", 2); }, "field 'id' must be a string, got binary"},
+      {"id",
+       [](Packer& p) {
+         p.pack_bin(2);
+         p.pack_bin_body("ab", 2);
+       },
+       "field 'id' must be a string, got binary"},
   };
-  for (const auto& c : cases) BOOST_TEST(message_of(submit().set(c.key, c.v).bytes()) == c.expect, "field " << c.key);
+  for (const auto& c : cases)
+    BOOST_TEST(message_of(submit().set(c.key, c.v).bytes()) == c.expect, "field " << c.key);
 }
 
 BOOST_AUTO_TEST_CASE(out_of_range_values) {
@@ -308,7 +368,8 @@ BOOST_AUTO_TEST_CASE(out_of_range_values) {
       {"max_tokens", U(~0ull), "max_tokens 18446744073709551615 out of range [1, 4096]"},
       {"temperature", F(-0.5), "temperature -0.5 out of range [0, 100]"},
       {"temperature", F(std::nan("")), "temperature nan out of range [0, 100]"},
-      {"temperature", F(std::numeric_limits<double>::infinity()), "temperature inf out of range [0, 100]"},
+      {"temperature", F(std::numeric_limits<double>::infinity()),
+       "temperature inf out of range [0, 100]"},
       {"temperature", U(101), "temperature 101 out of range [0, 100]"},
       {"top_p", U(0), "top_p 0 out of range (0, 1]"},
       {"top_p", F(1.5), "top_p 1.5 out of range (0, 1]"},
@@ -319,32 +380,46 @@ BOOST_AUTO_TEST_CASE(out_of_range_values) {
       {"prompt", S(""), "field 'prompt' must not be empty"},
       {"prompt", Ids({}), "field 'prompt' must not be empty"},
       {"prompt", Ids({1, -1}), "prompt token at index 1 is -1, must be in [0, 2147483647]"},
-      {"prompt", Ids({1ll << 31}), "prompt token at index 0 is 2147483648, must be in [0, 2147483647]"},
+      {"prompt", Ids({1ll << 31}),
+       "prompt token at index 0 is 2147483648, must be in [0, 2147483647]"},
       {"prompt", Ids(std::vector<int64_t>(70000, 1)), "prompt has 70000 tokens, limit 4096"},
       {"prompt", S(std::string(300000, 'a')), "prompt text has 300000 bytes, limit 262144"},
       {"id", S(std::string(200, 'x')), "field 'id' has 200 bytes, limit 128"},
       {"tenant", S(std::string(65, 'x')), "field 'tenant' has 65 bytes, limit 64"},
-      {"stop", [](Packer& p) { p.pack_array(17); for (int i = 0; i < 17; ++i) p.pack(std::string("s")); },
+      {"stop",
+       [](Packer& p) {
+         p.pack_array(17);
+         for (int i = 0; i < 17; ++i) p.pack(std::string("s"));
+       },
        "stop has 17 strings, limit 16"},
-      {"stop", [](Packer& p) { p.pack_array(2); p.pack(std::string("a")); p.pack(std::string()); },
+      {"stop",
+       [](Packer& p) {
+         p.pack_array(2);
+         p.pack(std::string("a"));
+         p.pack(std::string());
+       },
        "stop string at index 1 must not be empty"},
       {"stop", S(std::string(257, 's')), "stop string at index 0 has 257 bytes, limit 256"},
   };
-  for (const auto& c : cases) BOOST_TEST(message_of(submit().set(c.key, c.v).bytes()) == c.expect, "field " << c.key);
+  for (const auto& c : cases)
+    BOOST_TEST(message_of(submit().set(c.key, c.v).bytes()) == c.expect, "field " << c.key);
 }
 
 BOOST_AUTO_TEST_CASE(limits_follow_the_configuration) {
   DecodeLimits lim;
   lim.max_prompt_tokens = 8;
   lim.max_new_tokens = 100;
-  BOOST_TEST(message_of(submit().set("prompt", Ids(std::vector<int64_t>(9, 1))).bytes(), lim) == "prompt has 9 tokens, limit 8");
-  BOOST_TEST(message_of(submit().set("max_tokens", U(101)).bytes(), lim) == "max_tokens 101 out of range [1, 100]");
+  BOOST_TEST(message_of(submit().set("prompt", Ids(std::vector<int64_t>(9, 1))).bytes(), lim) ==
+             "prompt has 9 tokens, limit 8");
+  BOOST_TEST(message_of(submit().set("max_tokens", U(101)).bytes(), lim) ==
+             "max_tokens 101 out of range [1, 100]");
   const std::string ok = submit().set("prompt", Ids(std::vector<int64_t>(8, 1))).bytes();
   BOOST_TEST(std::holds_alternative<ClientMessage>(decode_client(ok.data(), ok.size(), lim)));
 }
 
 BOOST_AUTO_TEST_CASE(lenient_where_documented) {
-  // nil means "default" for optional fields, unknown keys are ignored, numbers may be ints or floats.
+  // nil means "default" for optional fields, unknown keys are ignored, numbers may be ints or
+  // floats.
   Msg m = submit();
   m.set("temperature", Nil()).set("seed", Nil()).set("stop", S("END")).set("future", [](Packer& p) {
     p.pack_map(1);
@@ -371,7 +446,8 @@ BOOST_AUTO_TEST_CASE(server_side_decoder_is_guarded_too) {
     BOOST_REQUIRE(std::holds_alternative<DecodeError>(r));
     return std::get<DecodeError>(r).message;
   };
-  BOOST_TEST(err("\xdd\xff\xff\xff\xff") == "bad msgpack: array of 4294967295 elements exceeds limit 131072");
+  BOOST_TEST(err("\xdd\xff\xff\xff\xff") ==
+             "bad msgpack: array of 4294967295 elements exceeds limit 131072");
   BOOST_TEST(err(std::string(1000, '\x91') + "\xc0") == "bad msgpack: nesting deeper than 16");
   BOOST_TEST(err(submit().bytes()) == "unknown message type 'submit'");
   Msg done;
@@ -401,7 +477,10 @@ BOOST_AUTO_TEST_CASE(server_side_decoder_is_guarded_too) {
 
 BOOST_AUTO_TEST_CASE(control_messages_are_checked) {
   Msg c;
-  c.set("v", U(1)).set("type", S("control")).set("token", S("adm")).set("command", S("kv_policy"))
+  c.set("v", U(1))
+      .set("type", S("control"))
+      .set("token", S("adm"))
+      .set("command", S("kv_policy"))
       .set("policy", S("sliding_window:32"));
   {
     auto r = decode_client(c.bytes().data(), c.bytes().size());
@@ -433,10 +512,14 @@ BOOST_AUTO_TEST_CASE(control_messages_are_checked) {
 
 BOOST_AUTO_TEST_CASE(control_reply_and_cached_tokens_are_checked_client_side) {
   Msg cr;
-  cr.set("v", U(1)).set("type", S("control_reply")).set("command", S("stats")).set("result", S("{}"));
+  cr.set("v", U(1))
+      .set("type", S("control_reply"))
+      .set("command", S("stats"))
+      .set("result", S("{}"));
   auto ok = decode_server(cr.bytes().data(), cr.bytes().size());
   BOOST_REQUIRE(std::holds_alternative<ServerMessage>(ok));
-  auto bad = decode_server(Msg(cr).drop("command").bytes().data(), Msg(cr).drop("command").bytes().size());
+  auto bad =
+      decode_server(Msg(cr).drop("command").bytes().data(), Msg(cr).drop("command").bytes().size());
   BOOST_REQUIRE(std::holds_alternative<DecodeError>(bad));
   BOOST_TEST(std::get<DecodeError>(bad).message == "missing field 'command'");
   const std::string bytes = Msg(cr).set("result", U(1)).bytes();
@@ -445,7 +528,10 @@ BOOST_AUTO_TEST_CASE(control_reply_and_cached_tokens_are_checked_client_side) {
   BOOST_TEST(std::get<DecodeError>(bad2).message == "field 'result' must be a string, got integer");
 
   Msg d;
-  d.set("v", U(1)).set("type", S("done")).set("id", S("j")).set("finish_reason", S("stop"))
+  d.set("v", U(1))
+      .set("type", S("done"))
+      .set("id", S("j"))
+      .set("finish_reason", S("stop"))
       .set("usage", [](Packer& p) {
         p.pack_map(1);
         p.pack(std::string("cached_tokens"));
@@ -454,5 +540,6 @@ BOOST_AUTO_TEST_CASE(control_reply_and_cached_tokens_are_checked_client_side) {
   const std::string db = d.bytes();
   auto bad3 = decode_server(db.data(), db.size());
   BOOST_REQUIRE(std::holds_alternative<DecodeError>(bad3));
-  BOOST_TEST(std::get<DecodeError>(bad3).message == "usage.cached_tokens -4 out of range [0, 4294967295]");
+  BOOST_TEST(std::get<DecodeError>(bad3).message ==
+             "usage.cached_tokens -4 out of range [0, 4294967295]");
 }

@@ -2,7 +2,6 @@
 // defaults are left out and restored, and the byte-level examples of docs/protocol.md hold.
 #define BOOST_TEST_MODULE codec_roundtrip
 #include <boost/test/unit_test.hpp>
-
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -178,7 +177,11 @@ BOOST_AUTO_TEST_CASE(every_error_code_round_trips) {
 
 BOOST_AUTO_TEST_CASE(unknown_error_code_from_a_newer_server_reads_as_internal) {
   // {"v":1,"type":"error","code":"brand_new","message":"m"}
-  const std::string b = "\x84\xa1v\x01\xa4type\xa5" "error\xa4" "code\xa9" "brand_new\xa7message\xa1m";
+  const std::string b =
+      "\x84\xa1v\x01\xa4type\xa5"
+      "error\xa4"
+      "code\xa9"
+      "brand_new\xa7message\xa1m";
   auto r = decode_server(b.data(), b.size());
   BOOST_REQUIRE(std::holds_alternative<ServerMessage>(r));
   const Error e = std::get<Error>(std::get<ServerMessage>(r));
@@ -203,9 +206,10 @@ BOOST_AUTO_TEST_CASE(documented_byte_examples) {
   s.prompt = std::string("Hi");
   s.max_tokens = 8;
   s.temperature = 0;
-  BOOST_TEST(hex(encode_client(s)) ==
-             "87a17601a474797065a67375626d6974a26964a26a31a674656e616e74a461636d65a670726f6d7074a24869"
-             "aa6d61785f746f6b656e7308ab74656d706572617475726500");
+  BOOST_TEST(
+      hex(encode_client(s)) ==
+      "87a17601a474797065a67375626d6974a26964a26a31a674656e616e74a461636d65a670726f6d7074a24869"
+      "aa6d61785f746f6b656e7308ab74656d706572617475726500");
   Submit t;
   t.id = "j2";
   t.tenant = "acme";
@@ -224,7 +228,8 @@ BOOST_AUTO_TEST_CASE(documented_byte_examples) {
   tk.ids = {6028};
   tk.text = " Hi";
   BOOST_TEST(hex(encode_server(tk)) ==
-             "86a17601a474797065a6746f6b656e73a26964a26a32a5696e64657800a3696473" "91cd178ca474657874a3204869");
+             "86a17601a474797065a6746f6b656e73a26964a26a32a5696e64657800a3696473"
+             "91cd178ca474657874a3204869");
   Done d;
   d.id = "j1";
   d.tenant = "acme";
@@ -233,15 +238,20 @@ BOOST_AUTO_TEST_CASE(documented_byte_examples) {
   d.ids = {727};
   d.usage = {2, 1};
   d.timings = {0.5, 3.25, 3.25};
-  BOOST_TEST(hex(encode_server(d)) ==
-             "89a17601a474797065a4646f6e65a26964a26a31a674656e616e74a461636d65ad66696e6973685f726561736f6e"
-             "a66c656e677468a474657874a6207468657265a3696473" "91cd02d7a5757361676582ad70726f6d70745f746f6b656e7302"
-             "b1636f6d706c6574696f6e5f746f6b656e7301a774696d696e677383a8717565756"
-             "55f6d73cb3fe0000000000000a7747466745f6d73cb400a000000000000a8746f74616c5f6d73cb400a000000000000");
+  BOOST_TEST(
+      hex(encode_server(d)) ==
+      "89a17601a474797065a4646f6e65a26964a26a31a674656e616e74a461636d65ad66696e6973685f726561736f6e"
+      "a66c656e677468a474657874a6207468657265a3696473"
+      "91cd02d7a5757361676582ad70726f6d70745f746f6b656e7302"
+      "b1636f6d706c6574696f6e5f746f6b656e7301a774696d696e677383a8717565756"
+      "55f6d73cb3fe0000000000000a7747466745f6d73cb400a000000000000a8746f74616c5f6d73cb400a000000000"
+      "000");
   const Error e{"j1", "acme", sy::ErrorCode::overloaded, "queue full", 120u};
   BOOST_TEST(hex(encode_server(e)) ==
-             "87a17601a474797065a56572726f72a26964a26a31a674656e616e74a461636d65a4636f6465aa6f7665726c6f61646564"
-             "a76d657373616765aa717565756520" "66756c6cae72657472795f61667465725f6d7378");
+             "87a17601a474797065a56572726f72a26964a26a31a674656e616e74a461636d65a4636f6465aa6f76657"
+             "26c6f61646564"
+             "a76d657373616765aa717565756520"
+             "66756c6cae72657472795f61667465725f6d7378");
   BOOST_TEST(hex(encode_client(Control{"adm", "kv_policy", "sliding_window:32"})) ==
              "85a17601a474797065a7636f6e74726f6ca5746f6b656ea361646da7636f6d6d616e64a96b765f706f6c"
              "696379a6706f6c696379b1736c6964696e675f77696e646f773a3332");
@@ -253,16 +263,19 @@ BOOST_AUTO_TEST_CASE(documented_byte_examples) {
   dc.finish_reason = FinishReason::stop;
   dc.usage = {20, 1, 16};
   dc.timings = {0, 1, 2};
-  BOOST_TEST(hex(encode_server(dc)) ==
-             "87a17601a474797065a4646f6e65a26964a26a33ad66696e6973685f726561736f6ea473746f70a474657874a0"
-             "a5757361676583ad70726f6d70745f746f6b656e7314b1636f6d706c6574696f6e5f746f6b656e7301ad636163"
-             "6865645f746f6b656e7310a774696d696e677383a871756575655f6d7300a7747466745f6d7301a8746f74616c"
-             "5f6d7302");
+  BOOST_TEST(
+      hex(encode_server(dc)) ==
+      "87a17601a474797065a4646f6e65a26964a26a33ad66696e6973685f726561736f6ea473746f70a474657874a0"
+      "a5757361676583ad70726f6d70745f746f6b656e7314b1636f6d706c6574696f6e5f746f6b656e7301ad636163"
+      "6865645f746f6b656e7310a774696d696e677383a871756575655f6d7300a7747466745f6d7301a8746f74616c"
+      "5f6d7302");
   // The reply to the hostile 5-byte array32 header.
   const std::string hostile("\xdd\xff\xff\xff\xff", 5);
   auto r = decode_client(hostile.data(), hostile.size());
-  BOOST_TEST(hex(encode_server(to_error(std::get<DecodeError>(r)))) ==
-             "84a17601a474797065a56572726f72a4636f6465ab6261645f72657175657374a76d657373616765d93e626164206d73"
-             "677061636b3a206172726179206f66203432393439363732393520656c656d656e7473206578636565647320"
-             "6c696d697420313331303732");
+  BOOST_TEST(
+      hex(encode_server(to_error(std::get<DecodeError>(r)))) ==
+      "84a17601a474797065a56572726f72a4636f6465ab6261645f72657175657374a76d657373616765d93e62616420"
+      "6d73"
+      "677061636b3a206172726179206f66203432393439363732393520656c656d656e7473206578636565647320"
+      "6c696d697420313331303732");
 }

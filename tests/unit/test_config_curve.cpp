@@ -1,9 +1,9 @@
 // CURVE configuration and key files: the YAML keys (paths relative to the config file), the
 // public/secret check, and the key-file reader's errors, each naming the file.
 #define BOOST_TEST_MODULE config_curve
-#include <boost/test/unit_test.hpp>
-
 #include <sys/stat.h>
+
+#include <boost/test/unit_test.hpp>
 
 #include "ingress/curve.hpp"
 #include "server/config.hpp"
@@ -26,7 +26,8 @@ bool throws_with(const std::function<void()>& f, const std::string& needle) {
 
 BOOST_AUTO_TEST_CASE(yaml_keys_are_relative_to_the_config_file) {
   sy::test::TempDir d;
-  auto path = d.write("s.yaml", "endpoints:\n  curve_secret_key: keys/a.key\n  curve_public_key: /abs/a.pub\n");
+  auto path = d.write(
+      "s.yaml", "endpoints:\n  curve_secret_key: keys/a.key\n  curve_public_key: /abs/a.pub\n");
   sy::ServerConfig cfg;
   sy::load_config_file(path, cfg);
   BOOST_TEST(cfg.endpoints.curve_secret_key == d.path() + "/keys/a.key");
@@ -78,7 +79,8 @@ BOOST_AUTO_TEST_CASE(bad_key_files_name_the_file) {
                c.name);
     BOOST_TEST(throws_with([&] { sy::curve::read_key_file(path, "x"); }, c.needle), c.name);
   }
-  BOOST_TEST(throws_with([&] { sy::curve::read_key_file(d.file("none.key"), "x"); }, "cannot open"));
+  BOOST_TEST(
+      throws_with([&] { sy::curve::read_key_file(d.file("none.key"), "x"); }, "cannot open"));
   // Whitespace and a comment around the key are fine.
   auto ok = d.write("ok.pub", "# c\n  " + kp.public_key + " \r\n\n");
   BOOST_TEST(sy::curve::read_key_file(ok, "x") == kp.public_key);

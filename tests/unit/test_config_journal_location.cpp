@@ -2,7 +2,6 @@
 // under the state folder), when it keeps none (off, wildcard port, no state folder) and why.
 #define BOOST_TEST_MODULE config_journal_location
 #include <boost/test/unit_test.hpp>
-
 #include <filesystem>
 #include <set>
 #include <string>
@@ -15,14 +14,14 @@ namespace {
 struct Row {
   const char* bind;
   const char* pull;
-  const char* journal;    // journal.path
+  const char* journal;  // journal.path
   const char* state_dir;
-  const char* expected;   // exact path; "" = no journal
-  const char* why_has;    // a word `why` must contain when there is no journal; "" = why stays empty
+  const char* expected;  // exact path; "" = no journal
+  const char* why_has;   // a word `why` must contain when there is no journal; "" = why stays empty
 };
 
-sy::ServerConfig config(const std::string& bind, const std::string& pull, const std::string& journal,
-                        const std::string& state) {
+sy::ServerConfig config(const std::string& bind, const std::string& pull,
+                        const std::string& journal, const std::string& state) {
   sy::ServerConfig c;
   c.endpoints.bind = bind;
   c.endpoints.pull = pull;
@@ -69,8 +68,10 @@ BOOST_AUTO_TEST_CASE(table) {
     BOOST_TEST_CONTEXT("bind '" << r.bind << "' pull '" << r.pull << "' journal '" << r.journal
                                 << "' state '" << r.state_dir << "'") {
       BOOST_TEST(got == r.expected);
-      if (*r.why_has) BOOST_TEST(why.find(r.why_has) != std::string::npos, "why: " << why);
-      else BOOST_TEST(why.empty(), "why: " << why);
+      if (*r.why_has)
+        BOOST_TEST(why.find(r.why_has) != std::string::npos, "why: " << why);
+      else
+        BOOST_TEST(why.empty(), "why: " << why);
     }
   }
   // `why` is optional.
@@ -80,18 +81,19 @@ BOOST_AUTO_TEST_CASE(table) {
 BOOST_AUTO_TEST_CASE(ambiguous_or_odd_names_get_a_hash_and_stay_apart) {
   // Pairs whose plain spelling would be the same folder.
   const std::vector<std::string> endpoints = {
-      "ipc:///tmp/a-b",       "ipc:///tmp/a/b",       "ipc:///tmp/a:b",
-      "tcp://[::1]:5555",     "tcp://[::2]:5555",     "tcp://*:5555",
-      "tcp://any:5555",       "tcp://my-host:5555",   "ipc:///tmp/my-host",
-      "tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556", "ipc:///tmp/a b",
-      "ipc:///tmp/a?b",       "ipc://@abstract-name", "ipc://@abstract/name",
+      "ipc:///tmp/a-b",     "ipc:///tmp/a/b",       "ipc:///tmp/a:b",       "tcp://[::1]:5555",
+      "tcp://[::2]:5555",   "tcp://*:5555",         "tcp://any:5555",       "tcp://my-host:5555",
+      "ipc:///tmp/my-host", "tcp://127.0.0.1:5555", "tcp://127.0.0.1:5556", "ipc:///tmp/a b",
+      "ipc:///tmp/a?b",     "ipc://@abstract-name", "ipc://@abstract/name",
   };
   std::set<std::string> slugs;
   for (const auto& e : endpoints) {
     auto s = slug_of(e);
     BOOST_TEST_MESSAGE(e << " -> " << s);
-    BOOST_TEST(s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") ==
-               std::string::npos, s);
+    BOOST_TEST(
+        s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") ==
+            std::string::npos,
+        s);
     slugs.insert(s);
   }
   BOOST_TEST(slugs.size() == endpoints.size());

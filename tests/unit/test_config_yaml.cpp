@@ -2,7 +2,6 @@
 // default classes, and errors that name the file, the key and the problem.
 #define BOOST_TEST_MODULE config_yaml
 #include <boost/test/unit_test.hpp>
-
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -37,7 +36,9 @@ std::string load_error(const std::string& text) {
   return "";
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 }  // namespace
 
@@ -159,7 +160,8 @@ BOOST_AUTO_TEST_CASE(relative_model_path_is_from_the_config_folder) {
 
 BOOST_AUTO_TEST_CASE(tenant_burst_defaults_to_ten_seconds) {
   sy::ServerConfig c;
-  sy::load_config_file(write_temp("admission:\n  tenants:\n    - {name: a, tokens_per_second: 50}\n"), c);
+  sy::load_config_file(
+      write_temp("admission:\n  tenants:\n    - {name: a, tokens_per_second: 50}\n"), c);
   sy::finalize_config(c);
   BOOST_TEST(c.admission.tenants[0].burst_tokens == 500.0);
 }
@@ -207,11 +209,13 @@ BOOST_AUTO_TEST_CASE(errors_name_file_key_and_problem) {
 }
 
 BOOST_AUTO_TEST_CASE(finalize_refuses_inconsistent_settings) {
-  BOOST_TEST(contains(load_error("router:\n  classes:\n    - {name: a}\n    - {name: a}\n"), "defined twice"));
+  BOOST_TEST(contains(load_error("router:\n  classes:\n    - {name: a}\n    - {name: a}\n"),
+                      "defined twice"));
   BOOST_TEST(contains(load_error("router:\n  default_class: nope\n"), "'nope' is not one of"));
   BOOST_TEST(contains(load_error("admission:\n  tenants:\n    - {name: t}\n    - {name: t}\n"),
                       "tenant 't' is defined twice"));
-  BOOST_TEST(contains(load_error("endpoints:\n  pull: tcp://127.0.0.1:1\n"), "needs endpoints.results"));
+  BOOST_TEST(
+      contains(load_error("endpoints:\n  pull: tcp://127.0.0.1:1\n"), "needs endpoints.results"));
 }
 
 BOOST_AUTO_TEST_CASE(missing_file_is_named) {

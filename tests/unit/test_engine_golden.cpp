@@ -2,9 +2,8 @@
 // (alone, batched, chunked prefill, staggered arrivals; fast and reference paths), and the fast
 // path agrees with the reference path on logits.
 #define BOOST_TEST_MODULE engine_golden
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
+#include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -18,9 +17,13 @@ namespace {
 
 using Case = sy::test::ReferenceCase;
 
-std::vector<Case> load_cases(int n_predict) { return sy::test::reference_cases(n_predict); }
+std::vector<Case> load_cases(int n_predict) {
+  return sy::test::reference_cases(n_predict);
+}
 
-std::shared_ptr<sy::LlamaModel> stories() { return sy::test::stories_model(); }
+std::shared_ptr<sy::LlamaModel> stories() {
+  return sy::test::stories_model();
+}
 
 using sy::test::argmax;
 
@@ -52,7 +55,8 @@ Run run_greedy(sy::Engine& e, const std::vector<std::vector<int32_t>>& prompts, 
     std::vector<sy::SeqStep> batch;
     std::vector<size_t> who;
     for (size_t i = 0; i < n; ++i) {
-      if ((!start.empty() && step < start[i]) || static_cast<int>(r.tokens[i].size()) >= n_gen) continue;
+      if ((!start.empty() && step < start[i]) || static_cast<int>(r.tokens[i].size()) >= n_gen)
+        continue;
       sy::SeqStep st;
       const int32_t last = r.tokens[i].empty() ? 0 : r.tokens[i].back();
       BOOST_REQUIRE(seqs[i].next_step(e, prompts[i], chunk, last, st));
@@ -200,7 +204,8 @@ BOOST_AUTO_TEST_CASE(fast_and_reference_logits_agree) {
     std::vector<sy::SeqStep> batch;
     for (size_t i = 0; i < toks.size(); ++i) {
       const int32_t need = n_past[i] + static_cast<int32_t>(toks[i].size());
-      while (static_cast<int32_t>(blocks[i].size()) * 16 < need) blocks[i].push_back(*fast->pool().alloc());
+      while (static_cast<int32_t>(blocks[i].size()) * 16 < need)
+        blocks[i].push_back(*fast->pool().alloc());
       sy::SeqStep s;
       s.tokens = toks[i].data();
       s.n_tokens = static_cast<int32_t>(toks[i].size());
@@ -219,7 +224,8 @@ BOOST_AUTO_TEST_CASE(fast_and_reference_logits_agree) {
     float worst = 0;
     for (size_t r = 0; r * b.n_vocab < b.logits.size(); ++r) {
       float scale = 1.0f;
-      for (int32_t v = 0; v < b.n_vocab; ++v) scale = std::max(scale, std::abs(b.logits[r * b.n_vocab + v]));
+      for (int32_t v = 0; v < b.n_vocab; ++v)
+        scale = std::max(scale, std::abs(b.logits[r * b.n_vocab + v]));
       for (int32_t v = 0; v < b.n_vocab; ++v) {
         const size_t k = r * b.n_vocab + v;
         worst = std::max(worst, std::abs(a.logits[k] - b.logits[k]) / scale);
@@ -261,7 +267,8 @@ BOOST_AUTO_TEST_CASE(long_chunked_prefill_matches_reference) {
     float worst = 0;
     for (size_t r = 0; r * b.n_vocab < b.logits.size(); ++r) {
       float scale = 1.0f;
-      for (int32_t v = 0; v < b.n_vocab; ++v) scale = std::max(scale, std::abs(b.logits[r * b.n_vocab + v]));
+      for (int32_t v = 0; v < b.n_vocab; ++v)
+        scale = std::max(scale, std::abs(b.logits[r * b.n_vocab + v]));
       for (int32_t v = 0; v < b.n_vocab; ++v) {
         const size_t k = r * b.n_vocab + v;
         worst = std::max(worst, std::abs(a.logits[k] - b.logits[k]) / scale);

@@ -2,9 +2,8 @@
 // (f32, f16, bf16, q8_0, q4_0): logits agree within the dtype's bound, and f32 greedy tokens are
 // identical.
 #define BOOST_TEST_MODULE engine_random
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
+#include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -84,7 +83,8 @@ Compared compare(sy::Engine& fast, sy::Engine& ref, int n_decode) {
     BOOST_REQUIRE_EQUAL(a.logits.size(), b.logits.size());
     for (size_t r = 0; r * n_vocab < b.logits.size(); ++r) {
       float scale = 1e-6f;
-      for (int32_t v = 0; v < n_vocab; ++v) scale = std::max(scale, std::abs(b.logits[r * n_vocab + v]));
+      for (int32_t v = 0; v < n_vocab; ++v)
+        scale = std::max(scale, std::abs(b.logits[r * n_vocab + v]));
       for (int32_t v = 0; v < n_vocab; ++v) {
         const size_t k = r * n_vocab + v;
         c.worst = std::max(c.worst, std::abs(a.logits[k] - b.logits[k]) / scale);
@@ -122,7 +122,8 @@ BOOST_AUTO_TEST_CASE(fast_matches_reference_for_every_dtype) {
   for (const auto& [dtype, type, bound] : cases) {
     BOOST_TEST_CONTEXT("dtype " << dtype) {
       auto m = random_model(dir, dtype);
-      BOOST_TEST(static_cast<uint32_t>(m->weights().layers[0].wq.type) == static_cast<uint32_t>(type));
+      BOOST_TEST(static_cast<uint32_t>(m->weights().layers[0].wq.type) ==
+                 static_cast<uint32_t>(type));
       auto fast = engine(m, false);
       auto ref = engine(m, true);
       const Compared c = compare(*fast, *ref, 24);

@@ -4,9 +4,8 @@
 // context, the rules for released (-1) block-table entries, and windows deep into a long-context
 // model made with make-model --ctx. Reference and fast paths.
 #define BOOST_TEST_MODULE engine_window
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
+#include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <deque>
 #include <map>
@@ -18,14 +17,16 @@
 #include "gpu/engine.hpp"
 #include "model/make_model.hpp"
 #include "tests/support/reference.hpp"
-#include "tests/support/temp_dir.hpp"
 #include "tests/support/stories.hpp"
+#include "tests/support/temp_dir.hpp"
 
 namespace {
 
 using Case = sy::test::ReferenceCase;
 
-std::shared_ptr<sy::LlamaModel> stories() { return sy::test::stories_model(); }
+std::shared_ptr<sy::LlamaModel> stories() {
+  return sy::test::stories_model();
+}
 
 using sy::test::argmax;
 
@@ -46,8 +47,8 @@ struct Attn {
 // Greedy generation of one sequence: the prompt in chunks of `chunk` tokens, then one token per
 // step. With `release`, blocks that no later token can attend to go back to the pool after each
 // step and their table entries become -1, as a batcher does.
-std::vector<int32_t> generate(sy::Engine& e, const std::vector<int32_t>& prompt, int n_gen,
-                              Attn a, int chunk = 1 << 20, bool release = false,
+std::vector<int32_t> generate(sy::Engine& e, const std::vector<int32_t>& prompt, int n_gen, Attn a,
+                              int chunk = 1 << 20, bool release = false,
                               int32_t* most_blocks_held = nullptr) {
   const int32_t bs = e.block_size();
   const int32_t free_before = e.pool().n_free();
@@ -58,7 +59,8 @@ std::vector<int32_t> generate(sy::Engine& e, const std::vector<int32_t>& prompt,
   while (static_cast<int>(out.size()) < n_gen) {
     if (fed < prompt.size()) {
       const size_t k = std::min<size_t>(static_cast<size_t>(chunk), prompt.size() - fed);
-      cur.assign(prompt.begin() + static_cast<long>(fed), prompt.begin() + static_cast<long>(fed + k));
+      cur.assign(prompt.begin() + static_cast<long>(fed),
+                 prompt.begin() + static_cast<long>(fed + k));
       fed += k;
     } else {
       cur.assign(1, out.back());
@@ -114,8 +116,8 @@ std::vector<int32_t> window_oracle(const std::vector<int32_t>& prompt, int n_gen
   std::vector<int32_t> out, table;
   sy::StepOutput o;
   for (int32_t p = 0; static_cast<int>(out.size()) < n_gen; ++p) {
-    const int32_t tok = p < static_cast<int32_t>(prompt.size()) ? prompt[static_cast<size_t>(p)]
-                                                                 : out.back();
+    const int32_t tok =
+        p < static_cast<int32_t>(prompt.size()) ? prompt[static_cast<size_t>(p)] : out.back();
     auto fresh = e->pool().alloc();
     BOOST_REQUIRE(fresh.has_value());
     table.assign(win.begin(), win.end());
@@ -275,10 +277,9 @@ BOOST_AUTO_TEST_CASE(sinks_keep_long_generation_alive_past_context) {
   const auto full = generate(*e, c.prompt_token_ids, kGen, {});
   const auto [sd, st] = stats(sinks);
   const auto [fd, ft] = stats(full);
-  BOOST_TEST_MESSAGE("sinks(4, 60): distinct " << sd << ", top token " << st << ", blocks held "
-                                              << held << "; full over " << kGen
-                                              << " positions: distinct " << fd << ", top token "
-                                              << ft);
+  BOOST_TEST_MESSAGE("sinks(4, 60): distinct "
+                     << sd << ", top token " << st << ", blocks held " << held << "; full over "
+                     << kGen << " positions: distinct " << fd << ", top token " << ft);
   BOOST_TEST(held <= 6);  // one sink block, the 60-slot window across at most 5 blocks
   // Measured: sinks(4, 60) 0.047 distinct (greedy settles into a loop about 24 tokens long, as
   // it does with any 60-token window; sinks(4, 252) gives 0.24), top token 0.07; full 0.19 and

@@ -2,7 +2,6 @@
 // independence, stop strings, length limits, streaming deltas, seeded sampling and KV accounting.
 #define BOOST_TEST_MODULE generator
 #include <boost/test/unit_test.hpp>
-
 #include <cmath>
 #include <memory>
 #include <stdexcept>
@@ -278,9 +277,10 @@ BOOST_AUTO_TEST_CASE(a_small_pool_refuses_a_batch_it_cannot_hold) {
   }
   BOOST_TEST(small->pool().n_used() == 0);
   // An exception thrown from inside the loop (the callback here) still returns the blocks.
-  BOOST_CHECK_THROW(generate(*small, {greedy(p, 40)}, {},
-                             [](size_t, int32_t, std::string_view) { throw std::logic_error("x"); }),
-                    std::logic_error);
+  BOOST_CHECK_THROW(
+      generate(*small, {greedy(p, 40)}, {},
+               [](size_t, int32_t, std::string_view) { throw std::logic_error("x"); }),
+      std::logic_error);
   BOOST_TEST(small->pool().n_used() == 0);
 }
 

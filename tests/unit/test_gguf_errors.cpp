@@ -2,7 +2,6 @@
 // surgery and checks that the reader throws gguf::Error whose message names the problem.
 #define BOOST_TEST_MODULE gguf_errors
 #include <boost/test/unit_test.hpp>
-
 #include <cstring>
 
 #include "model/gguf.hpp"
@@ -36,8 +35,12 @@ void poke(Bytes& b, size_t at, T x) {
 }
 
 // Offsets inside a key/value: the key text is preceded by its u64 length, followed by the u32 type.
-size_t key_len_at(const Bytes& b, const std::string& key) { return find(b, key) - 8; }
-size_t value_type_at(const Bytes& b, const std::string& key) { return find(b, key) + key.size(); }
+size_t key_len_at(const Bytes& b, const std::string& key) {
+  return find(b, key) - 8;
+}
+size_t value_type_at(const Bytes& b, const std::string& key) {
+  return find(b, key) + key.size();
+}
 // Tensor info: name, u32 n_dims, n_dims * u64, u32 type, u64 offset.
 size_t n_dims_at(const Bytes& b, const std::string& name) {
   // tensor names also appear nowhere else in good_file()
@@ -54,7 +57,8 @@ void expect_error(const Bytes& b, std::initializer_list<const char*> words) {
   } catch (const Error& e) {
     const std::string msg = e.what();
     BOOST_TEST_MESSAGE("message: " << msg);
-    for (const char* w : words) BOOST_TEST(msg.find(w) != std::string::npos, "'" << w << "' in: " << msg);
+    for (const char* w : words)
+      BOOST_TEST(msg.find(w) != std::string::npos, "'" << w << "' in: " << msg);
     return;
   }
   BOOST_ERROR("no error thrown");

@@ -1,7 +1,6 @@
 // GGUF reader against real files: the trained stories260K model and the vocabulary-only files.
 #define BOOST_TEST_MODULE gguf_reader
 #include <boost/test/unit_test.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <fstream>

@@ -2,7 +2,6 @@
 // add_tensor overloads, alignment, and bytes() agreeing with write().
 #define BOOST_TEST_MODULE gguf_writer
 #include <boost/test/unit_test.hpp>
-
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -27,8 +26,8 @@ std::vector<uint8_t> slurp(const std::string& path) {
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
-Value make(ValueType t, std::variant<uint64_t, int64_t, double, bool, std::string,
-                                      std::shared_ptr<Array>> x) {
+Value make(ValueType t,
+           std::variant<uint64_t, int64_t, double, bool, std::string, std::shared_ptr<Array>> x) {
   Value v;
   v.type = t;
   v.v = std::move(x);
@@ -117,7 +116,13 @@ void check_sample(const File& f, uint64_t alignment, uint32_t version = 3) {
   BOOST_TEST(nested->items[2].as_array()->items.empty());
   BOOST_TEST((nested->items[2].as_array()->elem_type == ValueType::FLOAT64));
 
-  struct Expect { const char* name; TensorType type; std::vector<uint64_t> dims; size_t n; uint8_t seed; };
+  struct Expect {
+    const char* name;
+    TensorType type;
+    std::vector<uint64_t> dims;
+    size_t n;
+    uint8_t seed;
+  };
   const Expect ex[] = {{"f32", TensorType::F32, {3, 2}, 24, 1},
                        {"f16", TensorType::F16, {5}, 10, 2},
                        {"bf16", TensorType::BF16, {2, 3, 2}, 24, 3},
@@ -194,7 +199,8 @@ BOOST_AUTO_TEST_CASE(writer_rejects_bad_input) {
   BOOST_CHECK_THROW(Writer().write(d.path() + "/no/such/dir/x.gguf"), std::runtime_error);
   // a failing fill leaves no file behind
   Writer bad;
-  bad.add_tensor("x", TensorType::F32, {4}, [](uint8_t*, size_t) { throw std::runtime_error("boom"); });
+  bad.add_tensor("x", TensorType::F32, {4},
+                 [](uint8_t*, size_t) { throw std::runtime_error("boom"); });
   BOOST_CHECK_THROW(bad.write(d.path() + "/bad.gguf"), std::runtime_error);
   BOOST_TEST(std::filesystem::is_empty(d.path()));
 }

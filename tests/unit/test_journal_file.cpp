@@ -1,13 +1,12 @@
 // The journal file format: framing round trip, recovery of a truncated or corrupt tail (with a
 // warning), empty and foreign files, the exclusive lock, compaction, and the fsync policies.
 #define BOOST_TEST_MODULE journal_file
-#include <boost/test/unit_test.hpp>
+#include <unistd.h>
 
+#include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-
-#include <unistd.h>
 
 #include "policies/journal_file.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -15,7 +14,6 @@
 using namespace sy;
 
 namespace {
-
 
 void write_all(const std::string& path, const std::string& data) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -144,8 +142,10 @@ BOOST_AUTO_TEST_CASE(a_corrupt_record_in_the_middle_is_skipped_not_the_end_of_th
     BOOST_TEST(scan.records == expected);
     BOOST_TEST(scan.skipped_ranges == 1u);
     BOOST_TEST(scan.skipped_bytes == at[3] - at[2]);
-    const std::string range = "skipped bytes " + std::to_string(at[2]) + " to " + std::to_string(at[3]);
-    BOOST_TEST(scan.warning.find("CRC mismatch at offset " + std::to_string(at[2])) != std::string::npos);
+    const std::string range =
+        "skipped bytes " + std::to_string(at[2]) + " to " + std::to_string(at[3]);
+    BOOST_TEST(scan.warning.find("CRC mismatch at offset " + std::to_string(at[2])) !=
+               std::string::npos);
     BOOST_TEST(scan.warning.find(range) != std::string::npos, scan.warning);
     // The end was good: nothing is cut, and appends follow the last record.
     BOOST_TEST(std::filesystem::file_size(path) == data.size());
@@ -249,8 +249,8 @@ static bool refused_as_in_use(const std::string& path) {
     JournalFile second(path, s);
   } catch (const std::runtime_error& e) {
     BOOST_TEST_MESSAGE(e.what());
-    const std::string want = "journal " + path + " is in use by another server (pid " +
-                             std::to_string(::getpid()) + ")";
+    const std::string want =
+        "journal " + path + " is in use by another server (pid " + std::to_string(::getpid()) + ")";
     return std::string(e.what()).find(want) != std::string::npos;
   }
   return false;
@@ -281,7 +281,8 @@ BOOST_AUTO_TEST_CASE(a_refused_open_does_not_keep_the_lock) {
   try {
     JournalFile(dir.file("foreign"), s);
   } catch (const std::runtime_error& e) {
-    BOOST_TEST(std::string(e.what()).find("not a Switchyard journal") != std::string::npos, e.what());
+    BOOST_TEST(std::string(e.what()).find("not a Switchyard journal") != std::string::npos,
+               e.what());
   }
 }
 
@@ -331,9 +332,12 @@ BOOST_AUTO_TEST_CASE(fsync_policies_parse_and_group_commit_syncs_less) {
     auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < n; ++i) {
       f.append(rec);
-      if (mode == 0) f.sync();
-      else if (mode == 1 && (i + 1) % group == 0) f.sync();
-      else f.flush();
+      if (mode == 0)
+        f.sync();
+      else if (mode == 1 && (i + 1) % group == 0)
+        f.sync();
+      else
+        f.flush();
     }
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     per_s[mode] = n / std::max(secs, 1e-9);

@@ -2,7 +2,6 @@
 // again, and that the compacted journal replays to the same state.
 #define BOOST_TEST_MODULE journal_replay
 #include <boost/test/unit_test.hpp>
-
 #include <cstdlib>
 
 #include "actors/journal.hpp"
@@ -145,10 +144,15 @@ BOOST_AUTO_TEST_CASE(a_replayed_router_job_loses_its_dead_client) {
 BOOST_AUTO_TEST_CASE(results_are_kept_redelivered_until_marked_and_never_run_again) {
   Job a = job(1, "a", ClientRef::pipeline), b = job(2, "b", ClientRef::pipeline),
       c = job(3, "c", ClientRef::router), d = job(4, "d", ClientRef::pipeline);
-  std::vector<std::string> recs = {encode_accept(a), encode_accept(b), encode_accept(c),
-                                   encode_accept(d),  encode_result(done(a, "alpha")),
-                                   encode_result(done(b, "beta")), encode_delivered(2),
-                                   encode_result(done(c, "gamma")), encode_result(failed(d))};
+  std::vector<std::string> recs = {encode_accept(a),
+                                   encode_accept(b),
+                                   encode_accept(c),
+                                   encode_accept(d),
+                                   encode_result(done(a, "alpha")),
+                                   encode_result(done(b, "beta")),
+                                   encode_delivered(2),
+                                   encode_result(done(c, "gamma")),
+                                   encode_result(failed(d))};
   JournalReplay r;
   std::vector<std::string> compacted;
   replay_records(recs, 100, r, compacted);

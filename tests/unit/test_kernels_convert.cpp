@@ -1,7 +1,6 @@
 // Tests of the element conversions (f16, bf16) and the Q8_0 / Q4_0 quantizers in kernels.hpp.
 #define BOOST_TEST_MODULE kernels_convert
 #include <boost/test/unit_test.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -99,7 +98,7 @@ BOOST_AUTO_TEST_CASE(bf16_cases) {
   BOOST_TEST(std::isnan(bf16_to_f32(f32_to_bf16(std::nanf("")))));
   // A NaN whose payload sits only in the low 16 bits must stay a NaN.
   BOOST_TEST(std::isnan(bf16_to_f32(f32_to_bf16(from_bits(0x7f800001u)))));
-  BOOST_TEST(f32_to_bf16(from_bits(0x00010000u)) == 0x0001);  // subnormal kept
+  BOOST_TEST(f32_to_bf16(from_bits(0x00010000u)) == 0x0001);             // subnormal kept
   BOOST_TEST(f32_to_bf16(std::numeric_limits<float>::max()) == 0x7f80);  // overflows to inf
   for (uint32_t h = 0; h < 0x10000; ++h) {
     const float f = bf16_to_f32(static_cast<uint16_t>(h));
@@ -174,10 +173,18 @@ BOOST_AUTO_TEST_CASE(quantize_round_trip_bounds) {
         const float err = std::fabs(back[i] - x[i]);
         float bound = 0.0f;
         switch (t) {
-          case DType::F32: bound = 0.0f; break;
-          case DType::F16: bound = std::fabs(x[i]) * 0x1p-11f + 0x1p-25f; break;
-          case DType::BF16: bound = std::fabs(x[i]) * 0x1p-8f; break;
-          case DType::Q8_0: bound = amax / 127.0f * 0.5f + amax * 0x1p-10f; break;
+          case DType::F32:
+            bound = 0.0f;
+            break;
+          case DType::F16:
+            bound = std::fabs(x[i]) * 0x1p-11f + 0x1p-25f;
+            break;
+          case DType::BF16:
+            bound = std::fabs(x[i]) * 0x1p-8f;
+            break;
+          case DType::Q8_0:
+            bound = amax / 127.0f * 0.5f + amax * 0x1p-10f;
+            break;
           case DType::Q4_0: {
             // Codes reach -8 steps but only +7: the far side beyond 7.5 steps clips by a step.
             const float step = amax / 8.0f;

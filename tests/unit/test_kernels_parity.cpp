@@ -1,9 +1,8 @@
 // Parity of the fast kernels with the reference ones: every op, every weight dtype, several token
 // counts, odd shapes, and thread pools of 1 to 3 threads.
 #define BOOST_TEST_MODULE kernels_parity
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
+#include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <limits>
 #include <memory>
@@ -28,7 +27,8 @@ std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
 double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return std::numeric_limits<double>::infinity();
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i]))
+      return std::numeric_limits<double>::infinity();
     num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
     den += static_cast<double>(b[i]) * b[i];
   }
@@ -36,20 +36,24 @@ double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 /// max |a - b| / (||w_r|| ||x_t||) over outputs, +inf on anything not finite.
-double scaled_err(const WeightView& w, const std::vector<float>& x, int64_t nt, const std::vector<float>& a,
-                  const std::vector<float>& b) {
+double scaled_err(const WeightView& w, const std::vector<float>& x, int64_t nt,
+                  const std::vector<float>& a, const std::vector<float>& b) {
   std::vector<float> row(static_cast<size_t>(w.cols));
   double worst = 0.0;
   for (int64_t r = 0; r < w.rows; ++r) {
-    dequantize_row(w.type, static_cast<const uint8_t*>(w.data) + r * row_bytes(w.type, w.cols), row.data(), w.cols);
+    dequantize_row(w.type, static_cast<const uint8_t*>(w.data) + r * row_bytes(w.type, w.cols),
+                   row.data(), w.cols);
     double wn = 0.0;
     for (float v : row) wn += static_cast<double>(v) * v;
     for (int64_t t = 0; t < nt; ++t) {
       double xn = 0.0;
-      for (int64_t k = 0; k < w.cols; ++k) xn += static_cast<double>(x[t * w.cols + k]) * x[t * w.cols + k];
+      for (int64_t k = 0; k < w.cols; ++k)
+        xn += static_cast<double>(x[t * w.cols + k]) * x[t * w.cols + k];
       const size_t i = static_cast<size_t>(t * w.rows + r);
-      if (!std::isfinite(a[i]) || !std::isfinite(b[i])) return std::numeric_limits<double>::infinity();
-      worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - b[i]) / (std::sqrt(wn * xn) + 1e-30));
+      if (!std::isfinite(a[i]) || !std::isfinite(b[i]))
+        return std::numeric_limits<double>::infinity();
+      worst = std::max(worst,
+                       std::fabs(static_cast<double>(a[i]) - b[i]) / (std::sqrt(wn * xn) + 1e-30));
     }
   }
   return worst;
@@ -65,18 +69,24 @@ Weights make_weights(DType t, int64_t rows, int64_t cols, uint32_t seed) {
   Weights w;
   const size_t rb = row_bytes(t, cols);
   w.bytes.resize(rb * static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) quantize_row(t, f.data() + r * cols, w.bytes.data() + r * rb, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    quantize_row(t, f.data() + r * cols, w.bytes.data() + r * rb, cols);
   w.view = WeightView{t, w.bytes.data(), rows, cols};
   return w;
 }
 
 const char* name(DType t) {
   switch (t) {
-    case DType::F32: return "f32";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
-    case DType::Q8_0: return "q8_0";
-    case DType::Q4_0: return "q4_0";
+    case DType::F32:
+      return "f32";
+    case DType::F16:
+      return "f16";
+    case DType::BF16:
+      return "bf16";
+    case DType::Q8_0:
+      return "q8_0";
+    case DType::Q4_0:
+      return "q4_0";
   }
   return "?";
 }
@@ -117,14 +127,17 @@ BOOST_AUTO_TEST_CASE(matmul_all_dtypes_tokens_pools) {
           matmul(w.view, x.data(), nt, got.data(), pool.get());
           // f32 accumulation over <= 768 terms in a different order. Quantized activations add
           // noise of about 0.3% of |w| |x| per output, so the bound there is on that scale.
-          const double err = want_q.empty() ? rel_err(got, want) : scaled_err(w.view, x, nt, got, want);
+          const double err =
+              want_q.empty() ? rel_err(got, want) : scaled_err(w.view, x, nt, got, want);
           const double bound = want_q.empty() ? 1e-5 : 1e-2;
-          BOOST_TEST(err <= bound, name(t) << " rows " << rows << " cols " << cols << " tokens " << nt
-                                           << " threads " << (pool ? pool->size() : 0) << " err " << err);
+          BOOST_TEST(err <= bound, name(t) << " rows " << rows << " cols " << cols << " tokens "
+                                           << nt << " threads " << (pool ? pool->size() : 0)
+                                           << " err " << err);
           if (!want_q.empty()) {
             const double errq = rel_err(got, want_q);
-            BOOST_TEST(errq <= 1e-4, name(t) << " (vs quantized activations) rows " << rows << " cols "
-                                             << cols << " tokens " << nt << " err " << errq);
+            BOOST_TEST(errq <= 1e-4, name(t)
+                                         << " (vs quantized activations) rows " << rows << " cols "
+                                         << cols << " tokens " << nt << " err " << errq);
           }
         }
       }
@@ -177,9 +190,15 @@ BOOST_AUTO_TEST_CASE(rmsnorm_parity_and_alias) {
 }
 
 BOOST_AUTO_TEST_CASE(rope_parity) {
-  struct Case { int heads, head_dim, rope_dim, pos; float base; };
-  const Case cases[] = {{1, 2, 2, 0, 10000.0f}, {4, 64, 64, 1, 10000.0f}, {6, 48, 48, 511, 10000.0f},
-                        {3, 128, 64, 2047, 500000.0f}, {12, 64, 64, 100000, 10000.0f}};
+  struct Case {
+    int heads, head_dim, rope_dim, pos;
+    float base;
+  };
+  const Case cases[] = {{1, 2, 2, 0, 10000.0f},
+                        {4, 64, 64, 1, 10000.0f},
+                        {6, 48, 48, 511, 10000.0f},
+                        {3, 128, 64, 2047, 500000.0f},
+                        {12, 64, 64, 100000, 10000.0f}};
   for (const auto& c : cases) {
     const auto x = randn(static_cast<size_t>(c.heads * c.head_dim), 21);
     auto want = x, got = x;

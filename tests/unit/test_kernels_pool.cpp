@@ -1,8 +1,7 @@
 // ThreadPool: every index is covered exactly once, repeated calls work, errors come back.
 #define BOOST_TEST_MODULE kernels_pool
-#include <boost/test/unit_test.hpp>
-
 #include <atomic>
+#include <boost/test/unit_test.hpp>
 #include <stdexcept>
 #include <vector>
 

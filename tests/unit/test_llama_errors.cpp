@@ -2,7 +2,6 @@
 // missing hyperparameters) and the engine's refusal of malformed batches.
 #define BOOST_TEST_MODULE llama_errors
 #include <boost/test/unit_test.hpp>
-
 #include <cstring>
 #include <functional>
 #include <map>
@@ -29,8 +28,7 @@ struct Tweaks {
   bool with_output = true;
 };
 
-constexpr int kDim = 8, kLayers = 2, kHeads = 2, kKvHeads = 1, kHeadDim = 4, kFfn = 12,
-              kVocab = 6;
+constexpr int kDim = 8, kLayers = 2, kHeads = 2, kKvHeads = 1, kHeadDim = 4, kFfn = 12, kVocab = 6;
 
 std::vector<uint8_t> tensor_bytes(gguf::TensorType type, const std::vector<uint64_t>& dims,
                                   std::mt19937& rng) {
@@ -39,8 +37,8 @@ std::vector<uint8_t> tensor_bytes(gguf::TensorType type, const std::vector<uint6
   std::uniform_real_distribution<float> u(-0.5f, 0.5f);
   std::vector<float> v(n);
   for (float& x : v) x = u(rng);
-  std::vector<uint8_t> out(static_cast<size_t>(gguf::row_bytes(type, static_cast<int64_t>(dims[0])) *
-                                               static_cast<int64_t>(n / dims[0])));
+  std::vector<uint8_t> out(static_cast<size_t>(
+      gguf::row_bytes(type, static_cast<int64_t>(dims[0])) * static_cast<int64_t>(n / dims[0])));
   const size_t rb = static_cast<size_t>(gguf::row_bytes(type, static_cast<int64_t>(dims[0])));
   for (uint64_t r = 0; r < n / dims[0]; ++r) {
     sy::kernels::quantize_row(static_cast<sy::kernels::DType>(type), v.data() + r * dims[0],
@@ -66,7 +64,10 @@ std::vector<uint8_t> build(const Tweaks& tw = {}) {
   }
   for (const auto& [k, v] : tw.extra_u32) w.add_u32(k, v);
   w.add_string("tokenizer.ggml.model", "llama");
-  w.add_string_array("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "\xe2\x96\x81" "a", "a", "b"});
+  w.add_string_array("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>",
+                                               "\xe2\x96\x81"
+                                               "a",
+                                               "a", "b"});
   w.add_f32_array("tokenizer.ggml.scores", {0, 0, 0, -1, -2, -3});
   w.add_i32_array("tokenizer.ggml.token_type", {2, 3, 3, 1, 1, 1});
   w.add_u32("tokenizer.ggml.bos_token_id", 1);
@@ -192,8 +193,9 @@ BOOST_AUTO_TEST_CASE(mismatched_shape) {
 }
 
 BOOST_AUTO_TEST_CASE(missing_hyperparameter) {
-  for (const char* key : {"llama.embedding_length", "llama.block_count", "llama.feed_forward_length",
-                          "llama.attention.head_count", "llama.context_length"}) {
+  for (const char* key :
+       {"llama.embedding_length", "llama.block_count", "llama.feed_forward_length",
+        "llama.attention.head_count", "llama.context_length"}) {
     BOOST_TEST_CONTEXT(key) {
       Tweaks tw;
       tw.drop_keys.insert(key);
@@ -262,7 +264,8 @@ struct EngineFixture {
   }
 };
 
-sy::SeqStep seq(const std::vector<int32_t>& toks, int32_t n_past, const std::vector<int32_t>& blocks) {
+sy::SeqStep seq(const std::vector<int32_t>& toks, int32_t n_past,
+                const std::vector<int32_t>& blocks) {
   sy::SeqStep s;
   s.tokens = toks.data();
   s.n_tokens = static_cast<int32_t>(toks.size());
@@ -292,8 +295,8 @@ BOOST_FIXTURE_TEST_CASE(engine_refuses_malformed_batches, EngineFixture) {
       const std::vector<int32_t> bad_hi = {1, kVocab}, bad_lo = {-1};
       refuses({seq(bad_hi, 0, blocks)});
       refuses({seq(bad_lo, 0, blocks)});
-      refuses({seq(toks, 2, blocks)});                  // 5 slots need 2 blocks of 4
-      refuses({seq(toks, -1, blocks)});                 // negative n_past
+      refuses({seq(toks, 2, blocks)});   // 5 slots need 2 blocks of 4
+      refuses({seq(toks, -1, blocks)});  // negative n_past
       const std::vector<int32_t> bad_block = {8}, neg_block = {-1};
       refuses({seq(toks, 0, bad_block)});
       refuses({seq(toks, 0, neg_block)});
@@ -301,7 +304,7 @@ BOOST_FIXTURE_TEST_CASE(engine_refuses_malformed_batches, EngineFixture) {
       s.block_table = nullptr;
       refuses({s});
       const std::vector<int32_t> nine(9, 3);
-      refuses({seq(nine, 0, {0, 1, 2})});               // over max_batch_tokens
+      refuses({seq(nine, 0, {0, 1, 2})});                     // over max_batch_tokens
       refuses({seq(toks, 0, blocks), seq(toks, 0, blocks)});  // same slots written twice
       const std::vector<int32_t> neg_pos = {0, -1, 2};
       s = seq(toks, 0, blocks);

@@ -2,7 +2,6 @@
 // hyperparameters and vocabulary; weights are deterministic in the seed and sensibly scaled.
 #define BOOST_TEST_MODULE makemodel
 #include <boost/test/unit_test.hpp>
-
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -57,10 +56,10 @@ const std::string kModels = SY_MODELS_DIR;
 BOOST_AUTO_TEST_CASE(tiny_every_dtype) {
   TempDir d;
   const std::pair<const char*, TensorType> dtypes[] = {{"f32", TensorType::F32},
-                                                        {"f16", TensorType::F16},
-                                                        {"bf16", TensorType::BF16},
-                                                        {"q8_0", TensorType::Q8_0},
-                                                        {"q4_0", TensorType::Q4_0}};
+                                                       {"f16", TensorType::F16},
+                                                       {"bf16", TensorType::BF16},
+                                                       {"q8_0", TensorType::Q8_0},
+                                                       {"q4_0", TensorType::Q4_0}};
   for (const auto& [name, type] : dtypes) {
     BOOST_TEST_CONTEXT("dtype " << name) {
       const gguf::File f = gguf::File::open(make(d, "tiny", name));
@@ -80,12 +79,16 @@ BOOST_AUTO_TEST_CASE(tiny_every_dtype) {
       // tiny ties its output to token_embd
       BOOST_TEST(f.tensors().size() == 2u + 2u * 9u);
       BOOST_TEST(!f.tensor("output.weight"));
-      const struct { const char* n; std::vector<uint64_t> dims; bool norm; } want[] = {
-          {"token_embd.weight", {64, 32000}, false}, {"output_norm.weight", {64}, true},
-          {"blk.0.attn_norm.weight", {64}, true},    {"blk.0.attn_q.weight", {64, 64}, false},
-          {"blk.1.attn_k.weight", {64, 32}, false},  {"blk.1.attn_v.weight", {64, 32}, false},
+      const struct {
+        const char* n;
+        std::vector<uint64_t> dims;
+        bool norm;
+      } want[] = {
+          {"token_embd.weight", {64, 32000}, false},     {"output_norm.weight", {64}, true},
+          {"blk.0.attn_norm.weight", {64}, true},        {"blk.0.attn_q.weight", {64, 64}, false},
+          {"blk.1.attn_k.weight", {64, 32}, false},      {"blk.1.attn_v.weight", {64, 32}, false},
           {"blk.1.attn_output.weight", {64, 64}, false}, {"blk.1.ffn_norm.weight", {64}, true},
-          {"blk.0.ffn_gate.weight", {64, 192}, false}, {"blk.0.ffn_up.weight", {64, 192}, false},
+          {"blk.0.ffn_gate.weight", {64, 192}, false},   {"blk.0.ffn_up.weight", {64, 192}, false},
           {"blk.1.ffn_down.weight", {192, 64}, false}};
       for (const auto& w : want) {
         const gguf::TensorInfo* t = f.tensor(w.n);
@@ -225,7 +228,8 @@ BOOST_AUTO_TEST_CASE(shape_table) {
   BOOST_TEST(s110.n_vocab == 32000);
   BOOST_TEST(model_shape("tiny").tied_output);
   BOOST_TEST(!model_shape("15M").tied_output);
-  for (const char* n : {"tiny", "15M", "110M", "1B", "8B"}) BOOST_TEST(model_shape(n).ctx_len == 2048);
+  for (const char* n : {"tiny", "15M", "110M", "1B", "8B"})
+    BOOST_TEST(model_shape(n).ctx_len == 2048);
 }
 
 BOOST_AUTO_TEST_CASE(vocab_from_files) {
@@ -233,8 +237,10 @@ BOOST_AUTO_TEST_CASE(vocab_from_files) {
   const std::string spm = kModels + "/vocab/ggml-vocab-llama-spm.gguf";
   const gguf::File f = gguf::File::open(make(d, "tiny", "f16", 0, spm));
   const gguf::File src = gguf::File::open(spm);
-  BOOST_TEST((*f.get_string_array("tokenizer.ggml.tokens") == *src.get_string_array("tokenizer.ggml.tokens")));
-  BOOST_TEST((*f.get_float_array("tokenizer.ggml.scores") == *src.get_float_array("tokenizer.ggml.scores")));
+  BOOST_TEST((*f.get_string_array("tokenizer.ggml.tokens") ==
+              *src.get_string_array("tokenizer.ggml.tokens")));
+  BOOST_TEST((*f.get_float_array("tokenizer.ggml.scores") ==
+              *src.get_float_array("tokenizer.ggml.scores")));
   BOOST_TEST(*f.get_string("tokenizer.ggml.pre") == "default");
   BOOST_TEST(*f.get_int("tokenizer.ggml.add_bos_token") == 1);
   BOOST_TEST(*f.get_int("llama.embedding_length") == 64);

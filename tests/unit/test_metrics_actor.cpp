@@ -3,13 +3,12 @@
 // counters that survive a dead batcher, the supervisor's figures and per-executor series, /ready,
 // and the HTTP routes over a real loopback socket.
 #define BOOST_TEST_MODULE metrics_actor
-#include <boost/test/unit_test.hpp>
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <chrono>
 #include <string>
@@ -104,10 +103,13 @@ BOOST_AUTO_TEST_CASE(jobs_histograms_and_gauges) {
   caf::scoped_actor self{sys};
   auto admission = sys.spawn(stats_double, counters({{"unauthorized", 2}, {"active", 1}}));
   auto router = sys.spawn(stats_double, counters({{"queued_interactive", 3}, {"queued_batch", 0}}));
-  auto batcher = sys.spawn(stats_double,
-                           counters({{"running", 4}, {"blocks_used", 10}, {"blocks_free", 20},
-                                     {"blocks_cached", 2}, {"blocks_total", 32},
-                                     {"preemptions", 6}, {"policy_swaps", 1}}));
+  auto batcher = sys.spawn(stats_double, counters({{"running", 4},
+                                                   {"blocks_used", 10},
+                                                   {"blocks_free", 20},
+                                                   {"blocks_cached", 2},
+                                                   {"blocks_total", 32},
+                                                   {"preemptions", 6},
+                                                   {"policy_swaps", 1}}));
   auto executor = sys.spawn(stats_double, caf::settings{});
   MetricsWiring w;
   w.admission = admission;
@@ -132,11 +134,14 @@ BOOST_AUTO_TEST_CASE(jobs_histograms_and_gauges) {
 
   auto t = scrape(self, m);
   BOOST_TEST_MESSAGE(t);
-  BOOST_TEST(has_line(t, "switchyard_jobs_total{class=\"interactive\",tenant=\"a\",outcome=\"done\"} 2"));
+  BOOST_TEST(
+      has_line(t, "switchyard_jobs_total{class=\"interactive\",tenant=\"a\",outcome=\"done\"} 2"));
   BOOST_TEST(has_line(t, "switchyard_jobs_total{class=\"batch\",tenant=\"b\",outcome=\"done\"} 1"));
-  BOOST_TEST(has_line(t, "switchyard_jobs_total{class=\"batch\",tenant=\"b\",outcome=\"cancelled\"} 1"));
-  BOOST_TEST(has_line(
-      t, "switchyard_jobs_total{class=\"batch\",tenant=\"we\\\"ird\",outcome=\"deadline_exceeded\"} 1"));
+  BOOST_TEST(
+      has_line(t, "switchyard_jobs_total{class=\"batch\",tenant=\"b\",outcome=\"cancelled\"} 1"));
+  BOOST_TEST(has_line(t,
+                      "switchyard_jobs_total{class=\"batch\",tenant=\"we\\\"ird\",outcome="
+                      "\"deadline_exceeded\"} 1"));
   BOOST_TEST(has_line(t, "switchyard_jobs_rejected_total{reason=\"unauthorized\"} 2"));
   BOOST_TEST(has_line(t, "switchyard_jobs_active 1"));
   BOOST_TEST(has_line(t, "switchyard_queue_depth{class=\"interactive\"} 3"));
@@ -155,14 +160,20 @@ BOOST_AUTO_TEST_CASE(jobs_histograms_and_gauges) {
   BOOST_TEST(has_line(t, "switchyard_prefix_cache_hit_tokens_total 8"));
   // Histograms of done jobs only: 2 interactive, 1 batch.
   BOOST_TEST(has_line(t, "switchyard_e2e_request_latency_seconds_count{class=\"interactive\"} 2"));
-  BOOST_TEST(has_line(t, "switchyard_e2e_request_latency_seconds_bucket{class=\"interactive\",le=\"0.25\"} 1"));
-  BOOST_TEST(has_line(t, "switchyard_e2e_request_latency_seconds_bucket{class=\"interactive\",le=\"+Inf\"} 2"));
+  BOOST_TEST(has_line(
+      t, "switchyard_e2e_request_latency_seconds_bucket{class=\"interactive\",le=\"0.25\"} 1"));
+  BOOST_TEST(has_line(
+      t, "switchyard_e2e_request_latency_seconds_bucket{class=\"interactive\",le=\"+Inf\"} 2"));
   BOOST_TEST(has_line(t, "switchyard_e2e_request_latency_seconds_count{class=\"batch\"} 1"));
-  BOOST_TEST(has_line(t, "switchyard_time_to_first_token_seconds_bucket{class=\"interactive\",le=\"0.025\"} 1"));
+  BOOST_TEST(has_line(
+      t, "switchyard_time_to_first_token_seconds_bucket{class=\"interactive\",le=\"0.025\"} 1"));
   // TPOT: (120 - 20) ms over 10 tokens = 10 ms; the one-token job has none.
-  BOOST_TEST(has_line(t, "switchyard_time_per_output_token_seconds_count{class=\"interactive\"} 1"));
-  BOOST_TEST(has_line(t, "switchyard_time_per_output_token_seconds_bucket{class=\"interactive\",le=\"0.01\"} 1"));
-  BOOST_TEST(has_line(t, "switchyard_time_per_output_token_seconds_bucket{class=\"interactive\",le=\"0.005\"} 0"));
+  BOOST_TEST(
+      has_line(t, "switchyard_time_per_output_token_seconds_count{class=\"interactive\"} 1"));
+  BOOST_TEST(has_line(
+      t, "switchyard_time_per_output_token_seconds_bucket{class=\"interactive\",le=\"0.01\"} 1"));
+  BOOST_TEST(has_line(
+      t, "switchyard_time_per_output_token_seconds_bucket{class=\"interactive\",le=\"0.005\"} 0"));
   BOOST_TEST(has_line(t, "# TYPE switchyard_queue_time_seconds histogram"));
 
   // The pair dies: its counters stay, its gauges go, nothing is ready any more.
@@ -182,15 +193,20 @@ BOOST_AUTO_TEST_CASE(supervisor_figures_and_per_executor_series) {
   Config cfg;
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
-  auto supervisor = sys.spawn(
-      stats_double, counters({{"executors", 2}, {"executors_retiring", 1}, {"scale_ups", 3},
-                              {"scale_downs", 1}, {"failures_crash", 2}, {"failures_hang", 1},
-                              {"requeued", 17}}));
-  auto b0 = sys.spawn(stats_double, counters({{"blocks_used", 3}, {"blocks_free", 5},
-                                              {"blocks_total", 8}, {"preemptions", 4}}));
+  auto supervisor = sys.spawn(stats_double, counters({{"executors", 2},
+                                                      {"executors_retiring", 1},
+                                                      {"scale_ups", 3},
+                                                      {"scale_downs", 1},
+                                                      {"failures_crash", 2},
+                                                      {"failures_hang", 1},
+                                                      {"requeued", 17}}));
+  auto b0 = sys.spawn(
+      stats_double,
+      counters({{"blocks_used", 3}, {"blocks_free", 5}, {"blocks_total", 8}, {"preemptions", 4}}));
   auto e0 = sys.spawn(stats_double, caf::settings{});
-  auto b1 = sys.spawn(stats_double, counters({{"blocks_used", 1}, {"blocks_free", 7},
-                                              {"blocks_total", 8}, {"preemptions", 2}}));
+  auto b1 = sys.spawn(
+      stats_double,
+      counters({{"blocks_used", 1}, {"blocks_free", 7}, {"blocks_total", 8}, {"preemptions", 2}}));
   auto e1 = sys.spawn(stats_double, caf::settings{});
   MetricsWiring w;
   w.supervisor = supervisor;
@@ -232,14 +248,16 @@ BOOST_AUTO_TEST_CASE(supervisor_figures_and_per_executor_series) {
   // preemption counter goes on from what the old pair counted.
   self->send_exit(b0, caf::exit_reason::user_shutdown);
   self->send_exit(e0, caf::exit_reason::user_shutdown);
-  auto b2 = sys.spawn(stats_double, counters({{"blocks_used", 0}, {"blocks_free", 8},
-                                              {"blocks_total", 8}, {"preemptions", 1}}));
+  auto b2 = sys.spawn(
+      stats_double,
+      counters({{"blocks_used", 0}, {"blocks_free", 8}, {"blocks_total", 8}, {"preemptions", 1}}));
   auto e2 = sys.spawn(stats_double, caf::settings{});
   // The old pair must be gone from the metrics actor's view before the new one comes (else the
   // two would add up for a moment): wait until neither its executor nor its blocks count.
   auto gone = [&] {
     auto x = scrape(self, m);
-    return has_line(x, "switchyard_executors_running 1") && has_line(x, "switchyard_kv_blocks_total 8");
+    return has_line(x, "switchyard_executors_running 1") &&
+           has_line(x, "switchyard_kv_blocks_total 8");
   };
   for (int i = 0; i < 500 && !gone(); ++i) std::this_thread::sleep_for(10ms);
   self->send(m, observe_atom::value, b2, e2, int32_t{0});
@@ -249,7 +267,8 @@ BOOST_AUTO_TEST_CASE(supervisor_figures_and_per_executor_series) {
   BOOST_TEST(has_line(t, "switchyard_executor_kv_blocks_free{executor=\"0\"} 8"));
   BOOST_TEST(has_line(t, "switchyard_executor_preemptions_total{executor=\"0\"} 5"));
   BOOST_TEST(has_line(t, "switchyard_preemptions_total 7"));
-  for (auto& a : {supervisor, b1, e1, b2, e2, m}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  for (auto& a : {supervisor, b1, e1, b2, e2, m})
+    self->send_exit(a, caf::exit_reason::user_shutdown);
 }
 
 BOOST_AUTO_TEST_CASE(a_silent_actor_does_not_hold_the_scrape) {
@@ -294,7 +313,7 @@ BOOST_AUTO_TEST_CASE(http_routes) {
   BOOST_TEST(has_line(body, "switchyard_kv_blocks_total 8"));
   BOOST_TEST(has_line(body, "switchyard_executors_running 1"));
   ep.stop();
-  ep.stop();  // idempotent
+  ep.stop();                                                  // idempotent
   BOOST_TEST(http_get(ep.address(), "/health").first == -1);  // nothing listens any more
 
   // A busy port is refused with the address in the message.

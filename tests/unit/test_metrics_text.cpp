@@ -2,7 +2,6 @@
 // (cumulative buckets, +Inf equal to _count, _sum).
 #define BOOST_TEST_MODULE metrics_text
 #include <boost/test/unit_test.hpp>
-
 #include <cmath>
 #include <limits>
 #include <sstream>
@@ -71,7 +70,8 @@ BOOST_AUTO_TEST_CASE(histogram_buckets_are_cumulative) {
   for (double v : {0.05, 0.1, 0.3, 0.7, 0.9, 2.0, 5.0}) h.observe(v);
   h.observe(std::nan(""));  // ignored
   BOOST_TEST(h.count() == 7u);
-  BOOST_TEST(h.sum() == 0.05 + 0.1 + 0.3 + 0.7 + 0.9 + 2.0 + 5.0, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(h.sum() == 0.05 + 0.1 + 0.3 + 0.7 + 0.9 + 2.0 + 5.0,
+             boost::test_tools::tolerance(1e-12));
   // Per bucket: le 0.1 holds 0.05 and 0.1 (the bound is inclusive).
   BOOST_TEST(h.counts() == (std::vector<uint64_t>{2, 1, 2, 2}), boost::test_tools::per_element());
 

@@ -1,7 +1,6 @@
 // Table-driven tests of policy::decide_autoscale (elastic pairs) and policy::executor_slots.
 #define BOOST_TEST_MODULE policies_autoscale
 #include <boost/test/unit_test.hpp>
-
 #include <string>
 #include <vector>
 
@@ -22,8 +21,12 @@ AutoscaleKnobs knobs() {
   return k;
 }
 
-ExecutorLoad busy(uint64_t id, uint32_t ongoing) { return {id, ongoing, 0, false}; }
-ExecutorLoad idle(uint64_t id, int64_t idle_ms) { return {id, 0, idle_ms, false}; }
+ExecutorLoad busy(uint64_t id, uint32_t ongoing) {
+  return {id, ongoing, 0, false};
+}
+ExecutorLoad idle(uint64_t id, int64_t idle_ms) {
+  return {id, 0, idle_ms, false};
+}
 
 struct Case {
   std::string name;
@@ -111,6 +114,6 @@ BOOST_AUTO_TEST_CASE(slots_follow_devices) {
   auto gpu = executor_slots(true, 2, 8);
   BOOST_REQUIRE(gpu.size() == 2u);
   BOOST_TEST(gpu[1].device == 1);
-  BOOST_TEST(executor_slots(true, 0, 2).size() == 2u);  // a device backend without devices: CPU
+  BOOST_TEST(executor_slots(true, 0, 2).size() == 2u);   // a device backend without devices: CPU
   BOOST_TEST(executor_slots(false, 0, 0).size() == 1u);  // at least one
 }

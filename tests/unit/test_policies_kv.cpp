@@ -1,9 +1,8 @@
 // KV policy tests: text format round trips and errors, attention sets, block release and the
 // most blocks held (cross-checked by brute force against slot_needed), horizons, hysteresis.
 #define BOOST_TEST_MODULE policies_kv
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
+#include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -15,9 +14,15 @@ using namespace sy::policy;
 
 namespace {
 
-KvPolicy full() { return {}; }
-KvPolicy window(int32_t w) { return {KvPolicy::sliding_window, w, 0}; }
-KvPolicy sinks(int32_t s, int32_t w) { return {KvPolicy::sinks, w, s}; }
+KvPolicy full() {
+  return {};
+}
+KvPolicy window(int32_t w) {
+  return {KvPolicy::sliding_window, w, 0};
+}
+KvPolicy sinks(int32_t s, int32_t w) {
+  return {KvPolicy::sinks, w, s};
+}
 
 }  // namespace
 
@@ -103,15 +108,13 @@ BOOST_AUTO_TEST_CASE(slot_needed_table) {
     bool expect;
   };
   const std::vector<Case> cases = {
-      {full(), 0, 1000, true},        {full(), 999, 1000, true},
-      {full(), -1, 5, false},         {window(4), 6, 10, false},
-      {window(4), 7, 10, true},       {window(4), 10, 10, true},
-      {window(4), 11, 10, true},      // not written yet: later tokens need it
-      {window(4), 0, 3, true},        {window(4), 0, 4, false},
-      {sinks(2, 4), 0, 100, true},    {sinks(2, 4), 1, 100, true},
-      {sinks(2, 4), 2, 100, false},   {sinks(2, 4), 96, 100, false},
-      {sinks(2, 4), 97, 100, true},   {sinks(2, 4), 5, 5, true},
-      {sinks(0, 1), 4, 5, false},     {sinks(0, 1), 5, 5, true},
+      {full(), 0, 1000, true},      {full(), 999, 1000, true},    {full(), -1, 5, false},
+      {window(4), 6, 10, false},    {window(4), 7, 10, true},     {window(4), 10, 10, true},
+      {window(4), 11, 10, true},  // not written yet: later tokens need it
+      {window(4), 0, 3, true},      {window(4), 0, 4, false},     {sinks(2, 4), 0, 100, true},
+      {sinks(2, 4), 1, 100, true},  {sinks(2, 4), 2, 100, false}, {sinks(2, 4), 96, 100, false},
+      {sinks(2, 4), 97, 100, true}, {sinks(2, 4), 5, 5, true},    {sinks(0, 1), 4, 5, false},
+      {sinks(0, 1), 5, 5, true},
   };
   for (const Case& c : cases)
     BOOST_TEST(slot_needed(c.p, c.slot, c.next) == c.expect,
@@ -128,13 +131,13 @@ BOOST_AUTO_TEST_CASE(released_block_range_table) {
   const std::vector<Case> cases = {
       {full(), 10'000, 16, 0, 0},
       {window(32), 0, 16, 0, 0},
-      {window(32), 32, 16, 0, 0},   // window (0, 32]: slot 1.. needed, block 0 holds slot 1
-      {window(32), 47, 16, 0, 1},   // lowest needed 16: block 0 done
+      {window(32), 32, 16, 0, 0},  // window (0, 32]: slot 1.. needed, block 0 holds slot 1
+      {window(32), 47, 16, 0, 1},  // lowest needed 16: block 0 done
       {window(32), 48, 16, 0, 1},
       {window(32), 63, 16, 0, 2},
-      {window(1), 16, 16, 0, 1},    // only the new slot itself
+      {window(1), 16, 16, 0, 1},  // only the new slot itself
       {sinks(4, 32), 200, 16, 1, 10},
-      {sinks(4, 32), 40, 16, 1, 1}, // lowest needed 9: nothing past the sink block yet
+      {sinks(4, 32), 40, 16, 1, 1},  // lowest needed 9: nothing past the sink block yet
       {sinks(16, 32), 200, 16, 1, 10},
       {sinks(17, 32), 200, 16, 2, 10},
       {sinks(0, 32), 200, 16, 0, 10},
@@ -158,12 +161,12 @@ BOOST_AUTO_TEST_CASE(max_blocks_held_table) {
       {full(), 1, 64, 16, 1},
       {full(), 4096, 64, 16, 256},
       {full(), 4097, 64, 16, 257},
-      {window(512), 4096, 64, 16, 37},   // 575 slots straddle at most 37 blocks of 16
-      {window(17), 4096, 1, 16, 2},      // 17 slots straddle at most 2 blocks of 16
+      {window(512), 4096, 64, 16, 37},  // 575 slots straddle at most 37 blocks of 16
+      {window(17), 4096, 1, 16, 2},     // 17 slots straddle at most 2 blocks of 16
       {window(18), 4096, 1, 16, 3},
-      {window(8), 4096, 1, 1, 8},        // one-slot blocks: exactly the window
-      {window(512), 100, 64, 16, 7},     // never more than the whole sequence
-      {window(16), 1 << 20, 1, 16, 2},   // decode only: the window straddles two blocks
+      {window(8), 4096, 1, 1, 8},       // one-slot blocks: exactly the window
+      {window(512), 100, 64, 16, 7},    // never more than the whole sequence
+      {window(16), 1 << 20, 1, 16, 2},  // decode only: the window straddles two blocks
       {sinks(4, 60), 1 << 20, 1, 16, 1 + 4 + 1},
       {sinks(4, 60), 1 << 20, 64, 16, 1 + 8 + 1},
   };
@@ -180,11 +183,9 @@ BOOST_AUTO_TEST_CASE(max_blocks_held_table) {
 //    when the sequence is long enough.
 BOOST_AUTO_TEST_CASE(brute_force_against_slot_needed) {
   std::vector<KvPolicy> policies = {full()};
-  for (int32_t w : {1, 2, 3, 5, 8, 16, 17, 31})
-    policies.push_back(window(w));
+  for (int32_t w : {1, 2, 3, 5, 8, 16, 17, 31}) policies.push_back(window(w));
   for (int32_t s : {0, 1, 3, 4, 8, 9})
-    for (int32_t w : {1, 2, 5, 8, 13})
-      policies.push_back(sinks(s, w));
+    for (int32_t w : {1, 2, 5, 8, 13}) policies.push_back(sinks(s, w));
   int64_t checks = 0;
   for (const KvPolicy& p : policies) {
     for (int32_t bs : {1, 2, 3, 4, 8}) {
@@ -194,7 +195,7 @@ BOOST_AUTO_TEST_CASE(brute_force_against_slot_needed) {
         for (int64_t a = 0; a < n_slots; ++a) {
           const BlockRange r = released_block_range(p, a, bs);
           BOOST_TEST_REQUIRE(r.begin <= r.end);
-          if (chunk == 1) {  // the range itself depends on `next` only
+          if (chunk == 1) {    // the range itself depends on `next` only
             bool dead = true;  // one assertion per case: millions of them would be slow
             for (int64_t b = r.begin; b < r.end; ++b)
               for (int64_t s = b * bs; s < (b + 1) * bs; ++s)
@@ -219,8 +220,8 @@ BOOST_AUTO_TEST_CASE(brute_force_against_slot_needed) {
         const int64_t bound = max_blocks_held(p, n_slots, chunk, bs);
         BOOST_TEST_REQUIRE(worst <= bound, to_string(p) << " bs " << bs << " chunk " << chunk);
         // 96 slots leave room for the worst alignment after the sinks for these sizes.
-        BOOST_TEST(worst == bound, to_string(p) << " bs " << bs << " chunk " << chunk
-                                                << " worst " << worst << " bound " << bound);
+        BOOST_TEST(worst == bound, to_string(p) << " bs " << bs << " chunk " << chunk << " worst "
+                                                << worst << " bound " << bound);
         ++checks;
       }
     }
@@ -254,10 +255,10 @@ BOOST_AUTO_TEST_CASE(pressure_hysteresis) {
     bool expect;
   };
   const std::vector<Case> cases = {
-      {false, 0.0, false}, {false, 0.89, false}, {false, 0.9, true},  {false, 1.0, true},
-      {true, 0.95, true},  {true, 0.8, true},    {true, 0.71, true},  {true, 0.7, false},
-      {true, 0.1, false},  {false, 0.8, false},  {false, std::nan(""), false},
-      {true, std::nan(""), true},
+      {false, 0.0, false}, {false, 0.89, false},         {false, 0.9, true},
+      {false, 1.0, true},  {true, 0.95, true},           {true, 0.8, true},
+      {true, 0.71, true},  {true, 0.7, false},           {true, 0.1, false},
+      {false, 0.8, false}, {false, std::nan(""), false}, {true, std::nan(""), true},
   };
   for (const Case& c : cases)
     BOOST_TEST(next_pressure_state(c.state, c.usage, w) == c.expect,

@@ -2,7 +2,6 @@
 // choice among batchers, table-driven.
 #define BOOST_TEST_MODULE policies_prefix_route
 #include <boost/test/unit_test.hpp>
-
 #include <cstdint>
 #include <set>
 #include <string>
@@ -30,8 +29,8 @@ BOOST_AUTO_TEST_CASE(hashes_cover_full_blocks_only) {
     std::size_t want;
   };
   const Row rows[] = {
-      {0, 16, SIZE_MAX, 0},  {15, 16, SIZE_MAX, 0}, {16, 16, SIZE_MAX, 1}, {31, 16, SIZE_MAX, 1},
-      {32, 16, SIZE_MAX, 2}, {100, 16, SIZE_MAX, 6}, {100, 16, 3, 3},      {100, 1, SIZE_MAX, 100},
+      {0, 16, SIZE_MAX, 0},  {15, 16, SIZE_MAX, 0},  {16, 16, SIZE_MAX, 1}, {31, 16, SIZE_MAX, 1},
+      {32, 16, SIZE_MAX, 2}, {100, 16, SIZE_MAX, 6}, {100, 16, 3, 3},       {100, 1, SIZE_MAX, 100},
       {100, 0, SIZE_MAX, 0}, {100, -4, SIZE_MAX, 0},
   };
   for (const auto& r : rows) {

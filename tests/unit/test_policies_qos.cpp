@@ -2,7 +2,6 @@
 // classes of one rank, FIFO per tenant, no banked credit, bounded queues, cancellation, expiry.
 #define BOOST_TEST_MODULE policies_qos
 #include <boost/test/unit_test.hpp>
-
 #include <cstdint>
 #include <map>
 #include <random>
@@ -51,7 +50,8 @@ BOOST_AUTO_TEST_CASE(interactive_always_before_batch) {
     for (int step = 0; step < 5000; ++step) {
       if (rng() % 3 != 0) {
         const std::size_t cls = rng() % 4 == 0 ? 0 : 1;
-        BOOST_REQUIRE((q.push(cls, job(++h, tenant_name(rng() % 5), 1 + rng() % 100)) == PushResult::accepted ||
+        BOOST_REQUIRE((q.push(cls, job(++h, tenant_name(rng() % 5), 1 + rng() % 100)) ==
+                           PushResult::accepted ||
                        q.full(cls)));
       } else if (!q.empty()) {
         const bool interactive_waiting = q.size(0) > 0;
@@ -81,7 +81,8 @@ BOOST_AUTO_TEST_CASE(tenant_weights_are_honoured_by_served_tokens) {
     std::vector<double> weights;
     bool random_costs;
   };
-  const std::vector<Case> cases = {{{3, 1}, true}, {{3, 1}, false}, {{1, 1}, true}, {{1, 2, 5}, true}, {{10, 1}, true}};
+  const std::vector<Case> cases = {
+      {{3, 1}, true}, {{3, 1}, false}, {{1, 1}, true}, {{1, 2, 5}, true}, {{10, 1}, true}};
   for (const Case& c : cases) {
     FairQueue q({{"default", 0, 1.0, 100000, 0}});
     std::mt19937_64 rng(42);
@@ -91,8 +92,10 @@ BOOST_AUTO_TEST_CASE(tenant_weights_are_honoured_by_served_tokens) {
     auto refill = [&] {  // keep every tenant saturated: at least 20 jobs waiting
       for (std::size_t t = 0; t < n; ++t)
         while (queued[t] < 20) {
-          const std::uint32_t cost = c.random_costs ? static_cast<std::uint32_t>(1 + rng() % 256) : 64;
-          BOOST_REQUIRE((q.push(0, job(++h, tenant_name(t), cost, c.weights[t])) == PushResult::accepted));
+          const std::uint32_t cost =
+              c.random_costs ? static_cast<std::uint32_t>(1 + rng() % 256) : 64;
+          BOOST_REQUIRE(
+              (q.push(0, job(++h, tenant_name(t), cost, c.weights[t])) == PushResult::accepted));
           ++queued[t];
         }
     };
@@ -107,8 +110,8 @@ BOOST_AUTO_TEST_CASE(tenant_weights_are_honoured_by_served_tokens) {
     for (std::size_t t = 1; t < n; ++t) {
       const double want = c.weights[t] / c.weights[0];
       const double got = served[t] / served[0];
-      BOOST_TEST(std::abs(got / want - 1.0) < 0.10, "weights case tenant " << t << ": served ratio " << got
-                                                                           << ", want " << want);
+      BOOST_TEST(std::abs(got / want - 1.0) < 0.10,
+                 "weights case tenant " << t << ": served ratio " << got << ", want " << want);
     }
   }
 }
@@ -137,7 +140,8 @@ BOOST_AUTO_TEST_CASE(weights_3_to_1_within_ten_percent) {
 
 BOOST_AUTO_TEST_CASE(fifo_within_a_tenant) {
   FairQueue q({{"default", 0, 1.0, 100, 0}});
-  for (std::uint64_t h = 1; h <= 10; ++h) q.push(0, job(h, h % 2 ? "odd" : "even", static_cast<std::uint32_t>(h * 7 % 5 + 1)));
+  for (std::uint64_t h = 1; h <= 10; ++h)
+    q.push(0, job(h, h % 2 ? "odd" : "even", static_cast<std::uint32_t>(h * 7 % 5 + 1)));
   std::map<std::string, std::uint64_t> last;
   while (auto d = q.pop()) {
     BOOST_TEST(d->job.handle > last[d->job.tenant]);
@@ -163,7 +167,8 @@ BOOST_AUTO_TEST_CASE(idle_tenant_banks_no_credit) {
 }
 
 BOOST_AUTO_TEST_CASE(equal_rank_classes_share_by_class_weight) {
-  FairQueue q({{"gold", 0, 2.0, 100000, 0}, {"silver", 0, 1.0, 100000, 0}, {"bulk", 1, 1.0, 100000, 0}});
+  FairQueue q(
+      {{"gold", 0, 2.0, 100000, 0}, {"silver", 0, 1.0, 100000, 0}, {"bulk", 1, 1.0, 100000, 0}});
   std::uint64_t h = 0;
   std::map<std::size_t, int> served;
   for (int i = 0; i < 3000; ++i) {
@@ -179,7 +184,8 @@ BOOST_AUTO_TEST_CASE(equal_rank_classes_share_by_class_weight) {
 
 BOOST_AUTO_TEST_CASE(queue_full_is_explicit_and_per_class) {
   FairQueue q(two_classes(3));
-  for (std::uint64_t h = 1; h <= 3; ++h) BOOST_TEST((q.push(1, job(h, "a")) == PushResult::accepted));
+  for (std::uint64_t h = 1; h <= 3; ++h)
+    BOOST_TEST((q.push(1, job(h, "a")) == PushResult::accepted));
   BOOST_TEST(q.full(1));
   BOOST_TEST((q.push(1, job(4, "a")) == PushResult::full));
   BOOST_TEST(!q.contains(4));
@@ -194,11 +200,11 @@ BOOST_AUTO_TEST_CASE(queue_full_is_explicit_and_per_class) {
 
 BOOST_AUTO_TEST_CASE(deadline_and_queue_timeout_expiry) {
   FairQueue q({{"interactive", 0, 1.0, 100, 0}, {"batch", 1, 1.0, 100, 500}});
-  q.push(0, job(1, "a", 1, 1.0, 100));        // deadline 100
-  q.push(0, job(2, "a", 1, 1.0, 0));          // none
-  q.push(0, job(3, "b", 1, 1.0, 250));        // deadline 250
-  q.push(1, job(4, "a", 1, 1.0, 0, 10));      // queue timeout at 510
-  q.push(1, job(5, "a", 1, 1.0, 400, 10));    // deadline 400 comes first
+  q.push(0, job(1, "a", 1, 1.0, 100));      // deadline 100
+  q.push(0, job(2, "a", 1, 1.0, 0));        // none
+  q.push(0, job(3, "b", 1, 1.0, 250));      // deadline 250
+  q.push(1, job(4, "a", 1, 1.0, 0, 10));    // queue timeout at 510
+  q.push(1, job(5, "a", 1, 1.0, 400, 10));  // deadline 400 comes first
   BOOST_TEST(*q.next_expiry() == 100);
   BOOST_TEST(q.expire(99).empty());
   auto e = q.expire(100);  // at the deadline counts as passed

@@ -2,7 +2,6 @@
 // jobs-in-flight limits, and the combined tenant decision. All times are explicit.
 #define BOOST_TEST_MODULE policies_quota
 #include <boost/test/unit_test.hpp>
-
 #include <vector>
 
 #include "policies/quota.hpp"
@@ -23,10 +22,21 @@ BOOST_AUTO_TEST_CASE(token_bucket_table) {
   };
   const std::vector<Case> cases = {
       {"starts full, drains, refills at rate",
-       100, 200, {{0, 150, true, 50}, {0, 60, false, 50}, {100, 60, true, 0}, {1000, 0, true, 90}}},
-      {"refill caps at burst", 100, 200, {{0, 200, true, 0}, {10'000, 0, true, 200}, {10'000, 201, true, -1}}},
-      {"larger than burst runs when full, then debt", 10, 50, {{0, 500, true, -450}, {1000, 1, false, -440}, {50'000, 10, true, 40}}},
-      {"clock stepping back adds nothing", 100, 100, {{1000, 100, true, 0}, {500, 1, false, 0}, {1010, 1, true, 0}}},
+       100,
+       200,
+       {{0, 150, true, 50}, {0, 60, false, 50}, {100, 60, true, 0}, {1000, 0, true, 90}}},
+      {"refill caps at burst",
+       100,
+       200,
+       {{0, 200, true, 0}, {10'000, 0, true, 200}, {10'000, 201, true, -1}}},
+      {"larger than burst runs when full, then debt",
+       10,
+       50,
+       {{0, 500, true, -450}, {1000, 1, false, -440}, {50'000, 10, true, 40}}},
+      {"clock stepping back adds nothing",
+       100,
+       100,
+       {{1000, 100, true, 0}, {500, 1, false, 0}, {1010, 1, true, 0}}},
       {"burst defaults to one second of rate", 40, 0, {{0, 40, true, 0}, {0, 1, false, 0}}},
   };
   for (const Case& c : cases) {
@@ -94,7 +104,7 @@ BOOST_AUTO_TEST_CASE(tenant_quota_decisions) {
   BOOST_TEST((d.verdict == QuotaDecision::rate_limited));
   BOOST_TEST(d.retry_after_ms == 1000);
   BOOST_TEST(q.in_flight().current() == 1u);  // the refused job holds no slot
-  q.finish(60, 0);                             // stopped early: 60 unused tokens come back
+  q.finish(60, 0);                            // stopped early: 60 unused tokens come back
   BOOST_TEST(q.bucket().level(0) == 60);
   BOOST_TEST((q.admit(100, 400).verdict == QuotaDecision::admit));
 }

@@ -1,7 +1,6 @@
 // retry_after tests: the estimate and its bounds, and the drain-rate EWMA over explicit time.
 #define BOOST_TEST_MODULE policies_retry
 #include <boost/test/unit_test.hpp>
-
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -18,14 +17,14 @@ BOOST_AUTO_TEST_CASE(retry_after_table) {
     std::int64_t expect;
   };
   const std::vector<Case> cases = {
-      {100, 100.0, 1000},        // depth / rate
-      {8, 400.0, 20},            // 20 ms: exactly the floor
-      {1, 1000.0, 20},           // 1 ms, clamped up to the floor
-      {0, 50.0, 20},             // empty queue still waits the floor
-      {10'000, 1.0, 30'000},     // 10,000 s clamped to the ceiling
-      {30, 1.0, 30'000},         // exactly the ceiling
+      {100, 100.0, 1000},     // depth / rate
+      {8, 400.0, 20},         // 20 ms: exactly the floor
+      {1, 1000.0, 20},        // 1 ms, clamped up to the floor
+      {0, 50.0, 20},          // empty queue still waits the floor
+      {10'000, 1.0, 30'000},  // 10,000 s clamped to the ceiling
+      {30, 1.0, 30'000},      // exactly the ceiling
       {29, 1.0, 29'000},
-      {5, 0.0, 30'000},          // stalled: ceiling
+      {5, 0.0, 30'000},  // stalled: ceiling
       {5, std::numeric_limits<double>::quiet_NaN(), 30'000},
       {5, -3.0, 30'000},
       {5, std::nullopt, 1'000},  // no measurement yet

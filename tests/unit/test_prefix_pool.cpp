@@ -1,10 +1,9 @@
 // PrefixBlockPool tests: sharing, reuse after release, LRU eviction order, refused publishes,
 // release errors, caching off, hash quality, and a randomized check against a reference model.
 #define BOOST_TEST_MODULE prefix_pool
-#include <boost/test/unit_test.hpp>
-
 #include <algorithm>
 #include <bit>
+#include <boost/test/unit_test.hpp>
 #include <list>
 #include <map>
 #include <optional>
@@ -240,7 +239,8 @@ BOOST_AUTO_TEST_CASE(hash_mixes_well) {
   const std::vector<int32_t> p = {1, 2, 0, 0}, q = {2, 1, 0, 0}, z = {1, 2, 0, 1};
   PrefixBlockPool four(1, 4);
   BOOST_TEST(four.block_hash(0, p.data()) != four.block_hash(0, q.data()));
-  BOOST_TEST(four.block_hash(0, p.data()) != four.block_hash(four.block_hash(0, p.data()), p.data()));
+  BOOST_TEST(four.block_hash(0, p.data()) !=
+             four.block_hash(four.block_hash(0, p.data()), p.data()));
   BOOST_TEST(four.block_hash(0, p.data()) != four.block_hash(0, z.data()));
 }
 
@@ -356,9 +356,11 @@ BOOST_AUTO_TEST_CASE(randomized_against_reference_model) {
           const auto got = pool.alloc();
           if (got) {  // a held block is never handed out
             for (const Seq& o : live)
-              BOOST_TEST_REQUIRE((std::find(o.blocks.begin(), o.blocks.end(), *got) == o.blocks.end()));
+              BOOST_TEST_REQUIRE(
+                  (std::find(o.blocks.begin(), o.blocks.end(), *got) == o.blocks.end()));
             BOOST_TEST_REQUIRE((std::find(loose.begin(), loose.end(), *got) == loose.end()));
-            BOOST_TEST_REQUIRE((std::find(s.blocks.begin(), s.blocks.end(), *got) == s.blocks.end()));
+            BOOST_TEST_REQUIRE(
+                (std::find(s.blocks.begin(), s.blocks.end(), *got) == s.blocks.end()));
           }
           model_alloc(got);
           if (!got) {
@@ -368,8 +370,10 @@ BOOST_AUTO_TEST_CASE(randomized_against_reference_model) {
           s.blocks.push_back(*got);
           s.published.push_back(false);
         }
-        if (ok) live.push_back(std::move(s));
-        else release_seq(s);  // out of blocks: give everything back
+        if (ok)
+          live.push_back(std::move(s));
+        else
+          release_seq(s);                     // out of blocks: give everything back
       } else if (op < 60 && !live.empty()) {  // finish computing: publish the full blocks
         Seq& s = live[static_cast<size_t>(pick(live.size()))];
         uint64_t parent = 0;

@@ -2,7 +2,6 @@
 // the sampled distribution, reported log-probabilities and parameter validation.
 #define BOOST_TEST_MODULE sampler
 #include <boost/test/unit_test.hpp>
-
 #include <cmath>
 #include <random>
 #include <stdexcept>
@@ -20,7 +19,8 @@ namespace {
 std::vector<float> random_logits(int n, uint64_t seed, float scale = 3.0f) {
   std::mt19937_64 rng(seed);
   std::vector<float> v(static_cast<size_t>(n));
-  for (auto& x : v) x = scale * (static_cast<float>(rng() >> 40) / static_cast<float>(1 << 24) - 0.5f);
+  for (auto& x : v)
+    x = scale * (static_cast<float>(rng() >> 40) / static_cast<float>(1 << 24) - 0.5f);
   return v;
 }
 
@@ -43,7 +43,8 @@ SamplingParams temp(float t, uint64_t seed, int top_k = 0, float top_p = 1.0f) {
 std::vector<int32_t> draw(const SamplingParams& p, const std::vector<float>& logits, int n) {
   Sampler s(p);
   std::vector<int32_t> out;
-  for (int i = 0; i < n; ++i) out.push_back(s.sample(logits.data(), static_cast<int32_t>(logits.size())));
+  for (int i = 0; i < n; ++i)
+    out.push_back(s.sample(logits.data(), static_cast<int32_t>(logits.size())));
   return out;
 }
 
@@ -187,7 +188,8 @@ BOOST_AUTO_TEST_CASE(logprobs_sorted_normalized_and_temperature_free) {
   double mx = l[static_cast<size_t>(argmax(l))], z = 0;
   for (float x : l) z += std::exp(x - mx);
   const double log_z = mx + std::log(z);
-  for (const auto& t : top) BOOST_TEST(std::abs(t.logprob - (l[static_cast<size_t>(t.id)] - log_z)) < 1e-4);
+  for (const auto& t : top)
+    BOOST_TEST(std::abs(t.logprob - (l[static_cast<size_t>(t.id)] - log_z)) < 1e-4);
   BOOST_TEST(std::abs(chosen_lp - (l[static_cast<size_t>(id)] - log_z)) < 1e-4);
   // The full distribution sums to one; the top 20 to at most one.
   double sum_top = 0;
@@ -200,7 +202,8 @@ BOOST_AUTO_TEST_CASE(logprobs_sorted_normalized_and_temperature_free) {
   std::vector<bool> in(1000);
   for (const auto& t : top) in[static_cast<size_t>(t.id)] = true;
   for (int i = 0; i < 1000; ++i)
-    if (!in[static_cast<size_t>(i)]) BOOST_TEST(l[static_cast<size_t>(i)] <= l[static_cast<size_t>(top.back().id)]);
+    if (!in[static_cast<size_t>(i)])
+      BOOST_TEST(l[static_cast<size_t>(i)] <= l[static_cast<size_t>(top.back().id)]);
 }
 
 BOOST_AUTO_TEST_CASE(logprobs_of_a_uniform_distribution_and_small_vocab) {

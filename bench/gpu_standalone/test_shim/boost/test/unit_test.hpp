@@ -53,61 +53,63 @@ inline void fail(const char* file, int line, const std::string& what, const std:
 namespace boost::test_tools {
 /// Accepted and ignored: element-wise reports are a Boost.Test nicety.
 struct per_element {};
-inline std::ostream& operator<<(std::ostream& o, const per_element&) { return o; }
+inline std::ostream& operator<<(std::ostream& o, const per_element&) {
+  return o;
+}
 }  // namespace boost::test_tools
 
 #define SY_SHIM_CAT2(a, b) a##b
 #define SY_SHIM_CAT(a, b) SY_SHIM_CAT2(a, b)
 
-#define BOOST_AUTO_TEST_CASE(name)                                           \
-  static void name();                                                        \
+#define BOOST_AUTO_TEST_CASE(name)                                              \
+  static void name();                                                           \
   static ::sy_test_shim::Register SY_SHIM_CAT(sy_shim_reg_, name)(#name, name); \
   static void name()
 
 #define BOOST_TEST_GLOBAL_FIXTURE(F) \
   static ::sy_test_shim::RegisterFixture<F> SY_SHIM_CAT(sy_shim_fix_, __LINE__)
 
-#define SY_SHIM_TEST1(cond)                                                          \
-  do {                                                                               \
-    if (!(cond)) ::sy_test_shim::fail(__FILE__, __LINE__, #cond, "");                \
+#define SY_SHIM_TEST1(cond)                                           \
+  do {                                                                \
+    if (!(cond)) ::sy_test_shim::fail(__FILE__, __LINE__, #cond, ""); \
   } while (0)
-#define SY_SHIM_TEST2(cond, msg)                                                     \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      std::ostringstream sy_shim_os;                                                 \
-      sy_shim_os << msg;                                                             \
-      ::sy_test_shim::fail(__FILE__, __LINE__, #cond, sy_shim_os.str());             \
-    }                                                                                \
+#define SY_SHIM_TEST2(cond, msg)                                         \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      std::ostringstream sy_shim_os;                                     \
+      sy_shim_os << msg;                                                 \
+      ::sy_test_shim::fail(__FILE__, __LINE__, #cond, sy_shim_os.str()); \
+    }                                                                    \
   } while (0)
 #define SY_SHIM_PICK(_1, _2, NAME, ...) NAME
 #define BOOST_TEST(...) SY_SHIM_PICK(__VA_ARGS__, SY_SHIM_TEST2, SY_SHIM_TEST1, x)(__VA_ARGS__)
 #define BOOST_CHECK(cond) SY_SHIM_TEST1(cond)
 
-#define BOOST_REQUIRE_MESSAGE(cond, msg)                                             \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      std::ostringstream sy_shim_os;                                                 \
-      sy_shim_os << msg;                                                             \
-      ::sy_test_shim::fail(__FILE__, __LINE__, #cond, sy_shim_os.str());             \
-      throw ::sy_test_shim::Abort{};                                                 \
-    }                                                                                \
+#define BOOST_REQUIRE_MESSAGE(cond, msg)                                 \
+  do {                                                                   \
+    if (!(cond)) {                                                       \
+      std::ostringstream sy_shim_os;                                     \
+      sy_shim_os << msg;                                                 \
+      ::sy_test_shim::fail(__FILE__, __LINE__, #cond, sy_shim_os.str()); \
+      throw ::sy_test_shim::Abort{};                                     \
+    }                                                                    \
   } while (0)
 #define BOOST_REQUIRE(cond) BOOST_REQUIRE_MESSAGE(cond, "")
 #define BOOST_FAIL(msg) BOOST_REQUIRE_MESSAGE(false, msg)
-#define BOOST_CHECK_THROW(expr, E)                                                   \
-  do {                                                                               \
-    bool sy_shim_thrown = false;                                                     \
-    try {                                                                            \
-      expr;                                                                          \
-    } catch (const E&) {                                                             \
-      sy_shim_thrown = true;                                                         \
-    }                                                                                \
-    if (!sy_shim_thrown) ::sy_test_shim::fail(__FILE__, __LINE__, #expr, "no " #E);   \
+#define BOOST_CHECK_THROW(expr, E)                                                  \
+  do {                                                                              \
+    bool sy_shim_thrown = false;                                                    \
+    try {                                                                           \
+      expr;                                                                         \
+    } catch (const E&) {                                                            \
+      sy_shim_thrown = true;                                                        \
+    }                                                                               \
+    if (!sy_shim_thrown) ::sy_test_shim::fail(__FILE__, __LINE__, #expr, "no " #E); \
   } while (0)
-#define BOOST_TEST_MESSAGE(msg)              \
-  do {                                       \
-    std::ostringstream sy_shim_os;           \
-    sy_shim_os << msg;                       \
+#define BOOST_TEST_MESSAGE(msg)                    \
+  do {                                             \
+    std::ostringstream sy_shim_os;                 \
+    sy_shim_os << msg;                             \
     std::printf("%s\n", sy_shim_os.str().c_str()); \
   } while (0)
 

@@ -69,9 +69,10 @@ struct FedSeq {
     if (fed < prompt.size()) fed += cur.size();
     return fed >= prompt.size();
   }
-  /// Returns the blocks to the engine's pool.
+  /// Returns the blocks to the engine's pool (entries already given back are -1).
   void release(Engine& e) {
-    for (int32_t b : blocks) e.pool().free(b);
+    for (int32_t b : blocks)
+      if (b >= 0) e.pool().free(b);
     blocks.clear();
   }
 };

@@ -20,17 +20,9 @@
 
 using namespace sy;
 using sy::test::kWait;
+using sy::test::Seen;  // what the stand-in egress and admission saw for one job
 
 namespace {
-
-struct Seen {
-  std::vector<int32_t> stream_ids;
-  bool contiguous = true;
-  int dones = 0, errors = 0, outcomes = 0;
-  DoneEvent done;
-  ErrorEvent error;
-  JobOutcome outcome;
-};
 
 int64_t num(const caf::settings& s, const char* k) {
   auto v = caf::get_if<int64_t>(&s, k);

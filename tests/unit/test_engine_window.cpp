@@ -52,55 +52,33 @@ std::vector<int32_t> generate(sy::Engine& e, const std::vector<int32_t>& prompt,
                               int32_t* most_blocks_held = nullptr) {
   const int32_t bs = e.block_size();
   const int32_t free_before = e.pool().n_free();
-  std::vector<int32_t> blocks, cur, out;
-  int32_t n_past = 0, held = 0, most = 0;
-  size_t fed = 0;
+  sy::test::FedSeq seq;
+  std::vector<int32_t> out;
+  int32_t most = 0;
   sy::StepOutput o;
   while (static_cast<int>(out.size()) < n_gen) {
-    if (fed < prompt.size()) {
-      const size_t k = std::min<size_t>(static_cast<size_t>(chunk), prompt.size() - fed);
-      cur.assign(prompt.begin() + static_cast<long>(fed),
-                 prompt.begin() + static_cast<long>(fed + k));
-      fed += k;
-    } else {
-      cur.assign(1, out.back());
-    }
-    const int32_t end = n_past + static_cast<int32_t>(cur.size());
-    while (static_cast<int32_t>(blocks.size()) * bs < end) {
-      auto b = e.pool().alloc();
-      BOOST_REQUIRE(b.has_value());
-      blocks.push_back(*b);
-      ++held;
-    }
-    most = std::max(most, held);
     sy::SeqStep st;
-    st.tokens = cur.data();
-    st.n_tokens = static_cast<int32_t>(cur.size());
-    st.n_past = n_past;
-    st.block_table = blocks.data();
-    st.n_blocks = static_cast<int32_t>(blocks.size());
+    BOOST_REQUIRE(seq.next_step(e, prompt, chunk, out.empty() ? 0 : out.back(), st));
+    most = std::max(most, static_cast<int32_t>(std::count_if(seq.blocks.begin(), seq.blocks.end(),
+                                                             [](int32_t b) { return b >= 0; })));
     st.window = a.window;
     st.sinks = a.sinks;
     e.step({st}, o);
-    n_past = end;
-    if (fed >= prompt.size()) out.push_back(argmax(o.row(0), o.n_vocab));
+    if (seq.stepped(prompt)) out.push_back(argmax(o.row(0), o.n_vocab));
     if (release && a.window > 0) {
       // The next token (slot n_past) sees [0, sinks) and [n_past - window + 1, n_past]; later
       // tokens see no more of the past.
-      const int64_t lo = std::max<int64_t>(0, int64_t{n_past} - a.window + 1);
-      for (size_t b = 0; b < blocks.size(); ++b) {
+      const int64_t lo = std::max<int64_t>(0, int64_t{seq.n_past} - a.window + 1);
+      for (size_t b = 0; b < seq.blocks.size(); ++b) {
         const int64_t b0 = static_cast<int64_t>(b) * bs;
-        if (blocks[b] >= 0 && b0 >= a.sinks && b0 + bs <= lo) {
-          e.pool().free(blocks[b]);
-          blocks[b] = -1;
-          --held;
+        if (seq.blocks[b] >= 0 && b0 >= a.sinks && b0 + bs <= lo) {
+          e.pool().free(seq.blocks[b]);
+          seq.blocks[b] = -1;
         }
       }
     }
   }
-  for (int32_t b : blocks) {
-    if (b >= 0) e.pool().free(b);
-  }
+  seq.release(e);
   BOOST_TEST(e.pool().n_free() == free_before);
   if (most_blocks_held) *most_blocks_held = most;
   return out;

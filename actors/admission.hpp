@@ -33,8 +33,7 @@ bool tokens_equal(std::string_view a, std::string_view b);
 ///       numbers: class, max_tokens, prompt length against the context); the tenant's quotas
 ///       (rate_limited with retry_after_ms); then (enqueue_atom, Job) to the router, whose "full"
 ///       answer becomes ErrorEvent overloaded with its retry_after_ms.
-///   (cancel_atom, KeyRequest) / (status_atom, KeyRequest)  (the atom decides): authenticated like
-///   a
+///   (cancel_atom, KeyRequest) / (status_atom, KeyRequest)  (the atom decides): authenticated like a
 ///       submit (except internal ones), looked up under the caller's own tenant only; unknown key
 ///       -> ErrorEvent not_found; status -> StatusEvent; cancel of a live job -> (cancel_atom,
 ///       uid) to the router; cancel of an ended job -> nothing (docs/protocol.md).

@@ -38,8 +38,8 @@ struct ExecutorSpec {
 ///   (stats_atom) -> caf::settings {steps, tokens, samplers}.
 /// A sequence's sampler is made on its first plan with sample or reset set and kept until
 /// released, so a recomputed (preempted) sequence continues its random stream.
-/// The test-only fault flags of the spec make it crash or hang after N steps (crash recovery
-/// tests). Throws std::invalid_argument for an unknown backend or a "cpu" spec without a model.
+/// The test-only fault flags of the spec make it crash or hang after N steps (crash recovery tests).
+/// Throws std::invalid_argument for an unknown backend or a "cpu" spec without a model.
 caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec);
 
 }  // namespace sy

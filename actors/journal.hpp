@@ -54,9 +54,8 @@ std::shared_ptr<JournalFile> open_journal(const JournalConfig& cfg, std::size_t 
 /// router, batchers and admission as their egress): TokensEvent and other events pass straight
 /// through; a journaled job's DoneEvent/ErrorEvent is held until admission reports the job's end
 /// ((journal_atom, JobOutcome)) and that result record is durable. `replay` seeds the live jobs
-/// (events to a ROUTER client with an empty routing id, i.e. of a replayed job, are dropped) and
-/// its `redeliver` results are sent to egress at once. Protocol: actors/messages.hpp, "Journal
-/// shapes".
+/// (events to a ROUTER client with an empty routing id, i.e. of a replayed job, are dropped) and its
+/// `redeliver` results are sent to egress at once. Protocol: actors/messages.hpp, "Journal shapes".
 caf::actor spawn_journal(caf::actor_system& sys, JournalConfig cfg,
                          std::shared_ptr<JournalFile> file, const JournalReplay& replay,
                          std::size_t keep_results, caf::actor egress);

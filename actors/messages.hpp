@@ -303,8 +303,7 @@ void log_line(const std::string& text);
 }  // namespace sy
 
 // Request/response shapes (documented here, carried as plain CAF tuples):
-//   admission -> router:  (enqueue_atom, Job)        -> (uint8 result, uint32 position, int64
-//   retry_after_ms)
+//   admission -> router:  (enqueue_atom, Job)        -> (uint8 result, uint32 position, int64 retry_after_ms)
 //                          result: 0 accepted, 1 full (retry_after_ms set), 2 unknown class
 //   batcher   -> executor: (step_atom, StepPlan)      -> StepResult
 //   batcher   -> executor: (release_atom, std::vector<uint64_t> uids)   (no reply)
@@ -323,8 +322,7 @@ void log_line(const std::string& text);
 namespace sy {
 
 /// Wiring: (connect_atom, caf::actor admission, TenantWeights) tells the router its admission
-/// actor and the tenants' fair-share weights (spawn_admission sends it; the two actors form a
-/// cycle).
+/// actor and the tenants' fair-share weights (spawn_admission sends it; the two actors form a cycle).
 using connect_atom = caf::atom_constant<caf::atom("connect")>;
 
 /// Tenant weights for the router's fair queuing; a tenant not listed weighs 1.
@@ -383,9 +381,9 @@ typename Inspector::result_type inspect(Inspector& f, ControlEvent& x) {
 // Control shapes:
 //   gateway -> control:  (control_atom, ControlRequest)
 //   control -> egress:   (out_atom, ControlEvent) or (out_atom, ErrorEvent)
-//   control -> batcher:  (kvpolicy_atom, policy::KvPolicy) -> std::string ("" swapped, else why
-//   not) stats_atom on a batcher also reports "kv_policy" (string), "policy_swaps", "pressure"
-//   (0/1), "blocks_cached", "blocks_used_peak", "prefix_hit_blocks", "prefix_hit_tokens".
+//   control -> batcher:  (kvpolicy_atom, policy::KvPolicy) -> std::string ("" swapped, else why not)
+//   stats_atom on a batcher also reports "kv_policy" (string), "policy_swaps", "pressure" (0/1),
+//   "blocks_cached", "blocks_used_peak", "prefix_hit_blocks", "prefix_hit_tokens".
 
 // ---- metrics (Prometheus /metrics, /ready: actors/metrics.hpp) ----
 namespace sy {
@@ -396,12 +394,10 @@ using ready_atom = caf::atom_constant<caf::atom("ready")>;      // HTTP thread -
 
 // Metrics shapes:
 //   server     -> admission: (observe_atom, caf::actor metrics)  copy every JobOutcome there
-//   admission  -> metrics:   (finished_atom, JobOutcome, std::string class_name)  bulky fields
-//   cleared server/supervisor -> metrics: (observe_atom, caf::actor batcher, caf::actor executor)
-//   a new
+//   admission  -> metrics:   (finished_atom, JobOutcome, std::string class_name)  bulky fields cleared
+//   server/supervisor -> metrics: (observe_atom, caf::actor batcher, caf::actor executor)  a new
 //                             pair to count and scrape; the metrics actor monitors both
-//   HTTP       -> metrics:   (metrics_atom) -> std::string (text format 0.0.4); (ready_atom) ->
-//   bool
+//   HTTP       -> metrics:   (metrics_atom) -> std::string (text format 0.0.4); (ready_atom) -> bool
 
 // ---- elasticity and crash recovery (actors/supervisor.hpp) ----
 namespace sy {
@@ -433,15 +429,14 @@ typename Inspector::result_type inspect(Inspector& f, PairFailure& x) {
 //   batcher    -> router:     (requeue_atom, std::vector<Job>)  jobs of a failed executor: they
 //                             go to the FRONT of their class (not counted against its limit)
 //   batcher    -> router:     (retire_atom, caf::actor batcher) -> uint32 credit revoked: the
-//                             router stops dispatching there; runs sent before the reply still
-//                             arrive
+//                             router stops dispatching there; runs sent before the reply still arrive
 //   supervisor -> batcher:    (retire_atom)  take no new work, finish what is there, then exit
 //   batcher    -> supervisor: (failed_atom, PairFailure)  then the batcher exits
 //   batcher    -> supervisor: (recovered_atom, int64 fault_us, int64 now_us)  a re-queued job runs
 //                             again (its first step after the fault was planned)
-//   batcher    -> supervisor: (kvpolicy_atom, policy::KvPolicy)  an operator swap (new pairs take
-//   it) stats_atom on a batcher also reports "ongoing" (running + waiting) and "idle_since_us" (0
-//   while it holds jobs); on the router "waiting_total", "oldest_wait_ms", "requeued",
+//   batcher    -> supervisor: (kvpolicy_atom, policy::KvPolicy)  an operator swap (new pairs take it)
+//   stats_atom on a batcher also reports "ongoing" (running + waiting) and "idle_since_us"
+//   (0 while it holds jobs); on the router "waiting_total", "oldest_wait_ms", "requeued",
 //   "retry_queued"; on the supervisor the batchers' counters summed plus its own (executors,
 //   scale_ups, scale_downs, executor_failures, replacements, requeued, recoveries,
 //   recovery_ms_last, recovery_ms_max, detect_ms_last).

@@ -42,9 +42,8 @@ std::vector<policy::PriorityClass> effective_classes(std::vector<policy::Priorit
 /// invalid in tests: nothing is sent then); `admission` receives JobOutcomes for jobs that end in
 /// the queue — pass it here or later with (connect_atom, admission, TenantWeights), which
 /// spawn_admission sends itself (the router keeps only a weak reference to it, so the pair forms
-/// no ownership cycle). Batchers are monitored: one that goes down loses its credit. `tenants`
-/// gives fair-share weights (later replaced by the connect message's). Throws std::invalid_argument
-/// for a bad class list.
+/// no ownership cycle). Batchers are monitored: one that goes down loses its credit. `tenants` gives fair-share weights (later replaced by the
+/// connect message's). Throws std::invalid_argument for a bad class list.
 ///
 /// Handles:
 ///   (enqueue_atom, Job) -> (uint8 result, uint32 position, int64 retry_after_ms)
@@ -58,11 +57,11 @@ std::vector<policy::PriorityClass> effective_classes(std::vector<policy::Priorit
 ///       fewer than the freest (policies/prefix_route.hpp; docs/elasticity.md).
 ///   (cancel_atom, uint64 uid)  a queued job is removed (DoneEvent finish=cancelled to the client,
 ///       JobOutcome outcome=2 to admission); otherwise forwarded to every batcher.
-///   (status_atom, uint64 uid) -> (uint8 state, uint32 position)  queued (0) or running/unknown
-///   (1). (pull_atom, uint32 n)  n PULL credits came back unused (admission answered those
-///   submits). (connect_atom, caf::actor admission, TenantWeights)   wiring. (drain_atom)  stop
-///   granting PULL credit (shutdown). (requeue_atom, std::vector<Job>)  jobs of a failed executor:
-///   they go before every queued
+///   (status_atom, uint64 uid) -> (uint8 state, uint32 position)  queued (0) or running/unknown (1).
+///   (pull_atom, uint32 n)  n PULL credits came back unused (admission answered those submits).
+///   (connect_atom, caf::actor admission, TenantWeights)   wiring.
+///   (drain_atom)  stop granting PULL credit (shutdown).
+///   (requeue_atom, std::vector<Job>)  jobs of a failed executor: they go before every queued
 ///       job of their class (and of less important ranks), are not counted against the class's
 ///       queue limit and never expire (they started before); FIFO among themselves.
 ///   (finished_atom, std::vector<uint64_t> uids)  a batcher ended these jobs. Until then the
@@ -76,10 +75,9 @@ std::vector<policy::PriorityClass> effective_classes(std::vector<policy::Priorit
 ///       cancelled, rejected_full, overflowed, queued, overflow, credit, pull_outstanding,
 ///       pull_granted, batchers, requeued, retry_queued, retired, lost_requeued and
 ///       lost_failed (jobs of batchers that went down), running_tracked (dispatched, not ended),
-///       waiting_total (queued + overflow + re-queued), oldest_wait_ms, queued_<class name> per
-///       class, affinity_hits (dispatched for a cached prefix), affinity_overruled (a batcher held
-///       a prefix of the job but was too busy or had no credit) and affinity_indexed (block hashes
-///       held, all batchers).
+///       waiting_total (queued + overflow + re-queued), oldest_wait_ms, queued_<class name> per class, affinity_hits
+///       (dispatched for a cached prefix), affinity_overruled (a batcher held a prefix of the job
+///       but was too busy or had no credit) and affinity_indexed (block hashes held, all batchers).
 /// Sends (pull_atom, uint32 n) to egress: n more pipeline submits may be read (additive).
 /// Expired jobs get ErrorEvent deadline_exceeded and are never dispatched: the queue is swept
 /// before every dispatch and by a timer set to the earliest expiry.

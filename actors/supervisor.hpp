@@ -58,8 +58,8 @@ struct SupervisorWiring {
 ///   (scale_atom)  its own timer: asks the router and every batcher for stats, decides, scales;
 ///   (stats_atom) -> caf::settings: every int64 counter of the live batchers summed, plus
 ///       executors (active pairs), executors_retiring, scale_ups, scale_downs,
-///       executor_failures (= failures_crash + failures_hang), replacements, requeued, failed_jobs,
-///       recoveries, recovery_ms_last, recovery_ms_max, detect_ms_last (fault -> detection).
+///       executor_failures (= failures_crash + failures_hang), replacements, requeued, failed_jobs, recoveries, recovery_ms_last,
+///       recovery_ms_max, detect_ms_last (fault -> detection).
 /// Scale events and failures are logged on stdout ("switchyard: supervisor: ...").
 /// An exit message stops every pair, then the supervisor.
 caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorConfig cfg, SupervisorWiring wiring);

@@ -355,8 +355,7 @@ msgpack::object_handle unpack_checked(const void* data, std::size_t size, const 
   }
 }
 
-// ---- reading fields
-// ------------------------------------------------------------------------------
+// ---- reading fields ------------------------------------------------------------------------------
 
 const char* type_name(const msgpack::object& o) {
   switch (o.type) {

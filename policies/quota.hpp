@@ -23,8 +23,7 @@ class TokenBucket {
   bool try_take(double n, std::int64_t now_ms);
   /// Milliseconds from now_ms until try_take(n) would succeed; 0 when it would now.
   std::int64_t wait_ms(double n, std::int64_t now_ms);
-  /// Gives back tokens charged but not used (a job that stopped before max_tokens); never above
-  /// burst.
+  /// Gives back tokens charged but not used (a job that stopped before max_tokens); never above burst.
   void refund(double n, std::int64_t now_ms);
 
  private:

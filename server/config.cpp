@@ -17,8 +17,7 @@
 namespace sy {
 namespace {
 
-// Where we are in the file, for messages like "cfg.yaml: key 'batching.max_sequences' (line 4):
-// ...".
+// Where we are in the file, for messages like "cfg.yaml: key 'batching.max_sequences' (line 4): ...".
 struct Ctx {
   std::string file;
   [[noreturn]] void fail(const std::string& key, const YAML::Node& n,

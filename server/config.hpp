@@ -139,8 +139,7 @@ struct ServerConfig {
 /// The journal file a server with `cfg` uses, or "" for none: journal.path when set ("off" =
 /// none), else STATE_DIR/<endpoint>/switchyard.journal where <endpoint> spells the bind (or pull)
 /// address as a folder name — so two servers on one host never share a journal. A wildcard port
-/// has no stable name across restarts, so it gets no default journal; `why` (if given) then says
-/// so.
+/// has no stable name across restarts, so it gets no default journal; `why` (if given) then says so.
 std::string journal_location(const ServerConfig& cfg, std::string* why = nullptr);
 
 /// Reads a YAML file into `cfg` (keys absent keep their values); throws std::runtime_error

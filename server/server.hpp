@@ -80,9 +80,8 @@ class Server {
   /// A snapshot of the counters (asks the actors; waits at most a second).
   ServerSnapshot snapshot();
 
-  /// Blocks SIGINT, SIGTERM and SIGUSR1 in the calling thread and every thread started after it.
-  /// Call at the top of main, before any thread exists, so the signals reach only
-  /// wait_for_signal().
+  /// Blocks SIGINT, SIGTERM and SIGUSR1 in the calling thread and every thread started after it. Call at
+  /// the top of main, before any thread exists, so the signals reach only wait_for_signal().
   static void block_signals();
   /// Waits for SIGINT, SIGTERM or SIGUSR1 (blocked first with block_signals) and returns its
   /// number.

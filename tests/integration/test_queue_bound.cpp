@@ -6,8 +6,7 @@
 // gives credit back only when a job ends. The first 8 submissions are therefore dispatched at once
 // and run (we wait for a streamed chunk of each, so they are surely out of the queue). Each then
 // needs 40 steps of >= 50 ms, so none ends — and no credit returns — while the next 10 arrive
-// within milliseconds: the first 8 of those fill the class queue (limit 8), the last 2 find it
-// full.
+// within milliseconds: the first 8 of those fill the class queue (limit 8), the last 2 find it full.
 #define BOOST_TEST_MODULE it_queue_bound
 #include <boost/test/unit_test.hpp>
 #include <set>

@@ -1,6 +1,5 @@
 // A temporary folder for tests, made fresh under /tmp (mkdtemp) and removed with its contents
-// when the object goes, and a whole-file reader. Header-only and Boost-free, so any test target
-// (GPU ones too) can use it.
+// when the object goes, and a whole-file reader. Header-only and Boost-free, so any test target (GPU ones too) can use it.
 #pragma once
 
 #include <stdlib.h>

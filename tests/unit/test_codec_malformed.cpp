@@ -418,8 +418,7 @@ BOOST_AUTO_TEST_CASE(limits_follow_the_configuration) {
 }
 
 BOOST_AUTO_TEST_CASE(lenient_where_documented) {
-  // nil means "default" for optional fields, unknown keys are ignored, numbers may be ints or
-  // floats.
+  // nil means "default" for optional fields, unknown keys are ignored, numbers may be ints or floats.
   Msg m = submit();
   m.set("temperature", Nil()).set("seed", Nil()).set("stop", S("END")).set("future", [](Packer& p) {
     p.pack_map(1);

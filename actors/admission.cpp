@@ -82,6 +82,7 @@ struct AdmissionState {
   policy::RetryConfig retry;
   uint64_t next_uid = 1;
   bool draining = false;
+  bool operator_drain = false;  // draining by `ctl drain` (else: shutdown)
   uint64_t submitted = 0, admitted = 0, unauthorized = 0, rate_limited = 0, overloaded = 0,
            bad_request = 0, deduplicated = 0, attached = 0, finished = 0, not_found = 0,
            unavailable = 0;
@@ -317,7 +318,9 @@ void submit(Self* self, SubmitRequest& req) {
   if (st.draining) {
     ++st.unavailable;
     send_error(self, req.client, req.id, req.tenant, ErrorCode::unavailable,
-               "the server is shutting down");
+               st.operator_drain ? "the server is draining (operator command `drain`): submit "
+                                   "to another server or retry after it resumes"
+                                 : "the server is shutting down");
     return return_pull_credit(self, req.client);
   }
   std::string why;
@@ -517,6 +520,7 @@ caf::settings stats(Self* self) {
   put("finished", st.finished);
   put("not_found", st.not_found);
   put("unavailable", st.unavailable);
+  put("draining", st.draining ? 1 : 0);
   put("active", st.live.size());
   put("remembered", st.records.size());
   put("replayed", st.replayed);
@@ -638,7 +642,15 @@ caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
         key_request(self, k);
       },
       [self](finished_atom, JobOutcome& o) { finished(self, o); },
-      [self](drain_atom) { self->state.draining = true; },
+      [self](drain_atom) {
+        self->state.draining = true;
+        self->state.operator_drain = false;
+      },
+      // `switchyard ctl drain` / `resume`: no new work while on; queued and running jobs finish.
+      [self](drain_atom, bool on) {
+        self->state.draining = on;
+        self->state.operator_drain = on;
+      },
       [self](observe_atom, caf::actor& observer) { self->state.observer = std::move(observer); },
       // Shutdown after the grace period (server/server.cpp): every live job is cancelled, so
       // queued ones never run and running ones end within a step with done finish=cancelled.

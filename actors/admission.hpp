@@ -39,7 +39,8 @@ bool tokens_equal(std::string_view a, std::string_view b);
 ///       uid) to the router; cancel of an ended job -> nothing (docs/protocol.md).
 ///   (finished_atom, JobOutcome)  from batchers and the router: frees the tenant's quota, stores
 ///       the result for resubmissions (up to cfg.result_cache keys), answers attached clients.
-///   (drain_atom)  later submits get ErrorEvent unavailable.
+///   (drain_atom)  later submits get ErrorEvent unavailable (shutdown).
+///   (drain_atom, bool on)  the operator's drain (`ctl drain`) or its end (`ctl resume`).
 ///   (observe_atom, caf::actor metrics)  every JobOutcome is copied there (without the completion
 ///       text, ids and logprobs) as (finished_atom, JobOutcome, std::string class_name).
 ///   (cancel_atom, drain_atom)  cancels every live job (shutdown after the grace period).

@@ -201,6 +201,22 @@ void stats(Self* self, ControlRequest& req) {
     ask(w.batchers[i], nullptr, i, "batcher " + std::to_string(i));
 }
 
+// The operator's drain: admission refuses new submits (`unavailable`) and the router stops PULL
+// credit, so queued and running jobs finish and nothing new comes in; resume undoes both. The
+// reply is the stats (asked after the drain messages, which admission and the router therefore
+// handle first: one sender's messages keep their order), with "draining" in it.
+void drain(Self* self, ControlRequest& req, bool on) {
+  const auto& w = self->state.w;
+  if (!w.admission || !w.router) {
+    reply_error(self, req.client, ErrorCode::unavailable, "the server is not wired yet");
+    return;
+  }
+  self->send(w.admission, drain_atom::value, on);
+  self->send(w.router, drain_atom::value, on);
+  log_line(std::string("control: ") + (on ? "drain: no new jobs until `resume`" : "resume"));
+  stats(self, req);
+}
+
 }  // namespace
 
 int64_t stats_counter(const caf::settings& s, const std::string& name) {
@@ -219,6 +235,7 @@ std::string control_stats_json(const caf::settings& admission, const caf::settin
   o.num("active_jobs", stats_counter(admission, "active"));
   o.num("admitted", stats_counter(admission, "admitted"));
   o.num("overloaded", stats_counter(admission, "overloaded"));
+  o.num("draining", stats_counter(admission, "draining"));
   o.num("queued", stats_counter(router, "queued"));
   o.num("dispatched", stats_counter(router, "dispatched"));
   o.num("expired", stats_counter(router, "expired"));
@@ -276,6 +293,8 @@ caf::actor spawn_control(caf::actor_system& sys, ControlWiring wiring) {
             kv_policy(self, req);
           else if (req.command == "stats")
             stats(self, req);
+          else if (req.command == "drain" || req.command == "resume")
+            drain(self, req, req.command == "drain");
           else
             reply_error(self, req.client, ErrorCode::bad_request,
                         "unknown control command '" + req.command + "'");

@@ -35,6 +35,8 @@ struct ControlWiring {
 ///    reason; no answer in time -> unavailable; another request error -> internal;
 ///  - "stats": asks admission, router and every batcher (stats_atom) and replies a ControlEvent
 ///    whose result is control_stats_json of the answers (errors as for kv_policy);
+///  - "drain" / "resume": (drain_atom, bool) to admission and the router (no new submits, no PULL
+///    credit; queued and running jobs finish), then the "stats" reply, whose "draining" says 1/0;
 ///  - any other command -> bad_request.
 /// (connect_atom, std::vector<caf::actor>) replaces the batcher list (the supervisor sends it
 /// whenever its pairs change).

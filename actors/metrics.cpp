@@ -479,10 +479,18 @@ caf::behavior metrics_actor(Self* self, MetricsWiring w) {
         self->state.recovery.observe(static_cast<double>(at_us - fault_us) / 1e6);
       },
       [self](metrics_atom) { return scrape(self); },
-      [self](ready_atom) {
-        for (const auto& [id, p] : self->state.pairs)
-          if (p.executor_alive) return true;
-        return false;
+      // Ready: an executor has its model loaded and admission takes work (not draining, by
+      // `ctl drain` or at shutdown), so that a load balancer stops sending to a draining server.
+      [self](ready_atom) -> caf::result<bool> {
+        bool alive = false;
+        for (const auto& [id, p] : self->state.pairs) alive = alive || p.executor_alive;
+        if (!alive || !self->state.w.admission) return alive;
+        auto rp = self->make_response_promise<bool>();
+        self->request(self->state.w.admission, self->state.w.ask_timeout, stats_atom::value)
+            .then([rp](caf::settings& s) mutable { rp.deliver(stats_counter(s, "draining") == 0); },
+                  // An admission that cannot answer in time is not taking work either.
+                  [rp](caf::error&) mutable { rp.deliver(false); });
+        return rp;
       },
   };
 }

@@ -101,7 +101,8 @@ struct MetricsWiring {
 ///   (metrics_atom) -> std::string  asks admission, router and every batcher for stats_atom (each
 ///       within ask_timeout) and answers the whole exposition text;
 ///   (ready_atom) -> bool  whether at least one executor is alive (an executor exists only once its
-///       model is loaded: spawn_executor builds the engine before the actor starts).
+///       model is loaded: spawn_executor builds the engine before the actor starts) and admission
+///       is not draining (`ctl drain`, shutdown).
 caf::actor spawn_metrics(caf::actor_system& sys, MetricsWiring wiring);
 
 }  // namespace sy

@@ -630,6 +630,11 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
           if (w.weights[i] > 0) s.weights[w.names[i]] = w.weights[i];
       },
       [self](drain_atom) { self->state.draining = true; },
+      // The operator's drain and resume: PULL credit stops, or starts again.
+      [self](drain_atom, bool on) {
+        self->state.draining = on;
+        if (!on) grant_pull(self);
+      },
       [self](tick_atom) {
         self->state.timer_at = kNever;
         dispatch(self);

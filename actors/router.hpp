@@ -61,6 +61,7 @@ std::vector<policy::PriorityClass> effective_classes(std::vector<policy::Priorit
 ///   (pull_atom, uint32 n)  n PULL credits came back unused (admission answered those submits).
 ///   (connect_atom, caf::actor admission, TenantWeights)   wiring.
 ///   (drain_atom)  stop granting PULL credit (shutdown).
+///   (drain_atom, bool on)  the same for the operator's drain; false grants credit again.
 ///   (requeue_atom, std::vector<Job>)  jobs of a failed executor: they go before every queued
 ///       job of their class (and of less important ranks), are not counted against the class's
 ///       queue limit and never expire (they started before); FIFO among themselves.

@@ -14,7 +14,9 @@ const char* const kCtlUsage =
     "              [--client-key FILE] COMMAND\n"
     "              kv-policy full | kv-policy sliding_window W | kv-policy sinks S W\n"
     "              swaps every batcher's KV-cache policy for new jobs; stats prints the\n"
-    "              counters as JSON. Exits 1 with the server's error, or after --timeout-ms\n"
+    "              counters as JSON; drain stops taking new jobs (submits get `unavailable`,\n"
+    "              /ready answers 503, queued and running jobs finish) and resume ends that.\n"
+    "              Exits 1 with the server's error, or after --timeout-ms\n"
     "              (default 5000) without an answer.\n";
 
 namespace {
@@ -71,17 +73,17 @@ int cmd_ctl(int argc, char** argv, int first) {
   if (!args.has("server")) throw UsageError("ctl needs --server ADDR");
   long long timeout = args.integer("timeout-ms", 5000);
   if (timeout < 1) throw UsageError("--timeout-ms must be at least 1");
-  if (words.empty()) throw UsageError("ctl needs a command: kv-policy or stats");
+  if (words.empty()) throw UsageError("ctl needs a command: kv-policy, stats, drain or resume");
 
   std::string command, policy;
   if (words[0] == "kv-policy" || words[0] == "kv_policy") {
     command = "kv_policy";
     policy = policy_text({words.begin() + 1, words.end()});
-  } else if (words[0] == "stats") {
-    if (words.size() > 1) throw UsageError("stats takes no parameters");
-    command = "stats";
+  } else if (words[0] == "stats" || words[0] == "drain" || words[0] == "resume") {
+    if (words.size() > 1) throw UsageError(words[0] + " takes no parameters");
+    command = words[0];
   } else {
-    throw UsageError("unknown ctl command '" + words[0] + "' (kv-policy or stats)");
+    throw UsageError("unknown ctl command '" + words[0] + "' (kv-policy, stats, drain or resume)");
   }
 
   client::ClientOptions copt;

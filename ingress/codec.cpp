@@ -632,7 +632,7 @@ Control decode_control(const Fields& f, const DecodeLimits& lim) {
   c.command = f.str("command", lim.max_name_bytes, true, false);
   if (std::find(std::begin(kControlCommands), std::end(kControlCommands), c.command) ==
       std::end(kControlCommands))
-    reject("unknown control command " + quote(c.command) + " (kv_policy or stats)");
+    reject("unknown control command " + quote(c.command) + " (kv_policy, stats, drain or resume)");
   const bool needs_policy = c.command == "kv_policy";
   c.policy = f.str("policy", lim.max_name_bytes, needs_policy, !needs_policy);
   return c;

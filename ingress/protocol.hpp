@@ -74,7 +74,7 @@ struct Control {
 };
 
 /// The control commands this protocol version knows.
-inline constexpr std::string_view kControlCommands[] = {"kv_policy", "stats"};
+inline constexpr std::string_view kControlCommands[] = {"kv_policy", "stats", "drain", "resume"};
 
 /// Any message a client may send.
 using ClientMessage = std::variant<Submit, Cancel, Status, Ping, Control>;

@@ -36,7 +36,9 @@ HttpReply metrics_route(caf::actor_system& sys, const caf::actor& metrics,
     self->request(metrics, timeout, ready_atom::value)
         .receive([&](bool r) { ready = r; }, [&](caf::error&) {});
     return ready ? text(200, "ready\n")
-                 : text(503, "not ready: no executor has its model loaded\n");
+                 : text(503,
+                        "not ready: no executor has its model loaded, or the server is "
+                        "draining (ctl drain) or stopping\n");
   }
   HttpReply r = text(503, "metrics unavailable: the server did not answer in time\n");
   self->request(metrics, timeout, metrics_atom::value)

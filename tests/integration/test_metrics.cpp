@@ -291,6 +291,72 @@ BOOST_AUTO_TEST_CASE(metrics_agree_with_the_jobs_sent) {
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
 
+// `ctl drain` with jobs in flight: new submits get `unavailable`, /ready answers 503 so that a
+// load balancer looks elsewhere, the jobs already in finish; `ctl resume` undoes it. Only the
+// admin token may do either.
+BOOST_AUTO_TEST_CASE(drain_and_resume) {
+  sy::it::ServerProcess srv({"--backend", "null", "--step-delay-ms", "20", "--admin-token", "adm",
+                             "--metrics", "127.0.0.1:0"});
+  const std::string addr = srv.metrics_endpoint();
+  BOOST_REQUIRE(wait_ready(addr) == 200);
+  sy::client::Client cl(srv.endpoint());
+  auto submit = [&](const std::string& id, uint32_t max_tokens) {
+    sy::wire::Submit s;
+    s.id = id;
+    s.tenant = "t";
+    s.prompt = std::vector<int32_t>{1, 2, 3};
+    s.max_tokens = max_tokens;
+    s.ignore_eos = true;
+    cl.submit(s);
+  };
+  // The next done or error of job `id` (other messages skipped).
+  auto outcome = [&](const std::string& id) -> std::optional<sy::wire::ServerMessage> {
+    for (int i = 0; i < 2000; ++i) {
+      auto m = cl.next(50ms);
+      if (!m || sy::client::message_id(*m) != id) continue;
+      if (std::holds_alternative<sy::wire::Done>(*m) || std::holds_alternative<sy::wire::Error>(*m))
+        return m;
+    }
+    return std::nullopt;
+  };
+  auto draining = [&](const sy::client::ControlResult& r) {
+    BOOST_REQUIRE_MESSAGE(r.ok(), (r.error ? r.error->message : std::string("no answer")));
+    return sy::cli::JsonReader::parse(r.reply->result).at("draining").i;
+  };
+
+  for (int i = 0; i < 3; ++i) submit("early" + std::to_string(i), 30);  // 30 steps of 20 ms
+  sy::client::Client op(srv.endpoint());
+  auto refused = op.control("drain", "", "not-the-token", 20s);
+  BOOST_REQUIRE(refused.error.has_value());
+  BOOST_TEST(to_string(refused.error->code) == "unauthorized");
+
+  BOOST_TEST(draining(op.control("drain", "", "adm", 20s)) == 1);
+  BOOST_TEST(http_get(addr, "/ready").status == 503);
+  BOOST_TEST(http_get(addr, "/health").status == 200);
+  submit("late", 4);
+  auto late = outcome("late");
+  BOOST_REQUIRE(late.has_value());
+  auto* e = std::get_if<sy::wire::Error>(&*late);
+  BOOST_REQUIRE_MESSAGE(e, "a submit while draining was not refused");
+  BOOST_TEST(to_string(e->code) == "unavailable");
+  BOOST_TEST(e->message.find("draining") != std::string::npos, e->message);
+  for (int i = 0; i < 3; ++i) {
+    auto m = outcome("early" + std::to_string(i));
+    BOOST_REQUIRE(m.has_value());
+    auto* d = std::get_if<sy::wire::Done>(&*m);
+    BOOST_REQUIRE_MESSAGE(d, "a job accepted before the drain did not finish");
+    BOOST_TEST(d->ids.size() == 30u);
+  }
+
+  BOOST_TEST(draining(op.control("resume", "", "adm", 20s)) == 0);
+  BOOST_TEST(http_get(addr, "/ready").status == 200);
+  submit("after", 4);
+  auto after = outcome("after");
+  BOOST_REQUIRE(after.has_value());
+  BOOST_TEST(std::holds_alternative<sy::wire::Done>(*after));
+  BOOST_TEST(srv.stop(SIGTERM) == 0);
+}
+
 // An executor fault with jobs in flight (null backend, slow steps): the supervisor's figures on
 // /metrics (failures by reason, re-queued jobs, recovery histogram, executors by state,
 // per-executor KV series) must agree with its own counters in `switchyard: stats`.

@@ -496,7 +496,7 @@ BOOST_AUTO_TEST_CASE(control_messages_are_checked) {
              "field 'policy' has 65 bytes, limit 64");
   BOOST_TEST(message_of(Msg(c).drop("command").bytes()) == "missing field 'command'");
   BOOST_TEST(message_of(Msg(c).set("command", S("reboot")).bytes()) ==
-             "unknown control command 'reboot' (kv_policy or stats)");
+             "unknown control command 'reboot' (kv_policy, stats, drain or resume)");
   BOOST_TEST(message_of(Msg(c).set("command", B(true)).bytes()) ==
              "field 'command' must be a string, got boolean");
   BOOST_TEST(message_of(Msg(c).set("token", I(-1)).bytes()) ==

@@ -114,22 +114,16 @@ void report(Self* self, JobOutcome o) {
     self->send(a, finished_atom::value, std::move(o));
 }
 
-/// A job left the queue without running: deadline_exceeded to the client and to admission.
-void expire_job(Self* self, Job job, bool by_deadline, int64_t enqueued_ms, int64_t now_ms) {
-  auto& st = self->state;
-  ++st.expired;
+/// Ends a job the router holds with an error: the ErrorEvent to its client, the JobOutcome to
+/// admission.
+void fail_job(Self* self, const Job& job, ErrorCode code, std::string message) {
   ErrorEvent e;
   e.to = job.client;
   e.uid = job.uid;
   e.id = job.id;
   e.tenant = job.tenant;
-  e.code = static_cast<uint8_t>(ErrorCode::deadline_exceeded);
-  auto waited = std::max<int64_t>(0, now_ms - enqueued_ms);
-  if (by_deadline)
-    e.message = "deadline passed after " + std::to_string(waited) + " ms in the queue";
-  else
-    e.message = "queue timeout of class '" + st.queue->config(job.class_index).name + "' (" +
-                std::to_string(st.queue->config(job.class_index).queue_timeout_ms) + " ms) passed";
+  e.code = static_cast<uint8_t>(code);
+  e.message = std::move(message);
   JobOutcome o;
   o.uid = job.uid;
   o.id = job.id;
@@ -139,6 +133,27 @@ void expire_job(Self* self, Job job, bool by_deadline, int64_t enqueued_ms, int6
   o.error = e;
   send_out(self, std::move(e));
   report(self, std::move(o));
+}
+
+/// A job back from a batcher: ahead of its class's queue (see retry_first), FIFO among its kind.
+void push_retry(RouterState& st, Job job) {
+  std::size_t ci = std::min<std::size_t>(job.class_index, st.retry.size() - 1);
+  st.retry[ci].push_back(std::move(job));
+  ++st.retry_total;
+  ++st.requeued;
+}
+
+/// A job left the queue without running: deadline_exceeded to the client and to admission.
+void expire_job(Self* self, Job job, bool by_deadline, int64_t enqueued_ms, int64_t now_ms) {
+  auto& st = self->state;
+  ++st.expired;
+  auto waited = std::max<int64_t>(0, now_ms - enqueued_ms);
+  fail_job(self, job, ErrorCode::deadline_exceeded,
+           by_deadline
+               ? "deadline passed after " + std::to_string(waited) + " ms in the queue"
+               : "queue timeout of class '" + st.queue->config(job.class_index).name + "' (" +
+                     std::to_string(st.queue->config(job.class_index).queue_timeout_ms) +
+                     " ms) passed");
 }
 
 /// Removes every queued or held job whose deadline or queue timeout has passed.
@@ -299,32 +314,15 @@ void recover_lost(Self* self, std::unordered_map<uint64_t, Job> jobs, const caf:
     const bool streamed = j.stream && j.client.kind == ClientRef::router;
     ++j.attempt;
     if (streamed || j.attempt > st.cfg.max_job_retries) {
-      ErrorEvent e;
-      e.to = j.client;
-      e.uid = j.uid;
-      e.id = j.id;
-      e.tenant = j.tenant;
-      e.code = static_cast<uint8_t>(ErrorCode::engine_dead);
-      e.message = streamed ? "the batcher running this streamed job stopped (" + why +
-                                 "); output already streamed cannot be resumed"
-                           : "the batcher running this job stopped (" + why + ") " +
-                                 std::to_string(j.attempt) + " times";
-      JobOutcome o;
-      o.uid = j.uid;
-      o.id = j.id;
-      o.tenant = j.tenant;
-      o.outcome = 1;
-      o.code = e.code;
-      o.error = e;
-      send_out(self, std::move(e));
-      report(self, std::move(o));
+      fail_job(self, j, ErrorCode::engine_dead,
+               streamed ? "the batcher running this streamed job stopped (" + why +
+                              "); output already streamed cannot be resumed"
+                        : "the batcher running this job stopped (" + why + ") " +
+                              std::to_string(j.attempt) + " times");
       ++failed;
       continue;
     }
-    std::size_t ci = std::min<std::size_t>(j.class_index, st.retry.size() - 1);
-    st.retry[ci].push_back(std::move(j));
-    ++st.retry_total;
-    ++st.requeued;
+    push_retry(st, std::move(j));
     ++back;
   }
   st.lost_requeued += back;
@@ -579,10 +577,7 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
         for (Job& j : jobs) {
           forget_running(s, j.uid);
           if (s.queued.count(j.uid)) continue;  // already back (a duplicate requeue)
-          std::size_t ci = std::min<std::size_t>(j.class_index, s.retry.size() - 1);
-          s.retry[ci].push_back(std::move(j));
-          ++s.retry_total;
-          ++s.requeued;
+          push_retry(s, std::move(j));
         }
         dispatch(self);
       },

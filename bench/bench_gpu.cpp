@@ -4,11 +4,14 @@
 // 2048-token prompts, each as a fraction of the measured ceilings. Prints a table; --json PATH
 // also writes the figures as JSON. --cuda-graphs replays the decode steps as CUDA graphs;
 // --graph-batches 1,16 adds decode rows of those batches with graphs (a second engine, built after
-// the first is gone), so one run shows decode both ways.
+// the first is gone), so one run shows decode both ways. --quant-batches 1,8 (the default; empty:
+// none) adds decode rows with Q8_0 weights read by the quantized GEMV (quantized_decode, another
+// engine built last), and measures the bf16 rows of those batches too, to compare the two.
 //   bench_gpu [--json PATH] [--layers N] [--ctx 1024] [--prompt 2048] [--batches 1,16,64,256]
-//             [--cuda-graphs] [--graph-batches 1,16]
+//             [--cuda-graphs] [--graph-batches 1,16] [--quant-batches 1,8]
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -95,13 +98,15 @@ std::vector<int> parse_list(const std::string& s) {
 struct DecodeRow {
   int batch;
   bool graphs;
+  bool q8;  // weights read as Q8_0 blocks by the quantized GEMV
   double step_ms, tok_s, gb_s;
 };
 
 // Decode rows for each batch size: every sequence holds `ctx` cached tokens (random KV) and
-// decodes warm + iters tokens; the timed steps are the last iters.
+// decodes warm + iters tokens; the timed steps are the last iters. weight_read: the weight bytes
+// one step reads (for GB/s).
 std::vector<DecodeRow> decode_rows(sy::CudaEngine& e, const std::vector<int>& batches, int ctx,
-                                   bool graphs) {
+                                   bool graphs, bool q8, double weight_read) {
   const sy::LlamaConfig& c = e.config();
   const int64_t kv_dim = int64_t{c.n_kv_heads} * c.head_dim;
   const double kv_bytes_per_token = 2.0 * 2.0 * double(c.n_layers) * double(kv_dim);  // K+V, bf16
@@ -145,9 +150,8 @@ std::vector<DecodeRow> decode_rows(sy::CudaEngine& e, const std::vector<int>& ba
       for (int i = 0; i < B; ++i) tok[static_cast<size_t>(i)] = ids[static_cast<size_t>(i)];
     }
     const double dt = seconds_since(t0) / iters;
-    const double bytes =
-        static_cast<double>(e.weight_bytes()) + B * (ctx + warm + iters / 2.0) * kv_bytes_per_token;
-    decode.push_back({B, graphs, dt * 1e3, B / dt, bytes / dt / 1e9});
+    const double bytes = weight_read + B * (ctx + warm + iters / 2.0) * kv_bytes_per_token;
+    decode.push_back({B, graphs, q8, dt * 1e3, B / dt, bytes / dt / 1e9});
     for (auto& t : bt)
       for (int32_t b : t) e.pool().free(b);
   }
@@ -159,7 +163,7 @@ std::vector<DecodeRow> decode_rows(sy::CudaEngine& e, const std::vector<int>& ba
 int main(int argc, char** argv) {
   std::string json;
   int layers = 32, ctx = 1024, prompt = 2048;
-  std::vector<int> batches = {1, 16, 64, 256}, graph_batches;
+  std::vector<int> batches = {1, 16, 64, 256}, graph_batches, quant_batches = {1, 8};
   bool graphs = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -184,13 +188,21 @@ int main(int argc, char** argv) {
       graphs = true;
     else if (a == "--graph-batches")
       graph_batches = parse_list(next());
+    else if (a == "--quant-batches")
+      quant_batches = parse_list(next());
     else {
       std::fprintf(stderr,
                    "usage: bench_gpu [--json PATH] [--layers N] [--ctx N] [--prompt N] "
-                   "[--batches 1,16,...] [--cuda-graphs] [--graph-batches 1,16,...]\n");
+                   "[--batches 1,16,...] [--cuda-graphs] [--graph-batches 1,16,...] "
+                   "[--quant-batches 1,8,...]\n");
       return 2;
     }
   }
+  // Each q8_0 row gets its bf16 counterpart.
+  for (int b : quant_batches) {
+    if (std::find(batches.begin(), batches.end(), b) == batches.end()) batches.push_back(b);
+  }
+  std::sort(batches.begin(), batches.end());
   if (sy::cuda_device_count() == 0) {
     std::fprintf(stderr, "bench_gpu: no usable CUDA device\n");
     return 1;
@@ -222,6 +234,7 @@ int main(int argc, char** argv) {
   int max_batch = 1;
   for (int b : batches) max_batch = std::max(max_batch, b);
   for (int b : graph_batches) max_batch = std::max(max_batch, b);
+  for (int b : quant_batches) max_batch = std::max(max_batch, b);
   sy::CudaEngineOptions o;
   o.max_batch_tokens = std::max(prompt, max_batch);
   o.max_logit_rows = max_batch;
@@ -233,7 +246,8 @@ int main(int argc, char** argv) {
               layers, e->weight_bytes() / 1e9, e->kv_bytes() / 1e9, seconds_since(t_load));
 
   const size_t weight_bytes = e->weight_bytes();
-  std::vector<DecodeRow> decode = decode_rows(*e, batches, ctx, graphs);
+  std::vector<DecodeRow> decode =
+      decode_rows(*e, batches, ctx, graphs, false, static_cast<double>(weight_bytes));
   // prefill: one 2048-token prompt per step
   double prefill_s = 0, prefill_tflops = 0;
   {
@@ -270,14 +284,38 @@ int main(int argc, char** argv) {
     auto eg = sy::make_cuda_engine_synthetic(c, o, 42);
     eg->randomize_kv(7);
     std::printf("second engine, with CUDA graphs: built in %.1f s\n", seconds_since(t_graphs));
-    for (const DecodeRow& d : decode_rows(*eg, graph_batches, ctx, true)) decode.push_back(d);
+    for (const DecodeRow& d :
+         decode_rows(*eg, graph_batches, ctx, true, false, static_cast<double>(weight_bytes)))
+      decode.push_back(d);
+  }
+  // What a Q8_0 decode step reads of the weights: every layer matrix and the output matrix as
+  // 34-byte blocks of 32 weights, plus the f32 norms (the embedding rows are negligible).
+  const double q8_params =
+      double(c.n_layers) * (double(c.dim) * (c.n_heads + 2 * c.n_kv_heads) * c.head_dim +
+                            double(c.n_heads) * c.head_dim * c.dim + 3.0 * c.dim * c.ffn_dim) +
+      double(c.n_vocab) * c.dim;
+  const double q8_read = q8_params * 34.0 / 32.0 + 4.0 * (2.0 * c.dim * c.n_layers + c.dim);
+  if (!quant_batches.empty()) {
+    // As for graphs: only one engine at a time. Graphs as for the first engine's rows, so the
+    // q8_0 rows differ from their bf16 counterparts in the weights alone.
+    e.reset();
+    o.cuda_graphs = graphs;
+    o.quantized_decode = true;
+    const auto t_q = Clock::now();
+    auto eq = sy::make_cuda_engine_synthetic(c, o, 42);
+    eq->randomize_kv(7);
+    std::printf("engine with Q8_0 decode weights: weights %.2f GB (bf16 + Q8_0), built in %.1f s\n",
+                eq->weight_bytes() / 1e9, seconds_since(t_q));
+    for (const DecodeRow& d : decode_rows(*eq, quant_batches, ctx, graphs, true, q8_read))
+      decode.push_back(d);
   }
 
   std::printf(
       "\n| phase | batch | step ms | tokens/s | GB/s | fraction |\n|---|---|---|---|---|---|\n");
   for (const DecodeRow& d : decode) {
-    std::printf("| decode ctx %d%s | %d | %.2f | %.0f | %.0f | %.2f of copy bandwidth |\n", ctx,
-                d.graphs ? " graphs" : "", d.batch, d.step_ms, d.tok_s, d.gb_s, d.gb_s * 1e9 / bw);
+    std::printf("| decode ctx %d%s%s | %d | %.2f | %.0f | %.0f | %.2f of copy bandwidth |\n", ctx,
+                d.graphs ? " graphs" : "", d.q8 ? " q8_0" : "", d.batch, d.step_ms, d.tok_s, d.gb_s,
+                d.gb_s * 1e9 / bw);
   }
   std::printf("| prefill %d | 1 | %.1f | %.0f | - | %.2f of GEMM rate (%.0f TFLOP/s) |\n", prompt,
               prefill_s * 1e3, prompt / prefill_s, prefill_tflops * 1e12 / gemm, prefill_tflops);
@@ -286,11 +324,13 @@ int main(int argc, char** argv) {
     std::ofstream f(json);
     f << "{\n  \"device\": \"" << prop.name << "\",\n  \"copy_bandwidth_gbs\": " << bw / 1e9
       << ",\n  \"gemm_bf16_tflops\": " << gemm / 1e12 << ",\n  \"layers\": " << layers
-      << ",\n  \"weight_bytes\": " << weight_bytes << ",\n  \"decode\": [";
+      << ",\n  \"weight_bytes\": " << weight_bytes << ",\n  \"q8_0_weight_read_bytes\": " << q8_read
+      << ",\n  \"decode\": [";
     for (size_t i = 0; i < decode.size(); ++i) {
       const DecodeRow& d = decode[i];
       f << (i ? ",\n" : "\n") << "    {\"batch\": " << d.batch << ", \"ctx\": " << ctx
-        << ", \"cuda_graphs\": " << (d.graphs ? "true" : "false") << ", \"step_ms\": " << d.step_ms
+        << ", \"cuda_graphs\": " << (d.graphs ? "true" : "false") << ", \"weights\": \""
+        << (d.q8 ? "q8_0" : "bf16") << "\", \"step_ms\": " << d.step_ms
         << ", \"tokens_per_s\": " << d.tok_s << ", \"gbs\": " << d.gb_s
         << ", \"fraction_of_copy_bw\": " << d.gb_s * 1e9 / bw << "}";
     }

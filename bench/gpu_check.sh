@@ -7,7 +7,9 @@
 # stories260K.gguf and reference-llamacpp.json; default ../shared/models, else ./build-models, a
 # git-ignored folder a device session can carry),
 # BUILD_DIR (default build-gpucheck), JOBS (default: all cores), BENCH_ARGS (extra bench_gpu flags),
-# GRAPH_BATCHES (decode batches measured again with CUDA graphs, default 1,16; empty: none).
+# GRAPH_BATCHES (decode batches measured again with CUDA graphs, default 1,16; empty: none),
+# QUANT_BATCHES (decode batches measured again with Q8_0 weights read by the quantized GEMV,
+# default 1,8; empty: none).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -75,15 +77,23 @@ fi
 
 log "bench_gpu"
 graph_batches=${GRAPH_BATCHES-1,16}
+quant_batches=${QUANT_BATCHES-1,8}
 # shellcheck disable=SC2086
 timeout 360 "$build/bench_gpu" ${out:+--json "$out/bench_gpu.json"} \
-  ${graph_batches:+--graph-batches "$graph_batches"} ${BENCH_ARGS:-} 2>&1 \
+  ${graph_batches:+--graph-batches "$graph_batches"} --quant-batches "$quant_batches" \
+  ${BENCH_ARGS:-} 2>&1 \
   | tee /tmp/sy_bench_gpu.log ${out:+"$out/bench_gpu.log"}
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 if [ -n "$graph_batches" ]; then
   log "decode without and with CUDA graphs (batches $graph_batches)"
   for b in ${graph_batches//,/ }; do
     grep -E "^\| decode ctx [0-9]+( graphs)? \| $b \|" /tmp/sy_bench_gpu.log
+  done
+fi
+if [ -n "$quant_batches" ]; then
+  log "decode with bf16 and with Q8_0 weights (batches $quant_batches)"
+  for b in ${quant_batches//,/ }; do
+    grep -E "^\| decode ctx [0-9]+( graphs)?( q8_0)? \| $b \|" /tmp/sy_bench_gpu.log
   done
 fi
 log "done in $(( $(date +%s) - t_start )) s, status $status"

@@ -225,6 +225,8 @@ class CudaEngineImpl final : public CudaEngine {
                     const char* what);
   void upload_norm(const float* src, DevBuf& dst, const char* what);
   void synth(T* dst, int64_t rows, int64_t cols, uint64_t seed);
+  // A random Q8_0 (rows, cols) matrix in dst and its dequantized copy in w, as a Q8_0 file gives.
+  void synth_q8(QWeight& dst, T* w, int64_t rows, int64_t cols, uint64_t seed, const char* what);
   int32_t plan(const std::vector<SeqStep>& batch, bool last_only, StepOutput* out);
   // The window a sequence's rows attend with: its own (SeqStep::window), the engine-wide
   // sliding_window option, or the narrower of the two; 0: full attention.
@@ -361,6 +363,16 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
     if (qoutput_) qbytes += file_bytes(w.output);
     if (qdecode_) wbytes += qbytes;
   }
+  if (o_.quantized_decode && synth_seed) {
+    // A synthetic Q8_0 model: every layer matrix and the output matrix as Q8_0 blocks (as in a
+    // Q8_0 file of this shape), where every row holds whole blocks.
+    qdecode_ = c.n_layers > 0 && dim % kernels::kQK == 0 && q_dim_ % kernels::kQK == 0 &&
+               F % kernels::kQK == 0;
+    qoutput_ = qdecode_;
+    if (qdecode_) {
+      wbytes += kernels::row_bytes(kernels::DType::Q8_0, per_layer * c.n_layers + V * dim);
+    }
+  }
   size_t free_b = 0, total_b = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   if (wbytes > free_b) {
@@ -386,13 +398,24 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
     uint64_t s = *synth_seed;
     const std::vector<float> ones(static_cast<size_t>(dim), 1.0f);
     synth(tok_embd_.template as<T>(), V, dim, s++);
-    if (!tied) synth(output_.template as<T>(), V, dim, s++);
+    if (qoutput_) {
+      synth_q8(qout_, output_.template as<T>(), V, dim, s++, "quantized output matrix");
+    } else if (!tied) {
+      synth(output_.template as<T>(), V, dim, s++);
+    }
     upload_norm(ones.data(), output_norm_, "output_norm");
     for (auto& L : layers_) {
-      synth(L.wqkv.template as<T>(), qkv_dim_, dim, s++);
-      synth(L.wo.template as<T>(), dim, q_dim_, s++);
-      synth(L.wgu.template as<T>(), 2 * F, dim, s++);
-      synth(L.wdown.template as<T>(), dim, F, s++);
+      if (qdecode_) {
+        synth_q8(L.qwqkv, L.wqkv.template as<T>(), qkv_dim_, dim, s++, "quantized wq|wk|wv");
+        synth_q8(L.qwo, L.wo.template as<T>(), dim, q_dim_, s++, "quantized wo");
+        synth_q8(L.qwgu, L.wgu.template as<T>(), 2 * F, dim, s++, "quantized w_gate|w_up");
+        synth_q8(L.qwdown, L.wdown.template as<T>(), dim, F, s++, "quantized w_down");
+      } else {
+        synth(L.wqkv.template as<T>(), qkv_dim_, dim, s++);
+        synth(L.wo.template as<T>(), dim, q_dim_, s++);
+        synth(L.wgu.template as<T>(), 2 * F, dim, s++);
+        synth(L.wdown.template as<T>(), dim, F, s++);
+      }
       upload_norm(ones.data(), L.attn_norm, "attn_norm");
       upload_norm(ones.data(), L.ffn_norm, "ffn_norm");
     }
@@ -528,6 +551,18 @@ void CudaEngineImpl<T>::synth(T* dst, int64_t rows, int64_t cols, uint64_t seed)
   // stay in range through all layers.
   const float scale = std::sqrt(3.0f / static_cast<float>(cols));
   CUDA_CHECK(cuda::fill_uniform<T>(dst, rows * cols, 0.0f, scale, seed, stream_));
+}
+
+template <class T>
+void CudaEngineImpl<T>::synth_q8(QWeight& dst, T* w, int64_t rows, int64_t cols, uint64_t seed,
+                                 const char* what) {
+  dst.type = cuda::SrcType::Q8_0;
+  dst.buf.alloc(kernels::row_bytes(kernels::DType::Q8_0, cols) * static_cast<size_t>(rows), what);
+  // The same spread as synth()'s bf16 weights.
+  const float scale = std::sqrt(3.0f / static_cast<float>(cols));
+  CUDA_CHECK(cuda::fill_q8_0(dst.buf.template as<void>(), rows, cols, scale, seed, stream_));
+  CUDA_CHECK(cuda::convert_rows<T>(cuda::SrcType::Q8_0, dst.buf.template as<void>(), rows, cols, w,
+                                   stream_));
 }
 
 template <class T>

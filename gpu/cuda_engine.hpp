@@ -33,7 +33,9 @@ struct CudaEngineOptions {
   bool quantized_decode = false;  // Q8_0/Q4_0 files: also keep the layer matrices (and the output
                                   // matrix) as the file's blocks, read by a GEMV in steps of at
                                   // most 8 new tokens; prefill keeps the dequantized copies. Needs
-                                  // every layer matrix quantized, else it has no effect
+                                  // every layer matrix quantized, else it has no effect. A
+                                  // synthetic engine then makes its layer and output matrices
+                                  // random Q8_0, the bf16 copies dequantized from them
 };
 
 /// Sampling controls of one sequence for CudaEngine::step_sample.
@@ -69,7 +71,8 @@ std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<LlamaModel> model,
                                          const CudaEngineOptions& opts);
 
 /// A CUDA engine with random bf16 weights of the given shape generated on the device (no file):
-/// for benchmarks of model shapes we have no file for. Its model() throws std::logic_error.
+/// for benchmarks of model shapes we have no file for; with quantized_decode, as from a Q8_0
+/// file (every row a multiple of 32 elements). Its model() throws std::logic_error.
 std::unique_ptr<CudaEngine> make_cuda_engine_synthetic(const LlamaConfig& config,
                                                        const CudaEngineOptions& opts,
                                                        uint64_t seed);

@@ -72,6 +72,32 @@ __global__ void fill_kernel(T* dst, int64_t n, float offset, float scale, uint64
   }
 }
 
+// One thread per 16-bit word of the Q8_0 blocks (17 per block: the scale, then 16 pairs of
+// int8), so a warp's stores are contiguous. Quants are uniform over [-127, 127] and the scale is
+// the same for every block, scale / 127: the dequantized values are spread as fill_kernel's.
+__global__ void fill_q8_0_kernel(unsigned short* dst, int64_t n_words, float scale, uint64_t seed) {
+  constexpr int kWords = kQ8Bytes / 2;
+  const unsigned short d = __half_as_ushort(__float2half(scale / 127.0f));
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n_words;
+       k += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t blk = k / kWords;
+    const int w = static_cast<int>(k % kWords);
+    if (w == 0) {
+      dst[k] = d;
+      continue;
+    }
+    // The block's elements are elements blk * 32 ... of the matrix (rows hold whole blocks).
+    const int64_t e = blk * kQK + 2 * (w - 1);
+    unsigned short pair = 0;
+    for (int i = 0; i < 2; ++i) {
+      const uint64_t u = mix64(seed ^ mix64(static_cast<uint64_t>(e + i))) >> 40;  // 24 bits
+      const int q = static_cast<int>((u * 255) >> 24) - 127;
+      pair |= static_cast<unsigned short>((static_cast<unsigned>(q) & 0xffu) << (8 * i));
+    }
+    dst[k] = pair;
+  }
+}
+
 unsigned blocks_for(int64_t n) {
   return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
 }
@@ -96,6 +122,16 @@ cudaError_t fill_uniform(T* dst, int64_t n, float offset, float scale, uint64_t 
                          cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   fill_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(dst, n, offset, scale, seed);
+  return cudaGetLastError();
+}
+
+cudaError_t fill_q8_0(void* dst, int64_t rows, int64_t cols, float scale, uint64_t seed,
+                      cudaStream_t stream) {
+  if (cols % kQK != 0) return cudaErrorInvalidValue;
+  const int64_t n_words = rows * (cols / kQK) * (kQ8Bytes / 2);
+  if (n_words <= 0) return cudaSuccess;
+  fill_q8_0_kernel<<<blocks_for(n_words), kThreads, 0, stream>>>(static_cast<unsigned short*>(dst),
+                                                                 n_words, scale, seed);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,5 @@
 // Weight conversion on the device: rows of any GGUF element type we read (F32, F16, BF16, Q8_0,
-// Q4_0) to f32 or bf16, and a random fill for synthetic weights.
+// Q4_0) to f32 or bf16, and random fills (plain or Q8_0 blocks) for synthetic weights.
 #pragma once
 
 #include "kernels/cuda/common.cuh"
@@ -19,5 +19,11 @@ cudaError_t convert_rows(SrcType type, const void* src, int64_t n_rows, int64_t 
 template <class T>
 cudaError_t fill_uniform(T* dst, int64_t n, float offset, float scale, uint64_t seed,
                          cudaStream_t stream);
+
+/// Random Q8_0 blocks for a (rows, cols) matrix at dst (rows * cols / 32 blocks of an f16 scale
+/// and 32 int8): dequantized values spread uniformly over +-scale, drawn from (seed, element
+/// index) as fill_uniform does. cols must be a multiple of 32 (else cudaErrorInvalidValue).
+cudaError_t fill_q8_0(void* dst, int64_t rows, int64_t cols, float scale, uint64_t seed,
+                      cudaStream_t stream);
 
 }  // namespace sy::cuda

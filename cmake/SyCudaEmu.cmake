@@ -1,0 +1,70 @@
+# The CUDA emulator build (tests/emu): the unmodified CUDA sources (kernels/cuda/*.cu,
+# gpu/cuda_engine.cu) compiled by the host compiler against the emulator's headers, and the GPU
+# tests (tests/gpu/test_gpu_*.cpp) linked against them as emu_test_gpu_*. They run on any Linux
+# machine, GPU or not, so every CI run executes the CUDA backend's logic; the device tests stay
+# the judge of real behaviour. No CUDA toolkit is needed.
+set(_emu ${PROJECT_SOURCE_DIR}/tests/emu)
+find_package(Python3 REQUIRED COMPONENTS Interpreter)
+
+file(GLOB _emu_cu CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/kernels/cuda/*.cu)
+list(APPEND _emu_cu ${PROJECT_SOURCE_DIR}/gpu/cuda_engine.cu)
+set(_emu_generated "")
+foreach(cu ${_emu_cu})
+  file(RELATIVE_PATH rel ${PROJECT_SOURCE_DIR} ${cu})
+  string(REGEX REPLACE "\\.cu$" ".cpp" rel ${rel})
+  set(out ${PROJECT_BINARY_DIR}/emu_src/${rel})
+  add_custom_command(OUTPUT ${out}
+    COMMAND ${Python3_EXECUTABLE} ${_emu}/rewrite_cu.py ${cu} ${out}
+    DEPENDS ${cu} ${_emu}/rewrite_cu.py
+    COMMENT "CUDA emulator: rewriting ${rel}")
+  list(APPEND _emu_generated ${out})
+endforeach()
+
+# The emulated device and the CUDA sources on it. __CUDACC__ exposes the device parts of our
+# headers, as nvcc would; only these files see it.
+add_library(sy_cuda_emu STATIC ${_emu_generated} ${_emu}/emu_runtime.cpp ${_emu}/emu_cublaslt.cpp)
+target_include_directories(sy_cuda_emu BEFORE PUBLIC ${_emu}/include)
+target_include_directories(sy_cuda_emu PUBLIC ${PROJECT_SOURCE_DIR} PRIVATE ${_emu})
+target_compile_options(sy_cuda_emu PRIVATE ${SY_WARNINGS} ${SY_ARCH_FLAGS}
+  -Wno-unknown-pragmas)  # `#pragma unroll` is for nvcc
+set_source_files_properties(${_emu_generated} PROPERTIES COMPILE_DEFINITIONS "__CUDACC__")
+
+# The engine library again, without the real CUDA backend behind it.
+file(GLOB _emu_engine CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/gpu/*.cpp)
+add_library(sy_engine_emu STATIC ${_emu_engine})
+sy_target(sy_engine_emu)
+target_link_libraries(sy_engine_emu PUBLIC sy_model sy_kernels sy_policies)
+target_link_libraries(sy_cuda_emu PUBLIC sy_engine_emu)
+target_link_libraries(sy_engine_emu PUBLIC sy_cuda_emu)
+
+file(GLOB _emu_tests CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/gpu/test_gpu_*.cpp)
+foreach(src ${_emu_tests})
+  get_filename_component(name ${src} NAME_WE)
+  set(name emu_${name})
+  add_executable(${name} ${src})
+  sy_target(${name})
+  target_compile_definitions(${name} PRIVATE BOOST_TEST_DYN_LINK
+    SY_MODELS_DIR="${SY_MODELS_DIR}" SY_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  target_link_libraries(${name} PRIVATE sy_cuda_emu sy_engine_emu Boost::unit_test_framework)
+  # Boost.Test's own signal handlers would hide the emulator's report of a bad access.
+  add_test(NAME ${name} COMMAND ${name} --catch_system_errors=no
+    WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+  set_tests_properties(${name} PROPERTIES LABELS emu TIMEOUT 1200)
+endforeach()
+
+# The emulator's own tests: kernels with planted bugs it must catch.
+set(_emu_self ${PROJECT_BINARY_DIR}/emu_src/tests/emu/selftest_kernels.cpp)
+add_custom_command(OUTPUT ${_emu_self}
+  COMMAND ${Python3_EXECUTABLE} ${_emu}/rewrite_cu.py ${_emu}/selftest_kernels.cu ${_emu_self}
+  DEPENDS ${_emu}/selftest_kernels.cu ${_emu}/rewrite_cu.py
+  COMMENT "CUDA emulator: rewriting tests/emu/selftest_kernels.cu")
+set_source_files_properties(${_emu_self} PROPERTIES COMPILE_DEFINITIONS "__CUDACC__")
+add_executable(emu_test_runtime ${_emu}/test_emu_runtime.cpp ${_emu_self})
+sy_target(emu_test_runtime)
+target_include_directories(emu_test_runtime PRIVATE ${_emu})
+target_compile_options(emu_test_runtime PRIVATE -Wno-unknown-pragmas)
+target_compile_definitions(emu_test_runtime PRIVATE BOOST_TEST_DYN_LINK)
+target_link_libraries(emu_test_runtime PRIVATE sy_cuda_emu Boost::unit_test_framework)
+add_test(NAME emu_test_runtime COMMAND emu_test_runtime --catch_system_errors=no
+  WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+set_tests_properties(emu_test_runtime PROPERTIES LABELS emu)

@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "actors/messages.hpp"
+#include "gpu/backend.hpp"
 #include "gpu/engine.hpp"
 #include "model/sampler.hpp"
 
@@ -23,6 +24,7 @@ struct ExecutorState {
   std::vector<SeqStep> batch;  // reused across steps: no per-step allocation once warm
   std::vector<int32_t> positions;
   StepOutput out;
+  std::vector<int32_t> ids;  // step_greedy's ids
   std::vector<TokenLogprob> top;
   int64_t steps = 0, tokens = 0;
   // TEST ONLY (hang fault): promises never delivered, kept so that no reply is ever sent.
@@ -54,7 +56,7 @@ void fill_top(ExecutorState& st, const SeqPlan& p, SeqResult& r) {
   }
 }
 
-void run_cpu(ExecutorState& st, const StepPlan& plan, StepResult& res) {
+void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
   st.batch.clear();
   for (const SeqPlan& p : plan.seqs) {
     SeqStep s;
@@ -72,6 +74,21 @@ void run_cpu(ExecutorState& st, const StepPlan& plan, StepResult& res) {
   std::vector<Sampler*> samplers(plan.seqs.size(), nullptr);
   for (size_t i = 0; i < plan.seqs.size(); ++i)
     if (plan.seqs[i].sample || plan.seqs[i].reset) samplers[i] = &sampler_for(st, plan.seqs[i]);
+  // Every sampled sequence greedy and without logprobs: a device backend picks the ids where
+  // the logits are, so that only the ids cross to the host (the same ids as Sampler's argmax).
+  bool greedy = true;
+  for (const SeqPlan& p : plan.seqs)
+    greedy = greedy && (!p.sample || (p.temperature <= 0.0f && p.logprobs == 0));
+  if (greedy && st.engine->step_greedy(st.batch, st.ids)) {
+    for (size_t i = 0; i < plan.seqs.size(); ++i) {
+      if (!plan.seqs[i].sample) continue;
+      SeqResult r;
+      r.uid = plan.seqs[i].uid;
+      r.token = st.ids[i];
+      res.seqs.push_back(std::move(r));
+    }
+    return;
+  }
   st.engine->step(st.batch, st.out);
   const int32_t n_vocab = st.engine->config().n_vocab;
   for (size_t i = 0; i < plan.seqs.size(); ++i) {
@@ -124,7 +141,7 @@ caf::behavior executor_actor(caf::event_based_actor* self, std::shared_ptr<Execu
           std::this_thread::sleep_for(std::chrono::milliseconds(st->spec.step_delay_ms));
         try {
           if (st->engine)
-            run_cpu(*st, plan, res);
+            run_engine(*st, plan, res);
           else
             run_null(*st, plan, res);
           ++st->steps;
@@ -152,17 +169,18 @@ caf::behavior executor_actor(caf::event_based_actor* self, std::shared_ptr<Execu
 
 caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec) {
   auto st = std::make_shared<ExecutorState>();
-  if (spec.backend == "cpu") {
-    if (!spec.model) throw std::invalid_argument("executor: the cpu backend needs a model");
+  if (spec.backend == "cpu" || spec.backend == "cuda") {
+    if (!spec.model)
+      throw std::invalid_argument("executor: the " + spec.backend + " backend needs a model");
     EngineOptions opts;
     opts.n_threads = spec.threads;
     opts.block_size = spec.block_size;
     opts.n_blocks = spec.n_blocks;
     opts.max_batch_tokens = spec.max_batch_tokens;
-    st->engine = make_cpu_engine(spec.model, opts);
+    st->engine = make_engine(spec.backend, spec.model, opts, std::max(spec.device, 0));
   } else if (spec.backend != "null") {
     throw std::invalid_argument("executor: unknown backend '" + spec.backend +
-                                "' (expected cpu or null)");
+                                "' (expected cpu, cuda or null)");
   }
   st->spec = std::move(spec);
   return sys.spawn<caf::detached>(executor_actor, std::move(st));

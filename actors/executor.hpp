@@ -13,8 +13,9 @@ class LlamaModel;
 
 /// How to build an executor.
 struct ExecutorSpec {
-  /// "cpu": the CPU engine over `model`; "null": no model, every sampled token is `null_token`
-  /// (measures the runtime's own overhead; its output is meaningless by design).
+  /// "cpu": the CPU engine over `model`; "cuda": the CUDA engine over `model` on `device` (a
+  /// resolved backend: see gpu/backend.hpp); "null": no model, every sampled token is
+  /// `null_token` (measures the runtime's own overhead; its output is meaningless by design).
   std::string backend = "cpu";
   std::shared_ptr<LlamaModel> model;  ///< required for "cpu", ignored for "null"
   int threads = 0;                    ///< engine threads; 0: hardware concurrency
@@ -39,7 +40,8 @@ struct ExecutorSpec {
 /// A sequence's sampler is made on its first plan with sample or reset set and kept until
 /// released, so a recomputed (preempted) sequence continues its random stream.
 /// The test-only fault flags of the spec make it crash or hang after N steps (crash recovery tests).
-/// Throws std::invalid_argument for an unknown backend or a "cpu" spec without a model.
+/// Throws std::invalid_argument for an unknown backend or a "cpu"/"cuda" spec without a model,
+/// std::runtime_error when the engine cannot be built (no device, the model does not fit).
 caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec);
 
 }  // namespace sy

@@ -7,8 +7,11 @@
 // the first is gone), so one run shows decode both ways. --quant-batches 1,8 (the default; empty:
 // none) adds decode rows with Q8_0 weights read by the quantized GEMV (quantized_decode, another
 // engine built last), and measures the bf16 rows of those batches too, to compare the two.
-//   bench_gpu [--json PATH] [--layers N] [--ctx 1024] [--prompt 2048] [--batches 1,16,64,256]
-//             [--cuda-graphs] [--graph-batches 1,16] [--quant-batches 1,8]
+// --tiny swaps in a toy shape (2 layers of dim 256, vocab 512) and small runs, options after it
+// still applying: a smoke run of every code path that the CUDA emulator finishes in a minute;
+// its figures mean nothing.
+//   bench_gpu [--json PATH] [--tiny] [--layers N] [--ctx 1024] [--prompt 2048]
+//             [--batches 1,16,64,256] [--cuda-graphs] [--graph-batches 1,16] [--quant-batches 1,8]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,9 +34,9 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Device-to-device copy bandwidth, bytes read plus bytes written per second.
-double copy_bandwidth() {
-  const size_t bytes = size_t{2} << 30;  // 2 GiB each way: far past the 60 MB L2
+// Device-to-device copy bandwidth of `bytes`-sized copies, bytes read plus bytes written per
+// second.
+double copy_bandwidth(size_t bytes) {
   void *a = nullptr, *b = nullptr;
   CUDA_CHECK(cudaMalloc(&a, bytes));
   CUDA_CHECK(cudaMalloc(&b, bytes));
@@ -57,9 +60,8 @@ double copy_bandwidth() {
   return 2.0 * static_cast<double>(bytes) * iters / (ms * 1e-3);
 }
 
-// bf16 GEMM rate (FLOP/s) of cuBLASLt on random 8192^3 operands, as the engine calls it.
-double gemm_rate() {
-  const int64_t n = 8192;
+// bf16 GEMM rate (FLOP/s) of cuBLASLt on random n^3 operands, as the engine calls it.
+double gemm_rate(int64_t n) {
   sy::cuda::bf16 *w = nullptr, *x = nullptr;
   float* y = nullptr;
   CUDA_CHECK(cudaMalloc(&w, sizeof(sy::cuda::bf16) * n * n));
@@ -95,6 +97,9 @@ std::vector<int> parse_list(const std::string& s) {
   return v;
 }
 
+// Decode steps per sequence and batch: warm-up (they include a graph's capture), then timed.
+constexpr int kWarmSteps = 3, kTimedSteps = 20;
+
 struct DecodeRow {
   int batch;
   bool graphs;
@@ -110,7 +115,7 @@ std::vector<DecodeRow> decode_rows(sy::CudaEngine& e, const std::vector<int>& ba
   const sy::LlamaConfig& c = e.config();
   const int64_t kv_dim = int64_t{c.n_kv_heads} * c.head_dim;
   const double kv_bytes_per_token = 2.0 * 2.0 * double(c.n_layers) * double(kv_dim);  // K+V, bf16
-  const int warm = 3, iters = 20;  // warm-up steps include a graph's capture
+  const int warm = kWarmSteps, iters = kTimedSteps;
   std::vector<DecodeRow> decode;
   for (int B : batches) {
     const int total = ctx + warm + iters;
@@ -164,7 +169,7 @@ int main(int argc, char** argv) {
   std::string json;
   int layers = 32, ctx = 1024, prompt = 2048;
   std::vector<int> batches = {1, 16, 64, 256}, graph_batches, quant_batches = {1, 8};
-  bool graphs = false;
+  bool graphs = false, tiny = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto next = [&]() -> std::string {
@@ -174,9 +179,15 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--json")
+    if (a == "--json") {
       json = next();
-    else if (a == "--layers")
+    } else if (a == "--tiny") {
+      tiny = true;
+      layers = 2;
+      ctx = 64;
+      prompt = 64;
+      batches = graph_batches = quant_batches = {1, 4};
+    } else if (a == "--layers")
       layers = std::stoi(next());
     else if (a == "--ctx")
       ctx = std::stoi(next());
@@ -192,7 +203,7 @@ int main(int argc, char** argv) {
       quant_batches = parse_list(next());
     else {
       std::fprintf(stderr,
-                   "usage: bench_gpu [--json PATH] [--layers N] [--ctx N] [--prompt N] "
+                   "usage: bench_gpu [--json PATH] [--tiny] [--layers N] [--ctx N] [--prompt N] "
                    "[--batches 1,16,...] [--cuda-graphs] [--graph-batches 1,16,...] "
                    "[--quant-batches 1,8,...]\n");
       return 2;
@@ -211,12 +222,18 @@ int main(int argc, char** argv) {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, %d SMs, %.0f GiB\n", prop.name, prop.multiProcessorCount,
               static_cast<double>(prop.totalGlobalMem) / (1u << 30));
+  if (tiny) std::printf("--tiny: a toy shape for a smoke run; its figures mean nothing\n");
 
-  const double bw = copy_bandwidth();
-  const double gemm = gemm_rate();
+  // Full size: 2 GiB copies, far past the 60 MB L2, and 8192^3 products, long enough to reach
+  // the peak rate. --tiny: what the emulator (2 GiB of memory, an f32 loop for cuBLASLt) does
+  // in a second.
+  const size_t copy_bytes = tiny ? size_t{16} << 20 : size_t{2} << 30;
+  const int64_t gemm_n = tiny ? 256 : 8192;
+  const double bw = copy_bandwidth(copy_bytes);
+  const double gemm = gemm_rate(gemm_n);
   std::printf(
-      "copy bandwidth (read + write): %.0f GB/s\nbf16 GEMM 8192^3 (cuBLASLt): %.0f TFLOP/s\n",
-      bw / 1e9, gemm / 1e12);
+      "copy bandwidth (read + write): %.0f GB/s\nbf16 GEMM %lld^3 (cuBLASLt): %.0f TFLOP/s\n",
+      bw / 1e9, static_cast<long long>(gemm_n), gemm / 1e12);
 
   // Llama-3-8B dimensions
   sy::LlamaConfig c;
@@ -231,6 +248,18 @@ int main(int argc, char** argv) {
   c.rope_dim = 128;
   c.rope_theta = 500000.0f;
   c.norm_eps = 1e-5f;
+  if (tiny) {
+    // Every width a multiple of 32 (whole Q8_0 blocks per row), grouped-query attention as in
+    // the 8B shape, head_dim as in the 8B shape.
+    c.n_vocab = 512;
+    c.dim = 256;
+    c.n_heads = 2;
+    c.n_kv_heads = 1;
+    c.head_dim = 128;
+    c.ffn_dim = 512;
+    c.ctx_len = 256;
+    c.rope_dim = 128;
+  }
   int max_batch = 1;
   for (int b : batches) max_batch = std::max(max_batch, b);
   for (int b : graph_batches) max_batch = std::max(max_batch, b);
@@ -239,16 +268,28 @@ int main(int argc, char** argv) {
   o.max_batch_tokens = std::max(prompt, max_batch);
   o.max_logit_rows = max_batch;
   o.cuda_graphs = graphs;
+  if (tiny) {
+    // Just the KV blocks the runs take (decode_rows: max_batch sequences of every decode step's
+    // context; the prefill: one prompt): the default fraction of free memory would have
+    // randomize_kv fill 1.7 GB on the emulator.
+    const int64_t bs = o.block_size, steps = ctx + kWarmSteps + kTimedSteps;
+    o.n_blocks = static_cast<int32_t>(
+        std::max<int64_t>(max_batch * ((steps + bs - 1) / bs), (prompt + bs - 1) / bs));
+  }
   const auto t_load = Clock::now();
   auto e = sy::make_cuda_engine_synthetic(c, o, 42);
   e->randomize_kv(7);
-  std::printf("8B-shaped model (%d layers): weights %.2f GB, KV cache %.2f GB, built in %.1f s\n",
-              layers, e->weight_bytes() / 1e9, e->kv_bytes() / 1e9, seconds_since(t_load));
+  std::printf("%s model (%d layers): weights %.2f GB, KV cache %.2f GB, built in %.1f s\n",
+              tiny ? "toy" : "8B-shaped", layers, e->weight_bytes() / 1e9, e->kv_bytes() / 1e9,
+              seconds_since(t_load));
 
   const size_t weight_bytes = e->weight_bytes();
-  std::vector<DecodeRow> decode =
-      decode_rows(*e, batches, ctx, graphs, false, static_cast<double>(weight_bytes));
-  // prefill: one 2048-token prompt per step
+  // What a bf16 decode step reads of the weights: all of them but the embedding table, of which
+  // it reads one row per token (as for the Q8_0 rows below).
+  const double bf16_read =
+      static_cast<double>(weight_bytes) - 2.0 * static_cast<double>(c.n_vocab) * c.dim;
+  std::vector<DecodeRow> decode = decode_rows(*e, batches, ctx, graphs, false, bf16_read);
+  // prefill: one prompt per step
   double prefill_s = 0, prefill_tflops = 0;
   {
     const int nb = (prompt + e->block_size() - 1) / e->block_size();
@@ -284,8 +325,7 @@ int main(int argc, char** argv) {
     auto eg = sy::make_cuda_engine_synthetic(c, o, 42);
     eg->randomize_kv(7);
     std::printf("second engine, with CUDA graphs: built in %.1f s\n", seconds_since(t_graphs));
-    for (const DecodeRow& d :
-         decode_rows(*eg, graph_batches, ctx, true, false, static_cast<double>(weight_bytes)))
+    for (const DecodeRow& d : decode_rows(*eg, graph_batches, ctx, true, false, bf16_read))
       decode.push_back(d);
   }
   // What a Q8_0 decode step reads of the weights: every layer matrix and the output matrix as
@@ -323,9 +363,11 @@ int main(int argc, char** argv) {
   if (!json.empty()) {
     std::ofstream f(json);
     f << "{\n  \"device\": \"" << prop.name << "\",\n  \"copy_bandwidth_gbs\": " << bw / 1e9
-      << ",\n  \"gemm_bf16_tflops\": " << gemm / 1e12 << ",\n  \"layers\": " << layers
-      << ",\n  \"weight_bytes\": " << weight_bytes << ",\n  \"q8_0_weight_read_bytes\": " << q8_read
-      << ",\n  \"decode\": [";
+      << ",\n  \"gemm_bf16_tflops\": " << gemm / 1e12
+      << ",\n  \"tiny\": " << (tiny ? "true" : "false") << ",\n  \"layers\": " << layers
+      << ",\n  \"weight_bytes\": " << weight_bytes
+      << ",\n  \"bf16_weight_read_bytes\": " << bf16_read
+      << ",\n  \"q8_0_weight_read_bytes\": " << q8_read << ",\n  \"decode\": [";
     for (size_t i = 0; i < decode.size(); ++i) {
       const DecodeRow& d = decode[i];
       f << (i ? ",\n" : "\n") << "    {\"batch\": " << d.batch << ", \"ctx\": " << ctx

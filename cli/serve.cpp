@@ -8,6 +8,7 @@
 #include <iostream>
 
 #include "cli/demo_model.hpp"
+#include "gpu/backend.hpp"
 #include "server/config.hpp"
 #include "server/server.hpp"
 
@@ -29,12 +30,14 @@ std::string default_state_dir() {
 
 const char* const kServeUsage =
     "  serve       [--model FILE] [--config FILE.yaml] [--bind ADDR] [--pull ADDR]\n"
-    "              [--results ADDR] [--backend cpu|null] [--executors N] [--threads N]\n"
+    "              [--results ADDR] [--backend auto|cpu|cuda|null] [--executors N] [--threads N]\n"
     "              [--kv-mb MB] [--grace-ms MS] [--step-delay-ms MS]\n"
     "              [--kv-policy P] [--kv-pressure-policy P] [--admin-token T]\n"
     "              [--no-prefix-cache]\n"
-    "              Flags override the config file. --backend null runs no model (fixed\n"
-    "              tokens: measures overhead). --step-delay-ms is for TESTS ONLY (slows every\n"
+    "              Flags override the config file. --backend auto (the default) runs on\n"
+    "              the GPUs where this build has CUDA and a device answers, else the CPU;\n"
+    "              cuda insists on GPUs; null runs no model (fixed tokens: measures\n"
+    "              overhead). --step-delay-ms is for TESTS ONLY (slows every\n"
     "              engine step). A port of * binds a free port; the bound addresses are\n"
     "              printed on stdout as 'switchyard: listening on ADDR'. SIGUSR1 prints\n"
     "              the counters as 'switchyard: stats {json}'; SIGINT/SIGTERM stop it.\n"
@@ -196,10 +199,16 @@ int cmd_serve(const Args& a) {
               << (cfg.executors.test_fault_throw_after > 0 ? "throw" : "hang") << " after "
               << std::max(cfg.executors.test_fault_throw_after, cfg.executors.test_fault_hang_after)
               << " steps\n";
-  if (cfg.executors.backend != "cpu" && cfg.executors.backend != "null")
-    throw UsageError("--backend must be cpu or null");
+  if (!known_backend(cfg.executors.backend))
+    throw UsageError("--backend must be auto, cpu, cuda or null");
   finalize_config(cfg);
-  if (cfg.executors.backend == "cpu" && cfg.model.empty()) cfg.model = demo_model_path();
+  {
+    // auto becomes cuda or cpu here, so that the log and the banner name what runs.
+    std::string why;
+    cfg.executors.backend = resolve_backend(cfg.executors.backend, &why);
+    std::cerr << "switchyard: " << why << "\n";
+  }
+  if (cfg.executors.backend != "null" && cfg.model.empty()) cfg.model = demo_model_path();
   if (cfg.executors.backend == "null")
     std::cerr << "switchyard: backend null: no model, every token is a fixed id (overhead "
                  "measurements only, the output is not text)\n";

@@ -34,6 +34,7 @@ file(GLOB _emu_engine CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/gpu/*.cpp)
 add_library(sy_engine_emu STATIC ${_emu_engine})
 sy_target(sy_engine_emu)
 target_link_libraries(sy_engine_emu PUBLIC sy_model sy_kernels sy_policies)
+target_compile_definitions(sy_engine_emu PUBLIC SWITCHYARD_HAVE_CUDA=1)
 target_link_libraries(sy_cuda_emu PUBLIC sy_engine_emu)
 target_link_libraries(sy_engine_emu PUBLIC sy_cuda_emu)
 
@@ -68,3 +69,48 @@ target_link_libraries(emu_test_runtime PRIVATE sy_cuda_emu Boost::unit_test_fram
 add_test(NAME emu_test_runtime COMMAND emu_test_runtime --catch_system_errors=no
   WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
 set_tests_properties(emu_test_runtime PROPERTIES LABELS emu)
+
+# The device check's benchmark on the emulator, at a toy shape (--tiny): a smoke run of its code
+# paths (graphs, Q8_0 decode, the JSON), so that a bug in it shows here before it costs a rented
+# GPU's time. Its figures mean nothing; exit 0 and a written JSON are the pass.
+add_executable(emu_bench_gpu ${PROJECT_SOURCE_DIR}/bench/bench_gpu.cpp)
+sy_target(emu_bench_gpu)
+target_link_libraries(emu_bench_gpu PRIVATE sy_cuda_emu sy_engine_emu)
+# The check, as a script: the JSON is removed first, so a stale file from an earlier run cannot
+# pass for this one.
+set(_emu_bench_check ${PROJECT_BINARY_DIR}/emu_bench_gpu_tiny.cmake)
+file(WRITE ${_emu_bench_check} [=[
+file(REMOVE ${JSON})
+execute_process(COMMAND ${EXE} --tiny --json ${JSON} RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "emu_bench_gpu --tiny failed: ${rc}")
+endif()
+if(NOT EXISTS ${JSON})
+  message(FATAL_ERROR "emu_bench_gpu --tiny wrote no ${JSON}")
+endif()
+]=])
+add_test(NAME emu_bench_gpu_tiny
+  COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:emu_bench_gpu>
+    -DJSON=${PROJECT_BINARY_DIR}/emu_bench_gpu_tiny.json -P ${_emu_bench_check}
+  WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+set_tests_properties(emu_bench_gpu_tiny PROPERTIES LABELS emu TIMEOUT 600)
+
+# The server itself on the emulated device: `emu_switchyard` is the switchyard command with the
+# emulator's engine libraries first on the link line (the real ones are then never pulled in),
+# so `--backend auto` finds one CUDA device. The golden test runs against it unchanged: greedy ids
+# through sockets, actors, batcher and the CUDA executor equal llama.cpp's.
+file(GLOB _emu_cli CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/cli/*.cpp)
+add_executable(emu_switchyard ${_emu_cli})
+sy_target(emu_switchyard)
+target_link_libraries(emu_switchyard PRIVATE sy_engine_emu sy_cuda_emu sy_server sy_client)
+# Beside the real binary, where the integration tests look (SY_BINARY_DIR).
+set_target_properties(emu_switchyard PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR})
+add_executable(emu_it_test_golden ${PROJECT_SOURCE_DIR}/tests/integration/test_golden.cpp)
+sy_target(emu_it_test_golden)
+target_compile_definitions(emu_it_test_golden PRIVATE BOOST_TEST_DYN_LINK
+  SY_MODELS_DIR="${SY_MODELS_DIR}" SY_BINARY_DIR="${PROJECT_BINARY_DIR}"
+  SY_SOURCE_DIR="${PROJECT_SOURCE_DIR}" SY_SERVER_BINARY="emu_switchyard")
+target_link_libraries(emu_it_test_golden PRIVATE sy_client sy_engine Boost::unit_test_framework)
+add_dependencies(emu_it_test_golden emu_switchyard)
+add_test(NAME emu_it_test_golden COMMAND emu_it_test_golden WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+set_tests_properties(emu_it_test_golden PROPERTIES LABELS emu TIMEOUT 1200 RUN_SERIAL TRUE)

@@ -195,6 +195,11 @@ class CudaEngineImpl final : public CudaEngine {
   int32_t block_size() const override { return bs_; }
   BlockPool& pool() override { return *pool_; }
   void step(const std::vector<SeqStep>& batch, StepOutput& out) override;
+  bool step_greedy(const std::vector<SeqStep>& batch, std::vector<int32_t>& ids) override {
+    greedy_.assign(batch.size(), SampleControl{});  // temperature 0: argmax on the device
+    step_sample(batch, greedy_, ids);
+    return true;
+  }
   void step_sample(const std::vector<SeqStep>& batch, const std::vector<SampleControl>& controls,
                    std::vector<int32_t>& tokens) override;
   void randomize_kv(uint64_t seed) override;
@@ -285,6 +290,7 @@ class CudaEngineImpl final : public CudaEngine {
   DevBuf attn_ws_;  // decode split partials
   DevBuf meta_d_, params_d_, tokens_d_;
   HostBuf meta_h_, params_h_, tokens_h_;
+  std::vector<SampleControl> greedy_;  // step_greedy's controls, kept to reuse their memory
   int32_t logit_rows_cap_ = 0;
   int64_t ws_row_splits_ = 0;  // (row, split) pairs the decode workspace holds
   DevBuf q_sink_;              // f32 (T, q_dim) sink queries; allocated by the first sinks step

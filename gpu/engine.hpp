@@ -77,6 +77,14 @@ class Engine {
   /// Runs one step; throws std::invalid_argument for a malformed batch (block table too short,
   /// token id out of range, ...), checked before any KV slot is written. One step at a time.
   virtual void step(const std::vector<SeqStep>& batch, StepOutput& out) = 0;
+  /// A step whose next tokens are picked greedily where the logits are, so that only the ids
+  /// (one per sequence, ties to the lowest id, as Sampler) come back. Returns false, doing
+  /// nothing, on a backend without it (the CPU engine: its logits are already in host memory).
+  virtual bool step_greedy(const std::vector<SeqStep>& batch, std::vector<int32_t>& ids) {
+    (void)batch;
+    (void)ids;
+    return false;
+  }
 };
 
 /// The CPU backend.

@@ -312,8 +312,8 @@ void load_executors(const Ctx& c, const YAML::Node& n, ExecutorConfig& e) {
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "backend") {
            e.backend = get_string(c, key, v);
-           if (e.backend != "cpu" && e.backend != "null")
-             c.fail(key, v, "unknown backend " + shown(v) + " (cpu or null)");
+           if (!known_backend(e.backend))
+             c.fail(key, v, "unknown backend " + shown(v) + " (auto, cpu, cuda or null)");
          }
          // More pairs than this would only contend for the same cores.
          else if (k == "count")
@@ -438,9 +438,9 @@ void finalize_config(ServerConfig& cfg) {
     // Ten seconds of the rate lets a tenant send a burst without waiting for refill.
     if (t.tokens_per_second > 0 && t.burst_tokens <= 0) t.burst_tokens = t.tokens_per_second * 10;
   }
-  if (cfg.executors.backend != "cpu" && cfg.executors.backend != "null")
+  if (!known_backend(cfg.executors.backend))
     throw std::runtime_error("config: unknown backend '" + cfg.executors.backend +
-                             "' (cpu or null)");
+                             "' (auto, cpu, cuda or null)");
   if (cfg.executors.count < 1) throw std::runtime_error("config: executors.count must be >= 1");
   if (cfg.executors.threads < 0) throw std::runtime_error("config: executors.threads must be >= 0");
   if (cfg.autoscale.min_executors > 0 && cfg.autoscale.max_executors > 0 &&

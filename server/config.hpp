@@ -81,13 +81,20 @@ struct BatchingConfig {
 };
 
 struct ExecutorConfig {
-  std::string backend = "cpu";     // cpu | null (fixed tokens, no model: measures overhead)
+  std::string backend = "auto";    // auto (cuda where a device answers, else cpu) | cpu | cuda |
+                                   // null (fixed tokens, no model: measures overhead)
   int count = 1;                   // batcher+executor pairs
   int threads = 0;                 // per executor; 0 = cores / count
   int test_fault_throw_after = 0;  // TEST ONLY: the first executor throws after N steps (0 off)
   int test_fault_hang_after = 0;   // TEST ONLY: the first executor stops answering after N steps
   int test_fault_batcher_throw_after = 0;  // TEST ONLY: the first batcher throws after N steps
 };
+
+/// A backend name the configuration accepts (auto, cpu, cuda, null); gpu/backend.hpp resolves
+/// auto and checks that cuda can run.
+inline bool known_backend(const std::string& b) {
+  return b == "auto" || b == "cpu" || b == "cuda" || b == "null";
+}
 
 /// Elastic pairs (actors/supervisor.hpp, policies/autoscale.hpp): Ray Serve's autoscaling knobs.
 /// min/max 0 mean executors.count, so a config without this section runs a fixed count.

@@ -21,6 +21,7 @@
 #include "actors/metrics.hpp"
 #include "actors/router.hpp"
 #include "actors/supervisor.hpp"
+#include "gpu/backend.hpp"
 #include "model/llama.hpp"
 #include "policies/journal_file.hpp"
 #include "server/egress.hpp"
@@ -83,12 +84,13 @@ struct Server::Impl {
 Server::Server(ServerConfig cfg) : impl_(new Impl) {
   auto& d = *impl_;
   d.cfg = std::move(cfg);
+  // auto: cuda where a device answers, else cpu; cuda without a device throws, saying why.
+  d.cfg.executors.backend = resolve_backend(d.cfg.executors.backend);
   const auto& c = d.cfg;
-  if (c.executors.backend == "cpu") {
-    if (c.model.empty()) throw std::invalid_argument("the cpu backend needs a model file");
+  if (c.executors.backend != "null") {
+    if (c.model.empty())
+      throw std::invalid_argument("the " + c.executors.backend + " backend needs a model file");
     d.model = LlamaModel::load(c.model);
-  } else if (c.executors.backend != "null") {
-    throw std::invalid_argument("unknown backend '" + c.executors.backend + "' (cpu or null)");
   }
   d.sys = std::make_unique<caf::actor_system>(d.sys_cfg);
 
@@ -145,8 +147,9 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   sc.knobs.upscale_delay_ms = c.autoscale.upscale_delay_ms;
   sc.knobs.downscale_delay_ms = c.autoscale.downscale_delay_ms;
   sc.interval_ms = c.autoscale.interval_ms;
-  // CPU executor slots: the executor backends here (cpu, null) run on no device.
-  sc.slots = policy::executor_slots(false, 0, sc.knobs.max_executors);
+  // One slot per CUDA device for the cuda backend (a pair per device); CPU slots otherwise.
+  sc.slots = policy::executor_slots(c.executors.backend == "cuda", usable_cuda_devices(),
+                                    sc.knobs.max_executors);
   // Engine threads: the cores split between the most executors that may run, at least one each.
   int threads = c.executors.threads;
   if (threads == 0)
@@ -166,8 +169,8 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   sc.test_fault_batcher_throw_after = c.executors.test_fault_batcher_throw_after;
   sc.executor.test_fault_hang_after = c.executors.test_fault_hang_after;
   // Fail here, not inside the actor, when the executor cannot be built (bad backend or model).
-  if (sc.executor.backend == "cpu" && !sc.executor.model)
-    throw std::invalid_argument("the cpu backend needs a model");
+  if (sc.executor.backend != "null" && !sc.executor.model)
+    throw std::invalid_argument("the " + sc.executor.backend + " backend needs a model");
   SupervisorWiring sw;
   sw.router = d.router;
   sw.egress = out;

@@ -29,8 +29,11 @@
 
 namespace sy::it {
 
+#ifndef SY_SERVER_BINARY
+#define SY_SERVER_BINARY "switchyard"  // emu_it_* tests run emu_switchyard (tests/emu)
+#endif
 /// The server binary and the shared models.
-inline const std::string kBinary = std::string(SY_BINARY_DIR) + "/switchyard";
+inline const std::string kBinary = std::string(SY_BINARY_DIR) + "/" + SY_SERVER_BINARY;
 inline const std::string kStories = std::string(SY_MODELS_DIR) + "/stories260K.gguf";
 
 /// A temp folder for config files and outputs; removed at destruction.

@@ -4,6 +4,7 @@
 #include <boost/test/unit_test.hpp>
 
 #include "clients/cpp/client.hpp"
+#include "gpu/backend.hpp"
 #include "tests/integration/server_process.hpp"
 
 using namespace std::chrono_literals;
@@ -49,12 +50,27 @@ BOOST_AUTO_TEST_CASE(bad_config_and_flags_are_named) {
              r.out);
   r = run("serve --backend gpu9000");
   BOOST_TEST(r.status == 2, r.out);
-  BOOST_TEST(r.out.find("--backend must be cpu or null") != std::string::npos, r.out);
+  BOOST_TEST(r.out.find("--backend must be auto, cpu, cuda or null") != std::string::npos, r.out);
   r = run("serve --executors 0 --backend null");
   BOOST_TEST(r.status == 2, r.out);
   r = run("serve --model /nonexistent/m.gguf");
   BOOST_TEST(r.status == 1, r.out);
   BOOST_TEST(r.out.find("/nonexistent/m.gguf") != std::string::npos, r.out);
+}
+
+BOOST_AUTO_TEST_CASE(backend_choice_is_named_and_cuda_without_a_device_is_an_error) {
+  // auto names what it chose before anything else (here the model file is bad, so it stops).
+  auto r = run("serve --backend auto --model /nonexistent/m.gguf");
+  BOOST_TEST(r.status == 1, r.out);
+  const std::string chosen = sy::usable_cuda_devices() > 0 ? "switchyard: backend cuda ("
+                                                           : "switchyard: backend cpu (auto: ";
+  BOOST_TEST(r.out.find(chosen) != std::string::npos, r.out);
+  if (sy::usable_cuda_devices() == 0) {
+    r = run("serve --backend cuda --model " + sy::it::kStories);
+    BOOST_TEST(r.status == 1, r.out);
+    BOOST_TEST(r.out.find("backend cuda: ") != std::string::npos, r.out);
+    BOOST_TEST(r.out.find("use --backend cpu or auto") != std::string::npos, r.out);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(busy_address_is_an_error) {

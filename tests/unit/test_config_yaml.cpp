@@ -138,7 +138,7 @@ BOOST_AUTO_TEST_CASE(defaults_without_a_file) {
   BOOST_TEST(c.router.classes[1].queue_limit >= c.router.classes[0].queue_limit);
   BOOST_TEST(c.router.default_class == "interactive");
   BOOST_TEST(c.endpoints.bind == "tcp://127.0.0.1:5555");
-  BOOST_TEST(c.executors.backend == "cpu");
+  BOOST_TEST(c.executors.backend == "auto");
 }
 
 BOOST_AUTO_TEST_CASE(absent_keys_keep_their_values_and_empty_file_is_fine) {

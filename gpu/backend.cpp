@@ -1,0 +1,80 @@
+// Backend choice for executors: CPU always; CUDA only in builds with SWITCHYARD_HAVE_CUDA and
+// with a device present.
+#include "gpu/backend.hpp"
+
+#include <stdexcept>
+
+#ifdef SWITCHYARD_HAVE_CUDA
+#include "gpu/cuda_engine.hpp"
+#include "model/llama.hpp"
+#endif
+
+namespace sy {
+
+int usable_cuda_devices() {
+#ifdef SWITCHYARD_HAVE_CUDA
+  return cuda_device_count();
+#else
+  return 0;
+#endif
+}
+
+std::string resolve_backend(const std::string& requested, std::string* why) {
+  auto say = [&](const std::string& s) {
+    if (why) *why = s;
+  };
+  if (requested == "cpu" || requested == "null") {
+    say("backend " + requested + " (as configured)");
+    return requested;
+  }
+  if (requested != "auto" && requested != "cuda") {
+    throw std::invalid_argument("unknown backend '" + requested + "' (auto, cpu, cuda or null)");
+  }
+#ifdef SWITCHYARD_HAVE_CUDA
+  const int n = usable_cuda_devices();
+  if (n > 0) {
+    say("backend cuda (" + std::to_string(n) + " CUDA device" + (n > 1 ? "s" : "") + ")");
+    return "cuda";
+  }
+  if (requested == "cuda") {
+    throw std::runtime_error(
+        "backend cuda: no usable CUDA device (no GPU, no driver, or a driver older than the "
+        "CUDA runtime); use --backend cpu or auto");
+  }
+  say("backend cpu (auto: no usable CUDA device)");
+#else
+  if (requested == "cuda") {
+    throw std::runtime_error(
+        "backend cuda: this build has no CUDA backend (configure with -DSWITCHYARD_CUDA=ON where "
+        "nvcc is installed); use --backend cpu or auto");
+  }
+  say("backend cpu (auto: this build has no CUDA backend)");
+#endif
+  return "cpu";
+}
+
+std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<LlamaModel> model,
+                                    const EngineOptions& opts, int device) {
+  if (backend == "cpu") return make_cpu_engine(std::move(model), opts);
+  if (backend == "cuda") {
+#ifdef SWITCHYARD_HAVE_CUDA
+    CudaEngineOptions co;
+    co.device = device;
+    // F32 files keep f32 weights on the device (the CPU engine's and llama.cpp's numbers); files
+    // stored at 16 bits or quantized run in bf16. A bf16 copy of an F32 model is a conversion
+    // away (llama.cpp's convert scripts), so serving never silently rounds what it was given.
+    const auto& layers = model->weights().layers;
+    co.f32_weights = !layers.empty() && layers.front().wq.type == kernels::DType::F32;
+    co.block_size = opts.block_size;
+    co.n_blocks = opts.n_blocks;
+    if (opts.max_batch_tokens > 0) co.max_batch_tokens = opts.max_batch_tokens;
+    return make_cuda_engine(std::move(model), co);
+#else
+    (void)device;
+    throw std::runtime_error("make_engine: this build has no CUDA backend");
+#endif
+  }
+  throw std::invalid_argument("make_engine: unknown backend '" + backend + "' (cpu or cuda)");
+}
+
+}  // namespace sy

@@ -1,0 +1,63 @@
+// The serving backend with a device present: auto resolves to cuda, make_engine builds the CUDA
+// engine the executors use (f32 for stories260K's F32 file), and its greedy step, which picks the
+// ids on the device, gives llama.cpp's ids for every reference prompt in one batch, the prompts
+// fed in chunks as a batcher would.
+#define BOOST_TEST_MODULE gpu_backend
+#include <boost/test/unit_test.hpp>
+#include <string>
+
+#include "gpu/backend.hpp"
+#include "tests/gpu/gpu_test.hpp"
+#include "tests/support/reference.hpp"
+#include "tests/support/stories.hpp"
+
+using namespace sy::gputest;
+
+BOOST_TEST_GLOBAL_FIXTURE(RequireGpu);
+
+BOOST_AUTO_TEST_CASE(auto_resolves_to_cuda_with_a_device) {
+  std::string why;
+  BOOST_TEST(sy::resolve_backend("auto", &why) == "cuda");
+  BOOST_TEST(why.find("cuda") != std::string::npos, why);
+  BOOST_TEST(sy::resolve_backend("cuda") == "cuda");
+  BOOST_TEST(sy::resolve_backend("cpu") == "cpu");
+  BOOST_CHECK_THROW(sy::resolve_backend("tpu"), std::invalid_argument);
+}
+
+BOOST_AUTO_TEST_CASE(greedy_steps_on_the_device_give_llamacpp_ids) {
+  const auto& cases = sy::test::reference_cases();
+  sy::EngineOptions o;
+  o.block_size = 16;
+  o.n_blocks = 256;
+  auto e = sy::make_engine("cuda", sy::test::stories_model(), o, 0);
+  auto cpu = sy::make_engine("cpu", sy::test::stories_model(), o, 0);
+  std::vector<int32_t> unused;
+  BOOST_TEST(!cpu->step_greedy({}, unused));  // the CPU engine leaves greedy picks to the host
+
+  std::vector<sy::test::FedSeq> seqs(cases.size());
+  std::vector<std::vector<int32_t>> gen(cases.size());
+  std::vector<int32_t> ids;
+  for (;;) {
+    std::vector<sy::SeqStep> batch;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < cases.size(); ++i) {
+      if (gen[i].size() >= cases[i].generated_token_ids.size()) continue;
+      sy::SeqStep st;
+      BOOST_REQUIRE(seqs[i].next_step(*e, cases[i].prompt_token_ids, 3,
+                                      gen[i].empty() ? 0 : gen[i].back(), st));
+      batch.push_back(st);
+      who.push_back(i);
+    }
+    if (batch.empty()) break;
+    BOOST_REQUIRE(e->step_greedy(batch, ids));
+    BOOST_REQUIRE(ids.size() == batch.size());
+    for (size_t b = 0; b < who.size(); ++b) {
+      if (seqs[who[b]].stepped(cases[who[b]].prompt_token_ids)) gen[who[b]].push_back(ids[b]);
+    }
+  }
+  for (auto& s : seqs) s.release(*e);
+  for (size_t i = 0; i < cases.size(); ++i) {
+    BOOST_TEST(gen[i] == cases[i].generated_token_ids, boost::test_tools::per_element());
+  }
+  BOOST_TEST(e->pool().n_used() == 0);
+}

@@ -34,28 +34,18 @@ BOOST_AUTO_TEST_CASE(greedy_steps_on_the_device_give_llamacpp_ids) {
   std::vector<int32_t> unused;
   BOOST_TEST(!cpu->step_greedy({}, unused));  // the CPU engine leaves greedy picks to the host
 
-  std::vector<sy::test::FedSeq> seqs(cases.size());
-  std::vector<std::vector<int32_t>> gen(cases.size());
-  std::vector<int32_t> ids;
-  for (;;) {
-    std::vector<sy::SeqStep> batch;
-    std::vector<size_t> who;
-    for (size_t i = 0; i < cases.size(); ++i) {
-      if (gen[i].size() >= cases[i].generated_token_ids.size()) continue;
-      sy::SeqStep st;
-      BOOST_REQUIRE(seqs[i].next_step(*e, cases[i].prompt_token_ids, 3,
-                                      gen[i].empty() ? 0 : gen[i].back(), st));
-      batch.push_back(st);
-      who.push_back(i);
-    }
-    if (batch.empty()) break;
-    BOOST_REQUIRE(e->step_greedy(batch, ids));
-    BOOST_REQUIRE(ids.size() == batch.size());
-    for (size_t b = 0; b < who.size(); ++b) {
-      if (seqs[who[b]].stepped(cases[who[b]].prompt_token_ids)) gen[who[b]].push_back(ids[b]);
-    }
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<size_t> lengths;
+  for (const auto& c : cases) {
+    prompts.push_back(c.prompt_token_ids);
+    lengths.push_back(c.generated_token_ids.size());
   }
-  for (auto& s : seqs) s.release(*e);
+  const auto gen =
+      sy::test::generate_all(*e, prompts, lengths, 3,
+                             [&](const std::vector<sy::SeqStep>& batch, std::vector<int32_t>& ids) {
+                               BOOST_REQUIRE(e->step_greedy(batch, ids));
+                               BOOST_REQUIRE(ids.size() == batch.size());
+                             });
   for (size_t i = 0; i < cases.size(); ++i) {
     BOOST_TEST(gen[i] == cases[i].generated_token_ids, boost::test_tools::per_element());
   }

@@ -45,32 +45,27 @@ int32_t argmax(const float* x, int32_t n) {
   return static_cast<int32_t>(std::max_element(x, x + n) - x);
 }
 
+std::vector<std::vector<int32_t>> prompts_of(const std::vector<Case>& cases) {
+  std::vector<std::vector<int32_t>> p;
+  for (const Case& c : cases) p.push_back(c.prompt);
+  return p;
+}
+std::vector<size_t> lengths_of(const std::vector<Case>& cases) {
+  std::vector<size_t> n;
+  for (const Case& c : cases) n.push_back(c.generated.size());
+  return n;
+}
+
 // Greedy generation of all prompts in one engine, every sequence in every step; prompts are fed
 // `chunk` tokens at a time. Returns the generated ids per prompt.
 std::vector<std::vector<int32_t>> greedy(sy::Engine& e, const std::vector<Case>& cases, int chunk) {
-  std::vector<sy::test::FedSeq> seqs(cases.size());
-  std::vector<std::vector<int32_t>> gen(cases.size());
   sy::StepOutput out;
-  for (;;) {
-    std::vector<sy::SeqStep> batch;
-    std::vector<size_t> who;
-    for (size_t i = 0; i < cases.size(); ++i) {
-      if (gen[i].size() >= cases[i].generated.size()) continue;
-      sy::SeqStep st;
-      BOOST_REQUIRE(
-          seqs[i].next_step(e, cases[i].prompt, chunk, gen[i].empty() ? 0 : gen[i].back(), st));
-      batch.push_back(st);
-      who.push_back(i);
-    }
-    if (batch.empty()) break;
-    e.step(batch, out);
-    for (size_t b = 0; b < who.size(); ++b) {
-      if (seqs[who[b]].stepped(cases[who[b]].prompt))
-        gen[who[b]].push_back(argmax(out.row(b), out.n_vocab));
-    }
-  }
-  for (auto& s : seqs) s.release(e);
-  return gen;
+  return sy::test::generate_all(
+      e, prompts_of(cases), lengths_of(cases), chunk,
+      [&](const std::vector<sy::SeqStep>& batch, std::vector<int32_t>& ids) {
+        e.step(batch, out);
+        for (size_t b = 0; b < batch.size(); ++b) ids[b] = argmax(out.row(b), out.n_vocab);
+      });
 }
 
 sy::CudaEngineOptions f32_opts() {
@@ -397,30 +392,12 @@ namespace {
 // whole, then pure decode steps until each sequence has its reference length.
 std::vector<std::vector<int32_t>> greedy_on_device(sy::CudaEngine& e,
                                                    const std::vector<Case>& cases) {
-  std::vector<sy::test::FedSeq> seqs(cases.size());
-  std::vector<std::vector<int32_t>> gen(cases.size());
-  for (;;) {
-    std::vector<sy::SeqStep> batch;
-    std::vector<size_t> who;
-    for (size_t i = 0; i < cases.size(); ++i) {
-      if (gen[i].size() >= cases[i].generated.size()) continue;
-      sy::SeqStep st;
-      BOOST_REQUIRE(
-          seqs[i].next_step(e, cases[i].prompt, 1 << 20, gen[i].empty() ? 0 : gen[i].back(), st));
-      batch.push_back(st);
-      who.push_back(i);
-    }
-    if (batch.empty()) break;
-    std::vector<int32_t> ids;
-    e.step_sample(batch, std::vector<sy::SampleControl>(batch.size()), ids);
-    BOOST_REQUIRE(ids.size() == batch.size());
-    for (size_t b = 0; b < who.size(); ++b) {
-      seqs[who[b]].stepped(cases[who[b]].prompt);
-      gen[who[b]].push_back(ids[b]);
-    }
-  }
-  for (auto& s : seqs) s.release(e);
-  return gen;
+  return sy::test::generate_all(
+      e, prompts_of(cases), lengths_of(cases), 1 << 20,
+      [&](const std::vector<sy::SeqStep>& batch, std::vector<int32_t>& ids) {
+        e.step_sample(batch, std::vector<sy::SampleControl>(batch.size()), ids);
+        BOOST_REQUIRE(ids.size() == batch.size());
+      });
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -76,5 +77,39 @@ struct FedSeq {
     blocks.clear();
   }
 };
+
+/// Generation of every prompt in one engine, every unfinished sequence in every step: prompt i
+/// fed `chunk` tokens per step, then its picked tokens, until it has lengths[i] of them.
+/// `pick(batch, ids)` runs one step and fills one id per sequence of the batch (ids of steps that
+/// end inside a prompt are dropped). Throws std::runtime_error when the pool runs out of blocks.
+template <class Pick>
+std::vector<std::vector<int32_t>> generate_all(Engine& e,
+                                               const std::vector<std::vector<int32_t>>& prompts,
+                                               const std::vector<size_t>& lengths, int chunk,
+                                               Pick pick) {
+  std::vector<FedSeq> seqs(prompts.size());
+  std::vector<std::vector<int32_t>> gen(prompts.size());
+  std::vector<int32_t> ids;
+  for (;;) {
+    std::vector<SeqStep> batch;
+    std::vector<size_t> who;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      if (gen[i].size() >= lengths[i]) continue;
+      SeqStep st;
+      if (!seqs[i].next_step(e, prompts[i], chunk, gen[i].empty() ? 0 : gen[i].back(), st))
+        throw std::runtime_error("generate_all: the KV pool has no block left");
+      batch.push_back(st);
+      who.push_back(i);
+    }
+    if (batch.empty()) break;
+    ids.assign(batch.size(), -1);
+    pick(batch, ids);
+    for (size_t b = 0; b < who.size(); ++b) {
+      if (seqs[who[b]].stepped(prompts[who[b]])) gen[who[b]].push_back(ids[b]);
+    }
+  }
+  for (auto& s : seqs) s.release(e);
+  return gen;
+}
 
 }  // namespace sy::test

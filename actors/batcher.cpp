@@ -30,7 +30,8 @@ int64_t kv_bytes_per_token(const LlamaConfig& cfg) {
 int32_t kv_blocks_for(const BatchingConfig& cfg, const LlamaConfig* model) {
   const int64_t per_token = model ? std::max<int64_t>(1, kv_bytes_per_token(*model)) : 4096;
   const int64_t per_block = per_token * std::max<int32_t>(1, cfg.kv_block_size);
-  const int64_t n = cfg.kv_memory_mb * 1024 * 1024 / per_block;
+  const int64_t mb = cfg.kv_memory_mb > 0 ? cfg.kv_memory_mb : kDefaultKvMemoryMb;
+  const int64_t n = mb * 1024 * 1024 / per_block;
   // Block ids are int32 on the engine side.
   return static_cast<int32_t>(std::clamp<int64_t>(n, 1, INT32_MAX));
 }

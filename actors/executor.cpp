@@ -167,7 +167,7 @@ caf::behavior executor_actor(caf::event_based_actor* self, std::shared_ptr<Execu
 
 }  // namespace
 
-caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec) {
+caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec, int32_t* n_blocks) {
   auto st = std::make_shared<ExecutorState>();
   if (spec.backend == "cpu" || spec.backend == "cuda") {
     if (!spec.model)
@@ -182,6 +182,7 @@ caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec) {
     throw std::invalid_argument("executor: unknown backend '" + spec.backend +
                                 "' (expected cpu, cuda or null)");
   }
+  if (n_blocks) *n_blocks = st->engine ? st->engine->pool().n_total() : spec.n_blocks;
   st->spec = std::move(spec);
   return sys.spawn<caf::detached>(executor_actor, std::move(st));
 }

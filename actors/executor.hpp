@@ -42,6 +42,8 @@ struct ExecutorSpec {
 /// The test-only fault flags of the spec make it crash or hang after N steps (crash recovery tests).
 /// Throws std::invalid_argument for an unknown backend or a "cpu"/"cuda" spec without a model,
 /// std::runtime_error when the engine cannot be built (no device, the model does not fit).
-caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec);
+/// `n_blocks` (optional) receives the engine's KV pool size: spec.n_blocks, or with 0 for the
+/// cuda backend what the device holds; the batcher of the pair must use the same.
+caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec, int32_t* n_blocks = nullptr);
 
 }  // namespace sy

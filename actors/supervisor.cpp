@@ -32,6 +32,7 @@ struct SupervisorState {
   uint64_t next_id = 1;
   bool fault_flags_used = false;  // the test fault flags went to the first executor already
   bool tick_busy = false;         // a stats round is in progress
+  std::string start_error;        // why the last executor could not be built ("" if none failed)
   std::set<int64_t> recovered;    // faults (by fault_us) whose first re-queued job ran again
   // failures = failures_crash + failures_hang (metrics label them by reason).
   int64_t failures_crash = 0, failures_hang = 0;
@@ -68,6 +69,11 @@ int free_slot(const SupervisorState& st) {
   return -1;
 }
 
+void log(Self* self, const std::string& line) {
+  (void)self;
+  log_line("supervisor: " + line);
+}
+
 bool spawn_pair(Self* self) {
   auto& st = self->state;
   const int slot = free_slot(st);
@@ -84,13 +90,28 @@ bool spawn_pair(Self* self) {
   Pair p;
   p.id = st.next_id++;
   p.slot = slot;
-  p.executor = spawn_executor(self->system(), spec);
+  int32_t n_blocks = st.cfg.n_blocks;  // 0: the engine sizes its pool from device memory
+  try {
+    p.executor = spawn_executor(self->system(), spec, &n_blocks);
+  } catch (const std::exception& e) {
+    // An engine that cannot be built (the model or its KV cache does not fit the device, no
+    // device) must not take the supervisor down: at start-up the server reports it and exits,
+    // later (a scale-up, a replacement) it is logged and the pair is simply not added.
+    st.start_error = e.what();
+    log(self, std::string("executor could not start: ") + e.what());
+    return false;
+  }
+  if (st.cfg.n_blocks == 0)
+    log(self, "executor on device " + std::to_string(spec.device) + ": " +
+                  std::to_string(n_blocks) + " KV blocks of " +
+                  std::to_string(st.cfg.batching.kv_block_size) +
+                  " tokens (sized from the device's free memory)");
   BatcherExtras extras;
   extras.supervisor = caf::actor_cast<caf::actor>(self);
   extras.pair = p.id;
   if (first) extras.test_fault_throw_after = st.cfg.test_fault_batcher_throw_after;
   p.batcher = spawn_batcher(self->system(), st.cfg.batching, st.w.model, p.executor, st.w.router,
-                            st.w.egress, st.w.admission, st.cfg.n_blocks, extras);
+                            st.w.egress, st.w.admission, n_blocks, extras);
   self->monitor(p.batcher);
   // With its slot: the metrics label a replacement like the pair it replaces.
   if (st.w.metrics)
@@ -98,11 +119,6 @@ bool spawn_pair(Self* self) {
                static_cast<int32_t>(p.slot));
   st.pairs.push_back(std::move(p));
   return true;
-}
-
-void log(Self* self, const std::string& line) {
-  (void)self;
-  log_line("supervisor: " + line);
 }
 
 void add_pairs(Self* self, int n, const std::string& reason, bool count_as_scale) {
@@ -291,10 +307,12 @@ caf::behavior supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWirin
           self->send(metrics, observe_atom::value, p.batcher, p.executor,
                      static_cast<int32_t>(p.slot));
       },
-      [self](connect_atom, const caf::actor& control) -> bool {
+      [self](connect_atom, const caf::actor& control) -> std::string {
         self->state.control = control;
         notify_control(self);
-        return true;  // the control actor has the batcher list before this answer arrives
+        // The control actor has the batcher list before this answer arrives. With no pair
+        // running, the answer says why the first could not start.
+        return active_count(self->state) == 0 ? self->state.start_error : std::string();
       },
       [self](failed_atom, const PairFailure& f) {
         auto& s = self->state;

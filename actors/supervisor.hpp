@@ -22,7 +22,8 @@ struct SupervisorConfig {
   /// The template of every executor (backend, model, threads, KV sizing). Its test fault flags
   /// apply to the first executor only; replacements and later pairs run clean.
   ExecutorSpec executor;
-  int32_t n_blocks = 1;                     ///< KV blocks per pair (batcher pool = executor pool)
+  int32_t n_blocks = 1;  ///< KV blocks per pair (batcher pool = executor pool); 0: each cuda
+                         ///< engine sizes its pool from device memory, its batcher follows
   policy::AutoscaleKnobs knobs;             ///< max_executors is clipped to slots.size()
   std::vector<policy::ExecutorSlot> slots;  ///< where pairs may run (policy::executor_slots)
   /// How often the load is looked at. 100 ms reacts well within Ray Serve-like delays (seconds)
@@ -45,8 +46,9 @@ struct SupervisorWiring {
 
 /// Spawns the supervisor; it starts min_executors pairs at once. Handles:
 ///   (connect_atom, caf::actor control)  the control actor gets (connect_atom,
-///       std::vector<caf::actor> batchers) now and whenever the set of pairs changes; answers true
-///       once the list is sent (a caller that waits for it knows control has the list);
+///       std::vector<caf::actor> batchers) now and whenever the set of pairs changes; answers a
+///       string once the list is sent (a caller that waits for it knows control has the list):
+///       empty, or, when no pair runs, why the last executor could not be built;
 ///   (observe_atom, caf::actor metrics)  the metrics actor gets (observe_atom, batcher,
 ///       executor, int32 slot) for every pair now and later, and (recovered_atom, fault_us,
 ///       at_us) for every recovery from then on;

@@ -259,7 +259,7 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
          else if (k == "kv_block_size")
            b.kv_block_size = static_cast<int32_t>(get_int(c, key, v, 1, 1024));
          else if (k == "kv_memory_mb")
-           b.kv_memory_mb = get_int(c, key, v, 1, int64_t{1} << 24);
+           b.kv_memory_mb = get_int(c, key, v, 0, int64_t{1} << 24);
          // One minute per step is already absurd; it exists only to slow tests down.
          else if (k == "step_delay_ms")
            b.step_delay_ms = static_cast<int32_t>(get_int(c, key, v, 0, 60000));
@@ -452,8 +452,9 @@ void finalize_config(ServerConfig& cfg) {
   // A step must fit at least one decode token of every running sequence.
   if (cfg.batching.step_token_budget < cfg.batching.max_sequences)
     cfg.batching.max_sequences = cfg.batching.step_token_budget;
-  if (cfg.batching.kv_block_size < 1 || cfg.batching.kv_memory_mb < 1)
-    throw std::runtime_error("config: batching.kv_block_size and kv_memory_mb must be >= 1");
+  if (cfg.batching.kv_block_size < 1 || cfg.batching.kv_memory_mb < 0)
+    throw std::runtime_error(
+        "config: batching.kv_block_size must be >= 1 and kv_memory_mb >= 0 (0: auto)");
   for (const std::string* text : {&cfg.batching.kv_policy, &cfg.batching.kv_pressure_policy}) {
     std::string why;
     if (!text->empty() && !policy::parse_kv_policy(*text, &why))

@@ -155,7 +155,11 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   if (threads == 0)
     threads =
         std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / sc.knobs.max_executors);
-  int32_t n_blocks = kv_blocks_for(c.batching, d.model ? &d.model->config() : nullptr);
+  // On a GPU with kv_memory_mb 0 (auto) each engine sizes its pool from the device's free
+  // memory and the supervisor hands that size to the pair's batcher.
+  const bool device_kv = c.executors.backend == "cuda" && c.batching.kv_memory_mb == 0;
+  int32_t n_blocks =
+      device_kv ? 0 : kv_blocks_for(c.batching, d.model ? &d.model->config() : nullptr);
   sc.n_blocks = n_blocks;
   sc.batching = c.batching;
   sc.executor.backend = c.executors.backend;
@@ -197,9 +201,18 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   {
     // A round trip, not a plain send: the control actor must know the first batchers before the
     // gateway can hand it a command (the supervisor sends the list before it answers).
-    caf::scoped_actor self{*d.sys};
-    self->request(d.supervisor, std::chrono::seconds(10), connect_atom::value, d.control)
-        .receive([](bool) {}, [](caf::error&) {});
+    std::string start_error;
+    {
+      caf::scoped_actor self{*d.sys};
+      self->request(d.supervisor, std::chrono::seconds(10), connect_atom::value, d.control)
+          .receive([&](std::string& e) { start_error = std::move(e); }, [](caf::error&) {});
+    }
+    if (!start_error.empty()) {
+      // No executor could be built (the model or its KV cache does not fit the device): a
+      // server that cannot run a job must not say "ready". Stop the actors, then report.
+      shutdown(std::chrono::milliseconds(0));
+      throw std::runtime_error(start_error);
+    }
   }
   d.gateway->set_admission(d.admission);
   d.gateway->set_control(d.control);

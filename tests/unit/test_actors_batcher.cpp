@@ -101,8 +101,9 @@ BOOST_AUTO_TEST_CASE(kv_sizing_follows_the_model) {
   bc.kv_block_size = 16;
   BOOST_TEST(kv_blocks_for(bc, &c) == (1 << 20) / (kv_bytes_per_token(c) * 16));
   BOOST_TEST(kv_blocks_for(bc, nullptr) >= 1);
-  bc.kv_memory_mb = 0;
-  BOOST_TEST(kv_blocks_for(bc, &c) == 1);
+  bc.kv_memory_mb = 0;  // auto: the CPU default
+  BOOST_TEST(kv_blocks_for(bc, &c) ==
+             kDefaultKvMemoryMb * (1 << 20) / (kv_bytes_per_token(c) * 16));
 }
 
 BOOST_AUTO_TEST_CASE(golden_ids_streamed_and_not_concurrently) {

@@ -339,3 +339,19 @@ BOOST_AUTO_TEST_CASE(router_puts_requeued_jobs_first_and_honours_retire) {
   BOOST_TEST(num(st(), "waiting_total") == 2);  // job 2 and job 9 wait for a batcher
   caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
 }
+
+BOOST_AUTO_TEST_CASE(an_executor_that_cannot_be_built_is_reported_not_fatal) {
+  Fixture f;
+  SupervisorConfig sc = Fixture::cpu_config(1, 1);
+  sc.executor.model = nullptr;  // the engine cannot be built: no model
+  f.start(std::move(sc));
+  std::string why = "no answer";
+  f.sink->request(f.sup, kWait, connect_atom::value, caf::actor{f.sink})
+      .receive([&](std::string& e) { why = std::move(e); }, [&](caf::error&) {});
+  BOOST_TEST(why.find("needs a model") != std::string::npos, why);
+  // The supervisor outlived the failure: it still answers.
+  caf::settings st;
+  f.sink->request(f.sup, kWait, stats_atom::value)
+      .receive([&](caf::settings& s) { st = std::move(s); }, [&](caf::error&) {});
+  BOOST_TEST(num(st, "executors") == 0);
+}

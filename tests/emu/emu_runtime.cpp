@@ -188,11 +188,28 @@ sy_emu_switch:
 )");
 #endif
 
+// A barrier of a block or of a warp: it opens when every live thread has arrived; a thread that
+// exits counts as arrived, as on the device.
+struct Barrier {
+  int live = 0, arrived = 0;
+  uint64_t gen = 0;  // bumped at every opening
+  // One more thread here; true when that opened the barrier.
+  bool arrive() { return ++arrived == live ? (open(), true) : false; }
+  void leave() {
+    --live;
+    if (arrived > 0 && arrived == live) open();
+  }
+  void open() {
+    arrived = 0;
+    ++gen;
+  }
+};
+
 struct Fiber {
   dim3 tid;
   int lane = 0, warp = 0;
   bool started = false, done = false;
-  int wait_kind = 0;  // 0 runnable, 1 block barrier, 2 warp barrier
+  const Barrier* waits_on = nullptr;  // until its gen moves past wait_gen
   uint64_t wait_gen = 0;
   char* stack = nullptr;  // top of its stack
 #if defined(__x86_64__)
@@ -203,8 +220,7 @@ struct Fiber {
 };
 
 struct WarpState {
-  int live = 0, arrived = 0;
-  uint64_t gen = 0;
+  Barrier barrier;
   unsigned char slot[32][16];
 };
 
@@ -213,8 +229,7 @@ struct BlockRun {
   const KernelBody* body = nullptr;
   std::vector<Fiber> fibers;
   std::vector<WarpState> warps;
-  int live = 0, arrived = 0;
-  uint64_t gen = 0;
+  Barrier barrier;  // __syncthreads
   std::vector<unsigned char> smem_storage;
   unsigned char* smem = nullptr;
   uint64_t progress = 0;  // barrier releases and exits: a round without any is a deadlock
@@ -268,17 +283,8 @@ void on_exit_thread(Fiber& f) {
   BlockRun& R = *t_run;
   f.done = true;
   ++R.progress;
-  --R.live;
-  if (R.arrived > 0 && R.arrived == R.live) {
-    R.arrived = 0;
-    ++R.gen;
-  }
-  WarpState& W = R.warps[static_cast<size_t>(f.warp)];
-  --W.live;
-  if (W.arrived > 0 && W.arrived == W.live) {
-    W.arrived = 0;
-    ++W.gen;
-  }
+  R.barrier.leave();
+  R.warps[static_cast<size_t>(f.warp)].barrier.leave();
 }
 
 void fiber_main() {
@@ -340,15 +346,14 @@ void run_block(BlockRun& R, const dim3& block, bool reverse) {
   const unsigned n = block.x * block.y * block.z;
   R.fibers.assign(n, Fiber{});
   R.warps.assign((n + 31) / 32, WarpState{});
-  R.live = static_cast<int>(n);
-  R.arrived = 0;
-  R.gen = 0;
+  R.barrier = Barrier{};
+  R.barrier.live = static_cast<int>(n);
   for (unsigned i = 0; i < n; ++i) {
     Fiber& f = R.fibers[i];
     f.tid = dim3(i % block.x, (i / block.x) % block.y, i / (block.x * block.y));
     f.lane = static_cast<int>(i % 32);
     f.warp = static_cast<int>(i / 32);
-    ++R.warps[i / 32].live;
+    ++R.warps[i / 32].barrier.live;
   }
   // Dynamic shared memory starts as NaN bytes in every block, as garbage would on a device.
   std::fill(R.smem_storage.begin(), R.smem_storage.end(), static_cast<unsigned char>(0xff));
@@ -360,9 +365,8 @@ void run_block(BlockRun& R, const dim3& block, bool reverse) {
       const unsigned i = reverse ? n - 1 - k : k;
       Fiber& f = R.fibers[i];
       if (f.done) continue;
-      if (f.wait_kind == 1 && f.wait_gen == R.gen) continue;
-      if (f.wait_kind == 2 && f.wait_gen == R.warps[static_cast<size_t>(f.warp)].gen) continue;
-      f.wait_kind = 0;
+      if (f.waits_on && f.waits_on->gen == f.wait_gen) continue;
+      f.waits_on = nullptr;
       if (!f.started) start_fiber(f, i);
       resume(f);
       ran = true;
@@ -371,7 +375,7 @@ void run_block(BlockRun& R, const dim3& block, bool reverse) {
     if (!ran && R.progress == before) {
       int at_block = 0, at_warp = 0;
       for (const Fiber& f : R.fibers) {
-        if (!f.done) (f.wait_kind == 1 ? at_block : at_warp)++;
+        if (!f.done) (f.waits_on == &R.barrier ? at_block : at_warp)++;
       }
       fatal_in_kernel("deadlock: " + std::to_string(at_block) + " threads wait at __syncthreads, " +
                       std::to_string(at_warp) +
@@ -500,32 +504,23 @@ void* dynamic_smem_raw() {
 int lane_id() {
   return t_cur ? t_cur->lane : 0;
 }
-void sync_block() {
-  BlockRun& R = *t_run;
-  Fiber& f = *t_cur;
-  if (++R.arrived == R.live) {
-    R.arrived = 0;
-    ++R.gen;
-    ++R.progress;
+namespace {
+// The running thread arrives at `b`: the last to arrive opens it and goes on, the others wait.
+void wait_at(Barrier& b) {
+  if (b.arrive()) {
+    ++t_run->progress;
     return;
   }
-  f.wait_kind = 1;
-  f.wait_gen = R.gen;
+  t_cur->waits_on = &b;
+  t_cur->wait_gen = b.gen;
   yield_to_scheduler();
 }
+}  // namespace
+void sync_block() {
+  wait_at(t_run->barrier);
+}
 void sync_warp() {
-  BlockRun& R = *t_run;
-  Fiber& f = *t_cur;
-  WarpState& W = R.warps[static_cast<size_t>(f.warp)];
-  if (++W.arrived == W.live) {
-    W.arrived = 0;
-    ++W.gen;
-    ++R.progress;
-    return;
-  }
-  f.wait_kind = 2;
-  f.wait_gen = W.gen;
-  yield_to_scheduler();
+  wait_at(t_run->warps[static_cast<size_t>(t_cur->warp)].barrier);
 }
 void warp_exchange(const void* v, void* out, size_t bytes, int src_lane) {
   if (bytes > 16) fatal_in_kernel("warp shuffle of more than 16 bytes");

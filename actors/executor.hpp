@@ -22,6 +22,7 @@ struct ExecutorSpec {
   int32_t n_blocks = 0;               ///< KV blocks; must equal the batcher's pool size
   int32_t block_size = 16;            ///< tokens per KV block; must equal the batcher's
   int32_t max_batch_tokens = 0;       ///< most new tokens in one step; 0: the engine default
+  double kv_gpu_fraction = 0.85;      ///< cuda with n_blocks 0: share of free memory for KV
   int32_t step_delay_ms = 0;          ///< TEST ONLY: sleep this long before every step
   int32_t null_token = 0;             ///< the "null" backend's fixed token id
   int device = -1;                    ///< device index for a device backend; -1: CPU

@@ -54,7 +54,7 @@ std::string resolve_backend(const std::string& requested, std::string* why) {
 }
 
 std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<LlamaModel> model,
-                                    const EngineOptions& opts, int device) {
+                                    const EngineOptions& opts, int device, double kv_gpu_fraction) {
   if (backend == "cpu") return make_cpu_engine(std::move(model), opts);
   if (backend == "cuda") {
 #ifdef SWITCHYARD_HAVE_CUDA
@@ -67,10 +67,12 @@ std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<
     co.f32_weights = !layers.empty() && layers.front().wq.type == kernels::DType::F32;
     co.block_size = opts.block_size;
     co.n_blocks = opts.n_blocks;
+    co.kv_memory_fraction = kv_gpu_fraction;
     if (opts.max_batch_tokens > 0) co.max_batch_tokens = opts.max_batch_tokens;
     return make_cuda_engine(std::move(model), co);
 #else
     (void)device;
+    (void)kv_gpu_fraction;
     throw std::runtime_error("make_engine: this build has no CUDA backend");
 #endif
   }

@@ -20,9 +20,11 @@ int usable_cuda_devices();
 std::string resolve_backend(const std::string& requested, std::string* why = nullptr);
 
 /// An engine of a resolved backend ("cpu" or "cuda") for `model`. The CPU engine takes all of
-/// `opts`; the CUDA engine runs on `device` with opts' block size, KV blocks (0: sized from the
-/// device's free memory) and step token budget, in f32 for an F32 file and bf16 otherwise.
+/// `opts`; the CUDA engine runs on `device` with opts' block size, KV blocks (0: kv_gpu_fraction
+/// of the device memory left after weights and step buffers) and step token budget, in f32 for
+/// an F32 file and bf16 otherwise.
 std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<LlamaModel> model,
-                                    const EngineOptions& opts, int device = 0);
+                                    const EngineOptions& opts, int device = 0,
+                                    double kv_gpu_fraction = 0.85);
 
 }  // namespace sy

@@ -247,7 +247,7 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
   each(c, "batching", n,
        {"step_token_budget", "max_sequences", "prefill_chunk", "kv_block_size", "kv_memory_mb",
         "step_delay_ms", "kv_policy", "kv_pressure_policy", "kv_high_watermark", "kv_low_watermark",
-        "prefix_cache", "step_timeout_ms", "max_job_retries"},
+        "prefix_cache", "step_timeout_ms", "max_job_retries", "kv_gpu_fraction"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "step_token_budget")
            b.step_token_budget = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 20));
@@ -260,6 +260,9 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
            b.kv_block_size = static_cast<int32_t>(get_int(c, key, v, 1, 1024));
          else if (k == "kv_memory_mb")
            b.kv_memory_mb = get_int(c, key, v, 0, int64_t{1} << 24);
+         // Below 1% the cache would hold almost nothing; above 100% there is nothing to take.
+         else if (k == "kv_gpu_fraction")
+           b.kv_gpu_fraction = get_real(c, key, v, 0.01, 1.0);
          // One minute per step is already absurd; it exists only to slow tests down.
          else if (k == "step_delay_ms")
            b.step_delay_ms = static_cast<int32_t>(get_int(c, key, v, 0, 60000));

@@ -65,8 +65,12 @@ struct BatchingConfig {
   uint32_t max_sequences = 64;       // running sequences per batcher
   uint32_t prefill_chunk = 256;      // longest prefill chunk of one sequence per step
   int32_t kv_block_size = 16;
-  int64_t kv_memory_mb = 0;   // KV memory per executor; 0: auto (256 MiB on the CPU; on a GPU
-                              // what is left after the weights, see actors/batcher.hpp)
+  int64_t kv_memory_mb = 0;  // KV memory per executor; 0: auto (256 MiB on the CPU; on a GPU
+                             // kv_gpu_fraction of what is left after the weights)
+  // With kv_memory_mb 0 on a GPU: the share of the device memory left after the weights and the
+  // step buffers that the KV cache takes; the rest is for cuBLASLt, the CUDA context and
+  // fragmentation (vLLM's gpu_memory_utilization, counted after the weights).
+  double kv_gpu_fraction = 0.85;
   int32_t step_delay_ms = 0;  // TEST ONLY: sleep before each step (slow executor)
   // KV-cache policy (policies/kv_policy.hpp format: full | sliding_window:W | sinks:S:W);
   // "" = the model's declared sliding window if it has one, else full.

@@ -166,6 +166,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   sc.executor.model = d.model;
   sc.executor.threads = threads;
   sc.executor.n_blocks = n_blocks;
+  sc.executor.kv_gpu_fraction = c.batching.kv_gpu_fraction;
   sc.executor.block_size = c.batching.kv_block_size;
   sc.executor.max_batch_tokens = static_cast<int32_t>(c.batching.step_token_budget);
   sc.executor.step_delay_ms = c.batching.step_delay_ms;

@@ -76,6 +76,7 @@ batching:
   prefill_chunk: 32
   kv_block_size: 32
   kv_memory_mb: 64
+  kv_gpu_fraction: 0.6
   step_delay_ms: 5
 executors:
   backend: "null"
@@ -120,6 +121,7 @@ shutdown_grace_ms: 250
   BOOST_TEST(c.batching.prefill_chunk == 32u);
   BOOST_TEST(c.batching.kv_block_size == 32);
   BOOST_TEST(c.batching.kv_memory_mb == 64);
+  BOOST_TEST(c.batching.kv_gpu_fraction == 0.6);
   BOOST_TEST(c.batching.step_delay_ms == 5);
   BOOST_TEST(c.executors.backend == "null");
   BOOST_TEST(c.executors.count == 2);
@@ -182,6 +184,9 @@ BOOST_AUTO_TEST_CASE(errors_name_file_key_and_problem) {
 
   m = load_error("executors:\n  backend: gpu9000\n");
   BOOST_TEST(contains(m, "unknown backend"), m);
+
+  m = load_error("batching:\n  kv_gpu_fraction: 1.5\n");
+  BOOST_TEST(contains(m, "'batching.kv_gpu_fraction'"), m);
 
   m = load_error("batching:\n  step_token_budget: 1.5\n");
   BOOST_TEST(contains(m, "expected an integer, got '1.5'"), m);

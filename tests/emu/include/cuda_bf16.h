@@ -1,8 +1,8 @@
 // CUDA emulator: the bf16 type and its conversions (round to nearest even, NaN kept quiet).
 #pragma once
 
+#include <bit>
 #include <cstdint>
-#include <cstring>
 
 struct __nv_bfloat16 {
   unsigned short __x;
@@ -10,13 +10,10 @@ struct __nv_bfloat16 {
 
 inline float __bfloat162float(__nv_bfloat16 b) {
   const uint32_t bits = static_cast<uint32_t>(b.__x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return std::bit_cast<float>(bits);
 }
 inline __nv_bfloat16 __float2bfloat16_rn(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, sizeof x);
+  uint32_t x = std::bit_cast<uint32_t>(f);
   if ((x & 0x7fffffffu) > 0x7f800000u)
     return __nv_bfloat16{static_cast<unsigned short>((x >> 16) | 0x40u)};
   x += 0x7fffu + ((x >> 16) & 1u);

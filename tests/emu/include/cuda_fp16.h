@@ -1,8 +1,8 @@
 // CUDA emulator: the half type and the conversions Switchyard's kernels use (IEEE binary16).
 #pragma once
 
+#include <bit>
 #include <cstdint>
-#include <cstring>
 
 struct __half {
   unsigned short __x;
@@ -33,22 +33,18 @@ inline float __half2float(__half h) {
     }
     bits = sign | (static_cast<uint32_t>(e) << 23) | ((man & 0x3ffu) << 13);
   }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return std::bit_cast<float>(bits);
 }
 /// float to binary16, rounding to nearest even.
 inline __half __float2half(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, sizeof x);
+  uint32_t x = std::bit_cast<uint32_t>(f);
   const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
   const uint32_t ax = x & 0x7fffffffu;
   if (ax >= 0x7f800000u)
     return __half{static_cast<unsigned short>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u))};
   if (ax >= 0x477ff000u) return __half{static_cast<unsigned short>(sign | 0x7c00u)};  // overflow
   if (ax < 0x38800000u) {  // subnormal or zero in half
-    float a;
-    std::memcpy(&a, &ax, sizeof a);
+    float a = std::bit_cast<float>(ax);
     const float scaled = a * 16777216.0f;  // 2^24: units of the smallest subnormal
     const uint32_t q = static_cast<uint32_t>(scaled);
     const float rem = scaled - static_cast<float>(q);

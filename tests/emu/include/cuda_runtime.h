@@ -5,9 +5,9 @@
 
 #include <math.h>
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -285,19 +285,13 @@ inline float __fdividef(float a, float b) {
   return a / b;
 }
 inline float __uint_as_float(unsigned u) {
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+  return std::bit_cast<float>(u);
 }
 inline unsigned __float_as_uint(float f) {
-  unsigned u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
+  return std::bit_cast<unsigned>(f);
 }
 inline float __int_as_float(int i) {
-  float f;
-  std::memcpy(&f, &i, sizeof f);
-  return f;
+  return std::bit_cast<float>(i);
 }
 inline int min(int a, int b) {
   return a < b ? a : b;

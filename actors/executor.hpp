@@ -17,7 +17,7 @@ struct ExecutorSpec {
   /// resolved backend: see gpu/backend.hpp); "null": no model, every sampled token is
   /// `null_token` (measures the runtime's own overhead; its output is meaningless by design).
   std::string backend = "cpu";
-  std::shared_ptr<LlamaModel> model;  ///< required for "cpu", ignored for "null"
+  std::shared_ptr<LlamaModel> model;  ///< required for "cpu" and "cuda", ignored for "null"
   int threads = 0;                    ///< engine threads; 0: hardware concurrency
   int32_t n_blocks = 0;               ///< KV blocks; must equal the batcher's pool size
   int32_t block_size = 16;            ///< tokens per KV block; must equal the batcher's

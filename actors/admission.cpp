@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <list>
 #include <optional>
 #include <unordered_map>
 #include <utility>
@@ -13,6 +14,7 @@
 #include "actors/journal.hpp"
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
+#include "ingress/codec.hpp"
 #include "ingress/error_code.hpp"
 #include "model/llama.hpp"
 #include "policies/quota.hpp"
@@ -42,6 +44,12 @@ struct TenantState {
   std::string token;
   double weight = 1.0;
   policy::TenantQuota quota;
+  bool configured = false;  // false: a name met in open-tenant mode, forgotten when idle
+  // While it has no job in flight (unknown tenants only): its place in AdmissionState::idle,
+  // and since when it is idle.
+  bool idle = false;
+  std::list<std::string>::iterator idle_at{};
+  int64_t idle_since_ms = 0;
 };
 
 /// One job key: live (pending at the router, queued or running) or ended (kept for resubmission
@@ -62,6 +70,13 @@ struct Record {
   ErrorEvent error;
 };
 
+/// An ended key in the result cache's eviction order, with what its record was counted as.
+struct Ended {
+  std::string key;
+  uint64_t uid = 0;
+  std::size_t bytes = 0;
+};
+
 struct AdmissionState {
   AdmissionConfig cfg;
   std::vector<policy::PriorityClass> classes;
@@ -74,10 +89,13 @@ struct AdmissionState {
   bool replay_busy = false;
   uint64_t replayed = 0, restored = 0;
   std::unordered_map<std::string, TenantState> tenants;
+  std::list<std::string> idle;  // unknown tenants without a job in flight, longest idle first
+  uint64_t tenants_forgotten = 0;
   bool anonymous = false;
-  std::unordered_map<std::string, Record> records;     // by job key
-  std::unordered_map<uint64_t, std::string> live;      // uid -> job key
-  std::deque<std::pair<std::string, uint64_t>> ended;  // eviction order: key, uid
+  std::unordered_map<std::string, Record> records;  // by job key
+  std::unordered_map<uint64_t, std::string> live;   // uid -> job key
+  std::deque<Ended> ended;                          // eviction order, oldest first
+  std::size_t ended_bytes = 0;                      // sum of ended[].bytes
   std::optional<policy::DrainRate> drain;
   policy::RetryConfig retry;
   uint64_t next_uid = 1;
@@ -134,7 +152,7 @@ TenantState* authenticate(Self* self, const std::string& tenant, const std::stri
   auto i = st.tenants.find(tenant);
   if (i == st.tenants.end()) {
     if (!st.anonymous) {
-      why = "unknown tenant '" + tenant + "'";
+      why = "unknown tenant " + wire::quoted(tenant);
       return nullptr;
     }
     // Anonymous mode: every tenant name is its own unlimited tenant of weight 1.
@@ -143,20 +161,98 @@ TenantState* authenticate(Self* self, const std::string& tenant, const std::stri
             .first;
   }
   if (!internal && !i->second.token.empty() && !tokens_equal(i->second.token, token)) {
-    why = "wrong token for tenant '" + tenant + "'";
+    why = "wrong token for tenant " + wire::quoted(tenant);
     return nullptr;
   }
   return &i->second;
 }
 
-/// Forgets ended keys beyond the configured cache size, oldest first.
+/// Forgets idle unknown tenants: those idle for cfg.tenant_idle_ms, and the longest idle beyond
+/// cfg.max_idle_tenants. One whose token bucket is still refilling is kept (forgetting it would
+/// hand it a full bucket early); unknown tenants have unlimited buckets, so this is for safety.
+void forget_idle_tenants(Self* self, int64_t now_ms) {
+  auto& st = self->state;
+  std::size_t refilling = 0;  // moved to the back this time: each is looked at once at most
+  while (!st.idle.empty()) {
+    auto t = st.tenants.find(st.idle.front());
+    if (t == st.tenants.end()) {  // cannot happen: every entry of `idle` names a tenant
+      st.idle.pop_front();
+      continue;
+    }
+    TenantState& ts = t->second;
+    const bool over = st.idle.size() > st.cfg.max_idle_tenants;
+    if (!over && now_ms - ts.idle_since_ms < st.cfg.tenant_idle_ms) break;  // the rest are younger
+    auto& b = ts.quota.bucket();
+    if (!b.unlimited() && b.level(now_ms) < b.burst()) {
+      // Look again once it could be full; meanwhile the next one may go.
+      st.idle.splice(st.idle.end(), st.idle, ts.idle_at);
+      ts.idle_since_ms = now_ms;
+      if (!over || ++refilling >= st.idle.size()) break;
+      continue;
+    }
+    st.idle.pop_front();
+    st.tenants.erase(t);
+    ++st.tenants_forgotten;
+  }
+}
+
+/// Called after anything that may have changed whether an unknown tenant has jobs in flight:
+/// one without any joins the end of the idle list (or moves there: it was just used), one with
+/// some leaves it. Then the idle ones due are forgotten.
+void settle_tenant(Self* self, const std::string& name) {
+  auto& st = self->state;
+  const int64_t now_ms = clock_us(self) / 1000;
+  auto t = st.tenants.find(name);
+  if (t != st.tenants.end() && !t->second.configured) {
+    TenantState& ts = t->second;
+    if (ts.idle) st.idle.erase(ts.idle_at);
+    ts.idle = ts.quota.in_flight().current() == 0;
+    if (ts.idle) {
+      ts.idle_at = st.idle.insert(st.idle.end(), name);
+      ts.idle_since_ms = now_ms;
+    }
+  }
+  forget_idle_tenants(self, now_ms);
+}
+
+/// What an ended record costs the result cache: its strings and arrays as allocated, the key
+/// (held twice: the map and the eviction order) and a fixed share for the structures around it.
+std::size_t record_bytes(const std::string& key, const Record& r) {
+  // Hash node, bucket pointer and deque slot: about this much besides sizeof(Record).
+  constexpr std::size_t kOverhead = 96;
+  const DoneEvent& d = r.done;
+  return sizeof(Record) + kOverhead + 2 * key.capacity() + r.tenant.capacity() +
+         r.client.identity.capacity() + d.id.capacity() + d.tenant.capacity() +
+         d.to.identity.capacity() + d.text.capacity() + d.ids.capacity() * sizeof(int32_t) +
+         d.logprob.capacity() * sizeof(float) + d.top_ids.capacity() * sizeof(int32_t) +
+         d.top_logprobs.capacity() * sizeof(float) + r.error.id.capacity() +
+         r.error.tenant.capacity() + r.error.message.capacity() + r.error.to.identity.capacity();
+}
+
+/// Puts an ended record into the result cache's eviction order; trims its arrays to their size
+/// first (they grew token by token), so that what is counted is what is held.
+void remember_ended(Self* self, std::string key, uint64_t uid, Record& rec) {
+  auto& st = self->state;
+  rec.done.text.shrink_to_fit();
+  rec.done.ids.shrink_to_fit();
+  rec.done.logprob.shrink_to_fit();
+  rec.done.top_ids.shrink_to_fit();
+  rec.done.top_logprobs.shrink_to_fit();
+  const std::size_t bytes = record_bytes(key, rec);
+  st.ended_bytes += bytes;
+  st.ended.push_back(Ended{std::move(key), uid, bytes});
+}
+
+/// Forgets ended keys beyond the configured cache size, in count and in bytes, oldest first.
 void evict(Self* self) {
   auto& st = self->state;
-  while (st.ended.size() > st.cfg.result_cache) {
-    auto [key, uid] = std::move(st.ended.front());
+  while (!st.ended.empty() &&
+         (st.ended.size() > st.cfg.result_cache || st.ended_bytes > st.cfg.result_cache_bytes)) {
+    Ended e = std::move(st.ended.front());
     st.ended.pop_front();
-    auto i = st.records.find(key);
-    if (i != st.records.end() && !i->second.live && i->second.uid == uid) st.records.erase(i);
+    st.ended_bytes -= e.bytes;
+    auto i = st.records.find(e.key);
+    if (i != st.records.end() && !i->second.live && i->second.uid == e.uid) st.records.erase(i);
   }
 }
 
@@ -167,7 +263,7 @@ std::optional<std::string> build_job(Self* self, const SubmitRequest& req, Job& 
   if (!req.priority.empty()) {
     auto it = std::find_if(st.classes.begin(), st.classes.end(),
                            [&](const policy::PriorityClass& c) { return c.name == req.priority; });
-    if (it == st.classes.end()) return "unknown priority class '" + req.priority + "'";
+    if (it == st.classes.end()) return "unknown priority class " + wire::quoted(req.priority);
     ci = static_cast<std::size_t>(it - st.classes.begin());
   }
   if (req.max_tokens == 0) return std::string("max_tokens must be at least 1");
@@ -196,26 +292,27 @@ std::optional<std::string> build_job(Self* self, const SubmitRequest& req, Job& 
   if (st.cfg.max_prompt_tokens > 0 && n > st.cfg.max_prompt_tokens)
     return "prompt has " + std::to_string(n) + " tokens, limit " +
            std::to_string(st.cfg.max_prompt_tokens);
+  uint32_t max_tokens = req.max_tokens;
   if (model) {
     const std::size_t ctx = static_cast<std::size_t>(std::max(0, model->config().ctx_len));
     if (ctx > 0 && n > ctx) {
       return "prompt has " + std::to_string(n) + " tokens, limit " + std::to_string(ctx) +
-             " (the model context)";
+             " (the model's context length)";
     }
     // Under a policy whose positions stay inside the cache (sinks) generation may run past the
-    // context; otherwise the whole sequence must fit in it.
-    if (ctx > 0 && !st.cfg.beyond_context && n + req.max_tokens > ctx) {
-      std::size_t limit = ctx > req.max_tokens ? ctx - req.max_tokens : 0;
-      return "prompt has " + std::to_string(n) + " tokens, limit " + std::to_string(limit) +
-             " (context " + std::to_string(ctx) + " minus max_tokens " +
-             std::to_string(req.max_tokens) + ")";
-    }
+    // context. Otherwise the whole sequence must fit in it: max_tokens is lowered to the room the
+    // prompt leaves, as vLLM and llama-server do, and a job that uses it all ends with finish
+    // reason "length" (the batcher ends a sequence at the context anyway). A prompt that fills
+    // the context still gets its one token: the last prompt position predicts it.
+    if (ctx > 0 && !st.cfg.beyond_context)
+      max_tokens = static_cast<uint32_t>(
+          std::min<std::size_t>(max_tokens, std::max<std::size_t>(1, ctx - n)));
   }
   job.id = req.id;
   job.tenant = req.tenant;
   job.client = req.client;
   job.class_index = static_cast<uint32_t>(ci);
-  job.max_tokens = req.max_tokens;
+  job.max_tokens = max_tokens;
   job.temperature = static_cast<float>(req.temperature);
   job.top_k = static_cast<int32_t>(std::min<uint32_t>(req.top_k, 1u << 30));
   job.top_p = static_cast<float>(req.top_p);
@@ -254,6 +351,7 @@ void drop_pending(Self* self, const std::string& key, uint64_t uid, ErrorCode co
   }
   auto t = st.tenants.find(rec.tenant);
   if (t != st.tenants.end()) t->second.quota.finish(rec.charged, clock_us(self) / 1000);
+  settle_tenant(self, rec.tenant);
   send_error(self, rec.client, rec.done.id, rec.tenant, code, message, retry_after_ms, uid);
   for (auto& c : rec.attached)
     send_error(self, c, rec.done.id, rec.tenant, code, message, retry_after_ms, uid);
@@ -294,6 +392,11 @@ void enqueue(Self* self, const std::string& key, Job job) {
   if (cancel) self->send(st.router, cancel_atom::value, uid);
 }
 
+/// The retry hint of a job refused because the journal cannot write: the journal tries its held
+/// writes every 200 ms, and a full disk usually takes an operator seconds to free, so a client
+/// coming back sooner than a second would mostly be refused again.
+constexpr int64_t kJournalRetryAfterMs = 1000;
+
 /// Journals an admitted job, then enqueues it: a job is accepted only once it is durable.
 void journal_then_enqueue(Self* self, const std::string& key, Job job) {
   auto& st = self->state;
@@ -306,9 +409,21 @@ void journal_then_enqueue(Self* self, const std::string& key, Job job) {
             i->second.journaled = true;
             enqueue(self, key, job);
           },
-          [self, key, uid](caf::error& err) {
-            drop_pending(self, key, uid, ErrorCode::internal,
-                         "journal write failed: " + self->system().render(err), -1);
+          [self, key, uid, client = job.client](caf::error& err) {
+            // The journal could not write the job (disk full, I/O error): never accepted, so it
+            // leaves no trace and never runs. Worth retrying (here once there is room, or on
+            // another server); the reason is the errno's text, never the server's paths.
+            std::string why = "no journal";
+            if (err.context().match_elements<std::string>())
+              why = err.context().get_as<std::string>(0);
+            ++self->state.unavailable;
+            drop_pending(self, key, uid, ErrorCode::unavailable,
+                         "the server cannot write its journal (" + why +
+                             "): the job was not accepted; retry later or on another server",
+                         kJournalRetryAfterMs);
+            // Never reached the router: the PULL credit it used goes back, or the pipeline input
+            // would stop for good once failures had used up the window.
+            return_pull_credit(self, client);
           });
 }
 
@@ -333,8 +448,10 @@ void submit(Self* self, SubmitRequest& req) {
   const std::string key = job_key(req.tenant, req.id);
   if (auto i = st.records.find(key); i != st.records.end()) {
     Record& rec = i->second;
+    // The request's own parameters are ignored from here on: the key names the job.
     if (rec.live) {
-      // Attach: the running job's final result goes to this client too; never a second run.
+      // Attach: the job's one terminal message goes to this client too, as for a job that is
+      // not streamed (full text and ids), whatever its own `stream`; never a second run.
       ++st.deduplicated;
       ++st.attached;
       if (!(req.client == rec.client) &&
@@ -344,19 +461,27 @@ void submit(Self* self, SubmitRequest& req) {
         AcceptedEvent a;
         a.to = req.client;
         a.id = req.id;
+        a.tenant = req.tenant;
         send_out(self, std::move(a));
       }
       return return_pull_credit(self, req.client);
     }
-    if (rec.state == kDone) {
-      ++st.deduplicated;
+    // Ended: its stored outcome, without an `accepted` (done, cancelled ones included, or the
+    // error a failed one ended with), for as long as the key is remembered. A job key runs at
+    // most once; running it again needs a new id.
+    ++st.deduplicated;
+    if (rec.state == kFailed) {
+      ErrorEvent e = rec.error;
+      e.to = req.client;
+      if (e.id.empty()) e.id = req.id;
+      if (e.tenant.empty()) e.tenant = req.tenant;
+      send_out(self, std::move(e));
+    } else {
       DoneEvent d = rec.done;
       d.to = req.client;
       send_out(self, std::move(d));
-      return return_pull_credit(self, req.client);
     }
-    // Failed or cancelled: the job never produced a result, so a resubmission runs it anew.
-    st.records.erase(i);
+    return return_pull_credit(self, req.client);
   }
   Job job;
   if (auto bad = build_job(self, req, job)) {
@@ -373,14 +498,14 @@ void submit(Self* self, SubmitRequest& req) {
     std::string msg;
     int64_t retry = 0;
     if (verdict.verdict == policy::QuotaDecision::too_many_in_flight) {
-      msg = "tenant '" + req.tenant + "' has " +
+      msg = "tenant " + wire::quoted(req.tenant) + " has " +
             std::to_string(tenant->quota.in_flight().current()) + " jobs in flight (limit " +
             std::to_string(tenant->quota.in_flight().limit()) + ")";
       // One of the tenant's jobs must end first: about one completion at the measured rate.
       retry = policy::retry_after_ms(1, st.drain->jobs_per_s(now_ms), st.retry);
     } else {
-      msg = "tenant '" + req.tenant + "' is over its token-rate quota (" + std::to_string(cost) +
-            " tokens asked)";
+      msg = "tenant " + wire::quoted(req.tenant) + " is over its token-rate quota (" +
+            std::to_string(cost) + " tokens asked)";
       retry = std::max<int64_t>(1, verdict.retry_after_ms);
     }
     send_error(self, req.client, req.id, req.tenant, ErrorCode::rate_limited, msg, retry);
@@ -425,6 +550,7 @@ void finished(Self* self, JobOutcome& o) {
   auto t = st.tenants.find(rec.tenant);
   if (t != st.tenants.end())
     t->second.quota.finish(rec.charged - std::min(o.tokens_used, rec.charged), now_ms);
+  settle_tenant(self, rec.tenant);
   if (st.observer) {
     // Metrics need counts and timings only, not the completion itself.
     JobOutcome m = o;
@@ -454,7 +580,7 @@ void finished(Self* self, JobOutcome& o) {
     }
   }
   rec.attached.clear();
-  st.ended.emplace_back(std::move(key), o.uid);
+  remember_ended(self, std::move(key), o.uid, rec);
   evict(self);
 }
 
@@ -473,7 +599,7 @@ void key_request(Self* self, KeyRequest& k) {
     ++st.not_found;
     if (!k.internal)
       send_error(self, k.client, k.id, k.tenant, ErrorCode::not_found,
-                 "no job '" + k.id + "' for tenant '" + k.tenant + "'");
+                 "no job " + wire::quoted(k.id) + " for tenant " + wire::quoted(k.tenant));
     return;
   }
   Record& rec = i->second;
@@ -487,7 +613,10 @@ void key_request(Self* self, KeyRequest& k) {
   StatusEvent s;
   s.to = k.client;
   s.id = k.id;
-  if (!rec.live || !st.router) {
+  s.tenant = k.tenant;
+  // Still being journaled: not at the router yet, so queued with nothing known ahead of it.
+  const bool not_enqueued = rec.live && st.journal && !rec.journaled;
+  if (!rec.live || !st.router || not_enqueued) {
     s.state = rec.live ? kQueued : rec.state;
     s.completion_tokens = rec.done.completion_tokens;
     send_out(self, std::move(s));
@@ -495,9 +624,19 @@ void key_request(Self* self, KeyRequest& k) {
   }
   self->request(st.router, caf::infinite, status_atom::value, rec.uid)
       .then(
-          [self, s](uint8_t state, uint32_t position) mutable {
+          [self, s, key = i->first, uid = rec.uid](uint8_t state, uint32_t position,
+                                                   uint32_t generated) mutable {
             s.state = state;
             s.queue_position = state == kQueued ? position : 0;
+            s.completion_tokens = generated;
+            // The job may have ended while the router answered (its end reaches admission before
+            // the router's reply): then its stored state is the truth, not "running".
+            auto r = self->state.records.find(key);
+            if (r != self->state.records.end() && r->second.uid == uid && !r->second.live) {
+              s.state = r->second.state;
+              s.queue_position = 0;
+              s.completion_tokens = r->second.done.completion_tokens;
+            }
             send_out(self, std::move(s));
           },
           [self, s](caf::error&) mutable { send_out(self, std::move(s)); });
@@ -523,6 +662,10 @@ caf::settings stats(Self* self) {
   put("draining", st.draining ? 1 : 0);
   put("active", st.live.size());
   put("remembered", st.records.size());
+  put("remembered_bytes", st.ended_bytes);
+  put("tenants", st.tenants.size());
+  put("tenants_idle", st.idle.size());
+  put("tenants_forgotten", st.tenants_forgotten);
   put("replayed", st.replayed);
   put("restored", st.restored);
   return s;
@@ -584,8 +727,8 @@ void restore(Self* self, const JournalReplay& replay) {
     rec.done = o.done;
     rec.journaled = true;
     std::string key = job_key(o.tenant, o.id);
-    st.records[key] = std::move(rec);
-    st.ended.emplace_back(std::move(key), o.uid);
+    Record& kept = st.records[key] = std::move(rec);
+    remember_ended(self, std::move(key), o.uid, kept);
     ++st.restored;
   }
   evict(self);
@@ -615,7 +758,8 @@ caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
   for (auto& t : cfg.tenants)
     st.tenants.emplace(t.name, TenantState{t.token, t.weight,
                                            policy::TenantQuota(t.tokens_per_second, t.burst_tokens,
-                                                               t.max_in_flight, now_ms)});
+                                                               t.max_in_flight, now_ms),
+                                           true});
   st.cfg = std::move(cfg);
   st.classes = std::move(classes);
   st.default_class = default_class;
@@ -631,15 +775,21 @@ caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
   }
   return {
       [self](tick_atom) { replay_next(self); },
-      [self](submit_atom, SubmitRequest& req) { submit(self, req); },
+      [self](submit_atom, SubmitRequest& req) {
+        const std::string tenant = req.tenant;
+        submit(self, req);
+        settle_tenant(self, tenant);
+      },
       // The atom decides what is asked, whatever `kind` says.
       [self](cancel_atom, KeyRequest& k) {
         k.kind = KeyRequest::cancel;
         key_request(self, k);
+        settle_tenant(self, k.tenant);
       },
       [self](status_atom, KeyRequest& k) {
         k.kind = KeyRequest::status;
         key_request(self, k);
+        settle_tenant(self, k.tenant);
       },
       [self](finished_atom, JobOutcome& o) { finished(self, o); },
       [self](drain_atom) {

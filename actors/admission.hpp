@@ -28,9 +28,11 @@ bool tokens_equal(std::string_view a, std::string_view b);
 /// Handles:
 ///   (submit_atom, SubmitRequest)  checks, in order: tenant and token (unauthorized, before any
 ///       queue is touched); an existing job key (a running job attaches the new client, which is
-///       told "accepted" and gets the final done/error; a finished one answers its stored
-///       DoneEvent; a failed or cancelled one runs again); the request (bad_request naming the
-///       numbers: class, max_tokens, prompt length against the context); the tenant's quotas
+///       told "accepted" and gets the final done/error; an ended one answers its stored
+///       DoneEvent, cancelled ones included, or the ErrorEvent it failed with, and never runs
+///       again while remembered); the request (bad_request naming the numbers: class, prompt
+///       length against the context; max_tokens is lowered to the room the context leaves
+///       unless the KV policy may run past it); the tenant's quotas
 ///       (rate_limited with retry_after_ms); then (enqueue_atom, Job) to the router, whose "full"
 ///       answer becomes ErrorEvent overloaded with its retry_after_ms.
 ///   (cancel_atom, KeyRequest) / (status_atom, KeyRequest)  (the atom decides): authenticated like a
@@ -38,7 +40,8 @@ bool tokens_equal(std::string_view a, std::string_view b);
 ///       -> ErrorEvent not_found; status -> StatusEvent; cancel of a live job -> (cancel_atom,
 ///       uid) to the router; cancel of an ended job -> nothing (docs/protocol.md).
 ///   (finished_atom, JobOutcome)  from batchers and the router: frees the tenant's quota, stores
-///       the result for resubmissions (up to cfg.result_cache keys), answers attached clients.
+///       the result for resubmissions (up to cfg.result_cache keys and cfg.result_cache_bytes,
+///       oldest forgotten first), answers attached clients.
 ///   (drain_atom)  later submits get ErrorEvent unavailable (shutdown).
 ///   (drain_atom, bool on)  the operator's drain (`ctl drain`) or its end (`ctl resume`).
 ///   (observe_atom, caf::actor metrics)  every JobOutcome is copied there (without the completion
@@ -46,7 +49,11 @@ bool tokens_equal(std::string_view a, std::string_view b);
 ///   (cancel_atom, drain_atom)  cancels every live job (shutdown after the grace period).
 ///   (stats_atom) -> caf::settings with int64 counters: submitted, admitted, unauthorized,
 ///       rate_limited, overloaded, bad_request, deduplicated, attached, finished, not_found,
-///       unavailable, active, remembered.
+///       unavailable, active, remembered, remembered_bytes (the result cache's estimated size),
+///       tenants (entries of the tenant table), tenants_idle, tenants_forgotten.
+/// Open-tenant mode: a tenant name that is not configured is kept only while it has jobs in
+/// flight, then for cfg.tenant_idle_ms at most, and never more than cfg.max_idle_tenants idle
+/// ones at once (the longest idle are forgotten first); it comes back as new on its next use.
 /// Pipeline submits it answers itself return their PULL credit to the router (pull_atom, 1).
 caf::actor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
                            std::vector<policy::PriorityClass> classes, std::string default_class,

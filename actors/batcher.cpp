@@ -167,6 +167,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     return {
         [b, p](run_atom, Job& job) { b->on_run(job, p); },
         [b](cancel_atom, uint64_t uid) { b->on_cancel(uid); },
+        [b](status_atom, uint64_t uid) -> uint32_t { return b->generated(uid); },
         [b](stats_atom) -> caf::settings { return b->stats(); },
         [b](kvpolicy_atom, const policy::KvPolicy& np) -> std::string { return b->on_swap(np); },
         [b](retire_atom) { b->on_retire(); },
@@ -224,6 +225,12 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     schedule();
   }
 
+  /// Completion tokens generated so far for `uid` (a status request); 0 when it is not here.
+  uint32_t generated(uint64_t uid) const {
+    auto it = seqs_.find(uid);
+    return it == seqs_.end() ? 0 : static_cast<uint32_t>(std::max(0, it->second->n_generated()));
+  }
+
   void on_cancel(uint64_t uid) {
     auto it = seqs_.find(uid);
     if (it == seqs_.end()) return;  // ended already, or never here
@@ -263,6 +270,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     caf::put(s, "retiring", static_cast<int64_t>(retiring_ ? 1 : 0));
     caf::put(s, "executor_failures", static_cast<int64_t>(dead_ ? 1 : 0));
     caf::put(s, "requeued", requeued_);
+    caf::put(s, "seq_failures", seq_failures_);
     return s;
   }
 
@@ -643,6 +651,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     t.to = s.job.client;
     t.uid = s.job.uid;
     t.id = s.job.id;
+    t.tenant = s.job.tenant;
     t.index = s.sent_ids;
     if (id >= 0) {
       t.ids.push_back(id);
@@ -873,6 +882,26 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
       for (const SeqResult& x : r.seqs) sampled.emplace(x.uid, &x);
       for (Seq* s : members) {
         s->in_step = false;
+        auto it = sampled.find(s->job.uid);
+        if (it != sampled.end() && !it->second->error.empty()) {
+          // This sequence failed alone (its sampling state, its logits): it ends here and the
+          // others go on. Its blocks of this step are not published: what they hold is suspect.
+          s->step_tokens = 0;
+          if (s->cancelled) {
+            finish(*s, finish_cancelled);
+            continue;
+          }
+          ++seq_failures_;
+          const uint8_t c = it->second->code;
+          const ErrorCode code = c <= static_cast<uint8_t>(ErrorCode::internal)
+                                     ? static_cast<ErrorCode>(c)
+                                     : ErrorCode::internal;
+          log_line("batcher " + std::to_string(extras_.pair) + ": job uid " +
+                   std::to_string(s->job.uid) + " failed alone (" + std::string(to_string(code)) +
+                   "): " + it->second->error);
+          fail(*s, code, it->second->error);
+          continue;
+        }
         s->n_past += s->step_tokens;
         s->step_tokens = 0;
         publish_blocks(*s);
@@ -881,7 +910,6 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
           finish(*s, finish_cancelled);
           continue;
         }
-        auto it = sampled.find(s->job.uid);
         if (it != sampled.end()) accept(*s, *it->second);
       }
     }
@@ -941,6 +969,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   bool leaving_ = false;     // asked the router to stop dispatching here
   bool router_ack_ = false;  // ... and it answered
   int64_t requeued_ = 0;
+  int64_t seq_failures_ = 0;  // jobs the executor failed alone (the rest of their step went on)
 };
 
 caf::behavior batcher_actor(caf::event_based_actor* self, std::shared_ptr<Batcher> b) {

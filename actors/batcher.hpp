@@ -34,6 +34,7 @@ constexpr int64_t kDefaultKvMemoryMb = 256;
 ///   (run_atom, Job)          a job from the router (against credit); beyond max_sequences it
 ///                            waits in a local queue;
 ///   (cancel_atom, uint64 uid) the job ends within one step: DoneEvent finish=cancelled;
+///   (status_atom, uint64 uid) -> uint32 completion tokens generated so far (0: not here);
 ///   (stats_atom) -> caf::settings with int64 counters running, waiting, blocks_used,
 ///                   blocks_free, blocks_total, preemptions, steps, tokens, finished.
 /// Sends: (credit_atom, self, n) to `router` (max_sequences at start, then one per ended job);
@@ -45,9 +46,10 @@ constexpr int64_t kDefaultKvMemoryMb = 256;
 /// preempts less important running ones to start. Preempted jobs resume before later arrivals
 /// of their class, without a sampler reset (a seeded job's tokens do not change). A job that
 /// cannot fit in the whole pool even alone fails at once with bad_request. A failed step fails
-/// its jobs with engine_dead. Streamed jobs of ROUTER clients end with a DoneEvent whose text
-/// and ids are empty (the chunks carried them, as docs/protocol.md says); the JobOutcome keeps
-/// the full result.
+/// its jobs with engine_dead; a sequence the executor failed alone (SeqResult::error) ends that
+/// job with the executor's code and message, and the rest of the step goes on. Streamed jobs of
+/// ROUTER clients end with a DoneEvent whose text and ids are empty (the chunks carried them, as
+/// docs/protocol.md says); the JobOutcome keeps the full result.
 /// Any of router, egress, admission may be an invalid handle (nothing is sent there).
 caf::actor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
                          std::shared_ptr<const LlamaModel> model, caf::actor executor,

@@ -8,6 +8,7 @@
 
 #include "actors/admission.hpp"
 #include "actors/messages.hpp"
+#include "ingress/codec.hpp"
 #include "ingress/error_code.hpp"
 #include "policies/kv_policy.hpp"
 
@@ -146,8 +147,13 @@ void kv_policy(Self* self, ControlRequest& req) {
   std::string why;
   auto parsed = policy::parse_kv_policy(req.policy, &why);
   if (!parsed) {
+    // The parser's reason quotes the text raw: it goes along only when the text needs no
+    // escaping, so that client bytes reach a message one way only (wire::quoted).
+    const std::string shown = wire::quoted(req.policy);
+    const bool plain = shown == "'" + req.policy + "'";
     reply_error(self, req.client, ErrorCode::bad_request,
-                "bad kv policy '" + req.policy + "': " + why);
+                "bad kv policy " + shown + ": " +
+                    (plain ? why : std::string("bytes outside printable ASCII")));
     return;
   }
   auto p = std::make_shared<Pending>();
@@ -297,7 +303,7 @@ caf::actor spawn_control(caf::actor_system& sys, ControlWiring wiring) {
             drain(self, req, req.command == "drain");
           else
             reply_error(self, req.client, ErrorCode::bad_request,
-                        "unknown control command '" + req.command + "'");
+                        "unknown control command " + wire::quoted(req.command));
         },
     };
   });

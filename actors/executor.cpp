@@ -2,15 +2,19 @@
 // and samples with each sequence's own Sampler.
 #include "actors/executor.hpp"
 
+#include <algorithm>
 #include <caf/all.hpp>
 #include <chrono>
+#include <limits>
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "actors/messages.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/engine.hpp"
+#include "ingress/error_code.hpp"
 #include "model/sampler.hpp"
 
 namespace sy {
@@ -22,11 +26,17 @@ struct ExecutorState {
   std::unique_ptr<Engine> engine;  // null for the "null" backend
   std::unordered_map<uint64_t, Sampler> samplers;
   std::vector<SeqStep> batch;  // reused across steps: no per-step allocation once warm
+  std::vector<size_t> rows;    // batch entry -> index into the plan
   std::vector<int32_t> positions;
   StepOutput out;
   std::vector<int32_t> ids;  // step_greedy's ids
   std::vector<TokenLogprob> top;
+  std::vector<std::string> failed;   // per plan sequence: why it failed alone ("" if it did not)
+  std::vector<uint8_t> failed_code;  // ... and its ErrorCode value
   int64_t steps = 0, tokens = 0;
+  int64_t seq_failures = 0;  // sequences ended alone (bad sampling state, non-finite logits)
+  // TEST ONLY (test_nan_logits_token): sequences whose logits are made NaN at every sample.
+  std::unordered_set<uint64_t> poisoned;
   // TEST ONLY (hang fault): promises never delivered, kept so that no reply is ever sent.
   std::vector<caf::typed_response_promise<StepResult>> held;
 };
@@ -56,51 +66,138 @@ void fill_top(ExecutorState& st, const SeqPlan& p, SeqResult& r) {
   }
 }
 
+// Ends plan sequence i alone: no token for it, the step goes on for the others.
+void fail_seq(ExecutorState& st, size_t i, ErrorCode code, const std::string& why) {
+  if (!st.failed[i].empty()) return;
+  st.failed[i] = why.empty() ? std::string("unknown failure") : why;
+  st.failed_code[i] = static_cast<uint8_t>(code);
+  ++st.seq_failures;
+}
+
+// TEST ONLY (test_nan_logits_token): whether plan sequence `p` is one whose logits are made NaN.
+bool poisoned(ExecutorState& st, const SeqPlan& p) {
+  const int32_t n = st.spec.test_nan_logits_token;
+  if (n < 0) return false;
+  if (p.reset && std::find(p.tokens.begin(), p.tokens.end(), n) != p.tokens.end())
+    st.poisoned.insert(p.uid);
+  return st.poisoned.count(p.uid) > 0;
+}
+
 void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
-  st.batch.clear();
-  for (const SeqPlan& p : plan.seqs) {
-    SeqStep s;
-    s.tokens = p.tokens.data();
-    s.n_tokens = static_cast<int32_t>(p.tokens.size());
-    s.n_past = p.n_past;
-    s.block_table = p.block_table.data();
-    s.n_blocks = static_cast<int32_t>(p.block_table.size());
-    s.window = p.window;
-    s.sinks = p.sinks;
-    st.batch.push_back(s);
-  }
-  // Samplers are made before the step so that bad sampling parameters fail it before any KV slot
-  // is written.
-  std::vector<Sampler*> samplers(plan.seqs.size(), nullptr);
-  for (size_t i = 0; i < plan.seqs.size(); ++i)
-    if (plan.seqs[i].sample || plan.seqs[i].reset) samplers[i] = &sampler_for(st, plan.seqs[i]);
-  // Every sampled sequence greedy and without logprobs: a device backend picks the ids where
-  // the logits are, so that only the ids cross to the host (the same ids as Sampler's argmax).
-  bool greedy = true;
-  for (const SeqPlan& p : plan.seqs)
-    greedy = greedy && (!p.sample || (p.temperature <= 0.0f && p.logprobs == 0));
-  if (greedy && st.engine->step_greedy(st.batch, st.ids)) {
-    for (size_t i = 0; i < plan.seqs.size(); ++i) {
-      if (!plan.seqs[i].sample) continue;
-      SeqResult r;
-      r.uid = plan.seqs[i].uid;
-      r.token = st.ids[i];
-      res.seqs.push_back(std::move(r));
+  const size_t n = plan.seqs.size();
+  st.failed.assign(n, std::string());
+  st.failed_code.assign(n, 0);
+  // Samplers are made before the step so that a sequence with bad sampling parameters is left
+  // out of it before any KV slot is written. The parameters are the client's (checked at the
+  // edge already; a value the sampler still refuses is the client's to change): bad_request.
+  std::vector<Sampler*> samplers(n, nullptr);
+  for (size_t i = 0; i < n; ++i) {
+    const SeqPlan& p = plan.seqs[i];
+    if (!p.sample && !p.reset) continue;
+    try {
+      samplers[i] = &sampler_for(st, p);
+    } catch (const std::invalid_argument& e) {
+      fail_seq(st, i, ErrorCode::bad_request, e.what());
     }
-    return;
   }
-  st.engine->step(st.batch, st.out);
+  std::vector<uint8_t> nan_rows(n, 0);
+  bool any_nan = false;
+  for (size_t i = 0; i < n; ++i) {
+    nan_rows[i] = st.failed[i].empty() && poisoned(st, plan.seqs[i]);
+    any_nan = any_nan || nan_rows[i];
+  }
+  // The step over the sequences left; a sequence the engine refuses alone (BadSequence, raised
+  // before any KV slot is written) is failed and the step run again without it, at most once per
+  // sequence. Its plan came from the batcher, not from a client: internal.
   const int32_t n_vocab = st.engine->config().n_vocab;
-  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+  std::vector<size_t>& rows = st.rows;  // rows[j]: the plan index of batch entry j
+  bool greedy_done = false;
+  for (;;) {
+    st.batch.clear();
+    rows.clear();
+    for (size_t i = 0; i < n; ++i) {
+      if (!st.failed[i].empty()) continue;
+      const SeqPlan& p = plan.seqs[i];
+      SeqStep s;
+      s.tokens = p.tokens.data();
+      s.n_tokens = static_cast<int32_t>(p.tokens.size());
+      s.n_past = p.n_past;
+      s.block_table = p.block_table.data();
+      s.n_blocks = static_cast<int32_t>(p.block_table.size());
+      s.window = p.window;
+      s.sinks = p.sinks;
+      st.batch.push_back(s);
+      rows.push_back(i);
+    }
+    if (st.batch.empty()) break;
+    // Every sampled sequence greedy and without logprobs: a device backend picks the ids where
+    // the logits are, so that only the ids cross to the host (the same ids as Sampler's argmax).
+    bool greedy = !any_nan;
+    for (size_t i : rows) {
+      const SeqPlan& p = plan.seqs[i];
+      greedy = greedy && (!p.sample || (p.temperature <= 0.0f && p.logprobs == 0));
+    }
+    try {
+      if (greedy && st.engine->step_greedy(st.batch, st.ids)) {
+        greedy_done = true;
+      } else {
+        st.engine->step(st.batch, st.out);
+      }
+      break;
+    } catch (const BadSequence& e) {
+      if (e.seq >= rows.size()) throw;
+      fail_seq(st, rows[e.seq], ErrorCode::internal, e.what());
+    }
+  }
+  // Results in plan order: a failed sequence's error, or a sampled sequence's token.
+  std::vector<SeqResult> sampled(n);
+  for (size_t j = 0; j < rows.size(); ++j) {
+    const size_t i = rows[j];
     const SeqPlan& p = plan.seqs[i];
     if (!p.sample) continue;
-    SeqResult r;
-    r.uid = p.uid;
-    st.top.clear();
-    r.token =
-        samplers[i]->sample(st.out.row(i), n_vocab, p.logprobs ? &st.top : nullptr, &r.logprob);
-    fill_top(st, p, r);
-    res.seqs.push_back(std::move(r));
+    SeqResult& r = sampled[i];
+    if (greedy_done) {
+      r.token = st.ids[j];
+      if (r.token < 0 || r.token >= n_vocab)
+        fail_seq(st, i, ErrorCode::internal,
+                 "the engine picked token id " + std::to_string(r.token) +
+                     ", outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
+      continue;
+    }
+    if (nan_rows[i]) {
+      const auto at =
+          (static_cast<size_t>(st.out.offset[j]) + static_cast<size_t>(st.out.count[j]) - 1) *
+          static_cast<size_t>(n_vocab);
+      std::fill_n(st.out.logits.begin() + static_cast<ptrdiff_t>(at), n_vocab,
+                  std::numeric_limits<float>::quiet_NaN());
+    }
+    // What goes wrong here belongs to this sequence alone: its logits row, its sampler. Not
+    // the client's doing (its parameters passed): internal, naming the cause.
+    try {
+      st.top.clear();
+      r.token =
+          samplers[i]->sample(st.out.row(j), n_vocab, p.logprobs ? &st.top : nullptr, &r.logprob);
+      fill_top(st, p, r);
+    } catch (const SamplingError& e) {
+      fail_seq(st, i, ErrorCode::internal,
+               std::string("the engine gave this job no usable next-token distribution (") +
+                   e.what() + "); the job was stopped, the others of its step went on");
+    } catch (const std::exception& e) {
+      fail_seq(st, i, ErrorCode::internal, std::string("sampling failed: ") + e.what());
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const SeqPlan& p = plan.seqs[i];
+    if (!st.failed[i].empty()) {
+      SeqResult r;
+      r.uid = p.uid;
+      r.code = st.failed_code[i];
+      r.error = st.failed[i];
+      res.seqs.push_back(std::move(r));
+    } else if (p.sample) {
+      sampled[i].uid = p.uid;
+      res.seqs.push_back(std::move(sampled[i]));
+    }
   }
 }
 
@@ -145,7 +242,7 @@ caf::behavior executor_actor(caf::event_based_actor* self, std::shared_ptr<Execu
           else
             run_null(*st, plan, res);
           ++st->steps;
-          st->tokens += static_cast<int64_t>(res.seqs.size());
+          for (const SeqResult& r : res.seqs) st->tokens += r.error.empty() ? 1 : 0;
         } catch (const std::exception& e) {
           res.seqs.clear();
           res.error = std::string("executor step failed: ") + e.what();
@@ -153,13 +250,17 @@ caf::behavior executor_actor(caf::event_based_actor* self, std::shared_ptr<Execu
         return res;
       },
       [st](release_atom, const std::vector<uint64_t>& uids) {
-        for (uint64_t u : uids) st->samplers.erase(u);
+        for (uint64_t u : uids) {
+          st->samplers.erase(u);
+          st->poisoned.erase(u);
+        }
       },
       [st](stats_atom) -> caf::settings {
         caf::settings s;
         caf::put(s, "steps", st->steps);
         caf::put(s, "tokens", st->tokens);
         caf::put(s, "samplers", static_cast<int64_t>(st->samplers.size()));
+        caf::put(s, "seq_failures", st->seq_failures);
         return s;
       },
   };

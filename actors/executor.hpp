@@ -32,12 +32,18 @@ struct ExecutorSpec {
   /// TEST ONLY: after this many steps the executor stops answering step requests (a hung
   /// executor; it still takes exit messages, so it can be stopped); 0: never.
   int32_t test_fault_hang_after = 0;
+  /// TEST ONLY: a sequence whose first planned chunk (reset set) feeds this token id gets NaN
+  /// logits at every sampled step, so that its job fails alone; -1: never.
+  int32_t test_nan_logits_token = -1;
 };
 
 /// Spawns a detached executor. It handles
-///   (step_atom, StepPlan) -> StepResult  (a failed step replies StepResult with `error` set),
+///   (step_atom, StepPlan) -> StepResult  (a failed step replies StepResult with `error` set;
+///       a sequence that fails alone, for bad sampling parameters (bad_request), non-finite
+///       logits or a plan the engine refuses for that sequence only (internal), gets a SeqResult
+///       with `error` and `code` set while the others of the step get their tokens),
 ///   (release_atom, std::vector<uint64_t> uids)  forgets those sequences' samplers,
-///   (stats_atom) -> caf::settings {steps, tokens, samplers}.
+///   (stats_atom) -> caf::settings {steps, tokens, samplers, seq_failures}.
 /// A sequence's sampler is made on its first plan with sample or reset set and kept until
 /// released, so a recomputed (preempted) sequence continues its random stream.
 /// The test-only fault flags of the spec make it crash or hang after N steps (crash recovery tests).

@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <caf/all.hpp>
 #include <chrono>
+#include <cstring>
 #include <deque>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <msgpack.hpp>
 #include <unordered_map>
@@ -387,7 +389,14 @@ std::shared_ptr<JournalFile> open_journal(const JournalConfig& cfg, std::size_t 
   out.warning = scan.warning;
   std::vector<std::string> compacted;
   replay_records(scan.records, keep_results, out, compacted);
-  file->rewrite(compacted);
+  try {
+    file->rewrite(compacted);
+  } catch (const JournalWriteError& e) {
+    // A full disk at start: the journal as it is holds the same state (replay folds it the same
+    // way next time), so the server starts on it uncompacted; rewrite() removed its PATH.tmp.
+    out.warning += std::string(out.warning.empty() ? "" : "; ") + e.what() +
+                   "; the journal is used uncompacted";
+  }
   return file;
 }
 
@@ -409,6 +418,29 @@ struct KeptResult {
   bool done = false;
 };
 
+/// An accept record written and waiting for the group commit, with the admission waiting on it.
+struct PendingAck {
+  uint64_t uid = 0;
+  caf::typed_response_promise<uint8_t> rp;
+};
+
+/// A result record and its job: written and waiting for the group commit, or not yet written.
+struct PendingResult {
+  uint64_t uid = 0;
+  std::string record;
+};
+
+// The two self-timers besides the group commit ((tick_atom) alone).
+constexpr uint8_t kMarksTick = 1, kRetryTick = 2;
+
+// While the journal cannot write, held results are tried again this often: soon after space
+// comes back they leave, and each try costs one refused write of one record.
+constexpr int64_t kRetryMs = 200;
+
+// After a failed compaction the next try waits this long: it rewrites every live record, which
+// on a nearly full disk would fail again and again at that cost. Appends still go on meanwhile.
+constexpr int64_t kCompactRetryUs = 30'000'000;
+
 struct JournalState {
   JournalConfig cfg;
   FsyncPolicy policy = FsyncPolicy::batch;
@@ -416,17 +448,26 @@ struct JournalState {
   caf::actor egress;
   std::size_t keep = 0;
   std::unordered_map<uint64_t, LiveJob> live;
-  std::unordered_set<uint64_t> ending;                       // result written, not yet durable
+  std::unordered_set<uint64_t> ending;                       // result not yet durable
   std::unordered_map<uint64_t, std::vector<Terminal>> held;  // terminal events awaiting commit
-  std::vector<caf::typed_response_promise<uint8_t>> acks;    // waiting for the group commit
-  std::vector<uint64_t> committing;                          // results waiting for it
-  bool commit_armed = false, marks_armed = false;
+  std::vector<PendingAck> acks;                              // waiting for the group commit
+  std::vector<PendingResult> committing;                     // results waiting for it
+  // Results the file refused (disk full), oldest first: retried every kRetryMs, their done/error
+  // held meanwhile. Bounded by the live jobs: no job is accepted while the journal fails.
+  std::deque<PendingResult> unwritten;
+  bool commit_armed = false, marks_armed = false, retry_armed = false;
   std::deque<std::pair<int64_t, uint64_t>> forwarded;  // pipeline results handed to egress
   std::unordered_map<uint64_t, KeptResult> kept;
   std::deque<uint64_t> kept_order;
   std::size_t kept_done = 0;
+  std::size_t kept_bytes = 0;  // records in `kept`, bounded by cfg.keep_result_bytes
+  // The failing state: from a refused write to the next good one (logged at both ends).
+  bool failing = false, compact_failing = false;
+  int64_t failing_since_us = 0, compact_retry_at_us = 0;
+  uint64_t failing_writes = 0;  // refused writes in the current failing period
+  int last_errno = 0;           // why the last write was refused
   uint64_t accepted = 0, results = 0, dropped = 0, redelivered = 0, marks = 0, compactions = 0,
-           replayed_pending = 0, replayed_results = 0, write_errors = 0;
+           replayed_pending = 0, replayed_results = 0, write_errors = 0, refused = 0;
 
   static inline const char* name = "sy.journal";
 };
@@ -447,19 +488,33 @@ void forward(Self* self, auto ev) {
   self->send(self->state.egress, out_atom::value, std::move(ev));
 }
 
+// What a kept result costs: its record and about this much for the map node and order slot.
+std::size_t kept_size(const KeptResult& r) {
+  return r.record.capacity() + 96;
+}
+
 void remember(Self* self, uint64_t uid, KeptResult r) {
   auto& st = self->state;
   if (r.done) ++st.kept_done;
-  st.kept[uid] = std::move(r);
+  st.kept_bytes += kept_size(r);
+  KeptResult& slot = st.kept[uid];
+  if (!slot.record.empty()) {
+    st.kept_bytes -= kept_size(slot);
+    if (slot.done) --st.kept_done;
+  }
+  slot = std::move(r);
   st.kept_order.push_back(uid);
-  // Oldest first, like admission's result cache; undelivered pipeline results stay until marked.
-  while (st.kept_done > st.keep && !st.kept_order.empty()) {
+  // Oldest first, like admission's result cache (by count and by bytes); undelivered pipeline
+  // results stay until marked.
+  while ((st.kept_done > st.keep || st.kept_bytes > st.cfg.keep_result_bytes) &&
+         !st.kept_order.empty()) {
     uint64_t old = st.kept_order.front();
     auto it = st.kept.find(old);
     if (it != st.kept.end() && it->second.pipeline && !it->second.delivered) break;
     st.kept_order.pop_front();
     if (it != st.kept.end()) {
       if (it->second.done) --st.kept_done;
+      st.kept_bytes -= kept_size(it->second);
       st.kept.erase(it);
     }
   }
@@ -480,53 +535,135 @@ void release(Self* self, uint64_t uid) {
 
 void arm_marks(Self* self);
 
+// The refusal admission turns into `unavailable`: the reason without the path (clients read it).
+caf::error refusal(int code) {
+  return caf::make_error(caf::sec::runtime_error, std::string(std::strerror(code)));
+}
+
+// A refused write: counted every time, logged when the journal starts failing (not once per
+// write: a full disk refuses every write until it has room again).
+void write_failed(Self* self, const std::exception& e) {
+  auto& st = self->state;
+  ++st.write_errors;
+  ++st.failing_writes;
+  auto* we = dynamic_cast<const JournalWriteError*>(&e);
+  st.last_errno = we ? we->code : EIO;
+  if (st.failing) return;
+  st.failing = true;
+  st.failing_since_us = now_us();
+  std::cerr << "switchyard: ERROR: " << e.what()
+            << "; new jobs are refused (unavailable) and finished jobs' results are held until "
+               "the journal can be written again\n";
+}
+
+// A good write: ends a failing period (logged once, with how long it lasted).
+void write_ok(Self* self) {
+  auto& st = self->state;
+  if (!st.failing) return;
+  st.failing = false;
+  std::cerr << "switchyard: journal " << st.file->path() << " is written again after "
+            << st.failing_writes << " refused writes in " << (now_us() - st.failing_since_us) / 1000
+            << " ms\n";
+  st.failing_writes = 0;
+}
+
+// Appends one record and hands it to the OS (and to the disk with fsync always). False when the
+// file refused it: the file then holds nothing of it (JournalFile cuts a refused write back).
+bool put(Self* self, const std::string& rec) {
+  auto& st = self->state;
+  if (rec.size() > JournalFile::kMaxRecordBytes) {
+    // Never writable, whatever the disk: counted, but no failing period (other records go on).
+    ++st.write_errors;
+    st.last_errno = EFBIG;
+    return false;
+  }
+  try {
+    st.file->append(rec);
+    if (st.policy == FsyncPolicy::always)
+      st.file->sync();
+    else
+      st.file->flush();
+  } catch (const std::exception& e) {
+    write_failed(self, e);
+    return false;
+  }
+  write_ok(self);
+  return true;
+}
+
+void arm_commit(Self* self) {
+  auto& st = self->state;
+  if (st.commit_armed) return;
+  st.commit_armed = true;
+  self->delayed_send(self, std::chrono::milliseconds(st.cfg.batch_ms), tick_atom::value);
+}
+
+void arm_retry(Self* self) {
+  auto& st = self->state;
+  if (st.retry_armed || st.unwritten.empty()) return;
+  st.retry_armed = true;
+  self->delayed_send(self, std::chrono::milliseconds(kRetryMs), tick_atom::value, kRetryTick);
+}
+
+void arm_marks(Self* self);
+
+// A result record is in the file: durable now (always, never) or at the next group commit.
+void result_written(Self* self, PendingResult r) {
+  auto& st = self->state;
+  if (st.policy == FsyncPolicy::batch) {
+    st.committing.push_back(std::move(r));
+    arm_commit(self);
+    return;
+  }
+  release(self, r.uid);
+  arm_marks(self);
+}
+
+// Writes the held results the file refused before, oldest first, until one is refused again.
+void retry_unwritten(Self* self) {
+  auto& st = self->state;
+  while (!st.unwritten.empty() && put(self, st.unwritten.front().record)) {
+    PendingResult r = std::move(st.unwritten.front());
+    st.unwritten.pop_front();
+    result_written(self, std::move(r));
+  }
+  arm_retry(self);
+}
+
 // The group commit: one fdatasync for everything appended since the last one.
 void commit(Self* self) {
   auto& st = self->state;
   if (st.acks.empty() && st.committing.empty()) return;
+  auto acks = std::move(st.acks);
+  st.acks.clear();
+  auto results = std::move(st.committing);
+  st.committing.clear();
   try {
     st.file->sync();
   } catch (const std::exception& e) {
-    ++st.write_errors;
-    for (auto& rp : st.acks) rp.deliver(caf::make_error(caf::sec::runtime_error, e.what()));
-    st.acks.clear();
-    // A result that cannot be made durable is still delivered: holding it forever would lose it
-    // for sure, while the write may well have reached the disk.
+    write_failed(self, e);
+    // The file was cut back to the last good sync: these accepts are refused and gone, and these
+    // results are written again (their done/error stay held until then).
+    for (auto& a : acks) {
+      st.live.erase(a.uid);
+      ++st.refused;
+      a.rp.deliver(refusal(st.last_errno));
+    }
+    for (auto it = results.rbegin(); it != results.rend(); ++it)
+      st.unwritten.push_front(std::move(*it));
+    arm_retry(self);
+    return;
   }
-  for (auto& rp : st.acks) rp.deliver(uint8_t{0});
-  st.acks.clear();
-  auto uids = std::move(st.committing);
-  st.committing.clear();
-  for (auto uid : uids) release(self, uid);
+  st.accepted += acks.size();
+  for (auto& a : acks) a.rp.deliver(uint8_t{0});
+  for (auto& r : results) release(self, r.uid);
   arm_marks(self);
-}
-
-// After a write: sync now (always), leave it to the OS (never) or wait for the group commit.
-// Returns true when the record is durable enough to acknowledge now.
-bool after_write(Self* self) {
-  auto& st = self->state;
-  switch (st.policy) {
-    case FsyncPolicy::always:
-      st.file->sync();
-      return true;
-    case FsyncPolicy::never:
-      st.file->flush();
-      return true;
-    case FsyncPolicy::batch:
-      // Written at once (a killed process loses nothing); only the fsync is shared.
-      st.file->flush();
-      if (!st.commit_armed) {
-        st.commit_armed = true;
-        self->delayed_send(self, std::chrono::milliseconds(st.cfg.batch_ms), tick_atom::value);
-      }
-      return false;
-  }
-  return true;
 }
 
 void compact_if_due(Self* self) {
   auto& st = self->state;
-  if (!st.acks.empty() || !st.committing.empty()) return;
+  if (!st.acks.empty() || !st.committing.empty() || !st.unwritten.empty() || st.failing) return;
+  if (now_us() < st.compact_retry_at_us) return;
   const uint64_t size = st.file->size();
   if (size < static_cast<uint64_t>(st.cfg.compact_bytes)) return;
   uint64_t needed = 0;
@@ -548,8 +685,18 @@ void compact_if_due(Self* self) {
   try {
     st.file->rewrite(records);
     ++st.compactions;
-  } catch (const std::exception&) {
-    ++st.write_errors;  // the old file is intact (rename is atomic): keep appending to it
+    if (st.compact_failing)
+      std::cerr << "switchyard: journal " << st.file->path() << " compacted again\n";
+    st.compact_failing = false;
+  } catch (const std::exception& e) {
+    // The old file is intact (rename is atomic) and appends go on; PATH.tmp was removed.
+    ++st.write_errors;
+    st.compact_retry_at_us = now_us() + kCompactRetryUs;
+    if (!st.compact_failing)
+      std::cerr << "switchyard: WARNING: journal compaction failed: " << e.what()
+                << "; the journal keeps growing, next try in " << kCompactRetryUs / 1'000'000
+                << " s\n";
+    st.compact_failing = true;
   }
 }
 
@@ -562,12 +709,12 @@ void write_marks(Self* self) {
   while (!st.forwarded.empty() && st.forwarded.front().first <= due) {
     uint64_t uid = st.forwarded.front().second;
     st.forwarded.pop_front();
-    try {
+    // While the journal fails a mark is not even tried: a lost mark only means one more delivery
+    // after a crash (compaction writes the marks it knows).
+    if (!st.failing) {
       st.file->append(encode_delivered(uid));
       wrote = true;
       ++st.marks;
-    } catch (const std::exception&) {
-      ++st.write_errors;
     }
     if (auto k = st.kept.find(uid); k != st.kept.end()) k->second.delivered = true;
   }
@@ -575,8 +722,9 @@ void write_marks(Self* self) {
   if (wrote) {
     try {
       st.file->flush();
-    } catch (const std::exception&) {
-      ++st.write_errors;
+      write_ok(self);
+    } catch (const std::exception& e) {
+      write_failed(self, e);
     }
   }
   compact_if_due(self);
@@ -589,24 +737,27 @@ void arm_marks(Self* self) {
   st.marks_armed = true;
   // A quarter of the lag keeps marks at most 25% late while waking rarely.
   auto every = std::max<int64_t>(50, st.cfg.delivered_lag_ms / 4);
-  self->delayed_send(self, std::chrono::milliseconds(every), tick_atom::value, uint8_t{1});
+  self->delayed_send(self, std::chrono::milliseconds(every), tick_atom::value, kMarksTick);
 }
 
 caf::result<uint8_t> accept(Self* self, const Job& job) {
   auto& st = self->state;
+  // Held results go first: they are older, their clients wait, and while they cannot be written
+  // the disk still has no room, so the job is refused without another try.
+  retry_unwritten(self);
   std::string rec = encode_accept(job);
-  try {
-    st.file->append(rec);
-    st.live[job.uid] = LiveJob{std::move(rec), job.client};
+  if (!st.unwritten.empty() || !put(self, rec)) {
+    ++st.refused;
+    return refusal(st.last_errno);
+  }
+  st.live[job.uid] = LiveJob{std::move(rec), job.client};
+  if (st.policy != FsyncPolicy::batch) {
     ++st.accepted;
-    if (after_write(self)) return uint8_t{0};
-  } catch (const std::exception& e) {
-    ++st.write_errors;
-    st.live.erase(job.uid);
-    return caf::make_error(caf::sec::runtime_error, std::string("journal: ") + e.what());
+    return uint8_t{0};
   }
   auto rp = self->make_response_promise<uint8_t>();
-  st.acks.push_back(rp);
+  st.acks.push_back(PendingAck{job.uid, rp});
+  arm_commit(self);
   return rp;
 }
 
@@ -619,23 +770,24 @@ void end(Self* self, const JobOutcome& o) {
   k.record = encode_result(o);
   k.pipeline = client_of(o).kind == ClientRef::pipeline;
   k.done = o.outcome == 0;
-  std::string rec = k.record;
+  PendingResult r{o.uid, k.record};
   if (k.done || k.pipeline) remember(self, o.uid, std::move(k));
   ++st.results;
+  // Its done/error wait until this record is durable, however long the disk stays full: they
+  // promise that a restart will not run the job again.
   st.ending.insert(o.uid);
-  bool now = true;
-  try {
-    st.file->append(rec);
-    now = after_write(self);
-  } catch (const std::exception&) {
-    ++st.write_errors;  // delivered anyway: see commit()
-  }
-  if (now) {
+  if (r.record.size() > JournalFile::kMaxRecordBytes) {
+    // Cannot be framed at all (far above any context-sized result): holding it would hold it
+    // forever, so it goes out undurable, and a restart runs the job again.
+    ++st.write_errors;
+    std::cerr << "switchyard: WARNING: journal: result of job " << o.uid << " is "
+              << r.record.size() << " bytes, beyond the record limit; delivered unjournaled\n";
     release(self, o.uid);
-    arm_marks(self);
-  } else {
-    st.committing.push_back(o.uid);
+    return arm_marks(self);
   }
+  if (st.unwritten.empty() && put(self, r.record)) return result_written(self, std::move(r));
+  st.unwritten.push_back(std::move(r));
+  arm_retry(self);
 }
 
 // A done/error of a journaled job waits for the job's result record; anything else goes on.
@@ -667,6 +819,9 @@ caf::settings stats(Self* self) {
   put("replayed_pending", st.replayed_pending);
   put("replayed_results", st.replayed_results);
   put("write_errors", st.write_errors);
+  put("failing", st.failing ? 1 : 0);
+  put("refused", st.refused);
+  put("unwritten", st.unwritten.size());
   return s;
 }
 
@@ -736,7 +891,12 @@ caf::behavior journal_actor(Self* self, JournalConfig cfg, std::shared_ptr<Journ
         self->state.commit_armed = false;
         commit(self);
       },
-      [self](tick_atom, uint8_t) {
+      [self](tick_atom, uint8_t which) {
+        if (which == kRetryTick) {
+          self->state.retry_armed = false;
+          retry_unwritten(self);
+          return;
+        }
         self->state.marks_armed = false;
         write_marks(self);
         arm_marks(self);

@@ -164,23 +164,28 @@ typename Inspector::result_type inspect(Inspector& f, StepPlan& x) {
   return f(caf::meta::type_name("StepPlan"), x.step, x.seqs);
 }
 
-/// A sampled token (only for SeqPlans with sample = true), with logprobs when asked.
+/// A sampled token (only for SeqPlans with sample = true), with logprobs when asked; or, with
+/// `error` set, the failure of this one sequence (bad sampling parameters, non-finite logits),
+/// for any SeqPlan: the step went on for the others, and the batcher ends this job alone.
 struct SeqResult {
   uint64_t uid = 0;
   int32_t token = -1;
   float logprob = 0.0f;
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;
+  uint8_t code = 0;        // with `error`: the sy::ErrorCode value the job ends with
+  std::string error = {};  // non-empty: this sequence failed (no token)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SeqResult& x) {
-  return f(caf::meta::type_name("SeqResult"), x.uid, x.token, x.logprob, x.top_ids, x.top_logprobs);
+  return f(caf::meta::type_name("SeqResult"), x.uid, x.token, x.logprob, x.top_ids, x.top_logprobs,
+           x.code, x.error);
 }
 
 struct StepResult {
   uint64_t step = 0;
   std::vector<SeqResult> seqs;
-  std::string error;  // non-empty: the step failed (the batcher fails or retries its jobs)
+  std::string error;  // non-empty: the whole step failed (the batcher fails all its jobs)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepResult& x) {
@@ -192,11 +197,12 @@ typename Inspector::result_type inspect(Inspector& f, StepResult& x) {
 struct AcceptedEvent {
   ClientRef to;
   std::string id;
-  uint32_t queue_position = 0;
+  uint32_t queue_position = 0;  // jobs ahead of it, were no more to arrive
+  std::string tenant = {};      // every reply names its tenant (one connection may serve several)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AcceptedEvent& x) {
-  return f(caf::meta::type_name("AcceptedEvent"), x.to, x.id, x.queue_position);
+  return f(caf::meta::type_name("AcceptedEvent"), x.to, x.id, x.queue_position, x.tenant);
 }
 
 /// A streamed chunk. logprobs: per id, the chosen token's logprob and its top-N (flattened:
@@ -212,11 +218,12 @@ struct TokensEvent {
   uint32_t n_top = 0;
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;
+  std::string tenant = {};
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TokensEvent& x) {
   return f(caf::meta::type_name("TokensEvent"), x.to, x.uid, x.id, x.index, x.ids, x.text,
-           x.logprob, x.n_top, x.top_ids, x.top_logprobs);
+           x.logprob, x.n_top, x.top_ids, x.top_logprobs, x.tenant);
 }
 
 /// The end of a job. finish: 0 stop, 1 length, 2 cancelled (wire::FinishReason order).
@@ -263,13 +270,14 @@ struct StatusEvent {
   ClientRef to;
   std::string id;
   uint8_t state = 0;
-  uint32_t queue_position = 0;
-  uint32_t completion_tokens = 0;
+  uint32_t queue_position = 0;     // while queued: jobs ahead of it
+  uint32_t completion_tokens = 0;  // generated so far, while running too
+  std::string tenant = {};
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StatusEvent& x) {
   return f(caf::meta::type_name("StatusEvent"), x.to, x.id, x.state, x.queue_position,
-           x.completion_tokens);
+           x.completion_tokens, x.tenant);
 }
 
 /// How a job ended, reported to admission (quotas, dedup of job keys). outcome: 0 done,
@@ -339,8 +347,11 @@ typename Inspector::result_type inspect(Inspector& f, TenantWeights& x) {
 
 // More shapes (router and admission):
 //   admission -> router:   (connect_atom, caf::actor admission, TenantWeights)   (no reply)
-//   admission -> router:   (status_atom, uint64 uid) -> (uint8 state, uint32 queue_position)
-//                          state: wire::JobState value, queued (0) or running (1; also unknown)
+//   admission -> router:   (status_atom, uint64 uid) -> (uint8 state, uint32 queue_position,
+//                          uint32 completion_tokens) state: wire::JobState value, queued (0) or
+//                          running (1; also unknown); a running job's count comes from its batcher
+//   router    -> batcher:  (status_atom, uint64 uid) -> uint32 completion tokens generated so far
+//                          (0 when it does not hold the job)
 //   admission -> router:   (pull_atom, uint32 n)  n PULL credits came back unused (pipeline
 //                          submits that admission answered itself, never enqueued)
 //   router    -> egress:   (out_atom, AcceptedEvent) for accepted ROUTER-client jobs: the router
@@ -450,10 +461,12 @@ using journal_atom = caf::atom_constant<caf::atom("journal")>;  // admission -> 
 // *Event) and (pull_atom, n) and forwards it, holding a journaled job's done/error until that
 // job's result record is durable):
 //   admission -> journal: (journal_atom, Job) -> uint8 0 once the accept record is durable (per
-//                         the fsync policy); an error when it could not be written
+//                         the fsync policy); when it could not be written, an error whose
+//                         context is the errno's text (admission answers `unavailable`)
 //   admission -> journal: (journal_atom, JobOutcome)  a journaled job ended: its result record
 //                         (no reply); its held done/error go out after the commit
-//   stats_atom on the journal -> accepted, results, syncs, held, live, redelivered, ...
+//   stats_atom on the journal -> accepted, results, syncs, held, live, redelivered, ...,
+//                         write_errors, failing, refused, unwritten (docs/durability.md)
 
 // Metrics of the supervisor (actors/metrics.hpp, docs/metrics.md):
 //   supervisor -> metrics: (observe_atom, caf::actor batcher, caf::actor executor, int32 slot)

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <set>
 #include <stdexcept>
 #include <tuple>
 
@@ -161,6 +162,8 @@ struct MetricsState {
   // (class, tenant, outcome) -> jobs
   std::map<std::tuple<std::string, std::string, std::string>, uint64_t> jobs;
   std::map<std::string, ClassHistograms> hist;  // by class
+  std::set<std::string> configured;             // w.tenants: always a label of their own
+  std::set<std::string> labelled;  // other tenants given one, w.max_tenant_labels at most
   uint64_t prompt_tokens = 0, generation_tokens = 0, prefix_hit_tokens = 0;
   std::map<uint64_t, Pair> pairs;  // by registration number
   uint64_t next_pair = 0;
@@ -183,9 +186,19 @@ std::string outcome_name(const JobOutcome& o) {
   return "internal";
 }
 
+// The `tenant` label of a job: its tenant while that is configured or among the first
+// max_tenant_labels other names seen, else the one shared label for the rest.
+const std::string& tenant_label(MetricsState& st, const std::string& tenant) {
+  static const std::string kOther = "_other";
+  if (st.configured.count(tenant) || st.labelled.count(tenant)) return tenant;
+  if (st.labelled.size() >= st.w.max_tenant_labels) return kOther;
+  st.labelled.insert(tenant);
+  return tenant;
+}
+
 void record(Self* self, const JobOutcome& o, const std::string& cls) {
   auto& st = self->state;
-  ++st.jobs[{cls, o.tenant, outcome_name(o)}];
+  ++st.jobs[{cls, tenant_label(st, o.tenant), outcome_name(o)}];
   if (o.outcome == 0 || o.outcome == 2) {
     st.prompt_tokens += o.done.prompt_tokens;
     st.generation_tokens += o.done.completion_tokens;
@@ -206,7 +219,7 @@ void record(Self* self, const JobOutcome& o, const std::string& cls) {
 struct Scrape {
   caf::response_promise rp;
   size_t owed = 0;
-  caf::settings admission, router, supervisor, gateway;
+  caf::settings admission, router, supervisor, gateway, journal;
   std::map<uint64_t, caf::settings> batchers;  // answered this time (others: their last stats)
 };
 
@@ -366,6 +379,27 @@ std::string render(Self* self, const Scrape& s) {
   w.sample("switchyard_curve_refused_total", {},
            static_cast<double>(stats_counter(s.gateway, "curve_refused")));
 
+  if (st.w.journal) {
+    // Journal health (docs/durability.md, "A full disk"): refused writes, and whether the journal
+    // refuses now (new jobs then get `unavailable`, finished jobs' results wait).
+    w.family("switchyard_journal_write_errors_total", "counter",
+             "Journal writes, syncs and compactions the file system refused (disk full, I/O).");
+    w.sample("switchyard_journal_write_errors_total", {},
+             static_cast<double>(stats_counter(s.journal, "write_errors")));
+    w.family("switchyard_journal_failing", "gauge",
+             "1 from a refused journal write until the next good one, else 0.");
+    w.sample("switchyard_journal_failing", {},
+             static_cast<double>(stats_counter(s.journal, "failing")));
+    w.family("switchyard_journal_refused_jobs_total", "counter",
+             "Submits refused (unavailable) because the journal could not write them.");
+    w.sample("switchyard_journal_refused_jobs_total", {},
+             static_cast<double>(stats_counter(s.journal, "refused")));
+    w.family("switchyard_journal_held_results", "gauge",
+             "Finished jobs whose result record waits for room in the journal (replies held).");
+    w.sample("switchyard_journal_held_results", {},
+             static_cast<double>(stats_counter(s.journal, "unwritten")));
+  }
+
   w.family("switchyard_prompt_tokens_total", "counter", "Prompt tokens of ended jobs.");
   w.sample("switchyard_prompt_tokens_total", {}, static_cast<double>(st.prompt_tokens));
   w.family("switchyard_generation_tokens_total", "counter",
@@ -416,6 +450,7 @@ caf::response_promise scrape(Self* self) {
   if (st.w.router) ask(st.w.router, [s](caf::settings& r) { s->router = std::move(r); });
   if (st.w.supervisor)
     ask(st.w.supervisor, [s](caf::settings& r) { s->supervisor = std::move(r); });
+  if (st.w.journal) ask(st.w.journal, [s](caf::settings& r) { s->journal = std::move(r); });
   if (st.w.gateway_stats) s->gateway = st.w.gateway_stats();
   for (auto& [id, p] : st.pairs) {
     if (!p.batcher_alive) continue;
@@ -466,6 +501,7 @@ void add_pair(Self* self, const caf::actor& batcher, const caf::actor& executor,
 
 caf::behavior metrics_actor(Self* self, MetricsWiring w) {
   self->state.w = std::move(w);
+  self->state.configured.insert(self->state.w.tenants.begin(), self->state.w.tenants.end());
   self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
   return {
       [self](finished_atom, const JobOutcome& o, const std::string& cls) { record(self, o, cls); },

@@ -5,6 +5,7 @@
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -75,11 +76,19 @@ struct MetricsWiring {
   /// The supervisor, asked for stats_atom at scrape time: executors by state, scale events,
   /// failures by reason, re-queued jobs. May be invalid (then those series read 0).
   caf::actor supervisor;
+  /// The journal actor (actors/journal.hpp), asked for stats_atom at scrape time: write errors
+  /// and whether it is failing now. Invalid without a journal (then those series are left out).
+  caf::actor journal;
   /// Reads the gateway's counters (curve_refused). The gateway is no actor; its counters are
   /// atomics that any thread may read. Empty: those series read 0.
   std::function<caf::settings()> gateway_stats;
   /// The priority class names, in the router's order: one queue-depth gauge each.
   std::vector<std::string> classes;
+  /// The configured tenants: each keeps a `tenant` label of its own.
+  std::vector<std::string> tenants;
+  /// Other tenant names (open-tenant mode) labelled as themselves, the first this many seen;
+  /// the jobs of later ones are counted under tenant="_other" (metrics.max_tenant_labels).
+  std::size_t max_tenant_labels = 1000;
   /// How long one actor may take to answer a scrape: a busy actor answers between messages, well
   /// within this; a stuck one must not hold the scrape (its last known values are used instead).
   std::chrono::milliseconds ask_timeout{1000};
@@ -87,9 +96,9 @@ struct MetricsWiring {
 
 /// Spawns the metrics actor. Handles:
 ///   (finished_atom, JobOutcome, std::string class_name)  one ended job (admission sends them once
-///       per job): switchyard_jobs_total{class,tenant,outcome}; for outcome done the queue-time,
-///       time-to-first-token, time-per-output-token and end-to-end histograms by class; token and
-///       prefix-hit counters;
+///       per job): switchyard_jobs_total{class,tenant,outcome} (tenant: see max_tenant_labels);
+///       for outcome done the queue-time, time-to-first-token, time-per-output-token and
+///       end-to-end histograms by class; token and prefix-hit counters;
 ///   (observe_atom, caf::actor batcher, caf::actor executor)  a pair to scrape; both are monitored,
 ///       a dead batcher's counters stay in the totals, a dead executor stops counting as running;
 ///       its series carry executor="<registration number>";

@@ -332,6 +332,66 @@ void recover_lost(Self* self, std::unordered_map<uint64_t, Job> jobs, const caf:
            " ended with engine_dead");
 }
 
+uint32_t to_u32(std::size_t n) {
+  return static_cast<uint32_t>(std::min<std::size_t>(n, std::numeric_limits<uint32_t>::max()));
+}
+
+/// Re-queued jobs that dispatch() serves before any queued job of rank `rank` (retry_first):
+/// those of classes of that rank or a more important one.
+std::size_t retries_before(const RouterState& st, int rank) {
+  std::size_t n = 0;
+  for (std::size_t ci = 0; ci < st.retry.size(); ++ci)
+    if (st.queue->config(ci).rank <= rank) n += st.retry[ci].size();
+  return n;
+}
+
+/// Jobs that will be dispatched before the waiting job `uid` were no more to arrive, or nullopt
+/// when it does not wait here (it runs, or it ended). Queued: the fair queue's own order after
+/// the re-queued jobs that precede it. Held (a pipeline job over its class limit): after the
+/// whole class queue and the held jobs before it. Re-queued: after the jobs of more important
+/// ranks and the re-queued jobs before it in its class.
+std::optional<uint32_t> jobs_ahead(const RouterState& st, uint64_t uid) {
+  if (auto i = st.queued.find(uid); i != st.queued.end()) {
+    const int rank = st.queue->config(i->second.class_index).rank;
+    return to_u32(st.queue->ahead_of(uid).value_or(0) + retries_before(st, rank));
+  }
+  for (std::size_t ci = 0; ci < st.overflow.size(); ++ci)
+    for (std::size_t k = 0; k < st.overflow[ci].size(); ++k)
+      if (st.overflow[ci][k].job.uid == uid)
+        return to_u32(st.queue->position_estimate(ci) + k +
+                      retries_before(st, st.queue->config(ci).rank));
+  for (std::size_t ci = 0; ci < st.retry.size(); ++ci)
+    for (std::size_t k = 0; k < st.retry[ci].size(); ++k)
+      if (st.retry[ci][k].uid == uid) {
+        const int rank = st.queue->config(ci).rank;
+        std::size_t n = k;
+        for (std::size_t c = 0; c < st.queue->class_count(); ++c)
+          if (st.queue->config(c).rank < rank) n += st.queue->size(c) + st.retry[c].size();
+        return to_u32(n);
+      }
+  return std::nullopt;
+}
+
+/// Answers a status request: (0 queued, jobs ahead, 0), or (1 running, 0, completion tokens so
+/// far) with the count asked of the batcher that runs the job (0 when none answers).
+caf::result<uint8_t, uint32_t, uint32_t> job_status(Self* self, uint64_t uid) {
+  auto& st = self->state;
+  if (auto ahead = jobs_ahead(st, uid)) return {uint8_t{0}, *ahead, uint32_t{0}};
+  caf::actor where;
+  for (const auto& b : st.batchers)
+    if (b.running.count(uid)) where = b.handle;
+  if (!where)
+    for (const auto& [addr, jobs] : st.retiring)
+      if (jobs.count(uid)) where = caf::actor_cast<caf::actor>(addr);
+  if (!where) return {uint8_t{1}, uint32_t{0}, uint32_t{0}};
+  auto rp = self->make_response_promise<uint8_t, uint32_t, uint32_t>();
+  // A batcher answers from its own state at once; the bound only covers one that is going down.
+  self->request(where, std::chrono::seconds(2), status_atom::value, uid)
+      .then([rp](uint32_t generated) mutable { rp.deliver(uint8_t{1}, uint32_t{0}, generated); },
+            [rp](caf::error&) mutable { rp.deliver(uint8_t{1}, uint32_t{0}, uint32_t{0}); });
+  return rp;
+}
+
 /// Sweeps expired jobs, then hands out queued jobs against batcher credit, highest priority first.
 void dispatch(Self* self) {
   auto& st = self->state;
@@ -371,11 +431,13 @@ std::tuple<uint8_t, uint32_t, int64_t> enqueue(Self* self, Job job) {
   auto now_ms = clock_ms(self);
   auto ci = job.class_index;
   if (st.queued.count(job.uid) != 0) return {uint8_t{0}, uint32_t{0}, int64_t{-1}};
-  auto position = static_cast<uint32_t>(st.queue->position_estimate(ci) + st.overflow[ci].size());
+  auto position = to_u32(st.queue->position_estimate(ci) + st.overflow[ci].size() +
+                         retries_before(st, st.queue->config(ci).rank));
   AcceptedEvent acc;
   acc.to = job.client;
   acc.id = job.id;
-  acc.queue_position = position;
+  acc.tenant = job.tenant;
+  const uint64_t uid = job.uid;
   if (pipeline && (st.queue->full(ci) || !st.overflow[ci].empty()) &&
       st.overflow_total < st.opts.pipeline_overflow_cap) {
     // Pipelines wait instead of being refused: the gateway read this before its credit ran out.
@@ -397,6 +459,9 @@ std::tuple<uint8_t, uint32_t, int64_t> enqueue(Self* self, Job job) {
   auto r = push_queue(self, job, now_ms);
   if (r == policy::PushResult::accepted) {
     ++st.enqueued;
+    // Where the fair queue put it, as a status request would tell (jobs_ahead).
+    position = jobs_ahead(st, uid).value_or(position);
+    acc.queue_position = position;
     // Sent before any dispatch so that it reaches egress ahead of the job's first chunk.
     if (acc.to.kind == ClientRef::router) send_out(self, std::move(acc));
     dispatch(self);
@@ -598,21 +663,7 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
         ++s.retired;
         return revoked;
       },
-      [self](status_atom, uint64_t uid) -> std::tuple<uint8_t, uint32_t> {
-        auto& s = self->state;
-        auto i = s.queued.find(uid);
-        if (i != s.queued.end())
-          return {uint8_t{0},
-                  static_cast<uint32_t>(s.queue->position_estimate(i->second.class_index))};
-        for (std::size_t ci = 0; ci < s.overflow.size(); ++ci)
-          for (auto& h : s.overflow[ci])
-            if (h.job.uid == uid)
-              return {uint8_t{0}, static_cast<uint32_t>(s.queue->size(ci) + s.overflow[ci].size())};
-        for (auto& q : s.retry)
-          for (std::size_t k = 0; k < q.size(); ++k)
-            if (q[k].uid == uid) return {uint8_t{0}, static_cast<uint32_t>(k)};
-        return {uint8_t{1}, uint32_t{0}};
-      },
+      [self](status_atom, uint64_t uid) { return job_status(self, uid); },
       [self](pull_atom, uint32_t n) {
         auto& s = self->state;
         s.pull_outstanding -= std::min<uint64_t>(n, s.pull_outstanding);

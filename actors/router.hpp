@@ -57,7 +57,9 @@ std::vector<policy::PriorityClass> effective_classes(std::vector<policy::Priorit
 ///       fewer than the freest (policies/prefix_route.hpp; docs/elasticity.md).
 ///   (cancel_atom, uint64 uid)  a queued job is removed (DoneEvent finish=cancelled to the client,
 ///       JobOutcome outcome=2 to admission); otherwise forwarded to every batcher.
-///   (status_atom, uint64 uid) -> (uint8 state, uint32 position)  queued (0) or running/unknown (1).
+///   (status_atom, uint64 uid) -> (uint8 state, uint32 position, uint32 completion_tokens)
+///       queued (0, jobs ahead of it were no more to arrive, 0) or running/unknown (1, 0, tokens
+///       generated so far as its batcher reports them; 0 when no batcher holds it).
 ///   (pull_atom, uint32 n)  n PULL credits came back unused (admission answered those submits).
 ///   (connect_atom, caf::actor admission, TenantWeights)   wiring.
 ///   (drain_atom)  stop granting PULL credit (shutdown).

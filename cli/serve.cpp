@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdint>
 #include <cstdlib>
 #include <iostream>
 
@@ -51,14 +52,19 @@ const char* const kServeUsage =
     "              [--step-timeout-ms MS] [--max-job-retries N]: elastic pairs and crash\n"
     "              recovery (docs/elasticity.md). TESTS ONLY: [--test-fault-executor-throw-after\n"
     "              N] [--test-fault-executor-hang-after N] make the first executor crash or hang\n"
-    "              after N steps; [--test-fault-batcher-throw-after N] the first batcher.\n"
+    "              after N steps; [--test-fault-batcher-throw-after N] the first batcher;\n"
+    "              [--test-nan-logits-token ID] gives NaN logits to every job whose first\n"
+    "              step feeds token ID (the job must fail alone).\n"
     "              [--journal PATH] [--journal-fsync always|batch|never] [--journal-batch-ms MS]:\n"
     "              durable accepted jobs and results, replayed at start (docs/durability.md).\n"
     "              On by default at STATE/<bind address>/switchyard.journal, STATE being\n"
     "              [--state-dir DIR] or $XDG_STATE_HOME/switchyard or ~/.local/state/switchyard;\n"
     "              [--no-journal] turns it off (a wildcard port gets no default journal).\n"
     "              [--curve-allowed-keys FILE]: only these client public keys may connect.\n"
-    "              [--no-prefix-routing]: dispatch by free credit alone, not by cached prefix.\n";
+    "              [--no-prefix-routing]: dispatch by free credit alone, not by cached prefix.\n"
+    "              [--heartbeat-ivl-ms MS] [--heartbeat-timeout-ms MS] [--heartbeat-ttl-ms MS]\n"
+    "              [--handshake-timeout-ms MS]: connection liveness (endpoints.* in the\n"
+    "              config; heartbeats are off by default: docs/protocol.md, Sockets).\n";
 
 const std::vector<std::string> kServeOptions = {"model",
                                                 "config",
@@ -88,11 +94,16 @@ const std::vector<std::string> kServeOptions = {"model",
                                                 "test-fault-executor-throw-after",
                                                 "test-fault-executor-hang-after",
                                                 "test-fault-batcher-throw-after",
+                                                "test-nan-logits-token",
                                                 "journal",
                                                 "journal-fsync",
                                                 "journal-batch-ms",
                                                 "state-dir",
-                                                "curve-allowed-keys"};
+                                                "curve-allowed-keys",
+                                                "heartbeat-ivl-ms",
+                                                "heartbeat-timeout-ms",
+                                                "heartbeat-ttl-ms",
+                                                "handshake-timeout-ms"};
 const std::vector<std::string> kServeFlags = {"no-prefix-cache", "no-journal", "no-prefix-routing"};
 
 int cmd_serve(const Args& a) {
@@ -178,6 +189,15 @@ int cmd_serve(const Args& a) {
     cfg.autoscale.upscale_delay_ms = ranged("upscale-delay-ms", 0, 3600000);
   if (a.has("downscale-delay-ms"))
     cfg.autoscale.downscale_delay_ms = ranged("downscale-delay-ms", 0, 3600000);
+  // Connection liveness (EndpointConfig): the same bounds as the config file's.
+  if (a.has("heartbeat-ivl-ms"))
+    cfg.endpoints.heartbeat_ivl_ms = ranged("heartbeat-ivl-ms", 0, 3600000);
+  if (a.has("heartbeat-timeout-ms"))
+    cfg.endpoints.heartbeat_timeout_ms = ranged("heartbeat-timeout-ms", 0, 3600000);
+  if (a.has("heartbeat-ttl-ms"))
+    cfg.endpoints.heartbeat_ttl_ms = ranged("heartbeat-ttl-ms", 0, 6553500);
+  if (a.has("handshake-timeout-ms"))
+    cfg.endpoints.handshake_timeout_ms = ranged("handshake-timeout-ms", 0, 3600000);
   if (a.has("step-timeout-ms"))
     cfg.batching.step_timeout_ms = ranged("step-timeout-ms", 0, 3600000);
   if (a.has("max-job-retries"))
@@ -193,6 +213,12 @@ int cmd_serve(const Args& a) {
         static_cast<int>(ranged("test-fault-batcher-throw-after", 1, 1 << 30));
     std::cerr << "switchyard: TEST ONLY: the first batcher will throw after "
               << cfg.executors.test_fault_batcher_throw_after << " steps\n";
+  }
+  if (a.has("test-nan-logits-token")) {
+    cfg.executors.test_nan_logits_token =
+        static_cast<int>(ranged("test-nan-logits-token", 0, INT32_MAX));
+    std::cerr << "switchyard: TEST ONLY: jobs whose first step feeds token "
+              << cfg.executors.test_nan_logits_token << " get NaN logits\n";
   }
   if (cfg.executors.test_fault_throw_after > 0 || cfg.executors.test_fault_hang_after > 0)
     std::cerr << "switchyard: TEST ONLY: the first executor will "

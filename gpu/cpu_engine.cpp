@@ -206,7 +206,7 @@ void CpuEngine::step(const std::vector<SeqStep>& batch, StepOutput& out) {
 // was; then lays the new tokens of all sequences out as rows [0, T) and sizes the output.
 void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput& out) {
   const auto bad = [](size_t i, const std::string& what) {
-    throw std::invalid_argument("step: sequence " + std::to_string(i) + ": " + what);
+    throw BadSequence(i, "step: sequence " + std::to_string(i) + ": " + what);
   };
   int64_t total = 0;
   for (size_t i = 0; i < batch.size(); ++i) {

@@ -627,7 +627,7 @@ template <class T>
 int32_t CudaEngineImpl<T>::plan(const std::vector<SeqStep>& batch, bool last_only,
                                 StepOutput* out) {
   const auto bad = [](size_t i, const std::string& what) {
-    throw std::invalid_argument("step: sequence " + std::to_string(i) + ": " + what);
+    throw BadSequence(i, "step: sequence " + std::to_string(i) + ": " + what);
   };
   // A step that threw half way may have left copies in flight from the pinned buffers.
   CUDA_CHECK(cudaStreamSynchronize(stream_));

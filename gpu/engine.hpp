@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "model/llama.hpp"
@@ -59,6 +61,15 @@ struct StepOutput {
   const float* row(size_t seq, int32_t k = -1) const;  ///< k = -1: the sequence's last row
 };
 
+/// Engine::step's refusal of one sequence of the batch (its index `seq`), thrown before any KV
+/// slot is written: the caller may run the step again without that sequence.
+class BadSequence : public std::invalid_argument {
+ public:
+  BadSequence(size_t seq_index, const std::string& what)
+      : std::invalid_argument(what), seq(seq_index) {}
+  size_t seq;
+};
+
 struct EngineOptions {
   int n_threads = 0;             // 0: hardware concurrency
   int32_t block_size = 16;       // tokens per KV block
@@ -75,7 +86,8 @@ class Engine {
   virtual int32_t block_size() const = 0;
   virtual BlockPool& pool() = 0;
   /// Runs one step; throws std::invalid_argument for a malformed batch (block table too short,
-  /// token id out of range, ...), checked before any KV slot is written. One step at a time.
+  /// token id out of range, ...), checked before any KV slot is written: BadSequence where one
+  /// sequence alone is at fault. One step at a time.
   virtual void step(const std::vector<SeqStep>& batch, StepOutput& out) = 0;
   /// A step whose next tokens are picked greedily where the logits are, so that only the ids
   /// (one per sequence, ties to the lowest id, as Sampler) come back. Returns false, doing

@@ -58,6 +58,25 @@ std::optional<JobState> job_state_from_string(std::string_view s) {
   return std::nullopt;
 }
 
+std::string quoted(std::string_view s) {
+  // 64 bytes: the message must stay small however large the input.
+  constexpr std::size_t kMaxEcho = 64;
+  std::string out = "'";
+  for (std::size_t i = 0; i < s.size() && i < kMaxEcho; ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  if (s.size() > kMaxEcho) out += "...";
+  out += "'";
+  return out;
+}
+
 namespace {
 
 // A refusal raised anywhere inside decoding; caught at the two public entry points only.
@@ -88,24 +107,43 @@ std::string num(double v) {
   return std::strtod(shorter, nullptr) == v ? shorter : buf;
 }
 
-// Echoes client-provided text into an error message: at most 64 bytes (the message must stay
-// small however large the input), non-printable bytes as \xNN so logs stay one line.
 std::string quote(std::string_view s) {
-  constexpr std::size_t kMaxEcho = 64;
-  std::string out = "'";
-  for (std::size_t i = 0; i < s.size() && i < kMaxEcho; ++i) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\'' && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
+  return quoted(s);
+}
+
+// The offset of the first byte of `s` that is not part of well-formed UTF-8 (RFC 3629: no
+// overlong forms, no surrogates, nothing above U+10FFFF), or npos when all of it is.
+std::size_t invalid_utf8_at(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const std::size_t n = s.size();
+  std::size_t i = 0;
+  while (i < n) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
     }
+    std::size_t len = 0;
+    unsigned char lo = 0x80, hi = 0xbf;  // the allowed range of the second byte
+    if (c >= 0xc2 && c <= 0xdf) {
+      len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      len = 3;
+      if (c == 0xe0) lo = 0xa0;  // overlong below U+0800
+      if (c == 0xed) hi = 0x9f;  // U+D800..U+DFFF are surrogates
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      len = 4;
+      if (c == 0xf0) lo = 0x90;  // overlong below U+10000
+      if (c == 0xf4) hi = 0x8f;  // above U+10FFFF
+    } else {
+      return i;  // a continuation byte without a lead, 0xc0/0xc1 (overlong) or 0xf5..0xff
+    }
+    if (n - i < len || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (std::size_t k = 2; k < len; ++k)
+      if ((p[i + k] & 0xc0) != 0x80) return i;
+    i += len;
   }
-  if (s.size() > kMaxEcho) out += "...";
-  out += "'";
-  return out;
+  return std::string_view::npos;
 }
 
 // ---- pre-scan ---------------------------------------------------------------------------------
@@ -553,11 +591,23 @@ std::string_view message_type(const Fields& f) {
   return str_of(t);
 }
 
+// Refuses a key field that is not UTF-8: the key comes back in every reply, pipeline result and
+// metrics label for the job, where a strict decoder (another producer's sink, a Prometheus
+// scraper) would fail on it. The bytes are echoed escaped, never raw.
+void need_utf8(const Fields& f, std::string_view key, const std::string& value) {
+  const std::size_t at = invalid_utf8_at(value);
+  if (at != std::string_view::npos)
+    reject("field " + f.name(key) + " is not valid UTF-8 (byte " + num(std::uint64_t{at}) +
+           "): " + quote(value));
+}
+
 // The job key of cancel/status/submit, read first so errors can name the job.
 void read_key(const Fields& f, const DecodeLimits& lim, std::string& id, std::string& tenant,
               std::string& token) {
   id = f.str("id", lim.max_id_bytes, true, false);
+  need_utf8(f, "id", id);
   tenant = f.str("tenant", lim.max_name_bytes, true, false);
+  need_utf8(f, "tenant", tenant);
   token = f.str("token", lim.max_token_bytes, false);
 }
 
@@ -585,10 +635,27 @@ Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
   }
 
   s.max_tokens = static_cast<std::uint32_t>(f.uint("max_tokens", 16, 1, lim.max_new_tokens));
+  // The sampler takes temperature and top_p as 32-bit floats: each is checked again as that
+  // float, so that no value valid as sent becomes invalid on the way (top_p 1e-46 is > 0 as a
+  // double but 0 as a float). A positive temperature below the smallest float becomes 0, greedy,
+  // which is where a vanishing temperature tends anyway.
+  const auto as_float = [](const char* field, double v, double lo, double hi, bool lo_open) {
+    const float x = static_cast<float>(v);
+    const bool ok = std::isfinite(x) && (lo_open ? x > lo : x >= lo) && x <= hi;
+    if (!ok)
+      reject(std::string(field) + " " + num(v) + " out of range " + (lo_open ? "(" : "[") +
+             num(lo) + ", " + num(hi) +
+             "] once narrowed to the sampler's 32-bit float (it becomes " +
+             num(static_cast<double>(x)) + "; the smallest positive float is " +
+             num(static_cast<double>(std::numeric_limits<float>::denorm_min())) + ")");
+  };
   // 100: far beyond any useful temperature (the distribution is flat long before) yet finite.
   s.temperature = f.number("temperature", 1.0, 0.0, 100.0);
+  as_float("temperature", s.temperature, 0.0, 100.0, false);
+  // kMaxTokenId keeps top_k inside the sampler's int32 (a larger one means "off" there anyway).
   s.top_k = static_cast<std::uint32_t>(f.uint("top_k", 0, 0, kMaxTokenId));
   s.top_p = f.number("top_p", 1.0, 0.0, 1.0, true);
+  as_float("top_p", s.top_p, 0.0, 1.0, true);
   if (const msgpack::object* seed = f.get("seed"))
     s.seed = Fields::uint_value(*seed, "seed", 0, kU64);
 
@@ -644,11 +711,14 @@ ClientMessage decode_client_object(const msgpack::object& root, const DecodeLimi
     reject(std::string("message must be a map, got ") + type_name(root));
   const Fields f(root, "");
   // Best effort, before anything can fail: lets the error reply name the job.
+  // Only valid UTF-8 is echoed: the reply is a msgpack str that strict decoders check.
   if (const msgpack::object* id = f.get("id");
-      id && id->type == msgpack::type::STR && id->via.str.size <= lim.max_id_bytes)
+      id && id->type == msgpack::type::STR && id->via.str.size <= lim.max_id_bytes &&
+      invalid_utf8_at(str_of(*id)) == std::string_view::npos)
     partial.id = std::string(str_of(*id));
   if (const msgpack::object* t = f.get("tenant");
-      t && t->type == msgpack::type::STR && t->via.str.size <= lim.max_name_bytes)
+      t && t->type == msgpack::type::STR && t->via.str.size <= lim.max_name_bytes &&
+      invalid_utf8_at(str_of(*t)) == std::string_view::npos)
     partial.tenant = std::string(str_of(*t));
 
   const std::string_view type = message_type(f);
@@ -714,6 +784,7 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
     Accepted a;
     a.id = f.str("id", lim.max_id_bytes, true, false);
     a.queue_position = static_cast<std::uint32_t>(f.uint("queue_position", 0, 0, kU32));
+    a.tenant = f.str("tenant", lim.max_name_bytes, false);
     return a;
   }
   if (type == "tokens") {
@@ -725,6 +796,7 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
     t.text = f.str("text", lim.max_string_bytes, false);
     if (const msgpack::object* lp = f.typed("logprobs", msgpack::type::ARRAY, "an array", false))
       t.logprobs = decode_logprobs(*lp);
+    t.tenant = f.str("tenant", lim.max_name_bytes, false);
     return t;
   }
   if (type == "done") {
@@ -751,6 +823,8 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
       d.timings.ttft_ms = tf.number("ttft_ms", 0.0, 0.0, max_ms);
       d.timings.total_ms = tf.number("total_ms", 0.0, 0.0, max_ms);
     }
+    if (const msgpack::object* lp = f.typed("logprobs", msgpack::type::ARRAY, "an array", false))
+      d.logprobs = decode_logprobs(*lp);
     return d;
   }
   if (type == "error") {
@@ -775,6 +849,7 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
     s.state = *state;
     s.queue_position = static_cast<std::uint32_t>(f.uint("queue_position", 0, 0, kU32));
     s.completion_tokens = static_cast<std::uint32_t>(f.uint("completion_tokens", 0, 0, kU32));
+    s.tenant = f.str("tenant", lim.max_name_bytes, false);
     return s;
   }
   if (type == "control_reply") {
@@ -887,6 +962,7 @@ struct ServerEncoder {
     MapOut m;
     m.head("accepted");
     m.str("id", a.id);
+    if (!a.tenant.empty()) m.str("tenant", a.tenant);
     m.uint("queue_position", a.queue_position);
     return m.finish();
   }
@@ -894,6 +970,7 @@ struct ServerEncoder {
     MapOut m;
     m.head("tokens");
     m.str("id", t.id);
+    if (!t.tenant.empty()) m.str("tenant", t.tenant);
     m.uint("index", t.index);
     m.ids("ids", t.ids);
     m.str("text", t.text);
@@ -919,6 +996,7 @@ struct ServerEncoder {
     t.number("ttft_ms", d.timings.ttft_ms);
     t.number("total_ms", d.timings.total_ms);
     m.raw("timings", t.finish());
+    if (!d.logprobs.empty()) m.raw("logprobs", encode_logprobs(d.logprobs));
     return m.finish();
   }
   std::string operator()(const Error& e) const {
@@ -941,6 +1019,7 @@ struct ServerEncoder {
     MapOut m;
     m.head("status_reply");
     m.str("id", s.id);
+    if (!s.tenant.empty()) m.str("tenant", s.tenant);
     m.str("state", to_string(s.state));
     m.uint("queue_position", s.queue_position);
     m.uint("completion_tokens", s.completion_tokens);

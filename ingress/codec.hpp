@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <variant>
 
 #include "ingress/protocol.hpp"
@@ -61,6 +62,12 @@ std::string encode_server(const ServerMessage& m);
 
 /// Encodes a client message; optional fields at their default value are left out.
 std::string encode_client(const ClientMessage& m);
+
+/// Client-provided text as every error message echoes it (the codec's and the actors' alike):
+/// in single quotes, at most 64 bytes (then "..."), and every byte outside printable ASCII, and
+/// the quote and backslash themselves, written as \xNN, so that a message stays short, one line
+/// and unambiguous whatever the client sent.
+std::string quoted(std::string_view s);
 
 /// Converts a decode failure into the error reply the server sends for it.
 inline Error to_error(const DecodeError& e) {

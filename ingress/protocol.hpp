@@ -84,7 +84,8 @@ using ClientMessage = std::variant<Submit, Cancel, Status, Ping, Control>;
 /// The job was journaled and queued.
 struct Accepted {
   std::string id;
-  std::uint32_t queue_position = 0;  ///< jobs ahead of it at acceptance (an estimate under WFQ)
+  std::uint32_t queue_position = 0;  ///< jobs ahead of it at acceptance, were no more to arrive
+  std::string tenant = {};           ///< the job's tenant (one connection may serve several)
   bool operator==(const Accepted&) const = default;
 };
 
@@ -109,6 +110,7 @@ struct Tokens {
   std::vector<std::int32_t> ids;
   std::string text;                     ///< text delta these tokens add (may be "" mid-UTF-8)
   std::vector<TokenLogprobs> logprobs;  ///< one per id when logprobs > 0, else empty
+  std::string tenant = {};              ///< the job's tenant
   bool operator==(const Tokens&) const = default;
 };
 
@@ -145,6 +147,9 @@ struct Done {
   std::vector<std::int32_t> ids;  ///< the full completion ids (empty for streamed ROUTER jobs)
   Usage usage;
   Timings timings;
+  /// One per completion id when the job asked for logprobs and was not streamed on the request
+  /// endpoint (a streamed job's chunks carried them); else empty.
+  std::vector<TokenLogprobs> logprobs = {};
   bool operator==(const Done&) const = default;
 };
 
@@ -176,8 +181,9 @@ std::optional<JobState> job_state_from_string(std::string_view s);
 struct StatusReply {
   std::string id;
   JobState state = JobState::queued;
-  std::uint32_t queue_position = 0;     ///< while queued; 0 otherwise
-  std::uint32_t completion_tokens = 0;  ///< generated so far
+  std::uint32_t queue_position = 0;     ///< while queued: jobs ahead of it; 0 otherwise
+  std::uint32_t completion_tokens = 0;  ///< generated so far (while running too)
+  std::string tenant = {};              ///< the job's tenant
   bool operator==(const StatusReply&) const = default;
 };
 

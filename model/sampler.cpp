@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -29,6 +30,13 @@ double uniform01(std::mt19937_64& rng) {
   return static_cast<double>(rng() >> 11) * 0x1.0p-53;
 }
 
+// A float for messages: "%g" keeps tiny values readable (std::to_string prints 1e-40 as 0.000000).
+std::string show(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(v));
+  return buf;
+}
+
 }  // namespace
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {
@@ -40,8 +48,7 @@ Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seed) {
     throw std::invalid_argument("sampling: top_k must be >= 0 (0 disables it), got " +
                                 std::to_string(p.top_k));
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f))
-    throw std::invalid_argument("sampling: top_p must be in (0, 1], got " +
-                                std::to_string(p.top_p));
+    throw std::invalid_argument("sampling: top_p must be in (0, 1], got " + show(p.top_p));
   if (p.n_logprobs < 0 || p.n_logprobs > kMaxLogprobs)
     throw std::invalid_argument("sampling: n_logprobs must be in [0, " +
                                 std::to_string(kMaxLogprobs) + "], got " +
@@ -53,10 +60,20 @@ int32_t Sampler::sample(const float* logits, int32_t n_vocab, std::vector<TokenL
   if (n_vocab <= 0) throw std::invalid_argument("sampling: n_vocab must be > 0");
   const size_t n = static_cast<size_t>(n_vocab);
 
-  // Greedy pick (also needed for the log-sum-exp's maximum).
+  // Greedy pick (also needed for the log-sum-exp's maximum). The same pass refuses logits that
+  // name no distribution: a NaN or +inf (a numerical fault upstream) or nothing but -inf (every
+  // token masked). Any of them would otherwise yield an arbitrary token without a word.
   int32_t best = 0;
-  for (int32_t i = 1; i < n_vocab; ++i)
-    if (logits[i] > logits[best]) best = i;  // strict: ties keep the lowest id
+  for (int32_t i = 0; i < n_vocab; ++i) {
+    const float l = logits[i];
+    if (!(l < std::numeric_limits<float>::infinity()))
+      throw SamplingError(std::string("sampling: the logits are not finite (") +
+                          (std::isnan(l) ? "NaN" : "+inf") + " at token id " + std::to_string(i) +
+                          ")");
+    if (l > logits[best]) best = i;  // strict: ties keep the lowest id
+  }
+  if (logits[best] == -std::numeric_limits<float>::infinity())
+    throw SamplingError("sampling: every logit is -inf (no token can be drawn)");
 
   int32_t chosen = best;
   const float inv_t = p_.temperature > 0.0f ? 1.0f / p_.temperature : 0.0f;

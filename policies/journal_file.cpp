@@ -49,12 +49,19 @@ void put_u32(std::string& out, uint32_t v) {
   throw std::runtime_error("journal " + path + ": " + what + ": " + std::strerror(errno));
 }
 
+// A refused write or sync: the errno travels with it, so that callers can tell clients why
+// without naming the path.
+[[noreturn]] void fail_write(const std::string& path, const std::string& what) {
+  const int e = errno;
+  throw JournalWriteError("journal " + path + ": " + what + ": " + std::strerror(e), e);
+}
+
 void write_all(int fd, const std::string& path, const char* p, size_t n) {
   while (n > 0) {
     ssize_t w = ::write(fd, p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      fail(path, "write");
+      fail_write(path, "write");
     }
     p += w;
     n -= static_cast<size_t>(w);
@@ -220,7 +227,7 @@ JournalFile::JournalFile(const std::string& path, JournalScan& scan) : path_(pat
       // Cut the damaged tail (or a partial header) so that new records follow the last good one.
       uint64_t keep = scan.good_bytes;
       if (::ftruncate(fd_, static_cast<off_t>(keep)) != 0) fail(path_, "truncate");
-      size_ = keep;
+      size_ = synced_ = keep;
       if (keep == 0) {
         buf_.assign(kHeader, sizeof kHeader);
         sync();
@@ -283,6 +290,7 @@ void JournalFile::open_for_append() {
   struct stat st {};
   if (::fstat(fd_, &st) != 0) fail(path_, "stat");
   size_ = static_cast<uint64_t>(st.st_size);
+  synced_ = size_;  // what is there already is the baseline a failed sync cuts back to
   if (::lseek(fd_, 0, SEEK_END) < 0) fail(path_, "seek");
 }
 
@@ -307,16 +315,51 @@ void JournalFile::append(std::string_view payload) {
   frame_record(buf_, payload);
 }
 
+// Truncates the file back to `offset` after a refused write or sync (a full disk can take part
+// of a write: that prefix must not stay in front of the next record). A truncation that fails
+// is retried before the next write, and no write goes out until it succeeds.
+void JournalFile::cut_back(uint64_t offset) {
+  size_ = offset;
+  cut_pending_ = true;
+  finish_cut();
+}
+
+void JournalFile::finish_cut() {
+  if (!cut_pending_) return;
+  if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0) return;
+  cut_pending_ = false;
+  synced_ = std::min(synced_, size_);
+}
+
 void JournalFile::flush() {
   if (buf_.empty()) return;
-  write_all(fd_, path_, buf_.data(), buf_.size());
+  finish_cut();
+  if (cut_pending_) {
+    buf_.clear();
+    fail_write(path_, "cut back a refused write");
+  }
+  try {
+    write_all(fd_, path_, buf_.data(), buf_.size());
+  } catch (const JournalWriteError&) {
+    buf_.clear();
+    cut_back(size_);
+    throw;
+  }
   size_ += buf_.size();
   buf_.clear();
 }
 
 void JournalFile::sync() {
   flush();
-  if (::fdatasync(fd_) != 0) fail(path_, "fdatasync");
+  if (::fdatasync(fd_) != 0) {
+    const int e = errno;
+    // After a failed fdatasync the kernel may already have dropped the dirty pages: what was
+    // written since the last good sync is of unknown fate, so none of it is kept.
+    cut_back(synced_);
+    errno = e;
+    fail_write(path_, "fdatasync");
+  }
+  synced_ = size_;
   ++syncs_;
 }
 
@@ -324,13 +367,32 @@ void JournalFile::rewrite(const std::vector<std::string>& records) {
   flush();
   const std::string tmp = path_ + ".tmp";
   int t = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (t < 0) fail(tmp, "open");
+  if (t < 0) fail_write(tmp, "open");
+  // A new file that cannot be written whole (a full disk) is removed: the old journal, intact
+  // since rename is atomic, stays in use, and no partial PATH.tmp is left lying around.
+  auto give_up = [&](const char* what) {
+    const int e = errno;
+    ::close(t);
+    ::unlink(tmp.c_str());
+    errno = e;
+    fail_write(tmp, what);
+  };
   std::string out(kHeader, sizeof kHeader);
   for (const auto& r : records) frame_record(out, r);
-  write_all(t, tmp, out.data(), out.size());
-  if (::fsync(t) != 0) fail(tmp, "fsync");
+  try {
+    write_all(t, tmp, out.data(), out.size());
+  } catch (const JournalWriteError& e) {
+    errno = e.code;
+    give_up("write");
+  }
+  if (::fsync(t) != 0) give_up("fsync");
   ::close(t);
-  if (::rename(tmp.c_str(), path_.c_str()) != 0) fail(path_, "rename");
+  if (::rename(tmp.c_str(), path_.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    errno = e;
+    fail_write(path_, "rename");
+  }
   sync_dir(path_);
   ::close(fd_);
   fd_ = -1;

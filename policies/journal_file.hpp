@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,16 @@ struct JournalScan {
 /// exists but cannot be read, or its header is not a journal's.
 JournalScan scan_journal(const std::string& path);
 
+/// A write or sync the file system refused (disk full, quota, I/O error). The file has been cut
+/// back to its last good record and the buffer emptied: nothing of what failed stays behind, so a
+/// record refused now is never written later. what() names the path (for the operator's log);
+/// `code` is the errno, whose text (std::strerror) names no path (for clients).
+class JournalWriteError : public std::runtime_error {
+ public:
+  JournalWriteError(const std::string& what, int code) : std::runtime_error(what), code(code) {}
+  int code;
+};
+
 /// An open journal file, appended to by one owner. Not thread-safe.
 class JournalFile {
  public:
@@ -63,8 +74,13 @@ class JournalFile {
   /// Frames `payload` into the write buffer (no system call).
   void append(std::string_view payload);
   /// Writes the buffer to the OS (write(2)): from now on the records survive a process crash.
+  /// On failure (JournalWriteError) the file is truncated back to where this write began and the
+  /// whole buffer is dropped: a partial record never stays mid-file, and the refused records are
+  /// not written by a later flush.
   void flush();
-  /// flush() then fdatasync: the records survive a power loss.
+  /// flush() then fdatasync: the records survive a power loss. When fdatasync fails, what was
+  /// written since the last good sync may or may not be on disk: the file is cut back to that
+  /// sync, so that what was never acknowledged is not replayed (JournalWriteError).
   void sync();
   /// Bytes in the file, buffered ones included.
   uint64_t size() const { return size_ + buf_.size(); }
@@ -75,16 +91,21 @@ class JournalFile {
   static std::string lock_path(const std::string& path);
 
   /// Replaces the whole journal by `records` (compaction): writes PATH.tmp, syncs it, renames it
-  /// over PATH, syncs the folder, and continues appending to the new file.
+  /// over PATH, syncs the folder, and continues appending to the new file. When the new file
+  /// cannot be written (JournalWriteError), PATH.tmp is removed and the old journal stays in use.
   void rewrite(const std::vector<std::string>& records);
 
  private:
   void open_for_append();
   void lock();
+  void cut_back(uint64_t offset);
+  void finish_cut();
   std::string path_;
   int fd_ = -1;
   int lock_fd_ = -1;  // held (flock) for the object's life
   uint64_t size_ = 0;
+  uint64_t synced_ = 0;       // where the last good fdatasync left the file
+  bool cut_pending_ = false;  // a cut back to size_ failed: retried before the next write
   uint64_t syncs_ = 0;
   std::string buf_;
 };

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <limits>
 #include <stdexcept>
+#include <tuple>
 #include <unordered_set>
 
 namespace sy::policy {
@@ -54,6 +55,76 @@ std::size_t FairQueue::position_estimate(std::size_t class_index) const {
   return n + mine.size;
 }
 
+std::optional<std::size_t> FairQueue::ahead_of(std::uint64_t handle) const {
+  const auto w = where_.find(handle);
+  if (w == where_.end()) return std::nullopt;
+  const int rank = classes_[w->second.class_index].cfg.rank;
+  std::size_t ahead = 0;
+  for (const ClassState& c : classes_)
+    if (c.cfg.rank < rank) ahead += c.size;  // strict priority: all of them go first
+
+  // The same steps as pop() and set_head(), on copies of the tags of this rank's classes.
+  struct SimFlow {
+    const std::deque<Entry>* jobs;
+    std::size_t next = 0;  // index of its head in *jobs
+    double weight, last_finish, head_start;
+  };
+  using SimTag = std::tuple<double, std::uint64_t, std::size_t>;  // finish, arrival, flow
+  struct SimClass {
+    const ClassState* c;
+    double vtime, last_finish, start;
+    std::size_t size;
+    std::vector<SimFlow> flows;
+    std::set<SimTag> ready;
+  };
+  std::vector<SimClass> sim;
+  for (std::size_t i : by_rank_) {
+    const ClassState& c = classes_[i];
+    if (c.cfg.rank != rank || c.size == 0) continue;
+    SimClass sc{&c, c.vtime, c.last_finish, c.start, c.size, {}, {}};
+    for (const auto& [tenant, f] : c.flows) {
+      if (f.jobs.empty()) continue;
+      sc.ready.emplace(f.head.finish, f.head.arrival, sc.flows.size());
+      sc.flows.push_back(SimFlow{&f.jobs, 0, f.weight, f.last_finish, f.head_start});
+    }
+    sim.push_back(std::move(sc));
+  }
+  const auto rv = rank_vtime_.find(rank);
+  double rank_vtime = rv == rank_vtime_.end() ? 0.0 : rv->second;
+  for (;;) {
+    SimClass* best = nullptr;
+    double best_finish = 0, best_start = 0;
+    for (SimClass& sc : sim) {
+      if (sc.size == 0) continue;
+      const SimFlow& head = sc.flows[std::get<2>(*sc.ready.begin())];
+      const double finish =
+          sc.start + static_cast<double>((*head.jobs)[head.next].job.cost) / sc.c->cfg.weight;
+      if (!best || finish < best_finish) {
+        best = &sc;
+        best_finish = finish;
+        best_start = sc.start;
+      }
+    }
+    if (!best) return ahead;  // unreachable: the job is queued at this rank
+    rank_vtime = std::max(rank_vtime, best_start);
+    best->last_finish = best_finish;
+    const SimTag tag = *best->ready.begin();
+    best->ready.erase(best->ready.begin());
+    SimFlow& f = best->flows[std::get<2>(tag)];
+    best->vtime = std::max(best->vtime, f.head_start);
+    f.last_finish = std::get<0>(tag);
+    if ((*f.jobs)[f.next].job.handle == handle) return ahead;
+    ++ahead;
+    if (++f.next < f.jobs->size()) {
+      const Entry& e = (*f.jobs)[f.next];
+      f.head_start = std::max(best->vtime, f.last_finish);
+      best->ready.emplace(f.head_start + static_cast<double>(e.job.cost) / f.weight, e.arrival,
+                          std::get<2>(tag));
+    }
+    if (--best->size > 0) best->start = std::max(rank_vtime, best->last_finish);
+  }
+}
+
 void FairQueue::set_head(ClassState& c, Flow& f) {
   const Entry& e = f.jobs.front();
   f.head_start = std::max(c.vtime, f.last_finish);
@@ -65,8 +136,22 @@ void FairQueue::retire_flow(ClassState& c, const std::string& tenant) {
   // An empty flow whose last tag is not ahead of virtual time carries no state that matters
   // (it would re-enter at vtime anyway): drop it so idle tenants cost no memory.
   auto it = c.flows.find(tenant);
-  if (it != c.flows.end() && it->second.jobs.empty() && it->second.last_finish <= c.vtime)
+  if (it == c.flows.end() || !it->second.jobs.empty()) return;
+  if (it->second.last_finish <= c.vtime) {
     c.flows.erase(it);
+    return;
+  }
+  // Ahead of virtual time, its tag still holds back a tenant that was just served. Virtual time
+  // need not pass it soon (it stands still while only new tenants arrive), so beyond
+  // kMaxEmptyFlows such flows the oldest are dropped: a tenant returning after that many others
+  // loses at most one job's lag, while endless new tenant names cannot grow the queue's memory.
+  constexpr std::size_t kMaxEmptyFlows = 4096;
+  c.empty_flows.push_back(tenant);
+  while (c.empty_flows.size() > kMaxEmptyFlows) {
+    auto old = c.flows.find(c.empty_flows.front());
+    if (old != c.flows.end() && old->second.jobs.empty()) c.flows.erase(old);
+    c.empty_flows.pop_front();
+  }
 }
 
 PushResult FairQueue::push(std::size_t class_index, QueuedJob job) {

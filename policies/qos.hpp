@@ -91,10 +91,19 @@ class FairQueue {
   std::size_t size() const { return total_; }
   bool empty() const { return total_ == 0; }
   std::size_t size(std::size_t class_index) const { return classes_.at(class_index).size; }
+  /// Tenants the class holds state for: those with queued jobs, and empty flows whose last tag
+  /// is still ahead of virtual time (at most 4,096 of those: see retire_flow).
+  std::size_t flows(std::size_t class_index) const { return classes_.at(class_index).flows.size(); }
   bool full(std::size_t class_index) const;
   /// Jobs that would be served before a job pushed now into the class: an estimate, since fair
   /// queuing may let a later job of a lighter tenant overtake (all of lower rank + its own class).
   std::size_t position_estimate(std::size_t class_index) const;
+  /// Jobs that pop() would hand out before the queued job `handle` were nothing more pushed or
+  /// removed: every job of a more important rank, and those of its own rank that the fair
+  /// queuing tags put ahead of it (a replay of pop() on the tags as they stand, O(n log n) in
+  /// the jobs of that rank). nullopt when it is not queued. A job pushed later can still
+  /// overtake it (a more important class, or a tenant with less recent service).
+  std::optional<std::size_t> ahead_of(std::uint64_t handle) const;
   const PriorityClass& config(std::size_t class_index) const {
     return classes_.at(class_index).cfg;
   }
@@ -125,8 +134,9 @@ class FairQueue {
   struct ClassState {
     PriorityClass cfg;
     std::unordered_map<std::string, Flow> flows;
-    std::set<Tag> ready;     // one tag per non-empty flow
-    double vtime = 0;        // tenant-level virtual time
+    std::deque<std::string> empty_flows;  // flows kept empty for their tags, oldest first
+    std::set<Tag> ready;                  // one tag per non-empty flow
+    double vtime = 0;                     // tenant-level virtual time
     double last_finish = 0;  // class-level finish tag of its last service, among its rank
     double start = 0;        // class-level start tag, fixed while the class stays backlogged
     std::size_t size = 0;

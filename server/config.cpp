@@ -121,13 +121,15 @@ void each(const Ctx& c, const std::string& prefix, const YAML::Node& map,
 constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();
 constexpr int64_t kU32 = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kI64 = std::numeric_limits<int64_t>::max();
+constexpr int64_t kHourMs = 3600000;
 // Weights are shares; 1e6 is far beyond any sensible ratio and keeps the WFQ tags finite.
 constexpr double kMaxWeight = 1e6;
 
 void load_endpoints(const Ctx& c, const YAML::Node& n, EndpointConfig& e) {
   each(c, "endpoints", n,
        {"bind", "pull", "results", "max_message_bytes", "sndhwm", "rcvhwm", "curve_secret_key",
-        "curve_public_key", "curve_allowed_keys"},
+        "curve_public_key", "curve_allowed_keys", "heartbeat_ivl_ms", "heartbeat_timeout_ms",
+        "heartbeat_ttl_ms", "handshake_timeout_ms"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "bind") e.bind = get_string(c, key, v);
          // Key files, like the model, are found relative to the config file's folder.
@@ -149,6 +151,17 @@ void load_endpoints(const Ctx& c, const YAML::Node& n, EndpointConfig& e) {
            e.sndhwm = static_cast<int>(get_int(c, key, v, 0, kI32));
          else if (k == "rcvhwm")
            e.rcvhwm = static_cast<int>(get_int(c, key, v, 0, kI32));
+         // Liveness timers: an hour bounds them all (beyond that a value is a typo, and a
+         // stalled peer would keep its buffers that long).
+         else if (k == "heartbeat_ivl_ms")
+           e.heartbeat_ivl_ms = get_int(c, key, v, 0, kHourMs);
+         else if (k == "heartbeat_timeout_ms")
+           e.heartbeat_timeout_ms = get_int(c, key, v, 0, kHourMs);
+         // ZMTP sends the TTL in tenths of a second in 16 bits.
+         else if (k == "heartbeat_ttl_ms")
+           e.heartbeat_ttl_ms = get_int(c, key, v, 0, 6553500);
+         else if (k == "handshake_timeout_ms")
+           e.handshake_timeout_ms = get_int(c, key, v, 0, kHourMs);
        });
 }
 
@@ -186,7 +199,7 @@ void load_tenants(const Ctx& c, const std::string& key, const YAML::Node& n,
 void load_admission(const Ctx& c, const YAML::Node& n, AdmissionConfig& a) {
   each(c, "admission", n,
        {"allow_anonymous", "tenants", "max_prompt_tokens", "max_output_tokens", "result_cache",
-        "admin_token"},
+        "result_cache_bytes", "tenant_idle_ms", "max_idle_tenants", "admin_token"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "allow_anonymous")
            a.allow_anonymous = get_bool(c, key, v);
@@ -198,6 +211,13 @@ void load_admission(const Ctx& c, const YAML::Node& n, AdmissionConfig& a) {
            a.max_output_tokens = static_cast<uint32_t>(get_int(c, key, v, 1, kU32));
          else if (k == "result_cache")
            a.result_cache = static_cast<size_t>(get_int(c, key, v, 0, kI64));
+         else if (k == "result_cache_bytes")
+           a.result_cache_bytes = static_cast<size_t>(get_int(c, key, v, 0, kI64));
+         // A day: idle tenants kept longer are no longer "idle", they are a leak.
+         else if (k == "tenant_idle_ms")
+           a.tenant_idle_ms = get_int(c, key, v, 0, 86400000);
+         else if (k == "max_idle_tenants")
+           a.max_idle_tenants = static_cast<size_t>(get_int(c, key, v, 0, kI64));
          else if (k == "admin_token")
            a.admin_token = get_string(c, key, v);
        });
@@ -373,9 +393,13 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
              if (!cfg.state_dir.empty() && std::filesystem::path(cfg.state_dir).is_relative())
                cfg.state_dir = (std::filesystem::path(path).parent_path() / cfg.state_dir).string();
            } else if (k == "metrics")
-             each(c, key, v, {"bind"},
-                  [&](const std::string&, const std::string& k2, const YAML::Node& v2) {
-                    cfg.metrics.bind = get_string(c, k2, v2);
+             each(c, key, v, {"bind", "max_tenant_labels"},
+                  [&](const std::string& k2, const std::string& key2, const YAML::Node& v2) {
+                    if (k2 == "bind")
+                      cfg.metrics.bind = get_string(c, key2, v2);
+                    else if (k2 == "max_tenant_labels")
+                      cfg.metrics.max_tenant_labels =
+                          static_cast<size_t>(get_int(c, key2, v2, 0, kI64));
                   });
            else if (k == "journal") {
              auto& j = cfg.journal;
@@ -474,6 +498,7 @@ void finalize_config(ServerConfig& cfg) {
     throw std::runtime_error(
         "config: endpoints.pull needs endpoints.results (where pipeline results go)");
   cfg.router.block_size = cfg.batching.kv_block_size;
+  cfg.journal.keep_result_bytes = cfg.admission.result_cache_bytes;
   cfg.router.max_job_retries = cfg.batching.max_job_retries;
   // Affinity only pays where the batcher keeps prefixes.
   if (!cfg.batching.prefix_cache) cfg.router.prefix_affinity = false;

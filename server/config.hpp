@@ -16,6 +16,29 @@ struct EndpointConfig {
   std::string results;                        // PUSH for pipeline sinks ("" = off)
   int64_t max_message_bytes = 1 << 20;        // ZMQ_MAXMSGSIZE: a bigger frame disconnects
   int sndhwm = 1000, rcvhwm = 1000;           // ZeroMQ high-water marks (messages)
+  // Connection liveness (docs/protocol.md, Sockets).
+  // A connection that has not completed the ZMTP handshake (greeting, CURVE, READY) within
+  // handshake_timeout_ms is dropped (ZMQ_HANDSHAKE_IVL; 0 = never). A real handshake takes a few
+  // round trips, well under a second even across continents; 10 s leaves room for a loaded host
+  // and is a third of libzmq's default, so strangers that connect and send nothing cost less.
+  int64_t handshake_timeout_ms = 10000;
+  // ZMTP heartbeats on the request endpoint (ROUTER); 0 = off, the default. With an interval the
+  // server PINGs every connection that often and drops one from which no whole message (a PONG
+  // counts) came within heartbeat_timeout_ms of a PING: a dead client, or one stalled in the
+  // middle of a frame, which otherwise pins the frame's buffer (up to max_message_bytes) for as
+  // long as it likes. Suggested: 10 s and 30 s (three intervals: a GC pause or a network hiccup
+  // is survived; a stalled peer is gone within 40 s). Off by default because libzmq 4.3.4 (and
+  // libzmq master) aborts the process from its heartbeat timer when a peer resets a connection
+  // whose input ZeroMQ had paused at the high-water mark: any client that floods and resets can
+  // kill the server. Turn it on only where every client is trusted (CURVE with an allow-list).
+  // The pipeline sockets never get heartbeats: a producer held back by backpressure is paused
+  // that way in normal operation.
+  int64_t heartbeat_ivl_ms = 0;
+  int64_t heartbeat_timeout_ms = 30000;
+  // Sent in each PING: a client drops the connection when it hears nothing from the server for
+  // this long, so a dead server host is noticed and the client reconnects. Three intervals, as
+  // above; ZMTP carries it in tenths of a second (at most 6553.5 s).
+  int64_t heartbeat_ttl_ms = 30000;
   // CURVE (docs/security.md): with a secret key file every bound socket is a CURVE server and
   // clients need the public key; "" = plain TCP. The public key file is optional and only checked
   // against the secret key (a mismatched pair is a deployment error worth catching at start).
@@ -42,7 +65,17 @@ struct AdmissionConfig {
   uint32_t max_prompt_tokens = 0;  // 0 = the model context
   uint32_t max_output_tokens = 4096;
   size_t result_cache = 100000;  // finished job keys remembered for resubmission
-  std::string admin_token;       // operator commands (switchyard ctl); "" = none allowed
+  // ...and their bytes at most (completion text and ids, logprobs, keys): a count alone lets
+  // long completions take gigabytes (100,000 of 4,096 tokens are ~1.9 GB). Oldest go first.
+  size_t result_cache_bytes = size_t{256} << 20;
+  // Open-tenant mode: a tenant name that is not configured is forgotten once it has no job in
+  // flight and has not been used for this long (its state is an unlimited quota of weight 1,
+  // rebuilt as it was on its next submit), so that endless new names do not grow the tables.
+  int64_t tenant_idle_ms = 60000;
+  // ...and at most this many such idle tenants are kept whatever their age (the longest idle
+  // go first): the bound when names arrive faster than tenant_idle_ms forgets them.
+  size_t max_idle_tenants = 10000;
+  std::string admin_token;  // operator commands (switchyard ctl); "" = none allowed
   // Let prompt + max_tokens exceed the model context (set when the KV policy is sinks, whose
   // positions never pass the cache size); jobs under other policies still end at the context.
   bool beyond_context = false;
@@ -93,6 +126,9 @@ struct ExecutorConfig {
   int test_fault_throw_after = 0;  // TEST ONLY: the first executor throws after N steps (0 off)
   int test_fault_hang_after = 0;   // TEST ONLY: the first executor stops answering after N steps
   int test_fault_batcher_throw_after = 0;  // TEST ONLY: the first batcher throws after N steps
+  // TEST ONLY: a job whose first planned chunk feeds this token id gets NaN logits (every
+  // executor), so that it fails alone; -1 off.
+  int test_nan_logits_token = -1;
 };
 
 /// A backend name the configuration accepts (auto, cpu, cuda, null); gpu/backend.hpp resolves
@@ -116,6 +152,10 @@ struct AutoscaleConfig {
 /// The operator HTTP endpoints (/metrics, /health, /ready: docs/metrics.md).
 struct MetricsConfig {
   std::string bind;  // "HOST:PORT" (port 0: any free one); "" = off
+  // Tenants that are not configured (open-tenant mode) get a `tenant` label of their own up to
+  // this many distinct names; later ones are counted under tenant="_other". A counter's series
+  // never goes away, so without a cap every new tenant name would add series for good.
+  size_t max_tenant_labels = 1000;
 };
 
 /// The durable journal of accepted jobs and results (docs/durability.md).
@@ -129,6 +169,9 @@ struct JournalConfig {
   // two seconds is far beyond the gateway's usual hand-off time to the socket.
   int64_t delivered_lag_ms = 2000;
   int64_t compact_bytes = 64 << 20;  // rewrite the file once it outgrows this and is mostly dead
+  // The results kept in memory for compaction (the ones admission keeps for resubmissions) take
+  // this many bytes at most; set by finalize_config from admission.result_cache_bytes.
+  size_t keep_result_bytes = size_t{256} << 20;
 };
 
 struct ServerConfig {

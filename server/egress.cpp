@@ -35,7 +35,7 @@ OutMessage make(const ClientRef& to, const std::string& id, const std::string& t
 }  // namespace
 
 OutMessage encode_event(const AcceptedEvent& e) {
-  return make(e.to, e.id, "", false, wire::Accepted{e.id, e.queue_position});
+  return make(e.to, e.id, e.tenant, false, wire::Accepted{e.id, e.queue_position, e.tenant});
 }
 
 OutMessage encode_event(const TokensEvent& e) {
@@ -45,7 +45,8 @@ OutMessage encode_event(const TokensEvent& e) {
   t.ids = e.ids;
   t.text = sanitize_utf8(e.text);  // wire text is a msgpack str: always valid UTF-8
   t.logprobs = unflatten(e.logprob, e.n_top, e.top_ids, e.top_logprobs);
-  return make(e.to, e.id, "", false, t);
+  t.tenant = e.tenant;
+  return make(e.to, e.id, e.tenant, false, t);
 }
 
 OutMessage encode_event(const DoneEvent& e) {
@@ -57,6 +58,9 @@ OutMessage encode_event(const DoneEvent& e) {
   d.ids = e.ids;
   d.usage = {e.prompt_tokens, e.completion_tokens, e.cached_tokens};
   d.timings = {e.queue_ms, e.ttft_ms, e.total_ms};
+  // Present only for jobs that asked for logprobs and were not streamed (the batcher clears
+  // them for a streamed job on the request endpoint: its chunks carried them).
+  d.logprobs = unflatten(e.logprob, e.n_top, e.top_ids, e.top_logprobs);
   return make(e.to, e.id, e.tenant, true, d);
 }
 
@@ -79,7 +83,8 @@ OutMessage encode_event(const StatusEvent& e) {
   s.state = static_cast<wire::JobState>(e.state <= 4 ? e.state : 0);
   s.queue_position = e.queue_position;
   s.completion_tokens = e.completion_tokens;
-  return make(e.to, e.id, "", false, s);
+  s.tenant = e.tenant;
+  return make(e.to, e.id, e.tenant, false, s);
 }
 
 OutMessage encode_event(const ControlEvent& e) {
@@ -98,24 +103,7 @@ caf::actor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox) 
         [=](out_atom, const TokensEvent& e) {
           if (to_router(e.to)) outbox->post(encode_event(e));
         },
-        [=](out_atom, const DoneEvent& e) {
-          // wire::Done has no logprobs: a non-streamed job that asked for them gets them in one
-          // tokens message covering the whole completion, just before its done.
-          if (to_router(e.to) && !e.logprob.empty()) {
-            TokensEvent t;
-            t.to = e.to;
-            t.uid = e.uid;
-            t.id = e.id;
-            t.ids = e.ids;
-            t.text = sanitize_utf8(e.text);  // wire text is a msgpack str: always valid UTF-8
-            t.logprob = e.logprob;
-            t.n_top = e.n_top;
-            t.top_ids = e.top_ids;
-            t.top_logprobs = e.top_logprobs;
-            outbox->post(encode_event(t));
-          }
-          outbox->post(encode_event(e));
-        },
+        [=](out_atom, const DoneEvent& e) { outbox->post(encode_event(e)); },
         [=](out_atom, const ErrorEvent& e) { outbox->post(encode_event(e)); },
         [=](out_atom, const StatusEvent& e) {
           if (to_router(e.to)) outbox->post(encode_event(e));

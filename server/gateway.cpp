@@ -1,5 +1,5 @@
-// The gateway thread: zmq_poll over the ROUTER, the PULL (only while it has credit), the ZAP
-// handler (with a CURVE client allow-list) and an eventfd raised by post(); decodes at the edge,
+// The gateway thread: zmq_poll over the ROUTER, the PULL (only while it has credit, or while
+// refusing submits during a shutdown), the ZAP handler (with a CURVE client allow-list) and an eventfd raised by post(); decodes at the edge,
 // answers ping itself, sends what egress posts.
 #include "server/gateway.hpp"
 
@@ -39,6 +39,10 @@ constexpr std::chrono::milliseconds kRetryPeriod{1};
 // Upper bound of the socket linger at close: a sink or client that stopped reading must not keep
 // the process from exiting.
 constexpr int kMaxLingerMs = 1000;
+// Largest frame a pipeline sink may send to the results socket: sinks send only ZMTP commands
+// (the CURVE INITIATE with its metadata is the largest, a few hundred bytes); 4 KiB leaves room
+// for application metadata.
+constexpr int64_t kResultsMaxInbound = 4 * 1024;
 
 enum class SendResult { sent, again, gone };
 
@@ -188,9 +192,14 @@ struct Gateway::Impl {
   std::atomic<bool> stop_requested{false};
   std::atomic<int64_t> grace_ms{0};
   std::atomic<int64_t> pull_credit{0};
+  // Shutdown grace (refuse_submits): submits are answered `unavailable` at the edge, and
+  // closing_at_us (steady clock) is when the sockets close, for the retry hint.
+  std::atomic<bool> refusing{false};
+  std::atomic<int64_t> closing_at_us{0};
   struct Counters {
     std::atomic<uint64_t> received{0}, decode_errors{0}, submits{0}, controls{0}, sent{0},
-        dropped{0}, hwm_deferrals{0}, internal_cancels{0}, curve_allowed{0}, curve_refused{0};
+        dropped{0}, hwm_deferrals{0}, internal_cancels{0}, curve_allowed{0}, curve_refused{0},
+        shutdown_refused{0};
   } c;
 
   // Gateway thread only.
@@ -381,6 +390,22 @@ struct Gateway::Impl {
     deliver(OutMessage{to, "", "", true, wire::encode_server(wire::to_error(e))});
   }
 
+  // A submit during the shutdown grace: answered here, not by admission, so that it needs no
+  // PULL credit (the router grants none while draining) and the client can fail over at once.
+  // The envelope has no id, as for decode errors: a refusal must not touch a running job that
+  // shares the id.
+  void refuse_submit(const ClientRef& to, const wire::Submit& s) {
+    c.shutdown_refused++;
+    auto now =
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now().time_since_epoch());
+    auto left_ms = (closing_at_us.load() - now.count()) / 1000;
+    wire::Error e{s.id, s.tenant, ErrorCode::unavailable,
+                  "the server is shutting down: submit to another server, or retry after "
+                  "retry_after_ms",
+                  static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, UINT32_MAX))};
+    deliver(OutMessage{to, "", "", true, wire::encode_server(e)});
+  }
+
   void handle(const ClientRef& from, const void* data, size_t size) {
     auto decoded = wire::decode_client(data, size, opt.limits);
     if (auto* err = std::get_if<wire::DecodeError>(&decoded)) {
@@ -418,6 +443,10 @@ struct Gateway::Impl {
     }
     auto adm = get_admission();
     if (auto* s = std::get_if<wire::Submit>(&msg)) {
+      if (refusing) {
+        refuse_submit(from, *s);
+        return;
+      }
       if (pipeline) pull_credit--;
       if (!adm) {
         reply_error(from, {ErrorCode::unavailable, "server is starting", s->id, s->tenant});
@@ -490,7 +519,7 @@ struct Gateway::Impl {
 
   void read_pull() {
     static const ClientRef from{ClientRef::pipeline, ""};
-    for (int i = 0; i < kReadBatch && reading && pull_credit > 0; ++i) {
+    for (int i = 0; i < kReadBatch && reading && (pull_credit > 0 || refusing); ++i) {
       zmq::message_t body;
       if (!pull.recv(body, zmq::recv_flags::dontwait)) return;
       bool multipart = false;
@@ -568,11 +597,13 @@ struct Gateway::Impl {
     std::optional<Clock::time_point> drain_until;
     for (;;) {
       if (stop_requested && !drain_until) {
-        reading = false;
+        // During a shutdown the sockets are still read while the last replies go out, so that
+        // late submits get their `unavailable` instead of silence.
+        if (!refusing) reading = false;
         drain_until = Clock::now() + std::chrono::milliseconds(grace_ms.load());
       }
-      bool pull_open =
-          pull && reading && pull_credit > 0 && results_backlog.size() < opt.results_backlog_limit;
+      bool pull_open = pull && reading && (pull_credit > 0 || refusing) &&
+                       results_backlog.size() < opt.results_backlog_limit;
       std::vector<zmq::pollitem_t> items;
       items.push_back({nullptr, efd, ZMQ_POLLIN, 0});
       items.push_back({router.handle(), 0, static_cast<short>(reading ? ZMQ_POLLIN : 0), 0});
@@ -669,12 +700,28 @@ void Gateway::start() {
     s.set(zmq::sockopt::sndhwm, d.ep.sndhwm);
     s.set(zmq::sockopt::rcvhwm, d.ep.rcvhwm);
     s.set(zmq::sockopt::linger, 0);
+    // A connection that never completes its handshake is dropped (EndpointConfig says why).
+    s.set(zmq::sockopt::handshake_ivl, static_cast<int>(d.ep.handshake_timeout_ms));
+    // libzmq 4.3 never runs heartbeats on a ZMTP 1.0/2.0 connection (and newer libzmq no longer
+    // drops those after handshake_ivl either), so such a peer could hold a half-sent frame for
+    // ever; libzmq refuses those versions on a socket with a ZAP domain. With plain TCP no ZAP
+    // handler is bound, and without one (and without ZMQ_ZAP_ENFORCE_DOMAIN) libzmq lets every
+    // ZMTP 3 peer in as before. CURVE sockets refuse the old versions anyway.
+    if (d.curve_secret.empty()) s.set(zmq::sockopt::zap_domain, "switchyard");
     // Every bound socket is the CURVE server, the PUSH results socket too: sinks connect to it
     // as CURVE clients with the same public key (docs/security.md).
     if (!d.curve_secret.empty()) curve::make_server(s.handle(), d.curve_secret);
   };
   d.router = zmq::socket_t(d.ctx, zmq::socket_type::router);
   common(d.router);
+  // Heartbeats only here, and only when configured (EndpointConfig: libzmq's heartbeat timer
+  // can abort the process; the pipeline sockets are paused by backpressure, which is exactly
+  // the state that makes it do so).
+  if (d.ep.heartbeat_ivl_ms > 0) {
+    d.router.set(zmq::sockopt::heartbeat_ivl, static_cast<int>(d.ep.heartbeat_ivl_ms));
+    d.router.set(zmq::sockopt::heartbeat_timeout, static_cast<int>(d.ep.heartbeat_timeout_ms));
+    d.router.set(zmq::sockopt::heartbeat_ttl, static_cast<int>(d.ep.heartbeat_ttl_ms));
+  }
   d.router.set(zmq::sockopt::router_mandatory, 1);
   d.router.set(zmq::sockopt::maxmsgsize, d.ep.max_message_bytes);
   bind_named(d.router, d.ep.bind, "request endpoint");
@@ -689,6 +736,11 @@ void Gateway::start() {
   if (!d.ep.results.empty()) {
     d.push = zmq::socket_t(d.ctx, zmq::socket_type::push);
     common(d.push);
+    // Sinks send no messages, only ZMTP commands: what a peer sends here is never read, so
+    // it is bounded to one small message per connection instead of rcvhwm frames of up to
+    // what the peer claims.
+    d.push.set(zmq::sockopt::maxmsgsize, kResultsMaxInbound);
+    d.push.set(zmq::sockopt::rcvhwm, 1);
     bind_named(d.push, d.ep.results, "pipeline results");
     d.results_ep = d.push.get(zmq::sockopt::last_endpoint);
   }
@@ -699,6 +751,14 @@ void Gateway::start() {
 void Gateway::stop_reading() {
   impl_->reading = false;
   impl_->wake();
+}
+
+void Gateway::refuse_submits(std::chrono::steady_clock::time_point closing_at) {
+  auto& d = *impl_;
+  d.closing_at_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(closing_at.time_since_epoch()).count();
+  d.refusing = true;
+  d.wake();
 }
 
 void Gateway::stop(std::chrono::milliseconds grace) {
@@ -758,6 +818,7 @@ GatewayStats Gateway::stats() const {
   s.internal_cancels = c.internal_cancels;
   s.curve_allowed = c.curve_allowed;
   s.curve_refused = c.curve_refused;
+  s.shutdown_refused = c.shutdown_refused;
   s.pull_credit = impl_->pull_credit;
   return s;
 }

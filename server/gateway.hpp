@@ -43,6 +43,7 @@ struct GatewayStats {
   uint64_t internal_cancels = 0;  ///< KeyRequests raised because a client vanished
   uint64_t curve_allowed = 0;     ///< CURVE handshakes the allow-list let through (ZAP 200)
   uint64_t curve_refused = 0;     ///< CURVE handshakes the allow-list refused (ZAP 400)
+  uint64_t shutdown_refused = 0;  ///< submits answered `unavailable` during the shutdown grace
   int64_t pull_credit = 0;        ///< PULL messages that may be read now
 };
 
@@ -68,8 +69,13 @@ class Gateway : public Outbox {
   /// Binds the sockets and starts the thread; throws std::runtime_error naming the address when
   /// one cannot be bound (malformed, busy).
   void start();
-  /// Stops reading client sockets; outbound traffic keeps flowing (graceful shutdown, phase 1).
+  /// Stops reading client sockets; outbound traffic keeps flowing.
   void stop_reading();
+  /// Shutdown grace (thread-safe): both client sockets are still read (the PULL socket whatever
+  /// its credit), every new `submit` is answered at once with `unavailable` and `retry_after_ms`
+  /// counting to `closing_at` (when the sockets close), and cancel/status still reach admission
+  /// for the jobs that are finishing. Lasts until stop(), which keeps refusing while it drains.
+  void refuse_submits(std::chrono::steady_clock::time_point closing_at);
   /// Stops reading, sends what is queued for up to `grace`, closes the sockets, joins the
   /// thread and drops the admission and control handles (breaks the actor reference cycle).
   /// Idempotent.

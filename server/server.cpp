@@ -173,6 +173,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   sc.executor.test_fault_throw_after = c.executors.test_fault_throw_after;
   sc.test_fault_batcher_throw_after = c.executors.test_fault_batcher_throw_after;
   sc.executor.test_fault_hang_after = c.executors.test_fault_hang_after;
+  sc.executor.test_nan_logits_token = c.executors.test_nan_logits_token;
   // Fail here, not inside the actor, when the executor cannot be built (bad backend or model).
   if (sc.executor.backend != "null" && !sc.executor.model)
     throw std::invalid_argument("the " + sc.executor.backend + " backend needs a model");
@@ -222,6 +223,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
     mw.admission = d.admission;
     mw.router = d.router;
     mw.supervisor = d.supervisor;
+    mw.journal = d.journal;
     mw.gateway_stats = [gw = std::weak_ptr<Gateway>(d.gateway)] {
       caf::settings s;
       if (auto g = gw.lock())
@@ -229,6 +231,8 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
       return s;
     };
     for (const auto& pc : effective_classes(c.router.classes)) mw.classes.push_back(pc.name);
+    for (const auto& t : c.admission.tenants) mw.tenants.push_back(t.name);
+    mw.max_tenant_labels = c.metrics.max_tenant_labels;
     d.metrics = spawn_metrics(*d.sys, std::move(mw));
     caf::anon_send(d.admission, observe_atom::value, d.metrics);
     for (size_t i = 0; i < d.batchers.size() && i < d.executors.size(); ++i)
@@ -314,6 +318,10 @@ ServerSnapshot Server::snapshot() {
     s.journal_replayed = counter(j, "replayed_pending");
     s.journal_restored = counter(j, "replayed_results");
     s.journal_redelivered = counter(j, "redelivered");
+    s.journal_write_errors = counter(j, "write_errors");
+    s.journal_failing = counter(j, "failing");
+    s.journal_refused = counter(j, "refused");
+    s.journal_held_results = counter(j, "unwritten");
   }
   return s;
 }
@@ -324,10 +332,18 @@ void Server::shutdown(std::chrono::milliseconds grace) {
   d.stopped = true;
   using clock = std::chrono::steady_clock;
   auto until = clock::now() + grace;
+  // After the grace: a cancel takes effect within one engine step, and a second is ample for a
+  // step while keeping a wedged engine from holding up the exit; then half a second to hand the
+  // last results to ZeroMQ (results that finished or were cancelled should reach their clients).
+  constexpr auto kCancelWait = std::chrono::seconds(1);
+  constexpr auto kFinalDelivery = std::chrono::milliseconds(500);
   if (d.started) {
-    // Phase 1: no new work. The gateway stops reading; admission answers `unavailable` to what
-    // was already read; the router stops granting PULL credit.
-    d.gateway->stop_reading();
+    // Phase 1: no new work. The gateway keeps reading both client sockets and answers every new
+    // submit `unavailable` itself (clients fail over at once instead of waiting on silence;
+    // cancel and status still reach the jobs that finish); admission answers `unavailable` to
+    // submits read before; the router stops granting PULL credit. The gateway is told first:
+    // a submit it passed on after admission heard of the drain is refused there.
+    d.gateway->refuse_submits(until + kCancelWait + kFinalDelivery);
     caf::anon_send(d.admission, drain_atom::value);
     caf::anon_send(d.router, drain_atom::value);
     // Phase 2: let admitted jobs finish within the grace period. Polled every 20 ms: shutdown
@@ -338,21 +354,19 @@ void Server::shutdown(std::chrono::milliseconds grace) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     // Phase 3: grace is over: cancel what still runs, so that its clients get done with
-    // finish_reason "cancelled" instead of silence. A cancel takes effect within one engine
-    // step; a second is ample for a step and keeps a wedged engine from holding up the exit.
+    // finish_reason "cancelled" instead of silence.
     auto s = d.ask_stats(d.admission);
     if (counter(s, "active") > 0) {
       caf::anon_send(d.admission, cancel_atom::value, drain_atom::value);
-      auto cancel_until = clock::now() + std::chrono::seconds(1);
+      auto cancel_until = clock::now() + kCancelWait;
       while (clock::now() < cancel_until) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
         auto t = d.ask_stats(d.admission);
         if (t.empty() || counter(t, "active") == 0) break;
       }
     }
-    // Phase 4: deliver what is queued for the clients (up to 500 ms: results that finished
-    // or were cancelled should reach their clients), close the sockets.
-    d.gateway->stop(std::chrono::milliseconds(500));
+    // Phase 4: deliver what is queued for the clients, close the sockets.
+    d.gateway->stop(kFinalDelivery);
   } else {
     d.gateway->stop(std::chrono::milliseconds(0));
   }
@@ -425,6 +439,10 @@ std::string ServerSnapshot::to_json() const {
   put("journal_replayed", journal_replayed);
   put("journal_restored", journal_restored);
   put("journal_redelivered", journal_redelivered);
+  put("journal_write_errors", journal_write_errors);
+  put("journal_failing", journal_failing);
+  put("journal_refused", journal_refused);
+  put("journal_held_results", journal_held_results);
   return j + "}";
 }
 

@@ -116,15 +116,21 @@ std::optional<wire::ServerMessage> Client::next(milliseconds timeout) {
 
 Result Client::run(const wire::Submit& s, milliseconds timeout) {
   submit(s);
-  return wait(s.id, timeout);
+  return wait(s.id, timeout, s.tenant);
 }
 
-Result Client::wait(const std::string& id, milliseconds timeout) {
+Result Client::wait(const std::string& id, milliseconds timeout, const std::string& tenant) {
   Result r;
+  // Replies name their tenant: one connection may run the same id for two tenants.
+  auto is_mine = [&](const wire::ServerMessage& m) {
+    if (message_id(m) != id) return false;
+    const std::string t = message_tenant(m);
+    return tenant.empty() || t.empty() || t == tenant;
+  };
   // First what was set aside earlier for this job, then the socket.
   std::deque<wire::ServerMessage> mine;
   for (auto it = pending_.begin(); it != pending_.end();) {
-    if (message_id(*it) == id) {
+    if (is_mine(*it)) {
       mine.push_back(std::move(*it));
       it = pending_.erase(it);
     } else {
@@ -142,7 +148,7 @@ Result Client::wait(const std::string& id, milliseconds timeout) {
         r.timed_out = true;
         return r;
       }
-      if (message_id(*m) != id) {
+      if (!is_mine(*m)) {
         pending_.push_back(std::move(*m));
         continue;
       }
@@ -152,6 +158,7 @@ Result Client::wait(const std::string& id, milliseconds timeout) {
     } else if (auto* t = std::get_if<wire::Tokens>(&*m)) {
       r.ids.insert(r.ids.end(), t->ids.begin(), t->ids.end());
       r.text += t->text;
+      r.logprobs.insert(r.logprobs.end(), t->logprobs.begin(), t->logprobs.end());
       r.chunks.push_back(std::move(*t));
     } else if (auto* d = std::get_if<wire::Done>(&*m)) {
       // A streamed job's done has no text/ids (the chunks carried them).
@@ -159,6 +166,7 @@ Result Client::wait(const std::string& id, milliseconds timeout) {
         r.ids = d->ids;
         r.text = d->text;
       }
+      if (!d->logprobs.empty()) r.logprobs = d->logprobs;
       r.done = std::move(*d);
       return r;
     } else if (auto* e = std::get_if<wire::Error>(&*m)) {
@@ -255,6 +263,17 @@ std::string message_id(const wire::ServerMessage& m) {
       [](const auto& x) -> std::string {
         if constexpr (requires { x.id; })
           return x.id;
+        else
+          return "";
+      },
+      m);
+}
+
+std::string message_tenant(const wire::ServerMessage& m) {
+  return std::visit(
+      [](const auto& x) -> std::string {
+        if constexpr (requires { x.tenant; })
+          return x.tenant;
         else
           return "";
       },

@@ -30,6 +30,8 @@ struct Result {
   std::vector<wire::Tokens> chunks;  ///< streamed chunks (stream = true), in arrival order
   std::vector<std::int32_t> ids;     ///< completion ids: done.ids, or the chunks' ids if streamed
   std::string text;                  ///< completion text: done.text, or the chunks' text
+  /// Per completion id when the job asked for logprobs: done.logprobs, or the chunks' logprobs.
+  std::vector<wire::TokenLogprobs> logprobs;
   std::optional<wire::Done> done;    ///< set when the job finished
   std::optional<wire::Error> error;  ///< set when it failed
   bool timed_out = false;            ///< neither came before the timeout
@@ -98,10 +100,13 @@ class Client {
   std::optional<wire::ServerMessage> next(milliseconds timeout);
 
   /// Submits and waits for the job's done or error (at most `timeout` between two messages),
-  /// collecting accepted and streamed chunks. Messages of other jobs are kept for next().
+  /// collecting accepted and streamed chunks. Messages of other jobs (another id, or the same id
+  /// of another tenant) are kept for next().
   Result run(const wire::Submit& s, milliseconds timeout = milliseconds(60000));
-  /// Waits for the job's done or error without submitting (after submit()).
-  Result wait(const std::string& id, milliseconds timeout = milliseconds(60000));
+  /// Waits for the job's done or error without submitting (after submit()). With `tenant`, only
+  /// messages naming that tenant (or none) count as the job's.
+  Result wait(const std::string& id, milliseconds timeout = milliseconds(60000),
+              const std::string& tenant = "");
   /// Sends an operator command ("kv_policy" with `policy`, or "stats") with the admin `token` and
   /// waits up to `timeout` in all for its control_reply or for an error without a job id. Replies
   /// carry no id, so keep one command in flight per Client; other messages are kept for next().
@@ -168,6 +173,8 @@ class Sink {
 
 /// The job id a server message refers to ("" for pong and id-less errors).
 std::string message_id(const wire::ServerMessage& m);
+/// The tenant a server message names ("" for pong, control_reply and replies without one).
+std::string message_tenant(const wire::ServerMessage& m);
 /// One line describing a server message (examples, logs).
 std::string describe(const wire::ServerMessage& m);
 

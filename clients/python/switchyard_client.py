@@ -144,6 +144,7 @@ class Result:
         self.chunks = []
         self.ids = []
         self.text = ""
+        self.logprobs = []  # per completion id when asked for: done's, or the chunks'
         self.done = None
         self.error = None
         self.timed_out = False
@@ -229,12 +230,15 @@ class Client(_Connection):
             return self._pending.popleft()
         return self._recv(timeout_ms)
 
-    def wait(self, job_id, timeout_ms=60000):
-        """Collects a job's messages until its done or error (at most timeout_ms between two)."""
+    def wait(self, job_id, timeout_ms=60000, tenant=None):
+        """Collects a job's messages until its done or error (at most timeout_ms between two).
+        With tenant, only replies naming that tenant (or none) count: one connection may run
+        the same id for two tenants."""
+        def is_mine(m):
+            return m.get("id") == job_id and (tenant is None or m.get("tenant") in (None, tenant))
         r = Result()
-        mine = [m for m in self._pending if m.get("id") == job_id]
-        self._pending = collections.deque(m for m in self._pending if m.get("id") != job_id)
-        mine = collections.deque(mine)
+        mine = collections.deque(m for m in self._pending if is_mine(m))
+        self._pending = collections.deque(m for m in self._pending if not is_mine(m))
         while True:
             if mine:
                 m = mine.popleft()
@@ -243,7 +247,7 @@ class Client(_Connection):
                 if m is None:
                     r.timed_out = True
                     return r
-                if m.get("id") != job_id:
+                if not is_mine(m):
                     self._pending.append(m)
                     continue
             kind = m["type"]
@@ -253,10 +257,13 @@ class Client(_Connection):
                 r.chunks.append(m)
                 r.ids.extend(m.get("ids", []))
                 r.text += m.get("text", "")
+                r.logprobs.extend(m.get("logprobs", []))
             elif kind == "done":
                 if m.get("ids") or m.get("text"):
                     r.ids = list(m.get("ids", []))
                     r.text = m.get("text", "")
+                if m.get("logprobs"):
+                    r.logprobs = list(m["logprobs"])
                 r.done = m
                 return r
             elif kind == "error":
@@ -266,7 +273,7 @@ class Client(_Connection):
     def run(self, job_id, tenant, prompt, timeout_ms=60000, **options):
         """Submits and waits for the job's done or error; returns a Result."""
         self.submit(job_id, tenant, prompt, **options)
-        return self.wait(job_id, timeout_ms)
+        return self.wait(job_id, timeout_ms, tenant)
 
     def control(self, command, policy=None, token="", timeout_ms=5000):
         """Sends an operator command ("kv_policy" with a policy text such as "sliding_window:512",

@@ -49,6 +49,8 @@ caf::behavior fake_batcher(caf::event_based_actor* self, TraceP t) {
       },
       [=](run_atom, const Job& j) { t->runs.push_back(j); },
       [=](cancel_atom, uint64_t uid) { t->batcher_cancels.push_back(uid); },
+      // A status request: every running job has generated 3 tokens so far.
+      [=](status_atom, uint64_t) { return uint32_t{3}; },
   };
 }
 
@@ -292,16 +294,33 @@ BOOST_AUTO_TEST_CASE(model_tokenizes_and_bounds_by_context) {
   rig.submit(r);
   BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 1u);
   BOOST_CHECK(rig.t->runs[0].prompt == model->tokenizer().encode("Once upon a time", true));
+  // Prompt + max_tokens beyond the context: max_tokens is lowered to the room that is left.
   r = rig.req("t", "", "ids");
   r.prompt_is_ids = true;
   r.prompt_ids.assign(static_cast<std::size_t>(ctx - 7), 5);
   r.max_tokens = 8;
   rig.submit(r);
+  BOOST_CHECK(rig.t->errors.empty());
+  BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 2u);
+  BOOST_CHECK_EQUAL(rig.t->runs[1].max_tokens, 7u);
+  // A prompt that fills the context still gets one token; one that overflows it is refused,
+  // naming the context length.
+  r = rig.req("t", "", "full");
+  r.prompt_is_ids = true;
+  r.prompt_ids.assign(static_cast<std::size_t>(ctx), 5);
+  rig.submit(r);
+  BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 3u);
+  BOOST_CHECK_EQUAL(rig.t->runs[2].max_tokens, 1u);
+  r = rig.req("t", "", "over");
+  r.prompt_is_ids = true;
+  r.prompt_ids.assign(static_cast<std::size_t>(ctx + 1), 5);
+  rig.submit(r);
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->errors[0].code, code(ErrorCode::bad_request));
-  std::string expect =
-      "prompt has " + std::to_string(ctx - 7) + " tokens, limit " + std::to_string(ctx - 8);
-  BOOST_CHECK_MESSAGE(rig.t->errors[0].message.rfind(expect, 0) == 0, rig.t->errors[0].message);
+  BOOST_CHECK_EQUAL(rig.t->errors[0].message, "prompt has " + std::to_string(ctx + 1) +
+                                                  " tokens, limit " + std::to_string(ctx) +
+                                                  " (the model's context length)");
+  rig.credit(4);
   r = rig.req("t", "", "vocab");
   r.prompt_is_ids = true;
   r.prompt_ids = {1, model->config().n_vocab};
@@ -311,7 +330,8 @@ BOOST_AUTO_TEST_CASE(model_tokenizes_and_bounds_by_context) {
   r.prompt_is_ids = true;
   r.prompt_ids.assign(static_cast<std::size_t>(ctx - 8), 5);
   rig.submit(r);
-  BOOST_CHECK_EQUAL(rig.t->runs.size(), 2u);
+  BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 4u);
+  BOOST_CHECK_EQUAL(rig.t->runs[3].max_tokens, 8u);
 }
 
 BOOST_AUTO_TEST_CASE(resubmitted_key_attaches_then_returns_stored_result) {
@@ -350,9 +370,12 @@ BOOST_AUTO_TEST_CASE(status_of_own_jobs_only) {
   rig.key(KeyRequest::status, "acme", "", "a");
   rig.key(KeyRequest::status, "acme", "", "b");
   BOOST_REQUIRE_EQUAL(rig.t->statuses.size(), 2u);
-  BOOST_CHECK_EQUAL(rig.t->statuses[0].state, 1);  // running
+  BOOST_CHECK_EQUAL(rig.t->statuses[0].state, 1);               // running
+  BOOST_CHECK_EQUAL(rig.t->statuses[0].completion_tokens, 3u);  // as its batcher counts them
+  BOOST_CHECK_EQUAL(rig.t->statuses[0].tenant, "acme");
   BOOST_CHECK_EQUAL(rig.t->statuses[1].state, 0);  // queued
   BOOST_CHECK_EQUAL(rig.t->statuses[1].id, "b");
+  BOOST_CHECK_EQUAL(rig.t->statuses[1].queue_position, 0u);  // nothing waits ahead of it
   rig.finish(rig.t->runs[0], 5);
   rig.key(KeyRequest::status, "acme", "", "a");
   BOOST_REQUIRE_EQUAL(rig.t->statuses.size(), 3u);
@@ -369,7 +392,7 @@ BOOST_AUTO_TEST_CASE(status_of_own_jobs_only) {
   BOOST_CHECK_EQUAL(rig.stat(rig.router, "cancelled"), 0);
 }
 
-BOOST_AUTO_TEST_CASE(cancel_queued_job_then_resubmit_runs_it) {
+BOOST_AUTO_TEST_CASE(cancel_queued_job_then_resubmit_returns_its_outcome) {
   Rig rig(with_tenants({tenant("acme", "tok", 1)}));
   rig.submit(rig.req("acme", "tok", "a"));
   rig.key(KeyRequest::cancel, "acme", "tok", "a");
@@ -379,13 +402,23 @@ BOOST_AUTO_TEST_CASE(cancel_queued_job_then_resubmit_runs_it) {
   rig.key(KeyRequest::status, "acme", "tok", "a");
   BOOST_REQUIRE_EQUAL(rig.t->statuses.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->statuses[0].state, 4);  // cancelled
-  // The in-flight slot (limit 1) came back, and the cancelled key may run again.
+  // A key runs at most once: resubmitted, the cancelled key answers its stored done (finish
+  // cancelled) and runs nothing, without an accepted.
   rig.credit(1);
-  rig.submit(rig.req("acme", "tok", "a"));
+  const auto accepted = rig.t->accepted.size();
+  rig.submit(rig.req("acme", "tok", "a", "c2"));
+  BOOST_CHECK(rig.t->errors.empty());
+  BOOST_CHECK(rig.t->runs.empty());
+  BOOST_CHECK_EQUAL(rig.t->accepted.size(), accepted);
+  BOOST_REQUIRE_EQUAL(rig.t->dones.size(), 2u);
+  BOOST_CHECK_EQUAL(rig.t->dones[1].finish, 2);
+  BOOST_CHECK_EQUAL(rig.t->dones[1].to.identity, "c2");
+  // The in-flight slot (limit 1) came back: a new key runs.
+  rig.submit(rig.req("acme", "tok", "b"));
   BOOST_CHECK(rig.t->errors.empty());
   BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 1u);
   // Cancelling a running job goes through the router to the batcher.
-  rig.key(KeyRequest::cancel, "acme", "tok", "a");
+  rig.key(KeyRequest::cancel, "acme", "tok", "b");
   BOOST_REQUIRE_EQUAL(rig.t->batcher_cancels.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->batcher_cancels[0], rig.t->runs[0].uid);
 }
@@ -421,6 +454,15 @@ BOOST_AUTO_TEST_CASE(deadline_expiry_ends_the_key) {
   BOOST_REQUIRE_EQUAL(rig.t->statuses.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->statuses[0].state, 3);  // failed
   BOOST_CHECK_EQUAL(rig.stat(rig.admission, "active"), 0);
+  // Resubmitted, the key answers the error it ended with and never runs.
+  rig.credit(1);
+  rig.submit(rig.req("acme", "", "d", "c2"));
+  BOOST_CHECK(rig.t->runs.empty());
+  BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 2u);
+  BOOST_CHECK_EQUAL(rig.t->errors[1].code, code(ErrorCode::deadline_exceeded));
+  BOOST_CHECK_EQUAL(rig.t->errors[1].to.identity, "c2");
+  BOOST_CHECK_EQUAL(rig.t->errors[1].id, "d");
+  BOOST_CHECK_EQUAL(rig.t->errors[1].tenant, "acme");
 }
 
 BOOST_AUTO_TEST_CASE(drain_refuses_new_work_and_pipeline_credit_returns) {

@@ -63,6 +63,8 @@ caf::behavior fake_batcher(caf::event_based_actor* self, TraceP t, bool regrant)
                      caf::actor_cast<caf::actor>(self), uint32_t{1});
       },
       [=](cancel_atom, uint64_t uid) { t->batcher_cancels.push_back(uid); },
+      // A status request: every job here has generated 7 tokens.
+      [=](status_atom, uint64_t) { return uint32_t{7}; },
   };
 }
 
@@ -426,11 +428,11 @@ BOOST_AUTO_TEST_CASE(status_reports_queued_or_running) {
   rig.push(b);
   rig.credit(1);
   rig.sched->run();
-  std::vector<std::pair<uint8_t, uint32_t>> got;
+  std::vector<std::tuple<uint8_t, uint32_t, uint32_t>> got;
   auto asker = rig.sys->spawn([&](caf::event_based_actor* self) -> caf::behavior {
     return {[&, self](status_atom, uint64_t uid) {
       self->request(rig.router, caf::infinite, status_atom::value, uid)
-          .then([&](uint8_t s, uint32_t p) { got.emplace_back(s, p); });
+          .then([&](uint8_t s, uint32_t p, uint32_t n) { got.emplace_back(s, p, n); });
     }};
   });
   caf::anon_send(asker, status_atom::value, a.uid);
@@ -438,8 +440,51 @@ BOOST_AUTO_TEST_CASE(status_reports_queued_or_running) {
   caf::anon_send(asker, status_atom::value, b.uid);
   rig.sched->run();
   BOOST_REQUIRE_EQUAL(got.size(), 2u);
-  BOOST_CHECK_EQUAL(got[0].first, 1);  // a is running
-  BOOST_CHECK_EQUAL(got[1].first, 0);  // b still queued
+  BOOST_CHECK_EQUAL(std::get<0>(got[0]), 1);   // a is running
+  BOOST_CHECK_EQUAL(std::get<2>(got[0]), 7u);  // with the count its batcher reports
+  BOOST_CHECK_EQUAL(std::get<0>(got[1]), 0);   // b still queued
+  BOOST_CHECK_EQUAL(std::get<1>(got[1]), 0u);  // with nothing ahead of it
+  caf::anon_send_exit(asker, caf::exit_reason::user_shutdown);
+  rig.sched->run();
+}
+
+// queue_position counts the jobs that will run first, in the fair queue's order: not the depth.
+BOOST_AUTO_TEST_CASE(queue_position_counts_the_jobs_ahead) {
+  Rig rig(two_classes());
+  // No credit: everything waits. x1 x2 x3 of tenant x, then y1 of tenant y, all interactive,
+  // then one batch job b1 (a less important rank).
+  std::vector<Job> jobs = {rig.job("x", 0), rig.job("x", 0), rig.job("x", 0), rig.job("y", 0),
+                           rig.job("x", 1)};
+  for (const Job& j : jobs) rig.push(j);
+  rig.sched->run();
+  std::map<uint64_t, uint32_t> position;
+  auto asker = rig.sys->spawn([&](caf::event_based_actor* self) -> caf::behavior {
+    return {[&, self](status_atom, uint64_t uid) {
+      self->request(rig.router, caf::infinite, status_atom::value, uid)
+          .then([&, uid](uint8_t, uint32_t p, uint32_t) { position[uid] = p; });
+    }};
+  });
+  for (const Job& j : jobs) caf::anon_send(asker, status_atom::value, j.uid);
+  rig.sched->run();
+  BOOST_REQUIRE_EQUAL(position.size(), jobs.size());
+  // Equal costs and weights: x1, then y1 (its tenant had no service yet), then x2, x3; b1 last.
+  BOOST_CHECK_EQUAL(position[jobs[0].uid], 0u);
+  BOOST_CHECK_EQUAL(position[jobs[3].uid], 1u);
+  BOOST_CHECK_EQUAL(position[jobs[1].uid], 2u);
+  BOOST_CHECK_EQUAL(position[jobs[2].uid], 3u);
+  BOOST_CHECK_EQUAL(position[jobs[4].uid], 4u);
+  // accepted said the same at the time (y1 had x1 ahead of it then, x2 and x3 too).
+  BOOST_REQUIRE_EQUAL(rig.t->accepted.size(), jobs.size());
+  BOOST_CHECK_EQUAL(rig.t->accepted[0].queue_position, 0u);
+  BOOST_CHECK_EQUAL(rig.t->accepted[1].queue_position, 1u);
+  BOOST_CHECK_EQUAL(rig.t->accepted[3].queue_position, 1u);
+  BOOST_CHECK_EQUAL(rig.t->accepted[3].tenant, "y");
+  BOOST_CHECK_EQUAL(rig.t->accepted[4].queue_position, 4u);
+  // And the order is what dispatch then does.
+  rig.credit(5);
+  rig.sched->run();
+  BOOST_REQUIRE_EQUAL(rig.t->runs.size(), jobs.size());
+  for (const auto& [uid, p] : position) BOOST_CHECK_EQUAL(rig.t->runs[p].uid, uid);
   caf::anon_send_exit(asker, caf::exit_reason::user_shutdown);
   rig.sched->run();
 }

@@ -236,8 +236,7 @@ BOOST_AUTO_TEST_CASE(missing_file_is_named) {
 BOOST_AUTO_TEST_CASE(example_config_loads) {
   // The documented example in the repository must stay loadable.
   sy::ServerConfig c;
-  sy::load_config_file(
-      (fs::path(__FILE__).parent_path() / "../../config/switchyard.example.yaml").string(), c);
+  sy::load_config_file((fs::path(SY_SOURCE_DIR) / "config/switchyard.example.yaml").string(), c);
   sy::finalize_config(c);
   BOOST_TEST(c.router.classes.size() >= 2u);
 }

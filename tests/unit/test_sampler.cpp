@@ -1,5 +1,6 @@
 // Sampler tests: greedy and its ties, seeded determinism, top-k / top-p filtering, the shape of
-// the sampled distribution, reported log-probabilities and parameter validation.
+// the sampled distribution, reported log-probabilities, parameter validation and logits that
+// give no distribution (NaN, +inf, all masked).
 #define BOOST_TEST_MODULE sampler
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -257,4 +258,37 @@ BOOST_AUTO_TEST_CASE(invalid_params_are_rejected_by_name) {
   p.top_p = 1.0f;
   p.n_logprobs = 20;
   BOOST_CHECK_NO_THROW(Sampler{p});
+}
+
+BOOST_AUTO_TEST_CASE(logits_without_a_distribution_are_refused_not_sampled) {
+  // A NaN or +inf anywhere, or every logit -inf: SamplingError naming the cause, for greedy and
+  // random sampling alike (either would otherwise return an arbitrary token).
+  for (float t : {0.0f, 0.8f}) {
+    BOOST_TEST_CONTEXT("temperature " << t) {
+      for (float bad : {NAN, INFINITY}) {
+        for (size_t at : {size_t{0}, size_t{2}}) {
+          std::vector<float> l = {0.5f, 1.0f, 0.25f};
+          l[at] = bad;
+          Sampler s(temp(t, 3));
+          try {
+            s.sample(l.data(), 3);
+            BOOST_FAIL("no SamplingError");
+          } catch (const sy::SamplingError& e) {
+            const std::string m = e.what();
+            BOOST_TEST(m.find(std::isnan(bad) ? "NaN" : "+inf") != std::string::npos, m);
+            BOOST_TEST(m.find("token id " + std::to_string(at)) != std::string::npos, m);
+          }
+        }
+      }
+      std::vector<float> masked(4, -INFINITY);
+      Sampler s(temp(t, 3));
+      BOOST_CHECK_THROW(s.sample(masked.data(), 4), sy::SamplingError);
+      // After a refusal the sampler still works.
+      std::vector<float> ok = {0.0f, 2.0f, -INFINITY};
+      if (t == 0.0f)
+        BOOST_TEST(s.sample(ok.data(), 3) == 1);
+      else
+        BOOST_TEST(s.sample(ok.data(), 3) != 2);
+    }
+  }
 }

@@ -1,0 +1,64 @@
+// The connection-liveness keys of the endpoints section: defaults (handshake limit on,
+// heartbeats off), values read, and out-of-range values refused with the key named.
+#define BOOST_TEST_MODULE config_liveness
+#include <boost/test/unit_test.hpp>
+#include <string>
+
+#include "server/config.hpp"
+#include "tests/support/temp_dir.hpp"
+
+namespace {
+
+// Loads `text` as a config file; returns the error message ("" when it loads).
+std::string load(const std::string& text, sy::ServerConfig& cfg) {
+  static int n = 0;
+  static const sy::test::TempDir dir("sy_liveness_");
+  std::string name = std::to_string(n++);
+  name += ".yaml";
+  std::string path = dir.write(name, text);
+  try {
+    sy::load_config_file(path, cfg);
+    sy::finalize_config(cfg);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(defaults_limit_the_handshake_and_leave_heartbeats_off) {
+  sy::EndpointConfig e;
+  BOOST_TEST(e.handshake_timeout_ms == 10000);
+  BOOST_TEST(e.heartbeat_ivl_ms == 0);
+  BOOST_TEST(e.heartbeat_timeout_ms == 30000);
+  BOOST_TEST(e.heartbeat_ttl_ms == 30000);
+}
+
+BOOST_AUTO_TEST_CASE(keys_are_read) {
+  sy::ServerConfig cfg;
+  std::string err = load(R"(
+endpoints:
+  handshake_timeout_ms: 500
+  heartbeat_ivl_ms: 1000
+  heartbeat_timeout_ms: 2500
+  heartbeat_ttl_ms: 4000
+)",
+                         cfg);
+  BOOST_TEST(err == "");
+  BOOST_TEST(cfg.endpoints.handshake_timeout_ms == 500);
+  BOOST_TEST(cfg.endpoints.heartbeat_ivl_ms == 1000);
+  BOOST_TEST(cfg.endpoints.heartbeat_timeout_ms == 2500);
+  BOOST_TEST(cfg.endpoints.heartbeat_ttl_ms == 4000);
+}
+
+BOOST_AUTO_TEST_CASE(out_of_range_values_are_refused_by_name) {
+  sy::ServerConfig cfg;
+  std::string err = load("endpoints:\n  heartbeat_ttl_ms: 7000000\n", cfg);
+  BOOST_TEST(err.find("endpoints.heartbeat_ttl_ms") != std::string::npos, err);
+  BOOST_TEST(err.find("out of range [0, 6553500]") != std::string::npos, err);
+  err = load("endpoints:\n  handshake_timeout_ms: -1\n", cfg);
+  BOOST_TEST(err.find("endpoints.handshake_timeout_ms") != std::string::npos, err);
+  err = load("endpoints:\n  heartbeat_ivl_ms: 1.5\n", cfg);
+  BOOST_TEST(err.find("expected an integer") != std::string::npos, err);
+}

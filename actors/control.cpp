@@ -253,7 +253,7 @@ std::string control_stats_json(const caf::settings& admission, const caf::settin
     return t;
   };
   for (const char* k : {"running", "blocks_used", "blocks_total", "blocks_cached", "preemptions",
-                        "steps", "policy_swaps", "prefix_hit_tokens"})
+                        "steps", "policy_swaps", "prefix_hit_tokens", "seq_failures"})
     o.num(k, sum(k));
   for (const auto& [k, v] : extra) o.num(k, stats_counter(extra, k));
   std::string arr = "[";

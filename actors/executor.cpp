@@ -158,7 +158,13 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
     SeqResult& r = sampled[i];
     if (greedy_done) {
       r.token = st.ids[j];
-      if (r.token < 0 || r.token >= n_vocab)
+      // -1: the device found the row's logits not finite (as Sampler's SamplingError).
+      if (r.token == -1)
+        fail_seq(st, i, ErrorCode::internal,
+                 "the engine gave this job no usable next-token distribution (sampling: the "
+                 "logits are not finite: a NaN or +inf, or every logit -inf); the job was "
+                 "stopped, the others of its step went on");
+      else if (r.token < 0 || r.token >= n_vocab)
         fail_seq(st, i, ErrorCode::internal,
                  "the engine picked token id " + std::to_string(r.token) +
                      ", outside the vocabulary [0, " + std::to_string(n_vocab) + ")");

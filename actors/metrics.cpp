@@ -153,7 +153,7 @@ struct Pair {
 
 // Counters of the batchers that are gone, so the totals never go backwards.
 struct Retired {
-  int64_t preemptions = 0, policy_swaps = 0;
+  int64_t preemptions = 0, policy_swaps = 0, seq_failures = 0;
   std::map<std::string, int64_t> preemptions_by;  // by executor label
 };
 
@@ -261,6 +261,7 @@ std::string render(Self* self, const Scrape& s) {
 
   // Gauges and counters summed over the pairs: this scrape's answers, else the last known ones.
   int64_t running = 0, used = 0, freeb = 0, cached = 0, total = 0, preempt = 0, swaps = 0;
+  int64_t seq_failures = 0;
   int64_t executors = 0;
   // The same per executor label. A label may hold two pairs for a moment (a replacement spawned
   // before the metrics actor saw its predecessor go): their figures add up.
@@ -278,6 +279,7 @@ std::string render(Self* self, const Scrape& s) {
     preempt += stats_counter(b, "preemptions");
     e.preempt += stats_counter(b, "preemptions");
     swaps += stats_counter(b, "policy_swaps");
+    seq_failures += stats_counter(b, "seq_failures");
     if (!p.batcher_alive) continue;
     e.live = true;
     running += stats_counter(b, "running");
@@ -329,6 +331,11 @@ std::string render(Self* self, const Scrape& s) {
            static_cast<double>(preempt + st.retired.preemptions));
   per_executor("switchyard_executor_preemptions_total", "Sequences preempted under KV pressure",
                &PerExecutor::preempt, true);
+  w.family("switchyard_sequence_failures_total", "counter",
+           "Sequences ended alone by their executor (refused sampling state, non-finite logits); "
+           "the other sequences of their step went on.");
+  w.sample("switchyard_sequence_failures_total", {},
+           static_cast<double>(seq_failures + st.retired.seq_failures));
   w.family("switchyard_kv_policy_swaps_total", "counter",
            "KV-cache policy swaps, by command and by watermark.");
   w.sample("switchyard_kv_policy_swaps_total", {},
@@ -478,6 +485,7 @@ void on_down(Self* self, const caf::down_msg& dm) {
       st.retired.preemptions += stats_counter(p.last, "preemptions");
       st.retired.preemptions_by[p.label] += stats_counter(p.last, "preemptions");
       st.retired.policy_swaps += stats_counter(p.last, "policy_swaps");
+      st.retired.seq_failures += stats_counter(p.last, "seq_failures");
       it = st.pairs.erase(it);
     } else {
       ++it;

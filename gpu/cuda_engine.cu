@@ -197,6 +197,9 @@ class CudaEngineImpl final : public CudaEngine {
   void step(const std::vector<SeqStep>& batch, StepOutput& out) override;
   bool step_greedy(const std::vector<SeqStep>& batch, std::vector<int32_t>& ids) override {
     greedy_.assign(batch.size(), SampleControl{});  // temperature 0: argmax on the device
+    // A sequence whose logits are not finite gets id cuda::kNoToken (-1): the KV of the step is
+    // written already, so it is the caller's to end that sequence alone (the executor does).
+    static_assert(cuda::kNoToken == -1, "the executor reads id -1 as non-finite logits");
     step_sample(batch, greedy_, ids);
     return true;
   }

@@ -292,6 +292,7 @@ ServerSnapshot Server::snapshot() {
     s.scale_ups = counter(bs, "scale_ups");
     s.scale_downs = counter(bs, "scale_downs");
     s.executor_failures = counter(bs, "executor_failures");
+    s.seq_failures = counter(bs, "seq_failures");
     s.requeued = counter(bs, "requeued");
     s.recoveries = counter(bs, "recoveries");
     s.recovery_ms_last = counter(bs, "recovery_ms_last");
@@ -429,6 +430,7 @@ std::string ServerSnapshot::to_json() const {
   put("scale_ups", scale_ups);
   put("scale_downs", scale_downs);
   put("executor_failures", executor_failures);
+  put("seq_failures", seq_failures);
   put("requeued", requeued);
   put("recoveries", recoveries);
   put("recovery_ms_last", recovery_ms_last);

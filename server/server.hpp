@@ -38,6 +38,7 @@ struct ServerSnapshot {
   int64_t scale_ups = 0;             ///< pairs added under load
   int64_t scale_downs = 0;           ///< pairs retired when idle
   int64_t executor_failures = 0;     ///< executors that crashed or hung (replaced)
+  int64_t seq_failures = 0;          ///< sequences ended alone (bad sampling state, NaN logits)
   int64_t requeued = 0;              ///< jobs re-queued after executor failures
   int64_t recoveries = 0;            ///< faults whose first re-queued job ran again
   int64_t recovery_ms_last = -1;     ///< fault -> first re-queued job running, last fault (ms)

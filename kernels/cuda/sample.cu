@@ -32,12 +32,19 @@ __global__ void sample_kernel(const float* logits, int n_vocab, const SamplePara
   const SampleParams p = params[blockIdx.x];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
 
-  // argmax, ties to the lowest id
+  // argmax, ties to the lowest id; with the row's health, as the host Sampler judges it: 2 for a
+  // NaN or +inf anywhere, 1 for a finite value at least, 0 for nothing but -inf
   float bv = -INFINITY;
   int bi = n_vocab;
   float mn = INFINITY;
+  float health = 0.0f;
   for (int i = tid; i < n_vocab; i += blockDim.x) {
     const float v = x[i];
+    if (!(v < INFINITY)) {
+      health = 2.0f;  // NaN fails every comparison
+    } else if (v > -INFINITY) {
+      health = fmaxf(health, 1.0f);
+    }
     if (v > bv || (v == bv && i < bi)) {
       bv = v;
       bi = i;
@@ -70,6 +77,14 @@ __global__ void sample_kernel(const float* logits, int n_vocab, const SamplePara
   }
   mn = dev::block_max(-mn, red) * -1.0f;  // block-wide minimum
   const int32_t best = chosen;            // published before block_max's barriers
+  // A row that names no distribution gets kNoToken, whatever its parameters: no token is drawn
+  // from it (and x[best] below may not even be an index: n_vocab when every logit is NaN). Every
+  // thread gets the same answer, so all return together; block_max's first barrier also waits
+  // for the reads of `red` in the reduction above.
+  if (dev::block_max(health, red) != 1.0f) {
+    if (tid == 0) out[blockIdx.x] = kNoToken;
+    return;
+  }
   const float mx = x[best];
   if (p.temperature <= 0.0f || p.top_k == 1 || mn == mx) {
     if (tid == 0) out[blockIdx.x] = best;

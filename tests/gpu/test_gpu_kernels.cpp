@@ -3,6 +3,7 @@
 #define BOOST_TEST_MODULE gpu_kernels
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <tuple>
@@ -537,6 +538,52 @@ BOOST_AUTO_TEST_CASE(sample_greedy_topk_topp) {
     for (int i = 0; i < V; ++i)
       if (x[i] > x[got[r]]) before += std::exp(double{x[i]} - mx);
     BOOST_TEST(before / z < 0.3 + 1e-4);
+  }
+}
+
+// A row with a NaN or +inf anywhere, or nothing but -inf, gets kNoToken under any parameters (as
+// the host Sampler refuses it); the other rows of the launch keep their own argmax.
+BOOST_AUTO_TEST_CASE(sample_non_finite_row_gets_no_token) {
+  const int rows = 8, V = 3000;
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> logits = randn(size_t(rows) * V, 2.0f);
+  logits[1 * V + 7] = std::numeric_limits<float>::quiet_NaN();  // one NaN among finite values
+  for (int i = 0; i < V; ++i) logits[3 * V + i] = std::numeric_limits<float>::quiet_NaN();
+  for (int i = 0; i < V; ++i) logits[4 * V + i] = -inf;  // every token masked
+  logits[5 * V + V - 1] = inf;
+  for (int i = 0; i < V; ++i) logits[6 * V + i] = i % 2 ? -inf : 1.0f;  // masked, but finite
+  const std::vector<bool> bad = {false, true, false, true, true, true, false, false};
+  DevArray<float> dl(logits);
+  std::vector<sy::cuda::SampleParams> p(rows);
+  for (bool greedy : {true, false}) {
+    // Not the poison's 0xff bytes: those read as -1, kNoToken itself.
+    DevArray<int32_t> out(std::vector<int32_t>(rows, V + 1));
+    for (int r = 0; r < rows; ++r) {
+      p[r] = sy::cuda::SampleParams{};
+      if (!greedy) {
+        p[r].temperature = 0.7f;
+        p[r].top_k = 40;
+        p[r].top_p = 0.9f;
+        p[r].seed = 50 + r;
+      }
+    }
+    DevArray<sy::cuda::SampleParams> dp(p);
+    check(sy::cuda::sample(dl.get(), rows, V, dp.get(), out.get(), nullptr), "sample");
+    const std::vector<int32_t> got = out.download();
+    for (int r = 0; r < rows; ++r) {
+      BOOST_TEST_CONTEXT("row " << r << (greedy ? " greedy" : " sampled")) {
+        const float* x = logits.data() + r * V;
+        if (bad[r]) {
+          BOOST_TEST(got[r] == sy::cuda::kNoToken);
+        } else if (greedy) {
+          BOOST_TEST(got[r] == std::max_element(x, x + V) - x);
+        } else {
+          BOOST_TEST(got[r] >= 0);
+          BOOST_TEST(got[r] < V);
+          BOOST_TEST(std::isfinite(x[got[r]]));
+        }
+      }
+    }
   }
 }
 

@@ -1,8 +1,14 @@
 // Must-show: a mixed-tenant batch. Tenant "a" runs greedy jobs while tenant "b" sends, into the
 // same engine steps, jobs with every pathological sampling value we could construct. Each "a"
 // job ends with llama.cpp's exact greedy ids; each "b" job is refused at the edge by name, ends
-// with its own error, or finishes; the server counts no executor failure and stays up.
+// with its own error, or finishes; the server counts no executor failure, counts each NaN job as
+// one sequence failure (stats and /metrics), and stays up.
 #define BOOST_TEST_MODULE it_sampling_isolation
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstdint>
@@ -24,6 +30,8 @@ namespace {
 // The server's TEST ONLY flag makes the logits NaN for a job whose first chunk holds this id;
 // no reference prompt contains it.
 constexpr int32_t kNanToken = 511;
+// The admin token of the control `stats` command.
+const std::string kAdmin = "adm-secret";
 
 // What a "b" job must end with.
 enum class Expect { refused, failed, done, greedy };
@@ -46,6 +54,37 @@ sy::wire::Submit job(const std::string& tenant, const std::string& id,
   return s;
 }
 
+// The body of GET /metrics from "HOST:PORT" over a loopback socket; "" on any failure.
+std::string scrape(const std::string& address) {
+  auto colon = address.rfind(':');
+  if (colon == std::string::npos) return "";
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  // A scrape answers within the server's own 2 s bound; 20 s only guards against a hang.
+  timeval tv{20, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
+  inet_pton(AF_INET, address.substr(0, colon).c_str(), &a.sin_addr);
+  std::string resp;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+    std::string req = "GET /metrics HTTP/1.1\r\nHost: " + address + "\r\nConnection: close\r\n\r\n";
+    (void)!write(fd, req.data(), req.size());
+    char buf[8192];
+    ssize_t n;
+    while ((n = read(fd, buf, sizeof buf)) > 0) resp.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  auto body = resp.find("\r\n\r\n");
+  return body == std::string::npos ? "" : resp.substr(body + 4);
+}
+
+// The value of the unlabelled sample `name` on a metrics page; -1 when absent.
+double sample(const std::string& page, const std::string& name) {
+  auto p = page.find("\n" + name + " ");
+  return p == std::string::npos ? -1 : std::stod(page.substr(p + name.size() + 2));
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(pathological_sampling_never_touches_the_neighbours) {
@@ -54,7 +93,8 @@ BOOST_AUTO_TEST_CASE(pathological_sampling_never_touches_the_neighbours) {
   // 20 ms per step (TEST ONLY): the greedy jobs need 64 steps, so the "b" jobs, sent once every
   // greedy job has streamed a token, land in steps the greedy jobs are part of.
   sy::it::ServerProcess srv({"--model", sy::it::kStories, "--threads", "1", "--step-delay-ms", "20",
-                             "--test-nan-logits-token", std::to_string(kNanToken)});
+                             "--test-nan-logits-token", std::to_string(kNanToken), "--metrics",
+                             "127.0.0.1:0", "--admin-token", kAdmin});
   sy::client::Client ca(srv.endpoint()), cb(srv.endpoint());
   BOOST_REQUIRE(ca.ping_wait(10s));
   BOOST_REQUIRE(cb.ping_wait(10s));
@@ -231,8 +271,20 @@ BOOST_AUTO_TEST_CASE(pathological_sampling_never_touches_the_neighbours) {
     }
   }
 
+  // Each NaN job, and only those, ended alone: one sequence failure each.
+  size_t nan_jobs = 0;
+  for (const Case& c : bad) nan_jobs += c.expect == Expect::failed;
   const auto st = srv.stats();
   BOOST_TEST(st.at("executor_failures") == 0);
   BOOST_TEST(st.at("executors") == 1);
+  BOOST_TEST(st.at("seq_failures") == static_cast<int64_t>(nan_jobs));
+  BOOST_REQUIRE(!srv.metrics_endpoint().empty());
+  const std::string page = scrape(srv.metrics_endpoint());
+  BOOST_TEST(sample(page, "switchyard_sequence_failures_total") == static_cast<double>(nan_jobs));
+  // Generous: the server answers within its own 2 s ask timeout.
+  auto ctl = sy::client::Client(srv.endpoint()).control("stats", "", kAdmin, 20s);
+  BOOST_REQUIRE_MESSAGE(ctl.ok(), "stats failed: " << (ctl.error ? ctl.error->message : "timeout"));
+  BOOST_TEST(sy::cli::JsonReader::parse(ctl.reply->result).at("seq_failures").i ==
+             static_cast<int64_t>(nan_jobs));
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }

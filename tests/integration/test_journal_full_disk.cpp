@@ -99,33 +99,6 @@ sy::wire::Submit job(const std::string& id, std::size_t prompt_tokens = 5) {
   return s;
 }
 
-// One GET over a plain loopback socket; the body ("" when the server did not answer).
-std::string http_get(const std::string& address, const std::string& path) {
-  auto colon = address.rfind(':');
-  if (colon == std::string::npos) return "";
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{20, 0};  // a scrape answers within 2 s; this only guards against a hang
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
-  inet_pton(AF_INET, address.substr(0, colon).c_str(), &a.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    close(fd);
-    return "";
-  }
-  std::string req =
-      "GET " + path + " HTTP/1.1\r\nHost: " + address + "\r\nConnection: close\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string resp;
-  char buf[8192];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof buf)) > 0) resp.append(buf, static_cast<size_t>(n));
-  close(fd);
-  auto body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
-}
-
 // The value of an unlabelled series on a metrics page; -1 when absent.
 double metric(const std::string& page, const std::string& name) {
   std::istringstream in(page);
@@ -263,7 +236,7 @@ BOOST_AUTO_TEST_CASE(a_full_journal_disk_loses_nothing_and_leaks_nothing,
   BOOST_TEST_MESSAGE("VmRSS before the full period " << rss_before << " kB, at most " << rss_max
                                                      << " kB during it");
   BOOST_TEST(rss_max - rss_before < 32 * 1024);
-  auto page = http_get(srv->metrics_endpoint(), "/metrics");
+  auto page = sy::it::http_get(srv->metrics_endpoint(), "/metrics").body;
   BOOST_TEST(metric(page, "switchyard_journal_failing") == 1);
   BOOST_TEST(metric(page, "switchyard_journal_write_errors_total") >= kRouterRefused);
   BOOST_TEST(metric(page, "switchyard_journal_refused_jobs_total") ==

@@ -33,33 +33,6 @@ int job_count(int fallback) {
   return v && *v ? std::atoi(v) : fallback;
 }
 
-// One GET over a plain loopback socket; the body, or "" on failure.
-std::string http_body(const std::string& address, const std::string& path) {
-  auto colon = address.rfind(':');
-  if (colon == std::string::npos) return "";
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  // A scrape answers within the server's own 2 s bound; 20 s only guards against a hang.
-  timeval tv{20, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
-  inet_pton(AF_INET, address.substr(0, colon).c_str(), &a.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    close(fd);
-    return "";
-  }
-  std::string req = "GET " + path + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string resp;
-  char buf[16384];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof buf)) > 0) resp.append(buf, static_cast<size_t>(n));
-  close(fd);
-  auto body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
-}
-
 // Sample lines of one metric family on a /metrics page (name followed by '{' or ' ').
 size_t series(const std::string& page, const std::string& name) {
   size_t n = 0, at = 0;
@@ -179,7 +152,7 @@ BOOST_AUTO_TEST_CASE(distinct_tenants_leave_bounded_series_and_memory) {
     BOOST_TEST(out.done == n);
     BOOST_TEST(out.errors == 0);
   }
-  const std::string page = http_body(srv.metrics_endpoint(), "/metrics");
+  const std::string page = sy::it::http_get(srv.metrics_endpoint(), "/metrics").body;
   BOOST_REQUIRE(!page.empty());
   const size_t jobs_series = series(page, "switchyard_jobs_total");
   BOOST_TEST_MESSAGE(n << " tenants: RSS " << before_kb << " kB -> " << after_kb << " kB, "

@@ -31,47 +31,8 @@ namespace {
 // first on a developer's PATH may lack.
 const std::string kPython = "/usr/bin/python3";
 
-struct HttpResult {
-  int status = -1;
-  std::string content_type, body;
-};
-
-// One GET over a plain loopback socket (HTTP/1.0 semantics: the server closes when done).
-HttpResult http_get(const std::string& address, const std::string& path) {
-  HttpResult r;
-  auto colon = address.rfind(':');
-  if (colon == std::string::npos) return r;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  // A scrape answers within the server's own 2 s bound; 20 s only guards against a hang.
-  timeval tv{20, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
-  inet_pton(AF_INET, address.substr(0, colon).c_str(), &a.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    close(fd);
-    return r;
-  }
-  std::string req =
-      "GET " + path + " HTTP/1.1\r\nHost: " + address + "\r\nConnection: close\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string resp;
-  char buf[8192];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof buf)) > 0) resp.append(buf, static_cast<size_t>(n));
-  close(fd);
-  auto head_end = resp.find("\r\n\r\n");
-  if (resp.size() < 12 || head_end == std::string::npos) return r;
-  r.status = std::stoi(resp.substr(9, 3));
-  std::string head = resp.substr(0, head_end);
-  for (const char* key : {"Content-Type: ", "content-type: "}) {
-    auto p = head.find(key);
-    if (p != std::string::npos) r.content_type = head.substr(p + 14, head.find("\r\n", p) - p - 14);
-  }
-  r.body = resp.substr(head_end + 4);
-  return r;
-}
+using sy::it::http_get;
+using sy::it::HttpResult;
 
 // /ready's status once it says 200, or after 30 s: the supervisor announces its first pair to the
 // metrics actor by message, which may land just after serve prints "ready".

@@ -54,31 +54,6 @@ sy::wire::Submit job(const std::string& tenant, const std::string& id,
   return s;
 }
 
-// The body of GET /metrics from "HOST:PORT" over a loopback socket; "" on any failure.
-std::string scrape(const std::string& address) {
-  auto colon = address.rfind(':');
-  if (colon == std::string::npos) return "";
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  // A scrape answers within the server's own 2 s bound; 20 s only guards against a hang.
-  timeval tv{20, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(colon + 1))));
-  inet_pton(AF_INET, address.substr(0, colon).c_str(), &a.sin_addr);
-  std::string resp;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
-    std::string req = "GET /metrics HTTP/1.1\r\nHost: " + address + "\r\nConnection: close\r\n\r\n";
-    (void)!write(fd, req.data(), req.size());
-    char buf[8192];
-    ssize_t n;
-    while ((n = read(fd, buf, sizeof buf)) > 0) resp.append(buf, static_cast<size_t>(n));
-  }
-  close(fd);
-  auto body = resp.find("\r\n\r\n");
-  return body == std::string::npos ? "" : resp.substr(body + 4);
-}
-
 // The value of the unlabelled sample `name` on a metrics page; -1 when absent.
 double sample(const std::string& page, const std::string& name) {
   auto p = page.find("\n" + name + " ");
@@ -279,7 +254,7 @@ BOOST_AUTO_TEST_CASE(pathological_sampling_never_touches_the_neighbours) {
   BOOST_TEST(st.at("executors") == 1);
   BOOST_TEST(st.at("seq_failures") == static_cast<int64_t>(nan_jobs));
   BOOST_REQUIRE(!srv.metrics_endpoint().empty());
-  const std::string page = scrape(srv.metrics_endpoint());
+  const std::string page = sy::it::http_get(srv.metrics_endpoint(), "/metrics").body;
   BOOST_TEST(sample(page, "switchyard_sequence_failures_total") == static_cast<double>(nan_jobs));
   // Generous: the server answers within its own 2 s ask timeout.
   auto ctl = sy::client::Client(srv.endpoint()).control("stats", "", kAdmin, 20s);

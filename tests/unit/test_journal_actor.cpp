@@ -21,6 +21,7 @@
 #include "actors/router.hpp"
 #include "ingress/error_code.hpp"
 #include "policies/journal_file.hpp"
+#include "tests/support/full_disk.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/test_system.hpp"
 
@@ -28,32 +29,7 @@ using namespace sy;
 
 namespace {
 
-/// Refuses every write past `bytes` in any file of this process while it lives (SIGXFSZ ignored).
-class FullDisk {
- public:
-  explicit FullDisk(uint64_t bytes) {
-    ::getrlimit(RLIMIT_FSIZE, &old_);
-    old_handler_ = ::signal(SIGXFSZ, SIG_IGN);
-    rlimit r = old_;
-    r.rlim_cur = bytes;
-    ok_ = ::setrlimit(RLIMIT_FSIZE, &r) == 0;
-  }
-  ~FullDisk() { lift(); }
-  FullDisk(const FullDisk&) = delete;
-  FullDisk& operator=(const FullDisk&) = delete;
-  void lift() {
-    if (lifted_) return;
-    lifted_ = true;
-    ::setrlimit(RLIMIT_FSIZE, &old_);
-    ::signal(SIGXFSZ, old_handler_);
-  }
-  bool ok() const { return ok_; }
-
- private:
-  rlimit old_{};
-  sighandler_t old_handler_ = SIG_DFL;
-  bool ok_ = false, lifted_ = false;
-};
+using test::FullDisk;
 
 struct Trace {
   std::vector<Job> runs;

@@ -139,6 +139,11 @@ void send_error(Self* self, const ClientRef& to, const std::string& id, const st
   send_out(self, std::move(e));
 }
 
+/// A request the gateway counted into the intake meter has left the mailbox.
+void taken_from_mailbox(Self* self, uint32_t metered_bytes) {
+  if (metered_bytes > 0 && self->state.cfg.intake) self->state.cfg.intake->take(metered_bytes);
+}
+
 /// A pipeline submit answered here never reaches the router: give its PULL credit back.
 void return_pull_credit(Self* self, const ClientRef& c) {
   if (c.kind == ClientRef::pipeline && self->state.router)
@@ -776,17 +781,20 @@ caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
   return {
       [self](tick_atom) { replay_next(self); },
       [self](submit_atom, SubmitRequest& req) {
+        taken_from_mailbox(self, req.metered_bytes);
         const std::string tenant = req.tenant;
         submit(self, req);
         settle_tenant(self, tenant);
       },
       // The atom decides what is asked, whatever `kind` says.
       [self](cancel_atom, KeyRequest& k) {
+        taken_from_mailbox(self, k.metered_bytes);
         k.kind = KeyRequest::cancel;
         key_request(self, k);
         settle_tenant(self, k.tenant);
       },
       [self](status_atom, KeyRequest& k) {
+        taken_from_mailbox(self, k.metered_bytes);
         k.kind = KeyRequest::status;
         key_request(self, k);
         settle_tenant(self, k.tenant);

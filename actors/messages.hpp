@@ -108,13 +108,16 @@ struct SubmitRequest {
   bool stream = false;
   uint32_t logprobs = 0;
   int64_t arrival_us = 0;
+  // Wire size of a request the gateway counted into its IntakeMeter (0: not counted); admission
+  // counts it out when it takes the request from its mailbox.
+  uint32_t metered_bytes = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SubmitRequest& x) {
   return f(caf::meta::type_name("SubmitRequest"), x.client, x.id, x.tenant, x.token, x.prompt_text,
            x.prompt_ids, x.prompt_is_ids, x.max_tokens, x.temperature, x.top_k, x.top_p, x.has_seed,
            x.seed, x.stop, x.ignore_eos, x.priority, x.deadline_ms, x.stream, x.logprobs,
-           x.arrival_us);
+           x.arrival_us, x.metered_bytes);
 }
 
 /// cancel or status from a client (kind says which).
@@ -123,12 +126,13 @@ struct KeyRequest {
   uint8_t kind = cancel;
   ClientRef client;
   std::string id, tenant, token;
-  bool internal = false;  // raised by the server itself (client gone), not by a client
+  bool internal = false;       // raised by the server itself (client gone), not by a client
+  uint32_t metered_bytes = 0;  // as in SubmitRequest
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, KeyRequest& x) {
   return f(caf::meta::type_name("KeyRequest"), x.kind, x.client, x.id, x.tenant, x.token,
-           x.internal);
+           x.internal, x.metered_bytes);
 }
 
 // ---- executor protocol: one model step ----

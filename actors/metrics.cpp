@@ -385,6 +385,11 @@ std::string render(Self* self, const Scrape& s) {
            "CURVE handshakes refused because the client key is not in the allow-list.");
   w.sample("switchyard_curve_refused_total", {},
            static_cast<double>(stats_counter(s.gateway, "curve_refused")));
+  w.family("switchyard_intake_refused_total", "counter",
+           "Requests answered overloaded at the edge because admission had "
+           "endpoints.max_waiting_requests (or _bytes) waiting.");
+  w.sample("switchyard_intake_refused_total", {},
+           static_cast<double>(stats_counter(s.gateway, "intake_refused")));
 
   if (st.w.journal) {
     // Journal health (docs/durability.md, "A full disk"): refused writes, and whether the journal

@@ -64,7 +64,10 @@ const char* const kServeUsage =
     "              [--no-prefix-routing]: dispatch by free credit alone, not by cached prefix.\n"
     "              [--heartbeat-ivl-ms MS] [--heartbeat-timeout-ms MS] [--heartbeat-ttl-ms MS]\n"
     "              [--handshake-timeout-ms MS]: connection liveness (endpoints.* in the\n"
-    "              config; heartbeats are off by default: docs/protocol.md, Sockets).\n";
+    "              config; heartbeats are off by default: docs/protocol.md, Sockets).\n"
+    "              [--max-waiting-requests N]: requests that may wait for admission before\n"
+    "              new ones get `overloaded` at the edge (endpoints.max_waiting_requests,\n"
+    "              default 4096; endpoints.max_waiting_bytes, default 64 MiB).\n";
 
 const std::vector<std::string> kServeOptions = {"model",
                                                 "config",
@@ -103,7 +106,8 @@ const std::vector<std::string> kServeOptions = {"model",
                                                 "heartbeat-ivl-ms",
                                                 "heartbeat-timeout-ms",
                                                 "heartbeat-ttl-ms",
-                                                "handshake-timeout-ms"};
+                                                "handshake-timeout-ms",
+                                                "max-waiting-requests"};
 const std::vector<std::string> kServeFlags = {"no-prefix-cache", "no-journal", "no-prefix-routing"};
 
 int cmd_serve(const Args& a) {
@@ -198,6 +202,8 @@ int cmd_serve(const Args& a) {
     cfg.endpoints.heartbeat_ttl_ms = ranged("heartbeat-ttl-ms", 0, 6553500);
   if (a.has("handshake-timeout-ms"))
     cfg.endpoints.handshake_timeout_ms = ranged("handshake-timeout-ms", 0, 3600000);
+  if (a.has("max-waiting-requests"))
+    cfg.endpoints.max_waiting_requests = ranged("max-waiting-requests", 1, INT32_MAX);
   if (a.has("step-timeout-ms"))
     cfg.batching.step_timeout_ms = ranged("step-timeout-ms", 0, 3600000);
   if (a.has("max-job-retries"))

@@ -129,7 +129,8 @@ void load_endpoints(const Ctx& c, const YAML::Node& n, EndpointConfig& e) {
   each(c, "endpoints", n,
        {"bind", "pull", "results", "max_message_bytes", "sndhwm", "rcvhwm", "curve_secret_key",
         "curve_public_key", "curve_allowed_keys", "heartbeat_ivl_ms", "heartbeat_timeout_ms",
-        "heartbeat_ttl_ms", "handshake_timeout_ms"},
+        "heartbeat_ttl_ms", "handshake_timeout_ms", "max_waiting_requests", "max_waiting_bytes",
+        "tcp_keepalive_idle_s"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "bind") e.bind = get_string(c, key, v);
          // Key files, like the model, are found relative to the config file's folder.
@@ -162,6 +163,14 @@ void load_endpoints(const Ctx& c, const YAML::Node& n, EndpointConfig& e) {
            e.heartbeat_ttl_ms = get_int(c, key, v, 0, 6553500);
          else if (k == "handshake_timeout_ms")
            e.handshake_timeout_ms = get_int(c, key, v, 0, kHourMs);
+         // The kernel takes the idle time in seconds as an int; a day is past any use.
+         else if (k == "tcp_keepalive_idle_s")
+           e.tcp_keepalive_idle_s = get_int(c, key, v, 0, 86400);
+         // At least one request must be able to wait, or nothing is ever admitted.
+         else if (k == "max_waiting_requests")
+           e.max_waiting_requests = get_int(c, key, v, 1, kI32);
+         else if (k == "max_waiting_bytes")
+           e.max_waiting_bytes = get_int(c, key, v, 1, int64_t{1} << 40);
        });
 }
 

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "policies/qos.hpp"
+#include "server/intake_meter.hpp"
 
 namespace sy {
 
@@ -22,23 +24,39 @@ struct EndpointConfig {
   // round trips, well under a second even across continents; 10 s leaves room for a loaded host
   // and is a third of libzmq's default, so strangers that connect and send nothing cost less.
   int64_t handshake_timeout_ms = 10000;
-  // ZMTP heartbeats on the request endpoint (ROUTER); 0 = off, the default. With an interval the
-  // server PINGs every connection that often and drops one from which no whole message (a PONG
-  // counts) came within heartbeat_timeout_ms of a PING: a dead client, or one stalled in the
-  // middle of a frame, which otherwise pins the frame's buffer (up to max_message_bytes) for as
-  // long as it likes. Suggested: 10 s and 30 s (three intervals: a GC pause or a network hiccup
-  // is survived; a stalled peer is gone within 40 s). Off by default because libzmq 4.3.4 (and
-  // libzmq master) aborts the process from its heartbeat timer when a peer resets a connection
-  // whose input ZeroMQ had paused at the high-water mark: any client that floods and resets can
-  // kill the server. Turn it on only where every client is trusted (CURVE with an allow-list).
+  // TCP keepalive on every connection (ZMQ_TCP_KEEPALIVE): after tcp_keepalive_idle_s without
+  // traffic the kernel probes the peer every 10 s and drops the connection after 3 unanswered
+  // probes, so a peer whose host died or vanished from the network frees its buffers (a
+  // half-received frame included) within idle + 30 s. 0 = off. Probes are answered by the peer's
+  // kernel, so a live but stalled peer is not dropped by them: see heartbeat_ivl_ms.
+  int64_t tcp_keepalive_idle_s = 60;
+  // ZMTP heartbeats on the request endpoint (ROUTER); 0 = off, the default. The server PINGs
+  // every connection this often and drops one from which no whole message (a PONG counts) came
+  // within heartbeat_timeout_ms of a PING: a dead client, or a live one stalled in the middle of
+  // a frame, which otherwise pins the frame's buffer (up to max_message_bytes) for as long as it
+  // stays connected. Suggested: 10 s and 30 s.
+  // With heartbeats on, the ROUTER takes no receive high-water mark: libzmq 4.3.4 (and libzmq
+  // master) aborts the process from its heartbeat timer when a peer resets a connection whose
+  // input ZeroMQ had paused at the mark, and without a mark its input is never paused. The price:
+  // what clients send faster than the gateway reads then queues in ZeroMQ without a bound, so
+  // heartbeats suit endpoints whose clients are trusted (CURVE with an allow-list); that is why
+  // they are off by default, where the mark bounds a flood to rcvhwm messages per connection.
   // The pipeline sockets never get heartbeats: a producer held back by backpressure is paused
-  // that way in normal operation.
+  // that way in normal operation (the same abort, and a paused producer cannot answer a PING).
   int64_t heartbeat_ivl_ms = 0;
   int64_t heartbeat_timeout_ms = 30000;
   // Sent in each PING: a client drops the connection when it hears nothing from the server for
   // this long, so a dead server host is noticed and the client reconnects. Three intervals, as
   // above; ZMTP carries it in tenths of a second (at most 6553.5 s).
   int64_t heartbeat_ttl_ms = 30000;
+  // Requests from the request endpoint handed to admission and not yet taken up by it (its
+  // mailbox): past either bound new ones are answered `overloaded` by the gateway, so a flood
+  // queues no more than this in front of admission. Admission takes a few hundred thousand small
+  // requests a second; 4096 is about 10 ms of its work at that pace and a handful of
+  // full-context prompts' bytes, so normal bursts never meet it. 64 MiB bounds what big prompts
+  // can hold there.
+  int64_t max_waiting_requests = 4096;
+  int64_t max_waiting_bytes = int64_t{64} << 20;
   // CURVE (docs/security.md): with a secret key file every bound socket is a CURVE server and
   // clients need the public key; "" = plain TCP. The public key file is optional and only checked
   // against the secret key (a mismatched pair is a deployment error worth catching at start).
@@ -79,6 +97,9 @@ struct AdmissionConfig {
   // Let prompt + max_tokens exceed the model context (set when the KV policy is sinks, whose
   // positions never pass the cache size); jobs under other policies still end at the context.
   bool beyond_context = false;
+  // Wiring, not configuration: the gateway's meter of admission's mailbox (server/intake_meter.hpp),
+  // counted out here; nullptr where no gateway feeds this admission (tests).
+  std::shared_ptr<IntakeMeter> intake;
 };
 
 struct RouterConfig {

@@ -33,6 +33,14 @@ using Clock = std::chrono::steady_clock;
 // Messages read from one socket per wake-up: bounded so that a flood on one socket cannot starve
 // the outbound flush or the other socket.
 constexpr int kReadBatch = 256;
+// TCP keepalive probes after the idle time: one every 10 s, and 3 unanswered ones drop the
+// connection, so a dead peer is gone 30 s after probing starts; a lost probe or two on a lossy
+// link does not drop a live one.
+constexpr int kKeepaliveIntervalS = 10;
+constexpr int kKeepaliveProbes = 3;
+// retry_after_ms of a request refused because admission's mailbox is full: it drains thousands of
+// requests in that time, so a client that waits this long finds room.
+constexpr uint32_t kIntakeRetryAfterMs = 20;
 // Poll period while some ROUTER peer has a backlog: ROUTER reports no per-peer writability, so a
 // deferred send is simply retried this often.
 constexpr std::chrono::milliseconds kRetryPeriod{1};
@@ -199,7 +207,7 @@ struct Gateway::Impl {
   struct Counters {
     std::atomic<uint64_t> received{0}, decode_errors{0}, submits{0}, controls{0}, sent{0},
         dropped{0}, hwm_deferrals{0}, internal_cancels{0}, curve_allowed{0}, curve_refused{0},
-        shutdown_refused{0};
+        shutdown_refused{0}, intake_refused{0};
   } c;
 
   // Gateway thread only.
@@ -328,8 +336,10 @@ struct Gateway::Impl {
   void defer(std::deque<OutMessage>& q, OutMessage&& m) {
     c.hwm_deferrals++;
     // A peer this far behind is not reading: its streamed chunks go and its job is cancelled;
-    // terminal messages are kept (one per job, so bounded by the jobs in flight).
-    if (q.size() >= opt.peer_backlog_limit && !m.terminal) {
+    // a job's terminal message is kept (one per job, so bounded by the jobs in flight). Refusals
+    // that belong to no job (decode errors, `overloaded` at the edge) go too: a peer flooding
+    // without reading would otherwise grow this queue for ever.
+    if (q.size() >= opt.peer_backlog_limit && (!m.terminal || m.id.empty())) {
       undeliverable(m);
       return;
     }
@@ -406,6 +416,33 @@ struct Gateway::Impl {
     deliver(OutMessage{to, "", "", true, wire::encode_server(e)});
   }
 
+  // Admission's mailbox is at its bound (EndpointConfig::max_waiting_requests/_bytes): the
+  // request is answered `overloaded` here and goes no further. As for decode errors the envelope
+  // has no id: a refusal must not touch a running job that shares it.
+  bool intake_full(const ClientRef& to, const std::string& id, const std::string& tenant) {
+    if (!opt.intake) return false;
+    const uint64_t n = opt.intake->waiting();
+    if (n < static_cast<uint64_t>(ep.max_waiting_requests) &&
+        opt.intake->waiting_bytes() < static_cast<uint64_t>(ep.max_waiting_bytes))
+      return false;
+    c.intake_refused++;
+    wire::Error e{id, tenant, ErrorCode::overloaded,
+                  "the server is behind on admitting requests (" + std::to_string(n) +
+                      " waiting): retry after retry_after_ms",
+                  kIntakeRetryAfterMs};
+    deliver(OutMessage{to, "", "", true, wire::encode_server(e)});
+    return true;
+  }
+
+  // Counts a request about to go to admission into the meter; returns its metered size.
+  uint32_t meter_in(size_t wire_bytes) {
+    if (!opt.intake) return 0;
+    const auto b = static_cast<uint32_t>(std::clamp<size_t>(wire_bytes, 1, UINT32_MAX));
+    opt.intake->handed_bytes.fetch_add(b, std::memory_order_relaxed);
+    opt.intake->handed.fetch_add(1, std::memory_order_relaxed);
+    return b;
+  }
+
   void handle(const ClientRef& from, const void* data, size_t size) {
     auto decoded = wire::decode_client(data, size, opt.limits);
     if (auto* err = std::get_if<wire::DecodeError>(&decoded)) {
@@ -452,13 +489,18 @@ struct Gateway::Impl {
         reply_error(from, {ErrorCode::unavailable, "server is starting", s->id, s->tenant});
         return;
       }
+      uint32_t metered = 0;
       if (!pipeline) {
+        if (intake_full(from, s->id, s->tenant)) return;
+        metered = meter_in(size);
         auto& entry = jobs[job_key(from.identity, s->id)];
         entry.tenant = s->tenant;
         entry.cancelled = false;
       }
       c.submits++;
-      caf::anon_send(adm, submit_atom::value, to_request(std::move(*s), from));
+      SubmitRequest req = to_request(std::move(*s), from);
+      req.metered_bytes = metered;
+      caf::anon_send(adm, submit_atom::value, std::move(req));
       return;
     }
     KeyRequest kr;
@@ -483,6 +525,10 @@ struct Gateway::Impl {
     if (!adm) {
       reply_error(from, {ErrorCode::unavailable, "server is starting", kr.id, kr.tenant});
       return;
+    }
+    if (!pipeline) {
+      if (intake_full(from, kr.id, kr.tenant)) return;
+      kr.metered_bytes = meter_in(size);
     }
     if (kr.kind == KeyRequest::cancel)
       caf::anon_send(adm, cancel_atom::value, std::move(kr));
@@ -702,6 +748,13 @@ void Gateway::start() {
     s.set(zmq::sockopt::linger, 0);
     // A connection that never completes its handshake is dropped (EndpointConfig says why).
     s.set(zmq::sockopt::handshake_ivl, static_cast<int>(d.ep.handshake_timeout_ms));
+    // Dead peers' connections are found by the kernel (EndpointConfig::tcp_keepalive_idle_s).
+    if (d.ep.tcp_keepalive_idle_s > 0) {
+      s.set(zmq::sockopt::tcp_keepalive, 1);
+      s.set(zmq::sockopt::tcp_keepalive_idle, static_cast<int>(d.ep.tcp_keepalive_idle_s));
+      s.set(zmq::sockopt::tcp_keepalive_intvl, kKeepaliveIntervalS);
+      s.set(zmq::sockopt::tcp_keepalive_cnt, kKeepaliveProbes);
+    }
     // libzmq 4.3 never runs heartbeats on a ZMTP 1.0/2.0 connection (and newer libzmq no longer
     // drops those after handshake_ivl either), so such a peer could hold a half-sent frame for
     // ever; libzmq refuses those versions on a socket with a ZAP domain. With plain TCP no ZAP
@@ -714,10 +767,12 @@ void Gateway::start() {
   };
   d.router = zmq::socket_t(d.ctx, zmq::socket_type::router);
   common(d.router);
-  // Heartbeats only here, and only when configured (EndpointConfig: libzmq's heartbeat timer
-  // can abort the process; the pipeline sockets are paused by backpressure, which is exactly
-  // the state that makes it do so).
+  // Heartbeats only here (EndpointConfig: libzmq's heartbeat timer aborts the process when a
+  // peer resets a connection whose input is paused at the high-water mark; the pipeline sockets
+  // are paused by backpressure in normal operation). With them, no receive mark, so that the
+  // input of a ROUTER connection is never paused: the gateway reads this socket at full speed.
   if (d.ep.heartbeat_ivl_ms > 0) {
+    d.router.set(zmq::sockopt::rcvhwm, 0);
     d.router.set(zmq::sockopt::heartbeat_ivl, static_cast<int>(d.ep.heartbeat_ivl_ms));
     d.router.set(zmq::sockopt::heartbeat_timeout, static_cast<int>(d.ep.heartbeat_timeout_ms));
     d.router.set(zmq::sockopt::heartbeat_ttl, static_cast<int>(d.ep.heartbeat_ttl_ms));
@@ -819,6 +874,7 @@ GatewayStats Gateway::stats() const {
   s.curve_allowed = c.curve_allowed;
   s.curve_refused = c.curve_refused;
   s.shutdown_refused = c.shutdown_refused;
+  s.intake_refused = c.intake_refused;
   s.pull_credit = impl_->pull_credit;
   return s;
 }

@@ -29,6 +29,10 @@ struct GatewayOptions {
   /// Results waiting for a PUSH sink; past this the PULL socket is not read either, so a slow sink
   /// slows the producers instead of growing memory.
   size_t results_backlog_limit = 1024;
+  /// Counts request-endpoint requests into admission's mailbox (admission counts them out);
+  /// while endpoints.max_waiting_requests or max_waiting_bytes are waiting there, new ones are
+  /// answered `overloaded` here. nullptr: not counted, never refused for it.
+  std::shared_ptr<IntakeMeter> intake;
 };
 
 /// Counters (tests, metrics); a snapshot, read from any thread.
@@ -44,6 +48,7 @@ struct GatewayStats {
   uint64_t curve_allowed = 0;     ///< CURVE handshakes the allow-list let through (ZAP 200)
   uint64_t curve_refused = 0;     ///< CURVE handshakes the allow-list refused (ZAP 400)
   uint64_t shutdown_refused = 0;  ///< submits answered `unavailable` during the shutdown grace
+  uint64_t intake_refused = 0;    ///< requests answered `overloaded`: admission's mailbox was full
   int64_t pull_credit = 0;        ///< PULL messages that may be read now
 };
 

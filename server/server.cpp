@@ -101,6 +101,9 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   if (max_prompt == 0 || (ctx > 0 && max_prompt > ctx)) max_prompt = ctx;
   if (max_prompt > 0) go.limits.max_prompt_tokens = max_prompt;
   go.limits.max_new_tokens = c.admission.max_output_tokens;
+  go.intake = std::make_shared<IntakeMeter>();
+  AdmissionConfig admission_cfg = c.admission;
+  admission_cfg.intake = go.intake;
   d.gateway = std::make_shared<Gateway>(c.endpoints, go);
 
   d.egress = spawn_egress(*d.sys, d.gateway);
@@ -128,10 +131,10 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   d.router = spawn_router(*d.sys, c.router, out, caf::actor{}, c.admission.tenants);
   if (d.journal)
     d.admission =
-        spawn_admission(*d.sys, c.admission, effective_classes(c.router.classes),
+        spawn_admission(*d.sys, admission_cfg, effective_classes(c.router.classes),
                         c.router.default_class, d.model, d.router, out, d.journal, replay);
   else
-    d.admission = spawn_admission(*d.sys, c.admission, effective_classes(c.router.classes),
+    d.admission = spawn_admission(*d.sys, admission_cfg, effective_classes(c.router.classes),
                                   c.router.default_class, d.model, d.router, d.egress);
 
   // The supervisor runs between min and max batcher+executor pairs (a fixed executors.count
@@ -197,6 +200,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
       caf::put(s, "sent", static_cast<int64_t>(st.sent));
       caf::put(s, "decode_errors", static_cast<int64_t>(st.decode_errors));
       caf::put(s, "curve_refused", static_cast<int64_t>(st.curve_refused));
+      caf::put(s, "intake_refused", static_cast<int64_t>(st.intake_refused));
     }
   };
   d.control = spawn_control(*d.sys, std::move(cw));
@@ -226,8 +230,11 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
     mw.journal = d.journal;
     mw.gateway_stats = [gw = std::weak_ptr<Gateway>(d.gateway)] {
       caf::settings s;
-      if (auto g = gw.lock())
-        caf::put(s, "curve_refused", static_cast<int64_t>(g->stats().curve_refused));
+      if (auto g = gw.lock()) {
+        auto st = g->stats();
+        caf::put(s, "curve_refused", static_cast<int64_t>(st.curve_refused));
+        caf::put(s, "intake_refused", static_cast<int64_t>(st.intake_refused));
+      }
       return s;
     };
     for (const auto& pc : effective_classes(c.router.classes)) mw.classes.push_back(pc.name);
@@ -311,6 +318,7 @@ ServerSnapshot Server::snapshot() {
   s.sent = g.sent;
   s.decode_errors = g.decode_errors;
   s.curve_refused = g.curve_refused;
+  s.intake_refused = g.intake_refused;
   if (d.journal) {
     auto j = d.ask_stats(d.journal);
     s.journal_accepted = counter(j, "accepted");
@@ -426,6 +434,7 @@ std::string ServerSnapshot::to_json() const {
   put("sent", sent);
   put("decode_errors", decode_errors);
   put("curve_refused", curve_refused);
+  put("intake_refused", intake_refused);
   put("executors", executors);
   put("scale_ups", scale_ups);
   put("scale_downs", scale_downs);

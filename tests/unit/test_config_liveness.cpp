@@ -27,9 +27,12 @@ std::string load(const std::string& text, sy::ServerConfig& cfg) {
 
 }  // namespace
 
-BOOST_AUTO_TEST_CASE(defaults_limit_the_handshake_and_leave_heartbeats_off) {
+BOOST_AUTO_TEST_CASE(defaults_limit_the_handshake_and_the_intake_and_keep_connections_alive) {
   sy::EndpointConfig e;
   BOOST_TEST(e.handshake_timeout_ms == 10000);
+  BOOST_TEST(e.tcp_keepalive_idle_s == 60);
+  BOOST_TEST(e.max_waiting_requests == 4096);
+  BOOST_TEST(e.max_waiting_bytes == int64_t{64} << 20);
   BOOST_TEST(e.heartbeat_ivl_ms == 0);
   BOOST_TEST(e.heartbeat_timeout_ms == 30000);
   BOOST_TEST(e.heartbeat_ttl_ms == 30000);
@@ -43,6 +46,9 @@ endpoints:
   heartbeat_ivl_ms: 1000
   heartbeat_timeout_ms: 2500
   heartbeat_ttl_ms: 4000
+  tcp_keepalive_idle_s: 5
+  max_waiting_requests: 7
+  max_waiting_bytes: 9000
 )",
                          cfg);
   BOOST_TEST(err == "");
@@ -50,6 +56,9 @@ endpoints:
   BOOST_TEST(cfg.endpoints.heartbeat_ivl_ms == 1000);
   BOOST_TEST(cfg.endpoints.heartbeat_timeout_ms == 2500);
   BOOST_TEST(cfg.endpoints.heartbeat_ttl_ms == 4000);
+  BOOST_TEST(cfg.endpoints.tcp_keepalive_idle_s == 5);
+  BOOST_TEST(cfg.endpoints.max_waiting_requests == 7);
+  BOOST_TEST(cfg.endpoints.max_waiting_bytes == 9000);
 }
 
 BOOST_AUTO_TEST_CASE(out_of_range_values_are_refused_by_name) {
@@ -59,6 +68,8 @@ BOOST_AUTO_TEST_CASE(out_of_range_values_are_refused_by_name) {
   BOOST_TEST(err.find("out of range [0, 6553500]") != std::string::npos, err);
   err = load("endpoints:\n  handshake_timeout_ms: -1\n", cfg);
   BOOST_TEST(err.find("endpoints.handshake_timeout_ms") != std::string::npos, err);
+  err = load("endpoints:\n  max_waiting_requests: 0\n", cfg);
+  BOOST_TEST(err.find("endpoints.max_waiting_requests") != std::string::npos, err);
   err = load("endpoints:\n  heartbeat_ivl_ms: 1.5\n", cfg);
   BOOST_TEST(err.find("expected an integer") != std::string::npos, err);
 }

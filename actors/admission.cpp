@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <iostream>
 #include <list>
 #include <optional>
 #include <unordered_map>
@@ -16,6 +17,7 @@
 #include "actors/router.hpp"
 #include "ingress/codec.hpp"
 #include "ingress/error_code.hpp"
+#include "model/chat_template.hpp"
 #include "model/llama.hpp"
 #include "policies/quota.hpp"
 #include "policies/retry.hpp"
@@ -82,6 +84,10 @@ struct AdmissionState {
   std::vector<policy::PriorityClass> classes;
   std::size_t default_class = 0;
   std::shared_ptr<const LlamaModel> model;
+  // The chat template for `messages` submits, or why there is none usable (chat_error).
+  std::shared_ptr<const chat::ChatTemplate> chat;
+  std::shared_ptr<const chat::PromptTokenizer> chat_tokens;  // for the model's vocabulary
+  std::string chat_error;
   caf::actor router, egress;
   caf::actor observer;     // the metrics actor (observe_atom): a copy of every JobOutcome
   caf::actor journal;      // null: no journal
@@ -279,15 +285,37 @@ std::optional<std::string> build_job(Self* self, const SubmitRequest& req, Job& 
     return std::string("temperature must be a finite number >= 0");
   if (!(req.top_p > 0 && req.top_p <= 1)) return std::string("top_p must be in (0, 1]");
   const LlamaModel* model = st.model.get();
-  if (req.prompt_is_ids || !req.prompt_ids.empty()) {
-    int n_vocab = model ? model->config().n_vocab : 0;
+  if (!req.message_roles.empty()) {
+    if (req.message_roles.size() != req.message_contents.size())
+      return std::string("messages: every message needs a role and a content");
+    if (!model) return std::string("messages need a model with a chat template (none is loaded)");
+    if (!st.chat) return st.chat_error;
+    std::vector<chat::Message> msgs;
+    msgs.reserve(req.message_roles.size());
+    for (std::size_t i = 0; i < req.message_roles.size(); ++i)
+      msgs.push_back({req.message_roles[i], req.message_contents[i]});
+    const Tokenizer& tok = model->tokenizer();
+    chat::RenderOptions opts;
+    if (tok.bos() >= 0) opts.bos_token = tok.token_text(tok.bos());
+    if (tok.eos() >= 0) opts.eos_token = tok.token_text(tok.eos());
+    try {
+      job.prompt = (*st.chat_tokens)(st.chat->render(msgs, opts));
+    } catch (const chat::TemplateRaised& e) {
+      return "the chat template refused the messages: " + wire::quoted(e.what());
+    } catch (const chat::TemplateError& e) {
+      return std::string("the chat template cannot render these messages: ") + e.what();
+    } catch (const std::exception& e) {  // a renderer bug must not take the server down
+      return std::string("the chat template cannot render these messages: ") + e.what();
+    }
+  } else if (req.prompt_is_ids || !req.prompt_ids.empty()) {
+    int n_vocab = model ? model->limits().n_vocab : 0;
     for (auto id : req.prompt_ids)
       if (id < 0 || (n_vocab > 0 && id >= n_vocab))
         return "prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " +
                std::to_string(n_vocab) + ")";
     job.prompt = req.prompt_ids;
   } else if (model) {
-    job.prompt = model->tokenizer().encode(req.prompt_text, true);
+    job.prompt = model->tokenizer().encode(req.prompt_text, true, req.parse_special);
   } else {
     job.prompt.reserve(req.prompt_text.size());
     for (unsigned char c : req.prompt_text) job.prompt.push_back(c);
@@ -299,7 +327,7 @@ std::optional<std::string> build_job(Self* self, const SubmitRequest& req, Job& 
            std::to_string(st.cfg.max_prompt_tokens);
   uint32_t max_tokens = req.max_tokens;
   if (model) {
-    const std::size_t ctx = static_cast<std::size_t>(std::max(0, model->config().ctx_len));
+    const std::size_t ctx = static_cast<std::size_t>(std::max(0, model->limits().ctx_len));
     if (ctx > 0 && n > ctx) {
       return "prompt has " + std::to_string(n) + " tokens, limit " + std::to_string(ctx) +
              " (the model's context length)";
@@ -752,6 +780,34 @@ void restore(Self* self, const JournalReplay& replay) {
   }
 }
 
+// Parses the chat template once: the configured override, else the model file's. A template
+// that cannot be parsed leaves the server serving `prompt` jobs; `messages` jobs get chat_error,
+// which is also logged here, once.
+void load_chat_template(AdmissionState& st) {
+  if (!st.model) return;
+  std::string text = st.cfg.chat_template;
+  std::string from = st.cfg.chat_template_source.empty() ? std::string("--chat-template")
+                                                         : "'" + st.cfg.chat_template_source + "'";
+  if (text.empty()) {
+    if (auto t = st.model->file().get_string("tokenizer.chat_template")) text = *t;
+    from = "the model file's tokenizer.chat_template";
+    if (text.empty()) {
+      st.chat_error =
+          "the model has no chat template (no tokenizer.chat_template in the file): send "
+          "'prompt', or start the server with --chat-template NAME|FILE";
+      return;
+    }
+  }
+  try {
+    st.chat = std::make_shared<const chat::ChatTemplate>(text);
+    st.chat_tokens = std::make_shared<const chat::PromptTokenizer>(st.model->tokenizer());
+  } catch (const std::exception& e) {  // TemplateError; anything else is a renderer bug
+    st.chat_error = "the chat template (" + from + ") cannot be used: " + e.what();
+    std::cerr << "switchyard: " << st.chat_error << "; jobs with 'messages' get bad_request, "
+              << "'prompt' jobs are served\n";
+  }
+}
+
 caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
                               std::vector<policy::PriorityClass> classes, std::size_t default_class,
                               std::shared_ptr<const LlamaModel> model, caf::actor router,
@@ -769,6 +825,7 @@ caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
   st.classes = std::move(classes);
   st.default_class = default_class;
   st.model = std::move(model);
+  load_chat_template(st);
   st.router = std::move(router);
   st.egress = std::move(egress);
   st.drain.emplace(now_ms, st.retry);

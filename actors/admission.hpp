@@ -14,7 +14,8 @@
 
 namespace sy {
 
-class LlamaModel;
+class Model;
+using LlamaModel = Model;  // model/model.hpp
 
 /// Compares two secrets in time that depends only on their lengths, not on where they differ.
 bool tokens_equal(std::string_view a, std::string_view b);

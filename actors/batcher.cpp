@@ -22,13 +22,8 @@
 
 namespace sy {
 
-int64_t kv_bytes_per_token(const LlamaConfig& cfg) {
-  // K and V (2), f32 (4 bytes), per layer and KV head.
-  return int64_t{cfg.n_layers} * cfg.n_kv_heads * cfg.head_dim * 2 * 4;
-}
-
-int32_t kv_blocks_for(const BatchingConfig& cfg, const LlamaConfig* model) {
-  const int64_t per_token = model ? std::max<int64_t>(1, kv_bytes_per_token(*model)) : 4096;
+int32_t kv_blocks_for(const BatchingConfig& cfg, int64_t kv_bytes_per_token) {
+  const int64_t per_token = kv_bytes_per_token > 0 ? kv_bytes_per_token : 4096;
   const int64_t per_block = per_token * std::max<int32_t>(1, cfg.kv_block_size);
   const int64_t mb = cfg.kv_memory_mb > 0 ? cfg.kv_memory_mb : kDefaultKvMemoryMb;
   const int64_t n = mb * 1024 * 1024 / per_block;
@@ -142,8 +137,8 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
       auto p = policy::parse_kv_policy(cfg_.kv_policy, &why);
       if (!p) throw std::invalid_argument("batcher: kv_policy: " + why);
       base_ = *p;
-    } else if (model_ && model_->config().sliding_window > 0) {
-      base_ = {policy::KvPolicy::sliding_window, model_->config().sliding_window, 0};
+    } else if (model_ && model_->limits().sliding_window > 0) {
+      base_ = {policy::KvPolicy::sliding_window, model_->limits().sliding_window, 0};
     }
     if (!cfg_.kv_pressure_policy.empty()) {
       std::string why;
@@ -360,7 +355,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   std::string check(const Seq& s) const {
     if (s.tokens.empty()) return "empty prompt";
     if (model_) {
-      const int32_t n_vocab = model_->config().n_vocab;
+      const int32_t n_vocab = model_->limits().n_vocab;
       for (int32_t id : s.tokens)
         if (id < 0 || id >= n_vocab)
           return "prompt token id " + std::to_string(id) + " outside the vocabulary [0, " +
@@ -439,9 +434,9 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   std::string refuse(const policy::KvPolicy& p) const {
     if (p.kind != policy::KvPolicy::full && p.window < 1) return "the window must be at least 1";
     if (p.kind == policy::KvPolicy::sinks && model_ &&
-        int64_t{p.n_sinks} + p.window > model_->config().ctx_len)
+        int64_t{p.n_sinks} + p.window > model_->limits().ctx_len)
       return "sinks + window (" + std::to_string(int64_t{p.n_sinks} + p.window) +
-             ") exceed the model context (" + std::to_string(model_->config().ctx_len) + ")";
+             ") exceed the model context (" + std::to_string(model_->limits().ctx_len) + ")";
     return "";
   }
 
@@ -695,7 +690,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     const bool last = s.n_generated() >= static_cast<int32_t>(job.max_tokens);
     // The cache cannot take the next token past the model context: end as if by length.
     const bool full = model_ && policy::bounded_by_context(s.policy) &&
-                      static_cast<int64_t>(s.tokens.size()) >= model_->config().ctx_len;
+                      static_cast<int64_t>(s.tokens.size()) >= model_->limits().ctx_len;
     if (last || full) s.text += s.utf8.flush();
     const size_t cut = find_stop(s.text, old, job.stop);
     if (cut != std::string::npos) {

@@ -12,16 +12,14 @@
 
 namespace sy {
 
-class LlamaModel;
-struct LlamaConfig;
+class Model;
+using LlamaModel = Model;  // model/model.hpp
 
-/// KV bytes one token takes in the engine: K and V, f32, for every layer and KV head.
-int64_t kv_bytes_per_token(const LlamaConfig& cfg);
-
-/// KV blocks that fit in `cfg.kv_memory_mb` (0: kDefaultKvMemoryMb) for `model`, at least 1.
-/// Without a model (null backend) a token is taken to cost 4 KiB, the size of a small real
-/// model's KV entry, so that the pool stays a plausible size.
-int32_t kv_blocks_for(const BatchingConfig& cfg, const LlamaConfig* model);
+/// KV blocks that fit in `cfg.kv_memory_mb` (0: kDefaultKvMemoryMb) when one token's KV entry
+/// takes `kv_bytes_per_token` (Model::limits()), at least 1. Without a model (null backend, 0)
+/// a token is taken to cost 4 KiB, the size of a small real model's KV entry, so that the pool
+/// stays a plausible size.
+int32_t kv_blocks_for(const BatchingConfig& cfg, int64_t kv_bytes_per_token);
 /// KV memory of a CPU executor when the configuration leaves it to us: a few dozen full-context
 /// sequences of a small model, without crowding a laptop.
 constexpr int64_t kDefaultKvMemoryMb = 256;

@@ -9,7 +9,8 @@
 
 namespace sy {
 
-class LlamaModel;
+class Model;
+using LlamaModel = Model;  // model/model.hpp
 
 /// How to build an executor.
 struct ExecutorSpec {

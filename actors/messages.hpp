@@ -108,6 +108,10 @@ struct SubmitRequest {
   bool stream = false;
   uint32_t logprobs = 0;
   int64_t arrival_us = 0;
+  // A chat submit: roles[i] and contents[i] are message i, rendered by admission with the chat
+  // template (prompt_text and prompt_ids then stay empty).
+  std::vector<std::string> message_roles, message_contents;
+  bool parse_special = false;  // prompt_text's special-token text becomes control tokens
   // Wire size of a request the gateway counted into its IntakeMeter (0: not counted); admission
   // counts it out when it takes the request from its mailbox.
   uint32_t metered_bytes = 0;
@@ -117,7 +121,7 @@ typename Inspector::result_type inspect(Inspector& f, SubmitRequest& x) {
   return f(caf::meta::type_name("SubmitRequest"), x.client, x.id, x.tenant, x.token, x.prompt_text,
            x.prompt_ids, x.prompt_is_ids, x.max_tokens, x.temperature, x.top_k, x.top_p, x.has_seed,
            x.seed, x.stop, x.ignore_eos, x.priority, x.deadline_ms, x.stream, x.logprobs,
-           x.arrival_us, x.metered_bytes);
+           x.arrival_us, x.message_roles, x.message_contents, x.parse_special, x.metered_bytes);
 }
 
 /// cancel or status from a client (kind says which).

@@ -14,7 +14,8 @@
 
 namespace sy {
 
-class LlamaModel;
+class Model;
+using LlamaModel = Model;  // model/model.hpp
 
 /// How the supervisor builds and sizes its pairs.
 struct SupervisorConfig {

@@ -1,4 +1,5 @@
-// The `switchyard` command: serve, submit, ctl, keygen, generate, tokenize and make-model.
+// The `switchyard` command: serve, submit, ctl, keygen, render-chat, generate, tokenize and
+// make-model.
 
 #include <chrono>
 #include <cstdlib>
@@ -6,6 +7,7 @@
 #include <string>
 
 #include "cli/args.hpp"
+#include "cli/chat.hpp"
 #include "cli/ctl.hpp"
 #include "cli/demo_model.hpp"
 #include "cli/json.hpp"
@@ -33,14 +35,16 @@ constexpr const char* kUsageHead =
 constexpr const char* kUsage =
     "  generate    --model FILE --prompt TEXT -n N [--temperature T --top-k K --top-p P\n"
     "              --seed S --logprobs N --stop STR --ignore-eos --threads N --json]\n"
-    "  tokenize    --model FILE --text TEXT [--no-bos] [--json]\n"
-    "  make-model  --shape {tiny,15M,110M,1B,8B} --dtype {f32,f16,bf16,q8_0,q4_0}\n"
-    "              [--vocab-from FILE.gguf] [--seed N] [--ctx N] --out FILE.gguf\n"
+    "  tokenize    --model FILE --text TEXT [--no-bos] [--parse-special] [--json]\n"
+    "  make-model  --shape {tiny,mini,15M,110M,1B,8B} [--arch {llama,qwen2,qwen3,gemma2,phi3}]\n"
+    "              --dtype {f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q2_k,q3_k,q4_k,q5_k,\n"
+    "              q6_k,iq4_xs,q4_k_m,q5_k_m} [--vocab-from FILE.gguf] [--seed N] [--ctx N]\n"
+    "              --out FILE.gguf\n"
     "Without --model, serve, generate and tokenize use a generated random-weight demo model.\n";
 
 void print_usage(std::ostream& os) {
   os << kUsageHead << sy::cli::kServeUsage << sy::cli::kSubmitUsage << sy::cli::kCtlUsage
-     << sy::cli::kKeygenUsage << kUsage;
+     << sy::cli::kKeygenUsage << sy::cli::kRenderChatUsage << kUsage;
 }
 
 // Token ids separated by `sep`.
@@ -56,6 +60,7 @@ std::string join_ids(const std::vector<int32_t>& ids, const char* sep) {
 int cmd_make_model(const Args& a) {
   sy::MakeModelOptions o;
   o.shape = a.str("shape", "tiny");
+  o.arch = a.str("arch", "llama");
   o.dtype = a.str("dtype", "f32");
   o.vocab_from = a.str("vocab-from");
   o.seed = static_cast<uint64_t>(a.integer("seed", 0));
@@ -72,7 +77,8 @@ int cmd_tokenize(const Args& a) {
   if (!a.has("text")) throw UsageError("tokenize needs --text TEXT");
   auto file = sy::gguf::File::open(path);
   auto tok = sy::Tokenizer::from_gguf(file);
-  auto ids = tok->encode(a.str("text"), !a.has("no-bos"));
+  // Special-token text ("<s>", "<|im_start|>") becomes control tokens only when asked.
+  auto ids = tok->encode(a.str("text"), !a.has("no-bos"), a.has("parse-special"));
   std::string out;
   if (a.has("json")) {
     out = "{\"ids\": [";
@@ -189,12 +195,16 @@ int main(int argc, char** argv) {
              {"json", "ignore-eos", "no-bos"});
       return cmd_generate(a);
     }
+    if (cmd == "render-chat") {
+      Args a(argc, argv, 2, sy::cli::kRenderChatOptions, sy::cli::kRenderChatFlags);
+      return sy::cli::cmd_render_chat(a);
+    }
     if (cmd == "tokenize") {
-      Args a(argc, argv, 2, {"model", "text"}, {"json", "no-bos"});
+      Args a(argc, argv, 2, {"model", "text"}, {"json", "no-bos", "parse-special"});
       return cmd_tokenize(a);
     }
     if (cmd == "make-model") {
-      Args a(argc, argv, 2, {"shape", "dtype", "vocab-from", "seed", "ctx", "out"}, {});
+      Args a(argc, argv, 2, {"shape", "arch", "dtype", "vocab-from", "seed", "ctx", "out"}, {});
       return cmd_make_model(a);
     }
     throw UsageError("unknown command '" + cmd + "'");

@@ -10,6 +10,7 @@
 
 #include "cli/demo_model.hpp"
 #include "gpu/backend.hpp"
+#include "model/chat_template.hpp"
 #include "server/config.hpp"
 #include "server/server.hpp"
 
@@ -34,7 +35,7 @@ const char* const kServeUsage =
     "              [--results ADDR] [--backend auto|cpu|cuda|null] [--executors N] [--threads N]\n"
     "              [--kv-mb MB] [--grace-ms MS] [--step-delay-ms MS]\n"
     "              [--kv-policy P] [--kv-pressure-policy P] [--admin-token T]\n"
-    "              [--no-prefix-cache]\n"
+    "              [--no-prefix-cache] [--chat-template NAME|FILE]\n"
     "              Flags override the config file. --backend auto (the default) runs on\n"
     "              the GPUs where this build has CUDA and a device answers, else the CPU;\n"
     "              cuda insists on GPUs; null runs no model (fixed tokens: measures\n"
@@ -63,6 +64,9 @@ const char* const kServeUsage =
     "              [--curve-allowed-keys FILE]: only these client public keys may connect.\n"
     "              [--no-prefix-routing]: dispatch by free credit alone, not by cached prefix.\n"
     "              [--heartbeat-ivl-ms MS] [--heartbeat-timeout-ms MS] [--heartbeat-ttl-ms MS]\n"
+    "              --chat-template: how `messages` submits are rendered, overriding the\n"
+    "              model file's tokenizer.chat_template: chatml, llama3, gemma, mistral,\n"
+    "              phi3, or a Jinja template file (docs/protocol.md, Chat messages).\n"
     "              [--handshake-timeout-ms MS]: connection liveness (endpoints.* in the\n"
     "              config; heartbeats are off by default: docs/protocol.md, Sockets).\n"
     "              [--max-waiting-requests N]: requests that may wait for admission before\n"
@@ -70,6 +74,7 @@ const char* const kServeUsage =
     "              default 4096; endpoints.max_waiting_bytes, default 64 MiB).\n";
 
 const std::vector<std::string> kServeOptions = {"model",
+                                                "chat-template",
                                                 "config",
                                                 "bind",
                                                 "pull",
@@ -114,6 +119,17 @@ int cmd_serve(const Args& a) {
   ServerConfig cfg;
   if (a.has("config")) load_config_file(a.str("config"), cfg);
   if (a.has("model")) cfg.model = a.str("model");
+  if (a.has("chat-template")) cfg.chat_template = a.str("chat-template");
+  if (!cfg.chat_template.empty()) {
+    // An unreadable file or unknown name is a typo to fix before serving; a template the
+    // renderer cannot parse only turns `messages` jobs away (admission says why).
+    try {
+      cfg.admission.chat_template = chat::load_template_text(cfg.chat_template);
+    } catch (const std::runtime_error& e) {
+      throw UsageError(e.what());
+    }
+    cfg.admission.chat_template_source = cfg.chat_template;
+  }
   if (a.has("bind")) cfg.endpoints.bind = a.str("bind");
   if (a.has("pull")) cfg.endpoints.pull = a.str("pull");
   if (a.has("results")) cfg.endpoints.results = a.str("results");

@@ -25,8 +25,11 @@ const char* const kSubmitUsage =
     "  submit      --input jobs.jsonl --output results.jsonl [--server ADDR] [--window N]\n"
     "              [--tenant NAME] [--token SECRET] [--priority CLASS] [--server-key FILE]\n"
     "              One job per input line: {\"id\": ..., \"prompt\": \"text\" or [ids],\n"
-    "              \"max_tokens\": N, \"temperature\", \"top_k\", \"top_p\", \"seed\", \"stop\",\n"
-    "              \"ignore_eos\", \"priority\", \"deadline_ms\", \"tenant\"}. Ids already in the\n"
+    "              or \"messages\": [{\"role\": ..., \"content\": ...}, ...] (the server's chat\n"
+    "              template renders them), \"parse_special\" (a text prompt's special-token\n"
+    "              text becomes control tokens), \"max_tokens\": N, \"temperature\", \"top_k\",\n"
+    "              \"top_p\", \"seed\", \"stop\", \"ignore_eos\", \"priority\", \"deadline_ms\",\n"
+    "              \"tenant\"}. Ids already in the\n"
     "              output are skipped (resumable); overloaded jobs are retried.\n"
     "              --server-key: the server's CURVE public key file (PREFIX.pub);\n"
     "              [--client-key FILE]: this client's secret key (PREFIX.key) for a server\n"
@@ -100,6 +103,23 @@ Line parse_job(size_t n, const std::string& text, const std::string& tenant,
       } else {
         bad_line(n, "'prompt' must be a string or an array of token ids");
       }
+    } else if (k == "messages") {
+      if (v.kind != JsonValue::array || v.arr.empty())
+        bad_line(n, "'messages' must be a non-empty array of {\"role\", \"content\"} objects");
+      for (std::size_t i = 0; i < v.arr.size(); ++i) {
+        const JsonValue& m = v.arr[i];
+        const std::string at = "messages[" + std::to_string(i) + "]";
+        if (m.kind != JsonValue::object) bad_line(n, "'" + at + "' must be an object");
+        const JsonValue* role = m.find("role");
+        const JsonValue* content = m.find("content");
+        if (!role) bad_line(n, "'" + at + "' has no 'role'");
+        if (!content) bad_line(n, "'" + at + "' has no 'content'");
+        s.messages.push_back(wire::ChatMessage{get_str(n, *role, (at + ".role").c_str()),
+                                               get_str(n, *content, (at + ".content").c_str())});
+      }
+    } else if (k == "parse_special") {
+      if (v.kind != JsonValue::boolean) bad_line(n, "'parse_special' must be true or false");
+      s.parse_special = v.b;
     } else if (k == "max_tokens") {
       s.max_tokens = static_cast<uint32_t>(get_uint(n, v, "max_tokens", UINT32_MAX));
     } else if (k == "temperature") {
@@ -133,7 +153,9 @@ Line parse_job(size_t n, const std::string& text, const std::string& tenant,
     // Other keys are the caller's own bookkeeping and travel no further.
   }
   if (s.id.empty()) bad_line(n, "missing 'id'");
-  if (!j.find("prompt")) bad_line(n, "missing 'prompt'");
+  if (j.find("prompt") && j.find("messages"))
+    bad_line(n, "'prompt' and 'messages' exclude each other: give one of them");
+  if (!j.find("prompt") && !j.find("messages")) bad_line(n, "missing 'prompt' (or 'messages')");
   return l;
 }
 

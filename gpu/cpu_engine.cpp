@@ -1,5 +1,8 @@
-// The CPU backend of the engine interface: a batched Llama forward pass over a paged KV cache.
-// Two paths: a plain-loop reference (the test oracle) and a threaded SIMD fast path.
+// The CPU backend of the engine interface: a batched transformer step over a paged KV cache,
+// computed from the model's description (model/model.hpp): which norms, biases, RoPE layout,
+// activation, soft-caps and windows each layer has. Two paths: a plain-loop reference (the test
+// oracle) and a threaded SIMD fast path; both read the same description and have no
+// per-architecture branches.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -56,10 +59,10 @@ Visible visible(int64_t t, int32_t window, int32_t sinks) {
 
 class CpuEngine final : public Engine {
  public:
-  CpuEngine(std::shared_ptr<LlamaModel> model, const EngineOptions& opts);
+  CpuEngine(std::shared_ptr<Model> model, const EngineOptions& opts);
 
-  const LlamaConfig& config() const override { return c_; }
-  const LlamaModel& model() const override { return *model_; }
+  const ModelConfig& config() const override { return c_; }
+  const Model& model() const override { return *model_; }
   int32_t block_size() const override { return bs_; }
   BlockPool& pool() override { return pool_; }
   void step(const std::vector<SeqStep>& batch, StepOutput& out) override;
@@ -69,10 +72,21 @@ class CpuEngine final : public Engine {
   void forward_reference(const std::vector<SeqStep>& batch, StepOutput& out);
   void forward_fast(const std::vector<SeqStep>& batch, StepOutput& out);
   void attention_fast(const std::vector<SeqStep>& batch, int layer);
-  void attend_dot(const SeqStep& s, int32_t row0, int h, const KvElem* kc, const KvElem* vc,
-                  float* ws);
-  void attend_gemm(const SeqStep& s, int32_t row0, int g, int32_t i0, int32_t i1, const KvElem* kc,
-                   const KvElem* vc, float* ws);
+  void attend_dot(const SeqStep& s, int32_t row0, int layer, int h, const KvElem* kc,
+                  const KvElem* vc, float* ws);
+  void attend_gemm(const SeqStep& s, int32_t row0, int layer, int g, int32_t i0, int32_t i1,
+                   const KvElem* kc, const KvElem* vc, float* ws);
+  // The (window, sinks) layer `layer` attends s with: the step's, or the layer's own window
+  // (without sinks) where the model gives the layer a narrower one (gemma2's even layers).
+  struct Reach {
+    int32_t window;
+    int32_t sinks;
+  };
+  Reach reach(const SeqStep& s, int layer) const {
+    const int32_t w = c_.layer_window[static_cast<size_t>(layer)];
+    if (w > 0 && (s.window == 0 || w < s.window)) return {w, 0};
+    return {s.window, s.sinks};
+  }
   // The pool for an op of `macs` multiply-adds, or nullptr when it is too small to split.
   kernels::ThreadPool* pool_for(int64_t macs) const {
     return macs >= kMinParallelMacs ? threads_.get() : nullptr;
@@ -104,9 +118,10 @@ class CpuEngine final : public Engine {
     return v_cache_.get() + (layer * n_slots_ + slot) * kv_dim_;
   }
 
-  std::shared_ptr<LlamaModel> model_;
-  const LlamaConfig& c_;
-  const LlamaWeights& w_;
+  std::shared_ptr<Model> model_;
+  const ModelConfig& c_;
+  const ModelWeights& w_;
+  kernels::RopeSpec rope_;  // the model's RoPE, the same for every layer
   EngineOptions opts_;
   int32_t bs_;
   int32_t max_tokens_;
@@ -161,7 +176,7 @@ class CpuEngine final : public Engine {
   std::vector<float> ws_;      // (n_workers, ws_floats_) attention scratch, one slice per worker
 };
 
-CpuEngine::CpuEngine(std::shared_ptr<LlamaModel> model, const EngineOptions& opts)
+CpuEngine::CpuEngine(std::shared_ptr<Model> model, const EngineOptions& opts)
     : model_(std::move(model)),
       c_(model_->config()),
       w_(model_->weights()),
@@ -180,6 +195,12 @@ CpuEngine::CpuEngine(std::shared_ptr<LlamaModel> model, const EngineOptions& opt
         return static_cast<int32_t>(std::min<int64_t>(per_seq * kDefaultSeqsOfContext, INT32_MAX));
       }()) {
   n_slots_ = int64_t{pool_.n_total()} * bs_;
+  rope_.head_dim = c_.head_dim;
+  rope_.rope_dim = c_.rope_dim;
+  rope_.theta_base = c_.rope_theta;
+  rope_.freq_scale = c_.rope_freq_scale;
+  rope_.freq_factors = w_.rope_freqs;
+  rope_.neox = c_.rope_layout == RopeLayout::Neox;
   q_dim_ = int64_t{c_.n_heads} * c_.head_dim;
   kv_dim_ = int64_t{c_.n_kv_heads} * c_.head_dim;
   const size_t kv_elems = static_cast<size_t>(c_.n_layers * n_slots_ * kv_dim_);
@@ -205,55 +226,7 @@ void CpuEngine::step(const std::vector<SeqStep>& batch, StepOutput& out) {
 // Checks the whole batch before anything is written, so a refused step leaves the cache as it
 // was; then lays the new tokens of all sequences out as rows [0, T) and sizes the output.
 void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput& out) {
-  const auto bad = [](size_t i, const std::string& what) {
-    throw BadSequence(i, "step: sequence " + std::to_string(i) + ": " + what);
-  };
-  int64_t total = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const SeqStep& s = batch[i];
-    if (s.n_tokens < 1) bad(i, "n_tokens must be >= 1");
-    if (!s.tokens) bad(i, "tokens is null");
-    if (s.n_past < 0) bad(i, "n_past must be >= 0");
-    if (s.window < 0) bad(i, "window must be >= 0");
-    if (s.sinks < 0) bad(i, "sinks must be >= 0");
-    total += s.n_tokens;
-    if (total > max_tokens_) {
-      throw std::invalid_argument("step: more than " + std::to_string(max_tokens_) +
-                                  " new tokens in one batch");
-    }
-    const int64_t end = int64_t{s.n_past} + s.n_tokens;
-    if (end > INT32_MAX) bad(i, "n_past + n_tokens overflows");
-    const int64_t need = (end + bs_ - 1) / bs_;
-    if (s.n_blocks < need || !s.block_table) {
-      bad(i, "block table has " + std::to_string(s.n_blocks) + " blocks, " + std::to_string(need) +
-                 " needed for " + std::to_string(end) + " slots");
-    }
-    // Slots some new token reads or writes: [0, sink_end) and [win_lo, end). Tokens' windows
-    // only move forward, so the first token has the lowest window start and the last the most
-    // sinks in sight.
-    const int64_t win_lo = visible(s.n_past, s.window, s.sinks).lo;
-    const int64_t sink_end = visible(end - 1, s.window, s.sinks).n_sinks;
-    for (int64_t b = 0; b < need; ++b) {
-      const int32_t id = s.block_table[b];
-      if (id == -1) {
-        const int64_t b0 = b * bs_, b1 = std::min<int64_t>(b0 + bs_, end);
-        if (b0 < sink_end || b1 > win_lo) {
-          bad(i, "block table entry " + std::to_string(b) + " is -1 (released) but slots [" +
-                     std::to_string(b0) + ", " + std::to_string(b1) +
-                     ") are attended to or written by this step");
-        }
-      } else if (id < 0 || id >= pool_.n_total()) {
-        bad(i, "block id " + std::to_string(id) + " out of range");
-      }
-    }
-    for (int32_t t = 0; t < s.n_tokens; ++t) {
-      if (s.tokens[t] < 0 || s.tokens[t] >= c_.n_vocab) {
-        bad(i, "token id " + std::to_string(s.tokens[t]) + " out of range [0, " +
-                   std::to_string(c_.n_vocab) + ")");
-      }
-      if (s.positions && s.positions[t] < 0) bad(i, "negative position");
-    }
-  }
+  const int64_t total = validate_batch(batch, {max_tokens_, bs_, pool_.n_total(), c_.n_vocab, 0});
 
   const size_t T = static_cast<size_t>(total);
   n_tok_ = static_cast<int32_t>(total);
@@ -340,10 +313,10 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
 
 void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput& out) {
   namespace ref = kernels::ref;
-  const LlamaConfig& c = c_;
+  const ModelConfig& c = c_;
   const int hd = c.head_dim;
   const int group = c.n_heads / c.n_kv_heads;  // query heads per KV head
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = c.query_scale;
   std::vector<float> x(c.dim);        // (dim) residual stream
   std::vector<float> xb(c.dim);       // (dim) normed input
   std::vector<float> xb2(c.dim);      // (dim) block output
@@ -364,33 +337,41 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
       const int pos = pos_[static_cast<size_t>(row)];
       const int64_t slot = slot_[static_cast<size_t>(row)];
       const int sink_pos = sink_pos_[static_cast<size_t>(row)];
-      // Sink slots [0, ns) then window slots [lo, t]; full attention: [0, t].
       const int64_t t = int64_t{s.n_past} + i;
-      const Visible vis = visible(t, s.window, s.sinks);
-      const int64_t ns = vis.n_sinks;
-      const int64_t n_keys = ns + t - vis.lo + 1;
-      const auto key_slot = [&](int64_t j) { return slot_of(s, j < ns ? j : vis.lo + j - ns); };
-      scores.resize(static_cast<size_t>(n_keys));
 
-      // token embedding: row `tok` of token_embd
+      // token embedding: row `tok` of token_embd, times the architecture's embedding scale
       const kernels::WeightView& E = w_.tok_embd;
       const auto* erow = static_cast<const uint8_t*>(E.data) +
                          static_cast<size_t>(s.tokens[i]) * kernels::row_bytes(E.type, E.cols);
       kernels::dequantize_row(E.type, erow, x.data(), c.dim);
+      if (c.embed_scale != 1.0f) ref::scale(x.data(), c.dim, c.embed_scale);
 
       for (int l = 0; l < c.n_layers; ++l) {
-        const LlamaLayer& L = w_.layers[static_cast<size_t>(l)];
-        // attention: x += wo(attn(rope(wq xb), rope(wk xb), wv xb)), xb = rmsnorm(x)
+        const LayerWeights& L = w_.layers[static_cast<size_t>(l)];
+        // Sink slots [0, ns) then window slots [lo, t] of this layer; full attention: [0, t].
+        const Reach at = reach(s, l);
+        const Visible vis = visible(t, at.window, at.sinks);
+        const int64_t ns = vis.n_sinks;
+        const int64_t n_keys = ns + t - vis.lo + 1;
+        const auto key_slot = [&](int64_t j) { return slot_of(s, j < ns ? j : vis.lo + j - ns); };
+        scores.resize(static_cast<size_t>(n_keys));
+
+        // attention: x += post(wo(attn(rope(wq xb), rope(wk xb), wv xb))), xb = rmsnorm(x)
         ref::rmsnorm(xb.data(), x.data(), L.attn_norm, c.dim, c.norm_eps);
         ref::matmul(L.wq, xb.data(), 1, q.data());
         ref::matmul(L.wk, xb.data(), 1, k.data());
         ref::matmul(L.wv, xb.data(), 1, v.data());
+        if (L.bq) ref::add_bias(q.data(), L.bq, 1, q_dim_);
+        if (L.bk) ref::add_bias(k.data(), L.bk, 1, kv_dim_);
+        if (L.bv) ref::add_bias(v.data(), L.bv, 1, kv_dim_);
+        if (L.q_norm) ref::rmsnorm_heads(q.data(), c.n_heads, hd, L.q_norm, c.norm_eps);
+        if (L.k_norm) ref::rmsnorm_heads(k.data(), c.n_kv_heads, hd, L.k_norm, c.norm_eps);
         if (sink_pos >= 0) {
           std::copy(q.begin(), q.end(), qs.begin());
-          ref::rope(qs.data(), c.n_heads, hd, c.rope_dim, sink_pos, c.rope_theta);
+          ref::rope_ext(qs.data(), c.n_heads, rope_, sink_pos);
         }
-        ref::rope(q.data(), c.n_heads, hd, c.rope_dim, pos, c.rope_theta);
-        ref::rope(k.data(), c.n_kv_heads, hd, c.rope_dim, pos, c.rope_theta);
+        ref::rope_ext(q.data(), c.n_heads, rope_, pos);
+        ref::rope_ext(k.data(), c.n_kv_heads, rope_, pos);
         std::copy(k.begin(), k.end(), k_row(l, slot));
         std::copy(v.begin(), v.end(), v_row(l, slot));
         for (int h = 0; h < c.n_heads; ++h) {
@@ -401,6 +382,7 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
             scores[static_cast<size_t>(j)] =
                 ref::dot(j < ns ? qsh : qh, k_row(l, key_slot(j)) + kv_off, hd) * scale;
           }
+          if (c.attn_softcap > 0.0f) ref::softcap(scores.data(), n_keys, c.attn_softcap);
           ref::softmax(scores.data(), n_keys);
           float* oh = att.data() + h * hd;
           std::fill(oh, oh + hd, 0.0f);
@@ -409,20 +391,34 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
           }
         }
         ref::matmul(L.wo, att.data(), 1, xb2.data());
+        if (L.bo) ref::add_bias(xb2.data(), L.bo, 1, c.dim);
+        if (L.post_attn_norm) {
+          ref::rmsnorm(xb2.data(), xb2.data(), L.post_attn_norm, c.dim, c.norm_eps);
+        }
         for (int d = 0; d < c.dim; ++d) x[d] += xb2[d];
 
-        // feed-forward: x += down(silu(gate xb) * up xb), xb = rmsnorm(x)
+        // feed-forward: x += post(down(act(gate xb) * up xb)), xb = rmsnorm(x)
         ref::rmsnorm(xb.data(), x.data(), L.ffn_norm, c.dim, c.norm_eps);
         ref::matmul(L.w_gate, xb.data(), 1, hb.data());
         ref::matmul(L.w_up, xb.data(), 1, hb2.data());
-        ref::swiglu(hb.data(), hb2.data(), c.ffn_dim);
+        if (c.activation == Activation::GeluTanh) {
+          ref::geglu(hb.data(), hb2.data(), c.ffn_dim);
+        } else {
+          ref::swiglu(hb.data(), hb2.data(), c.ffn_dim);
+        }
         ref::matmul(L.w_down, hb.data(), 1, xb2.data());
+        if (L.post_ffn_norm) {
+          ref::rmsnorm(xb2.data(), xb2.data(), L.post_ffn_norm, c.dim, c.norm_eps);
+        }
         for (int d = 0; d < c.dim; ++d) x[d] += xb2[d];
       }
 
       if (s.all_logits || i == s.n_tokens - 1) {
+        float* lg = out.logits.data() + out_i * c.n_vocab;
         ref::rmsnorm(xb.data(), x.data(), w_.output_norm, c.dim, c.norm_eps);
-        ref::matmul(w_.output, xb.data(), 1, out.logits.data() + out_i * c.n_vocab);
+        ref::matmul(w_.output, xb.data(), 1, lg);
+        if (w_.output_bias) ref::add_bias(lg, w_.output_bias, 1, c.n_vocab);
+        if (c.final_softcap > 0.0f) ref::softcap(lg, c.n_vocab, c.final_softcap);
         ++out_i;
       }
     }
@@ -432,7 +428,7 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
 // ---- fast path: all new tokens of all sequences as one (T, dim) activation matrix ----
 
 void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out) {
-  const LlamaConfig& c = c_;
+  const ModelConfig& c = c_;
   const size_t T = static_cast<size_t>(n_tok_);
   const int64_t dim = c.dim;
   grow(x_, T * dim);
@@ -452,39 +448,52 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
     kernels::dequantize_row(E.type, static_cast<const uint8_t*>(E.data) + tok_[t] * erow_bytes,
                             x_.data() + t * dim, dim);
   }
+  if (c.embed_scale != 1.0f)
+    kernels::scale(x_.data(), static_cast<int64_t>(T) * dim, c.embed_scale);
+  const auto rows_norm = [&](float* y, const float* x, const float* w) {
+    for (size_t t = 0; t < T; ++t) kernels::rmsnorm(y + t * dim, x + t * dim, w, dim, c.norm_eps);
+  };
 
   for (int l = 0; l < c.n_layers; ++l) {
-    const LlamaLayer& L = w_.layers[static_cast<size_t>(l)];
-    for (size_t t = 0; t < T; ++t) {
-      kernels::rmsnorm(xb_.data() + t * dim, x_.data() + t * dim, L.attn_norm, dim, c.norm_eps);
-    }
+    const LayerWeights& L = w_.layers[static_cast<size_t>(l)];
+    rows_norm(xb_.data(), x_.data(), L.attn_norm);
     matmul(L.wq, xb_.data(), q_.data(), n_tok_);
     matmul(L.wk, xb_.data(), k_.data(), n_tok_);
     matmul(L.wv, xb_.data(), v_.data(), n_tok_);
+    if (L.bq) kernels::add_bias(q_.data(), L.bq, n_tok_, q_dim_);
+    if (L.bk) kernels::add_bias(k_.data(), L.bk, n_tok_, kv_dim_);
+    if (L.bv) kernels::add_bias(v_.data(), L.bv, n_tok_, kv_dim_);
     for (size_t t = 0; t < T; ++t) {
+      float* qt = q_.data() + t * q_dim_;
+      float* kt = k_.data() + t * kv_dim_;
+      if (L.q_norm) kernels::rmsnorm_heads(qt, c.n_heads, c.head_dim, L.q_norm, c.norm_eps);
+      if (L.k_norm) kernels::rmsnorm_heads(kt, c.n_kv_heads, c.head_dim, L.k_norm, c.norm_eps);
       if (sink_pos_[t] >= 0) {
         float* qs = q_sink_.data() + sink_idx_[t] * q_dim_;
-        std::memcpy(qs, q_.data() + t * q_dim_, sizeof(float) * q_dim_);
-        kernels::rope(qs, c.n_heads, c.head_dim, c.rope_dim, sink_pos_[t], c.rope_theta);
+        std::memcpy(qs, qt, sizeof(float) * q_dim_);
+        kernels::rope_ext(qs, c.n_heads, rope_, sink_pos_[t]);
       }
-      kernels::rope(q_.data() + t * q_dim_, c.n_heads, c.head_dim, c.rope_dim, pos_[t],
-                    c.rope_theta);
-      kernels::rope(k_.data() + t * kv_dim_, c.n_kv_heads, c.head_dim, c.rope_dim, pos_[t],
-                    c.rope_theta);
-      std::memcpy(k_row(l, slot_[t]), k_.data() + t * kv_dim_, sizeof(float) * kv_dim_);
+      kernels::rope_ext(qt, c.n_heads, rope_, pos_[t]);
+      kernels::rope_ext(kt, c.n_kv_heads, rope_, pos_[t]);
+      std::memcpy(k_row(l, slot_[t]), kt, sizeof(float) * kv_dim_);
       std::memcpy(v_row(l, slot_[t]), v_.data() + t * kv_dim_, sizeof(float) * kv_dim_);
     }
     attention_fast(batch, l);
     matmul(L.wo, att_.data(), xb_.data(), n_tok_);
+    if (L.bo) kernels::add_bias(xb_.data(), L.bo, n_tok_, dim);
+    if (L.post_attn_norm) rows_norm(xb_.data(), xb_.data(), L.post_attn_norm);
     kernels::axpy(1.0f, xb_.data(), x_.data(), static_cast<int64_t>(T) * dim);
 
-    for (size_t t = 0; t < T; ++t) {
-      kernels::rmsnorm(xb_.data() + t * dim, x_.data() + t * dim, L.ffn_norm, dim, c.norm_eps);
-    }
+    rows_norm(xb_.data(), x_.data(), L.ffn_norm);
     matmul(L.w_gate, xb_.data(), hb_.data(), n_tok_);
     matmul(L.w_up, xb_.data(), hb2_.data(), n_tok_);
-    kernels::swiglu(hb_.data(), hb2_.data(), static_cast<int64_t>(T) * c.ffn_dim);
+    if (c.activation == Activation::GeluTanh) {
+      kernels::geglu(hb_.data(), hb2_.data(), static_cast<int64_t>(T) * c.ffn_dim);
+    } else {
+      kernels::swiglu(hb_.data(), hb2_.data(), static_cast<int64_t>(T) * c.ffn_dim);
+    }
     matmul(L.w_down, hb_.data(), xb_.data(), n_tok_);
+    if (L.post_ffn_norm) rows_norm(xb_.data(), xb_.data(), L.post_ffn_norm);
     kernels::axpy(1.0f, xb_.data(), x_.data(), static_cast<int64_t>(T) * dim);
   }
 
@@ -494,6 +503,9 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
                      w_.output_norm, dim, c.norm_eps);
   }
   matmul(w_.output, xr_.data(), out.logits.data(), static_cast<int64_t>(R));
+  const int64_t n_logits = static_cast<int64_t>(R) * c.n_vocab;
+  if (w_.output_bias) kernels::add_bias(out.logits.data(), w_.output_bias, R, c.n_vocab);
+  if (c.final_softcap > 0.0f) kernels::softcap(out.logits.data(), n_logits, c.final_softcap);
 }
 
 // Causal attention of every new token over its sequence's cached slots. Tasks (AttnUnit) are
@@ -512,9 +524,9 @@ void CpuEngine::attention_fast(const std::vector<SeqStep>& batch, int layer) {
         const SeqStep& s = batch[static_cast<size_t>(a.seq)];
         const int32_t row0 = seq_row_[static_cast<size_t>(a.seq)];
         if (a.gemm) {
-          attend_gemm(s, row0, a.head, a.i0, a.i1, kc, vc, ws);
+          attend_gemm(s, row0, layer, a.head, a.i0, a.i1, kc, vc, ws);
         } else {
-          attend_dot(s, row0, a.head, kc, vc, ws);
+          attend_dot(s, row0, layer, a.head, kc, vc, ws);
         }
       }
     }
@@ -529,11 +541,12 @@ void CpuEngine::attention_fast(const std::vector<SeqStep>& batch, int layer) {
 }
 
 // Query head h of every new token of s, one dot product and one axpy per attended slot.
-void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int h, const KvElem* kc,
+void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int h, const KvElem* kc,
                            const KvElem* vc, float* sc) {
   const int hd = c_.head_dim;
   const int64_t kv_off = int64_t{h / (c_.n_heads / c_.n_kv_heads)} * hd;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = c_.query_scale;
+  const Reach at = reach(s, layer);
   for (int32_t i = 0; i < s.n_tokens; ++i) {
     const size_t row = static_cast<size_t>(row0 + i);
     const float* qh = q_.data() + row * q_dim_ + h * hd;
@@ -541,7 +554,7 @@ void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int h, const KvElem* 
     const float* qsh = si >= 0 ? q_sink_.data() + si * q_dim_ + h * hd : qh;
     // Scores of sink slots [0, ns) then window slots [lo, t], packed as sc[0, n_keys).
     const int64_t t = int64_t{s.n_past} + i;
-    const Visible vis = visible(t, s.window, s.sinks);
+    const Visible vis = visible(t, at.window, at.sinks);
     const int64_t ns = vis.n_sinks;
     const int64_t n_keys = ns + t - vis.lo + 1;
     for_slots(s, 0, ns, 0, [&](int64_t j, int64_t slot) {
@@ -550,6 +563,7 @@ void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int h, const KvElem* 
     for_slots(s, vis.lo, t + 1, ns, [&](int64_t j, int64_t slot) {
       sc[j] = kernels::dot(qh, kc + slot * kv_dim_ + kv_off, hd) * scale;
     });
+    if (c_.attn_softcap > 0.0f) kernels::softcap(sc, n_keys, c_.attn_softcap);
     kernels::softmax(sc, n_keys);
     float* oh = att_.data() + row * q_dim_ + h * hd;
     std::fill(oh, oh + hd, 0.0f);
@@ -567,13 +581,14 @@ void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int h, const KvElem* 
 // Gathered columns: the first token's sink slots [0, ns0), then slots [lo0, t1) (lo0 the first
 // token's window start, t1 one past the last token); a row sees the columns [0, a) as sinks
 // and [b, e) as its window.
-void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int g, int32_t i0, int32_t i1,
-                            const KvElem* kc, const KvElem* vc, float* ws) {
+void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int layer, int g, int32_t i0,
+                            int32_t i1, const KvElem* kc, const KvElem* vc, float* ws) {
   const int64_t hd = c_.head_dim;
   const int group = c_.n_heads / c_.n_kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const float scale = c_.query_scale;
+  const Reach at = reach(s, layer);
   const int64_t t0 = int64_t{s.n_past} + i0, t1 = int64_t{s.n_past} + i1;
-  const Visible v0 = visible(t0, s.window, s.sinks);
+  const Visible v0 = visible(t0, at.window, at.sinks);
   const int64_t ns0 = v0.n_sinks;
   const int64_t nk = ns0 + t1 - v0.lo;  // gathered slots
   const int64_t qt = i1 - i0;
@@ -603,7 +618,7 @@ void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int g, int32_t i0, i
   for (int64_t row = 0; row < rows; ++row) {
     float* sr = S + row * nk;
     const int64_t r = row % qt, t = t0 + r;
-    const Visible vis = visible(t, s.window, s.sinks);
+    const Visible vis = visible(t, at.window, at.sinks);
     // Sink slots of t below lo0 are columns [0, ns0); those from lo0 on sit in the window part.
     const int64_t a = ns0 + std::max<int64_t>(0, vis.n_sinks - v0.lo);
     const int64_t b = ns0 + vis.lo - v0.lo;
@@ -615,6 +630,10 @@ void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int g, int32_t i0, i
     }
     for (int64_t j = 0; j < a; ++j) sr[j] *= scale;
     for (int64_t j = b; j < e; ++j) sr[j] *= scale;
+    if (c_.attn_softcap > 0.0f) {
+      kernels::softcap(sr, a, c_.attn_softcap);
+      kernels::softcap(sr + b, e - b, c_.attn_softcap);
+    }
     if (a == b) {
       kernels::softmax(sr, e);
     } else {
@@ -639,8 +658,7 @@ void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int g, int32_t i0, i
 
 }  // namespace
 
-std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<LlamaModel> model,
-                                        const EngineOptions& opts) {
+std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<Model> model, const EngineOptions& opts) {
   if (!model) throw std::invalid_argument("make_cpu_engine: null model");
   return std::make_unique<CpuEngine>(std::move(model), opts);
 }

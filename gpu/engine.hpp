@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "model/llama.hpp"
+#include "model/model.hpp"
 
 namespace sy {
 
@@ -81,8 +81,8 @@ struct EngineOptions {
 class Engine {
  public:
   virtual ~Engine() = default;
-  virtual const LlamaConfig& config() const = 0;
-  virtual const LlamaModel& model() const = 0;
+  virtual const ModelConfig& config() const = 0;
+  virtual const Model& model() const = 0;
   virtual int32_t block_size() const = 0;
   virtual BlockPool& pool() = 0;
   /// Runs one step; throws std::invalid_argument for a malformed batch (block table too short,
@@ -99,8 +99,29 @@ class Engine {
   }
 };
 
+/// What a backend's step accepts, for validate_batch.
+struct BatchLimits {
+  int32_t max_tokens = 0;    // most new tokens in one step
+  int32_t block_size = 0;    // tokens per KV block
+  int32_t n_blocks = 0;      // block ids are [0, n_blocks)
+  int32_t n_vocab = 0;       // token ids are [0, n_vocab)
+  int32_t model_window = 0;  // > 0: a window the backend applies to every sequence on its own
+};
+
+/// The checks of Engine::step shared by every backend, done before anything is written: throws
+/// BadSequence naming the sequence at fault (bad counts, a block table too short or with an
+/// out-of-range id, a released block that the step would read or write, a token id out of range,
+/// a negative position), or std::invalid_argument for a batch over max_tokens. Returns the
+/// number of new tokens.
+int64_t validate_batch(const std::vector<SeqStep>& batch, const BatchLimits& lim);
+
+/// The parts of m's description beyond the plain llama block (NORM RoPE without frequency
+/// factors or scaling, no biases, no q/k norms, pre-norms only, SiLU, no soft-caps, embedding
+/// scale 1, no per-layer windows), comma-separated; empty when there are none. A backend that
+/// runs only the plain block refuses a model for which this is not empty.
+std::string features_beyond_llama(const Model& m);
+
 /// The CPU backend.
-std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<LlamaModel> model,
-                                        const EngineOptions& opts);
+std::unique_ptr<Engine> make_cpu_engine(std::shared_ptr<Model> model, const EngineOptions& opts);
 
 }  // namespace sy

@@ -615,8 +615,34 @@ Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
   Submit s;
   read_key(f, lim, s.id, s.tenant, s.token);
 
-  const msgpack::object& p = f.need("prompt");
-  if (p.type == msgpack::type::STR) {
+  const msgpack::object* msgs = f.get("messages");
+  if (msgs && f.get("prompt"))
+    reject("fields 'prompt' and 'messages' exclude each other: send one of them");
+  if (msgs) {
+    if (msgs->type != msgpack::type::ARRAY)
+      reject(std::string("field 'messages' must be an array of maps, got ") + type_name(*msgs));
+    if (msgs->via.array.size == 0) reject("field 'messages' must not be empty");
+    if (msgs->via.array.size > lim.max_messages)
+      reject("messages has " + num(std::uint64_t{msgs->via.array.size}) + " entries, limit " +
+             num(std::uint64_t{lim.max_messages}));
+    std::size_t bytes = 0;
+    for (std::uint32_t i = 0; i < msgs->via.array.size; ++i) {
+      const msgpack::object& e = msgs->via.array.ptr[i];
+      const std::string at = "messages." + num(std::uint64_t{i}) + ".";
+      if (e.type != msgpack::type::MAP)
+        reject("message at index " + num(std::uint64_t{i}) + " must be a map, got " + type_name(e));
+      const Fields mf(e, at);
+      ChatMessage m;
+      m.role = mf.str("role", lim.max_name_bytes, true, false);
+      m.content = mf.str("content", lim.max_prompt_bytes, true, true);
+      bytes += m.role.size() + m.content.size();
+      s.messages.push_back(std::move(m));
+    }
+    if (bytes > lim.max_prompt_bytes)
+      reject("messages have " + num(std::uint64_t{bytes}) + " bytes of text, limit " +
+             num(std::uint64_t{lim.max_prompt_bytes}));
+    s.prompt = std::string();
+  } else if (const msgpack::object& p = f.need("prompt"); p.type == msgpack::type::STR) {
     const std::string_view text = str_of(p);
     if (text.empty()) reject("field 'prompt' must not be empty");
     if (text.size() > lim.max_prompt_bytes)
@@ -688,6 +714,11 @@ Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
   s.deadline_ms = static_cast<std::uint32_t>(f.uint("deadline_ms", 0, 0, lim.max_deadline_ms));
   s.stream = f.boolean("stream", false);
   s.logprobs = static_cast<std::uint32_t>(f.uint("logprobs", 0, 0, lim.max_logprobs));
+  s.parse_special = f.boolean("parse_special", false);
+  if (s.parse_special && (msgs || s.prompt_is_tokens()))
+    reject(std::string("field 'parse_special' applies to a text 'prompt' only (") +
+           (msgs ? "a chat template's control tokens are always parsed, message text never is)"
+                 : "token ids are used as given)"));
   return s;
 }
 
@@ -1046,10 +1077,21 @@ struct ClientEncoder {
     MapOut m;
     m.head("submit");
     encode_key(m, s.id, s.tenant, s.token);
-    if (const auto* text = std::get_if<std::string>(&s.prompt))
+    if (s.has_messages()) {
+      Packer& p = m.key("messages");
+      p.pack_array(static_cast<std::uint32_t>(s.messages.size()));
+      for (const ChatMessage& x : s.messages) {
+        p.pack_map(2);
+        pack_str(p, "role");
+        pack_str(p, x.role);
+        pack_str(p, "content");
+        pack_str(p, x.content);
+      }
+    } else if (const auto* text = std::get_if<std::string>(&s.prompt)) {
       m.str("prompt", *text);
-    else
+    } else {
       m.ids("prompt", std::get<std::vector<std::int32_t>>(s.prompt));
+    }
     if (s.max_tokens != 16) m.uint("max_tokens", s.max_tokens);
     if (s.temperature != 1.0) m.number("temperature", s.temperature);
     if (s.top_k != 0) m.uint("top_k", s.top_k);
@@ -1065,6 +1107,7 @@ struct ClientEncoder {
     if (s.deadline_ms != 0) m.uint("deadline_ms", s.deadline_ms);
     if (s.stream) m.boolean("stream", true);
     if (s.logprobs != 0) m.uint("logprobs", s.logprobs);
+    if (s.parse_special) m.boolean("parse_special", true);
     return m.finish();
   }
   std::string operator()(const Cancel& c) const {

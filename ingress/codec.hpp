@@ -26,8 +26,10 @@ struct DecodeLimits {
   /// Bytes of any one str/bin/ext value.
   std::size_t max_string_bytes = 1u << 20;
 
-  std::size_t max_prompt_tokens = 4096;        ///< model context length
-  std::size_t max_prompt_bytes = 256u << 10;   ///< prompt text, before tokenization
+  std::size_t max_prompt_tokens = 4096;       ///< model context length
+  std::size_t max_prompt_bytes = 256u << 10;  ///< prompt text (or all messages' text)
+  /// Entries of `messages`: 1024 turns is far beyond a conversation that fits a context.
+  std::size_t max_messages = 1024;
   std::uint32_t max_new_tokens = 4096;         ///< upper end of max_tokens
   std::size_t max_stop = 16;                   ///< stop strings per job
   std::size_t max_stop_bytes = 256;            ///< bytes per stop string

@@ -20,6 +20,13 @@ inline constexpr std::uint32_t kProtocolVersion = 1;
 
 // ---- client → server ----------------------------------------------------------------------------
 
+/// One chat message of a `messages` submit: rendered with the model's chat template.
+struct ChatMessage {
+  std::string role;     ///< "system", "user", "assistant", ... as the template knows them
+  std::string content;  ///< the message text; never parsed for control tokens
+  bool operator==(const ChatMessage&) const = default;
+};
+
 /// A generation job. The job key is (tenant, id). Defaults are those of docs/protocol.md.
 struct Submit {
   std::string id;      ///< client job id, unique per tenant
@@ -38,8 +45,15 @@ struct Submit {
   std::uint32_t deadline_ms = 0;      ///< relative to receipt; 0: none
   bool stream = false;                ///< send `tokens` chunks as they are generated
   std::uint32_t logprobs = 0;         ///< top-N log-probabilities per generated token; 0: none
+  /// In place of `prompt` (which then stays ""): the conversation, rendered by the server with
+  /// the model's chat template. Exactly one of the two is sent.
+  std::vector<ChatMessage> messages;
+  /// A text prompt's special-token text ("<|im_start|>") becomes control tokens; false: it is
+  /// plain text. Only with a text `prompt`.
+  bool parse_special = false;
 
   bool prompt_is_tokens() const { return prompt.index() == 1; }
+  bool has_messages() const { return !messages.empty(); }
   bool operator==(const Submit&) const = default;
 };
 

@@ -38,14 +38,55 @@ enum class ValueType : uint32_t {
   FLOAT64 = 12,
 };
 
-/// Tensor element types we support (ggml numbering).
-enum class TensorType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, BF16 = 30 };
+/// Every tensor element type of ggml (its numbering, as in GGUF files), whether or not a kernel
+/// computes with it: the reader sizes all of them, so a loader can name the type it refuses.
+/// Numbers ggml has retired (4, 5, 31-33, 36-38) are not members.
+enum class TensorType : uint32_t {
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q8_1 = 9,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  Q8_K = 15,
+  IQ2_XXS = 16,
+  IQ2_XS = 17,
+  IQ3_XXS = 18,
+  IQ1_S = 19,
+  IQ4_NL = 20,
+  IQ3_S = 21,
+  IQ2_S = 22,
+  IQ4_XS = 23,
+  I8 = 24,
+  I16 = 25,
+  I32 = 26,
+  I64 = 27,
+  F64 = 28,
+  IQ1_M = 29,
+  BF16 = 30,
+  TQ1_0 = 34,
+  TQ2_0 = 35,
+  MXFP4 = 39,
+};
 
-/// Name of a tensor type ("f32", "q8_0", ...).
+/// ggml's name of a type as its enum spells it ("F32", "Q8_0", "Q6_K", "IQ4_XS"); retired
+/// numbers give their old name ("Q4_2"); "unknown" for a number ggml never had.
 const char* type_name(TensorType t);
-/// Elements per block (1 for float types, 32 for Q8_0/Q4_0).
+/// Whether t is a member of TensorType (a type this reader can size).
+bool type_known(uint32_t t);
+/// "Q6_K (14)" for a ggml type, "unknown type 99" otherwise: how errors name a type.
+std::string type_label(uint32_t t);
+/// Elements per block (1 for float and integer types, 32 or 256 for block types); 1 for a
+/// number that is not a member.
 int64_t block_elems(TensorType t);
-/// Bytes per block (4, 2, 2, 34, 18).
+/// Bytes per block as in ggml-common.h (F32 4, Q8_0 34, Q6_K 210, ...); 0 for a non-member.
 int64_t block_bytes(TensorType t);
 /// Bytes for n elements (n must be a multiple of block_elems).
 int64_t row_bytes(TensorType t, int64_t n);

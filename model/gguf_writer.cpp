@@ -155,8 +155,11 @@ namespace {
 uint64_t tensor_bytes(const std::string& name, TensorType type, const std::vector<uint64_t>& dims) {
   if (dims.empty() || dims.size() > 4)
     throw std::invalid_argument("gguf writer: tensor '" + name + "' needs 1 to 4 dims");
-  if (block_bytes(type) == 0)
-    throw std::invalid_argument("gguf writer: tensor '" + name + "' has an unsupported type");
+  if (!type_known(static_cast<uint32_t>(type)))
+    throw std::invalid_argument("gguf writer: tensor '" + name + "' has " +
+                                (type_name(type) == std::string("unknown") ? "" : "type ") +
+                                type_label(static_cast<uint32_t>(type)) +
+                                ", which has no block layout");
   if (dims[0] % static_cast<uint64_t>(block_elems(type)) != 0)
     throw std::invalid_argument("gguf writer: tensor '" + name + "' inner dim not a multiple of " +
                                 std::to_string(block_elems(type)));

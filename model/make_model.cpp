@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.hpp"
+#include "kernels/cpu/quants.hpp"
 #include "model/gguf.hpp"
 
 namespace sy {
@@ -34,23 +35,111 @@ std::string lower(std::string s) {
 constexpr int kSmallVocab = 32000;
 constexpr int kLlama3Vocab = 128256;
 
+// How a dtype picks each matrix's type: one type for all (as llama-quantize --pure), or
+// llama.cpp's Q4_K_M / Q5_K_M mix.
+enum class Mix { kPure, kQ4KM, kQ5KM };
+
 struct DTypeInfo {
   const char* name;
   gguf::TensorType type;
-  uint32_t file_type;  // llama.cpp's llama_ftype for a file whose matrices are all this type
+  uint32_t file_type;  // llama.cpp's llama_ftype for a file of this dtype
+  Mix mix;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {"f32", gguf::TensorType::F32, 0},    {"f16", gguf::TensorType::F16, 1},
-    {"bf16", gguf::TensorType::BF16, 32}, {"q8_0", gguf::TensorType::Q8_0, 7},
-    {"q4_0", gguf::TensorType::Q4_0, 2},
+    {"f32", gguf::TensorType::F32, 0, Mix::kPure},
+    {"f16", gguf::TensorType::F16, 1, Mix::kPure},
+    {"bf16", gguf::TensorType::BF16, 32, Mix::kPure},
+    {"q8_0", gguf::TensorType::Q8_0, 7, Mix::kPure},
+    {"q4_0", gguf::TensorType::Q4_0, 2, Mix::kPure},
+    {"q4_1", gguf::TensorType::Q4_1, 3, Mix::kPure},
+    {"q5_0", gguf::TensorType::Q5_0, 8, Mix::kPure},
+    {"q5_1", gguf::TensorType::Q5_1, 9, Mix::kPure},
+    {"iq4_nl", gguf::TensorType::IQ4_NL, 25, Mix::kPure},
+    {"q2_k", gguf::TensorType::Q2_K, 10, Mix::kPure},
+    {"q3_k", gguf::TensorType::Q3_K, 11, Mix::kPure},  // llama_ftype Q3_K_S
+    {"q4_k", gguf::TensorType::Q4_K, 14, Mix::kPure},  // Q4_K_S
+    {"q5_k", gguf::TensorType::Q5_K, 16, Mix::kPure},  // Q5_K_S
+    {"q6_k", gguf::TensorType::Q6_K, 18, Mix::kPure},
+    {"iq4_xs", gguf::TensorType::IQ4_XS, 30, Mix::kPure},
+    {"q4_k_m", gguf::TensorType::Q4_K, 15, Mix::kQ4KM},
+    {"q5_k_m", gguf::TensorType::Q5_K, 17, Mix::kQ5KM},
 };
+constexpr const char* kDTypeList =
+    "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs, "
+    "q4_k_m, q5_k_m";
 
 DTypeInfo dtype_info(const std::string& name) {
   const std::string n = lower(name);
   for (const DTypeInfo& d : kDTypes)
     if (n == d.name) return d;
-  throw std::invalid_argument("make-model: unknown dtype '" + name +
-                              "' (expected f32, f16, bf16, q8_0 or q4_0)");
+  throw std::invalid_argument("make-model: unknown dtype '" + name + "' (expected one of " +
+                              kDTypeList + ")");
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// llama.cpp's use_more_bits: the first and last eighth of the layers and every third between
+// them get the larger type in the _M mixes.
+bool use_more_bits(int layer, int n_layers) {
+  return layer < n_layers / 8 || layer >= 7 * n_layers / 8 || (layer - n_layers / 8) % 3 == 2;
+}
+
+// The type llama.cpp falls back to for a row length that is not whole 256-element blocks.
+gguf::TensorType fallback(gguf::TensorType t, int64_t cols) {
+  using T = gguf::TensorType;
+  if (cols % gguf::block_elems(t) == 0) return t;
+  switch (t) {
+    case T::Q2_K:
+    case T::Q3_K:
+    case T::IQ4_XS:
+      t = T::IQ4_NL;
+      break;
+    case T::Q4_K:
+      t = T::Q5_0;
+      break;
+    case T::Q5_K:
+      t = T::Q5_1;
+      break;
+    case T::Q6_K:
+      t = T::Q8_0;
+      break;
+    default:
+      break;
+  }
+  return cols % gguf::block_elems(t) == 0 ? t : T::F16;
+}
+
+// The architectures make-model writes, with llama.cpp's tensor layout for each.
+struct ArchInfo {
+  const char* name;
+  bool qkv_bias;            // qwen2: blk.N.attn_{q,k,v}.bias
+  bool qk_norm;             // qwen3: blk.N.attn_{q,k}_norm.weight, one weight per head dim
+  bool post_norms;          // gemma2: post_attention_norm, post_ffw_norm; soft-caps; sliding window
+  bool fused;               // phi3: attn_qkv (q, k, v rows) and ffn_up (gate rows, then up rows)
+  bool tied;                // gemma2: no output.weight
+  bool head_lengths;        // writes attention.key_length / value_length
+  float rope_theta;         // 0: the shape's
+  float norm_eps;           // 0: the shape's
+  uint32_t sliding_window;  // 0: none written
+};
+// Values as the released models of each family have them (Qwen2/3 rope base 1e6, Gemma 2's
+// 4096-token window on alternate layers and soft-caps 50 / 30, Phi-3-mini-4k's 2047 window).
+constexpr ArchInfo kArchs[] = {
+    {"llama", false, false, false, false, false, false, 0.0f, 0.0f, 0},
+    {"qwen2", true, false, false, false, false, false, 1e6f, 1e-6f, 0},
+    {"qwen3", false, true, false, false, false, true, 1e6f, 1e-6f, 0},
+    {"gemma2", false, false, true, false, true, true, 10000.0f, 1e-6f, 4096},
+    {"phi3", false, false, false, true, false, false, 10000.0f, 1e-5f, 2047},
+};
+
+ArchInfo arch_info(const std::string& name) {
+  const std::string n = lower(name);
+  for (const ArchInfo& a : kArchs)
+    if (n == a.name) return a;
+  throw std::invalid_argument("make-model: unknown architecture '" + name +
+                              "' (expected llama, qwen2, qwen3, gemma2 or phi3)");
 }
 
 uint64_t splitmix64(uint64_t& state) {
@@ -251,6 +340,9 @@ ModelShape model_shape(const std::string& name) {
   if (n == "tiny") {
     s = shape_of("tiny", 64, 2, 4, 2, 192, kSmallVocab);
     s.tied_output = true;  // exercises the tied-embedding path
+  } else if (n == "mini") {
+    // The zoo's llama3 shape: every row length a multiple of 256, so K-quants need no fallback.
+    s = shape_of("mini", 256, 4, 4, 2, 768, kSmallVocab);
   } else if (n == "15m") {
     s = shape_of("15M", 288, 6, 6, 6, 768, kSmallVocab);
   } else if (n == "110m") {
@@ -263,13 +355,35 @@ ModelShape model_shape(const std::string& name) {
     s.rope_theta = 500000.0f;
   } else {
     throw std::invalid_argument("make-model: unknown shape '" + name +
-                                "' (expected tiny, 15M, 110M, 1B or 8B)");
+                                "' (expected tiny, mini, 15M, 110M, 1B or 8B)");
   }
   return s;
 }
 
+gguf::TensorType make_model_tensor_type(const std::string& dtype, const std::string& name,
+                                        int layer, int n_layers, int64_t cols, bool tied) {
+  using T = gguf::TensorType;
+  const DTypeInfo dt = dtype_info(dtype);
+  T t = dt.type;
+  if (dt.mix != Mix::kPure) {
+    if (name == "output.weight" || (tied && name == "token_embd.weight")) {
+      t = T::Q6_K;
+    } else if (ends_with(name, "attn_v.weight") || ends_with(name, "ffn_down.weight")) {
+      if (layer >= 0 && use_more_bits(layer, n_layers)) t = T::Q6_K;
+    } else if (ends_with(name, "attn_qkv.weight")) {
+      t = dt.mix == Mix::kQ4KM ? T::Q5_K : T::Q6_K;
+    }
+  }
+  return fallback(t, cols);
+}
+
+const char* make_model_dtypes() {
+  return kDTypeList;
+}
+
 void make_model(const MakeModelOptions& opts) {
   const ModelShape s = model_shape(opts.shape);
+  const ArchInfo arch = arch_info(opts.arch);
   const DTypeInfo dt = dtype_info(opts.dtype);
   if (opts.out.empty()) throw std::invalid_argument("make-model: no output path given");
   // The GGUF key is a u32; positions beyond INT32_MAX would overflow the engine's slot arithmetic.
@@ -278,56 +392,131 @@ void make_model(const MakeModelOptions& opts) {
                                 "] (0: the shape's)");
   }
   const int64_t ctx_len = opts.ctx_len > 0 ? opts.ctx_len : s.ctx_len;
+  const bool tied = s.tied_output || arch.tied;
+  const std::string a = arch.name;
+  const std::string arch_part = a == "llama" ? "" : a + "-";
 
   gguf::Writer w;
-  w.add_string("general.architecture", "llama");
-  w.add_string("general.name", "switchyard-random-" + s.name + "-" + dt.name);
+  w.add_string("general.architecture", a);
+  w.add_string("general.name", "switchyard-random-" + s.name + "-" + arch_part + dt.name);
   w.add_u32("general.file_type", dt.file_type);
-  // ggml's quantization format version of Q4_0/Q8_0 blocks (2 is the current layout).
+  // ggml's quantization format version of the block layouts (2 is the current one).
   if (gguf::block_elems(dt.type) > 1) w.add_u32("general.quantization_version", 2);
 
   const int n_vocab = opts.vocab_from.empty() ? s.n_vocab : copy_vocab(w, opts.vocab_from);
   if (opts.vocab_from.empty()) add_builtin_vocab(w, n_vocab);
 
   const int head_dim = s.dim / s.n_heads;
+  const int q_dim = head_dim * s.n_heads;
   const int kv_dim = head_dim * s.n_kv_heads;
-  w.add_u32("llama.context_length", static_cast<uint32_t>(ctx_len));
-  w.add_u32("llama.embedding_length", static_cast<uint32_t>(s.dim));
-  w.add_u32("llama.block_count", static_cast<uint32_t>(s.n_layers));
-  w.add_u32("llama.feed_forward_length", static_cast<uint32_t>(s.ffn_dim));
-  w.add_u32("llama.attention.head_count", static_cast<uint32_t>(s.n_heads));
-  w.add_u32("llama.attention.head_count_kv", static_cast<uint32_t>(s.n_kv_heads));
-  w.add_u32("llama.rope.dimension_count", static_cast<uint32_t>(head_dim));
-  w.add_f32("llama.rope.freq_base", s.rope_theta);
-  w.add_f32("llama.attention.layer_norm_rms_epsilon", s.norm_eps);
-  w.add_u32("llama.vocab_size", static_cast<uint32_t>(n_vocab));
+  const std::string p = a + ".";
+  w.add_u32(p + "context_length", static_cast<uint32_t>(ctx_len));
+  w.add_u32(p + "embedding_length", static_cast<uint32_t>(s.dim));
+  w.add_u32(p + "block_count", static_cast<uint32_t>(s.n_layers));
+  w.add_u32(p + "feed_forward_length", static_cast<uint32_t>(s.ffn_dim));
+  w.add_u32(p + "attention.head_count", static_cast<uint32_t>(s.n_heads));
+  w.add_u32(p + "attention.head_count_kv", static_cast<uint32_t>(s.n_kv_heads));
+  if (arch.head_lengths) {
+    w.add_u32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
+    w.add_u32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
+  }
+  w.add_u32(p + "rope.dimension_count", static_cast<uint32_t>(head_dim));
+  w.add_f32(p + "rope.freq_base", arch.rope_theta > 0 ? arch.rope_theta : s.rope_theta);
+  w.add_f32(p + "attention.layer_norm_rms_epsilon", arch.norm_eps > 0 ? arch.norm_eps : s.norm_eps);
+  if (arch.sliding_window > 0) w.add_u32(p + "attention.sliding_window", arch.sliding_window);
+  if (arch.post_norms) {
+    w.add_f32(p + "attn_logit_softcapping", 50.0f);
+    w.add_f32(p + "final_logit_softcapping", 30.0f);
+  }
+  w.add_u32(p + "vocab_size", static_cast<uint32_t>(n_vocab));
 
   // Matrices get standard deviation 1/sqrt(fan_in): each projection then keeps the activation
   // scale, and logits over an RMS-normed state come out with standard deviation about 1.
-  auto matrix = [&](const std::string& name, int64_t rows, int64_t cols) {
-    const float stddev = 1.0f / std::sqrt(static_cast<float>(cols));
-    w.add_tensor(name, dt.type, {static_cast<uint64_t>(cols), static_cast<uint64_t>(rows)},
-                 random_matrix(name, dt.type, rows, cols, stddev, opts.seed));
+  // Every matrix's type is checked to have a quantizer before anything is written.
+  enum class Kind { kMatrix, kNorm, kBias };
+  struct Planned {
+    std::string name;
+    Kind kind;
+    gguf::TensorType type;
+    int64_t rows, cols;  // vectors: one row
   };
-  // Norm vectors stay f32 whatever the dtype: llama.cpp requires that.
-  auto norm = [&](const std::string& name) {
-    w.add_tensor(name, gguf::TensorType::F32, {static_cast<uint64_t>(s.dim)}, ones_f32(s.dim));
+  std::vector<Planned> planned;
+  auto matrix = [&](const std::string& name, int layer, int64_t rows, int64_t cols) {
+    const gguf::TensorType t = make_model_tensor_type(dt.name, name, layer, s.n_layers, cols, tied);
+    const auto k = static_cast<kernels::DType>(t);
+    const bool direct = t == gguf::TensorType::F32 || t == gguf::TensorType::F16 ||
+                        t == gguf::TensorType::BF16 || t == gguf::TensorType::Q8_0 ||
+                        t == gguf::TensorType::Q4_0;
+    const kernels::quant::TypeOps* o = direct ? nullptr : kernels::quant::ops(k);
+    if (!direct && (o == nullptr || o->quantize == nullptr)) {
+      throw std::invalid_argument("make-model: dtype " + std::string(dt.name) + " stores '" + name +
+                                  "' as " + gguf::type_label(static_cast<uint32_t>(t)) +
+                                  ", which this build cannot quantize");
+    }
+    planned.push_back({name, Kind::kMatrix, t, rows, cols});
+  };
+  // Norm vectors and biases stay f32 whatever the dtype: llama.cpp requires that.
+  auto norm = [&](const std::string& name, int64_t n) {
+    planned.push_back({name, Kind::kNorm, gguf::TensorType::F32, 1, n});
+  };
+  auto bias = [&](const std::string& name, int64_t n) {
+    planned.push_back({name, Kind::kBias, gguf::TensorType::F32, 1, n});
   };
 
-  matrix("token_embd.weight", n_vocab, s.dim);
-  norm("output_norm.weight");
-  if (!s.tied_output) matrix("output.weight", n_vocab, s.dim);
+  matrix("token_embd.weight", -1, n_vocab, s.dim);
+  norm("output_norm.weight", s.dim);
+  if (!tied) matrix("output.weight", -1, n_vocab, s.dim);
   for (int l = 0; l < s.n_layers; ++l) {
-    const std::string p = "blk." + std::to_string(l) + ".";
-    norm(p + "attn_norm.weight");
-    matrix(p + "attn_q.weight", s.dim, s.dim);
-    matrix(p + "attn_k.weight", kv_dim, s.dim);
-    matrix(p + "attn_v.weight", kv_dim, s.dim);
-    matrix(p + "attn_output.weight", s.dim, s.dim);
-    norm(p + "ffn_norm.weight");
-    matrix(p + "ffn_gate.weight", s.ffn_dim, s.dim);
-    matrix(p + "ffn_up.weight", s.ffn_dim, s.dim);
-    matrix(p + "ffn_down.weight", s.dim, s.ffn_dim);
+    const std::string b = "blk." + std::to_string(l) + ".";
+    norm(b + "attn_norm.weight", s.dim);
+    if (arch.fused) {
+      matrix(b + "attn_qkv.weight", l, q_dim + 2 * kv_dim, s.dim);  // q rows, k rows, v rows
+    } else {
+      matrix(b + "attn_q.weight", l, q_dim, s.dim);
+      matrix(b + "attn_k.weight", l, kv_dim, s.dim);
+      matrix(b + "attn_v.weight", l, kv_dim, s.dim);
+    }
+    if (arch.qkv_bias) {
+      bias(b + "attn_q.bias", q_dim);
+      bias(b + "attn_k.bias", kv_dim);
+      bias(b + "attn_v.bias", kv_dim);
+    }
+    if (arch.qk_norm) {
+      norm(b + "attn_q_norm.weight", head_dim);
+      norm(b + "attn_k_norm.weight", head_dim);
+    }
+    matrix(b + "attn_output.weight", l, s.dim, q_dim);
+    if (arch.post_norms) norm(b + "post_attention_norm.weight", s.dim);
+    norm(b + "ffn_norm.weight", s.dim);
+    if (arch.fused) {
+      matrix(b + "ffn_up.weight", l, 2 * int64_t{s.ffn_dim}, s.dim);  // gate rows, then up rows
+    } else {
+      matrix(b + "ffn_gate.weight", l, s.ffn_dim, s.dim);
+      matrix(b + "ffn_up.weight", l, s.ffn_dim, s.dim);
+    }
+    matrix(b + "ffn_down.weight", l, s.dim, s.ffn_dim);
+    if (arch.post_norms) norm(b + "post_ffw_norm.weight", s.dim);
+  }
+
+  for (const Planned& t : planned) {
+    const auto cols = static_cast<uint64_t>(t.cols);
+    switch (t.kind) {
+      case Kind::kMatrix: {
+        const float stddev = 1.0f / std::sqrt(static_cast<float>(t.cols));
+        w.add_tensor(t.name, t.type, {cols, static_cast<uint64_t>(t.rows)},
+                     random_matrix(t.name, t.type, t.rows, t.cols, stddev, opts.seed));
+        break;
+      }
+      case Kind::kNorm:
+        w.add_tensor(t.name, t.type, {cols}, ones_f32(t.cols));
+        break;
+      case Kind::kBias:
+        // Small random values (standard deviation 0.1): a loader that ignores them changes the
+        // output.
+        w.add_tensor(t.name, t.type, {cols},
+                     random_matrix(t.name, t.type, 1, t.cols, 0.1f, opts.seed));
+        break;
+    }
   }
   w.write(opts.out);
 }

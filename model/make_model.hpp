@@ -1,17 +1,22 @@
-// make-model: writes a random-weight Llama GGUF of a standard shape (for tests and benchmarks)
-// that both this runtime and llama.cpp load.
+// make-model: writes a random-weight GGUF of a standard shape and architecture (for tests and
+// benchmarks) that both this runtime and llama.cpp load.
 #pragma once
 
 #include <cstdint>
 #include <string>
 
+#include "model/gguf.hpp"
+
 namespace sy {
 
-/// What to write: a shape (tiny, 15M, 110M, 1B, 8B), a weight dtype for the 2-D matrices
-/// (f32, f16, bf16, q8_0, q4_0), an optional GGUF whose tokenizer.ggml.* metadata is copied,
+/// What to write: a shape (tiny, mini, 15M, 110M, 1B, 8B), an architecture (llama, qwen2, qwen3,
+/// gemma2, phi3: llama.cpp's GGUF keys and tensor names), a weight dtype for the 2-D matrices
+/// (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs,
+/// and the mixes q4_k_m, q5_k_m), an optional GGUF whose tokenizer.ggml.* metadata is copied,
 /// the seed of the weights, an optional context length and the output path.
 struct MakeModelOptions {
   std::string shape = "tiny";
+  std::string arch = "llama";
   std::string dtype = "f32";
   std::string vocab_from;
   uint64_t seed = 0;
@@ -37,8 +42,21 @@ struct ModelShape {
 /// The shape called `name` (case-insensitive); throws std::invalid_argument for unknown names.
 ModelShape model_shape(const std::string& name);
 
-/// Writes the model to opts.out; throws std::invalid_argument (bad options), gguf::Error (bad
-/// --vocab-from file) or std::runtime_error (I/O).
+/// Writes the model to opts.out; throws std::invalid_argument (bad options, or a dtype whose
+/// quantizer this build lacks), gguf::Error (bad --vocab-from file) or std::runtime_error (I/O).
 void make_model(const MakeModelOptions& opts);
+
+/// The type make-model stores the matrix `name` in (layer `layer` of `n_layers`, -1 outside the
+/// layers; `cols` its row length) for `dtype`: the dtype's type, the Q4_K_M / Q5_K_M rule for
+/// the mixes (Q6_K for output.weight, and for the tied token_embd.weight when `tied`, and for
+/// attn_v / ffn_down of the layers llama.cpp gives more bits; fused attn_qkv Q5_K / Q6_K), and
+/// llama.cpp's fallback where cols is not a multiple of the type's block size (Q2_K, Q3_K,
+/// IQ4_XS -> IQ4_NL; Q4_K -> Q5_0; Q5_K -> Q5_1; Q6_K -> Q8_0; F16 where not even 32 divides
+/// it). Throws std::invalid_argument for an unknown dtype.
+gguf::TensorType make_model_tensor_type(const std::string& dtype, const std::string& name,
+                                        int layer, int n_layers, int64_t cols, bool tied = false);
+
+/// The dtype names make-model accepts, comma-separated (for usage and error texts).
+const char* make_model_dtypes();
 
 }  // namespace sy

@@ -221,8 +221,9 @@ void split_gpt2(const std::vector<uint32_t>& c, size_t begin, size_t end,
 
 // Llama 3: (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 //          ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// Qwen2 is the same rule with \p{N} for \p{N}{1,3}: `max_digits` is 3 or 1.
 // The first alternative that matches at pos wins, each as long as it goes.
-void split_llama3(const std::vector<uint32_t>& c, size_t begin, size_t end,
+void split_llama3(const std::vector<uint32_t>& c, size_t begin, size_t end, size_t max_digits,
                   std::vector<size_t>& lens) {
   const CptRange r(c, end);
   for (size_t pos = begin; pos < end;) {
@@ -234,8 +235,8 @@ void split_llama3(const std::vector<uint32_t>& c, size_t begin, size_t end,
       ++pos;
       while (r.letter(pos)) ++pos;
     } else if (r.number(pos)) {
-      // Numbers go in words of at most three digits, counted from the left.
-      while (r.number(pos) && pos - start < 3) ++pos;
+      // Numbers go in words of at most max_digits digits, counted from the left.
+      while (r.number(pos) && pos - start < max_digits) ++pos;
     } else if (const size_t body = r.at(pos) == ' ' ? pos + 1 : pos; r.other(body)) {
       pos = body;
       while (r.other(pos)) ++pos;
@@ -274,48 +275,211 @@ std::vector<size_t> split_runs(const std::vector<uint32_t>& c, const std::vector
   return out;
 }
 
-// llama.cpp's "default" rules: four regexes applied in turn, each cutting every word of the
-// previous one into its matches and the text between them:
-//   [\p{P}\$\+<=>\^~\|]+   then the GPT-2 rule without its final \s+ (llama.cpp's hand-coded
-//   GPT-2 splitter serves it and still ends runs of spaces the same way), then \p{N}+, then
-//   [0-9][0-9][0-9] (ASCII digits only, leftmost matches first).
-std::vector<size_t> split_default(const std::vector<uint32_t>& c) {
-  auto punct_like = [](uint32_t cp) {
-    if (unicode_category(cp) == UnicodeCat::Punct) return true;
-    return cp == '$' || cp == '+' || cp == '<' || cp == '=' || cp == '>' || cp == '^' ||
-           cp == '~' || cp == '|';
-  };
-  std::vector<size_t> lens = split_runs(c, {c.size()}, punct_like);
-
-  std::vector<size_t> words;
+// One regex of a sequence, applied as llama.cpp applies it (std::regex_iterator over each word):
+// within every word of `lens`, each match becomes a word, and so does each stretch of text
+// between two matches. `match(r, pos)` gives the length of the regex's match at pos, 0 for none;
+// the search goes left to right and matches do not overlap. No regex here matches empty text.
+template <typename Match>
+std::vector<size_t> split_matches(const std::vector<uint32_t>& c, const std::vector<size_t>& lens,
+                                  Match match) {
+  std::vector<size_t> out;
+  out.reserve(lens.size());
   size_t start = 0;
   for (size_t len : lens) {
-    split_gpt2(c, start, start + len, words);
-    start += len;
-  }
-  words =
-      split_runs(c, words, [](uint32_t cp) { return unicode_category(cp) == UnicodeCat::Number; });
-
-  auto digit = [&](size_t i) { return c[i] >= '0' && c[i] <= '9'; };
-  lens.clear();
-  start = 0;
-  for (size_t len : words) {
     const size_t end = start + len;
+    const CptRange r(c, end);
     size_t gap = start;  // start of the text not yet emitted
-    for (size_t pos = start; pos + 3 <= end;) {
-      if (digit(pos) && digit(pos + 1) && digit(pos + 2)) {
-        if (pos > gap) lens.push_back(pos - gap);
-        lens.push_back(3);
-        pos += 3;
+    for (size_t pos = start; pos < end;) {
+      if (const size_t n = match(r, pos)) {
+        if (pos > gap) out.push_back(pos - gap);
+        out.push_back(n);
+        pos += n;
         gap = pos;
       } else {
         ++pos;
       }
     }
-    if (end > gap) lens.push_back(end - gap);
+    if (end > gap) out.push_back(end - gap);
     start = end;
   }
-  return lens;
+  return out;
+}
+
+// The GPT-2 rule over every word of `lens`. llama.cpp's sequences list it without its final
+// \s+, but its hand-coded GPT-2 splitter serves them and ends runs of spaces the same way (and
+// with std::regex the unmatched single white-space character would be a word of its own too).
+std::vector<size_t> split_gpt2_words(const std::vector<uint32_t>& c,
+                                     const std::vector<size_t>& lens) {
+  std::vector<size_t> out;
+  size_t start = 0;
+  for (size_t len : lens) {
+    split_gpt2(c, start, start + len, out);
+    start += len;
+  }
+  return out;
+}
+
+bool is_number(uint32_t cp) {
+  return unicode_category(cp) == UnicodeCat::Number;
+}
+bool is_newline(uint32_t cp) {
+  return cp == '\r' || cp == '\n';
+}
+
+// [\p{P}\$\+<=>\^~\|]: punctuation and the ASCII symbols llama.cpp's default rule adds.
+bool is_punct_like(uint32_t cp) {
+  if (unicode_category(cp) == UnicodeCat::Punct) return true;
+  return cp == '$' || cp == '+' || cp == '<' || cp == '=' || cp == '>' || cp == '^' || cp == '~' ||
+         cp == '|';
+}
+
+// [0-9][0-9][0-9]: three ASCII digits.
+size_t match_three_digits(const CptRange& r, size_t pos) {
+  auto digit = [&](size_t i) { return r.at(i) >= '0' && r.at(i) <= '9'; };
+  return digit(pos) && digit(pos + 1) && digit(pos + 2) ? 3 : 0;
+}
+
+// A single character of a class, as a regex: "[\r\n]" or "\p{N}" without a quantifier.
+template <typename Pred>
+auto match_one(Pred pred) {
+  return [pred](const CptRange& r, size_t pos) -> size_t {
+    return pos < r.end() && pred(r.at(pos)) ? 1 : 0;
+  };
+}
+
+// \s?X+ for a class X: one optional white-space character, then a run of X.
+template <typename Pred>
+auto match_space_run(Pred pred) {
+  return [pred](const CptRange& r, size_t pos) -> size_t {
+    size_t p = pos;
+    if (r.space(p) && p + 1 < r.end() && pred(r.at(p + 1))) ++p;
+    if (p >= r.end() || !pred(r.at(p))) return 0;
+    while (p < r.end() && pred(r.at(p))) ++p;
+    return p - pos;
+  };
+}
+
+// A code point in a sorted table of inclusive ranges.
+struct CpRange {
+  uint32_t first;
+  uint32_t last;
+};
+template <size_t N>
+bool in_ranges(const CpRange (&table)[N], uint32_t cp) {
+  const auto* it = std::upper_bound(table, table + N, cp,
+                                    [](uint32_t v, const CpRange& r) { return v < r.first; });
+  return it != table && cp <= (it - 1)->last;
+}
+
+// The character classes that DeepSeek's rules spell out as code point ranges. llama.cpp matches
+// these regexes on the code points themselves, after turning every non-ASCII white-space
+// character into U+000B, so no white space ever belongs to them.
+//
+// The cased letters of deepseek-llm's \s?[A-Za-zµÀ-ÖØ-öø-ƺ...𞤀-𞥃]+ (Lu, Ll and Lt of a subset of
+// scripts).
+constexpr CpRange kDeepseekLetters[] = {
+    {0x41, 0x5A},       {0x61, 0x7A},       {0xB5, 0xB5},       {0xC0, 0xD6},
+    {0xD8, 0xF6},       {0xF8, 0x1BA},      {0x1BC, 0x1BF},     {0x1C4, 0x293},
+    {0x295, 0x2AF},     {0x370, 0x373},     {0x376, 0x377},     {0x37B, 0x37D},
+    {0x37F, 0x37F},     {0x386, 0x386},     {0x388, 0x38A},     {0x38C, 0x38C},
+    {0x38E, 0x3A1},     {0x3A3, 0x3F5},     {0x3F7, 0x481},     {0x48A, 0x52F},
+    {0x531, 0x556},     {0x10A0, 0x10C5},   {0x13A0, 0x13F5},   {0x13F8, 0x13FD},
+    {0x1C90, 0x1CBA},   {0x1CBD, 0x1CBF},   {0x1D00, 0x1D2B},   {0x1D6B, 0x1D77},
+    {0x1D79, 0x1D9A},   {0x1E00, 0x1F15},   {0x1F18, 0x1F1D},   {0x1F20, 0x1F45},
+    {0x1F48, 0x1F4D},   {0x1F50, 0x1F57},   {0x1F59, 0x1F59},   {0x1F5B, 0x1F5B},
+    {0x1F5D, 0x1F5D},   {0x1F5F, 0x1F7D},   {0x1F80, 0x1FB4},   {0x1FB6, 0x1FBC},
+    {0x1FBE, 0x1FBE},   {0x1FC2, 0x1FC4},   {0x1FC6, 0x1FCC},   {0x1FD0, 0x1FD3},
+    {0x1FD6, 0x1FDB},   {0x1FE0, 0x1FEC},   {0x1FF2, 0x1FF4},   {0x1FF6, 0x1FFC},
+    {0x2102, 0x2102},   {0x2107, 0x2107},   {0x210A, 0x2113},   {0x2115, 0x2115},
+    {0x2119, 0x211D},   {0x2124, 0x2124},   {0x2126, 0x2126},   {0x2128, 0x2128},
+    {0x212A, 0x212D},   {0x212F, 0x2134},   {0x2139, 0x2139},   {0x213C, 0x213F},
+    {0x2145, 0x2149},   {0x214E, 0x214E},   {0x2183, 0x2184},   {0x2C00, 0x2C7B},
+    {0x2C7E, 0x2CE4},   {0x2CEB, 0x2CEE},   {0x2CF2, 0x2CF3},   {0xA640, 0xA66D},
+    {0xA680, 0xA69B},   {0xA722, 0xA76F},   {0xA771, 0xA787},   {0xA78B, 0xA78E},
+    {0xAB70, 0xABBF},   {0xFB00, 0xFB06},   {0xFB13, 0xFB17},   {0xFF21, 0xFF3A},
+    {0xFF41, 0xFF5A},   {0x10400, 0x1044F}, {0x104B0, 0x104D3}, {0x104D8, 0x104FB},
+    {0x10C80, 0x10CB2}, {0x10CC0, 0x10CF2}, {0x118A0, 0x118DF}, {0x1E900, 0x1E943},
+};
+// deepseek-llm's \s?[!-/:-~！-／：-～‘-‟　-。]+: ASCII punctuation and symbols, their
+// full-width forms, curly quotes and the first CJK punctuation (U+3000 itself is white space).
+constexpr CpRange kDeepseekPunct[] = {
+    {0x21, 0x2F},     {0x3A, 0x7E},     {0x2018, 0x201F},
+    {0x3000, 0x3002}, {0xFF01, 0xFF0F}, {0xFF1A, 0xFF5E},
+};
+// [一-龥ࠀ-一가-퟿]+ of both DeepSeek rules: U+4E00..U+9FA5, U+0800..U+4E00 and U+AC00..U+D7FF.
+constexpr CpRange kDeepseekCjk[] = {{0x0800, 0x9FA5}, {0xAC00, 0xD7FF}};
+
+bool deepseek_letter(uint32_t cp) {
+  return in_ranges(kDeepseekLetters, cp);
+}
+bool deepseek_punct(uint32_t cp) {
+  return in_ranges(kDeepseekPunct, cp) && !unicode_is_whitespace(cp);
+}
+bool deepseek_cjk(uint32_t cp) {
+  return in_ranges(kDeepseekCjk, cp) && !unicode_is_whitespace(cp);
+}
+
+// \s+$: the white space that ends a word (the whole word when it is all white space).
+std::vector<size_t> split_trailing_space(const std::vector<uint32_t>& c,
+                                         const std::vector<size_t>& lens) {
+  std::vector<size_t> out;
+  out.reserve(lens.size());
+  size_t start = 0;
+  for (size_t len : lens) {
+    size_t tail = 0;
+    while (tail < len && unicode_is_whitespace(c[start + len - 1 - tail])) ++tail;
+    if (len > tail) out.push_back(len - tail);
+    if (tail > 0) out.push_back(tail);
+    start += len;
+  }
+  return out;
+}
+
+// llama.cpp's "default" rules: four regexes applied in turn, each cutting every word of the
+// previous one into its matches and the text between them: [\p{P}\$\+<=>\^~\|]+, the GPT-2 rule,
+// \p{N}+, then [0-9][0-9][0-9] (ASCII digits only, leftmost matches first).
+std::vector<size_t> split_default(const std::vector<uint32_t>& c) {
+  std::vector<size_t> lens = split_runs(c, {c.size()}, is_punct_like);
+  lens = split_runs(c, split_gpt2_words(c, lens), is_number);
+  return split_matches(c, lens, match_three_digits);
+}
+
+// "falcon": [\p{P}\$\+<=>\^~\|`]+, the GPT-2 rule, then [0-9][0-9][0-9].
+std::vector<size_t> split_falcon(const std::vector<uint32_t>& c) {
+  std::vector<size_t> lens =
+      split_runs(c, {c.size()}, [](uint32_t cp) { return cp == '`' || is_punct_like(cp); });
+  return split_matches(c, split_gpt2_words(c, lens), match_three_digits);
+}
+
+// "starcoder" (also "refact", "command-r", "smollm", ...): \p{N} (every digit a word), then the
+// GPT-2 rule.
+std::vector<size_t> split_starcoder(const std::vector<uint32_t>& c) {
+  const std::vector<size_t> lens = split_matches(c, {c.size()}, match_one(is_number));
+  return split_gpt2_words(c, lens);
+}
+
+// "deepseek-coder": [\r\n], \s?\p{L}+, \s?\p{P}+, [一-龥ࠀ-一가-퟿]+, \p{N}.
+std::vector<size_t> split_deepseek_coder(const std::vector<uint32_t>& c) {
+  std::vector<size_t> lens = split_matches(c, {c.size()}, match_one(is_newline));
+  lens = split_matches(c, lens, match_space_run([](uint32_t cp) {
+                         return unicode_category(cp) == UnicodeCat::Letter;
+                       }));
+  lens = split_matches(c, lens, match_space_run([](uint32_t cp) {
+                         return unicode_category(cp) == UnicodeCat::Punct;
+                       }));
+  lens = split_runs(c, lens, deepseek_cjk);
+  return split_matches(c, lens, match_one(is_number));
+}
+
+// "deepseek-llm": [\r\n], \s?[cased letters]+, \s?[punctuation]+, \s+$, [一-龥ࠀ-一가-퟿]+,
+// \p{N}+.
+std::vector<size_t> split_deepseek_llm(const std::vector<uint32_t>& c) {
+  std::vector<size_t> lens = split_matches(c, {c.size()}, match_one(is_newline));
+  lens = split_matches(c, lens, match_space_run(deepseek_letter));
+  lens = split_matches(c, lens, match_space_run(deepseek_punct));
+  lens = split_trailing_space(c, lens);
+  lens = split_runs(c, lens, deepseek_cjk);
+  return split_runs(c, lens, is_number);
 }
 
 // The word lengths of `rules` over all of c.
@@ -326,10 +490,25 @@ std::vector<size_t> split_words(Tokenizer::PreSplit rules, const std::vector<uin
       split_gpt2(c, 0, c.size(), lens);
       break;
     case Tokenizer::PreSplit::Llama3:
-      split_llama3(c, 0, c.size(), lens);
+      split_llama3(c, 0, c.size(), 3, lens);
+      break;
+    case Tokenizer::PreSplit::Qwen2:
+      split_llama3(c, 0, c.size(), 1, lens);
       break;
     case Tokenizer::PreSplit::Default:
       lens = split_default(c);
+      break;
+    case Tokenizer::PreSplit::DeepseekLlm:
+      lens = split_deepseek_llm(c);
+      break;
+    case Tokenizer::PreSplit::DeepseekCoder:
+      lens = split_deepseek_coder(c);
+      break;
+    case Tokenizer::PreSplit::Falcon:
+      lens = split_falcon(c);
+      break;
+    case Tokenizer::PreSplit::Starcoder:
+      lens = split_starcoder(c);
       break;
     case Tokenizer::PreSplit::None:
       if (!c.empty()) lens.push_back(c.size());
@@ -471,29 +650,68 @@ bool read_bool(const gguf::File& f, std::string_view key, bool fallback) {
   return v ? *v != 0 : fallback;
 }
 
-// The pre-split rules named by tokenizer.ggml.pre, as llama.cpp maps the names. No key (or an
+// What a tokenizer.ggml.pre name selects: the pre-split rules and the flags llama.cpp sets with
+// them (clean_spaces off for some; Llama 3's vocabularies also add BOS and take a pre-split
+// word that is a token whole).
+struct PreTokenizer {
+  std::string_view name;
+  Tokenizer::PreSplit rules;
+  bool clean_spaces;
+  bool llama3_flags;
+};
+
+// The names llama.cpp maps to the rule sequences implemented here.
+constexpr PreTokenizer kPreTokenizers[] = {
+    {"default", Tokenizer::PreSplit::Default, true, false},
+    {"gpt-2", Tokenizer::PreSplit::Gpt2, true, false},
+    {"phi-2", Tokenizer::PreSplit::Gpt2, true, false},
+    {"jina-es", Tokenizer::PreSplit::Gpt2, true, false},
+    {"jina-de", Tokenizer::PreSplit::Gpt2, true, false},
+    {"jina-v2-es", Tokenizer::PreSplit::Gpt2, true, false},
+    {"jina-v2-de", Tokenizer::PreSplit::Gpt2, true, false},
+    {"jina-v2-code", Tokenizer::PreSplit::Gpt2, true, false},
+    {"mpt", Tokenizer::PreSplit::Gpt2, true, false},
+    {"olmo", Tokenizer::PreSplit::Gpt2, true, false},
+    {"jais", Tokenizer::PreSplit::Gpt2, true, false},
+    {"llama3", Tokenizer::PreSplit::Llama3, true, true},
+    {"llama-v3", Tokenizer::PreSplit::Llama3, true, true},
+    {"llama-bpe", Tokenizer::PreSplit::Llama3, true, true},
+    {"falcon3", Tokenizer::PreSplit::Llama3, true, true},
+    {"falcon-h1", Tokenizer::PreSplit::Llama3, true, true},
+    {"pixtral", Tokenizer::PreSplit::Llama3, true, true},
+    {"midm-2.0", Tokenizer::PreSplit::Llama3, true, true},
+    {"lfm2", Tokenizer::PreSplit::Llama3, true, true},
+    {"jina-v5-nano", Tokenizer::PreSplit::Llama3, true, true},
+    {"dbrx", Tokenizer::PreSplit::Llama3, true, false},
+    {"smaug-bpe", Tokenizer::PreSplit::Llama3, true, false},
+    {"qwen2", Tokenizer::PreSplit::Qwen2, false, false},
+    {"deepseek-r1-qwen", Tokenizer::PreSplit::Qwen2, false, false},
+    {"stablelm2", Tokenizer::PreSplit::Qwen2, true, false},
+    {"megrez", Tokenizer::PreSplit::Qwen2, true, false},
+    {"deepseek-llm", Tokenizer::PreSplit::DeepseekLlm, false, false},
+    {"deepseek-coder", Tokenizer::PreSplit::DeepseekCoder, false, false},
+    {"falcon", Tokenizer::PreSplit::Falcon, true, false},
+    {"starcoder", Tokenizer::PreSplit::Starcoder, true, false},
+    {"refact", Tokenizer::PreSplit::Starcoder, true, false},
+    {"command-r", Tokenizer::PreSplit::Starcoder, false, false},
+    {"smollm", Tokenizer::PreSplit::Starcoder, false, false},
+    {"codeshell", Tokenizer::PreSplit::Starcoder, true, false},
+    {"exaone", Tokenizer::PreSplit::Starcoder, true, false},
+    {"minerva-7b", Tokenizer::PreSplit::Starcoder, true, false},
+};
+
+// The pre-tokenizer named by tokenizer.ggml.pre, as llama.cpp maps the names. No key (or an
 // empty one) means llama.cpp's "default" rules: llama.cpp does the same, warning that quality
 // suffers, and `assumed` lets callers warn too. Any other unknown name is an error, as in current
 // llama.cpp: guessing a rule would give ids that silently differ from the model's training.
-Tokenizer::PreSplit bpe_pre_split(const gguf::File& f, bool& assumed) {
+const PreTokenizer& bpe_pre_tokenizer(const gguf::File& f, bool& assumed) {
   const std::string pre = f.get_string("tokenizer.ggml.pre").value_or("");
   assumed = pre.empty();
-  if (pre.empty() || pre == "default") return Tokenizer::PreSplit::Default;
-  static constexpr std::string_view kGpt2[] = {
-      "gpt-2", "phi-2", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "jina-v2-code",
-  };
-  static constexpr std::string_view kLlama3[] = {
-      "llama3",  "llama-v3", "llama-bpe", "falcon3",      "falcon-h1",
-      "pixtral", "midm-2.0", "lfm2",      "jina-v5-nano",
-  };
-  for (std::string_view name : kGpt2) {
-    if (pre == name) return Tokenizer::PreSplit::Gpt2;
-  }
-  for (std::string_view name : kLlama3) {
-    if (pre == name) return Tokenizer::PreSplit::Llama3;
+  for (const PreTokenizer& p : kPreTokenizers) {
+    if (p.name == (assumed ? std::string_view("default") : std::string_view(pre))) return p;
   }
   throw gguf::Error("tokenizer: unsupported BPE pre-tokenizer '" + pre +
-                    "' (supported: default, gpt-2, llama-bpe and their aliases)");
+                    "' (supported: " + std::string(Tokenizer::supported_pre_tokenizers()) + ")");
 }
 
 // llama.cpp's clean_spaces passes of llama_detokenize, done in place as it does them (the
@@ -567,6 +785,7 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
   std::unique_ptr<Tokenizer> tok;
   SpmTokenizer* spm = nullptr;
   BpeTokenizer* bpe = nullptr;
+  const PreTokenizer* pre = nullptr;
   if (*model == "llama") {
     auto p = std::make_unique<SpmTokenizer>();
     spm = p.get();
@@ -577,7 +796,8 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
     bpe = p.get();
     tok = std::move(p);
     tok->kind_ = Kind::Bpe;
-    tok->pre_ = bpe_pre_split(f, tok->pre_assumed_);
+    pre = &bpe_pre_tokenizer(f, tok->pre_assumed_);
+    tok->pre_ = pre->rules;
   } else {
     throw gguf::Error("tokenizer: unsupported tokenizer.ggml.model '" + *model + "'");
   }
@@ -634,10 +854,10 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
     t.eos_ = read_id(f, "tokenizer.ggml.eos_token_id", 11, n_vocab);
     t.unk_ = read_id(f, "tokenizer.ggml.unknown_token_id", -1, n_vocab);
     t.add_space_prefix_ = false;
-    t.clean_spaces_ = true;
+    t.clean_spaces_ = pre->clean_spaces;
     // Llama 3 starts every prompt with <|begin_of_text|> unless add_bos_token says otherwise.
-    t.add_bos_ = t.pre_ == PreSplit::Llama3;
-    t.ignore_merges_ = t.pre_ == PreSplit::Llama3;
+    t.add_bos_ = pre->llama3_flags;
+    t.ignore_merges_ = pre->llama3_flags;
   }
   t.add_bos_ = read_bool(f, "tokenizer.ggml.add_bos_token", t.add_bos_);
   t.add_eos_ = read_bool(f, "tokenizer.ggml.add_eos_token", false);
@@ -692,6 +912,15 @@ std::unique_ptr<Tokenizer> Tokenizer::from_gguf(const gguf::File& f) {
 int32_t Tokenizer::find_token(std::string_view text) const {
   const auto it = text_to_id_.find(text);
   return it == text_to_id_.end() ? -1 : it->second;
+}
+
+std::string Tokenizer::supported_pre_tokenizers() {
+  std::string out;
+  for (const PreTokenizer& p : kPreTokenizers) {
+    if (!out.empty()) out += ", ";
+    out += p.name;
+  }
+  return out;
 }
 
 bool Tokenizer::is_eog(int32_t id) const {

@@ -1,6 +1,7 @@
 // Tokenizers from a GGUF vocabulary: SentencePiece-style BPE with byte fallback
-// (tokenizer.ggml.model = "llama") and byte-level BPE ("gpt2": GPT-2, Llama-3 and llama.cpp's
-// default pre-split rules), encoding and decoding as llama.cpp does.
+// (tokenizer.ggml.model = "llama") and byte-level BPE ("gpt2", with the pre-split rules of
+// GPT-2, Llama 3, Qwen2, DeepSeek, Falcon, StarCoder and llama.cpp's default), encoding and
+// decoding as llama.cpp does.
 #pragma once
 
 #include <cstdint>
@@ -27,11 +28,18 @@ class Tokenizer {
   enum class Kind { Spm, Bpe };
 
   /// How byte-level BPE cuts text into words before merging (tokenizer.ggml.pre); SPM has None.
+  /// Each value is one sequence of regexes as llama.cpp applies them; several names can share
+  /// one (for example "mpt" uses Gpt2, "refact" uses Starcoder).
   enum class PreSplit {
-    None,     // SentencePiece: no pre-split
-    Gpt2,     // "gpt-2"
-    Llama3,   // "llama-bpe", "llama3" and the other names llama.cpp maps to its Llama-3 rules
-    Default,  // "default" or no tokenizer.ggml.pre: llama.cpp's fallback regex sequence
+    None,           // SentencePiece: no pre-split
+    Gpt2,           // "gpt-2", "mpt", "olmo", ...
+    Llama3,         // "llama-bpe", "llama3" and the other names llama.cpp maps to Llama-3 rules
+    Default,        // "default" or no tokenizer.ggml.pre: llama.cpp's fallback regex sequence
+    Qwen2,          // "qwen2", "stablelm2", ...: Llama 3's rule with single digits
+    DeepseekLlm,    // "deepseek-llm"
+    DeepseekCoder,  // "deepseek-coder"
+    Falcon,         // "falcon"
+    Starcoder,      // "starcoder", "refact", "command-r", ...: digits alone, then GPT-2
   };
 
   /// GGUF token types (tokenizer.ggml.token_type), numbered as llama.cpp's llama_token_type.
@@ -90,6 +98,11 @@ class Tokenizer {
   /// True for tokens that end generation (EOS, EOT, EOM, and the end tokens llama.cpp
   /// recognizes by their text, such as "<|endoftext|>" and "<|im_end|>").
   bool is_eog(int32_t id) const;
+  /// All end-of-generation ids (those is_eog() accepts), ascending, without duplicates.
+  const std::vector<int32_t>& eog_ids() const { return eog_; }
+  /// The tokenizer.ggml.pre names of byte-level BPE vocabularies this build tokenizes,
+  /// comma-separated (for error messages and docs).
+  static std::string supported_pre_tokenizers();
   /// A token's text as stored in the vocabulary (SPM "▁", GPT-2 byte characters); throws on a bad
   /// id.
   const std::string& token_text(int32_t id) const { return tokens_.at(static_cast<size_t>(id)); }

@@ -12,6 +12,9 @@ packages=(
   python3 python3-zmq python3-msgpack
   python3-matplotlib                # bench_loadgen --plot (latency CDFs as PNG)
   python3-prometheus-client         # it_metrics parses /metrics with the reference parser
+  python3-numpy                     # independent forward passes that check the architectures
+  python3-regex                     # reference for the BPE pre-tokenizer patterns
+  python3-jinja2                    # reference renderer for the chat templates
 )
 
 missing=()

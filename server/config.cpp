@@ -371,8 +371,8 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
   if (root.IsNull()) return;  // an empty file changes nothing
   try {
     each(c, "", root,
-         {"model", "endpoints", "admission", "router", "batching", "executors", "shutdown_grace_ms",
-          "metrics", "journal", "autoscale", "state_dir"},
+         {"model", "chat_template", "endpoints", "admission", "router", "batching", "executors",
+          "shutdown_grace_ms", "metrics", "journal", "autoscale", "state_dir"},
          [&](const std::string& k, const std::string& key, const YAML::Node& v) {
            if (k == "model") {
              cfg.model = get_string(c, key, v);
@@ -382,6 +382,15 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
                cfg.model = (std::filesystem::path(path).parent_path() / cfg.model)
                                .lexically_normal()
                                .string();
+           } else if (k == "chat_template") {
+             cfg.chat_template = get_string(c, key, v);
+             // A template file is read from the config file's folder, like the model; a name
+             // without a slash or dot is a built-in template's.
+             const bool file = cfg.chat_template.find_first_of("/.") != std::string::npos;
+             if (file && std::filesystem::path(cfg.chat_template).is_relative())
+               cfg.chat_template = (std::filesystem::path(path).parent_path() / cfg.chat_template)
+                                       .lexically_normal()
+                                       .string();
            } else if (k == "endpoints")
              load_endpoints(c, v, cfg.endpoints);
            else if (k == "admission")

@@ -97,8 +97,14 @@ struct AdmissionConfig {
   // Let prompt + max_tokens exceed the model context (set when the KV policy is sinks, whose
   // positions never pass the cache size); jobs under other policies still end at the context.
   bool beyond_context = false;
-  // Wiring, not configuration: the gateway's meter of admission's mailbox (server/intake_meter.hpp),
-  // counted out here; nullptr where no gateway feeds this admission (tests).
+  // The chat template text that renders `messages` submits, overriding the model file's
+  // tokenizer.chat_template; "" = the file's. Filled from ServerConfig::chat_template by
+  // `switchyard serve` (model/chat_template.hpp load_template_text).
+  std::string chat_template;
+  std::string chat_template_source;  // where it came from (a name or a file), for the log
+  // Wiring, not configuration: the gateway's meter of admission's mailbox
+  // (server/intake_meter.hpp), counted out here; nullptr where no gateway feeds this admission
+  // (tests).
   std::shared_ptr<IntakeMeter> intake;
 };
 
@@ -197,6 +203,9 @@ struct JournalConfig {
 
 struct ServerConfig {
   std::string model;  // GGUF path; "" = the demo model
+  // `--chat-template` / the `chat_template` key: a built-in template name (chatml, llama3,
+  // gemma, mistral, phi3) or a template file; "" = the model file's tokenizer.chat_template.
+  std::string chat_template;
   EndpointConfig endpoints;
   AdmissionConfig admission;
   RouterConfig router;

@@ -66,6 +66,11 @@ SubmitRequest to_request(wire::Submit&& s, ClientRef client) {
   } else {
     r.prompt_text = std::move(std::get<0>(s.prompt));
   }
+  for (auto& m : s.messages) {
+    r.message_roles.push_back(std::move(m.role));
+    r.message_contents.push_back(std::move(m.content));
+  }
+  r.parse_special = s.parse_special;
   r.max_tokens = s.max_tokens;
   r.temperature = s.temperature;
   r.top_k = s.top_k;

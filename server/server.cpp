@@ -161,8 +161,8 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   // On a GPU with kv_memory_mb 0 (auto) each engine sizes its pool from the device's free
   // memory and the supervisor hands that size to the pair's batcher.
   const bool device_kv = c.executors.backend == "cuda" && c.batching.kv_memory_mb == 0;
-  int32_t n_blocks =
-      device_kv ? 0 : kv_blocks_for(c.batching, d.model ? &d.model->config() : nullptr);
+  const int64_t kv_per_token = d.model ? d.model->limits().kv_bytes_per_token : 0;
+  int32_t n_blocks = device_kv ? 0 : kv_blocks_for(c.batching, kv_per_token);
   sc.n_blocks = n_blocks;
   sc.batching = c.batching;
   sc.executor.backend = c.executors.backend;

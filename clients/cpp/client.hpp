@@ -1,5 +1,6 @@
 // The C++ client library of Switchyard (no CAF): a DEALER client for the request endpoint, a
 // Pusher for the pipeline input and a Sink for the pipeline results. Speaks docs/protocol.md.
+// A job is a wire::Submit: a `prompt` (text or token ids) or chat `messages` (chat_submit).
 #pragma once
 
 #include <chrono>
@@ -9,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 #include <zmq.hpp>
 
@@ -20,6 +22,17 @@ namespace sy::client {
 using std::chrono::milliseconds;
 
 /// Thrown when the server sends bytes this client cannot decode, or a send fails.
+/// A submit of a conversation, which the server renders with the model's chat template (message
+/// text never becomes control tokens); set max_tokens, temperature, ... on it as on any submit.
+inline wire::Submit chat_submit(std::string id, std::string tenant,
+                                std::vector<wire::ChatMessage> messages) {
+  wire::Submit s;
+  s.id = std::move(id);
+  s.tenant = std::move(tenant);
+  s.messages = std::move(messages);
+  return s;
+}
+
 struct ClientError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };

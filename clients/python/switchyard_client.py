@@ -7,6 +7,7 @@ Uses Debian's python3-zmq and python3-msgpack (run it with /usr/bin/python3).
     with Client("tcp://127.0.0.1:5555") as c:
         r = c.run("job-1", "demo", "Once upon a time", max_tokens=32, temperature=0)
         print(r.text if r.ok else r.error)
+        r = c.run("job-2", "demo", messages=[{"role": "user", "content": "Hi"}], max_tokens=32)
 
 Client talks to the request endpoint (DEALER to the server's ROUTER); Pusher feeds the pipeline
 input (PUSH to PULL) and Sink reads the pipeline results (PULL from PUSH).
@@ -40,6 +41,7 @@ _SUBMIT_OPTIONS = {
     "deadline_ms": int,
     "stream": bool,
     "logprobs": int,
+    "parse_special": bool,
 }
 
 # Server messages are trusted more than client ones, but a non-streamed `done` carries a whole
@@ -99,12 +101,27 @@ class ProtocolError(Exception):
     """The server sent something that is not a protocol v1 message."""
 
 
-def submit_message(job_id, tenant, prompt, **options):
-    """Builds a `submit` message (a dict); prompt is a str or a list of token ids."""
-    if not isinstance(prompt, (str, list, tuple)):
+def submit_message(job_id, tenant, prompt=None, messages=None, **options):
+    """Builds a `submit` message (a dict). Exactly one of: prompt, a str or a list of token ids;
+    messages, a list of {"role": str, "content": str} that the server renders with the model's
+    chat template (control-token text in a content stays plain text)."""
+    msg = {"v": PROTOCOL_VERSION, "type": "submit", "id": job_id, "tenant": tenant}
+    if (prompt is None) == (messages is None):
+        raise TypeError("give exactly one of prompt and messages")
+    if messages is not None:
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise TypeError("messages must be a non-empty list of {'role', 'content'} dicts")
+        out = []
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(
+                    m.get("content"), str):
+                raise TypeError("messages[%d] must be a dict with str 'role' and 'content'" % i)
+            out.append({"role": m["role"], "content": m["content"]})
+        msg["messages"] = out
+    elif isinstance(prompt, (str, list, tuple)):
+        msg["prompt"] = prompt if isinstance(prompt, str) else [int(t) for t in prompt]
+    else:
         raise TypeError("prompt must be a str or a list of token ids")
-    msg = {"v": PROTOCOL_VERSION, "type": "submit", "id": job_id, "tenant": tenant,
-           "prompt": prompt if isinstance(prompt, str) else [int(t) for t in prompt]}
     for key, value in options.items():
         if key not in _SUBMIT_OPTIONS:
             raise TypeError("unknown submit option %r" % key)
@@ -203,8 +220,9 @@ class Client(_Connection):
         """Sends raw bytes as one frame (for testing the server's error replies)."""
         self._sock.send(data)
 
-    def submit(self, job_id, tenant, prompt, **options):
-        """Sends a submit; options as in docs/protocol.md (max_tokens, temperature, stream, ...)."""
+    def submit(self, job_id, tenant, prompt=None, **options):
+        """Sends a submit; options as in docs/protocol.md (messages instead of prompt,
+        max_tokens, temperature, stream, ...)."""
         self._sock.send(encode(submit_message(job_id, tenant, prompt, **options)))
 
     def cancel(self, job_id, tenant, token=""):
@@ -270,7 +288,7 @@ class Client(_Connection):
                 r.error = m
                 return r
 
-    def run(self, job_id, tenant, prompt, timeout_ms=60000, **options):
+    def run(self, job_id, tenant, prompt=None, timeout_ms=60000, **options):
         """Submits and waits for the job's done or error; returns a Result."""
         self.submit(job_id, tenant, prompt, **options)
         return self.wait(job_id, timeout_ms, tenant)
@@ -320,7 +338,7 @@ class Pusher(_Connection):
         # ZeroMQ still holds, but a server that is gone must not block the producer forever.
         super().__init__(endpoint, context, server_key, zmq.PUSH, 60000, client_key)
 
-    def submit(self, job_id, tenant, prompt, timeout_ms=None, **options):
+    def submit(self, job_id, tenant, prompt=None, timeout_ms=None, **options):
         """Pushes a submit; False when the server did not take it within timeout_ms."""
         data = encode(submit_message(job_id, tenant, prompt, **options))
         return self.send_bytes(data, timeout_ms)

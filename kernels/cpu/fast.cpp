@@ -18,6 +18,7 @@
 #endif
 
 #include "kernels/cpu/kernels.hpp"
+#include "kernels/cpu/quants.hpp"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
 #define SY_AVX512 1
@@ -990,8 +991,14 @@ void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, Thr
       for_rows(pool, w.rows, kRowsQ, body);
       return;
     }
+    default:
+      break;
   }
-  ref::matmul(w, x, n_tokens, y);  // not reached for the types above; keeps unknown types correct
+  if (const quant::TypeOps* o = quant::ops(w.type)) {
+    quant::matmul(*o, w, x, n_tokens, y, pool);
+    return;
+  }
+  ref::matmul(w, x, n_tokens, y);  // throws, naming the type
 }
 
 float dot(const float* a, const float* b, int64_t n) {

@@ -11,8 +11,32 @@
 
 namespace sy::kernels {
 
-/// Element types of weight rows; the numbering is ggml's, as in GGUF files.
-enum class DType : uint32_t { F32 = 0, F16 = 1, Q4_0 = 2, Q8_0 = 8, BF16 = 30 };
+/// Element types of weight rows; the numbering is ggml's, as in GGUF files. The block-quantized
+/// types other than Q8_0 and Q4_0 are implemented in kernels/cpu/quants.hpp.
+enum class DType : uint32_t {
+  F32 = 0,
+  F16 = 1,
+  Q4_0 = 2,
+  Q4_1 = 3,
+  Q5_0 = 6,
+  Q5_1 = 7,
+  Q8_0 = 8,
+  Q2_K = 10,
+  Q3_K = 11,
+  Q4_K = 12,
+  Q5_K = 13,
+  Q6_K = 14,
+  IQ4_NL = 20,
+  IQ4_XS = 23,
+  BF16 = 30,
+};
+
+/// ggml's name of a type ("Q6_K"), or nullptr for a number that is not a DType above.
+const char* dtype_name(DType t);
+/// Whether t is one of the DTypes above (a value read from a file may be anything).
+bool dtype_known(uint32_t t);
+/// Elements per block of t (1 for float types).
+int64_t dtype_block_elems(DType t);
 
 constexpr int kQK = 32;  ///< elements per Q8_0 / Q4_0 block
 
@@ -98,6 +122,42 @@ void rmsnorm(float* out, const float* x, const float* w, int64_t n, float eps);
 void rope(float* x, int n_heads, int head_dim, int rope_dim, int pos, float theta_base);
 void softmax(float* x, int64_t n);
 void swiglu(float* gate, const float* up, int64_t n);
+}  // namespace ref
+
+// ---- element-wise ops of the architectures beyond llama (kernels/cpu/ops.cpp) ----
+// Each has a fast variant here and a plain-loop one in `ref`, as above.
+
+/// How RoPE rotates one head: angle of dim pair i at position p is
+/// freq_scale * p * theta_base^(-2i / rope_dim) / (freq_factors ? freq_factors[i] : 1).
+/// neox = false: pairs (2i, 2i + 1) (llama.cpp's NORM); true: pairs (i, i + rope_dim / 2) (NEOX).
+struct RopeSpec {
+  int head_dim = 0;
+  int rope_dim = 0;
+  float theta_base = 10000.0f;
+  float freq_scale = 1.0f;
+  const float* freq_factors = nullptr;  // (rope_dim / 2) or nullptr
+  bool neox = false;
+};
+/// In-place RoPE of every head of x (n_heads * head_dim floats) at position pos.
+void rope_ext(float* x, int n_heads, const RopeSpec& r, int pos);
+/// gate[i] = gelu_tanh(gate[i]) * up[i]   (GELU's tanh approximation)
+void geglu(float* gate, const float* up, int64_t n);
+/// x[i] = cap * tanh(x[i] / cap)
+void softcap(float* x, int64_t n, float cap);
+/// x[i] *= s
+void scale(float* x, int64_t n, float s);
+/// y[t * n + i] += b[i] for every row t < n_rows
+void add_bias(float* y, const float* b, int64_t n_rows, int64_t n);
+/// RMSNorm of each of the n_heads rows of head_dim floats of x, in place, with weight w (head_dim)
+void rmsnorm_heads(float* x, int n_heads, int head_dim, const float* w, float eps);
+
+namespace ref {
+void rope_ext(float* x, int n_heads, const RopeSpec& r, int pos);
+void geglu(float* gate, const float* up, int64_t n);
+void softcap(float* x, int64_t n, float cap);
+void scale(float* x, int64_t n, float s);
+void add_bias(float* y, const float* b, int64_t n_rows, int64_t n);
+void rmsnorm_heads(float* x, int n_heads, int head_dim, const float* w, float eps);
 }  // namespace ref
 
 }  // namespace sy::kernels

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.hpp"
+#include "kernels/cpu/quants.hpp"
 
 namespace sy::kernels {
 
@@ -28,9 +29,15 @@ float bits_float(uint32_t u) {
 void check_blocked(DType t, int64_t n) {
   if (n % kQK != 0) {
     throw std::invalid_argument("kernels: row of " + std::to_string(n) + " elements of type " +
-                                std::to_string(static_cast<uint32_t>(t)) +
-                                " is not a multiple of the block size");
+                                dtype_name(t) + " is not a multiple of the block size");
   }
+}
+
+[[noreturn]] void unsupported(DType t) {
+  const char* name = dtype_name(t);
+  throw std::invalid_argument(std::string("kernels: unsupported dtype ") +
+                              (name ? name : "unknown") + " (" +
+                              std::to_string(static_cast<uint32_t>(t)) + ")");
 }
 
 }  // namespace
@@ -99,9 +106,18 @@ size_t row_bytes(DType t, int64_t n) {
     case DType::Q4_0:
       check_blocked(t, n);
       return static_cast<size_t>(n / kQK) * sizeof(BlockQ4_0);
+    default:
+      break;
   }
-  throw std::invalid_argument("kernels: unsupported dtype " +
-                              std::to_string(static_cast<uint32_t>(t)));
+  if (const quant::TypeOps* o = quant::ops(t)) {
+    if (n % o->block_elems != 0) {
+      throw std::invalid_argument("kernels: row of " + std::to_string(n) + " elements of type " +
+                                  dtype_name(t) + " is not a multiple of the block size " +
+                                  std::to_string(o->block_elems));
+    }
+    return static_cast<size_t>(n / o->block_elems) * static_cast<size_t>(o->block_bytes);
+  }
+  unsupported(t);
 }
 
 void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
@@ -140,9 +156,15 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
       }
       return;
     }
+    default:
+      break;
   }
-  throw std::invalid_argument("kernels: unsupported dtype " +
-                              std::to_string(static_cast<uint32_t>(t)));
+  if (const quant::TypeOps* o = quant::ops(t)) {
+    (void)row_bytes(t, n);  // rejects a count that is not whole blocks
+    o->dequantize(src, dst, n);
+    return;
+  }
+  unsupported(t);
 }
 
 void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t n) {
@@ -206,9 +228,16 @@ void quantize_row(DType t, const float* src, void* dst, int64_t n) {
     case DType::Q4_0:
       quantize_row_q4_0(src, static_cast<BlockQ4_0*>(dst), n);
       return;
+    default:
+      break;
   }
-  throw std::invalid_argument("kernels: unsupported dtype " +
-                              std::to_string(static_cast<uint32_t>(t)));
+  const quant::TypeOps* o = quant::ops(t);
+  if (o && o->quantize) {
+    (void)row_bytes(t, n);
+    o->quantize(src, dst, n);
+    return;
+  }
+  unsupported(t);
 }
 
 namespace ref {

@@ -95,21 +95,21 @@ void check_golden_run(Rig& rig) {
 
 BOOST_AUTO_TEST_CASE(kv_sizing_follows_the_model) {
   const LlamaConfig& c = stories()->config();
-  BOOST_TEST(kv_bytes_per_token(c) == int64_t{c.n_layers} * c.n_kv_heads * c.head_dim * 8);
+  const int64_t per_token = stories()->limits().kv_bytes_per_token;
+  BOOST_TEST(per_token == int64_t{c.n_layers} * c.n_kv_heads * c.head_dim * 8);
   BatchingConfig bc;
   bc.kv_memory_mb = 1;
   bc.kv_block_size = 16;
-  BOOST_TEST(kv_blocks_for(bc, &c) == (1 << 20) / (kv_bytes_per_token(c) * 16));
-  BOOST_TEST(kv_blocks_for(bc, nullptr) >= 1);
+  BOOST_TEST(kv_blocks_for(bc, per_token) == (1 << 20) / (per_token * 16));
+  BOOST_TEST(kv_blocks_for(bc, 0) >= 1);
   bc.kv_memory_mb = 0;  // auto: the CPU default
-  BOOST_TEST(kv_blocks_for(bc, &c) ==
-             kDefaultKvMemoryMb * (1 << 20) / (kv_bytes_per_token(c) * 16));
+  BOOST_TEST(kv_blocks_for(bc, per_token) == kDefaultKvMemoryMb * (1 << 20) / (per_token * 16));
 }
 
 BOOST_AUTO_TEST_CASE(golden_ids_streamed_and_not_concurrently) {
   Rig rig;
   const BatchingConfig bc = small_config();
-  const int32_t n_blocks = kv_blocks_for(bc, &stories()->config());
+  const int32_t n_blocks = kv_blocks_for(bc, stories()->limits().kv_bytes_per_token);
   rig.start(bc, n_blocks, cpu_spec());
   check_golden_run(rig);
   const caf::settings st = rig.stats(rig.batcher);
@@ -145,7 +145,7 @@ BOOST_AUTO_TEST_CASE(cancel_mid_stream_frees_blocks) {
   const BatchingConfig bc = small_config();
   ExecutorSpec spec = cpu_spec();
   spec.step_delay_ms = 5;  // so that 1000 tokens take seconds: the cancel lands mid-stream
-  rig.start(bc, kv_blocks_for(bc, &stories()->config()), spec);
+  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token), spec);
   Job j = rig.job(golden64()[0].prompt, 1000, true);
   j.ignore_eos = true;
   const uint64_t uid = rig.submit(j);
@@ -170,7 +170,7 @@ BOOST_AUTO_TEST_CASE(cancel_mid_stream_frees_blocks) {
 BOOST_AUTO_TEST_CASE(stop_string_cuts_text_and_stream) {
   Rig rig;
   const BatchingConfig bc = small_config();
-  rig.start(bc, kv_blocks_for(bc, &stories()->config()), cpu_spec());
+  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token), cpu_spec());
   const auto gold = golden64();
   // Golden text: ", there was a little girl named Lily. She loved to play ..."
   std::vector<uint64_t> uids;
@@ -201,7 +201,7 @@ BOOST_AUTO_TEST_CASE(stop_string_cuts_text_and_stream) {
 BOOST_AUTO_TEST_CASE(max_tokens_ends_with_length) {
   Rig rig;
   const BatchingConfig bc = small_config();
-  rig.start(bc, kv_blocks_for(bc, &stories()->config()), cpu_spec());
+  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token), cpu_spec());
   const auto gold = golden64();
   const uint64_t a = rig.submit(rig.job(gold[1].prompt, 5, false));
   const uint64_t b = rig.submit(rig.job(gold[2].prompt, 1, true));
@@ -300,7 +300,7 @@ BOOST_AUTO_TEST_CASE(null_backend_gives_exactly_max_tokens) {
   BatchingConfig bc = small_config();
   ExecutorSpec spec;
   spec.backend = "null";
-  rig.start(bc, kv_blocks_for(bc, nullptr), spec, /*with_model=*/false);
+  rig.start(bc, kv_blocks_for(bc, 0), spec, /*with_model=*/false);
   std::vector<uint64_t> uids;
   for (int i = 0; i < 40; ++i) {
     Job j = rig.job({1, 2, 3}, static_cast<uint32_t>(1 + i % 9), i % 2 == 0);
@@ -341,7 +341,7 @@ BOOST_AUTO_TEST_CASE(null_backend_many_one_token_jobs) {
   bc.max_sequences = 64;
   ExecutorSpec spec;
   spec.backend = "null";
-  rig.start(bc, kv_blocks_for(bc, nullptr), spec, /*with_model=*/false);
+  rig.start(bc, kv_blocks_for(bc, 0), spec, /*with_model=*/false);
   constexpr int kJobs = 20000;
   std::vector<uint64_t> uids;
   const int64_t t0 = now_us();

@@ -3,6 +3,8 @@
 #define BOOST_TEST_MODULE gguf_errors
 #include <boost/test/unit_test.hpp>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include "model/gguf.hpp"
 
@@ -131,8 +133,45 @@ BOOST_AUTO_TEST_CASE(unknown_value_type) {
 
 BOOST_AUTO_TEST_CASE(unknown_tensor_type) {
   Bytes b = good_file();
-  poke<uint32_t>(b, tensor_type_at(b, "t_emb", 2), 12);  // Q4_K: valid in ggml, not supported here
-  expect_error(b, {"tensor 't_emb' has unsupported type 12"});
+  poke<uint32_t>(b, tensor_type_at(b, "t_emb", 2), 99);  // no ggml type has this number
+  expect_error(b, {"tensor 't_emb' has unknown type 99"});
+  Bytes c = good_file();
+  poke<uint32_t>(c, tensor_type_at(c, "t_emb", 2), 40);  // one past ggml's last type (MXFP4)
+  expect_error(c, {"tensor 't_emb' has unknown type 40"});
+}
+
+BOOST_AUTO_TEST_CASE(retired_tensor_type) {
+  // ggml numbers it no longer has: refused by name and number, never by a bare number.
+  Bytes b = good_file();
+  poke<uint32_t>(b, tensor_type_at(b, "t_emb", 2), 4);
+  expect_error(b, {"tensor 't_emb' has type Q4_2 (4)", "retired"});
+  Bytes c = good_file();
+  poke<uint32_t>(c, tensor_type_at(c, "t_emb", 2), 31);
+  expect_error(c, {"tensor 't_emb' has type Q4_0_4_4 (31)", "retired"});
+}
+
+BOOST_AUTO_TEST_CASE(known_type_with_partial_block) {
+  // Q4_K is a ggml type the reader sizes; a 4-column row is not a whole 256-element block.
+  Bytes b = good_file();
+  poke<uint32_t>(b, tensor_type_at(b, "t_emb", 2), 12);
+  expect_error(b, {"tensor 't_emb'", "inner dimension 4", "Q4_K block size 256"});
+}
+
+BOOST_AUTO_TEST_CASE(truncated_k_quant_tensor) {
+  // A file cut inside its last K-quant tensor: the error names the tensor and its type.
+  Writer w;
+  w.add_string("general.architecture", "llama");
+  w.add_tensor("blk.0.ffn_norm.weight", TensorType::F32, {256}, Bytes(1024, 0));
+  w.add_tensor("blk.0.ffn_down.weight", TensorType::Q6_K, {512, 4}, Bytes(2 * 210 * 4, 7));
+  const Bytes full = w.bytes();
+  const File f = File::from_memory(full.data(), full.size());
+  const TensorInfo* t = f.tensor("blk.0.ffn_down.weight");
+  BOOST_REQUIRE(t != nullptr);
+  const auto end = static_cast<std::ptrdiff_t>(f.data(*t) - full.data() + t->n_bytes);
+  for (std::ptrdiff_t cut : {1, 100, 210, 1679}) {
+    expect_error(Bytes(full.begin(), full.begin() + end - cut),
+                 {"tensor 'blk.0.ffn_down.weight'", "Q6_K", "lies outside the file", "truncated"});
+  }
 }
 
 BOOST_AUTO_TEST_CASE(tensor_outside_file) {
@@ -145,6 +184,16 @@ BOOST_AUTO_TEST_CASE(tensor_outside_file) {
   // the file is cut inside the last tensor's data
   const Bytes full = good_file();
   expect_error(Bytes(full.begin(), full.end() - 40), {"tensor 't_q8'", "lies outside the file"});
+}
+
+BOOST_AUTO_TEST_CASE(truncated_zoo_k_quant_file) {
+  // llama-quantize's Q4_K_M file cut inside its last tensor (blk.3.ffn_up.weight, Q4_K).
+  std::ifstream in(std::string(SY_MODELS_DIR) + "/zoo/zoo-llama3-q4_k_m.gguf", std::ios::binary);
+  const Bytes full{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  BOOST_REQUIRE(full.size() > 100000);
+  BOOST_REQUIRE_NO_THROW(File::from_memory(full.data(), full.size()));
+  expect_error(Bytes(full.begin(), full.end() - 1000),
+               {"tensor 'blk.3.ffn_up.weight'", "Q4_K", "lies outside the file", "truncated"});
 }
 
 BOOST_AUTO_TEST_CASE(huge_array_count) {

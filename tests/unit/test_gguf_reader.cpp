@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <set>
 
 #include "model/gguf.hpp"
 
@@ -171,8 +172,19 @@ BOOST_AUTO_TEST_CASE(missing_and_odd_paths) {
 }
 
 BOOST_AUTO_TEST_CASE(type_helpers) {
-  BOOST_TEST(std::string(type_name(TensorType::Q4_0)) == "q4_0");
-  BOOST_TEST(std::string(type_name(TensorType::BF16)) == "bf16");
+  BOOST_TEST(std::string(type_name(TensorType::Q4_0)) == "Q4_0");
+  BOOST_TEST(std::string(type_name(TensorType::BF16)) == "BF16");
+  BOOST_TEST(std::string(type_name(TensorType::Q6_K)) == "Q6_K");
+  BOOST_TEST(std::string(type_name(TensorType::IQ4_XS)) == "IQ4_XS");
+  BOOST_TEST(std::string(type_name(static_cast<TensorType>(99))) == "unknown");
+  BOOST_TEST(type_label(14) == "Q6_K (14)");
+  BOOST_TEST(type_label(20) == "IQ4_NL (20)");
+  BOOST_TEST(type_label(99) == "unknown type 99");
+  BOOST_TEST(type_known(30));
+  BOOST_TEST(type_known(39));
+  BOOST_TEST(!type_known(4));   // retired Q4_2
+  BOOST_TEST(!type_known(33));  // retired Q4_0_8_8
+  BOOST_TEST(!type_known(40));
   BOOST_TEST(block_elems(TensorType::F16) == 1);
   BOOST_TEST(block_elems(TensorType::Q8_0) == 32);
   BOOST_TEST(block_bytes(TensorType::F32) == 4);
@@ -183,4 +195,80 @@ BOOST_AUTO_TEST_CASE(type_helpers) {
   BOOST_TEST(row_bytes(TensorType::Q4_0, 4096) == 128 * 18);
   BOOST_TEST(row_bytes(TensorType::Q8_0, 64) == 68);
   BOOST_TEST(row_bytes(TensorType::BF16, 7) == 14);
+}
+
+BOOST_AUTO_TEST_CASE(every_ggml_type_sizes) {
+  // Block sizes of ggml-common.h's block structs: elements, bytes.
+  struct Row {
+    TensorType t;
+    int64_t elems, bytes;
+  };
+  const Row rows[] = {
+      {TensorType::Q4_1, 32, 20},     {TensorType::Q5_0, 32, 22},
+      {TensorType::Q5_1, 32, 24},     {TensorType::Q8_1, 32, 36},
+      {TensorType::Q2_K, 256, 84},    {TensorType::Q3_K, 256, 110},
+      {TensorType::Q4_K, 256, 144},   {TensorType::Q5_K, 256, 176},
+      {TensorType::Q6_K, 256, 210},   {TensorType::Q8_K, 256, 292},
+      {TensorType::IQ2_XXS, 256, 66}, {TensorType::IQ2_XS, 256, 74},
+      {TensorType::IQ3_XXS, 256, 98}, {TensorType::IQ1_S, 256, 50},
+      {TensorType::IQ4_NL, 32, 18},   {TensorType::IQ3_S, 256, 110},
+      {TensorType::IQ2_S, 256, 82},   {TensorType::IQ4_XS, 256, 136},
+      {TensorType::I8, 1, 1},         {TensorType::I16, 1, 2},
+      {TensorType::I32, 1, 4},        {TensorType::I64, 1, 8},
+      {TensorType::F64, 1, 8},        {TensorType::IQ1_M, 256, 56},
+      {TensorType::TQ1_0, 256, 54},   {TensorType::TQ2_0, 256, 66},
+      {TensorType::MXFP4, 32, 17},
+  };
+  for (const Row& r : rows) {
+    BOOST_TEST(block_elems(r.t) == r.elems, type_name(r.t));
+    BOOST_TEST(block_bytes(r.t) == r.bytes, type_name(r.t));
+  }
+  // Every known type writes and reads back with its size, computed or not.
+  Writer w;
+  int n = 0;
+  for (uint32_t t = 0; t < 64; ++t) {
+    if (!type_known(t)) continue;
+    const auto tt = static_cast<TensorType>(t);
+    const auto be = static_cast<uint64_t>(block_elems(tt));
+    std::string name = "t";
+    name += std::to_string(t);
+    w.add_tensor(name, tt, {2 * be, 3},
+                 std::vector<uint8_t>(static_cast<size_t>(row_bytes(tt, 2 * be) * 3), 1));
+    ++n;
+  }
+  BOOST_TEST(n == 32);  // 40 numbers, 8 of them retired
+  const std::vector<uint8_t> b = w.bytes();
+  const File f = File::from_memory(b.data(), b.size());
+  BOOST_REQUIRE(f.tensors().size() == static_cast<size_t>(n));
+  for (const TensorInfo& ti : f.tensors()) {
+    BOOST_TEST(
+        ti.n_bytes == static_cast<uint64_t>(row_bytes(ti.type, 2 * block_elems(ti.type))) * 3,
+        ti.name);
+    BOOST_TEST(ti.name.substr(1) == std::to_string(static_cast<uint32_t>(ti.type)));
+  }
+}
+
+BOOST_AUTO_TEST_CASE(every_zoo_file_reads) {
+  // The zoo's K-quant, IQ and legacy files: every tensor type reads, whatever computes it.
+  const std::string zoo = kModels + "/zoo/";
+  std::set<std::string> seen;
+  for (const char* name :
+       {"zoo-llama3-q2_k", "zoo-llama3-q3_k_m", "zoo-llama3-q4_k_m", "zoo-llama3-q5_k_m",
+        "zoo-llama3-q6_k", "zoo-llama3-q4_1", "zoo-llama3-q5_0", "zoo-llama3-q5_1",
+        "zoo-llama3-iq4_nl", "zoo-llama3-iq4_xs", "zoo-qwen2-q4_k_m", "zoo-qwen2-q8_0"}) {
+    const File f = File::open(zoo + name + ".gguf");
+    BOOST_TEST(!f.tensors().empty(), name);
+    for (const TensorInfo& ti : f.tensors()) seen.insert(type_name(ti.type));
+  }
+  for (const char* t : {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL",
+                        "IQ4_XS", "Q8_0", "F32"})
+    BOOST_TEST(seen.count(t) == 1u, t);
+  // Q4_K_M mixes types: Q4_K for most matrices, Q6_K for the output and some attn_v / ffn_down.
+  const File m = File::open(zoo + "zoo-llama3-q4_k_m.gguf");
+  BOOST_TEST(std::string(type_name(m.tensor("output.weight")->type)) == "Q6_K");
+  BOOST_TEST(std::string(type_name(m.tensor("blk.0.attn_q.weight")->type)) == "Q4_K");
+  BOOST_TEST(std::string(type_name(m.tensor("blk.0.ffn_down.weight")->type)) == "Q4_K");
+  BOOST_TEST(m.tensor("blk.0.ffn_down.weight")->n_bytes == 768u / 256 * 144 * 256);
+  BOOST_TEST(std::string(type_name(m.tensor("blk.3.ffn_down.weight")->type)) == "Q6_K");
+  BOOST_TEST(m.tensor("blk.3.ffn_down.weight")->n_bytes == 768u / 256 * 210 * 256);
 }

@@ -195,6 +195,17 @@ BOOST_AUTO_TEST_CASE(writer_rejects_bad_input) {
   BOOST_CHECK_THROW(w.add_tensor("x", TensorType::F32, {1, 1, 1, 1, 1}, std::vector<uint8_t>(4)),
                     std::invalid_argument);
   BOOST_CHECK_THROW(Writer(3).bytes(), std::invalid_argument);
+  // types without a block layout are named, never shown as a bare number
+  BOOST_CHECK_EXCEPTION(
+      w.add_tensor("x", static_cast<TensorType>(4), {32}, std::vector<uint8_t>(18)),
+      std::invalid_argument, [](const std::invalid_argument& e) {
+        return std::string(e.what()).find("tensor 'x' has type Q4_2 (4)") != std::string::npos;
+      });
+  BOOST_CHECK_EXCEPTION(
+      w.add_tensor("x", static_cast<TensorType>(99), {32}, std::vector<uint8_t>(18)),
+      std::invalid_argument, [](const std::invalid_argument& e) {
+        return std::string(e.what()).find("tensor 'x' has unknown type 99") != std::string::npos;
+      });
   TempDir d;
   BOOST_CHECK_THROW(Writer().write(d.path() + "/no/such/dir/x.gguf"), std::runtime_error);
   // a failing fill leaves no file behind

@@ -87,8 +87,9 @@ const char* name(DType t) {
       return "q8_0";
     case DType::Q4_0:
       return "q4_0";
+    default:
+      return sy::kernels::dtype_name(t);
   }
-  return "?";
 }
 
 constexpr DType kAllTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};

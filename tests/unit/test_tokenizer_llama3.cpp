@@ -319,9 +319,32 @@ BOOST_AUTO_TEST_CASE(pre_names) {
   }
   BOOST_TEST((Built(v.writer("gpt-2")).tok()->pre_split() == Tokenizer::PreSplit::Gpt2));
   BOOST_TEST((Built(v.writer("falcon3")).tok()->pre_split() == Tokenizer::PreSplit::Llama3));
-  // Rules we do not have are an error, never a silent fallback.
-  BOOST_CHECK_THROW(Built(v.writer("qwen2")).tok(), Error);
+  // Names that share rules, and the flags that come with the name.
+  {
+    const auto t = Built(v.writer("qwen2")).tok();
+    BOOST_TEST((t->pre_split() == Tokenizer::PreSplit::Qwen2));
+    BOOST_TEST(!t->clean_spaces());
+    BOOST_TEST(!t->add_bos());
+  }
+  BOOST_TEST((Built(v.writer("mpt")).tok()->pre_split() == Tokenizer::PreSplit::Gpt2));
+  BOOST_TEST((Built(v.writer("refact")).tok()->pre_split() == Tokenizer::PreSplit::Starcoder));
+  BOOST_TEST((Built(v.writer("falcon")).tok()->pre_split() == Tokenizer::PreSplit::Falcon));
+  BOOST_TEST(!Built(v.writer("deepseek-llm")).tok()->clean_spaces());
+  BOOST_TEST(!Built(v.writer("deepseek-coder")).tok()->clean_spaces());
+  BOOST_TEST(Built(v.writer("starcoder")).tok()->clean_spaces());
+  // DBRX uses Llama 3's split without its BOS and whole-word rule.
+  BOOST_TEST(!Built(v.writer("dbrx")).tok()->add_bos());
+  // Rules we do not have are an error that names the pre-tokenizer, never a silent fallback.
   BOOST_CHECK_THROW(Built(v.writer("LLAMA-BPE")).tok(), Error);
+  try {
+    Built(v.writer("tekken")).tok();
+    BOOST_ERROR("pre-tokenizer 'tekken' was accepted");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    BOOST_TEST(what.find("unsupported BPE pre-tokenizer 'tekken' (supported: default, gpt-2") ==
+                   0u + std::string("tokenizer: ").size(),
+               what);
+  }
 }
 
 BOOST_AUTO_TEST_CASE(detokenize_and_clean_spaces) {

@@ -148,7 +148,7 @@ BOOST_AUTO_TEST_CASE(unusable_metadata_is_an_error) {
     w.add_string_array("tokenizer.ggml.tokens", {"a", "b"});
     BOOST_CHECK_THROW(Built(w).tok(), Error);  // no merges
     w.add_string_array("tokenizer.ggml.merges", {"a b"});
-    w.add_string("tokenizer.ggml.pre", "qwen2");
+    w.add_string("tokenizer.ggml.pre", "tekken");
     BOOST_CHECK_THROW(Built(w).tok(), Error);  // pre-split rules not implemented
   }
   {

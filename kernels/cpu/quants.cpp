@@ -1,0 +1,114 @@
+// Dispatch for the block-quantized types of quants.hpp: type names, the per-type table, and the
+// generic matmul (activations quantized once per token, weight rows split over the pool).
+#include "kernels/cpu/quants.hpp"
+
+#include <algorithm>
+#include <vector>
+
+namespace sy::kernels {
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32:
+      return "F32";
+    case DType::F16:
+      return "F16";
+    case DType::Q4_0:
+      return "Q4_0";
+    case DType::Q4_1:
+      return "Q4_1";
+    case DType::Q5_0:
+      return "Q5_0";
+    case DType::Q5_1:
+      return "Q5_1";
+    case DType::Q8_0:
+      return "Q8_0";
+    case DType::Q2_K:
+      return "Q2_K";
+    case DType::Q3_K:
+      return "Q3_K";
+    case DType::Q4_K:
+      return "Q4_K";
+    case DType::Q5_K:
+      return "Q5_K";
+    case DType::Q6_K:
+      return "Q6_K";
+    case DType::IQ4_NL:
+      return "IQ4_NL";
+    case DType::IQ4_XS:
+      return "IQ4_XS";
+    case DType::BF16:
+      return "BF16";
+  }
+  return nullptr;
+}
+
+bool dtype_known(uint32_t t) {
+  return dtype_name(static_cast<DType>(t)) != nullptr;
+}
+
+int64_t dtype_block_elems(DType t) {
+  switch (t) {
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+      return 1;
+    case DType::Q4_0:
+    case DType::Q8_0:
+      return kQK;
+    default:
+      break;
+  }
+  const quant::TypeOps* o = quant::ops(t);
+  return o ? o->block_elems : 1;
+}
+
+namespace quant {
+namespace {
+
+// Rows per task: enough work per hand-off that waking a worker pays, few enough that two
+// threads share a small matrix evenly.
+constexpr int64_t kRowsPerTask = 16;
+
+struct Scratch {
+  std::vector<uint8_t> bytes;
+  uint8_t* get(size_t n) {
+    if (bytes.size() < n + 64) bytes.resize(n + 64);
+    auto p = reinterpret_cast<uintptr_t>(bytes.data());
+    return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t{63});
+  }
+};
+thread_local Scratch t_act;  // quantized activations of the calling thread's matmul
+
+}  // namespace
+
+const TypeOps* ops(DType t) {
+  if (const TypeOps* o = legacy_ops(t)) return o;
+  return k_ops(t);
+}
+
+void matmul(const TypeOps& o, const WeightView& w, const float* x, int64_t n_tokens, float* y,
+            ThreadPool* pool) {
+  const size_t rb = row_bytes(w.type, w.cols);  // rejects a column count that is not whole blocks
+  const size_t xs = (o.act_bytes(w.cols) + 63) & ~size_t{63};
+  uint8_t* xq = t_act.get(xs * static_cast<size_t>(n_tokens));
+  for (int64_t t = 0; t < n_tokens; ++t) o.quantize_act(x + t * w.cols, xq + t * xs, w.cols);
+  const auto* base = static_cast<const uint8_t*>(w.data);
+  auto body = [&](int64_t g0, int64_t g1) {
+    const int64_t r1 = std::min(w.rows, g1 * kRowsPerTask);
+    for (int64_t r = g0 * kRowsPerTask; r < r1; ++r) {
+      const uint8_t* row = base + static_cast<size_t>(r) * rb;
+      for (int64_t t = 0; t < n_tokens; ++t)
+        y[t * w.rows + r] = o.vec_dot(row, xq + t * xs, w.cols);
+    }
+  };
+  const int64_t groups = (w.rows + kRowsPerTask - 1) / kRowsPerTask;
+  if (pool == nullptr || pool->size() == 1 || groups == 1) {
+    body(0, groups);
+  } else {
+    pool->parallel_for(groups, body);
+  }
+}
+
+}  // namespace quant
+}  // namespace sy::kernels

@@ -1,0 +1,49 @@
+// The block-quantized weight types beyond Q8_0 and Q4_0 (ggml's block layouts): one table of
+// per-type operations that row_bytes, dequantize_row, quantize_row and both matmuls dispatch to.
+//
+// Legacy types (Q4_1, Q5_0, Q5_1, IQ4_NL) live in kernels/cpu/quants_legacy.cpp, the K-quants
+// (Q2_K..Q6_K, IQ4_XS) in kernels/cpu/quants_k.cpp; each file fills in its own TypeOps.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/cpu/kernels.hpp"
+
+namespace sy::kernels::quant {
+
+/// How a type's fast dot product wants the activations quantized (llama.cpp's vec_dot_type):
+/// once per token per matmul into act_bytes(n) bytes, then reused by every weight row.
+struct TypeOps {
+  DType type;
+  int32_t block_elems;  // elements per block (32 or 256)
+  int32_t block_bytes;  // bytes per block, as in ggml-common.h
+  /// Plain-loop conversion of n elements (n a multiple of block_elems) to f32; the reference.
+  void (*dequantize)(const void* src, float* dst, int64_t n);
+  /// Own quantizer writing ggml's layout (files load in llama.cpp); nullptr where there is none.
+  void (*quantize)(const float* src, void* dst, int64_t n);
+  /// Bytes of one token's quantized activations for rows of n elements.
+  size_t (*act_bytes)(int64_t n);
+  /// Quantizes one token's n activations into dst (act_bytes(n) bytes, 64-byte aligned).
+  void (*quantize_act)(const float* x, void* dst, int64_t n);
+  /// Dot product of one weight row (n elements) with one token's quantized activations; SIMD
+  /// where the CPU has it (AVX2, AVX-512), no allocation.
+  float (*vec_dot)(const void* w_row, const void* act, int64_t n);
+};
+
+/// The operations of t, or nullptr when t is not one of the types this header covers.
+const TypeOps* ops(DType t);
+
+/// Filled in by quants_legacy.cpp and quants_k.cpp: nullptr for a type the file does not hold.
+const TypeOps* legacy_ops(DType t);
+const TypeOps* k_ops(DType t);
+/// k_ops with a chosen dot-product implementation, so tests can hold every compiled SIMD path
+/// to the portable one: isa 0 portable, 1 AVX2, 2 AVX-512; nullptr where this build lacks it.
+const TypeOps* k_ops_isa(DType t, int isa);
+
+/// y[t * w.rows + r] = dot(row r, x + t * w.cols) for a weight of a type with ops(): activations
+/// quantized once per token, rows split over the pool.
+void matmul(const TypeOps& o, const WeightView& w, const float* x, int64_t n_tokens, float* y,
+            ThreadPool* pool);
+
+}  // namespace sy::kernels::quant

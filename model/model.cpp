@@ -1,0 +1,416 @@
+// Loading of a GGUF model: the architecture table, the checks and readers every architecture
+// shares (ArchLoader), and Model::from_gguf. Per-architecture choices live in model/arch_*.cpp.
+#include "model/model.hpp"
+
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "kernels/cpu/quants.hpp"
+#include "model/arch.hpp"
+
+namespace sy {
+namespace {
+
+// Upper bounds on hyperparameters: far above any released model, low enough that products of
+// them (buffer sizes) cannot overflow 64-bit arithmetic on a hostile file.
+constexpr int64_t kMaxDim = 1 << 17;
+constexpr int64_t kMaxLayers = 1024;
+constexpr int64_t kMaxHeads = 1024;
+constexpr int64_t kMaxCtx = int64_t{1} << 24;
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+
+[[noreturn]] void fail(const std::string& msg) {
+  throw gguf::Error(msg);
+}
+
+// The table: adding an architecture is one model/arch_<name>.cpp and one line here.
+const std::vector<const ArchSpec*>& arch_table() {
+  static const std::vector<const ArchSpec*> t = {&arch_llama(), &arch_qwen2(), &arch_qwen3(),
+                                                 &arch_gemma2(), &arch_phi3()};
+  return t;
+}
+
+// Mixture-of-experts architectures (llama.cpp's names): refused with their name rather than as
+// unknown, so that the message says what is missing.
+bool is_moe_arch(const std::string& a) {
+  static const char* const kMoe[] = {"mixtral",   "qwen2moe", "qwen3moe", "dbrx",     "grok",
+                                     "deepseek2", "olmoe",    "arctic",   "deepseek", "granitemoe"};
+  for (const char* m : kMoe)
+    if (a == m) return true;
+  return false;
+}
+
+std::string shape_str(const std::vector<uint64_t>& dims) {
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(dims[i]);
+  }
+  return s + "]";
+}
+
+// "Q6_K (14)": the kernels' name of a type they know, else the reader's ("IQ2_XXS (16)",
+// "unknown type 99"), so that an error never shows a bare number.
+std::string type_str(uint32_t t) {
+  const char* n =
+      kernels::dtype_known(t) ? kernels::dtype_name(static_cast<kernels::DType>(t)) : nullptr;
+  return n ? std::string(n) + " (" + std::to_string(t) + ")" : gguf::type_label(t);
+}
+
+// Whether this build's kernels can read rows of type t.
+bool type_supported(uint32_t t) {
+  if (!kernels::dtype_known(t)) return false;
+  const auto d = static_cast<kernels::DType>(t);
+  switch (d) {
+    case kernels::DType::F32:
+    case kernels::DType::F16:
+    case kernels::DType::BF16:
+    case kernels::DType::Q4_0:
+    case kernels::DType::Q8_0:
+      return true;
+    default:
+      return kernels::quant::ops(d) != nullptr;
+  }
+}
+
+const gguf::TensorInfo& require_tensor(const gguf::File& f, const std::string& name,
+                                       std::vector<uint64_t> expected) {
+  const gguf::TensorInfo* t = f.tensor(name);
+  if (!t) fail("missing tensor '" + name + "'");
+  if (t->dims != expected) {
+    fail("tensor '" + name + "' has shape " + shape_str(t->dims) + ", expected " +
+         shape_str(expected));
+  }
+  const auto type = static_cast<uint32_t>(t->type);
+  if (!type_supported(type)) {
+    fail("tensor '" + name + "' has type " + type_str(type) +
+         ", which this build does not support");
+  }
+  return *t;
+}
+
+const ArchSpec& find_arch(const gguf::File& file) {
+  const gguf::Value* arch_v = file.find("general.architecture");
+  if (!arch_v) fail("missing metadata key 'general.architecture'");
+  auto arch = arch_v->as_string();
+  if (!arch) fail("metadata key 'general.architecture' is not a string");
+  const std::string a(*arch);
+  for (const ArchSpec* s : arch_table())
+    if (a == s->name) return *s;
+  if (is_moe_arch(a)) {
+    fail("unsupported architecture '" + a + "': mixture-of-experts models are not supported");
+  }
+  std::string names;
+  for (const std::string& n : supported_architectures()) names += (names.empty() ? "" : ", ") + n;
+  fail("unsupported architecture '" + a + "' (supported: " + names + ")");
+}
+
+// The checks every description gets after its architecture filled it in.
+void check_config(const gguf::File& file, const ModelConfig& c) {
+  if (static_cast<int>(c.layer_window.size()) != c.n_layers) {
+    fail("architecture '" + c.arch + "' gave " + std::to_string(c.layer_window.size()) +
+         " layer windows for " + std::to_string(c.n_layers) + " layers");
+  }
+  if (!(c.query_scale > 0.0f) || !std::isfinite(c.query_scale)) {
+    fail("architecture '" + c.arch + "': attention query scale must be > 0");
+  }
+  if (const gguf::Value* toks = file.find("tokenizer.ggml.tokens")) {
+    const gguf::Array* a = toks->as_array();
+    if (a && a->items.size() != static_cast<size_t>(c.n_vocab)) {
+      fail("tokenizer.ggml.tokens has " + std::to_string(a->items.size()) +
+           " tokens but token_embd has " + std::to_string(c.n_vocab) + " rows");
+    }
+  }
+}
+
+}  // namespace
+
+const char* rope_layout_name(RopeLayout r) {
+  return r == RopeLayout::Norm ? "norm" : "neox";
+}
+
+const char* activation_name(Activation a) {
+  return a == Activation::SiLU ? "silu" : "gelu_tanh";
+}
+
+bool ModelConfig::has_layer_windows() const {
+  for (int32_t w : layer_window)
+    if (w > 0) return true;
+  return false;
+}
+
+ModelLimits model_limits(const ModelConfig& c) {
+  ModelLimits l;
+  l.ctx_len = c.ctx_len;
+  l.n_vocab = c.n_vocab;
+  l.sliding_window = c.sliding_window;
+  // K and V (2), f32 (4 bytes), per layer and KV head.
+  l.kv_bytes_per_token = int64_t{c.n_layers} * c.n_kv_heads * c.head_dim * 2 * 4;
+  l.layer_window = c.layer_window;
+  return l;
+}
+
+std::vector<std::string> supported_architectures() {
+  std::vector<std::string> out;
+  for (const ArchSpec* s : arch_table()) out.emplace_back(s->name);
+  return out;
+}
+
+std::string block_prefix(int layer) {
+  return "blk." + std::to_string(layer) + ".";
+}
+
+// ---- ArchLoader ----
+
+ArchLoader::ArchLoader(const gguf::File& file, ModelConfig& config, ModelWeights* weights,
+                       std::vector<std::vector<float>>* owned)
+    : file_(file), c_(config), w_(weights), owned_(owned), p_(config.arch + ".") {}
+
+// A present key of the wrong type is an error (a silent default would hide a broken file).
+std::optional<int64_t> ArchLoader::opt_int(const std::string& key) const {
+  const gguf::Value* v = file_.find(p_ + key);
+  if (!v) return std::nullopt;
+  auto x = v->as_int();
+  if (!x) fail("metadata key '" + p_ + key + "' is not an integer");
+  return x;
+}
+
+std::optional<double> ArchLoader::opt_float(const std::string& key) const {
+  const gguf::Value* v = file_.find(p_ + key);
+  if (!v) return std::nullopt;
+  auto x = v->as_float();
+  if (!x) fail("metadata key '" + p_ + key + "' is not a number");
+  return x;
+}
+
+std::optional<std::string> ArchLoader::opt_string(const std::string& key) const {
+  const gguf::Value* v = file_.find(p_ + key);
+  if (!v) return std::nullopt;
+  auto x = v->as_string();
+  if (!x) fail("metadata key '" + p_ + key + "' is not a string");
+  return std::string(*x);
+}
+
+int64_t ArchLoader::req_int(const std::string& key) const {
+  auto x = opt_int(key);
+  if (!x) fail("missing metadata key '" + p_ + key + "'");
+  return *x;
+}
+
+int ArchLoader::int_in(const std::string& key, int64_t x, int64_t lo, int64_t hi) const {
+  if (x < lo || x > hi) {
+    fail("metadata key '" + p_ + key + "' = " + std::to_string(x) + " is out of range [" +
+         std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  }
+  return static_cast<int>(x);
+}
+
+void ArchLoader::read_common() {
+  ModelConfig& c = c_;
+  const auto req = [&](const char* k, int64_t lo, int64_t hi) {
+    return int_in(k, req_int(k), lo, hi);
+  };
+  c.dim = req("embedding_length", 1, kMaxDim);
+  c.n_layers = req("block_count", 1, kMaxLayers);
+  c.ffn_dim = req("feed_forward_length", 1, kMaxDim * 8);
+  c.n_heads = req("attention.head_count", 1, kMaxHeads);
+  c.n_kv_heads = int_in("attention.head_count_kv",
+                        opt_int("attention.head_count_kv").value_or(c.n_heads), 1, c.n_heads);
+  if (c.n_heads % c.n_kv_heads != 0) {
+    fail("attention.head_count " + std::to_string(c.n_heads) +
+         " is not a multiple of attention.head_count_kv " + std::to_string(c.n_kv_heads));
+  }
+  if (auto hd = opt_int("attention.key_length")) {
+    c.head_dim = int_in("attention.key_length", *hd, 1, kMaxDim);
+  } else {
+    if (c.dim % c.n_heads != 0) {
+      fail("embedding_length " + std::to_string(c.dim) + " is not a multiple of head_count " +
+           std::to_string(c.n_heads) + " and attention.key_length is absent");
+    }
+    c.head_dim = c.dim / c.n_heads;
+  }
+  if (auto vl = opt_int("attention.value_length"); vl && *vl != c.head_dim) {
+    fail("attention.value_length " + std::to_string(*vl) + " differs from key_length " +
+         std::to_string(c.head_dim) + " (unsupported)");
+  }
+  c.rope_dim = int_in("rope.dimension_count", opt_int("rope.dimension_count").value_or(c.head_dim),
+                      2, c.head_dim);
+  if (c.rope_dim % 2 != 0) fail("rope.dimension_count " + std::to_string(c.rope_dim) + " is odd");
+  c.rope_theta = static_cast<float>(opt_float("rope.freq_base").value_or(10000.0));
+  if (!(c.rope_theta > 1.0f) || !std::isfinite(c.rope_theta)) fail("rope.freq_base must be > 1");
+  c.norm_eps = static_cast<float>(opt_float("attention.layer_norm_rms_epsilon").value_or(1e-5));
+  if (!(c.norm_eps >= 0.0f) || !std::isfinite(c.norm_eps)) {
+    fail("attention.layer_norm_rms_epsilon must be >= 0");
+  }
+  c.ctx_len = req("context_length", 1, kMaxCtx);
+  if (const int64_t e = opt_int("expert_count").value_or(0); e > 0) {
+    fail("mixture-of-experts files (" + p_ + "expert_count = " + std::to_string(e) +
+         ") are unsupported for architecture '" + c.arch + "'");
+  }
+  c.rope_layout = RopeLayout::Norm;
+  c.rope_freq_scale = 1.0f;
+  c.activation = Activation::SiLU;
+  c.embed_scale = 1.0f;
+  c.query_scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  c.attn_softcap = 0.0f;
+  c.final_softcap = 0.0f;
+  c.sliding_window = 0;
+  c.layer_window.assign(static_cast<size_t>(c.n_layers), 0);
+
+  // The vocabulary size is the embedding's row count; other declarations must agree with it.
+  const gguf::TensorInfo* emb = file_.tensor("token_embd.weight");
+  if (!emb) fail("missing tensor 'token_embd.weight'");
+  if (emb->dims.size() != 2 || emb->dims[0] != static_cast<uint64_t>(c.dim)) {
+    fail("tensor 'token_embd.weight' has shape " + shape_str(emb->dims) + ", expected [" +
+         std::to_string(c.dim) + ", n_vocab]");
+  }
+  if (emb->dims[1] < 1 || emb->dims[1] > static_cast<uint64_t>(kMaxVocab)) {
+    fail("tensor 'token_embd.weight' has " + std::to_string(emb->dims[1]) + " rows (vocabulary)");
+  }
+  c.n_vocab = static_cast<int>(emb->dims[1]);
+  if (auto vs = opt_int("vocab_size"); vs && *vs != c.n_vocab) {
+    fail(p_ + "vocab_size " + std::to_string(*vs) + " differs from token_embd rows " +
+         std::to_string(c.n_vocab));
+  }
+}
+
+void ArchLoader::read_rope_scaling(bool allow_llama3) {
+  const std::string type = opt_string("rope.scaling.type").value_or("none");
+  // Older converters wrote the linear factor as rope.scale_linear.
+  auto factor = opt_float("rope.scaling.factor");
+  if (!factor) factor = opt_float("rope.scale_linear");
+  if (type == "none") {
+    if (factor && *factor != 1.0 && !file_.find(p_ + "rope.scaling.type")) {
+      // A bare rope.scale_linear means linear scaling.
+      c_.rope_freq_scale = static_cast<float>(1.0 / *factor);
+    }
+  } else if (type == "linear") {
+    if (factor && *factor != 0.0) {
+      if (!(*factor > 0.0) || !std::isfinite(*factor)) fail(p_ + "rope.scaling.factor must be > 0");
+      c_.rope_freq_scale = static_cast<float>(1.0 / *factor);
+    }
+  } else if (type == "llama3" && allow_llama3) {
+    // Llama-3 scaling is carried by the file's rope_freqs.weight; without it the file is broken.
+    if (!has_tensor("rope_freqs.weight")) {
+      fail(p_ + "rope.scaling.type is 'llama3' but the file has no rope_freqs.weight");
+    }
+  } else {
+    fail("rope scaling type '" + type + "' (" + p_ + "rope.scaling.type) is unsupported");
+  }
+  if (!(c_.rope_freq_scale > 0.0f) || !std::isfinite(c_.rope_freq_scale)) {
+    fail(p_ + "rope scaling factor must be > 0");
+  }
+}
+
+kernels::WeightView ArchLoader::matrix(const std::string& name, int64_t rows, int64_t cols) const {
+  const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
+  const gguf::TensorInfo& t = require_tensor(file_, name, {u(cols), u(rows)});
+  const auto dt = static_cast<kernels::DType>(t.type);
+  if (cols % kernels::dtype_block_elems(dt) != 0) {
+    fail("tensor '" + name + "' of type " + type_str(static_cast<uint32_t>(t.type)) + " has " +
+         std::to_string(cols) + " columns, not a multiple of its block size");
+  }
+  kernels::WeightView w;
+  w.type = dt;
+  w.data = file_.data(t);
+  w.rows = rows;
+  w.cols = cols;
+  return w;
+}
+
+const float* ArchLoader::vec(const std::string& name, int64_t n) {
+  const gguf::TensorInfo& t = require_tensor(file_, name, {static_cast<uint64_t>(n)});
+  if (t.type == gguf::TensorType::F32) return reinterpret_cast<const float*>(file_.data(t));
+  const auto dt = static_cast<kernels::DType>(t.type);
+  if (n % kernels::dtype_block_elems(dt) != 0) {
+    fail("tensor '" + name + "' of type " + type_str(static_cast<uint32_t>(t.type)) +
+         " has a partial block");
+  }
+  owned_->emplace_back(static_cast<size_t>(n));
+  kernels::dequantize_row(dt, file_.data(t), owned_->back().data(), n);
+  return owned_->back().data();
+}
+
+const float* ArchLoader::opt_vec(const std::string& name, int64_t n) {
+  return has_tensor(name) ? vec(name, n) : nullptr;
+}
+
+kernels::WeightView ArchLoader::rows_of(const kernels::WeightView& w, int64_t row0, int64_t n) {
+  kernels::WeightView v = w;
+  v.data = static_cast<const uint8_t*>(w.data) + row0 * kernels::row_bytes(w.type, w.cols);
+  v.rows = n;
+  return v;
+}
+
+void ArchLoader::load_embeddings_and_output() {
+  const ModelConfig& c = c_;
+  ModelWeights& w = *w_;
+  w.tok_embd = matrix("token_embd.weight", c.n_vocab, c.dim);
+  w.output_norm = vec("output_norm.weight", c.dim);
+  // Files without an output matrix tie it to the token embedding.
+  w.output = has_tensor("output.weight") ? matrix("output.weight", c.n_vocab, c.dim) : w.tok_embd;
+  w.output_bias = opt_vec("output.bias", c.n_vocab);
+  w.layers.assign(static_cast<size_t>(c.n_layers), LayerWeights{});
+}
+
+void ArchLoader::load_attention(LayerWeights& L, int layer) {
+  const ModelConfig& c = c_;
+  const std::string b = block_prefix(layer);
+  const int64_t q_dim = int64_t{c.n_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.n_kv_heads} * c.head_dim;
+  L.attn_norm = vec(b + "attn_norm.weight", c.dim);
+  L.wq = matrix(b + "attn_q.weight", q_dim, c.dim);
+  L.wk = matrix(b + "attn_k.weight", kv_dim, c.dim);
+  L.wv = matrix(b + "attn_v.weight", kv_dim, c.dim);
+  L.bq = opt_vec(b + "attn_q.bias", q_dim);
+  L.bk = opt_vec(b + "attn_k.bias", kv_dim);
+  L.bv = opt_vec(b + "attn_v.bias", kv_dim);
+  L.wo = matrix(b + "attn_output.weight", c.dim, q_dim);
+  L.bo = opt_vec(b + "attn_output.bias", c.dim);
+}
+
+void ArchLoader::load_ffn(LayerWeights& L, int layer) {
+  const ModelConfig& c = c_;
+  const std::string b = block_prefix(layer);
+  L.ffn_norm = vec(b + "ffn_norm.weight", c.dim);
+  L.w_gate = matrix(b + "ffn_gate.weight", c.ffn_dim, c.dim);
+  L.w_up = matrix(b + "ffn_up.weight", c.ffn_dim, c.dim);
+  L.w_down = matrix(b + "ffn_down.weight", c.dim, c.ffn_dim);
+}
+
+// ---- Model ----
+
+ModelConfig read_model_config(const gguf::File& file) {
+  const ArchSpec& spec = find_arch(file);
+  ModelConfig c;
+  c.arch = spec.name;
+  ArchLoader ld(file, c, nullptr, nullptr);
+  spec.read_config(ld);
+  check_config(file, c);
+  return c;
+}
+
+std::shared_ptr<Model> Model::load(const std::string& path) {
+  return from_gguf(gguf::File::open(path));
+}
+
+std::shared_ptr<Model> Model::from_gguf(gguf::File file) {
+  std::shared_ptr<Model> m(new Model(std::move(file)));
+  const gguf::File& f = m->file_;
+  const ArchSpec& spec = find_arch(f);
+  m->config_.arch = spec.name;
+  ArchLoader ld(f, m->config_, &m->weights_, &m->owned_);
+  spec.read_config(ld);
+  check_config(f, m->config_);
+  spec.load_weights(ld);
+  m->limits_ = model_limits(m->config_);
+  m->tokenizer_ = Tokenizer::from_gguf(f);
+  if (m->tokenizer_->n_vocab() != m->config_.n_vocab) {
+    fail("tokenizer has " + std::to_string(m->tokenizer_->n_vocab()) +
+         " tokens but token_embd has " + std::to_string(m->config_.n_vocab) + " rows");
+  }
+  return m;
+}
+
+}  // namespace sy

@@ -1,0 +1,152 @@
+// One description of a decoder-only transformer read from a GGUF file: its hyperparameters, the
+// per-layer choices of its architecture (norms, biases, RoPE layout, activation, soft-caps,
+// attention windows) and weight views into the mapped file. The engines run a step from this
+// description alone; model/arch_*.cpp fill it in, one file per `general.architecture`.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/kernels.hpp"
+#include "model/gguf.hpp"
+#include "model/tokenizer.hpp"
+
+namespace sy {
+
+/// Which dims of a head RoPE rotates together.
+enum class RopeLayout {
+  Norm,  ///< adjacent pairs (2i, 2i + 1): llama
+  Neox,  ///< pairs (i, i + rope_dim / 2): qwen2, qwen3, gemma2, phi3
+};
+
+/// The gated feed-forward's activation: down(act(gate x) * up x).
+enum class Activation {
+  SiLU,      ///< SwiGLU: llama, qwen2, qwen3, phi3
+  GeluTanh,  ///< GeGLU with GELU's tanh approximation: gemma2
+};
+
+const char* rope_layout_name(RopeLayout r);
+const char* activation_name(Activation a);
+
+/// Hyperparameters and architecture choices of a model. The fields up to sliding_window are the
+/// sizes every backend needs; the rest say how a step is computed.
+struct ModelConfig {
+  std::string arch;  // general.architecture
+  int n_vocab = 0;
+  int dim = 0;  // embedding length
+  int n_layers = 0;
+  int n_heads = 0;
+  int n_kv_heads = 0;  // < n_heads for grouped-query attention
+  int head_dim = 0;    // dim / n_heads unless the file says otherwise (attention.key_length)
+  int ffn_dim = 0;
+  int ctx_len = 0;   // trained context length (<arch>.context_length)
+  int rope_dim = 0;  // rotated dims per head (<arch>.rope.dimension_count, default head_dim)
+  float rope_theta = 10000.0f;
+  float norm_eps = 1e-5f;
+  int sliding_window = 0;  // a window every layer uses (0: none): the batcher's default KV policy
+                           // (Mistral-shaped llama files, phi3); gemma2's alternate-layer window
+                           // is in layer_window only
+
+  RopeLayout rope_layout = RopeLayout::Norm;
+  /// Multiplies every RoPE angle: 1 / rope.scaling.factor for linear scaling, else 1.
+  float rope_freq_scale = 1.0f;
+  Activation activation = Activation::SiLU;
+  float embed_scale = 1.0f;    // token embeddings are multiplied by this (gemma2: sqrt(dim))
+  float query_scale = 0.0f;    // attention scores are (q . k) * query_scale (1 / sqrt(head_dim))
+  float attn_softcap = 0.0f;   // > 0: scores become c * tanh(scores / c) before the softmax
+  float final_softcap = 0.0f;  // > 0: the same on the output logits
+  /// Attention window of each layer (n_layers entries; 0: the whole context).
+  std::vector<int32_t> layer_window;
+
+  /// Whether any layer attends through a window of its own.
+  bool has_layer_windows() const;
+};
+
+/// Weight views of one transformer block. Norm and bias weights are f32 (converted once where the
+/// file stores them otherwise); a nullptr is a step the architecture does not have.
+struct LayerWeights {
+  const float* attn_norm = nullptr;       // (dim) before attention
+  const float* post_attn_norm = nullptr;  // (dim) on the attention output (gemma2), or nullptr
+  kernels::WeightView wq;                 // (n_heads * head_dim, dim)
+  kernels::WeightView wk;                 // (n_kv_heads * head_dim, dim)
+  kernels::WeightView wv;                 // (n_kv_heads * head_dim, dim)
+  const float* bq = nullptr;              // (n_heads * head_dim) bias, or nullptr (qwen2)
+  const float* bk = nullptr;              // (n_kv_heads * head_dim)
+  const float* bv = nullptr;              // (n_kv_heads * head_dim)
+  const float* q_norm = nullptr;          // (head_dim) per-head RMSNorm before RoPE (qwen3)
+  const float* k_norm = nullptr;          // (head_dim)
+  kernels::WeightView wo;                 // (dim, n_heads * head_dim)
+  const float* bo = nullptr;              // (dim) attention output bias, or nullptr
+  const float* ffn_norm = nullptr;        // (dim) before the feed-forward
+  const float* post_ffn_norm = nullptr;   // (dim) on the feed-forward output (gemma2)
+  kernels::WeightView w_gate;             // (ffn_dim, dim)
+  kernels::WeightView w_up;               // (ffn_dim, dim)
+  kernels::WeightView w_down;             // (dim, ffn_dim)
+};
+
+/// The model's weights. A fused tensor (phi3's attn_qkv, its gate|up ffn_up) is seen through
+/// row ranges: wq/wk/wv and w_gate/w_up then point into one tensor of the file.
+struct ModelWeights {
+  kernels::WeightView tok_embd;        // (n_vocab, dim): row t is token t's embedding
+  const float* output_norm = nullptr;  // (dim)
+  kernels::WeightView output;          // (n_vocab, dim); token_embd when the file ties them
+  const float* output_bias = nullptr;  // (n_vocab), or nullptr
+  const float* rope_freqs = nullptr;   // (rope_dim / 2) RoPE frequency divisors, or nullptr
+  std::vector<LayerWeights> layers;
+};
+
+/// What serving (admission, the batcher, KV sizing) needs of a model: sizes and windows, not its
+/// architecture.
+struct ModelLimits {
+  int32_t ctx_len = 0;
+  int32_t n_vocab = 0;
+  int32_t sliding_window = 0;      // ModelConfig::sliding_window: the default KV policy's window
+  int64_t kv_bytes_per_token = 0;  // the CPU engine's KV entry: K and V, f32, every layer/KV head
+  std::vector<int32_t> layer_window;  // ModelConfig::layer_window
+};
+ModelLimits model_limits(const ModelConfig& c);
+
+/// A loaded model: the mapped file, its description, weight views and tokenizer.
+class Model {
+ public:
+  /// Loads a GGUF file; throws gguf::Error naming what is wrong (unsupported architecture,
+  /// missing tensor, shape that does not match the hyperparameters, unsupported type).
+  static std::shared_ptr<Model> load(const std::string& path);
+  /// Same, from an already parsed file (takes ownership).
+  static std::shared_ptr<Model> from_gguf(gguf::File file);
+
+  const ModelConfig& config() const { return config_; }
+  const ModelLimits& limits() const { return limits_; }
+  const ModelWeights& weights() const { return weights_; }
+  const Tokenizer& tokenizer() const { return *tokenizer_; }
+  const gguf::File& file() const { return file_; }
+
+ private:
+  friend class ArchLoader;
+  explicit Model(gguf::File file) : file_(std::move(file)) {}
+  gguf::File file_;
+  ModelConfig config_;
+  ModelLimits limits_;
+  ModelWeights weights_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  std::vector<std::vector<float>> owned_;  // f32 copies of non-f32 norm and bias weights
+};
+
+/// Reads and checks the description of a file (no weights): what an engine sizes itself by.
+ModelConfig read_model_config(const gguf::File& file);
+
+/// The architectures this build loads (general.architecture values), in table order.
+std::vector<std::string> supported_architectures();
+
+// The names the rest of the tree used while only `llama` was supported.
+using LlamaConfig = ModelConfig;
+using LlamaLayer = LayerWeights;
+using LlamaWeights = ModelWeights;
+using LlamaModel = Model;
+inline LlamaConfig read_llama_config(const gguf::File& file) {
+  return read_model_config(file);
+}
+
+}  // namespace sy

@@ -15,7 +15,6 @@
 #include <ctime>
 #include <filesystem>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -46,13 +45,6 @@ struct Options {
   int kv_gen = 8192;     // generated tokens of the KV benchmark; measured at half and at all
   int kv_window = 1024;  // the sliding window compared with full attention
 };
-
-// llama.cpp (llama-bench, 2 threads, same machine class) on the 110M shape: the figures to beat.
-struct Target {
-  double pp512, tg128;
-};
-const std::map<std::string, Target> kLlamaCpp = {
-    {"f32", {660, 78}}, {"f16", {830, 160}}, {"q8_0", {940, 210}}, {"q4_0", {1080, 305}}};
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -413,7 +405,6 @@ int main(int argc, char** argv) {
          << "\", \"file_mib\": " << fmt(static_cast<double>(fs::file_size(path)) / (1 << 20))
          << ", \"prefill_tok_s\": " << fmt(pp) << ", \"decode_tok_s\": {";
       first = false;
-      double tg1 = 0;
       for (size_t bi = 0; bi < o.batches.size(); ++bi) {
         const int nb = o.batches[bi];
         double best = 1e30;
@@ -424,20 +415,11 @@ int main(int argc, char** argv) {
           if (r > 0) best = std::min(best, dt);  // run 0 warms up
         }
         const double tg = static_cast<double>(nb) * o.decode_steps / best;
-        if (nb == 1) tg1 = tg;
         std::cerr << "bench_engine: " << dtype << " decode batch " << nb << ": " << fmt(tg)
                   << " tok/s\n";
         js << (bi ? ", " : "") << "\"" << nb << "\": " << fmt(tg);
       }
       js << "}";
-      auto t = kLlamaCpp.find(dtype);
-      if (t != kLlamaCpp.end() && o.shape == "110M") {
-        // Percent of llama.cpp's figure: prefill against pp512, batch-1 decode against tg128.
-        js << ", \"llama_cpp\": {\"pp512\": " << fmt(t->second.pp512)
-           << ", \"tg128\": " << fmt(t->second.tg128)
-           << "}, \"pct_of_llama_cpp\": {\"prefill\": " << fmt(100 * pp / t->second.pp512)
-           << ", \"decode_b1\": " << (tg1 > 0 ? fmt(100 * tg1 / t->second.tg128) : "null") << "}";
-      }
       js << "}";
     }
     js << "\n  ]\n}\n";

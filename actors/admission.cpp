@@ -821,6 +821,17 @@ caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
                                            policy::TenantQuota(t.tokens_per_second, t.burst_tokens,
                                                                t.max_in_flight, now_ms),
                                            true});
+  // The router learns of admission from admission itself, before any job: messages from one
+  // sender arrive in order, so no enqueue (a replayed job's, in the init below) can overtake
+  // this, and a job the router ends early (a replayed job whose deadline passed) is reported.
+  if (router) {
+    TenantWeights w;
+    for (auto& t : cfg.tenants) {
+      w.names.push_back(t.name);
+      w.weights.push_back(t.weight);
+    }
+    self->send(router, connect_atom::value, caf::actor_cast<caf::actor>(self), std::move(w));
+  }
   st.cfg = std::move(cfg);
   st.classes = std::move(classes);
   st.default_class = default_class;
@@ -832,7 +843,6 @@ caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
   st.journal = std::move(journal);
   if (replay) {
     restore(self, *replay);
-    // After the spawn returns: spawn_admission's connect message reaches the router first.
     if (!st.replay.empty()) self->send(self, tick_atom::value);
   }
   return {
@@ -920,15 +930,8 @@ caf::actor spawn_admission_impl(caf::actor_system& sys, AdmissionConfig cfg,
       throw std::invalid_argument("default class '" + default_class + "' is not a priority class");
     def = static_cast<std::size_t>(it - classes.begin());
   }
-  TenantWeights w;
-  for (auto& t : cfg.tenants) {
-    w.names.push_back(t.name);
-    w.weights.push_back(t.weight);
-  }
-  auto a = sys.spawn(admission_actor, std::move(cfg), std::move(classes), def, std::move(model),
-                     router, std::move(egress), std::move(journal), std::move(replay));
-  if (router) caf::anon_send(router, connect_atom::value, a, std::move(w));
-  return a;
+  return sys.spawn(admission_actor, std::move(cfg), std::move(classes), def, std::move(model),
+                   router, std::move(egress), std::move(journal), std::move(replay));
 }
 }  // namespace
 

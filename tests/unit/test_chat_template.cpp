@@ -19,6 +19,7 @@
 #include "model/chat_template.hpp"
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
+#include "model/unicode_cats.hpp"
 
 using namespace sy;
 using chat::Message;
@@ -86,21 +87,7 @@ std::string json_unquote(const std::string& s, std::size_t& at) {
         cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
         at += 6;
       }
-      if (cp < 0x80) {
-        out += static_cast<char>(cp);
-      } else if (cp < 0x800) {
-        out += static_cast<char>(0xC0 | (cp >> 6));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-      } else if (cp < 0x10000) {
-        out += static_cast<char>(0xE0 | (cp >> 12));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-      } else {
-        out += static_cast<char>(0xF0 | (cp >> 18));
-        out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-        out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-        out += static_cast<char>(0x80 | (cp & 0x3F));
-      }
+      sy::append_utf8(out, cp);
     } else {
       out += e == 'n'   ? '\n'
              : e == 't' ? '\t'

@@ -19,25 +19,8 @@
 #include <cstddef>
 #include <cstring>
 
-#if defined(__AVX2__) || defined(__F16C__)
-#include <immintrin.h>
-#endif
-
 #include "kernels/cpu/quants.hpp"
-
-#if defined(__GNUC__) && !defined(__clang__)
-// GCC 12's AVX-512 intrinsics self-initialise their "undefined" operands, which -Wuninitialized
-// reports at every inlined use (GCC bug 105593); those operands are don't-cares.
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define SY_AVX2 1
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
-#define SY_AVX512 1
-#endif
-#endif
+#include "kernels/cpu/simd.hpp"
 
 namespace sy::kernels::quant {
 namespace {
@@ -191,27 +174,16 @@ void deq_q3k(const void* src, float* dst, int64_t n) {
   }
 }
 
-void deq_q4k(const void* src, float* dst, int64_t n) {
-  const auto* b = static_cast<const BlockQ4K*>(src);
+// Q4_K and Q5_K share their scales and mins; only the code of an element differs.
+template <class Block, int (*Code)(const Block&, int)>
+void deq_k4(const void* src, float* dst, int64_t n) {
+  const auto* b = static_cast<const Block*>(src);
   for (int64_t i = 0; i < n / kSuper; ++i, dst += kSuper) {
     const float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
     uint8_t sc[8], m[8];
     unpack_k4(b[i].scales, sc, m);
     for (int e = 0; e < kSuper; ++e) {
-      dst[e] = d * static_cast<float>(sc[e / 32]) * static_cast<float>(q4k_code(b[i], e)) -
-               dmin * static_cast<float>(m[e / 32]);
-    }
-  }
-}
-
-void deq_q5k(const void* src, float* dst, int64_t n) {
-  const auto* b = static_cast<const BlockQ5K*>(src);
-  for (int64_t i = 0; i < n / kSuper; ++i, dst += kSuper) {
-    const float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
-    uint8_t sc[8], m[8];
-    unpack_k4(b[i].scales, sc, m);
-    for (int e = 0; e < kSuper; ++e) {
-      dst[e] = d * static_cast<float>(sc[e / 32]) * static_cast<float>(q5k_code(b[i], e)) -
+      dst[e] = d * static_cast<float>(sc[e / 32]) * static_cast<float>(Code(b[i], e)) -
                dmin * static_cast<float>(m[e / 32]);
     }
   }
@@ -1144,10 +1116,10 @@ struct Table {
        Q2},
       {DType::Q3_K, kSuper, sizeof(BlockQ3K), deq_q3k, quant_q3k, act_bytes_q8k, quantize_act_q8k,
        Q3},
-      {DType::Q4_K, kSuper, sizeof(BlockQ4K), deq_q4k, quant_q4k, act_bytes_q8k, quantize_act_q8k,
-       Q4},
-      {DType::Q5_K, kSuper, sizeof(BlockQ5K), deq_q5k, quant_q5k, act_bytes_q8k, quantize_act_q8k,
-       Q5},
+      {DType::Q4_K, kSuper, sizeof(BlockQ4K), deq_k4<BlockQ4K, q4k_code>, quant_q4k, act_bytes_q8k,
+       quantize_act_q8k, Q4},
+      {DType::Q5_K, kSuper, sizeof(BlockQ5K), deq_k4<BlockQ5K, q5k_code>, quant_q5k, act_bytes_q8k,
+       quantize_act_q8k, Q5},
       {DType::Q6_K, kSuper, sizeof(BlockQ6K), deq_q6k, quant_q6k, act_bytes_q8k, quantize_act_q8k,
        Q6},
       {DType::IQ4_XS, kSuper, sizeof(BlockIQ4XS), deq_iq4xs, quant_iq4xs, act_bytes_q8k,

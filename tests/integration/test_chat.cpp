@@ -11,6 +11,7 @@
 #include "clients/cpp/client.hpp"
 #include "model/gguf.hpp"
 #include "tests/integration/server_process.hpp"
+#include "tests/support/json_text.hpp"
 
 using namespace std::chrono_literals;
 using sy::wire::ChatMessage;
@@ -62,22 +63,7 @@ sy::gguf::Value u32_value(uint32_t x) {
   return v;
 }
 
-std::string json_str(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", c);
-      out += b;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
+using sy::test::json_str;
 
 std::string messages_json(const std::vector<ChatMessage>& msgs) {
   std::string out = "[";

@@ -20,6 +20,7 @@
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
 #include "model/unicode_cats.hpp"
+#include "tests/support/json_text.hpp"
 
 using namespace sy;
 using chat::Message;
@@ -36,22 +37,7 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-std::string json_str(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", c);
-      out += b;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
+using sy::test::json_str;
 
 struct Reference {
   int status = 0;  // 0 rendered, 3 raised

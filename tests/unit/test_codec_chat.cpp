@@ -10,53 +10,15 @@
 #include <vector>
 
 #include "ingress/codec.hpp"
+#include "tests/support/msgpack_msg.hpp"
 
 using namespace sy::wire;
+using namespace sy::test;
 
 namespace {
 
-using Packer = msgpack::packer<msgpack::sbuffer>;
-using Writer = std::function<void(Packer&)>;
-
-// A submit as (key, writer) pairs, so one field can be changed or left out.
-struct Msg {
-  std::vector<std::pair<std::string, Writer>> fields;
-  Msg& set(const std::string& k, Writer w) {
-    for (auto& f : fields)
-      if (f.first == k) {
-        f.second = std::move(w);
-        return *this;
-      }
-    fields.emplace_back(k, std::move(w));
-    return *this;
-  }
-  Msg& drop(const std::string& k) {
-    std::erase_if(fields, [&](const auto& f) { return f.first == k; });
-    return *this;
-  }
-  std::string bytes() const {
-    msgpack::sbuffer buf;
-    Packer p(buf);
-    p.pack_map(static_cast<uint32_t>(fields.size()));
-    for (const auto& [k, w] : fields) {
-      p.pack(k);
-      w(p);
-    }
-    return std::string(buf.data(), buf.size());
-  }
-};
-
-Writer S(std::string s) {
-  return [s](Packer& p) { p.pack(s); };
-}
-Writer B(bool b) {
-  return [b](Packer& p) { b ? p.pack_true() : p.pack_false(); };
-}
-Writer U(uint64_t x) {
-  return [x](Packer& p) { p.pack_uint64(x); };
-}
 // An array of message maps given as (key, value) string pairs each.
-Writer Msgs(std::vector<std::vector<std::pair<std::string, std::string>>> ms) {
+Value Msgs(std::vector<std::vector<std::pair<std::string, std::string>>> ms) {
   return [ms](Packer& p) {
     p.pack_array(static_cast<uint32_t>(ms.size()));
     for (const auto& m : ms) {

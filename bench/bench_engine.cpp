@@ -4,6 +4,10 @@
 //   bench_engine [--dir ./bench-models] [--shape 110M] [--threads 2] [--dtypes f32,f16,q8_0,q4_0]
 //                [--batches 1,8,32] [--decode-steps 64] [--prompt 512] [--decode-prompt 32]
 //                [--reps 2] [--vocab-from FILE.gguf]
+//                [--peer-llama-bench PATH [--rounds 3]]
+//     With a llama-bench binary (optional; llama.cpp is not part of the build), every round runs
+//     ours and then llama-bench on the same file (pp = --prompt, tg = --decode-steps, same
+//     threads), dtype by dtype, and prints ours/llama.cpp ratios per round and their median.
 //   bench_engine --kv-bench [--threads 2] [--kv-gen 8192] [--kv-window 1024]
 //     One sequence on a 15M-shape model with a 9216-token context: decode tokens/s over the last
 //     256 tokens and KV memory held at half and all of --kv-gen generated tokens, under full
@@ -22,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/json_reader.hpp"
 #include "gpu/engine.hpp"
 #include "model/llama.hpp"
 #include "model/make_model.hpp"
@@ -42,6 +47,8 @@ struct Options {
   int decode_prompt = 32;  // context before decode; with 64 steps the mean context is ~64, as tg128
   int reps = 2;            // timed repetitions after one warm-up; the best is reported
   bool kv_bench = false;
+  std::string peer_llama_bench;  // llama-bench binary run side by side; empty: none
+  int rounds = 0;                // alternating rounds (0: 3 with a peer, else 1)
   int kv_gen = 8192;     // generated tokens of the KV benchmark; measured at half and at all
   int kv_window = 1024;  // the sliding window compared with full attention
 };
@@ -100,6 +107,10 @@ Options parse(int argc, char** argv) {
       o.kv_gen = to_int(a, v);
     else if (a == "--kv-window")
       o.kv_window = to_int(a, v);
+    else if (a == "--peer-llama-bench")
+      o.peer_llama_bench = v;
+    else if (a == "--rounds")
+      o.rounds = to_int(a, v);
     else
       throw std::invalid_argument("unknown option " + a);
   }
@@ -109,6 +120,10 @@ Options parse(int argc, char** argv) {
         "must be >= 1");
   for (int b : o.batches)
     if (b < 1) throw std::invalid_argument("--batches entries must be >= 1");
+  if (o.rounds < 0) throw std::invalid_argument("--rounds must be >= 1");
+  if (o.rounds == 0) o.rounds = o.peer_llama_bench.empty() ? 1 : 3;
+  if (!o.peer_llama_bench.empty() && !fs::exists(o.peer_llama_bench))
+    throw std::invalid_argument("--peer-llama-bench: no file " + o.peer_llama_bench);
   // Two checkpoints, each averaged over its last kKvAvgTokens tokens.
   if (o.kv_gen < 1024 || o.kv_gen % 2 || o.kv_window < 1)
     throw std::invalid_argument("--kv-gen must be even and >= 1024, --kv-window >= 1");
@@ -360,66 +375,185 @@ int kv_bench(const Options& o) {
   return 0;
 }
 
+// What one run of ours measured on one file: prefill and decode tok/s per batch size.
+struct OurFigures {
+  double pp = 0;
+  std::vector<double> decode;  // per --batches entry
+};
+
+OurFigures run_ours(const Options& o, const std::string& path, std::mt19937_64& rng) {
+  int max_batch = 1;
+  for (int b : o.batches) max_batch = std::max(max_batch, b);
+  auto model = sy::LlamaModel::load(path);
+  sy::EngineOptions eo;
+  eo.n_threads = o.threads;
+  const int32_t bs = eo.block_size;
+  const int per_seq_blocks = (std::max(o.prompt, o.decode_prompt + o.decode_steps) + bs - 1) / bs;
+  eo.n_blocks = per_seq_blocks * std::max(max_batch, 1);
+  if (o.prompt > model->config().ctx_len ||
+      o.decode_prompt + o.decode_steps > model->config().ctx_len)
+    throw std::invalid_argument("prompt or decode length exceeds the model context");
+  auto engine = sy::make_cpu_engine(model, eo);
+  sy::StepOutput out;
+  OurFigures f;
+  // Prefill: one prompt in one step; the first run also faults the mapped weights in.
+  double best_pp = 1e30;
+  for (int r = 0; r <= o.reps; ++r) {
+    Batch b(*engine, 1, o.prompt, o.prompt, rng);
+    const double dt = b.prefill(out);
+    if (r > 0) best_pp = std::min(best_pp, dt);
+  }
+  f.pp = o.prompt / best_pp;
+  for (const int nb : o.batches) {
+    double best = 1e30;
+    for (int r = 0; r <= o.reps; ++r) {
+      Batch b(*engine, nb, o.decode_prompt, o.decode_prompt + o.decode_steps, rng);
+      b.prefill(out);
+      const double dt = b.decode(o.decode_steps, out);
+      if (r > 0) best = std::min(best, dt);  // run 0 warms up
+    }
+    f.decode.push_back(static_cast<double>(nb) * o.decode_steps / best);
+  }
+  return f;
+}
+
+// llama-bench on the same file: pp (--prompt tokens in one batch) and tg (--decode-steps tokens
+// decoded one at a time from an empty context), each the mean of reps + 1 runs as it reports.
+struct PeerFigures {
+  double pp = 0, tg = 0;
+};
+
+PeerFigures run_peer(const Options& o, const std::string& path) {
+  const std::string cmd = "'" + o.peer_llama_bench + "' -m '" + path + "' -t " +
+                          std::to_string(o.threads) + " -p " + std::to_string(o.prompt) + " -n " +
+                          std::to_string(o.decode_steps) + " -r " + std::to_string(o.reps + 1) +
+                          " -o json 2>/dev/null";
+  FILE* f = ::popen(cmd.c_str(), "r");
+  if (!f) throw std::runtime_error("cannot run " + o.peer_llama_bench);
+  std::string text;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;) text.append(buf, n);
+  const int rc = ::pclose(f);
+  if (rc != 0)
+    throw std::runtime_error("llama-bench failed on " + path + " (status " + std::to_string(rc) +
+                             ")");
+  PeerFigures p;
+  const sy::cli::JsonValue root = sy::cli::JsonReader::parse(text);
+  for (const auto& t : root.arr) {
+    if (t.at("n_prompt").num > 0 && t.at("n_gen").num == 0) p.pp = t.at("avg_ts").num;
+    if (t.at("n_gen").num > 0 && t.at("n_prompt").num == 0) p.tg = t.at("avg_ts").num;
+  }
+  if (p.pp <= 0 || p.tg <= 0) throw std::runtime_error("llama-bench printed no pp/tg figures");
+  return p;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+std::string json_list(const std::vector<double>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + fmt(v[i]);
+  return s + "]";
+}
+
+std::string ratio(double a, double b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f", b > 0 ? a / b : 0.0);
+  return buf;
+}
+
+std::string ratio_list(const std::vector<double>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + ratio(v[i], 1.0);
+  return s + "]";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     if (o.kv_bench) return kv_bench(o);
-    int max_batch = 1;
-    for (int b : o.batches) max_batch = std::max(max_batch, b);
     std::mt19937_64 rng(7);
+    const bool peer = !o.peer_llama_bench.empty();
+    const size_t nd = o.dtypes.size(), nbatch = o.batches.size();
+    std::vector<std::string> paths;
+    for (const auto& dtype : o.dtypes) paths.push_back(model_file(o, dtype));
+
+    // rounds x dtypes, ours then the peer on each file, so drifts of the machine hit both.
+    std::vector<std::vector<OurFigures>> ours(nd);
+    std::vector<std::vector<PeerFigures>> theirs(nd);
+    for (int r = 0; r < o.rounds; ++r) {
+      for (size_t d = 0; d < nd; ++d) {
+        const OurFigures f = run_ours(o, paths[d], rng);
+        std::cerr << "bench_engine: round " << r + 1 << " " << o.dtypes[d] << " ours: prefill "
+                  << fmt(f.pp) << " tok/s";
+        for (size_t bi = 0; bi < nbatch; ++bi)
+          std::cerr << ", decode b" << o.batches[bi] << " " << fmt(f.decode[bi]);
+        std::cerr << "\n";
+        ours[d].push_back(f);
+        if (peer) {
+          const PeerFigures p = run_peer(o, paths[d]);
+          std::cerr << "bench_engine: round " << r + 1 << " " << o.dtypes[d] << " llama.cpp: pp"
+                    << o.prompt << " " << fmt(p.pp) << ", tg" << o.decode_steps << " " << fmt(p.tg)
+                    << " tok/s\n";
+          theirs[d].push_back(p);
+        }
+      }
+    }
 
     std::ostringstream js;
     js << "{\n  \"shape\": \"" << o.shape << "\", \"threads\": " << o.threads
        << ", \"prompt_tokens\": " << o.prompt << ", \"decode_prompt_tokens\": " << o.decode_prompt
        << ", \"decode_steps\": " << o.decode_steps << ", \"reps\": " << o.reps
-       << ",\n  \"results\": [";
-    bool first = true;
-    for (const auto& dtype : o.dtypes) {
-      const std::string path = model_file(o, dtype);
-      auto model = sy::LlamaModel::load(path);
-      sy::EngineOptions eo;
-      eo.n_threads = o.threads;
-      const int32_t bs = eo.block_size;
-      const int per_seq_blocks =
-          (std::max(o.prompt, o.decode_prompt + o.decode_steps) + bs - 1) / bs;
-      eo.n_blocks = per_seq_blocks * std::max(max_batch, 1);
-      if (o.prompt > model->config().ctx_len ||
-          o.decode_prompt + o.decode_steps > model->config().ctx_len)
-        throw std::invalid_argument("prompt or decode length exceeds the model context");
-      auto engine = sy::make_cpu_engine(model, eo);
-      sy::StepOutput out;
-
-      // Prefill: one prompt in one step; the first run also faults the mapped weights in.
-      double best_pp = 1e30;
-      for (int r = 0; r <= o.reps; ++r) {
-        Batch b(*engine, 1, o.prompt, o.prompt, rng);
-        const double dt = b.prefill(out);
-        if (r > 0) best_pp = std::min(best_pp, dt);
-      }
-      const double pp = o.prompt / best_pp;
-      std::cerr << "bench_engine: " << dtype << " prefill " << fmt(pp) << " tok/s\n";
-
-      js << (first ? "" : ",") << "\n    {\"dtype\": \"" << dtype
-         << "\", \"file_mib\": " << fmt(static_cast<double>(fs::file_size(path)) / (1 << 20))
-         << ", \"prefill_tok_s\": " << fmt(pp) << ", \"decode_tok_s\": {";
-      first = false;
-      for (size_t bi = 0; bi < o.batches.size(); ++bi) {
-        const int nb = o.batches[bi];
-        double best = 1e30;
-        for (int r = 0; r <= o.reps; ++r) {
-          Batch b(*engine, nb, o.decode_prompt, o.decode_prompt + o.decode_steps, rng);
-          b.prefill(out);
-          const double dt = b.decode(o.decode_steps, out);
-          if (r > 0) best = std::min(best, dt);  // run 0 warms up
-        }
-        const double tg = static_cast<double>(nb) * o.decode_steps / best;
-        std::cerr << "bench_engine: " << dtype << " decode batch " << nb << ": " << fmt(tg)
-                  << " tok/s\n";
-        js << (bi ? ", " : "") << "\"" << nb << "\": " << fmt(tg);
+       << ", \"rounds\": " << o.rounds << ",\n  \"results\": [";
+    for (size_t d = 0; d < nd; ++d) {
+      std::vector<double> pp;
+      for (const auto& f : ours[d]) pp.push_back(f.pp);
+      js << (d ? "," : "") << "\n    {\"dtype\": \"" << o.dtypes[d]
+         << "\", \"file_mib\": " << fmt(static_cast<double>(fs::file_size(paths[d])) / (1 << 20))
+         << ", \"prefill_tok_s\": " << fmt(median(pp)) << ", \"decode_tok_s\": {";
+      std::vector<double> b1;
+      for (size_t bi = 0; bi < nbatch; ++bi) {
+        std::vector<double> v;
+        for (const auto& f : ours[d]) v.push_back(f.decode[bi]);
+        if (o.batches[bi] == 1) b1 = v;
+        js << (bi ? ", " : "") << "\"" << o.batches[bi] << "\": " << fmt(median(v));
       }
       js << "}";
+      if (o.rounds > 1) {
+        js << ", \"per_round\": {\"prefill\": " << json_list(pp);
+        for (size_t bi = 0; bi < nbatch; ++bi) {
+          std::vector<double> v;
+          for (const auto& f : ours[d]) v.push_back(f.decode[bi]);
+          js << ", \"decode_" << o.batches[bi] << "\": " << json_list(v);
+        }
+        js << "}";
+      }
+      if (peer) {
+        std::vector<double> ppp, tg, r_pp, r_tg;
+        for (size_t r = 0; r < theirs[d].size(); ++r) {
+          ppp.push_back(theirs[d][r].pp);
+          tg.push_back(theirs[d][r].tg);
+          r_pp.push_back(pp[r] / theirs[d][r].pp);
+          if (!b1.empty()) r_tg.push_back(b1[r] / theirs[d][r].tg);
+        }
+        js << ",\n     \"llama_cpp\": {\"pp" << o.prompt << "\": " << json_list(ppp) << ", \"tg"
+           << o.decode_steps << "\": " << json_list(tg) << "}"
+           << ",\n     \"ours_over_llama_cpp\": {\"prefill\": " << ratio(median(r_pp), 1.0)
+           << ", \"prefill_per_round\": " << ratio_list(r_pp);
+        if (!r_tg.empty())
+          js << ", \"decode_batch1\": " << ratio(median(r_tg), 1.0)
+             << ", \"decode_batch1_per_round\": " << ratio_list(r_tg);
+        js << "}";
+        std::cerr << "bench_engine: " << o.dtypes[d] << " ours/llama.cpp (median of " << o.rounds
+                  << " rounds): prefill " << ratio(median(r_pp), 1.0);
+        if (!r_tg.empty()) std::cerr << ", decode batch 1 " << ratio(median(r_tg), 1.0);
+        std::cerr << "\n";
+      }
       js << "}";
     }
     js << "\n  ]\n}\n";

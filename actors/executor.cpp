@@ -284,6 +284,7 @@ caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec, int32_t* n_
     opts.block_size = spec.block_size;
     opts.n_blocks = spec.n_blocks;
     opts.max_batch_tokens = spec.max_batch_tokens;
+    opts.kv_type = spec.kv_type;
     st->engine =
         make_engine(spec.backend, spec.model, opts, std::max(spec.device, 0), spec.kv_gpu_fraction);
   } else if (spec.backend != "null") {

@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "kernels/cpu/kernels.hpp"
+
 namespace sy {
 
 class Model;
@@ -24,9 +26,10 @@ struct ExecutorSpec {
   int32_t block_size = 16;            ///< tokens per KV block; must equal the batcher's
   int32_t max_batch_tokens = 0;       ///< most new tokens in one step; 0: the engine default
   double kv_gpu_fraction = 0.85;      ///< cuda with n_blocks 0: share of free memory for KV
-  int32_t step_delay_ms = 0;          ///< TEST ONLY: sleep this long before every step
-  int32_t null_token = 0;             ///< the "null" backend's fixed token id
-  int device = -1;                    ///< device index for a device backend; -1: CPU
+  kernels::DType kv_type = kernels::DType::F16;  ///< cached K/V element type (CPU engine)
+  int32_t step_delay_ms = 0;                     ///< TEST ONLY: sleep this long before every step
+  int32_t null_token = 0;                        ///< the "null" backend's fixed token id
+  int device = -1;                               ///< device index for a device backend; -1: CPU
   /// TEST ONLY: after this many steps the next step throws out of the handler, so the actor
   /// dies with an error (a crashed executor); 0: never.
   int32_t test_fault_throw_after = 0;

@@ -390,6 +390,15 @@ std::string render(Self* self, const Scrape& s) {
            "endpoints.max_waiting_requests (or _bytes) waiting.");
   w.sample("switchyard_intake_refused_total", {},
            static_cast<double>(stats_counter(s.gateway, "intake_refused")));
+  w.family("switchyard_connections_refused_total", "counter",
+           "Client connections closed as they came because their endpoint had "
+           "endpoints.max_connections open.");
+  w.sample("switchyard_connections_refused_total", {},
+           static_cast<double>(stats_counter(s.gateway, "connections_refused")));
+  w.family("switchyard_connections_open", "gauge",
+           "Client connections open on the request endpoint and the pipeline input.");
+  w.sample("switchyard_connections_open", {},
+           static_cast<double>(stats_counter(s.gateway, "connections_open")));
 
   if (st.w.journal) {
     // Journal health (docs/durability.md, "A full disk"): refused writes, and whether the journal

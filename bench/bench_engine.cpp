@@ -8,10 +8,14 @@
 //     With a llama-bench binary (optional; llama.cpp is not part of the build), every round runs
 //     ours and then llama-bench on the same file (pp = --prompt, tg = --decode-steps, same
 //     threads), dtype by dtype, and prints ours/llama.cpp ratios per round and their median.
-//   bench_engine --kv-bench [--threads 2] [--kv-gen 8192] [--kv-window 1024]
+//   bench_engine --kv-bench [--threads 2] [--kv-gen 8192] [--kv-window 1024] [--kv-dtype f16]
 //     One sequence on a 15M-shape model with a 9216-token context: decode tokens/s over the last
 //     256 tokens and KV memory held at half and all of --kv-gen generated tokens, under full
 //     attention and sliding_window(--kv-window). Prints a table (stderr) and JSON (stdout).
+//   bench_engine --kv-memory [--shape 110M] [--kv-tokens 4096] [--kv-dtypes f32,f16,q8_0]
+//     KV memory of one sequence of --kv-tokens tokens under each KV type: the cache's bytes as
+//     the engine sizes it, and the growth of the process's resident memory while it fills.
+//   --kv-dtype T (every mode): the K/V element type of the engines measured (default f16).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -47,6 +51,10 @@ struct Options {
   int decode_prompt = 32;  // context before decode; with 64 steps the mean context is ~64, as tg128
   int reps = 2;            // timed repetitions after one warm-up; the best is reported
   bool kv_bench = false;
+  bool kv_memory = false;
+  int kv_tokens = 4096;
+  std::vector<std::string> kv_dtypes = {"f32", "f16", "q8_0"};
+  sy::kernels::DType kv_dtype = sy::kernels::DType::F16;
   std::string peer_llama_bench;  // llama-bench binary run side by side; empty: none
   int rounds = 0;                // alternating rounds (0: 3 with a peer, else 1)
   int kv_gen = 8192;     // generated tokens of the KV benchmark; measured at half and at all
@@ -80,6 +88,10 @@ Options parse(int argc, char** argv) {
       o.kv_bench = true;
       continue;
     }
+    if (a == "--kv-memory") {
+      o.kv_memory = true;
+      continue;
+    }
     if (i + 1 >= argc) throw std::invalid_argument("option " + a + " needs a value");
     const std::string v = argv[++i];
     if (a == "--dir")
@@ -107,7 +119,15 @@ Options parse(int argc, char** argv) {
       o.kv_gen = to_int(a, v);
     else if (a == "--kv-window")
       o.kv_window = to_int(a, v);
-    else if (a == "--peer-llama-bench")
+    else if (a == "--kv-tokens")
+      o.kv_tokens = to_int(a, v);
+    else if (a == "--kv-dtypes")
+      o.kv_dtypes = split(v);
+    else if (a == "--kv-dtype") {
+      const auto t = sy::kernels::parse_kv_type(v);
+      if (!t) throw std::invalid_argument("--kv-dtype must be f32, f16 or q8_0");
+      o.kv_dtype = *t;
+    } else if (a == "--peer-llama-bench")
       o.peer_llama_bench = v;
     else if (a == "--rounds")
       o.rounds = to_int(a, v);
@@ -266,9 +286,8 @@ struct KvPoint {
 std::vector<KvPoint> kv_run(sy::Engine& e, const Options& o, int32_t window) {
   const int32_t bs = e.block_size();
   const sy::LlamaConfig& c = e.config();
-  // K and V, every layer, f32 entries (the CPU engine's cache element).
-  const int64_t block_bytes = int64_t{2} * c.n_layers * bs * c.n_kv_heads * c.head_dim *
-                              static_cast<int64_t>(sizeof(float));
+  // K and V, every layer, in the engine's KV type.
+  const int64_t block_bytes = e.model().limits().kv_bytes_per_token(o.kv_dtype) * bs;
   std::vector<int32_t> toks(kKvPrompt, 3), table;
   for (int i = 0; i < kKvPrompt; ++i) toks[static_cast<size_t>(i)] = 3 + i * 17 % (c.n_vocab - 3);
   std::vector<double> dt, cpu;
@@ -348,12 +367,14 @@ int kv_bench(const Options& o) {
     throw std::invalid_argument("--kv-gen exceeds the model context");
   sy::EngineOptions eo;
   eo.n_threads = o.threads;
+  eo.kv_type = o.kv_dtype;
   eo.n_blocks = (kKvPrompt + o.kv_gen + eo.block_size - 1) / eo.block_size + 1;
   auto engine = sy::make_cpu_engine(model, eo);
   const std::vector<std::pair<std::string, int32_t>> runs = {
       {"full", 0}, {"sliding_window:" + std::to_string(o.kv_window), o.kv_window}};
   std::ostringstream js;
-  js << "{\n  \"shape\": \"15M\", \"dtype\": \"f32\", \"ctx\": " << kKvCtx
+  js << "{\n  \"shape\": \"15M\", \"dtype\": \"f32\", \"kv_dtype\": \""
+     << sy::kernels::kv_type_name(o.kv_dtype) << "\", \"ctx\": " << kKvCtx
      << ", \"threads\": " << o.threads << ", \"block_size\": " << eo.block_size
      << ", \"avg_over_tokens\": " << kKvAvgTokens << ",\n  \"results\": [";
   std::fprintf(stderr, "%-22s %9s %10s %10s %8s %9s\n", "policy", "generated", "decode/s",
@@ -375,6 +396,83 @@ int kv_bench(const Options& o) {
   return 0;
 }
 
+// ---- --kv-memory: KV bytes of one long sequence under each KV type ----
+
+int64_t rss_bytes() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  long long pages = 0, resident = 0;
+  if (f) {
+    if (std::fscanf(f, "%lld %lld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return resident * 4096;
+}
+
+int kv_memory(const Options& o) {
+  // Weights in q8_0 to keep the prefill short; the cache does not depend on them.
+  char tmpl[] = "/tmp/sy-kvmem-XXXXXX";
+  if (!mkdtemp(tmpl)) throw std::runtime_error("bench_engine: cannot create a temp directory");
+  const fs::path dir = tmpl;
+  const std::string path = (dir / "kv.gguf").string();
+  sy::MakeModelOptions m;
+  m.shape = o.shape;
+  m.dtype = "q8_0";
+  m.seed = 1;
+  m.ctx_len = o.kv_tokens;
+  m.out = path;
+  sy::make_model(m);
+  auto model = sy::LlamaModel::load(path);
+  fs::remove_all(dir);
+  const sy::LlamaConfig& c = model->config();
+  std::ostringstream js;
+  js << "{\n  \"shape\": \"" << o.shape << "\", \"layers\": " << c.n_layers
+     << ", \"kv_heads\": " << c.n_kv_heads << ", \"head_dim\": " << c.head_dim
+     << ", \"tokens\": " << o.kv_tokens << ",\n  \"results\": [";
+  std::fprintf(stderr, "%-6s %14s %14s %14s\n", "K/V", "bytes/token", "cache MiB", "RSS +MiB");
+  constexpr int kChunk = 512;  // prefill chunk: bounds the step's scratch next to the cache
+  for (size_t i = 0; i < o.kv_dtypes.size(); ++i) {
+    const auto t = sy::kernels::parse_kv_type(o.kv_dtypes[i]);
+    if (!t)
+      throw std::invalid_argument("--kv-dtypes: " + o.kv_dtypes[i] + " is not f32, f16, q8_0");
+    sy::EngineOptions eo;
+    eo.n_threads = o.threads;
+    eo.kv_type = *t;
+    eo.n_blocks = (o.kv_tokens + eo.block_size - 1) / eo.block_size;
+    eo.max_batch_tokens = kChunk;
+    auto e = sy::make_cpu_engine(model, eo);
+    std::vector<int32_t> table;
+    for (int32_t b = 0; b < eo.n_blocks; ++b) table.push_back(*e->pool().alloc());
+    std::vector<int32_t> toks(kChunk);
+    sy::StepOutput out;
+    // One chunk first, so the step's scratch is allocated before the baseline is taken.
+    int32_t n_past = 0;
+    int64_t rss0 = 0;
+    for (; n_past < o.kv_tokens; n_past += kChunk) {
+      for (int k = 0; k < kChunk; ++k) toks[static_cast<size_t>(k)] = 3 + (n_past + k) % 200;
+      sy::SeqStep st;
+      st.tokens = toks.data();
+      st.n_tokens = std::min(kChunk, o.kv_tokens - n_past);
+      st.n_past = n_past;
+      st.block_table = table.data();
+      st.n_blocks = static_cast<int32_t>(table.size());
+      e->step({st}, out);
+      if (n_past == 0) rss0 = rss_bytes();
+    }
+    const int64_t per_token = model->limits().kv_bytes_per_token(*t);
+    const double cache_mib = static_cast<double>(e->kv_bytes()) / (1 << 20);
+    // The first chunk's rows were written before the baseline: add them back.
+    const double rss_mib = static_cast<double>(rss_bytes() - rss0 + per_token * kChunk) / (1 << 20);
+    std::fprintf(stderr, "%-6s %14lld %14.1f %14.1f\n", o.kv_dtypes[i].c_str(),
+                 static_cast<long long>(per_token), cache_mib, rss_mib);
+    js << (i ? "," : "") << "\n    {\"kv_dtype\": \"" << o.kv_dtypes[i]
+       << "\", \"bytes_per_token\": " << per_token << ", \"cache_mib\": " << fmt(cache_mib)
+       << ", \"rss_growth_mib\": " << fmt(rss_mib) << "}";
+  }
+  js << "\n  ]\n}\n";
+  std::cout << js.str();
+  return 0;
+}
+
 // What one run of ours measured on one file: prefill and decode tok/s per batch size.
 struct OurFigures {
   double pp = 0;
@@ -387,6 +485,7 @@ OurFigures run_ours(const Options& o, const std::string& path, std::mt19937_64& 
   auto model = sy::LlamaModel::load(path);
   sy::EngineOptions eo;
   eo.n_threads = o.threads;
+  eo.kv_type = o.kv_dtype;
   const int32_t bs = eo.block_size;
   const int per_seq_blocks = (std::max(o.prompt, o.decode_prompt + o.decode_steps) + bs - 1) / bs;
   eo.n_blocks = per_seq_blocks * std::max(max_batch, 1);
@@ -477,6 +576,7 @@ int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
     if (o.kv_bench) return kv_bench(o);
+    if (o.kv_memory) return kv_memory(o);
     std::mt19937_64 rng(7);
     const bool peer = !o.peer_llama_bench.empty();
     const size_t nd = o.dtypes.size(), nbatch = o.batches.size();

@@ -33,7 +33,7 @@ std::string default_state_dir() {
 const char* const kServeUsage =
     "  serve       [--model FILE] [--config FILE.yaml] [--bind ADDR] [--pull ADDR]\n"
     "              [--results ADDR] [--backend auto|cpu|cuda|null] [--executors N] [--threads N]\n"
-    "              [--kv-mb MB] [--grace-ms MS] [--step-delay-ms MS]\n"
+    "              [--kv-mb MB] [--kv-dtype f32|f16|q8_0] [--grace-ms MS] [--step-delay-ms MS]\n"
     "              [--kv-policy P] [--kv-pressure-policy P] [--admin-token T]\n"
     "              [--no-prefix-cache] [--chat-template NAME|FILE]\n"
     "              Flags override the config file. --backend auto (the default) runs on\n"
@@ -71,7 +71,10 @@ const char* const kServeUsage =
     "              config; heartbeats are off by default: docs/protocol.md, Sockets).\n"
     "              [--max-waiting-requests N]: requests that may wait for admission before\n"
     "              new ones get `overloaded` at the edge (endpoints.max_waiting_requests,\n"
-    "              default 4096; endpoints.max_waiting_bytes, default 64 MiB).\n";
+    "              default 4096; endpoints.max_waiting_bytes, default 64 MiB).\n"
+    "              [--max-connections N]: client connections each listening endpoint keeps\n"
+    "              open; more are closed at once (endpoints.max_connections, default 1024;\n"
+    "              0: unlimited).\n";
 
 const std::vector<std::string> kServeOptions = {"model",
                                                 "chat-template",
@@ -83,6 +86,7 @@ const std::vector<std::string> kServeOptions = {"model",
                                                 "executors",
                                                 "threads",
                                                 "kv-mb",
+                                                "kv-dtype",
                                                 "grace-ms",
                                                 "step-delay-ms",
                                                 "kv-policy",
@@ -112,7 +116,8 @@ const std::vector<std::string> kServeOptions = {"model",
                                                 "heartbeat-timeout-ms",
                                                 "heartbeat-ttl-ms",
                                                 "handshake-timeout-ms",
-                                                "max-waiting-requests"};
+                                                "max-waiting-requests",
+                                                "max-connections"};
 const std::vector<std::string> kServeFlags = {"no-prefix-cache", "no-journal", "no-prefix-routing"};
 
 int cmd_serve(const Args& a) {
@@ -148,6 +153,11 @@ int cmd_serve(const Args& a) {
     long long n = a.integer("kv-mb", 256);
     if (n < 1) throw UsageError("--kv-mb must be at least 1");
     cfg.batching.kv_memory_mb = n;
+  }
+  if (a.has("kv-dtype")) {
+    const auto t = kernels::parse_kv_type(a.str("kv-dtype"));
+    if (!t) throw UsageError("--kv-dtype must be f32, f16 or q8_0");
+    cfg.batching.kv_dtype = *t;
   }
   if (a.has("grace-ms")) {
     long long n = a.integer("grace-ms", 5000);
@@ -220,6 +230,8 @@ int cmd_serve(const Args& a) {
     cfg.endpoints.handshake_timeout_ms = ranged("handshake-timeout-ms", 0, 3600000);
   if (a.has("max-waiting-requests"))
     cfg.endpoints.max_waiting_requests = ranged("max-waiting-requests", 1, INT32_MAX);
+  if (a.has("max-connections"))
+    cfg.endpoints.max_connections = ranged("max-connections", 0, 1 << 20);
   if (a.has("step-timeout-ms"))
     cfg.batching.step_timeout_ms = ranged("step-timeout-ms", 0, 3600000);
   if (a.has("max-job-retries"))

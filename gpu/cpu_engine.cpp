@@ -17,9 +17,9 @@
 namespace sy {
 namespace {
 
-// Element type of the KV cache. f32 keeps parity with llama.cpp's greedy outputs simple; this is
-// the one place to change (with the load/store below) for a narrower cache.
-using KvElem = float;
+// The KV cache holds rows of kv_dim values per (layer, slot) in EngineOptions::kv_type (F32,
+// F16 or Q8_0), written by kernels::kv_store_row and read by kv_dot / kv_axpy / kv_load_row.
+using KvElem = uint8_t;
 
 // A step larger than this is refused unless the caller raises EngineOptions::max_batch_tokens: it
 // bounds the scratch memory a single malformed request can make the engine allocate.
@@ -65,6 +65,9 @@ class CpuEngine final : public Engine {
   const Model& model() const override { return *model_; }
   int32_t block_size() const override { return bs_; }
   BlockPool& pool() override { return pool_; }
+  size_t kv_bytes() const override {
+    return 2 * static_cast<size_t>(c_.n_layers * n_slots_ * kv_row_);
+  }
   void step(const std::vector<SeqStep>& batch, StepOutput& out) override;
 
  private:
@@ -112,10 +115,14 @@ class CpuEngine final : public Engine {
     }
   }
   KvElem* k_row(int layer, int64_t slot) {
-    return k_cache_.get() + (layer * n_slots_ + slot) * kv_dim_;
+    return k_cache_.get() + (layer * n_slots_ + slot) * kv_row_;
   }
   KvElem* v_row(int layer, int64_t slot) {
-    return v_cache_.get() + (layer * n_slots_ + slot) * kv_dim_;
+    return v_cache_.get() + (layer * n_slots_ + slot) * kv_row_;
+  }
+  // Byte offset of KV head g's values inside a row (head_dim % 32 == 0 for Q8_0, checked).
+  int64_t head_off(int64_t g) const {
+    return static_cast<int64_t>(kernels::row_bytes(kv_type_, g * c_.head_dim));
   }
 
   std::shared_ptr<Model> model_;
@@ -126,13 +133,15 @@ class CpuEngine final : public Engine {
   int32_t bs_;
   int32_t max_tokens_;
   BlockPool pool_;
-  int64_t n_slots_;  // n_blocks * block_size
-  int64_t q_dim_;    // n_heads * head_dim
-  int64_t kv_dim_;   // n_kv_heads * head_dim
+  int64_t n_slots_;         // n_blocks * block_size
+  int64_t q_dim_;           // n_heads * head_dim
+  int64_t kv_dim_;          // n_kv_heads * head_dim
+  kernels::DType kv_type_;  // EngineOptions::kv_type
+  int64_t kv_row_;          // bytes of one cached K or V row: row_bytes(kv_type_, kv_dim_)
   // Left uninitialised on purpose: pages are touched only when a slot is first written, so a
   // large default capacity costs address space, not memory.
-  std::unique_ptr<KvElem[]> k_cache_;  // (n_layers, n_slots, n_kv_heads, head_dim)
-  std::unique_ptr<KvElem[]> v_cache_;  // (n_layers, n_slots, n_kv_heads, head_dim)
+  std::unique_ptr<KvElem[]> k_cache_;  // (n_layers, n_slots, kv_row_ bytes)
+  std::unique_ptr<KvElem[]> v_cache_;  // (n_layers, n_slots, kv_row_ bytes)
   std::unique_ptr<kernels::ThreadPool> threads_;
 
   // The step plan, rebuilt each step in buffers that only grow.
@@ -203,9 +212,21 @@ CpuEngine::CpuEngine(std::shared_ptr<Model> model, const EngineOptions& opts)
   rope_.neox = c_.rope_layout == RopeLayout::Neox;
   q_dim_ = int64_t{c_.n_heads} * c_.head_dim;
   kv_dim_ = int64_t{c_.n_kv_heads} * c_.head_dim;
-  const size_t kv_elems = static_cast<size_t>(c_.n_layers * n_slots_ * kv_dim_);
-  k_cache_.reset(new KvElem[kv_elems]);
-  v_cache_.reset(new KvElem[kv_elems]);
+  kv_type_ = opts.kv_type;
+  if (!kernels::kv_type_ok(kv_type_)) {
+    const char* name = kernels::dtype_name(kv_type_);
+    throw std::invalid_argument(std::string("KV cache type ") + (name ? name : "?") +
+                                " is not one of f32, f16, q8_0");
+  }
+  if (kv_type_ == kernels::DType::Q8_0 && c_.head_dim % kernels::kQK != 0) {
+    throw std::invalid_argument("KV cache type q8_0 needs a head dimension that is a multiple of " +
+                                std::to_string(kernels::kQK) + " (this model's is " +
+                                std::to_string(c_.head_dim) + "); use f16");
+  }
+  kv_row_ = static_cast<int64_t>(kernels::row_bytes(kv_type_, kv_dim_));
+  const size_t kv_bytes = static_cast<size_t>(c_.n_layers * n_slots_ * kv_row_);
+  k_cache_.reset(new KvElem[kv_bytes]);
+  v_cache_.reset(new KvElem[kv_bytes]);
   if (!opts_.reference) {
     int n = opts_.n_threads > 0 ? opts_.n_threads
                                 : static_cast<int>(std::thread::hardware_concurrency());
@@ -328,6 +349,7 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
   std::vector<float> hb(c.ffn_dim);   // (ffn_dim)
   std::vector<float> hb2(c.ffn_dim);  // (ffn_dim)
   std::vector<float> scores;          // (visible slots) attention weights of one head
+  std::vector<float> kvrow(hd);       // (head_dim) one cached key or value, as f32
 
   size_t out_i = 0;
   for (size_t si = 0; si < batch.size(); ++si) {
@@ -372,22 +394,23 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
         }
         ref::rope_ext(q.data(), c.n_heads, rope_, pos);
         ref::rope_ext(k.data(), c.n_kv_heads, rope_, pos);
-        std::copy(k.begin(), k.end(), k_row(l, slot));
-        std::copy(v.begin(), v.end(), v_row(l, slot));
+        kernels::kv_store_row(kv_type_, k.data(), k_row(l, slot), kv_dim_);
+        kernels::kv_store_row(kv_type_, v.data(), v_row(l, slot), kv_dim_);
         for (int h = 0; h < c.n_heads; ++h) {
           const float* qh = q.data() + h * hd;
           const float* qsh = sink_pos >= 0 ? qs.data() + h * hd : qh;
-          const int64_t kv_off = int64_t{h / group} * hd;
+          const int64_t kv_off = head_off(h / group);
           for (int64_t j = 0; j < n_keys; ++j) {
-            scores[static_cast<size_t>(j)] =
-                ref::dot(j < ns ? qsh : qh, k_row(l, key_slot(j)) + kv_off, hd) * scale;
+            kernels::kv_load_row(kv_type_, k_row(l, key_slot(j)) + kv_off, kvrow.data(), hd);
+            scores[static_cast<size_t>(j)] = ref::dot(j < ns ? qsh : qh, kvrow.data(), hd) * scale;
           }
           if (c.attn_softcap > 0.0f) ref::softcap(scores.data(), n_keys, c.attn_softcap);
           ref::softmax(scores.data(), n_keys);
           float* oh = att.data() + h * hd;
           std::fill(oh, oh + hd, 0.0f);
           for (int64_t j = 0; j < n_keys; ++j) {
-            ref::axpy(scores[static_cast<size_t>(j)], v_row(l, key_slot(j)) + kv_off, oh, hd);
+            kernels::kv_load_row(kv_type_, v_row(l, key_slot(j)) + kv_off, kvrow.data(), hd);
+            ref::axpy(scores[static_cast<size_t>(j)], kvrow.data(), oh, hd);
           }
         }
         ref::matmul(L.wo, att.data(), 1, xb2.data());
@@ -475,8 +498,8 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
       }
       kernels::rope_ext(qt, c.n_heads, rope_, pos_[t]);
       kernels::rope_ext(kt, c.n_kv_heads, rope_, pos_[t]);
-      std::memcpy(k_row(l, slot_[t]), kt, sizeof(float) * kv_dim_);
-      std::memcpy(v_row(l, slot_[t]), v_.data() + t * kv_dim_, sizeof(float) * kv_dim_);
+      kernels::kv_store_row(kv_type_, kt, k_row(l, slot_[t]), kv_dim_);
+      kernels::kv_store_row(kv_type_, v_.data() + t * kv_dim_, v_row(l, slot_[t]), kv_dim_);
     }
     attention_fast(batch, l);
     matmul(L.wo, att_.data(), xb_.data(), n_tok_);
@@ -512,8 +535,8 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
 // handed out through an atomic counter, so one long prefill next to many decodes still
 // balances; each worker owns a slice of ws_, so tasks share nothing writable.
 void CpuEngine::attention_fast(const std::vector<SeqStep>& batch, int layer) {
-  const KvElem* kc = k_cache_.get() + layer * n_slots_ * kv_dim_;
-  const KvElem* vc = v_cache_.get() + layer * n_slots_ * kv_dim_;
+  const KvElem* kc = k_cache_.get() + layer * n_slots_ * kv_row_;
+  const KvElem* vc = v_cache_.get() + layer * n_slots_ * kv_row_;
   const int64_t n_units = static_cast<int64_t>(units_.size());
   std::atomic<int64_t> next{0};
   const auto work = [&](int64_t w_begin, int64_t w_end) {
@@ -544,7 +567,7 @@ void CpuEngine::attention_fast(const std::vector<SeqStep>& batch, int layer) {
 void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int h, const KvElem* kc,
                            const KvElem* vc, float* sc) {
   const int hd = c_.head_dim;
-  const int64_t kv_off = int64_t{h / (c_.n_heads / c_.n_kv_heads)} * hd;
+  const int64_t kv_off = head_off(h / (c_.n_heads / c_.n_kv_heads));
   const float scale = c_.query_scale;
   const Reach at = reach(s, layer);
   for (int32_t i = 0; i < s.n_tokens; ++i) {
@@ -558,17 +581,17 @@ void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int h, con
     const int64_t ns = vis.n_sinks;
     const int64_t n_keys = ns + t - vis.lo + 1;
     for_slots(s, 0, ns, 0, [&](int64_t j, int64_t slot) {
-      sc[j] = kernels::dot(qsh, kc + slot * kv_dim_ + kv_off, hd) * scale;
+      sc[j] = kernels::kv_dot(kv_type_, qsh, kc + slot * kv_row_ + kv_off, hd) * scale;
     });
     for_slots(s, vis.lo, t + 1, ns, [&](int64_t j, int64_t slot) {
-      sc[j] = kernels::dot(qh, kc + slot * kv_dim_ + kv_off, hd) * scale;
+      sc[j] = kernels::kv_dot(kv_type_, qh, kc + slot * kv_row_ + kv_off, hd) * scale;
     });
     if (c_.attn_softcap > 0.0f) kernels::softcap(sc, n_keys, c_.attn_softcap);
     kernels::softmax(sc, n_keys);
     float* oh = att_.data() + row * q_dim_ + h * hd;
     std::fill(oh, oh + hd, 0.0f);
     const auto mix = [&](int64_t j, int64_t slot) {
-      kernels::axpy(sc[j], vc + slot * kv_dim_ + kv_off, oh, hd);
+      kernels::kv_axpy(kv_type_, sc[j], vc + slot * kv_row_ + kv_off, oh, hd);
     };
     for_slots(s, 0, ns, 0, mix);
     for_slots(s, vis.lo, t + 1, ns, mix);
@@ -599,11 +622,12 @@ void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int layer, int g, in
   float* S = Q + rows * hd;         // (rows, nk)
   float* O = S + rows * nk;         // (rows, hd)
 
+  // O is written only by the last product, so its first row holds a value row while gathering.
+  const int64_t goff = head_off(g);
   const auto gather = [&](int64_t j, int64_t slot) {
-    const KvElem* kr = kc + slot * kv_dim_ + g * hd;
-    const KvElem* vr = vc + slot * kv_dim_ + g * hd;
-    std::copy(kr, kr + hd, K + j * hd);
-    for (int64_t d = 0; d < hd; ++d) Vt[d * nk + j] = vr[d];
+    kernels::kv_load_row(kv_type_, kc + slot * kv_row_ + goff, K + j * hd, hd);
+    kernels::kv_load_row(kv_type_, vc + slot * kv_row_ + goff, O, hd);
+    for (int64_t d = 0; d < hd; ++d) Vt[d * nk + j] = O[d];
   };
   for_slots(s, 0, ns0, 0, gather);
   for_slots(s, v0.lo, t1, ns0, gather);

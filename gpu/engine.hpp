@@ -76,6 +76,9 @@ struct EngineOptions {
   int32_t n_blocks = 0;          // 0: enough for 4 sequences of the full context
   bool reference = false;        // plain-loop reference path (test oracle), single thread
   int32_t max_batch_tokens = 0;  // most new tokens in one step; 0: 4096
+  // Element type of the cached keys and values: F16 (llama.cpp's default: half the memory of
+  // F32), F32 or Q8_0 (blocks of 32 with an f16 scale; head_dim a multiple of 32).
+  kernels::DType kv_type = kernels::DType::F16;
 };
 
 class Engine {
@@ -85,6 +88,8 @@ class Engine {
   virtual const Model& model() const = 0;
   virtual int32_t block_size() const = 0;
   virtual BlockPool& pool() = 0;
+  /// Bytes the KV cache takes (keys and values of every block and layer); 0 where unknown.
+  virtual size_t kv_bytes() const { return 0; }
   /// Runs one step; throws std::invalid_argument for a malformed batch (block table too short,
   /// token id out of range, ...), checked before any KV slot is written: BadSequence where one
   /// sequence alone is at fault. One step at a time.

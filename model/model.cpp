@@ -145,8 +145,8 @@ ModelLimits model_limits(const ModelConfig& c) {
   l.ctx_len = c.ctx_len;
   l.n_vocab = c.n_vocab;
   l.sliding_window = c.sliding_window;
-  // K and V (2), f32 (4 bytes), per layer and KV head.
-  l.kv_bytes_per_token = int64_t{c.n_layers} * c.n_kv_heads * c.head_dim * 2 * 4;
+  l.n_layers = c.n_layers;
+  l.kv_dim = int64_t{c.n_kv_heads} * c.head_dim;
   l.layer_window = c.layer_window;
   return l;
 }

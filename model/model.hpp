@@ -102,8 +102,17 @@ struct ModelWeights {
 struct ModelLimits {
   int32_t ctx_len = 0;
   int32_t n_vocab = 0;
-  int32_t sliding_window = 0;      // ModelConfig::sliding_window: the default KV policy's window
-  int64_t kv_bytes_per_token = 0;  // the CPU engine's KV entry: K and V, f32, every layer/KV head
+  int32_t sliding_window = 0;  // ModelConfig::sliding_window: the default KV policy's window
+  int32_t n_layers = 0;
+  int64_t kv_dim = 0;  // n_kv_heads * head_dim: values of one cached K (or V) row per layer
+  /// Bytes one token's KV entry takes in the CPU engine's cache: K and V of every layer, each a
+  /// row of kv_dim values in `t` (F32 4 bytes a value, F16 2, Q8_0 34 per 32).
+  int64_t kv_bytes_per_token(kernels::DType t = kernels::DType::F16) const {
+    const int64_t row = t == kernels::DType::Q8_0  ? (kv_dim + 31) / 32 * 34
+                        : t == kernels::DType::F32 ? kv_dim * 4
+                                                   : kv_dim * 2;
+    return 2 * int64_t{n_layers} * row;
+  }
   std::vector<int32_t> layer_window;  // ModelConfig::layer_window
 };
 ModelLimits model_limits(const ModelConfig& c);

@@ -122,6 +122,8 @@ constexpr int64_t kI32 = std::numeric_limits<int32_t>::max();
 constexpr int64_t kU32 = std::numeric_limits<uint32_t>::max();
 constexpr int64_t kI64 = std::numeric_limits<int64_t>::max();
 constexpr int64_t kHourMs = 3600000;
+// endpoints.max_connections: a million descriptors is past any host's limit, so more is a typo.
+constexpr int64_t kMaxConnections = 1 << 20;
 // Weights are shares; 1e6 is far beyond any sensible ratio and keeps the WFQ tags finite.
 constexpr double kMaxWeight = 1e6;
 
@@ -130,7 +132,7 @@ void load_endpoints(const Ctx& c, const YAML::Node& n, EndpointConfig& e) {
        {"bind", "pull", "results", "max_message_bytes", "sndhwm", "rcvhwm", "curve_secret_key",
         "curve_public_key", "curve_allowed_keys", "heartbeat_ivl_ms", "heartbeat_timeout_ms",
         "heartbeat_ttl_ms", "handshake_timeout_ms", "max_waiting_requests", "max_waiting_bytes",
-        "tcp_keepalive_idle_s"},
+        "tcp_keepalive_idle_s", "max_connections"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "bind") e.bind = get_string(c, key, v);
          // Key files, like the model, are found relative to the config file's folder.
@@ -171,6 +173,9 @@ void load_endpoints(const Ctx& c, const YAML::Node& n, EndpointConfig& e) {
            e.max_waiting_requests = get_int(c, key, v, 1, kI32);
          else if (k == "max_waiting_bytes")
            e.max_waiting_bytes = get_int(c, key, v, 1, int64_t{1} << 40);
+         // 0 = unlimited.
+         else if (k == "max_connections")
+           e.max_connections = get_int(c, key, v, 0, kMaxConnections);
        });
 }
 
@@ -276,7 +281,7 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
   each(c, "batching", n,
        {"step_token_budget", "max_sequences", "prefill_chunk", "kv_block_size", "kv_memory_mb",
         "step_delay_ms", "kv_policy", "kv_pressure_policy", "kv_high_watermark", "kv_low_watermark",
-        "prefix_cache", "step_timeout_ms", "max_job_retries", "kv_gpu_fraction"},
+        "prefix_cache", "step_timeout_ms", "max_job_retries", "kv_gpu_fraction", "kv_dtype"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "step_token_budget")
            b.step_token_budget = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 20));
@@ -292,6 +297,12 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
          // Below 1% the cache would hold almost nothing; above 100% there is nothing to take.
          else if (k == "kv_gpu_fraction")
            b.kv_gpu_fraction = get_real(c, key, v, 0.01, 1.0);
+         else if (k == "kv_dtype") {
+           const std::string text = get_string(c, key, v);
+           const auto t = kernels::parse_kv_type(text);
+           if (!t) c.fail(key, v, "expected f32, f16 or q8_0");
+           b.kv_dtype = *t;
+         }
          // One minute per step is already absurd; it exists only to slow tests down.
          else if (k == "step_delay_ms")
            b.step_delay_ms = static_cast<int32_t>(get_int(c, key, v, 0, 60000));

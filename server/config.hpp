@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/kernels.hpp"
 #include "policies/qos.hpp"
 #include "server/intake_meter.hpp"
 
@@ -57,6 +58,16 @@ struct EndpointConfig {
   // can hold there.
   int64_t max_waiting_requests = 4096;
   int64_t max_waiting_bytes = int64_t{64} << 20;
+  // Concurrent client connections on each listening endpoint (the request endpoint and the
+  // pipeline input, counted apart); a connection past it is closed at once, and counted as
+  // `connections_refused`. 0 = unlimited. A live peer stalled in the middle of a frame pins the
+  // frame's buffer (up to max_message_bytes) while heartbeats are off, so this is what bounds
+  // that memory: max_connections x max_message_bytes per endpoint, 1 GiB with the defaults. 1024
+  // leaves room for a thousand clients each holding its own connection (a client process usually
+  // shares one), and that worst case is small beside a model's weights and KV cache. Each
+  // connection takes a file descriptor: the gateway raises the soft `ulimit -n` to what the caps
+  // need where the hard limit allows, and warns at start where it does not.
+  int64_t max_connections = 1024;
   // CURVE (docs/security.md): with a secret key file every bound socket is a CURVE server and
   // clients need the public key; "" = plain TCP. The public key file is optional and only checked
   // against the secret key (a mismatched pair is a deployment error worth catching at start).
@@ -131,6 +142,10 @@ struct BatchingConfig {
   // step buffers that the KV cache takes; the rest is for cuBLASLt, the CUDA context and
   // fragmentation (vLLM's gpu_memory_utilization, counted after the weights).
   double kv_gpu_fraction = 0.85;
+  // Element type of the CPU engine's cached keys and values (kernels::parse_kv_type): f16, as
+  // llama.cpp's default (half of f32's memory, logits within the golden tests' bounds), f32, or
+  // q8_0 (about a quarter of f32; head_dim a multiple of 32).
+  kernels::DType kv_dtype = kernels::DType::F16;
   int32_t step_delay_ms = 0;  // TEST ONLY: sleep before each step (slow executor)
   // KV-cache policy (policies/kv_policy.hpp format: full | sliding_window:W | sinks:S:W);
   // "" = the model's declared sliding window if it has one, else full.

@@ -1,15 +1,22 @@
 // The gateway thread: zmq_poll over the ROUTER, the PULL (only while it has credit, or while
-// refusing submits during a shutdown), the ZAP handler (with a CURVE client allow-list) and an eventfd raised by post(); decodes at the edge,
-// answers ping itself, sends what egress posts.
+// refusing submits during a shutdown), the ZAP handler (with a CURVE client allow-list), the
+// connection monitors of the ROUTER and the PULL (endpoints.max_connections) and an eventfd raised
+// by post(); decodes at the edge, answers ping itself, sends what egress posts.
 #include "server/gateway.hpp"
 
+#include <netinet/in.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <caf/all.hpp>
 #include <cerrno>
+#include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -52,7 +59,75 @@ constexpr int kMaxLingerMs = 1000;
 // for application metadata.
 constexpr int64_t kResultsMaxInbound = 4 * 1024;
 
+// A connection refused for endpoints.max_connections is logged at once, then at most this often
+// with the count since the last line: a refused client reconnects every 100 ms (ZeroMQ's
+// default), and many of them must not flood the log.
+constexpr std::chrono::seconds kRefusalLogPeriod{10};
+// Connection events read per wake-up, bounded like kReadBatch; a burst of connections is read
+// over several wake-ups.
+constexpr int kEventBatch = 1024;
+// Descriptors the process needs besides client connections (model and journal files, the
+// metrics listener and its clients, the descriptors of libzmq's and CAF's own threads): a margin
+// for the start-up check of `ulimit -n` against endpoints.max_connections.
+constexpr int64_t kReservedDescriptors = 256;
+
 enum class SendResult { sent, again, gone };
+
+// Whether `fd` is still a connection accepted on the bound `endpoint` (tcp://HOST:PORT or
+// ipc://PATH). libzmq reports a connection's descriptor asynchronously: one it has closed since
+// may already name another file or socket of the process, which must not be shut down.
+bool accepted_on(int fd, const std::string& endpoint) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return false;
+  int listening = 1;
+  socklen_t optlen = sizeof listening;
+  if (::getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &optlen) != 0 || listening)
+    return false;
+  if (endpoint.rfind("tcp://", 0) == 0) {
+    const auto port = static_cast<uint16_t>(
+        std::strtoul(endpoint.c_str() + endpoint.rfind(':') + 1, nullptr, 10));
+    if (ss.ss_family == AF_INET)
+      return ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port) == port;
+    if (ss.ss_family == AF_INET6)
+      return ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port) == port;
+    return false;
+  }
+  if (endpoint.rfind("ipc://", 0) == 0 && ss.ss_family == AF_UNIX) {
+    const auto* un = reinterpret_cast<const sockaddr_un*>(&ss);
+    const size_t n =
+        len > offsetof(sockaddr_un, sun_path) ? len - offsetof(sockaddr_un, sun_path) : 0;
+    std::string path = endpoint.substr(6);
+    if (!path.empty() && path[0] == '@') {  // the abstract namespace: a leading NUL, no end mark
+      path[0] = '\0';
+      return std::string(un->sun_path, n) == path;
+    }
+    return std::string(un->sun_path, ::strnlen(un->sun_path, n)) == path;
+  }
+  return false;
+}
+
+// Every connection takes a descriptor, and past the process's limit accepting fails (and so does
+// opening any file) before the cap is reached: when the caps need more, the soft limit is raised
+// toward the hard one, and a hard limit below them is said at start.
+void fit_descriptor_limit(int64_t max_connections, int64_t endpoints) {
+  if (max_connections <= 0) return;
+  const int64_t need = max_connections * endpoints + kReservedDescriptors;
+  rlimit files{};
+  if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur == RLIM_INFINITY ||
+      static_cast<int64_t>(files.rlim_cur) >= need)
+    return;
+  rlimit raised = files;
+  raised.rlim_cur = files.rlim_max == RLIM_INFINITY
+                        ? static_cast<rlim_t>(need)
+                        : std::min(files.rlim_max, static_cast<rlim_t>(need));
+  if (raised.rlim_cur > files.rlim_cur && ::setrlimit(RLIMIT_NOFILE, &raised) == 0) files = raised;
+  if (static_cast<int64_t>(files.rlim_cur) < need)
+    std::cerr << "switchyard: warning: the open file limit (ulimit -n) is " << files.rlim_cur
+              << ", below the " << need << " descriptors that endpoints.max_connections ("
+              << max_connections << " per endpoint) and the server's own files need: raise the "
+              << "hard limit, or lower the cap\n";
+}
 
 SubmitRequest to_request(wire::Submit&& s, ClientRef client) {
   SubmitRequest r;
@@ -187,6 +262,18 @@ struct Gateway::Impl {
   zmq::context_t ctx{1};
   zmq::socket_t router, pull, push;
   zmq::socket_t zap;  // the ZAP handler (REP), only with an allow-list
+  // The client connections of one bound socket, counted from its libzmq monitor
+  // (endpoints.max_connections). Gateway thread only once started.
+  struct ConnectionGate {
+    const char* what = "";            // for the log
+    std::string endpoint;             // the bound address, resolved
+    zmq::socket_t events;             // PAIR connected to the socket's monitor
+    std::unordered_set<int> open;     // descriptors of the accepted connections
+    std::unordered_set<int> refused;  // shut down here; libzmq's disconnect is still to come
+  };
+  ConnectionGate router_gate, pull_gate;
+  Clock::time_point next_refusal_log{};  // gateway thread only
+  uint64_t refusals_unlogged = 0;
   std::unordered_set<std::string> logged_refusals;  // gateway thread only
   std::string router_ep, pull_ep, results_ep;
   int efd = -1;
@@ -212,7 +299,8 @@ struct Gateway::Impl {
   struct Counters {
     std::atomic<uint64_t> received{0}, decode_errors{0}, submits{0}, controls{0}, sent{0},
         dropped{0}, hwm_deferrals{0}, internal_cancels{0}, curve_allowed{0}, curve_refused{0},
-        shutdown_refused{0}, intake_refused{0};
+        shutdown_refused{0}, intake_refused{0}, connections_refused{0};
+    std::atomic<int64_t> connections_open{0};
   } c;
 
   // Gateway thread only.
@@ -642,6 +730,106 @@ struct Gateway::Impl {
     }
   }
 
+  // ---- connections (endpoints.max_connections) ----
+
+  // Watches the connections of `s`, before it binds so that none is missed: libzmq's monitor
+  // reports each accepted connection and each disconnect, with the connection's descriptor, on
+  // an inproc PAIR that the gateway loop polls.
+  void watch_connections(zmq::socket_t& s, ConnectionGate& g, const char* what, const char* name) {
+    const std::string addr = std::string("inproc://switchyard.connections.") + name;
+    if (zmq_socket_monitor(s.handle(), addr.c_str(), ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) !=
+        0)
+      throw std::runtime_error(std::string("cannot watch the connections of the ") + what + ": " +
+                               zmq_strerror(zmq_errno()));
+    g.what = what;
+    g.events = zmq::socket_t(ctx, zmq::socket_type::pair);
+    // libzmq sends each event from its I/O thread with a blocking send: at a receive mark here
+    // every connection of the context would stall until the gateway caught up, so there is none
+    // (an event is a few bytes, and every wake-up reads them).
+    g.events.set(zmq::sockopt::rcvhwm, 0);
+    g.events.set(zmq::sockopt::linger, 0);
+    g.events.connect(addr);
+  }
+
+  // Counts what the monitor reported, and shuts down each connection accepted while the
+  // endpoint already had max_connections open. shutdown(), not close(): the descriptor stays
+  // libzmq's, which sees the end of the stream, reports the disconnect and frees the
+  // connection's buffers and pipe itself.
+  void serve_connections(ConnectionGate& g) {
+    struct Event {
+      uint16_t what;
+      int fd;
+    };
+    std::vector<Event> events;
+    for (int i = 0; i < kEventBatch; ++i) {
+      zmq::message_t head;
+      if (!g.events.recv(head, zmq::recv_flags::dontwait)) break;
+      // [event (16 bits) + value (32 bits: the descriptor), address]; the frames of a message
+      // arrive together.
+      for (bool more = head.more(); more;) {
+        zmq::message_t rest;
+        if (!g.events.recv(rest, zmq::recv_flags::dontwait)) break;
+        more = rest.more();
+      }
+      if (head.size() < 6) continue;
+      uint16_t what;
+      uint32_t value;
+      std::memcpy(&what, head.data(), sizeof what);
+      std::memcpy(&value, static_cast<const char*>(head.data()) + sizeof what, sizeof value);
+      events.push_back({what, static_cast<int>(value)});
+    }
+    const auto cap = static_cast<size_t>(std::max<int64_t>(ep.max_connections, 0));
+    for (size_t i = 0; i < events.size(); ++i) {
+      const int fd = events[i].fd;
+      if (events[i].what == ZMQ_EVENT_DISCONNECTED) {
+        if (!g.refused.erase(fd)) g.open.erase(fd);
+        continue;
+      }
+      if (events[i].what != ZMQ_EVENT_ACCEPTED) continue;
+      if (cap == 0 || g.open.size() < cap) {
+        g.open.insert(fd);
+        continue;
+      }
+      c.connections_refused++;
+      g.refused.insert(fd);
+      // Already gone by itself (its disconnect is in this batch): its descriptor may be reused.
+      const bool gone = std::any_of(
+          events.begin() + static_cast<std::ptrdiff_t>(i) + 1, events.end(),
+          [fd](const Event& e) { return e.what == ZMQ_EVENT_DISCONNECTED && e.fd == fd; });
+      if (!gone && accepted_on(fd, g.endpoint)) ::shutdown(fd, SHUT_RDWR);
+      log_refusal(g, cap);
+    }
+    c.connections_open = static_cast<int64_t>(router_gate.open.size() + pull_gate.open.size());
+  }
+
+  void log_refusal(const ConnectionGate& g, size_t cap) {
+    ++refusals_unlogged;
+    const auto now = Clock::now();
+    if (now < next_refusal_log) return;
+    std::cerr << "switchyard: refused a connection to the " << g.what << " " << g.endpoint << ": "
+              << g.open.size() << " connections open, endpoints.max_connections is " << cap;
+    if (refusals_unlogged > 1)
+      std::cerr << " (" << refusals_unlogged << " refused since the last report)";
+    std::cerr << "\n";
+    refusals_unlogged = 0;
+    next_refusal_log = now + kRefusalLogPeriod;
+  }
+
+  // Closes every socket (idempotent). The monitors stop first: libzmq's I/O thread would block
+  // sending an event to a PAIR that is no longer read.
+  void close_sockets(int linger) {
+    for (auto* s : {&router, &pull})
+      if (*s) zmq_socket_monitor(s->handle(), nullptr, 0);
+    for (auto* s : {&router, &pull, &push, &zap}) {
+      if (*s) {
+        s->set(zmq::sockopt::linger, linger);
+        s->close();
+      }
+    }
+    router_gate.events.close();
+    pull_gate.events.close();
+  }
+
   // ---- the loop ----
 
   void run() {
@@ -658,7 +846,17 @@ struct Gateway::Impl {
       std::vector<zmq::pollitem_t> items;
       items.push_back({nullptr, efd, ZMQ_POLLIN, 0});
       items.push_back({router.handle(), 0, static_cast<short>(reading ? ZMQ_POLLIN : 0), 0});
-      int pull_i = -1, push_i = -1, zap_i = -1;
+      int pull_i = -1, push_i = -1, zap_i = -1, router_gate_i = -1, pull_gate_i = -1;
+      // Connection events are read whatever else happens (draining included), so that the
+      // counts stay right and a connection past the cap is closed as it comes.
+      if (router_gate.events) {
+        router_gate_i = static_cast<int>(items.size());
+        items.push_back({router_gate.events.handle(), 0, ZMQ_POLLIN, 0});
+      }
+      if (pull_gate.events) {
+        pull_gate_i = static_cast<int>(items.size());
+        items.push_back({pull_gate.events.handle(), 0, ZMQ_POLLIN, 0});
+      }
       // Handshakes are answered even while draining: a sink may still be connecting for results.
       if (zap) {
         zap_i = static_cast<int>(items.size());
@@ -687,6 +885,10 @@ struct Gateway::Impl {
         [[maybe_unused]] auto n = ::read(efd, &v, sizeof v);
       }
       if (zap_i >= 0 && (items[zap_i].revents & ZMQ_POLLIN)) serve_zap();
+      if (router_gate_i >= 0 && (items[router_gate_i].revents & ZMQ_POLLIN))
+        serve_connections(router_gate);
+      if (pull_gate_i >= 0 && (items[pull_gate_i].revents & ZMQ_POLLIN))
+        serve_connections(pull_gate);
       drain_inbox();
       if (!backlog.empty() || (push_i >= 0 && (items[push_i].revents & ZMQ_POLLOUT)))
         retry_backlogs();
@@ -698,13 +900,7 @@ struct Gateway::Impl {
     closed = true;
     // What is still queued after the grace period is dropped; ZeroMQ gets a short linger for
     // what it already holds.
-    int linger = static_cast<int>(std::clamp<int64_t>(grace_ms.load(), 0, kMaxLingerMs));
-    for (auto* s : {&router, &pull, &push, &zap}) {
-      if (*s) {
-        s->set(zmq::sockopt::linger, linger);
-        s->close();
-      }
-    }
+    close_sockets(static_cast<int>(std::clamp<int64_t>(grace_ms.load(), 0, kMaxLingerMs)));
   }
 };
 
@@ -724,6 +920,7 @@ Gateway::Gateway(EndpointConfig endpoints, GatewayOptions options) : impl_(new I
 
 Gateway::~Gateway() {
   stop(std::chrono::milliseconds(0));
+  impl_->close_sockets(0);  // a start() that threw left some open
   if (impl_->efd >= 0) ::close(impl_->efd);
 }
 
@@ -784,15 +981,20 @@ void Gateway::start() {
   }
   d.router.set(zmq::sockopt::router_mandatory, 1);
   d.router.set(zmq::sockopt::maxmsgsize, d.ep.max_message_bytes);
+  d.watch_connections(d.router, d.router_gate, "request endpoint", "router");
   bind_named(d.router, d.ep.bind, "request endpoint");
   d.router_ep = d.router.get(zmq::sockopt::last_endpoint);
+  d.router_gate.endpoint = d.router_ep;
   if (!d.ep.pull.empty()) {
     d.pull = zmq::socket_t(d.ctx, zmq::socket_type::pull);
     common(d.pull);
     d.pull.set(zmq::sockopt::maxmsgsize, d.ep.max_message_bytes);
+    d.watch_connections(d.pull, d.pull_gate, "pipeline input", "pull");
     bind_named(d.pull, d.ep.pull, "pipeline input");
     d.pull_ep = d.pull.get(zmq::sockopt::last_endpoint);
+    d.pull_gate.endpoint = d.pull_ep;
   }
+  fit_descriptor_limit(d.ep.max_connections, d.pull ? 2 : 1);
   if (!d.ep.results.empty()) {
     d.push = zmq::socket_t(d.ctx, zmq::socket_type::push);
     common(d.push);
@@ -880,6 +1082,8 @@ GatewayStats Gateway::stats() const {
   s.curve_refused = c.curve_refused;
   s.shutdown_refused = c.shutdown_refused;
   s.intake_refused = c.intake_refused;
+  s.connections_refused = c.connections_refused;
+  s.connections_open = c.connections_open;
   s.pull_credit = impl_->pull_credit;
   return s;
 }

@@ -49,7 +49,10 @@ struct GatewayStats {
   uint64_t curve_refused = 0;     ///< CURVE handshakes the allow-list refused (ZAP 400)
   uint64_t shutdown_refused = 0;  ///< submits answered `unavailable` during the shutdown grace
   uint64_t intake_refused = 0;    ///< requests answered `overloaded`: admission's mailbox was full
-  int64_t pull_credit = 0;        ///< PULL messages that may be read now
+  /// Client connections closed as they came: their endpoint had endpoints.max_connections open.
+  uint64_t connections_refused = 0;
+  int64_t connections_open = 0;  ///< client connections open (request endpoint + pipeline input)
+  int64_t pull_credit = 0;       ///< PULL messages that may be read now
 };
 
 /// The gateway thread and its sockets. Hold it in a shared_ptr: the egress actor posts to it.

@@ -161,8 +161,17 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   // On a GPU with kv_memory_mb 0 (auto) each engine sizes its pool from the device's free
   // memory and the supervisor hands that size to the pair's batcher.
   const bool device_kv = c.executors.backend == "cuda" && c.batching.kv_memory_mb == 0;
-  const int64_t kv_per_token = d.model ? d.model->limits().kv_bytes_per_token : 0;
+  const int64_t kv_per_token =
+      d.model ? d.model->limits().kv_bytes_per_token(c.batching.kv_dtype) : 0;
   int32_t n_blocks = device_kv ? 0 : kv_blocks_for(c.batching, kv_per_token);
+  if (!device_kv && kv_per_token > 0) {
+    // One line with every figure of the cache, so a change of batching.kv_dtype shows in the log.
+    const int64_t bs = c.batching.kv_block_size;
+    std::cerr << "switchyard: KV cache per executor: " << n_blocks << " blocks of " << bs
+              << " tokens, K/V " << kernels::kv_type_name(c.batching.kv_dtype) << ", "
+              << kv_per_token << " bytes a token, "
+              << (int64_t{n_blocks} * bs * kv_per_token) / (1024 * 1024) << " MiB\n";
+  }
   sc.n_blocks = n_blocks;
   sc.batching = c.batching;
   sc.executor.backend = c.executors.backend;
@@ -170,6 +179,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   sc.executor.threads = threads;
   sc.executor.n_blocks = n_blocks;
   sc.executor.kv_gpu_fraction = c.batching.kv_gpu_fraction;
+  sc.executor.kv_type = c.batching.kv_dtype;
   sc.executor.block_size = c.batching.kv_block_size;
   sc.executor.max_batch_tokens = static_cast<int32_t>(c.batching.step_token_budget);
   sc.executor.step_delay_ms = c.batching.step_delay_ms;
@@ -201,6 +211,8 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
       caf::put(s, "decode_errors", static_cast<int64_t>(st.decode_errors));
       caf::put(s, "curve_refused", static_cast<int64_t>(st.curve_refused));
       caf::put(s, "intake_refused", static_cast<int64_t>(st.intake_refused));
+      caf::put(s, "connections_refused", static_cast<int64_t>(st.connections_refused));
+      caf::put(s, "connections_open", st.connections_open);
     }
   };
   d.control = spawn_control(*d.sys, std::move(cw));
@@ -234,6 +246,8 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
         auto st = g->stats();
         caf::put(s, "curve_refused", static_cast<int64_t>(st.curve_refused));
         caf::put(s, "intake_refused", static_cast<int64_t>(st.intake_refused));
+        caf::put(s, "connections_refused", static_cast<int64_t>(st.connections_refused));
+        caf::put(s, "connections_open", st.connections_open);
       }
       return s;
     };
@@ -319,6 +333,8 @@ ServerSnapshot Server::snapshot() {
   s.decode_errors = g.decode_errors;
   s.curve_refused = g.curve_refused;
   s.intake_refused = g.intake_refused;
+  s.connections_refused = g.connections_refused;
+  s.connections_open = g.connections_open;
   if (d.journal) {
     auto j = d.ask_stats(d.journal);
     s.journal_accepted = counter(j, "accepted");
@@ -435,6 +451,8 @@ std::string ServerSnapshot::to_json() const {
   put("decode_errors", decode_errors);
   put("curve_refused", curve_refused);
   put("intake_refused", intake_refused);
+  put("connections_refused", connections_refused);
+  put("connections_open", connections_open);
   put("executors", executors);
   put("scale_ups", scale_ups);
   put("scale_downs", scale_downs);

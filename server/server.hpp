@@ -35,6 +35,8 @@ struct ServerSnapshot {
   uint64_t decode_errors = 0;        ///< malformed client messages answered with an error
   uint64_t curve_refused = 0;        ///< CURVE handshakes the client allow-list refused
   uint64_t intake_refused = 0;       ///< requests refused: admission's mailbox was at its bound
+  uint64_t connections_refused = 0;  ///< connections closed at once: endpoints.max_connections
+  int64_t connections_open = 0;      ///< client connections open (request + pipeline input)
   int64_t executors = 0;             ///< active batcher+executor pairs (supervisor)
   int64_t scale_ups = 0;             ///< pairs added under load
   int64_t scale_downs = 0;           ///< pairs retired when idle

@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string_view>
 
 namespace sy::kernels {
 
@@ -77,6 +79,19 @@ void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t n);
 void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t n);
 /// Converts n floats to `t` (any DType) into dst (row_bytes(t, n) bytes).
 void quantize_row(DType t, const float* src, void* dst, int64_t n);
+
+/// KV-cache rows (kv_rows.cpp): n values stored as F32, F16 or Q8_0 (n a multiple of kQK for
+/// Q8_0), row_bytes(t, n) bytes each. Other types throw std::invalid_argument naming the type.
+bool kv_type_ok(DType t);
+/// The configuration's name of a KV type ("f32", "f16", "q8_0") and back; nullopt for any other.
+const char* kv_type_name(DType t);
+std::optional<DType> parse_kv_type(std::string_view name);
+void kv_store_row(DType t, const float* src, void* dst, int64_t n);
+void kv_load_row(DType t, const void* src, float* dst, int64_t n);
+/// q . row, with row converted in registers.
+float kv_dot(DType t, const float* q, const void* row, int64_t n);
+/// y += a * row.
+void kv_axpy(DType t, float a, const void* row, float* y, int64_t n);
 
 /// A fixed set of worker threads; parallel_for splits [0, n) into contiguous chunks and returns
 /// when all are done. The calling thread takes part. Not reentrant.

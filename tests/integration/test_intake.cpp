@@ -1,19 +1,29 @@
-// The request endpoint's intake under a flood, and the kernel's liveness checks on connections:
-// requests that would wait in front of admission past endpoints.max_waiting_requests are
-// answered `overloaded` by the gateway, every submit still gets exactly one answer, and every
-// connection has TCP keepalive so that a dead peer's buffers are freed.
+// The request endpoint's intake under a flood, and the limits on connections: requests that
+// would wait in front of admission past endpoints.max_waiting_requests are answered `overloaded`
+// by the gateway, every submit still gets exactly one answer; every connection has TCP keepalive
+// so that a dead peer's buffers are freed; and a connection past endpoints.max_connections is
+// closed as it comes, so that peers stalled mid-frame pin at most max_connections frames (the
+// descriptor limit is raised to fit the caps).
 #define BOOST_TEST_MODULE it_intake
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 #include <zmq.hpp>
 
+#include "clients/cpp/client.hpp"
 #include "ingress/codec.hpp"
 #include "server_process.hpp"
 
@@ -55,6 +65,115 @@ std::vector<int> timers_of_local_port(unsigned port) {
   return out;
 }
 
+// How long a connection the server must close may stay open: far beyond the few milliseconds a
+// refusal takes, and no other timer of these servers closes one (no handshake limit, no
+// heartbeats), so only a server that keeps the connection reaches it.
+constexpr auto kCloseBound = std::chrono::milliseconds(20000);
+
+// A TCP connection to a ZeroMQ endpoint that speaks ZMTP 3.0 (NULL mechanism) by hand, so that
+// it can stop in the middle of a frame.
+class RawPeer {
+ public:
+  explicit RawPeer(const std::string& endpoint) {
+    auto colon = endpoint.rfind(':');
+    BOOST_REQUIRE(endpoint.rfind("tcp://", 0) == 0 && colon != std::string::npos);
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    BOOST_REQUIRE(fd_ >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(std::stoi(endpoint.substr(colon + 1))));
+    BOOST_REQUIRE(inet_pton(AF_INET, endpoint.substr(6, colon - 6).c_str(), &a.sin_addr) == 1);
+    BOOST_REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  }
+  ~RawPeer() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  RawPeer(const RawPeer&) = delete;
+  RawPeer& operator=(const RawPeer&) = delete;
+
+  // Sends all of `bytes`; a connection the server closed meanwhile is remembered.
+  void send(const std::string& bytes) {
+    for (size_t off = 0; off < bytes.size() && !server_closed_;) {
+      ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+      if (n < 0 && (errno == ECONNRESET || errno == EPIPE)) {
+        server_closed_ = true;
+        return;
+      }
+      BOOST_REQUIRE_MESSAGE(n > 0, "send failed: " << std::strerror(errno));
+      off += static_cast<size_t>(n);
+    }
+  }
+
+  // Greeting (as a client) and READY with Socket-Type DEALER; what the server sends back is
+  // left unread.
+  void send_handshake() {
+    std::string g = std::string("\xff") + std::string(7, '\0') + "\x01\x7f\x03" + '\0' + "NULL" +
+                    std::string(16, '\0') + '\0' + std::string(31, '\0');
+    BOOST_REQUIRE(g.size() == 64u);
+    std::string body =
+        std::string("\x05READY\x0bSocket-Type") + std::string(3, '\0') + "\x06" + "DEALER";
+    send(g + "\x04" + static_cast<char>(body.size()) + body);
+  }
+
+  // The header of one long frame of `size` bytes and its first `sent` bytes: the server
+  // allocates the whole frame when it reads the header and holds it while the rest is awaited.
+  void send_frame_start(uint64_t size, size_t sent) {
+    std::string h = "\x02";  // long, last frame
+    for (int i = 7; i >= 0; --i) h += static_cast<char>((size >> (8 * i)) & 0xff);
+    send(h + std::string(sent, 'x'));
+  }
+
+  // Waits until the server ends the connection (FIN or reset), discarding what it sends (its
+  // greeting); false when it is still open after `limit`.
+  bool closed_within(std::chrono::milliseconds limit) {
+    if (server_closed_) return true;
+    auto until = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          until - std::chrono::steady_clock::now());
+      pollfd p{fd_, POLLIN, 0};
+      int r = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return false;
+      char buf[4096];
+      ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
+      if (n == 0 || (n < 0 && errno != EINTR)) return server_closed_ = true;
+    }
+  }
+
+ private:
+  int fd_ = -1;
+  bool server_closed_ = false;
+};
+
+// Asks the server's counters until `key` equals `want`; false when it still differs after
+// `bound` (the last value seen is in `seen`).
+bool stat_reaches(sy::it::ServerProcess& srv, const std::string& key, int64_t want, int64_t& seen,
+                  std::chrono::seconds bound = std::chrono::seconds(20)) {
+  auto until = std::chrono::steady_clock::now() + bound;
+  for (;;) {
+    seen = srv.stats()[key];
+    if (seen == want) return true;
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+// Open descriptors of process `pid`.
+int64_t open_descriptors(pid_t pid) {
+  int64_t n = 0;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec))
+    ++n;
+  return n;
+}
+
+// A frame a stalled peer announces: under the 1 MiB message limit, so that its size alone is no
+// reason to disconnect; and what it sends of it before stalling.
+constexpr uint64_t kFrameBytes = 900 * 1024;
+constexpr size_t kSentBytes = 64 * 1024;
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(a_flood_is_refused_at_the_edge_and_every_submit_is_answered_once) {
@@ -71,7 +190,8 @@ BOOST_AUTO_TEST_CASE(a_flood_is_refused_at_the_edge_and_every_submit_is_answered
   constexpr int kSubmits = 20000;
   for (int i = 0; i < kSubmits; ++i) {
     sy::wire::Submit s;
-    s.id = "j" + std::to_string(i);
+    s.id = "j";
+    s.id += std::to_string(i);  // (not "j" + ...: g++ 12 warns falsely, -Wrestrict)
     s.tenant = "flood";
     s.prompt = std::string("one two three four");
     s.max_tokens = 1;
@@ -148,4 +268,151 @@ BOOST_AUTO_TEST_CASE(connections_have_tcp_keepalive) {
   } while (std::chrono::steady_clock::now() < until);
   BOOST_REQUIRE(!timers.empty());
   for (int t : timers) BOOST_TEST(t == 2, "timer_active " << t << " (2: keepalive)");
+}
+
+BOOST_AUTO_TEST_CASE(connections_past_max_connections_are_closed_and_room_comes_back) {
+  sy::it::TempDir dir;
+  const std::string log = dir.path() + "/stderr.log";
+  // No handshake limit and no heartbeats (the default): only the cap can close a connection.
+  sy::it::ServerProcess srv({"--backend", "null", "--max-connections", "4",
+                             "--handshake-timeout-ms", "0", "--metrics", "127.0.0.1:0"},
+                            std::chrono::seconds(60), log);
+  // Four connections fill the cap: two peers stalled in the middle of a big frame (what the cap
+  // bounds: each pins the frame's buffer for as long as it stays connected) and two clients.
+  std::vector<std::unique_ptr<RawPeer>> stalled;
+  for (int i = 0; i < 2; ++i) {
+    stalled.push_back(std::make_unique<RawPeer>(srv.endpoint()));
+    stalled.back()->send_handshake();
+    stalled.back()->send_frame_start(kFrameBytes, kSentBytes);
+  }
+  sy::client::Client a(srv.endpoint()), b(srv.endpoint());
+  BOOST_REQUIRE(a.ping_wait(10s));
+  BOOST_REQUIRE(b.ping_wait(10s));
+  int64_t seen = -1;
+  BOOST_REQUIRE_MESSAGE(stat_reaches(srv, "connections_open", 4, seen),
+                        "connections_open " << seen);
+  const int64_t descriptors = open_descriptors(srv.pid());
+
+  // Past the cap a connection is closed as it comes: a silent one, and one that starts the same
+  // stall (it never holds its frame).
+  RawPeer silent(srv.endpoint());
+  BOOST_TEST(silent.closed_within(kCloseBound), "a fifth connection was kept open");
+  RawPeer staller(srv.endpoint());
+  staller.send_handshake();
+  staller.send_frame_start(kFrameBytes, kSentBytes);
+  BOOST_TEST(staller.closed_within(kCloseBound), "a sixth connection was kept open");
+  auto st = srv.stats();
+  BOOST_TEST(st["connections_refused"] == 2);
+  BOOST_TEST(st["connections_open"] == 4);
+  auto page = sy::it::http_get(srv.metrics_endpoint(), "/metrics");
+  BOOST_TEST(page.status == 200);
+  BOOST_TEST(page.body.find("\nswitchyard_connections_refused_total 2\n") != std::string::npos,
+             page.body);
+  BOOST_TEST(page.body.find("\nswitchyard_connections_open 4\n") != std::string::npos, page.body);
+  // libzmq saw the end of each refused connection and closed its descriptor (and pipe) itself.
+  auto until = std::chrono::steady_clock::now() + 20s;
+  while (open_descriptors(srv.pid()) > descriptors && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(20ms);
+  BOOST_TEST(open_descriptors(srv.pid()) <= descriptors);
+  // The four are untouched.
+  for (auto& p : stalled) BOOST_TEST(!p->closed_within(std::chrono::milliseconds(0)));
+  BOOST_TEST(a.ping_wait(10s));
+
+  // Once the stalled peers leave there is room again: a new client connects and runs a job.
+  stalled.clear();
+  BOOST_REQUIRE_MESSAGE(stat_reaches(srv, "connections_open", 2, seen),
+                        "connections_open " << seen);
+  sy::client::Client c(srv.endpoint());
+  sy::wire::Submit s;
+  s.id = "after-the-cap";
+  s.tenant = "conn";
+  s.prompt = std::string("one two");
+  s.max_tokens = 2;
+  auto r = c.run(s, 30s);
+  BOOST_REQUIRE(r.ok());
+  BOOST_TEST(r.done->id == "after-the-cap");
+  BOOST_TEST(srv.stats()["connections_refused"] == 2);
+  BOOST_TEST(srv.alive());
+
+  // The first refusal is logged, naming the limit.
+  std::ifstream f(log);
+  std::stringstream text;
+  text << f.rdbuf();
+  const std::string line = "switchyard: refused a connection to the request endpoint " +
+                           srv.endpoint() + ": 4 connections open, endpoints.max_connections is 4";
+  BOOST_TEST(text.str().find(line) != std::string::npos, text.str());
+}
+
+BOOST_AUTO_TEST_CASE(the_pipeline_input_has_its_own_cap) {
+  sy::it::ServerProcess srv({"--backend", "null", "--max-connections", "1",
+                             "--handshake-timeout-ms", "0", "--pull", "tcp://127.0.0.1:*",
+                             "--results", "tcp://127.0.0.1:*"});
+  // One request client and one producer: each endpoint is at its cap of one.
+  sy::client::Client client(srv.endpoint());
+  BOOST_REQUIRE(client.ping_wait(10s));
+  sy::client::Sink sink(srv.results_endpoint());
+  sy::client::Pusher producer(srv.pull_endpoint());
+  int64_t seen = -1;
+  BOOST_REQUIRE_MESSAGE(stat_reaches(srv, "connections_open", 2, seen),
+                        "connections_open " << seen);
+
+  RawPeer extra(srv.pull_endpoint());
+  BOOST_TEST(extra.closed_within(kCloseBound), "a second producer connection was kept open");
+  BOOST_TEST(srv.stats()["connections_refused"] == 1);
+
+  // The producer's connection was not the one closed: its job comes back on the results socket.
+  sy::wire::Submit s;
+  s.id = "piped";
+  s.tenant = "conn";
+  s.prompt = std::string("one two");
+  s.max_tokens = 2;
+  BOOST_REQUIRE(producer.submit(s, 10s));
+  bool done = false;
+  auto until = std::chrono::steady_clock::now() + 30s;
+  while (!done && std::chrono::steady_clock::now() < until) {
+    auto m = sink.next(500ms);
+    if (!m) continue;
+    if (auto* d = std::get_if<sy::wire::Done>(&*m)) done = d->id == "piped";
+  }
+  BOOST_TEST(done);
+  BOOST_TEST(client.ping_wait(10s));
+  BOOST_TEST(srv.stats()["connections_open"] == 2);
+  BOOST_TEST(srv.alive());
+}
+
+BOOST_AUTO_TEST_CASE(the_descriptor_limit_is_raised_to_fit_the_caps) {
+  // Two endpoints of 1000 connections need 2000 descriptors, plus 256 for the server's own files.
+  constexpr rlim_t kNeed = 2 * 1000 + 256;
+  rlimit saved{};
+  BOOST_REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < kNeed) {
+    BOOST_TEST_MESSAGE("skipped: the hard descriptor limit " << saved.rlim_max << " is below "
+                                                             << kNeed);
+    return;
+  }
+  // The server inherits a low soft limit from this process, restored once it has started.
+  struct Restore {
+    rlimit r;
+    ~Restore() { ::setrlimit(RLIMIT_NOFILE, &r); }
+  } restore{saved};
+  rlimit low = saved;
+  low.rlim_cur = 512;
+  BOOST_REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  sy::it::TempDir dir;
+  const std::string log = dir.path() + "/stderr.log";
+  sy::it::ServerProcess srv({"--backend", "null", "--max-connections", "1000", "--pull",
+                             "tcp://127.0.0.1:*", "--results", "tcp://127.0.0.1:*"},
+                            std::chrono::seconds(60), log);
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+  std::ifstream f("/proc/" + std::to_string(srv.pid()) + "/limits");
+  std::string line;
+  long long soft = -1;
+  while (std::getline(f, line))
+    if (line.rfind("Max open files", 0) == 0) std::istringstream(line.substr(14)) >> soft;
+  BOOST_TEST(soft == static_cast<long long>(kNeed));
+  // Raised, so nothing to warn about.
+  std::ifstream err(log);
+  std::stringstream text;
+  text << err.rdbuf();
+  BOOST_TEST(text.str().find("open file limit") == std::string::npos, text.str());
 }

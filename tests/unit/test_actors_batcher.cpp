@@ -95,8 +95,10 @@ void check_golden_run(Rig& rig) {
 
 BOOST_AUTO_TEST_CASE(kv_sizing_follows_the_model) {
   const LlamaConfig& c = stories()->config();
-  const int64_t per_token = stories()->limits().kv_bytes_per_token;
-  BOOST_TEST(per_token == int64_t{c.n_layers} * c.n_kv_heads * c.head_dim * 8);
+  // K and V of every layer and KV head, f16 (the default) 2 bytes a value, f32 4.
+  const int64_t per_token = stories()->limits().kv_bytes_per_token();
+  BOOST_TEST(per_token == int64_t{c.n_layers} * c.n_kv_heads * c.head_dim * 2 * 2);
+  BOOST_TEST(stories()->limits().kv_bytes_per_token(sy::kernels::DType::F32) == 2 * per_token);
   BatchingConfig bc;
   bc.kv_memory_mb = 1;
   bc.kv_block_size = 16;
@@ -109,7 +111,7 @@ BOOST_AUTO_TEST_CASE(kv_sizing_follows_the_model) {
 BOOST_AUTO_TEST_CASE(golden_ids_streamed_and_not_concurrently) {
   Rig rig;
   const BatchingConfig bc = small_config();
-  const int32_t n_blocks = kv_blocks_for(bc, stories()->limits().kv_bytes_per_token);
+  const int32_t n_blocks = kv_blocks_for(bc, stories()->limits().kv_bytes_per_token());
   rig.start(bc, n_blocks, cpu_spec());
   check_golden_run(rig);
   const caf::settings st = rig.stats(rig.batcher);
@@ -145,7 +147,7 @@ BOOST_AUTO_TEST_CASE(cancel_mid_stream_frees_blocks) {
   const BatchingConfig bc = small_config();
   ExecutorSpec spec = cpu_spec();
   spec.step_delay_ms = 5;  // so that 1000 tokens take seconds: the cancel lands mid-stream
-  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token), spec);
+  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token()), spec);
   Job j = rig.job(golden64()[0].prompt, 1000, true);
   j.ignore_eos = true;
   const uint64_t uid = rig.submit(j);
@@ -170,7 +172,7 @@ BOOST_AUTO_TEST_CASE(cancel_mid_stream_frees_blocks) {
 BOOST_AUTO_TEST_CASE(stop_string_cuts_text_and_stream) {
   Rig rig;
   const BatchingConfig bc = small_config();
-  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token), cpu_spec());
+  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token()), cpu_spec());
   const auto gold = golden64();
   // Golden text: ", there was a little girl named Lily. She loved to play ..."
   std::vector<uint64_t> uids;
@@ -201,7 +203,7 @@ BOOST_AUTO_TEST_CASE(stop_string_cuts_text_and_stream) {
 BOOST_AUTO_TEST_CASE(max_tokens_ends_with_length) {
   Rig rig;
   const BatchingConfig bc = small_config();
-  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token), cpu_spec());
+  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token()), cpu_spec());
   const auto gold = golden64();
   const uint64_t a = rig.submit(rig.job(gold[1].prompt, 5, false));
   const uint64_t b = rig.submit(rig.job(gold[2].prompt, 1, true));

@@ -41,7 +41,7 @@ BOOST_AUTO_TEST_CASE(failing_jobs_end_alone_and_their_neighbours_stay_exact) {
   const BatchingConfig bc = config_for_sharing();
   ExecutorSpec spec = cpu_spec();
   spec.test_nan_logits_token = kNanToken;
-  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token), spec);
+  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token()), spec);
 
   const auto cases = test::reference_cases(64);
   BOOST_REQUIRE(cases.size() == 3u);

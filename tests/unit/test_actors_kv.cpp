@@ -108,7 +108,7 @@ BOOST_AUTO_TEST_CASE(sliding_window_bounds_blocks_held_over_8192_tokens) {
       rig.model = model;
       BatchingConfig bc = kv_config(policy);
       bc.kv_memory_mb = 8;
-      const int32_t n_blocks = kv_blocks_for(bc, model->limits().kv_bytes_per_token);
+      const int32_t n_blocks = kv_blocks_for(bc, model->limits().kv_bytes_per_token());
       BOOST_REQUIRE_GE(n_blocks, 600);
       ExecutorSpec spec = cpu_spec();
       spec.threads = 2;
@@ -138,7 +138,7 @@ BOOST_AUTO_TEST_CASE(wide_windows_equal_full_attention) {
     BOOST_TEST_CONTEXT(policy) {
       Rig rig;
       rig.start(kv_config(policy),
-                kv_blocks_for(kv_config(policy), stories()->limits().kv_bytes_per_token),
+                kv_blocks_for(kv_config(policy), stories()->limits().kv_bytes_per_token()),
                 cpu_spec());
       const auto ids = run_all(rig, prompts, 64);
       for (size_t i = 0; i < cases.size(); ++i)
@@ -157,14 +157,14 @@ BOOST_AUTO_TEST_CASE(swap_by_command) {
   {
     Rig rig;
     auto bc = kv_config("sliding_window:16");
-    rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token), cpu_spec());
+    rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token()), cpu_spec());
     windowed = run_all(rig, {c.prompt_token_ids}, 64).at(0);
   }
   BOOST_TEST(windowed != c.generated_token_ids);  // a 16-token window does change the output
 
   Rig rig;
   auto bc = kv_config("");
-  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token), cpu_spec());
+  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token()), cpu_spec());
   BOOST_TEST(text_of(rig.stats(rig.batcher), "kv_policy") == "full");
   BOOST_TEST(run_all(rig, {c.prompt_token_ids}, 64).at(0) == c.generated_token_ids,
              boost::test_tools::per_element());
@@ -201,7 +201,7 @@ BOOST_AUTO_TEST_CASE(shared_prefix_prefills_only_the_suffix) {
     Rig rig;
     auto bc = kv_config("");
     bc.prefix_cache = false;
-    rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token), cpu_spec());
+    rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token()), cpu_spec());
     run_all(rig, {a}, n_gen);
     b_uncached = run_all(rig, {b}, n_gen).at(0);
     BOOST_TEST(rig.seen.rbegin()->second.done.cached_tokens == 0u);
@@ -209,7 +209,7 @@ BOOST_AUTO_TEST_CASE(shared_prefix_prefills_only_the_suffix) {
 
   Rig rig;
   auto bc = kv_config("");
-  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token), cpu_spec());
+  rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token()), cpu_spec());
   run_all(rig, {a}, n_gen);
   BOOST_TEST(rig.seen.rbegin()->second.done.cached_tokens == 0u);
   const int64_t fed_before = counter(rig.stats(rig.batcher), "fed_tokens");
@@ -242,7 +242,7 @@ BOOST_AUTO_TEST_CASE(eviction_under_pressure_changes_no_output) {
     Rig rig;
     auto bc = kv_config("");
     bc.prefix_cache = false;
-    rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token), cpu_spec());
+    rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token()), cpu_spec());
     expected = run_all(rig, prompts, n_gen);
   }
   Rig rig;

@@ -49,7 +49,7 @@ struct Fixture {
     sc.batching.prefill_chunk = 64;
     sc.batching.kv_memory_mb = 16;
     auto model = sy::test::stories();
-    sc.n_blocks = kv_blocks_for(sc.batching, model->limits().kv_bytes_per_token);
+    sc.n_blocks = kv_blocks_for(sc.batching, model->limits().kv_bytes_per_token());
     sc.executor = sy::test::cpu_spec();
     sc.executor.n_blocks = sc.n_blocks;
     sc.executor.block_size = sc.batching.kv_block_size;

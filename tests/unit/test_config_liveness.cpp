@@ -1,5 +1,6 @@
 // The connection-liveness keys of the endpoints section: defaults (handshake limit on,
-// heartbeats off), values read, and out-of-range values refused with the key named.
+// heartbeats off, connections capped), values read, and out-of-range values refused with the key
+// named.
 #define BOOST_TEST_MODULE config_liveness
 #include <boost/test/unit_test.hpp>
 #include <string>
@@ -36,6 +37,7 @@ BOOST_AUTO_TEST_CASE(defaults_limit_the_handshake_and_the_intake_and_keep_connec
   BOOST_TEST(e.heartbeat_ivl_ms == 0);
   BOOST_TEST(e.heartbeat_timeout_ms == 30000);
   BOOST_TEST(e.heartbeat_ttl_ms == 30000);
+  BOOST_TEST(e.max_connections == 1024);
 }
 
 BOOST_AUTO_TEST_CASE(keys_are_read) {
@@ -49,6 +51,7 @@ endpoints:
   tcp_keepalive_idle_s: 5
   max_waiting_requests: 7
   max_waiting_bytes: 9000
+  max_connections: 3
 )",
                          cfg);
   BOOST_TEST(err == "");
@@ -59,6 +62,23 @@ endpoints:
   BOOST_TEST(cfg.endpoints.tcp_keepalive_idle_s == 5);
   BOOST_TEST(cfg.endpoints.max_waiting_requests == 7);
   BOOST_TEST(cfg.endpoints.max_waiting_bytes == 9000);
+  BOOST_TEST(cfg.endpoints.max_connections == 3);
+}
+
+BOOST_AUTO_TEST_CASE(max_connections_zero_means_unlimited_and_its_range_is_enforced) {
+  sy::ServerConfig cfg;
+  BOOST_TEST(load("endpoints:\n  max_connections: 0\n", cfg) == "");
+  BOOST_TEST(cfg.endpoints.max_connections == 0);
+  BOOST_TEST(load("endpoints:\n  max_connections: 1048576\n", cfg) == "");
+  BOOST_TEST(cfg.endpoints.max_connections == 1048576);
+  for (const char* bad : {"-1", "1048577"}) {
+    std::string err = load(std::string("endpoints:\n  max_connections: ") + bad + "\n", cfg);
+    BOOST_TEST(err.find("endpoints.max_connections") != std::string::npos, err);
+    BOOST_TEST(err.find("out of range [0, 1048576]") != std::string::npos, err);
+  }
+  std::string err = load("endpoints:\n  max_connections: many\n", cfg);
+  BOOST_TEST(err.find("endpoints.max_connections") != std::string::npos, err);
+  BOOST_TEST(err.find("expected an integer") != std::string::npos, err);
 }
 
 BOOST_AUTO_TEST_CASE(out_of_range_values_are_refused_by_name) {

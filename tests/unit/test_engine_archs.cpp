@@ -162,6 +162,7 @@ std::vector<std::vector<double>> numpy_logits(const std::string& path,
 std::unique_ptr<sy::Engine> engine(std::shared_ptr<sy::Model> m, bool reference) {
   sy::EngineOptions o;
   o.reference = reference;
+  o.kv_type = sy::kernels::DType::F32;  // the numpy reference keeps K/V in float64
   o.n_threads = 2;
   o.block_size = 4;
   o.n_blocks = 8;
@@ -326,6 +327,7 @@ BOOST_AUTO_TEST_CASE(layer_windows_combine_with_a_sequence_window) {
   const auto run = [&](bool reference, int32_t window, int32_t sinks) {
     sy::EngineOptions o;
     o.reference = reference;
+    o.kv_type = sy::kernels::DType::F32;  // the numpy reference keeps K/V in float64
     o.n_threads = 2;
     o.block_size = 8;
     o.n_blocks = 8;

@@ -30,12 +30,14 @@ struct CudaEngineOptions {
   bool cuda_graphs = false;  // replay pure decode steps (one new token per sequence, at most 256
                              // sequences, padded up to 1, 2, 4, ..., 256) as captured CUDA graphs:
                              // fewer launch gaps for small batches; other steps run as usual
-  bool quantized_decode = false;  // Q8_0/Q4_0 files: also keep the layer matrices (and the output
-                                  // matrix) as the file's blocks, read by a GEMV in steps of at
-                                  // most 8 new tokens; prefill keeps the dequantized copies. Needs
-                                  // every layer matrix quantized, else it has no effect. A
-                                  // synthetic engine then makes its layer and output matrices
-                                  // random Q8_0, the bf16 copies dequantized from them
+  bool quantized_decode = false;  // quantized files (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, the
+                                  // K-quants, IQ4_XS; mixes like Q4_K_M): also keep the layer
+                                  // matrices (and the output matrix) as the file's blocks, read
+                                  // by a GEMV in steps of at most 8 new tokens; prefill keeps
+                                  // the dequantized copies. Needs every layer matrix quantized,
+                                  // else it has no effect. A synthetic engine then makes its
+                                  // layer and output matrices random Q8_0, the bf16 copies
+                                  // dequantized from them
 };
 
 /// Sampling controls of one sequence for CudaEngine::step_sample.
@@ -64,8 +66,8 @@ class CudaEngine : public Engine {
 };
 
 /// The CUDA backend for a loaded model. Weights are uploaded once: F32/F16/BF16 become bf16
-/// (f32 with f32_weights); Q8_0/Q4_0 are dequantized to bf16 at load (and also kept as blocks
-/// with quantized_decode). Throws std::runtime_error when there is no device, when the weights do
+/// (f32 with f32_weights); quantized types (every kernels::DType, each tensor by its own type)
+/// are dequantized to bf16 (f32) at load, and also kept as blocks with quantized_decode. Throws std::runtime_error when there is no device, when the weights do
 /// not fit in free device memory, or when no room is left for a KV cache of one full step.
 std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<LlamaModel> model,
                                          const CudaEngineOptions& opts);

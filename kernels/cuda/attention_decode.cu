@@ -70,7 +70,7 @@ __global__ void decode_partial_kernel(const float* q, int64_t q_stride, PagedKv<
         const int d = lane + 32 * u;
         if (d < hd) s += qg[d] * kr[u];
       }
-      s = dev::warp_sum(s);
+      s = capped(kv, dev::warp_sum(s));
       const float m_old = wm[g];
       const float m_new = fmaxf(m_old, s);
       const float corr = expf(m_old - m_new);  // m_old = -inf gives 0: nothing to rescale
@@ -164,7 +164,7 @@ cudaError_t attention_decode(const float* q, int64_t q_stride, const PagedKv<T>&
                              static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
-  const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
+  const float scale = score_scale(kv, head_dim);
   const dim3 grid(n_splits, n_kv_heads, n_rows);
   decode_partial_kernel<T><<<grid, kWarps * 32, smem, stream>>>(
       q, q_stride, kv, rows, n_heads, n_kv_heads, head_dim, n_splits, scale, workspace);

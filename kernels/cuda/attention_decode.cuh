@@ -14,8 +14,9 @@ constexpr int kMaxHeadDim = 256;
 /// Floats of workspace attention_decode needs.
 size_t attention_decode_workspace(int n_rows, int n_heads, int head_dim, int n_splits);
 
-/// For each listed row t = rows[i] (i < n_rows) and query head h: softmax(q_t,h . K / sqrt(hd)) V
-/// over the row's visible slots, written to out + t * out_stride + h * head_dim. q is f32 at
+/// For each listed row t = rows[i] (i < n_rows) and query head h: softmax(cap(q_t,h . K * scale)) V
+/// over the row's visible slots (scale, soft-cap and layer window from kv; by default
+/// 1 / sqrt(hd), no cap, no layer window), written to out + t * out_stride + h * head_dim. q is f32 at
 /// q + t * q_stride + h * head_dim (already rotated); query head h reads KV head
 /// h / (n_heads / n_kv_heads). Each row's keys are cut into n_splits ranges handled by separate
 /// blocks; `workspace` holds their partial results (attention_decode_workspace floats).

@@ -88,6 +88,7 @@ __global__ void prefill_kernel(const float* q, int64_t q_stride, PagedKv<T> kv,
           if (seen) {
             s = 0.0f;
             for (int d = 0; d < hd; ++d) s += sQ[r * hd + d] * sK[j * (hd + 1) + d];
+            s = capped(kv, s);
           }
         }
         sS[e] = s;
@@ -236,7 +237,7 @@ __global__ void prefill_tc_kernel(const float* q, int64_t q_stride, PagedKv<bf16
           const int j = lane + 32 * u, key = kb + j;
           const bool seen =
               pass == 0 ? r < nr && key < sink_count(kv, r0 + r, st) : key < nk && key >= st;
-          s[u] = (j < nkt && seen) ? sS[r * kTcBK + j] : -INFINITY;
+          s[u] = (j < nkt && seen) ? capped(kv, sS[r * kTcBK + j]) : -INFINITY;
           mx = fmaxf(mx, s[u]);
         }
         mx = dev::warp_max(mx);
@@ -296,7 +297,7 @@ cudaError_t attention_prefill(const float* q, int64_t q_stride, const PagedKv<T>
   if (n_tiles <= 0) return cudaSuccess;
   if (head_dim > 256 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return cudaErrorInvalidValue;
   if (kv.row_sinks && !kv.q_sink) return cudaErrorInvalidValue;
-  const float scale = 1.0f / sqrtf(static_cast<float>(head_dim));
+  const float scale = score_scale(kv, head_dim);
   if constexpr (std::is_same_v<T, bf16>) {
     if (tensor_cores && head_dim % 16 == 0) {
       const size_t smem = prefill_tc_smem(head_dim);

@@ -1,15 +1,16 @@
 // Conversion kernels: one thread per output element (grid-stride), each reading its own source
-// element (and its block's scale for quantized types).
+// element (and its group's scales for quantized types, decoded by dequant_blocks.cuh), so that a
+// warp's stores are contiguous.
 #include <algorithm>
 
 #include "kernels/cuda/convert.cuh"
+#include "kernels/cuda/dequant_blocks.cuh"
 
 namespace sy::cuda {
 namespace {
 
-constexpr int kQK = 32;       // elements per Q8_0 / Q4_0 block
+constexpr int kQK = 32;       // elements per Q8_0 block
 constexpr int kQ8Bytes = 34;  // f16 scale + 32 int8
-constexpr int kQ4Bytes = 18;  // f16 scale + 16 bytes of nibbles
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 65536;  // grid-stride beyond this: plenty to fill the device
 
@@ -18,39 +19,36 @@ __device__ float f16_bits(const uint8_t* p) {
   return __half2float(__ushort_as_half(h));
 }
 
+// F32, F16 and BF16 elements.
 template <class T>
-__global__ void convert_kernel(SrcType type, const uint8_t* src, int64_t n, int64_t cols, T* dst) {
+__global__ void convert_kernel(SrcType type, const uint8_t* src, int64_t n, T* dst) {
   for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
        k += int64_t{gridDim.x} * blockDim.x) {
     float v = 0.0f;
-    switch (type) {
-      case SrcType::F32:
-        v = reinterpret_cast<const float*>(src)[k];
-        break;
-      case SrcType::F16:
-        v = f16_bits(src + 2 * k);
-        break;
-      case SrcType::BF16: {
-        const unsigned short b = static_cast<unsigned short>(src[2 * k] | (src[2 * k + 1] << 8));
-        v = __uint_as_float(static_cast<unsigned>(b) << 16);
-        break;
-      }
-      case SrcType::Q8_0: {
-        const int64_t r = k / cols, c = k % cols;
-        const uint8_t* blk = src + (r * (cols / kQK) + c / kQK) * kQ8Bytes;
-        v = f16_bits(blk) * static_cast<float>(static_cast<int8_t>(blk[2 + c % kQK]));
-        break;
-      }
-      case SrcType::Q4_0: {
-        const int64_t r = k / cols, c = k % cols;
-        const uint8_t* blk = src + (r * (cols / kQK) + c / kQK) * kQ4Bytes;
-        const int j = static_cast<int>(c % kQK);
-        const int q = j < kQK / 2 ? (blk[2 + j] & 0x0f) : (blk[2 + j - kQK / 2] >> 4);
-        v = f16_bits(blk) * static_cast<float>(q - 8);
-        break;
-      }
+    if (type == SrcType::F32) {
+      v = reinterpret_cast<const float*>(src)[k];
+    } else if (type == SrcType::F16) {
+      v = f16_bits(src + 2 * k);
+    } else {
+      const unsigned short b = static_cast<unsigned short>(src[2 * k] | (src[2 * k + 1] << 8));
+      v = __uint_as_float(static_cast<unsigned>(b) << 16);
     }
     dst[k] = dev::from_f<T>(v);
+  }
+}
+
+// Elements of a quantized type Q (a decoder of dequant_blocks.cuh); rows hold whole blocks.
+template <class Q, class T>
+__global__ void dequant_kernel(const uint8_t* src, int64_t n, int64_t cols, T* dst) {
+  const int64_t blocks_per_row = cols / Q::kElems;
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
+       k += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = k / cols, c = k % cols;
+    const uint8_t* blk = src + (r * blocks_per_row + c / Q::kElems) * Q::kBytes;
+    const int e = static_cast<int>(c % Q::kElems);
+    float mul, add;
+    Q::group(blk, e / Q::kGroup, mul, add);
+    dst[k] = dev::from_f<T>(dq::value(mul, Q::code(blk, e), add));
   }
 }
 
@@ -102,19 +100,55 @@ unsigned blocks_for(int64_t n) {
   return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks));
 }
 
+template <class Q, class T>
+cudaError_t launch_dequant(const void* src, int64_t n, int64_t cols, T* dst, cudaStream_t stream) {
+  dequant_kernel<Q, T>
+      <<<blocks_for(n), kThreads, 0, stream>>>(static_cast<const uint8_t*>(src), n, cols, dst);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 template <class T>
 cudaError_t convert_rows(SrcType type, const void* src, int64_t n_rows, int64_t cols, T* dst,
                          cudaStream_t stream) {
+  const int64_t be = block_elems(type);
+  if (be == 0 || cols % be != 0) return cudaErrorInvalidValue;
   const int64_t n = n_rows * cols;
   if (n <= 0) return cudaSuccess;
-  if ((type == SrcType::Q8_0 || type == SrcType::Q4_0) && cols % kQK != 0) {
-    return cudaErrorInvalidValue;
+  switch (type) {
+    case SrcType::F32:
+    case SrcType::F16:
+    case SrcType::BF16:
+      convert_kernel<T>
+          <<<blocks_for(n), kThreads, 0, stream>>>(type, static_cast<const uint8_t*>(src), n, dst);
+      return cudaGetLastError();
+    case SrcType::Q8_0:
+      return launch_dequant<dq::Q8_0>(src, n, cols, dst, stream);
+    case SrcType::Q4_0:
+      return launch_dequant<dq::Q4_0>(src, n, cols, dst, stream);
+    case SrcType::Q4_1:
+      return launch_dequant<dq::Q4_1>(src, n, cols, dst, stream);
+    case SrcType::Q5_0:
+      return launch_dequant<dq::Q5_0>(src, n, cols, dst, stream);
+    case SrcType::Q5_1:
+      return launch_dequant<dq::Q5_1>(src, n, cols, dst, stream);
+    case SrcType::IQ4_NL:
+      return launch_dequant<dq::IQ4_NL>(src, n, cols, dst, stream);
+    case SrcType::Q2_K:
+      return launch_dequant<dq::Q2_K>(src, n, cols, dst, stream);
+    case SrcType::Q3_K:
+      return launch_dequant<dq::Q3_K>(src, n, cols, dst, stream);
+    case SrcType::Q4_K:
+      return launch_dequant<dq::Q4_K>(src, n, cols, dst, stream);
+    case SrcType::Q5_K:
+      return launch_dequant<dq::Q5_K>(src, n, cols, dst, stream);
+    case SrcType::Q6_K:
+      return launch_dequant<dq::Q6_K>(src, n, cols, dst, stream);
+    case SrcType::IQ4_XS:
+      return launch_dequant<dq::IQ4_XS>(src, n, cols, dst, stream);
   }
-  convert_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(type, static_cast<const uint8_t*>(src),
-                                                            n, cols, dst);
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 template <class T>

@@ -1,5 +1,6 @@
-// Matrix-vector products straight from Q8_0 / Q4_0 weights (dequantized in registers), for
-// decode steps of quantized models that keep their weights quantized on the device.
+// Matrix-vector products straight from quantized weights (every quantized SrcType, dequantized
+// in registers), for decode steps of quantized models that keep their weights quantized on the
+// device.
 #pragma once
 
 #include "kernels/cuda/convert.cuh"
@@ -10,9 +11,17 @@ namespace sy::cuda {
 /// tensor-core product is faster.
 constexpr int kGemvMaxTokens = 8;
 
-/// y[t * rows + r] = sum_c W[r, c] * x[t * cols + c] for t < n_tokens (<= kGemvMaxTokens);
-/// W (rows, cols) in `type` (Q8_0 or Q4_0) row-major blocks; x and y f32.
+/// Whether gemv_q reads `type`: every quantized type (not F32, F16 or BF16).
+constexpr bool gemv_q_supports(SrcType type) {
+  return block_elems(type) > 1;
+}
+
+/// y[t * ldy + r] = sum_c W[r, c] * x[t * cols + c] for t < n_tokens (<= kGemvMaxTokens) and
+/// r < rows; W (rows, cols) in `type` (gemv_q_supports) row-major blocks, cols a multiple of
+/// block_elems(type); x and y f32, x 16-byte aligned (else cudaErrorInvalidValue). ldy 0 means
+/// rows; a larger ldy lets the parts of a fused matrix stored in different types write their
+/// rows of one output.
 cudaError_t gemv_q(SrcType type, const void* w, int64_t rows, int64_t cols, const float* x,
-                   int n_tokens, float* y, cudaStream_t stream);
+                   int n_tokens, float* y, cudaStream_t stream, int64_t ldy = 0);
 
 }  // namespace sy::cuda

@@ -25,19 +25,43 @@ struct PagedKv {
   const int32_t* row_sinks = nullptr;  // (T) sink slots of each row's policy; nullptr: no sinks
   const float* q_sink = nullptr;       // f32 sink queries, laid out as q; needed with row_sinks
   int64_t q_sink_stride = 0;
+  // The layer's own window (gemma2's even layers, phi3), 0: none. Where it is narrower than a
+  // row's window (or the row has none) it replaces that window, and the row sees no sinks.
+  int32_t layer_window = 0;
+  // The layer's score arithmetic: scores are (q . k) * scale (0: 1 / sqrt(head_dim)), then
+  // softcap * tanh(s / softcap) before the softmax when softcap > 0 (gemma2).
+  float scale = 0.0f;
+  float softcap = 0.0f;
 };
 
 #ifdef __CUDACC__
+/// Whether the layer's window replaces row t's own (policy) window.
+template <class T>
+__device__ __forceinline__ bool layer_window_rules(const PagedKv<T>& kv, int64_t t) {
+  const int w = kv.row_window ? kv.row_window[t] : kv.window;
+  return kv.layer_window > 0 && (w <= 0 || kv.layer_window < w);
+}
 /// First slot row t (attending up to slot nk, exclusive) sees: its window's start, or 0.
 template <class T>
 __device__ __forceinline__ int window_start(const PagedKv<T>& kv, int64_t t, int nk) {
-  const int w = kv.row_window ? kv.row_window[t] : kv.window;
+  const int w =
+      layer_window_rules(kv, t) ? kv.layer_window : (kv.row_window ? kv.row_window[t] : kv.window);
   return w > 0 ? max(0, nk - w) : 0;
 }
 /// Sink slots row t sees below its window start `start`: [0, result), scored with q_sink.
 template <class T>
 __device__ __forceinline__ int sink_count(const PagedKv<T>& kv, int64_t t, int start) {
-  return kv.row_sinks ? min(kv.row_sinks[t], start) : 0;
+  return kv.row_sinks && !layer_window_rules(kv, t) ? min(kv.row_sinks[t], start) : 0;
+}
+/// A score after the layer's soft-cap (none when softcap is 0).
+template <class T>
+__device__ __forceinline__ float capped(const PagedKv<T>& kv, float s) {
+  return kv.softcap > 0.0f ? kv.softcap * tanhf(s / kv.softcap) : s;
+}
+/// The factor that scales the scores of a layer with heads of head_dim values.
+template <class T>
+__host__ __device__ inline float score_scale(const PagedKv<T>& kv, int head_dim) {
+  return kv.scale > 0.0f ? kv.scale : 1.0f / sqrtf(static_cast<float>(head_dim));
 }
 #endif
 

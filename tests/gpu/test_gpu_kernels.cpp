@@ -124,6 +124,10 @@ namespace {
 struct AttnCase {
   int n_heads = 8, n_kv = 2, hd = 64, bs = 16, window = 0;
   int sinks = 0;  // with window > 0: StreamingLLM sinks, scored with the second query qs
+  // The layer's own attention (PagedKv): window (replaces a wider or absent row window, and then
+  // no sinks), score scale (0: 1 / sqrt(hd)) and soft-cap (0: none).
+  int layer_window = 0;
+  float scale = 0.0f, softcap = 0.0f;
   std::vector<int> n_past, n_new;
   int T = 0, n_slots = 0;
   std::vector<float> q, qs, k, v;  // q, qs (T, n_heads * hd); k, v (n_slots, n_kv * hd)
@@ -160,13 +164,15 @@ struct AttnCase {
     q = randn(size_t(T) * q_dim);
     qs = randn(size_t(T) * q_dim);
     want.assign(size_t(T) * q_dim, 0.0f);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    const float sc_mul = scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(hd));
+    const bool layer_rules = layer_window > 0 && (window == 0 || layer_window < window);
+    const int w = layer_rules ? layer_window : window;
     for (int t = 0; t < T; ++t) {
       const int32_t* table = bt.data() + bt_off[row_seq[t]];
       const int nk = nkeys[t];
-      const int start = window > 0 ? std::max(0, nk - window) : 0;
+      const int start = w > 0 ? std::max(0, nk - w) : 0;
       // visible: sink slots [0, ns) with the sink query, then window slots [start, nk)
-      const int ns = window > 0 ? std::min(sinks, start) : 0;
+      const int ns = w > 0 && !layer_rules ? std::min(sinks, start) : 0;
       std::vector<int> keys;
       for (int j = 0; j < ns; ++j) keys.push_back(j);
       for (int j = start; j < nk; ++j) keys.push_back(j);
@@ -177,8 +183,9 @@ struct AttnCase {
           const int j = keys[x];
           const int64_t slot = int64_t{table[j / bs]} * bs + j % bs;
           const float* qh = (j < ns ? qs : q).data() + t * q_dim + h * hd;
-          sc.push_back(ref::dot(qh, k.data() + slot * kv_dim + g * hd, hd) * scale);
+          sc.push_back(ref::dot(qh, k.data() + slot * kv_dim + g * hd, hd) * sc_mul);
         }
+        if (softcap > 0.0f) ref::softcap(sc.data(), static_cast<int64_t>(sc.size()), softcap);
         ref::softmax(sc.data(), static_cast<int64_t>(sc.size()));
         float* o = want.data() + t * q_dim + h * hd;
         for (size_t x = 0; x < keys.size(); ++x) {
@@ -218,6 +225,9 @@ void run_attention(AttnCase& c, bool prefill, int n_splits, bool tensor_cores = 
   kv.row_nkeys = dnk.get();
   kv.block_size = c.bs;
   kv.window = c.window;
+  kv.layer_window = c.layer_window;
+  kv.scale = c.scale;
+  kv.softcap = c.softcap;
   if (c.sinks > 0) {
     kv.row_sinks = dsinks.get();
     kv.q_sink = dqs.get();
@@ -347,6 +357,39 @@ BOOST_AUTO_TEST_CASE(decode_attention_sinks) {
   z.n_past = {10, 200};
   z.n_new = {1, 1};
   run_attention<float>(z, false, 3);
+}
+
+// A layer's own attention (gemma2, phi3): its window where narrower than the row's (then without
+// sinks), its query scale and its score soft-cap, in both kernels. Scores of std ~2 against a cap
+// of 3 are changed a lot by the cap, so a kernel ignoring it fails at once.
+BOOST_AUTO_TEST_CASE(attention_layer_window_scale_softcap) {
+  // (layer window, row window, sinks, bf16 KV, prefill, splits, tensor cores)
+  const auto run = [](AttnCase c, int lw, int w, int sinks, bool bf, bool prefill, int splits,
+                      bool tc) {
+    c.layer_window = lw;
+    c.window = w;
+    c.sinks = sinks;
+    c.scale = 0.3f;
+    c.softcap = 3.0f;
+    if (bf) {
+      run_attention<bf16>(c, prefill, splits, tc);
+    } else {
+      run_attention<float>(c, prefill, splits, tc);
+    }
+  };
+  AttnCase d;
+  d.n_past = {5, 40, 100};
+  d.n_new = {1, 2, 1};
+  run(d, 16, 0, 0, false, false, 3, false);   // the layer's window alone
+  run(d, 16, 50, 4, false, false, 2, false);  // narrower than the row's: no sinks
+  run(d, 80, 20, 4, false, false, 3, false);  // wider: the row's window and sinks
+  run(d, 0, 0, 0, true, false, 1, false);     // scale and cap alone
+  AttnCase p;
+  p.n_past = {0, 30};
+  p.n_new = {40, 20};
+  run(p, 20, 0, 0, false, true, 1, false);
+  run(p, 20, 45, 4, false, true, 1, false);
+  for (bool tc : {false, true}) run(p, 24, 0, 0, true, true, 1, tc);
 }
 
 BOOST_AUTO_TEST_CASE(prefill_attention_sinks) {

@@ -25,9 +25,11 @@
 
 #include "clients/cpp/client.hpp"
 #include "ingress/codec.hpp"
+#include "raw_peer.hpp"
 #include "server_process.hpp"
 
 using namespace std::chrono_literals;
+using sy::it::RawPeer;
 
 namespace {
 
@@ -69,82 +71,6 @@ std::vector<int> timers_of_local_port(unsigned port) {
 // refusal takes, and no other timer of these servers closes one (no handshake limit, no
 // heartbeats), so only a server that keeps the connection reaches it.
 constexpr auto kCloseBound = std::chrono::milliseconds(20000);
-
-// A TCP connection to a ZeroMQ endpoint that speaks ZMTP 3.0 (NULL mechanism) by hand, so that
-// it can stop in the middle of a frame.
-class RawPeer {
- public:
-  explicit RawPeer(const std::string& endpoint) {
-    auto colon = endpoint.rfind(':');
-    BOOST_REQUIRE(endpoint.rfind("tcp://", 0) == 0 && colon != std::string::npos);
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    BOOST_REQUIRE(fd_ >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(std::stoi(endpoint.substr(colon + 1))));
-    BOOST_REQUIRE(inet_pton(AF_INET, endpoint.substr(6, colon - 6).c_str(), &a.sin_addr) == 1);
-    BOOST_REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  }
-  ~RawPeer() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  RawPeer(const RawPeer&) = delete;
-  RawPeer& operator=(const RawPeer&) = delete;
-
-  // Sends all of `bytes`; a connection the server closed meanwhile is remembered.
-  void send(const std::string& bytes) {
-    for (size_t off = 0; off < bytes.size() && !server_closed_;) {
-      ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
-      if (n < 0 && (errno == ECONNRESET || errno == EPIPE)) {
-        server_closed_ = true;
-        return;
-      }
-      BOOST_REQUIRE_MESSAGE(n > 0, "send failed: " << std::strerror(errno));
-      off += static_cast<size_t>(n);
-    }
-  }
-
-  // Greeting (as a client) and READY with Socket-Type DEALER; what the server sends back is
-  // left unread.
-  void send_handshake() {
-    std::string g = std::string("\xff") + std::string(7, '\0') + "\x01\x7f\x03" + '\0' + "NULL" +
-                    std::string(16, '\0') + '\0' + std::string(31, '\0');
-    BOOST_REQUIRE(g.size() == 64u);
-    std::string body =
-        std::string("\x05READY\x0bSocket-Type") + std::string(3, '\0') + "\x06" + "DEALER";
-    send(g + "\x04" + static_cast<char>(body.size()) + body);
-  }
-
-  // The header of one long frame of `size` bytes and its first `sent` bytes: the server
-  // allocates the whole frame when it reads the header and holds it while the rest is awaited.
-  void send_frame_start(uint64_t size, size_t sent) {
-    std::string h = "\x02";  // long, last frame
-    for (int i = 7; i >= 0; --i) h += static_cast<char>((size >> (8 * i)) & 0xff);
-    send(h + std::string(sent, 'x'));
-  }
-
-  // Waits until the server ends the connection (FIN or reset), discarding what it sends (its
-  // greeting); false when it is still open after `limit`.
-  bool closed_within(std::chrono::milliseconds limit) {
-    if (server_closed_) return true;
-    auto until = std::chrono::steady_clock::now() + limit;
-    for (;;) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          until - std::chrono::steady_clock::now());
-      pollfd p{fd_, POLLIN, 0};
-      int r = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0) return false;
-      char buf[4096];
-      ssize_t n = ::recv(fd_, buf, sizeof buf, 0);
-      if (n == 0 || (n < 0 && errno != EINTR)) return server_closed_ = true;
-    }
-  }
-
- private:
-  int fd_ = -1;
-  bool server_closed_ = false;
-};
 
 // Asks the server's counters until `key` equals `want`; false when it still differs after
 // `bound` (the last value seen is in `seen`).

@@ -96,10 +96,17 @@ void matmul(const TypeOps& o, const WeightView& w, const float* x, int64_t n_tok
   const auto* base = static_cast<const uint8_t*>(w.data);
   auto body = [&](int64_t g0, int64_t g1) {
     const int64_t r1 = std::min(w.rows, g1 * kRowsPerTask);
+    float four[kDotTokens];
     for (int64_t r = g0 * kRowsPerTask; r < r1; ++r) {
       const uint8_t* row = base + static_cast<size_t>(r) * rb;
-      for (int64_t t = 0; t < n_tokens; ++t)
-        y[t * w.rows + r] = o.vec_dot(row, xq + t * xs, w.cols);
+      int64_t t = 0;
+      if (o.vec_dot_4) {
+        for (; t + kDotTokens <= n_tokens; t += kDotTokens) {
+          o.vec_dot_4(row, xq + t * xs, xs, four, w.cols);
+          for (int k = 0; k < kDotTokens; ++k) y[(t + k) * w.rows + r] = four[k];
+        }
+      }
+      for (; t < n_tokens; ++t) y[t * w.rows + r] = o.vec_dot(row, xq + t * xs, w.cols);
     }
   };
   const int64_t groups = (w.rows + kRowsPerTask - 1) / kRowsPerTask;

@@ -12,6 +12,9 @@
 
 namespace sy::kernels::quant {
 
+/// Tokens TypeOps::vec_dot_4 takes at once.
+constexpr int kDotTokens = 4;
+
 /// How a type's fast dot product wants the activations quantized (llama.cpp's vec_dot_type):
 /// once per token per matmul into act_bytes(n) bytes, then reused by every weight row.
 struct TypeOps {
@@ -29,6 +32,9 @@ struct TypeOps {
   /// Dot product of one weight row (n elements) with one token's quantized activations; SIMD
   /// where the CPU has it (AVX2, AVX-512), no allocation.
   float (*vec_dot)(const void* w_row, const void* act, int64_t n);
+  /// The same for kDotTokens tokens whose activations lie `act_stride` bytes apart, unpacking the
+  /// weight row once (prefill); each out[t] equals vec_dot's for token t. nullptr: none.
+  void (*vec_dot_4)(const void* w_row, const void* act, size_t act_stride, float* out, int64_t n);
 };
 
 /// The operations of t, or nullptr when t is not one of the types this header covers.

@@ -473,11 +473,17 @@ const TypeOps kQ4_1 = {DType::Q4_1,
                        quantize_min<15, kBytesQ4_1, false>,
                        act_bytes<true>,
                        quantize_act<true>,
-                       vec_dot<Q4_1T>};
-const TypeOps kQ5_0 = {DType::Q5_0,         kB,
-                       kBytesQ5_0,          dequantize<Q5_0T>,
-                       quantize_q5_0,       act_bytes<false>,
-                       quantize_act<false>, vec_dot<Q5_0T>};
+                       vec_dot<Q4_1T>,
+                       nullptr};
+const TypeOps kQ5_0 = {DType::Q5_0,
+                       kB,
+                       kBytesQ5_0,
+                       dequantize<Q5_0T>,
+                       quantize_q5_0,
+                       act_bytes<false>,
+                       quantize_act<false>,
+                       vec_dot<Q5_0T>,
+                       nullptr};
 const TypeOps kQ5_1 = {DType::Q5_1,
                        kB,
                        kBytesQ5_1,
@@ -485,11 +491,17 @@ const TypeOps kQ5_1 = {DType::Q5_1,
                        quantize_min<31, kBytesQ5_1, true>,
                        act_bytes<true>,
                        quantize_act<true>,
-                       vec_dot<Q5_1T>};
-const TypeOps kOpsIq4nl = {DType::IQ4_NL,       kB,
-                           kBytesIq4nl,         dequantize<Iq4nlT>,
-                           quantize_iq4_nl,     act_bytes<false>,
-                           quantize_act<false>, vec_dot<Iq4nlT>};
+                       vec_dot<Q5_1T>,
+                       nullptr};
+const TypeOps kOpsIq4nl = {DType::IQ4_NL,
+                           kB,
+                           kBytesIq4nl,
+                           dequantize<Iq4nlT>,
+                           quantize_iq4_nl,
+                           act_bytes<false>,
+                           quantize_act<false>,
+                           vec_dot<Iq4nlT>,
+                           nullptr};
 
 }  // namespace
 

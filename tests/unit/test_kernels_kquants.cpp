@@ -427,6 +427,47 @@ BOOST_AUTO_TEST_CASE(dot_products_match_on_random_blocks) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(four_token_dot_products_equal_one_token_ones) {
+  // vec_dot_4 (prefill) unpacks a weight row once for four tokens; each output must be exactly
+  // vec_dot's for that token, and a matmul of 11 tokens (two groups of four and three single
+  // tokens) exactly the one-token products.
+  int with4 = 0;
+  uint32_t seed = 300;
+  for (DType t : kKTypes) {
+    const quant::TypeOps* o = quant::ops(t);
+    BOOST_REQUIRE(o != nullptr);
+    for (const Rows& r : {zoo_rows(t, 16), random_rows(t, 16, 768, seed++)}) {
+      const size_t rb = row_bytes(t, r.cols);
+      const size_t xs = (o->act_bytes(r.cols) + 63) & ~size_t{63};
+      constexpr int kTok = 11;
+      std::vector<float> x = gaussian(static_cast<size_t>(r.cols * kTok), seed++);
+      std::vector<uint8_t> a(xs * kTok + 64);
+      uint8_t* a0 = a.data() + (64 - reinterpret_cast<uintptr_t>(a.data()) % 64) % 64;
+      for (int k = 0; k < kTok; ++k) o->quantize_act(x.data() + k * r.cols, a0 + k * xs, r.cols);
+      std::vector<float> y(static_cast<size_t>(r.rows * kTok));
+      matmul(WeightView{t, r.bytes.data(), r.rows, r.cols}, x.data(), kTok, y.data(), nullptr);
+      for (int64_t i = 0; i < r.rows; ++i) {
+        const uint8_t* wr = r.bytes.data() + i * rb;
+        BOOST_TEST_CONTEXT(dtype_name(t) << " row " << i) {
+          if (o->vec_dot_4) {
+            float four[quant::kDotTokens];
+            o->vec_dot_4(wr, a0 + xs, xs, four, r.cols);  // tokens 1..4
+            for (int k = 0; k < quant::kDotTokens; ++k)
+              BOOST_TEST(four[k] == o->vec_dot(wr, a0 + (k + 1) * xs, r.cols));
+          }
+          for (int k = 0; k < kTok; ++k)
+            BOOST_TEST(y[static_cast<size_t>(k * r.rows + i)] ==
+                       o->vec_dot(wr, a0 + k * xs, r.cols));
+        }
+      }
+    }
+    with4 += o->vec_dot_4 != nullptr;
+  }
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__)
+  BOOST_TEST(with4 == 3);  // Q4_K, Q5_K, Q6_K
+#endif
+}
+
 namespace {
 
 /// The decoded grid of each element of a block of t, read from the bytes at the ggml-common.h

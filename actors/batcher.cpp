@@ -31,6 +31,25 @@ int32_t kv_blocks_for(const BatchingConfig& cfg, int64_t kv_bytes_per_token) {
   return static_cast<int32_t>(std::clamp<int64_t>(n, 1, INT32_MAX));
 }
 
+KvPools kv_pools_for(const BatchingConfig& cfg, const ModelLimits& lim, bool split) {
+  const int32_t w = lim.split_window();
+  if (!split || w == 0) return {kv_blocks_for(cfg, lim.kv_bytes_per_token(cfg.kv_dtype)), 0};
+  const int64_t bs = std::max<int32_t>(1, cfg.kv_block_size);
+  const int64_t mem = (cfg.kv_memory_mb > 0 ? cfg.kv_memory_mb : kDefaultKvMemoryMb) * 1024 * 1024;
+  const int64_t full_block = lim.kv_bytes_per_token_full(cfg.kv_dtype) * bs;
+  const int64_t win_block = lim.kv_bytes_per_token_window(cfg.kv_dtype) * bs;
+  const policy::KvPolicy win{policy::KvPolicy::sliding_window, w, 0};
+  const int64_t per_seq =
+      policy::max_blocks_held(win, std::max<int32_t>(1, lim.ctx_len),
+                              std::max<uint32_t>(1, cfg.prefill_chunk), static_cast<int32_t>(bs));
+  const int64_t wanted = per_seq * std::max<uint32_t>(1, cfg.max_sequences);
+  // At most half of the memory: the window group's need is bounded, the full group's grows with
+  // every token, so the full group is the one that runs out first.
+  const int64_t n_win = std::clamp<int64_t>(std::min(wanted, mem / 2 / win_block), 1, INT32_MAX);
+  const int64_t n_full = std::clamp<int64_t>((mem - n_win * win_block) / full_block, 1, INT32_MAX);
+  return {static_cast<int32_t>(n_full), static_cast<int32_t>(n_win)};
+}
+
 namespace {
 
 double ms_between(int64_t from_us, int64_t to_us) {
@@ -70,6 +89,7 @@ struct Seq {
   int32_t n_prompt = 0;
   int32_t n_past = 0;            // tokens of `tokens` cached in `blocks`
   std::vector<int32_t> blocks;   // block table; -1: released (outside the policy's window)
+  std::vector<int32_t> wblocks;  // the window group's block table (split cache); -1: released
   std::vector<uint64_t> hashes;  // chain hashes of the leading full blocks seen by the prefix cache
   policy::KvPolicy policy;       // the KV policy this job runs under
   int32_t cached_tokens = -1;    // prompt tokens reused from the prefix cache at first start
@@ -94,6 +114,10 @@ struct Seq {
   int32_t held() const {
     return static_cast<int32_t>(
         std::count_if(blocks.begin(), blocks.end(), [](int32_t b) { return b >= 0; }));
+  }
+  int32_t wheld() const {
+    return static_cast<int32_t>(
+        std::count_if(wblocks.begin(), wblocks.end(), [](int32_t b) { return b >= 0; }));
   }
   // Scheduling priority: lower is more important (class first, then earlier arrival).
   std::tuple<uint32_t, int64_t, uint64_t> key() const {
@@ -122,10 +146,21 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
         router_(std::move(router)),
         egress_(std::move(egress)),
         admission_(std::move(admission)),
+        split_(extras.window_blocks > 0),
+        // Two-group models run without prefix reuse: a cached prefix would need its window
+        // group's blocks too, which are given back behind the window.
         pool_(std::max<int32_t>(1, n_blocks), std::max<int32_t>(1, cfg.kv_block_size),
-              cfg.prefix_cache),
+              cfg.prefix_cache && !split_),
+        wpool_(std::max<int32_t>(1, extras.window_blocks), std::max<int32_t>(1, cfg.kv_block_size),
+               false),
         bs_(std::max<int32_t>(1, cfg.kv_block_size)),
         extras_(std::move(extras)) {
+    if (split_) {
+      gw_ = model_ ? model_->limits().split_window() : 0;
+      if (gw_ == 0)
+        throw std::invalid_argument(
+            "batcher: window_blocks given for a model whose layers are not of two kinds");
+    }
     // Zero limits would stall every job forever: each step moves at least one token.
     cfg_.max_sequences = std::max<uint32_t>(1, cfg_.max_sequences);
     cfg_.step_token_budget = std::max<uint32_t>(1, cfg_.step_token_budget);
@@ -247,6 +282,10 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     caf::put(s, "blocks_total", static_cast<int64_t>(pool_.n_total()));
     caf::put(s, "blocks_cached", static_cast<int64_t>(pool_.n_cached()));
     caf::put(s, "blocks_used_peak", blocks_peak_);
+    caf::put(s, "window_blocks_used", static_cast<int64_t>(split_ ? wpool_.n_held() : 0));
+    caf::put(s, "window_blocks_free", static_cast<int64_t>(split_ ? wpool_.n_free() : 0));
+    caf::put(s, "window_blocks_total", static_cast<int64_t>(split_ ? wpool_.n_total() : 0));
+    caf::put(s, "window_blocks_used_peak", wblocks_peak_);
     caf::put(s, "fed_tokens", fed_);
     caf::put(s, "prefix_hit_blocks", prefix_blocks_);
     caf::put(s, "prefix_hit_tokens", prefix_tokens_);
@@ -368,6 +407,14 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
       return "prompt (" + std::to_string(s.n_prompt) + " tokens) + max_tokens (" +
              std::to_string(s.job.max_tokens) + ") needs " + std::to_string(need) +
              " KV blocks, the executor has " + std::to_string(pool_.n_total());
+    if (split_) {
+      const int64_t wneed = policy::max_blocks_held(wpolicy(s), slots, cfg_.prefill_chunk, bs_);
+      if (wneed > wpool_.n_total())
+        return "prompt (" + std::to_string(s.n_prompt) + " tokens) + max_tokens (" +
+               std::to_string(s.job.max_tokens) + ") needs " + std::to_string(wneed) +
+               " KV blocks of the window group, the executor has " +
+               std::to_string(wpool_.n_total());
+    }
     return "";
   }
 
@@ -379,23 +426,47 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     if (it != v.end()) v.erase(it);
   }
 
+  // The policy of the window group's layers for s (split cache only).
+  policy::KvPolicy wpolicy(const Seq& s) const { return policy::layer_policy(s.policy, gw_); }
+
   void free_blocks(Seq& s) {
     for (int32_t b : s.blocks)
       if (b >= 0) pool_.release(b);
     s.blocks.clear();
+    for (int32_t b : s.wblocks)
+      if (b >= 0) wpool_.release(b);
+    s.wblocks.clear();
     s.hashes.clear();
     s.n_past = 0;
   }
 
-  // Gives back the blocks the sequence's policy no longer lets any later token see.
+  // Gives back the blocks the sequence's policy no longer lets any later token see; in the
+  // window group, those behind the windowed layers' window.
   void trim(Seq& s) {
-    const policy::BlockRange r = policy::released_block_range(s.policy, s.n_past, bs_);
-    const int64_t end = std::min<int64_t>(r.end, static_cast<int64_t>(s.blocks.size()));
+    trim_table(s.blocks, pool_, s.policy, s.n_past);
+    if (split_) trim_table(s.wblocks, wpool_, wpolicy(s), s.n_past);
+  }
+  void trim_table(std::vector<int32_t>& table, PrefixBlockPool& pool, const policy::KvPolicy& p,
+                  int32_t n_past) {
+    const policy::BlockRange r = policy::released_block_range(p, n_past, bs_);
+    const int64_t end = std::min<int64_t>(r.end, static_cast<int64_t>(table.size()));
     for (int64_t b = r.begin; b < end; ++b) {
-      int32_t& id = s.blocks[static_cast<size_t>(b)];
-      if (id >= 0) pool_.release(id);
+      int32_t& id = table[static_cast<size_t>(b)];
+      if (id >= 0) pool.release(id);
       id = -1;
     }
+  }
+  // Whether the window group lacks a block its policy needs: after a switch to a pressure policy
+  // with sinks narrower than the layers' window, the sink blocks given back under the layers'
+  // own window are needed again. The sequence is then recomputed.
+  bool window_blocks_lost(const Seq& s) const {
+    if (!split_) return false;
+    const policy::BlockRange r = policy::released_block_range(wpolicy(s), s.n_past, bs_);
+    for (size_t b = 0; b < s.wblocks.size(); ++b) {
+      const int64_t i = static_cast<int64_t>(b);
+      if (s.wblocks[b] < 0 && (i < r.begin || i >= r.end)) return true;
+    }
+    return false;
   }
 
   // Starts a sequence without blocks from the longest cached prefix of its tokens (at least its
@@ -709,11 +780,21 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   // sequence while the pool is dry. False when `s` itself was preempted or failed.
   bool plan_seq(Seq& s, int32_t n) {
     trim(s);
+    if (window_blocks_lost(s)) {
+      ++preemptions_;
+      free_blocks(s);  // recomputed from its tokens, in chunks of n from slot 0
+    }
     const size_t need = static_cast<size_t>((s.n_past + n + bs_ - 1) / bs_);
-    while (s.blocks.size() < need) {
-      if (std::optional<int32_t> b = pool_.alloc()) {
-        s.blocks.push_back(*b);
-        blocks_peak_ = std::max<int64_t>(blocks_peak_, pool_.n_held());
+    while (s.blocks.size() < need || (split_ && s.wblocks.size() < need)) {
+      const bool full_group = s.blocks.size() < need;
+      PrefixBlockPool& pool = full_group ? pool_ : wpool_;
+      if (std::optional<int32_t> b = pool.alloc()) {
+        (full_group ? s.blocks : s.wblocks).push_back(*b);
+        if (full_group) {
+          blocks_peak_ = std::max<int64_t>(blocks_peak_, pool_.n_held());
+        } else {
+          wblocks_peak_ = std::max<int64_t>(wblocks_peak_, wpool_.n_held());
+        }
         continue;
       }
       Seq* victim = running_.back();  // running_ is sorted: the last is the least important
@@ -740,19 +821,27 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   // left waiting), making room by preempting less important running sequences; an empty batch
   // takes it regardless, since check() guaranteed it fits alone.
   void admit() {
-    int64_t promised = 0;  // blocks the jobs admitted in this round will take when planned
-    auto room = [&] { return pool_.n_free() - promised; };
+    int64_t promised = 0;   // blocks the jobs admitted in this round will take when planned
+    int64_t wpromised = 0;  // the same in the window group
+    // A job needs room in both groups.
+    int64_t need = 0, wneed = 0;
+    auto short_of_room = [&] {
+      return need > pool_.n_free() - promised || wneed > wpool_.n_free() - wpromised;
+    };
     while (!waiting_.empty()) {
       Seq* s = *waiting_.begin();
       reuse_prefix(*s);
-      const int64_t need = std::max<int64_t>(
-          0, policy::max_blocks_held(s->policy, static_cast<int64_t>(s->tokens.size()),
-                                     cfg_.prefill_chunk, bs_) -
-                 s->held());
+      const int64_t n_tok = static_cast<int64_t>(s->tokens.size());
+      need = std::max<int64_t>(
+          0, policy::max_blocks_held(s->policy, n_tok, cfg_.prefill_chunk, bs_) - s->held());
+      wneed = split_ ? std::max<int64_t>(
+                           0, policy::max_blocks_held(wpolicy(*s), n_tok, cfg_.prefill_chunk, bs_) -
+                                  s->wheld())
+                     : 0;
       while (!running_.empty() && before(s, running_.back()) &&
-             (running_.size() >= cfg_.max_sequences || need > room()))
+             (running_.size() >= cfg_.max_sequences || short_of_room()))
         preempt(*running_.back());  // goes to waiting_ behind s
-      if (running_.size() >= cfg_.max_sequences || (!running_.empty() && need > room())) {
+      if (running_.size() >= cfg_.max_sequences || (!running_.empty() && short_of_room())) {
         free_blocks(*s);  // its shared prefix stays cached for when it starts
         break;
       }
@@ -764,6 +853,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
       s->running = true;
       insert_sorted(running_, s);
       promised += need;
+      wpromised += wneed;
     }
   }
 
@@ -819,6 +909,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
       p.tokens.assign(from, from + s->step_tokens);
       p.n_past = s->n_past;
       p.block_table = s->blocks;
+      if (split_) p.window_table = s->wblocks;
       p.sample = s->n_past + s->step_tokens == static_cast<int32_t>(s->tokens.size());
       p.reset = !s->started;
       s->started = true;
@@ -935,12 +1026,16 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   std::shared_ptr<const LlamaModel> model_;
   const Tokenizer* tok_;
   caf::actor executor_, router_, egress_, admission_;
-  PrefixBlockPool pool_;
+  bool split_;             // the executor keeps the windowed layers' K/V in a pool of their own
+  int32_t gw_ = 0;         // ... with this window (ModelLimits::split_window)
+  PrefixBlockPool pool_;   // the full-attention group's blocks (every layer's with one group)
+  PrefixBlockPool wpool_;  // the window group's (split_ only; one unused block otherwise)
   int32_t bs_;
   policy::KvPolicy base_;                            // the normal policy (operator's choice)
   std::optional<policy::KvPolicy> pressure_policy_;  // swapped in above the high watermark
   bool pressure_ = false;                            // the pressure behavior is on top
   int64_t swaps_ = 0, pressure_swaps_ = 0, blocks_peak_ = 0, prefix_tokens_ = 0, prefix_blocks_ = 0;
+  int64_t wblocks_peak_ = 0;
   int64_t fed_ = 0;  // tokens sent to the engine (prefill and decode), recomputation included
   std::unordered_map<uint64_t, std::unique_ptr<Seq>> seqs_;
   // Jobs ended since the last flush: the router forgets them (it keeps every dispatched job

@@ -14,12 +14,28 @@ namespace sy {
 
 class Model;
 using LlamaModel = Model;  // model/model.hpp
+struct ModelLimits;
 
 /// KV blocks that fit in `cfg.kv_memory_mb` (0: kDefaultKvMemoryMb) when one token's KV entry
 /// takes `kv_bytes_per_token` (Model::limits()), at least 1. Without a model (null backend, 0)
 /// a token is taken to cost 4 KiB, the size of a small real model's KV entry, so that the pool
 /// stays a plausible size.
 int32_t kv_blocks_for(const BatchingConfig& cfg, int64_t kv_bytes_per_token);
+
+/// The KV pools of one executor: the full-attention group's (every layer's with one group) and
+/// the window group's.
+struct KvPools {
+  int32_t n_blocks = 1;
+  int32_t n_window_blocks = 0;  ///< 0: one group
+};
+/// The pools for a model with limits `lim` in `cfg.kv_memory_mb` (0: kDefaultKvMemoryMb), K/V in
+/// `cfg.kv_dtype`. With `split` (the backend keeps the windowed layers' K/V apart: the cpu
+/// backend, batching.layer_window_kv release) and a model whose layers are of two kinds
+/// (ModelLimits::split_window() W > 0), the window group gets what max_sequences sequences can
+/// hold at once under sliding_window:W (policy::max_blocks_held over the context in
+/// prefill_chunk chunks), at most half of the memory, and the full-attention group the rest,
+/// each at its own bytes per block. Otherwise one group, as kv_blocks_for.
+KvPools kv_pools_for(const BatchingConfig& cfg, const ModelLimits& lim, bool split);
 /// KV memory of a CPU executor when the configuration leaves it to us: a few dozen full-context
 /// sequences of a small model, without crowding a laptop.
 constexpr int64_t kDefaultKvMemoryMb = 256;
@@ -34,7 +50,9 @@ constexpr int64_t kDefaultKvMemoryMb = 256;
 ///   (cancel_atom, uint64 uid) the job ends within one step: DoneEvent finish=cancelled;
 ///   (status_atom, uint64 uid) -> uint32 completion tokens generated so far (0: not here);
 ///   (stats_atom) -> caf::settings with int64 counters running, waiting, blocks_used,
-///                   blocks_free, blocks_total, preemptions, steps, tokens, finished.
+///                   blocks_free, blocks_total, window_blocks_used, window_blocks_free,
+///                   window_blocks_total (the window group; 0 with one group), preemptions,
+///                   steps, tokens, finished.
 /// Sends: (credit_atom, self, n) to `router` (max_sequences at start, then one per ended job);
 /// (out_atom, TokensEvent|DoneEvent|ErrorEvent) to `egress`; (finished_atom, JobOutcome) to
 /// `admission`; (step_atom, StepPlan) requests and (release_atom, uids) to `executor`.
@@ -59,6 +77,9 @@ struct BatcherExtras {
   caf::actor supervisor;  ///< gets failed_atom, recovered_atom and kvpolicy_atom notices
   uint64_t pair = 0;      ///< the supervisor's id of this batcher+executor pair (logs)
   int32_t test_fault_throw_after = 0;  ///< TEST ONLY: throw after this many steps (0: never)
+  /// The executor's window-group KV blocks (ExecutorSpec::n_window_blocks): > 0 for a model
+  /// whose layers are of two kinds on an engine that splits its cache; 0: one group.
+  int32_t window_blocks = 0;
 };
 
 /// spawn_batcher for a supervised pair. Beyond the above it monitors `executor`; an executor

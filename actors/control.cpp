@@ -263,7 +263,8 @@ std::string control_stats_json(const caf::settings& admission, const caf::settin
     bo.str("kv_policy", string_of(b, "kv_policy"));
     for (const char* k :
          {"policy_swaps", "pressure_swaps", "pressure", "blocks_used", "blocks_cached",
-          "blocks_used_peak", "prefix_hit_blocks", "prefix_hit_tokens", "preemptions"})
+          "blocks_used_peak", "window_blocks_used", "window_blocks_used_peak", "prefix_hit_blocks",
+          "prefix_hit_tokens", "preemptions"})
       bo.num(k, stats_counter(b, k));
     arr += (i ? ", " : "") + bo.finish();
   }

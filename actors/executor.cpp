@@ -126,6 +126,10 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
       s.n_blocks = static_cast<int32_t>(p.block_table.size());
       s.window = p.window;
       s.sinks = p.sinks;
+      if (!p.window_table.empty()) {
+        s.window_table = p.window_table.data();
+        s.n_window_blocks = static_cast<int32_t>(p.window_table.size());
+      }
       st.batch.push_back(s);
       rows.push_back(i);
     }
@@ -285,6 +289,7 @@ caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec, int32_t* n_
     opts.n_blocks = spec.n_blocks;
     opts.max_batch_tokens = spec.max_batch_tokens;
     opts.kv_type = spec.kv_type;
+    opts.n_window_blocks = spec.n_window_blocks;
     st->engine =
         make_engine(spec.backend, spec.model, opts, std::max(spec.device, 0), spec.kv_gpu_fraction);
   } else if (spec.backend != "null") {

@@ -23,9 +23,12 @@ struct ExecutorSpec {
   std::shared_ptr<LlamaModel> model;  ///< required for "cpu" and "cuda", ignored for "null"
   int threads = 0;                    ///< engine threads; 0: hardware concurrency
   int32_t n_blocks = 0;               ///< KV blocks; must equal the batcher's pool size
-  int32_t block_size = 16;            ///< tokens per KV block; must equal the batcher's
-  int32_t max_batch_tokens = 0;       ///< most new tokens in one step; 0: the engine default
-  double kv_gpu_fraction = 0.85;      ///< cuda with n_blocks 0: share of free memory for KV
+  /// Window-group KV blocks (EngineOptions::n_window_blocks; the cpu backend); 0: one group.
+  /// Must equal the batcher's window pool (BatcherExtras::window_blocks).
+  int32_t n_window_blocks = 0;
+  int32_t block_size = 16;        ///< tokens per KV block; must equal the batcher's
+  int32_t max_batch_tokens = 0;   ///< most new tokens in one step; 0: the engine default
+  double kv_gpu_fraction = 0.85;  ///< cuda with n_blocks 0: share of free memory for KV
   kernels::DType kv_type = kernels::DType::F16;  ///< cached K/V element type (CPU engine)
   int32_t step_delay_ms = 0;                     ///< TEST ONLY: sleep this long before every step
   int32_t null_token = 0;                        ///< the "null" backend's fixed token id

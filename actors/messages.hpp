@@ -156,11 +156,15 @@ struct SeqPlan {
   uint32_t logprobs = 0;
   int32_t window = 0;  // SeqStep::window: 0 full attention, > 0 the last `window` slots
   int32_t sinks = 0;   // SeqStep::sinks: leading slots that stay visible (StreamingLLM)
+  // SeqStep::window_table: the window group's block table where the executor's engine splits
+  // its KV cache into two layer groups; empty otherwise.
+  std::vector<int32_t> window_table;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SeqPlan& x) {
   return f(caf::meta::type_name("SeqPlan"), x.uid, x.tokens, x.n_past, x.block_table, x.sample,
-           x.reset, x.temperature, x.top_k, x.top_p, x.seed, x.logprobs, x.window, x.sinks);
+           x.reset, x.temperature, x.top_k, x.top_p, x.seed, x.logprobs, x.window, x.sinks,
+           x.window_table);
 }
 
 struct StepPlan {

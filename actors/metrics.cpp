@@ -263,6 +263,7 @@ std::string render(Self* self, const Scrape& s) {
   int64_t running = 0, used = 0, freeb = 0, cached = 0, total = 0, preempt = 0, swaps = 0;
   int64_t seq_failures = 0;
   int64_t executors = 0;
+  int64_t wused = 0, wfree = 0, wtotal = 0;  // window-group blocks (two-group models)
   // The same per executor label. A label may hold two pairs for a moment (a replacement spawned
   // before the metrics actor saw its predecessor go): their figures add up.
   struct PerExecutor {
@@ -287,6 +288,9 @@ std::string render(Self* self, const Scrape& s) {
     freeb += stats_counter(b, "blocks_free");
     cached += stats_counter(b, "blocks_cached");
     total += stats_counter(b, "blocks_total");
+    wused += stats_counter(b, "window_blocks_used");
+    wfree += stats_counter(b, "window_blocks_free");
+    wtotal += stats_counter(b, "window_blocks_total");
     e.used += stats_counter(b, "blocks_used");
     e.freeb += stats_counter(b, "blocks_free");
     e.cached += stats_counter(b, "blocks_cached");
@@ -318,6 +322,16 @@ std::string render(Self* self, const Scrape& s) {
   w.family("switchyard_kv_cache_usage_ratio", "gauge", "Fraction of KV blocks held by sequences.");
   w.sample("switchyard_kv_cache_usage_ratio", {},
            total > 0 ? static_cast<double>(used) / static_cast<double>(total) : 0.0);
+  // A model whose layers are of two kinds keeps its windowed layers' K/V in a pool of its own
+  // (docs/kv_policies.md); the kv_blocks_* families above are then the full-attention layers'.
+  const std::string kvw = "KV-cache blocks of the layers with a window of their own";
+  w.family("switchyard_kv_window_blocks_used", "gauge",
+           kvw + " held by running sequences, all executors (0 with one group).");
+  w.sample("switchyard_kv_window_blocks_used", {}, static_cast<double>(wused));
+  w.family("switchyard_kv_window_blocks_free", "gauge", kvw + " free, all executors.");
+  w.sample("switchyard_kv_window_blocks_free", {}, static_cast<double>(wfree));
+  w.family("switchyard_kv_window_blocks_total", "gauge", kvw + " in all, all executors.");
+  w.sample("switchyard_kv_window_blocks_total", {}, static_cast<double>(wtotal));
   per_executor("switchyard_executor_kv_blocks_used", kv + " held by running sequences",
                &PerExecutor::used, false);
   per_executor("switchyard_executor_kv_blocks_free", kv + " free", &PerExecutor::freeb, false);

@@ -57,6 +57,11 @@ std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<
                                     const EngineOptions& opts, int device, double kv_gpu_fraction) {
   if (backend == "cpu") return make_cpu_engine(std::move(model), opts);
   if (backend == "cuda") {
+    // The CUDA engine keeps one block table for every layer (docs/kv_policies.md).
+    if (opts.n_window_blocks > 0)
+      throw std::invalid_argument(
+          "make_engine: the cuda backend keeps one KV block table for all layers "
+          "(EngineOptions::n_window_blocks must be 0)");
 #ifdef SWITCHYARD_HAVE_CUDA
     CudaEngineOptions co;
     co.device = device;

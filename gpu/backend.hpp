@@ -22,7 +22,8 @@ std::string resolve_backend(const std::string& requested, std::string* why = nul
 /// An engine of a resolved backend ("cpu" or "cuda") for `model`. The CPU engine takes all of
 /// `opts`; the CUDA engine runs on `device` with opts' block size, KV blocks (0: kv_gpu_fraction
 /// of the device memory left after weights and step buffers) and step token budget, in f32 for
-/// an F32 file and bf16 otherwise.
+/// an F32 file and bf16 otherwise; it keeps one block table for all layers, so "cuda" with
+/// opts.n_window_blocks > 0 throws std::invalid_argument.
 std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<LlamaModel> model,
                                     const EngineOptions& opts, int device = 0,
                                     double kv_gpu_fraction = 0.85);

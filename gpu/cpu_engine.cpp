@@ -65,9 +65,8 @@ class CpuEngine final : public Engine {
   const Model& model() const override { return *model_; }
   int32_t block_size() const override { return bs_; }
   BlockPool& pool() override { return pool_; }
-  size_t kv_bytes() const override {
-    return 2 * static_cast<size_t>(c_.n_layers * n_slots_ * kv_row_);
-  }
+  BlockPool* window_pool() override { return wpool_.get(); }
+  size_t kv_bytes() const override { return 2 * static_cast<size_t>(kv_cache_bytes_); }
   void step(const std::vector<SeqStep>& batch, StepOutput& out) override;
 
  private:
@@ -98,27 +97,39 @@ class CpuEngine final : public Engine {
     kernels::matmul(w, x, n, y, pool_for(w.rows * w.cols * n));
   }
 
-  // Physical slot of logical slot s of a sequence.
-  int64_t slot_of(const SeqStep& s, int64_t logical) const {
-    return int64_t{s.block_table[logical / bs_]} * bs_ + logical % bs_;
+  // Whether layer l keeps its K/V in the window group (the cache is split and l has a window of
+  // its own); the block table of s that maps layer l's slots.
+  bool in_window_group(int layer) const {
+    return wpool_ && c_.layer_window[static_cast<size_t>(layer)] > 0;
   }
-  // Calls fn(j, physical slot) for the logical slots [a, b) of s, j counting up from j0; walks
-  // the block table block by block, so there is no division per slot.
+  const int32_t* table_of(const SeqStep& s, int layer) const {
+    return in_window_group(layer) ? s.window_table : s.block_table;
+  }
+  // Physical slot of logical slot s of a sequence whose block table is `tab`.
+  int64_t slot_of(const int32_t* tab, int64_t logical) const {
+    return int64_t{tab[logical / bs_]} * bs_ + logical % bs_;
+  }
+  // Physical slot that new-token row `row` writes in layer l's cache.
+  int64_t row_slot(int layer, size_t row) const {
+    return in_window_group(layer) ? wslot_[row] : slot_[row];
+  }
+  // Calls fn(j, physical slot) for the logical slots [a, b) of block table tab, j counting up
+  // from j0; walks the table block by block, so there is no division per slot.
   template <class Fn>
-  void for_slots(const SeqStep& s, int64_t a, int64_t b, int64_t j0, Fn&& fn) const {
+  void for_slots(const int32_t* tab, int64_t a, int64_t b, int64_t j0, Fn&& fn) const {
     for (int64_t x = a, j = j0; x < b;) {
       const int64_t off = x % bs_;
-      const int64_t base = int64_t{s.block_table[x / bs_]} * bs_ + off;
+      const int64_t base = int64_t{tab[x / bs_]} * bs_ + off;
       const int64_t lim = std::min<int64_t>(bs_ - off, b - x);
       for (int64_t o = 0; o < lim; ++o, ++j) fn(j, base + o);
       x += lim;
     }
   }
   KvElem* k_row(int layer, int64_t slot) {
-    return k_cache_.get() + (layer * n_slots_ + slot) * kv_row_;
+    return k_base_[static_cast<size_t>(layer)] + slot * kv_row_;
   }
   KvElem* v_row(int layer, int64_t slot) {
-    return v_cache_.get() + (layer * n_slots_ + slot) * kv_row_;
+    return v_base_[static_cast<size_t>(layer)] + slot * kv_row_;
   }
   // Byte offset of KV head g's values inside a row (head_dim % 32 == 0 for Q8_0, checked).
   int64_t head_off(int64_t g) const {
@@ -133,15 +144,22 @@ class CpuEngine final : public Engine {
   int32_t bs_;
   int32_t max_tokens_;
   BlockPool pool_;
+  // The window group's pool (EngineOptions::n_window_blocks > 0), or null: one group.
+  std::unique_ptr<BlockPool> wpool_;
   int64_t n_slots_;         // n_blocks * block_size
+  int64_t n_wslots_ = 0;    // window-group blocks * block_size
   int64_t q_dim_;           // n_heads * head_dim
   int64_t kv_dim_;          // n_kv_heads * head_dim
   kernels::DType kv_type_;  // EngineOptions::kv_type
   int64_t kv_row_;          // bytes of one cached K or V row: row_bytes(kv_type_, kv_dim_)
   // Left uninitialised on purpose: pages are touched only when a slot is first written, so a
   // large default capacity costs address space, not memory.
-  std::unique_ptr<KvElem[]> k_cache_;  // (n_layers, n_slots, kv_row_ bytes)
-  std::unique_ptr<KvElem[]> v_cache_;  // (n_layers, n_slots, kv_row_ bytes)
+  // Each layer's rows: (n_slots, kv_row_ bytes) of a full-attention layer, (n_wslots, kv_row_)
+  // of a window-group layer, laid out one layer after the other; k_base_[l] is layer l's first.
+  std::unique_ptr<KvElem[]> k_cache_;
+  std::unique_ptr<KvElem[]> v_cache_;
+  std::vector<KvElem*> k_base_, v_base_;  // (n_layers)
+  int64_t kv_cache_bytes_ = 0;            // bytes of k_cache_ (and of v_cache_)
   std::unique_ptr<kernels::ThreadPool> threads_;
 
   // The step plan, rebuilt each step in buffers that only grow.
@@ -149,6 +167,7 @@ class CpuEngine final : public Engine {
   std::vector<int32_t> tok_;        // (T) token ids
   std::vector<int32_t> pos_;        // (T) RoPE positions
   std::vector<int64_t> slot_;       // (T) physical KV slot written by each token
+  std::vector<int64_t> wslot_;      // (T) the same in the window group (split cache only)
   std::vector<int64_t> slot_sort_;  // (T) scratch for the duplicate-slot check
   std::vector<int32_t> seq_row_;    // (n_seq + 1) first token row of each sequence
   std::vector<int32_t> out_row_;    // (R) token rows whose logits are returned
@@ -204,6 +223,16 @@ CpuEngine::CpuEngine(std::shared_ptr<Model> model, const EngineOptions& opts)
         return static_cast<int32_t>(std::min<int64_t>(per_seq * kDefaultSeqsOfContext, INT32_MAX));
       }()) {
   n_slots_ = int64_t{pool_.n_total()} * bs_;
+  if (opts.n_window_blocks < 0) throw std::invalid_argument("EngineOptions::n_window_blocks < 0");
+  if (opts.n_window_blocks > 0) {
+    if (model_->limits().split_window() == 0) {
+      throw std::invalid_argument(
+          "EngineOptions::n_window_blocks: the layers of this model are not of two kinds (full "
+          "attention and one shared window), so there is no window group");
+    }
+    wpool_ = std::make_unique<BlockPool>(opts.n_window_blocks);
+    n_wslots_ = int64_t{opts.n_window_blocks} * bs_;
+  }
   rope_.head_dim = c_.head_dim;
   rope_.rope_dim = c_.rope_dim;
   rope_.theta_base = c_.rope_theta;
@@ -224,9 +253,17 @@ CpuEngine::CpuEngine(std::shared_ptr<Model> model, const EngineOptions& opts)
                                 std::to_string(c_.head_dim) + "); use f16");
   }
   kv_row_ = static_cast<int64_t>(kernels::row_bytes(kv_type_, kv_dim_));
-  const size_t kv_bytes = static_cast<size_t>(c_.n_layers * n_slots_ * kv_row_);
-  k_cache_.reset(new KvElem[kv_bytes]);
-  v_cache_.reset(new KvElem[kv_bytes]);
+  std::vector<int64_t> offsets(static_cast<size_t>(c_.n_layers));
+  for (int l = 0; l < c_.n_layers; ++l) {
+    offsets[static_cast<size_t>(l)] = kv_cache_bytes_;
+    kv_cache_bytes_ += (in_window_group(l) ? n_wslots_ : n_slots_) * kv_row_;
+  }
+  k_cache_.reset(new KvElem[static_cast<size_t>(kv_cache_bytes_)]);
+  v_cache_.reset(new KvElem[static_cast<size_t>(kv_cache_bytes_)]);
+  for (int64_t off : offsets) {
+    k_base_.push_back(k_cache_.get() + off);
+    v_base_.push_back(v_cache_.get() + off);
+  }
   if (!opts_.reference) {
     int n = opts_.n_threads > 0 ? opts_.n_threads
                                 : static_cast<int>(std::thread::hardware_concurrency());
@@ -247,13 +284,16 @@ void CpuEngine::step(const std::vector<SeqStep>& batch, StepOutput& out) {
 // Checks the whole batch before anything is written, so a refused step leaves the cache as it
 // was; then lays the new tokens of all sequences out as rows [0, T) and sizes the output.
 void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput& out) {
-  const int64_t total = validate_batch(batch, {max_tokens_, bs_, pool_.n_total(), c_.n_vocab, 0});
+  const int64_t total =
+      validate_batch(batch, {max_tokens_, bs_, pool_.n_total(), c_.n_vocab, 0,
+                             wpool_ ? wpool_->n_total() : 0, model_->limits().split_window()});
 
   const size_t T = static_cast<size_t>(total);
   n_tok_ = static_cast<int32_t>(total);
   grow(tok_, T);
   grow(pos_, T);
   grow(slot_, T);
+  if (wpool_) grow(wslot_, T);
   grow(slot_sort_, T);
   grow(sink_pos_, T);
   grow(sink_idx_, T);
@@ -301,7 +341,8 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
     for (int32_t t = 0; t < s.n_tokens; ++t, ++row) {
       tok_[static_cast<size_t>(row)] = s.tokens[t];
       pos_[static_cast<size_t>(row)] = s.positions ? s.positions[t] : s.n_past + t;
-      slot_[static_cast<size_t>(row)] = slot_of(s, int64_t{s.n_past} + t);
+      slot_[static_cast<size_t>(row)] = slot_of(s.block_table, int64_t{s.n_past} + t);
+      if (wpool_) wslot_[static_cast<size_t>(row)] = slot_of(s.window_table, int64_t{s.n_past} + t);
       // A second query only where it differs from the first (gap) and sink slots are in sight.
       const int64_t sink_at = int64_t{s.sinks} + s.window - 1;
       const int64_t p = pos_[static_cast<size_t>(row)];
@@ -319,11 +360,16 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
   grow(ws_, static_cast<size_t>(ws_floats_ * n_workers));
 
   // Two new tokens writing the same cache slot would overwrite each other's keys.
-  std::copy(slot_.begin(), slot_.begin() + n_tok_, slot_sort_.begin());
-  std::sort(slot_sort_.begin(), slot_sort_.begin() + n_tok_);
-  if (std::adjacent_find(slot_sort_.begin(), slot_sort_.begin() + n_tok_) !=
-      slot_sort_.begin() + n_tok_) {
-    throw std::invalid_argument("step: two new tokens map to the same KV slot");
+  for (const std::vector<int64_t>* slots : {&slot_, &wslot_}) {
+    if (slots == &wslot_ && !wpool_) continue;
+    std::copy(slots->begin(), slots->begin() + n_tok_, slot_sort_.begin());
+    std::sort(slot_sort_.begin(), slot_sort_.begin() + n_tok_);
+    if (std::adjacent_find(slot_sort_.begin(), slot_sort_.begin() + n_tok_) !=
+        slot_sort_.begin() + n_tok_) {
+      throw std::invalid_argument(
+          slots == &slot_ ? "step: two new tokens map to the same KV slot"
+                          : "step: two new tokens map to the same window-group KV slot");
+    }
   }
 
   out.n_vocab = c_.n_vocab;
@@ -357,7 +403,6 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
     for (int32_t i = 0; i < s.n_tokens; ++i) {
       const int32_t row = seq_row_[si] + i;
       const int pos = pos_[static_cast<size_t>(row)];
-      const int64_t slot = slot_[static_cast<size_t>(row)];
       const int sink_pos = sink_pos_[static_cast<size_t>(row)];
       const int64_t t = int64_t{s.n_past} + i;
 
@@ -375,7 +420,9 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
         const Visible vis = visible(t, at.window, at.sinks);
         const int64_t ns = vis.n_sinks;
         const int64_t n_keys = ns + t - vis.lo + 1;
-        const auto key_slot = [&](int64_t j) { return slot_of(s, j < ns ? j : vis.lo + j - ns); };
+        const int32_t* tab = table_of(s, l);
+        const int64_t slot = row_slot(l, static_cast<size_t>(row));
+        const auto key_slot = [&](int64_t j) { return slot_of(tab, j < ns ? j : vis.lo + j - ns); };
         scores.resize(static_cast<size_t>(n_keys));
 
         // attention: x += post(wo(attn(rope(wq xb), rope(wk xb), wv xb))), xb = rmsnorm(x)
@@ -498,8 +545,8 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
       }
       kernels::rope_ext(qt, c.n_heads, rope_, pos_[t]);
       kernels::rope_ext(kt, c.n_kv_heads, rope_, pos_[t]);
-      kernels::kv_store_row(kv_type_, kt, k_row(l, slot_[t]), kv_dim_);
-      kernels::kv_store_row(kv_type_, v_.data() + t * kv_dim_, v_row(l, slot_[t]), kv_dim_);
+      kernels::kv_store_row(kv_type_, kt, k_row(l, row_slot(l, t)), kv_dim_);
+      kernels::kv_store_row(kv_type_, v_.data() + t * kv_dim_, v_row(l, row_slot(l, t)), kv_dim_);
     }
     attention_fast(batch, l);
     matmul(L.wo, att_.data(), xb_.data(), n_tok_);
@@ -535,8 +582,8 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
 // handed out through an atomic counter, so one long prefill next to many decodes still
 // balances; each worker owns a slice of ws_, so tasks share nothing writable.
 void CpuEngine::attention_fast(const std::vector<SeqStep>& batch, int layer) {
-  const KvElem* kc = k_cache_.get() + layer * n_slots_ * kv_row_;
-  const KvElem* vc = v_cache_.get() + layer * n_slots_ * kv_row_;
+  const KvElem* kc = k_base_[static_cast<size_t>(layer)];
+  const KvElem* vc = v_base_[static_cast<size_t>(layer)];
   const int64_t n_units = static_cast<int64_t>(units_.size());
   std::atomic<int64_t> next{0};
   const auto work = [&](int64_t w_begin, int64_t w_end) {
@@ -570,6 +617,7 @@ void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int h, con
   const int64_t kv_off = head_off(h / (c_.n_heads / c_.n_kv_heads));
   const float scale = c_.query_scale;
   const Reach at = reach(s, layer);
+  const int32_t* tab = table_of(s, layer);
   for (int32_t i = 0; i < s.n_tokens; ++i) {
     const size_t row = static_cast<size_t>(row0 + i);
     const float* qh = q_.data() + row * q_dim_ + h * hd;
@@ -580,10 +628,10 @@ void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int h, con
     const Visible vis = visible(t, at.window, at.sinks);
     const int64_t ns = vis.n_sinks;
     const int64_t n_keys = ns + t - vis.lo + 1;
-    for_slots(s, 0, ns, 0, [&](int64_t j, int64_t slot) {
+    for_slots(tab, 0, ns, 0, [&](int64_t j, int64_t slot) {
       sc[j] = kernels::kv_dot(kv_type_, qsh, kc + slot * kv_row_ + kv_off, hd) * scale;
     });
-    for_slots(s, vis.lo, t + 1, ns, [&](int64_t j, int64_t slot) {
+    for_slots(tab, vis.lo, t + 1, ns, [&](int64_t j, int64_t slot) {
       sc[j] = kernels::kv_dot(kv_type_, qh, kc + slot * kv_row_ + kv_off, hd) * scale;
     });
     if (c_.attn_softcap > 0.0f) kernels::softcap(sc, n_keys, c_.attn_softcap);
@@ -593,8 +641,8 @@ void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int h, con
     const auto mix = [&](int64_t j, int64_t slot) {
       kernels::kv_axpy(kv_type_, sc[j], vc + slot * kv_row_ + kv_off, oh, hd);
     };
-    for_slots(s, 0, ns, 0, mix);
-    for_slots(s, vis.lo, t + 1, ns, mix);
+    for_slots(tab, 0, ns, 0, mix);
+    for_slots(tab, vis.lo, t + 1, ns, mix);
   }
 }
 
@@ -629,8 +677,9 @@ void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int layer, int g, in
     kernels::kv_load_row(kv_type_, vc + slot * kv_row_ + goff, O, hd);
     for (int64_t d = 0; d < hd; ++d) Vt[d * nk + j] = O[d];
   };
-  for_slots(s, 0, ns0, 0, gather);
-  for_slots(s, v0.lo, t1, ns0, gather);
+  const int32_t* tab = table_of(s, layer);
+  for_slots(tab, 0, ns0, 0, gather);
+  for_slots(tab, v0.lo, t1, ns0, gather);
   for (int hh = 0; hh < group; ++hh) {
     const int64_t h = int64_t{g} * group + hh;
     for (int64_t r = 0; r < qt; ++r) {

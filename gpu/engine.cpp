@@ -39,32 +39,47 @@ int64_t validate_batch(const std::vector<SeqStep>& batch, const BatchLimits& lim
     const int64_t end = int64_t{s.n_past} + s.n_tokens;
     if (end > INT32_MAX) bad(i, "n_past + n_tokens overflows");
     const int64_t need = (end + bs - 1) / bs;
-    if (s.n_blocks < need || !s.block_table) {
-      bad(i, "block table has " + std::to_string(s.n_blocks) + " blocks, " + std::to_string(need) +
-                 " needed for " + std::to_string(end) + " slots");
-    }
+    // One block table (`what` names it in messages) whose rows see window w (0: all) with
+    // `sinks` leading slots, ids in [0, n_ids).
+    const auto check_table = [&](const int32_t* table, int32_t n, int64_t w, int64_t sinks,
+                                 int32_t n_ids, const std::string& what) {
+      if (n < need || !table) {
+        bad(i, what + " has " + std::to_string(n) + " blocks, " + std::to_string(need) +
+                   " needed for " + std::to_string(end) + " slots");
+      }
+      // Slots some new token reads or writes: [0, sink_end) and [win_lo, end). Tokens' windows
+      // only move forward, so the first token has the lowest window start and the last the most
+      // sinks in sight.
+      const int64_t win_lo = w > 0 ? std::max<int64_t>(0, int64_t{s.n_past} + 1 - w) : 0;
+      const int64_t sink_end = w > 0 ? std::min<int64_t>(sinks, std::max<int64_t>(0, end - w)) : 0;
+      for (int64_t b = 0; b < need; ++b) {
+        const int32_t id = table[b];
+        if (id == -1) {
+          const int64_t b0 = b * bs, b1 = std::min<int64_t>(b0 + bs, end);
+          if (b0 < sink_end || b1 > win_lo) {
+            bad(i, what + " entry " + std::to_string(b) + " is -1 (released) but slots [" +
+                       std::to_string(b0) + ", " + std::to_string(b1) +
+                       ") are attended to or written by this step");
+          }
+        } else if (id < 0 || id >= n_ids) {
+          bad(i, (what == "block table" ? "block id " : what + " block id ") + std::to_string(id) +
+                     " out of range");
+        }
+      }
+    };
     // The window the rows see: the step's, narrowed by the backend's own; sinks only with the
     // step's window.
     int64_t w = s.window;
     if (lim.model_window > 0) w = w > 0 ? std::min<int64_t>(w, lim.model_window) : lim.model_window;
-    const int64_t sinks = s.window > 0 && w > 0 ? s.sinks : 0;
-    // Slots some new token reads or writes: [0, sink_end) and [win_lo, end). Tokens' windows
-    // only move forward, so the first token has the lowest window start and the last the most
-    // sinks in sight.
-    const int64_t win_lo = w > 0 ? std::max<int64_t>(0, int64_t{s.n_past} + 1 - w) : 0;
-    const int64_t sink_end = w > 0 ? std::min<int64_t>(sinks, std::max<int64_t>(0, end - w)) : 0;
-    for (int64_t b = 0; b < need; ++b) {
-      const int32_t id = s.block_table[b];
-      if (id == -1) {
-        const int64_t b0 = b * bs, b1 = std::min<int64_t>(b0 + bs, end);
-        if (b0 < sink_end || b1 > win_lo) {
-          bad(i, "block table entry " + std::to_string(b) + " is -1 (released) but slots [" +
-                     std::to_string(b0) + ", " + std::to_string(b1) +
-                     ") are attended to or written by this step");
-        }
-      } else if (id < 0 || id >= lim.n_blocks) {
-        bad(i, "block id " + std::to_string(id) + " out of range");
-      }
+    check_table(s.block_table, s.n_blocks, w, s.window > 0 && w > 0 ? s.sinks : 0, lim.n_blocks,
+                "block table");
+    if (lim.n_window_blocks > 0) {
+      // The window group's layers see their own window without sinks where it is the narrower,
+      // else the step's window with its sinks (the engines' rule).
+      const int64_t gw = lim.group_window;
+      const bool own = gw > 0 && (s.window == 0 || gw < s.window);
+      check_table(s.window_table, s.n_window_blocks, own ? gw : s.window, own ? 0 : s.sinks,
+                  lim.n_window_blocks, "window block table");
     }
     for (int32_t t = 0; t < s.n_tokens; ++t) {
       if (s.tokens[t] < 0 || s.tokens[t] >= lim.n_vocab) {

@@ -40,6 +40,12 @@ class BlockPool {
 /// position min(p, sinks + window - 1) for them (p its own position), so no relative distance
 /// exceeds sinks + window - 1. A block table entry may be -1 (released) where no new token of the
 /// step attends to any slot of that block.
+///
+/// On an engine that splits its KV cache into two layer groups (Engine::window_pool() not null:
+/// the model's layers are of two kinds, ModelLimits::split_window), block_table holds the K/V of
+/// the full-attention layers only and window_table those of the layers with a window of their
+/// own; both map the same logical slots, each into its own pool. A window-group entry may be -1
+/// where no new token of the step sees that block through the layer's window.
 struct SeqStep {
   const int32_t* tokens = nullptr;     // (n_tokens)
   const int32_t* positions = nullptr;  // (n_tokens) RoPE positions; nullptr: n_past + i
@@ -50,6 +56,10 @@ struct SeqStep {
   bool all_logits = false;  // logits for every new token, not only the last
   int32_t window = 0;       // > 0: attention sees only the last `window` slots (plus the sinks)
   int32_t sinks = 0;        // with window > 0: the first `sinks` slots stay visible
+  // The window group's block table (an engine that splits; nullptr elsewhere): must cover
+  // n_past + n_tokens slots, ids of Engine::window_pool().
+  const int32_t* window_table = nullptr;  // (n_window_blocks)
+  int32_t n_window_blocks = 0;
 };
 
 /// Logits of a step: for sequence i, rows [offset[i], offset[i] + count[i]) of n_vocab floats.
@@ -79,6 +89,10 @@ struct EngineOptions {
   // Element type of the cached keys and values: F16 (llama.cpp's default: half the memory of
   // F32), F32 or Q8_0 (blocks of 32 with an f16 scale; head_dim a multiple of 32).
   kernels::DType kv_type = kernels::DType::F16;
+  // > 0: blocks of the window group, for a model whose layers are of two kinds
+  // (ModelLimits::split_window() > 0): the windowed layers' K/V then live in a pool of their
+  // own, n_blocks being the full-attention layers' pool. 0: one pool for every layer.
+  int32_t n_window_blocks = 0;
 };
 
 class Engine {
@@ -88,6 +102,10 @@ class Engine {
   virtual const Model& model() const = 0;
   virtual int32_t block_size() const = 0;
   virtual BlockPool& pool() = 0;
+  /// The window group's pool where the engine splits its KV cache into two layer groups
+  /// (EngineOptions::n_window_blocks > 0); nullptr with one group. pool() is then the
+  /// full-attention group's.
+  virtual BlockPool* window_pool() { return nullptr; }
   /// Bytes the KV cache takes (keys and values of every block and layer); 0 where unknown.
   virtual size_t kv_bytes() const { return 0; }
   /// Runs one step; throws std::invalid_argument for a malformed batch (block table too short,
@@ -111,11 +129,16 @@ struct BatchLimits {
   int32_t n_blocks = 0;      // block ids are [0, n_blocks)
   int32_t n_vocab = 0;       // token ids are [0, n_vocab)
   int32_t model_window = 0;  // > 0: a window the backend applies to every sequence on its own
+  // > 0: the backend splits its cache; SeqStep::window_table (ids [0, n_window_blocks)) serves
+  // the layers with window `group_window` of their own.
+  int32_t n_window_blocks = 0;
+  int32_t group_window = 0;
 };
 
 /// The checks of Engine::step shared by every backend, done before anything is written: throws
 /// BadSequence naming the sequence at fault (bad counts, a block table too short or with an
-/// out-of-range id, a released block that the step would read or write, a token id out of range,
+/// out-of-range id, a released block that the step would read or write, in either table where
+/// the backend splits its cache (BatchLimits::n_window_blocks), a token id out of range,
 /// a negative position), or std::invalid_argument for a batch over max_tokens. Returns the
 /// number of new tokens.
 int64_t validate_batch(const std::vector<SeqStep>& batch, const BatchLimits& lim);

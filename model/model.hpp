@@ -108,12 +108,47 @@ struct ModelLimits {
   /// Bytes one token's KV entry takes in the CPU engine's cache: K and V of every layer, each a
   /// row of kv_dim values in `t` (F32 4 bytes a value, F16 2, Q8_0 34 per 32).
   int64_t kv_bytes_per_token(kernels::DType t = kernels::DType::F16) const {
-    const int64_t row = t == kernels::DType::Q8_0  ? (kv_dim + 31) / 32 * 34
-                        : t == kernels::DType::F32 ? kv_dim * 4
-                                                   : kv_dim * 2;
-    return 2 * int64_t{n_layers} * row;
+    return 2 * int64_t{n_layers} * kv_row_bytes(t);
+  }
+  /// Bytes of one cached K (or V) row of one layer in `t`.
+  int64_t kv_row_bytes(kernels::DType t = kernels::DType::F16) const {
+    return t == kernels::DType::Q8_0  ? (kv_dim + 31) / 32 * 34
+           : t == kernels::DType::F32 ? kv_dim * 4
+                                      : kv_dim * 2;
   }
   std::vector<int32_t> layer_window;  // ModelConfig::layer_window
+
+  /// The window W of the KV window group: > 0 when the model has layers of two kinds, some with
+  /// full attention and the others all with the same window W of their own (gemma2's even
+  /// layers); 0 when every layer is of one kind (llama, phi3) or the windows differ. Such a model
+  /// can keep the windowed layers' K/V in blocks of their own (EngineOptions::n_window_blocks).
+  int32_t split_window() const {
+    int32_t w = 0;
+    int n_windowed = 0;
+    for (int32_t lw : layer_window) {
+      if (lw <= 0) continue;
+      if (w > 0 && lw != w) return 0;
+      w = lw;
+      ++n_windowed;
+    }
+    return n_windowed > 0 && n_windowed < static_cast<int>(layer_window.size()) ? w : 0;
+  }
+  /// Layers of the window group (split_window() > 0): those with a window of their own.
+  int32_t n_window_layers() const {
+    if (split_window() == 0) return 0;
+    int32_t n = 0;
+    for (int32_t lw : layer_window) n += lw > 0 ? 1 : 0;
+    return n;
+  }
+  /// Bytes one token takes in a block of the full-attention group (the full layers' K and V)
+  /// and in a block of the window group (the windowed layers'), when the model splits; with one
+  /// group the first is kv_bytes_per_token and the second 0.
+  int64_t kv_bytes_per_token_full(kernels::DType t = kernels::DType::F16) const {
+    return 2 * int64_t{n_layers - n_window_layers()} * kv_row_bytes(t);
+  }
+  int64_t kv_bytes_per_token_window(kernels::DType t = kernels::DType::F16) const {
+    return 2 * int64_t{n_window_layers()} * kv_row_bytes(t);
+  }
 };
 ModelLimits model_limits(const ModelConfig& c);
 

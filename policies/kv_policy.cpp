@@ -137,6 +137,13 @@ BlockRange released_block_range(const KvPolicy& p, int64_t next, int32_t bs) {
   return {begin, end};
 }
 
+KvPolicy layer_policy(const KvPolicy& p, int32_t layer_window) {
+  if (layer_window <= 0) return p;
+  if (p.kind == KvPolicy::full || layer_window < p.window)
+    return {KvPolicy::sliding_window, layer_window, 0};
+  return p;
+}
+
 int64_t max_blocks_held(const KvPolicy& p, int64_t n_slots, int64_t chunk, int32_t bs) {
   if (bs <= 0) return 0;
   const int64_t all = ceil_div(n_slots, bs);

@@ -50,6 +50,12 @@ struct BlockRange {
 /// Blocks wholly outside what slot `next` (and every later slot) attends to.
 BlockRange released_block_range(const KvPolicy& p, int64_t next, int32_t bs);
 
+/// The policy under which a layer with an attention window of its own (`layer_window` > 0,
+/// gemma2's even layers) sees a sequence that runs under `p`: the layer's window without sinks
+/// where it is the narrower (or p is full), else p itself; `p` for layer_window <= 0. The engines
+/// apply the same rule, so this says which of the layer's blocks a sequence may give back.
+KvPolicy layer_policy(const KvPolicy& p, int32_t layer_window);
+
 /// Most blocks a sequence can hold at once while it processes slots up to `n_slots` (exclusive)
 /// in chunks of at most `chunk` tokens: full holds all of them, the windowed policies the sink
 /// blocks plus the window and one chunk.

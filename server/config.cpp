@@ -281,7 +281,8 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
   each(c, "batching", n,
        {"step_token_budget", "max_sequences", "prefill_chunk", "kv_block_size", "kv_memory_mb",
         "step_delay_ms", "kv_policy", "kv_pressure_policy", "kv_high_watermark", "kv_low_watermark",
-        "prefix_cache", "step_timeout_ms", "max_job_retries", "kv_gpu_fraction", "kv_dtype"},
+        "prefix_cache", "step_timeout_ms", "max_job_retries", "kv_gpu_fraction", "kv_dtype",
+        "layer_window_kv"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "step_token_budget")
            b.step_token_budget = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 20));
@@ -322,6 +323,11 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
          // Each retry recomputes the whole job; beyond a handful a job is the problem itself.
          else if (k == "max_job_retries")
            b.max_job_retries = static_cast<uint32_t>(get_int(c, key, v, 0, 100));
+         else if (k == "layer_window_kv") {
+           const std::string text = get_string(c, key, v);
+           if (text != "release" && text != "keep") c.fail(key, v, "expected release or keep");
+           b.release_layer_windows = text == "release";
+         }
        });
 }
 

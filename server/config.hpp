@@ -154,6 +154,12 @@ struct BatchingConfig {
   double kv_high_watermark = 0.90;  // fraction of KV blocks held by sequences
   double kv_low_watermark = 0.70;   // back to the normal policy at or below this
   bool prefix_cache = true;         // reuse cached KV blocks of shared prompt prefixes
+  // layer_window_kv: for a model whose layers are of two kinds (full attention and a window of
+  // their own, gemma2): true ("release") keeps the windowed layers' K/V in a pool of its own and
+  // gives back their blocks behind the window (no prefix reuse then); false ("keep"): one pool
+  // for all layers, every block held for the full-attention layers, prefix reuse on. The CPU
+  // backend only (docs/kv_policies.md).
+  bool release_layer_windows = true;
   // Crash recovery: a step that takes longer than this means a hung executor. Generous, since a
   // long prefill on a slow CPU can take seconds; tests set it low.
   int64_t step_timeout_ms = 30000;

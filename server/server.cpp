@@ -163,16 +163,42 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   const bool device_kv = c.executors.backend == "cuda" && c.batching.kv_memory_mb == 0;
   const int64_t kv_per_token =
       d.model ? d.model->limits().kv_bytes_per_token(c.batching.kv_dtype) : 0;
-  int32_t n_blocks = device_kv ? 0 : kv_blocks_for(c.batching, kv_per_token);
+  // A model whose layers are of two kinds (gemma2) keeps its windowed layers' K/V in a pool of
+  // their own on the CPU backend unless batching.layer_window_kv is keep; the CUDA engine keeps
+  // one block table for all layers.
+  const bool split = c.executors.backend == "cpu" && c.batching.release_layer_windows && d.model &&
+                     d.model->limits().split_window() > 0;
+  KvPools pools;
+  if (split) {
+    pools = kv_pools_for(c.batching, d.model->limits(), true);
+  } else {
+    pools.n_blocks = device_kv ? 0 : kv_blocks_for(c.batching, kv_per_token);
+  }
+  const int32_t n_blocks = pools.n_blocks;
   if (!device_kv && kv_per_token > 0) {
     // One line with every figure of the cache, so a change of batching.kv_dtype shows in the log.
     const int64_t bs = c.batching.kv_block_size;
-    std::cerr << "switchyard: KV cache per executor: " << n_blocks << " blocks of " << bs
-              << " tokens, K/V " << kernels::kv_type_name(c.batching.kv_dtype) << ", "
-              << kv_per_token << " bytes a token, "
-              << (int64_t{n_blocks} * bs * kv_per_token) / (1024 * 1024) << " MiB\n";
+    if (split) {
+      const ModelLimits& lim = d.model->limits();
+      const int64_t full = lim.kv_bytes_per_token_full(c.batching.kv_dtype);
+      const int64_t win = lim.kv_bytes_per_token_window(c.batching.kv_dtype);
+      std::cerr << "switchyard: KV cache per executor: " << n_blocks << " blocks of " << bs
+                << " tokens for the full-attention layers (" << full << " bytes a token) and "
+                << pools.n_window_blocks << " for the layers with a window of "
+                << lim.split_window() << " (" << win << " bytes a token), K/V "
+                << kernels::kv_type_name(c.batching.kv_dtype) << ", "
+                << (int64_t{n_blocks} * full + int64_t{pools.n_window_blocks} * win) * bs /
+                       (1024 * 1024)
+                << " MiB\n";
+    } else {
+      std::cerr << "switchyard: KV cache per executor: " << n_blocks << " blocks of " << bs
+                << " tokens, K/V " << kernels::kv_type_name(c.batching.kv_dtype) << ", "
+                << kv_per_token << " bytes a token, "
+                << (int64_t{n_blocks} * bs * kv_per_token) / (1024 * 1024) << " MiB\n";
+    }
   }
   sc.n_blocks = n_blocks;
+  sc.executor.n_window_blocks = pools.n_window_blocks;
   sc.batching = c.batching;
   sc.executor.backend = c.executors.backend;
   sc.executor.model = d.model;

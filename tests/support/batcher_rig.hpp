@@ -60,17 +60,22 @@ struct Rig {
   int credit_msgs = 0;
   uint64_t next_uid = 1;
   uint64_t last_uid = 0;  // the job the last received message was about
+  // > 0: the executor's and batcher's window-group KV blocks (a model with two kinds of layers)
+  int32_t window_blocks = 0;
 
   void start(BatchingConfig bc, int32_t n_blocks, ExecutorSpec spec, bool with_model = true) {
     if (spec.model) spec.model = model;
     spec.n_blocks = n_blocks;
+    spec.n_window_blocks = window_blocks;
     spec.block_size = bc.kv_block_size;
     executor = spawn_executor(sys, spec);
     start_with(bc, n_blocks, executor, with_model);
   }
   void start_with(BatchingConfig bc, int32_t n_blocks, caf::actor exec, bool with_model) {
-    batcher =
-        spawn_batcher(sys, bc, with_model ? model : nullptr, exec, sink, sink, sink, n_blocks);
+    BatcherExtras extras;
+    extras.window_blocks = window_blocks;
+    batcher = spawn_batcher(sys, bc, with_model ? model : nullptr, exec, sink, sink, sink, n_blocks,
+                            extras);
   }
   ~Rig() {
     if (batcher) caf::anon_send_exit(batcher, caf::exit_reason::user_shutdown);

@@ -78,6 +78,7 @@ batching:
   kv_memory_mb: 64
   kv_gpu_fraction: 0.6
   kv_dtype: q8_0
+  layer_window_kv: keep
   step_delay_ms: 5
 executors:
   backend: "null"
@@ -124,6 +125,7 @@ shutdown_grace_ms: 250
   BOOST_TEST(c.batching.kv_memory_mb == 64);
   BOOST_TEST(c.batching.kv_gpu_fraction == 0.6);
   BOOST_TEST((c.batching.kv_dtype == sy::kernels::DType::Q8_0));
+  BOOST_TEST(!c.batching.release_layer_windows);
   BOOST_TEST(c.batching.step_delay_ms == 5);
   BOOST_TEST(c.executors.backend == "null");
   BOOST_TEST(c.executors.count == 2);
@@ -144,6 +146,7 @@ BOOST_AUTO_TEST_CASE(defaults_without_a_file) {
   BOOST_TEST(c.endpoints.bind == "tcp://127.0.0.1:5555");
   BOOST_TEST(c.executors.backend == "auto");
   BOOST_TEST((c.batching.kv_dtype == sy::kernels::DType::F16));
+  BOOST_TEST(c.batching.release_layer_windows);
 }
 
 BOOST_AUTO_TEST_CASE(absent_keys_keep_their_values_and_empty_file_is_fine) {
@@ -194,6 +197,10 @@ BOOST_AUTO_TEST_CASE(errors_name_file_key_and_problem) {
   m = load_error("batching:\n  kv_dtype: bf16\n");
   BOOST_TEST(contains(m, "'batching.kv_dtype'"), m);
   BOOST_TEST(contains(m, "expected f32, f16 or q8_0"), m);
+
+  m = load_error("batching:\n  layer_window_kv: drop\n");
+  BOOST_TEST(contains(m, "'batching.layer_window_kv'"), m);
+  BOOST_TEST(contains(m, "expected release or keep"), m);
 
   m = load_error("batching:\n  step_token_budget: 1.5\n");
   BOOST_TEST(contains(m, "expected an integer, got '1.5'"), m);

@@ -272,3 +272,21 @@ BOOST_AUTO_TEST_CASE(pressure_hysteresis) {
     BOOST_TEST(s == expect[i], "step " << i);
   }
 }
+
+// A layer with a window of its own sees a sequence through the narrower of the two windows, and
+// sinks only where the policy's window is the narrower (the engines' rule for gemma2's layers).
+BOOST_AUTO_TEST_CASE(layer_policy_is_the_narrower_window) {
+  const KvPolicy full{};
+  const KvPolicy sw8{KvPolicy::sliding_window, 8, 0}, sw16{KvPolicy::sliding_window, 16, 0};
+  const KvPolicy sw64{KvPolicy::sliding_window, 64, 0};
+  const KvPolicy sk_wide{KvPolicy::sinks, 60, 4}, sk_narrow{KvPolicy::sinks, 8, 4};
+  BOOST_TEST(to_string(layer_policy(full, 16)) == to_string(sw16));
+  BOOST_TEST(to_string(layer_policy(sw64, 16)) == to_string(sw16));
+  BOOST_TEST(to_string(layer_policy(sw8, 16)) == to_string(sw8));
+  BOOST_TEST(to_string(layer_policy(sw16, 16)) == to_string(sw16));
+  // The layer's window without sinks; the policy's window with its sinks; no window of its own.
+  BOOST_TEST(to_string(layer_policy(sk_wide, 16)) == to_string(sw16));
+  BOOST_TEST(to_string(layer_policy(sk_narrow, 16)) == to_string(sk_narrow));
+  BOOST_TEST(to_string(layer_policy(sk_narrow, 0)) == to_string(sk_narrow));
+  BOOST_TEST(to_string(layer_policy(full, 0)) == to_string(full));
+}

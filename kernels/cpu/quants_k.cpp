@@ -623,104 +623,26 @@ inline __m512i lanes(const Quads& q) {
   return _mm512_load_si512(q.v);
 }
 
-/// Q4_K and Q5_K (HIGH: the fifth bit from qh).
-template <class B, bool HIGH>
-float dot_k4_avx512(const void* w, const void* a, int64_t n) {
+// NT tokens at once: each weight super-block is unpacked once and multiplied with every token's
+// activations. NT = 1 is vec_dot; NT = kDotTokens is vec_dot_4 (prefill), whose outputs are
+// therefore the one-token ones bit for bit (the same operations in the same order per token).
+
+/// Q4_K and Q5_K (HIGH: the fifth bit from qh) against NT tokens whose activations are `as`
+/// bytes apart.
+template <class B, bool HIGH, int NT>
+void dotn_k4_avx512(const void* w, const void* a, size_t as, float* out, int64_t n) {
   const auto* x = static_cast<const B*>(w);
-  const auto* y = static_cast<const BlockQ8K*>(a);
+  const BlockQ8K* y[NT];
+  for (int t = 0; t < NT; ++t)
+    y[t] = reinterpret_cast<const BlockQ8K*>(static_cast<const uint8_t*>(a) + t * as);
   const __m512i m4 = _mm512_set1_epi8(15);
   const __m512i one = _mm512_set1_epi8(1);
   // Sub-blocks of each 64-byte run: low nibbles of qs[64h..] are sub-blocks 4h and 4h + 2, high
   // nibbles 4h + 1 and 4h + 3; their fifth bits are those bit numbers of qh.
   const __m512i sel[4] = {lanes(kH02), lanes(kH13), lanes(kH46), lanes(kH57)};
-  __m512 acc = _mm512_setzero_ps();
-  __m256 accm = _mm256_setzero_ps();
-  for (int64_t i = 0; i < n / kSuper; ++i) {
-    alignas(8) uint8_t sc[8], m[8];
-    unpack_k4_words(x[i].scales, sc, m);
-    const __m128i m8 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(m));
-    const __m256i summ =
-        _mm256_madd_epi16(bsums16(y[i]), _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)));
-    const __m512i scw = _mm512_zextsi128_si512(
-        _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
-    __m512i qh = _mm512_setzero_si512();
-    if constexpr (HIGH) qh = dup32(x[i].qh);
-    __m512i sumi = _mm512_setzero_si512();
-    for (int h = 0; h < 2; ++h) {
-      const __m512i q = load64(x[i].qs + 64 * h);
-      __m512i lo = _mm512_and_si512(q, m4);
-      __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
-      if constexpr (HIGH) {
-        lo = _mm512_or_si512(
-            lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sel[2 * h]), one), 4));
-        hi = _mm512_or_si512(
-            hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sel[2 * h + 1]), one), 4));
-      }
-      const int8_t* a0 = y[i].qs + 128 * h;
-      sumi = _mm512_add_epi32(
-          sumi, scaled_dot512(lo, join32(a0, a0 + 64), _mm512_permutexvar_epi16(sel[2 * h], scw)));
-      sumi = _mm512_add_epi32(sumi, scaled_dot512(hi, join32(a0 + 32, a0 + 96),
-                                                  _mm512_permutexvar_epi16(sel[2 * h + 1], scw)));
-    }
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(y[i].d * h2f(x[i].d)), _mm512_cvtepi32_ps(sumi), acc);
-    accm = _mm256_fmadd_ps(_mm256_set1_ps(y[i].d * h2f(x[i].dmin)), _mm256_cvtepi32_ps(summ), accm);
-  }
-  return _mm512_reduce_add_ps(_mm512_sub_ps(acc, _mm512_zextps256_ps512(accm)));
-}
-
-float dot_q6k_avx512(const void* w, const void* a, int64_t n) {
-  const auto* x = static_cast<const BlockQ6K*>(w);
-  const auto* y = static_cast<const BlockQ8K*>(a);
-  const __m512i m4 = _mm512_set1_epi8(15);
-  const __m512i m3 = _mm512_set1_epi8(3);
-  // Per 128 elements: ql[0..63] low nibbles are quarters 0, 1 (qh bits 0-1, 2-3), high nibbles
-  // quarters 2, 3 (qh bits 4-5, 6-7).
-  const __m512i sh01 = lanes(kH02), sh23 = lanes(kH46);
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t i = 0; i < n / kSuper; ++i) {
-    const __m256i sc16 =
-        _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
-    const __m256i zp = _mm256_slli_epi32(_mm256_madd_epi16(bsums16(y[i]), sc16), 5);
-    const __m512i scw = _mm512_zextsi256_si512(sc16);
-    __m512i sumi = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), zp));
-    for (int c = 0; c < 2; ++c) {
-      const __m512i ql = load64(x[i].ql + 64 * c);
-      const __m512i qh = dup32(x[i].qh + 32 * c);
-      const __m512i u01 =
-          _mm512_or_si512(_mm512_and_si512(ql, m4),
-                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh01), m3), 4));
-      const __m512i u23 =
-          _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
-                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh23), m3), 4));
-      const int8_t* a0 = y[i].qs + 128 * c;
-      sumi = _mm512_add_epi32(
-          sumi, scaled_dot512(u01, load64(a0), _mm512_permutexvar_epi16(lanes(kQuad[2 * c]), scw)));
-      sumi = _mm512_add_epi32(
-          sumi, scaled_dot512(u23, load64(a0 + 64),
-                              _mm512_permutexvar_epi16(lanes(kQuad[2 * c + 1]), scw)));
-    }
-    acc = _mm512_fmadd_ps(_mm512_set1_ps(y[i].d * h2f(x[i].d)), _mm512_cvtepi32_ps(sumi), acc);
-  }
-  return _mm512_reduce_add_ps(acc);
-}
-
-// Four tokens at once (prefill): each weight super-block is unpacked once and multiplied with
-// the four tokens' activations, in the same order of operations as the one-token kernels above,
-// so every output equals what they give for that token bit for bit.
-
-/// Q4_K and Q5_K against kDotTokens tokens whose activations are `as` bytes apart.
-template <class B, bool HIGH>
-void dot4_k4_avx512(const void* w, const void* a, size_t as, float* out, int64_t n) {
-  const auto* x = static_cast<const B*>(w);
-  const BlockQ8K* y[kDotTokens];
-  for (int t = 0; t < kDotTokens; ++t)
-    y[t] = reinterpret_cast<const BlockQ8K*>(static_cast<const uint8_t*>(a) + t * as);
-  const __m512i m4 = _mm512_set1_epi8(15);
-  const __m512i one = _mm512_set1_epi8(1);
-  const __m512i sel[4] = {lanes(kH02), lanes(kH13), lanes(kH46), lanes(kH57)};
-  __m512 acc[kDotTokens];
-  __m256 accm[kDotTokens];
-  for (int t = 0; t < kDotTokens; ++t) {
+  __m512 acc[NT];
+  __m256 accm[NT];
+  for (int t = 0; t < NT; ++t) {
     acc[t] = _mm512_setzero_ps();
     accm[t] = _mm256_setzero_ps();
   }
@@ -733,8 +655,8 @@ void dot4_k4_avx512(const void* w, const void* a, size_t as, float* out, int64_t
         _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
     __m512i qh = _mm512_setzero_si512();
     if constexpr (HIGH) qh = dup32(x[i].qh);
-    __m512i sumi[kDotTokens];
-    for (int t = 0; t < kDotTokens; ++t) sumi[t] = _mm512_setzero_si512();
+    __m512i sumi[NT];
+    for (int t = 0; t < NT; ++t) sumi[t] = _mm512_setzero_si512();
     for (int h = 0; h < 2; ++h) {
       const __m512i q = load64(x[i].qs + 64 * h);
       __m512i lo = _mm512_and_si512(q, m4);
@@ -747,41 +669,44 @@ void dot4_k4_avx512(const void* w, const void* a, size_t as, float* out, int64_t
       }
       const __m512i slo = _mm512_permutexvar_epi16(sel[2 * h], scw);
       const __m512i shi = _mm512_permutexvar_epi16(sel[2 * h + 1], scw);
-      for (int t = 0; t < kDotTokens; ++t) {
+      for (int t = 0; t < NT; ++t) {
         const int8_t* a0 = y[t][i].qs + 128 * h;
         sumi[t] = _mm512_add_epi32(sumi[t], scaled_dot512(lo, join32(a0, a0 + 64), slo));
         sumi[t] = _mm512_add_epi32(sumi[t], scaled_dot512(hi, join32(a0 + 32, a0 + 96), shi));
       }
     }
     const float d = h2f(x[i].d), dmin = h2f(x[i].dmin);
-    for (int t = 0; t < kDotTokens; ++t) {
+    for (int t = 0; t < NT; ++t) {
       const __m256i summ = _mm256_madd_epi16(bsums16(y[t][i]), mw);
       acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(y[t][i].d * d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
       accm[t] =
           _mm256_fmadd_ps(_mm256_set1_ps(y[t][i].d * dmin), _mm256_cvtepi32_ps(summ), accm[t]);
     }
   }
-  for (int t = 0; t < kDotTokens; ++t)
+  for (int t = 0; t < NT; ++t)
     out[t] = _mm512_reduce_add_ps(_mm512_sub_ps(acc[t], _mm512_zextps256_ps512(accm[t])));
 }
 
-/// Q6_K against kDotTokens tokens.
-void dot4_q6k_avx512(const void* w, const void* a, size_t as, float* out, int64_t n) {
+/// Q6_K against NT tokens.
+template <int NT>
+void dotn_q6k_avx512(const void* w, const void* a, size_t as, float* out, int64_t n) {
   const auto* x = static_cast<const BlockQ6K*>(w);
-  const BlockQ8K* y[kDotTokens];
-  for (int t = 0; t < kDotTokens; ++t)
+  const BlockQ8K* y[NT];
+  for (int t = 0; t < NT; ++t)
     y[t] = reinterpret_cast<const BlockQ8K*>(static_cast<const uint8_t*>(a) + t * as);
   const __m512i m4 = _mm512_set1_epi8(15);
   const __m512i m3 = _mm512_set1_epi8(3);
+  // Per 128 elements: ql[0..63] low nibbles are quarters 0, 1 (qh bits 0-1, 2-3), high nibbles
+  // quarters 2, 3 (qh bits 4-5, 6-7).
   const __m512i sh01 = lanes(kH02), sh23 = lanes(kH46);
-  __m512 acc[kDotTokens];
-  for (int t = 0; t < kDotTokens; ++t) acc[t] = _mm512_setzero_ps();
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t i = 0; i < n / kSuper; ++i) {
     const __m256i sc16 =
         _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x[i].scales)));
     const __m512i scw = _mm512_zextsi256_si512(sc16);
-    __m512i sumi[kDotTokens];
-    for (int t = 0; t < kDotTokens; ++t) {
+    __m512i sumi[NT];
+    for (int t = 0; t < NT; ++t) {
       const __m256i zp = _mm256_slli_epi32(_mm256_madd_epi16(bsums16(y[t][i]), sc16), 5);
       sumi[t] = _mm512_zextsi256_si512(_mm256_sub_epi32(_mm256_setzero_si256(), zp));
     }
@@ -796,17 +721,30 @@ void dot4_q6k_avx512(const void* w, const void* a, size_t as, float* out, int64_
                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sh23), m3), 4));
       const __m512i s01 = _mm512_permutexvar_epi16(lanes(kQuad[2 * c]), scw);
       const __m512i s23 = _mm512_permutexvar_epi16(lanes(kQuad[2 * c + 1]), scw);
-      for (int t = 0; t < kDotTokens; ++t) {
+      for (int t = 0; t < NT; ++t) {
         const int8_t* a0 = y[t][i].qs + 128 * c;
         sumi[t] = _mm512_add_epi32(sumi[t], scaled_dot512(u01, load64(a0), s01));
         sumi[t] = _mm512_add_epi32(sumi[t], scaled_dot512(u23, load64(a0 + 64), s23));
       }
     }
     const float d = h2f(x[i].d);
-    for (int t = 0; t < kDotTokens; ++t)
+    for (int t = 0; t < NT; ++t)
       acc[t] = _mm512_fmadd_ps(_mm512_set1_ps(y[t][i].d * d), _mm512_cvtepi32_ps(sumi[t]), acc[t]);
   }
-  for (int t = 0; t < kDotTokens; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
+  for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+template <class B, bool HIGH>
+float dot_k4_avx512(const void* w, const void* a, int64_t n) {
+  float out;
+  dotn_k4_avx512<B, HIGH, 1>(w, a, 0, &out, n);
+  return out;
+}
+
+float dot_q6k_avx512(const void* w, const void* a, int64_t n) {
+  float out;
+  dotn_q6k_avx512<1>(w, a, 0, &out, n);
+  return out;
 }
 
 /// Q2_K and Q3_K (the 2-bit fields of qs; Q3_K adds bit 2 from hmask and signed scales).
@@ -1244,7 +1182,8 @@ using Avx2Table = Table<dot_q2k_avx2, dot_q3k_avx2, dot_k4_avx2<BlockQ4K, false>
 using Avx512Table =
     Table<dot_k23_avx512<false>, dot_k23_avx512<true>, dot_k4_avx512<BlockQ4K, false>,
           dot_k4_avx512<BlockQ5K, true>, dot_q6k_avx512, dot_iq4xs_avx2,
-          dot4_k4_avx512<BlockQ4K, false>, dot4_k4_avx512<BlockQ5K, true>, dot4_q6k_avx512>;
+          dotn_k4_avx512<BlockQ4K, false, kDotTokens>, dotn_k4_avx512<BlockQ5K, true, kDotTokens>,
+          dotn_q6k_avx512<kDotTokens>>;
 #endif
 
 const TypeOps* find(const TypeOps* table, DType t) {

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "policies/qos.hpp"
-#include "server/config.hpp"
+#include "actors/admission_config.hpp"
 
 namespace sy {
 

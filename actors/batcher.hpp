@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "server/config.hpp"
+#include "actors/batcher_config.hpp"
 
 namespace sy {
 

@@ -1,5 +1,5 @@
 // The journal actor and the journal's record codec and replay (see journal.hpp and
-// docs/durability.md): accept, result and delivered records over policies/journal_file.
+// docs/durability.md): accept, result and delivered records over storage/journal_file.
 #include "actors/journal.hpp"
 
 #include <algorithm>
@@ -15,7 +15,7 @@
 #include <unordered_set>
 #include <variant>
 
-#include "policies/journal_file.hpp"
+#include "storage/journal_file.hpp"
 
 namespace sy {
 namespace {

@@ -1,4 +1,4 @@
-// The journal actor: makes accepted jobs and their results durable (policies/journal_file.hpp)
+// The journal actor: makes accepted jobs and their results durable (storage/journal_file.hpp)
 // before they are acknowledged or delivered, and the replay of a journal when a server starts.
 #pragma once
 
@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "actors/messages.hpp"
-#include "server/config.hpp"
+#include "actors/journal_config.hpp"
 
 namespace sy {
 

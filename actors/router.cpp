@@ -18,12 +18,7 @@
 namespace sy {
 
 std::vector<policy::PriorityClass> effective_classes(std::vector<policy::PriorityClass> classes) {
-  if (classes.empty()) {
-    // Same defaults as finalize_config: short interactive queues answer "overloaded" quickly,
-    // deep batch queues hold offline windows.
-    classes.push_back({"interactive", 0, 1.0, 256, 0});
-    classes.push_back({"batch", 1, 1.0, 4096, 0});
-  }
+  if (classes.empty()) classes = policy::default_classes();
   return classes;
 }
 

@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "actors/admission_config.hpp"
+#include "actors/router_config.hpp"
 #include "policies/qos.hpp"
 #include "policies/retry.hpp"
-#include "server/config.hpp"
 
 namespace sy {
 

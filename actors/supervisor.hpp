@@ -10,7 +10,7 @@
 
 #include "actors/executor.hpp"
 #include "policies/autoscale.hpp"
-#include "server/config.hpp"
+#include "actors/batcher_config.hpp"
 
 namespace sy {
 

@@ -13,6 +13,10 @@ namespace {
 constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max();
 }
 
+std::vector<PriorityClass> default_classes() {
+  return {{"interactive", 0, 1.0, 256, 0}, {"batch", 1, 1.0, 4096, 0}};
+}
+
 FairQueue::FairQueue(std::vector<PriorityClass> classes) {
   if (classes.empty()) throw std::invalid_argument("FairQueue: no priority classes");
   std::unordered_set<std::string> names;

@@ -25,6 +25,12 @@ struct PriorityClass {
   std::int64_t queue_timeout_ms = 0;  ///< longest wait in the queue; 0: none
 };
 
+/// The priority classes used when the configuration names none. Interactive work overtakes batch
+/// work strictly (rank 0 before rank 1). Interactive queues are short so that an overloaded server
+/// says so quickly; batch queues are deep because offline clients keep a window of jobs in flight
+/// and would rather wait than retry.
+std::vector<PriorityClass> default_classes();
+
 /// A job as the queue sees it: a handle to the router's record and what ordering needs.
 struct QueuedJob {
   std::uint64_t handle = 0;  ///< unique among queued jobs

@@ -469,13 +469,7 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
 
 void finalize_config(ServerConfig& cfg) {
   auto& classes = cfg.router.classes;
-  if (classes.empty()) {
-    // Interactive work overtakes batch work strictly (rank 0 before rank 1). Interactive queues
-    // are short so that an overloaded server says so quickly; batch queues are deep because
-    // offline clients keep a window of jobs in flight and would rather wait than retry.
-    classes.push_back({"interactive", 0, 1.0, 256, 0});
-    classes.push_back({"batch", 1, 1.0, 4096, 0});
-  }
+  if (classes.empty()) classes = policy::default_classes();
   std::set<std::string> names;
   for (const auto& pc : classes) {
     if (pc.name.empty()) throw std::runtime_error("config: a priority class has no name");

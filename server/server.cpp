@@ -23,9 +23,9 @@
 #include "actors/supervisor.hpp"
 #include "gpu/backend.hpp"
 #include "model/llama.hpp"
-#include "policies/journal_file.hpp"
-#include "server/egress.hpp"
-#include "server/gateway.hpp"
+#include "storage/journal_file.hpp"
+#include "ingress/egress.hpp"
+#include "ingress/gateway.hpp"
 #include "server/metrics.hpp"
 
 namespace sy {

@@ -20,7 +20,7 @@
 #include <thread>
 
 #include "clients/cpp/client.hpp"
-#include "policies/journal_file.hpp"
+#include "storage/journal_file.hpp"
 #include "tests/integration/server_process.hpp"
 
 using namespace std::chrono_literals;

@@ -14,8 +14,8 @@
 #include "cli/json_reader.hpp"
 #include "clients/cpp/client.hpp"
 #include "ingress/codec.hpp"
-#include "server/egress.hpp"
-#include "server/gateway.hpp"
+#include "ingress/egress.hpp"
+#include "ingress/gateway.hpp"
 
 // Printers for Boost.Test messages (found by argument-dependent lookup).
 namespace sy {

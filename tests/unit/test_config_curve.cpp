@@ -7,7 +7,7 @@
 
 #include "ingress/curve.hpp"
 #include "server/config.hpp"
-#include "server/gateway.hpp"
+#include "ingress/gateway.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace {

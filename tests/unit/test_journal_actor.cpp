@@ -20,7 +20,7 @@
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
 #include "ingress/error_code.hpp"
-#include "policies/journal_file.hpp"
+#include "storage/journal_file.hpp"
 #include "tests/support/full_disk.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/test_system.hpp"

@@ -8,7 +8,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "policies/journal_file.hpp"
+#include "storage/journal_file.hpp"
 #include "tests/support/temp_dir.hpp"
 
 using namespace sy;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "actors/journal.hpp"
-#include "policies/journal_file.hpp"
+#include "storage/journal_file.hpp"
 #include "tests/support/full_disk.hpp"
 #include "tests/support/temp_dir.hpp"
 

@@ -5,7 +5,7 @@
 #include <cstdlib>
 
 #include "actors/journal.hpp"
-#include "policies/journal_file.hpp"
+#include "storage/journal_file.hpp"
 #include "tests/support/temp_dir.hpp"
 
 using namespace sy;

@@ -11,8 +11,9 @@
 #include <string>
 
 #include "ingress/codec.hpp"
-#include "server/config.hpp"
-#include "server/egress.hpp"
+#include "ingress/endpoint_config.hpp"
+#include "ingress/intake_meter.hpp"
+#include "ingress/egress.hpp"
 
 namespace sy {
 

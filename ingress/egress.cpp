@@ -1,5 +1,5 @@
 // The egress actor: outbound events -> wire structs -> msgpack bytes -> the gateway's outbox.
-#include "server/egress.hpp"
+#include "ingress/egress.hpp"
 
 #include <algorithm>
 #include <caf/all.hpp>

@@ -1,7 +1,7 @@
 // The journal file format (see journal_file.hpp): header, then records framed as
 // [u32 length LE][u32 CRC32 LE of the payload][payload]; a scan skips damaged regions in the
 // middle and cuts a damaged tail.
-#include "policies/journal_file.hpp"
+#include "storage/journal_file.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>

@@ -2,7 +2,7 @@
 // refusing submits during a shutdown), the ZAP handler (with a CURVE client allow-list), the
 // connection monitors of the ROUTER and the PULL (endpoints.max_connections) and an eventfd raised
 // by post(); decodes at the edge, answers ping itself, sends what egress posts.
-#include "server/gateway.hpp"
+#include "ingress/gateway.hpp"
 
 #include <netinet/in.h>
 #include <sys/eventfd.h>

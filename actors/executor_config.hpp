@@ -1,0 +1,29 @@
+// Configuration of the executors: backend, count, threads and the test-only fault flags.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace sy {
+
+/// The executors (config `executors`).
+struct ExecutorConfig {
+  std::string backend = "auto";    // auto (cuda where a device answers, else cpu) | cpu | cuda |
+                                   // null (fixed tokens, no model: measures overhead)
+  int count = 1;                   // batcher+executor pairs
+  int threads = 0;                 // per executor; 0 = cores / count
+  int test_fault_throw_after = 0;  // TEST ONLY: the first executor throws after N steps (0 off)
+  int test_fault_hang_after = 0;   // TEST ONLY: the first executor stops answering after N steps
+  int test_fault_batcher_throw_after = 0;  // TEST ONLY: the first batcher throws after N steps
+  // TEST ONLY: a job whose first planned chunk feeds this token id gets NaN logits (every
+  // executor), so that it fails alone; -1 off.
+  int test_nan_logits_token = -1;
+};
+
+/// A backend name the configuration accepts (auto, cpu, cuda, null); gpu/backend.hpp resolves
+/// auto and checks that cuda can run.
+inline bool known_backend(const std::string& b) {
+  return b == "auto" || b == "cpu" || b == "cuda" || b == "null";
+}
+
+}  // namespace sy

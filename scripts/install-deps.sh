@@ -8,6 +8,7 @@ packages=(
   libcaf-dev cppzmq-dev libzmq3-dev libmsgpack-cxx-dev
   libboost-dev libboost-system-dev libboost-test-dev
   libyaml-cpp-dev
+  nlohmann-json3-dev libcli11-dev libspdlog-dev prometheus-cpp-dev
   clang libclang-rt-14-dev          # libFuzzer for the GGUF fuzz target
   python3 python3-zmq python3-msgpack
   python3-matplotlib                # bench_loadgen --plot (latency CDFs as PNG)

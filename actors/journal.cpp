@@ -1,5 +1,5 @@
-// The journal actor and the journal's record codec and replay (see journal.hpp and
-// docs/durability.md): accept, result and delivered records over storage/journal_file.
+// The journal actor and the journal's replay (see journal.hpp and docs/durability.md): accept,
+// result and delivered records (storage/journal_codec) over storage/journal_file.
 #include "actors/journal.hpp"
 
 #include <algorithm>
@@ -10,211 +10,21 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
-#include <msgpack.hpp>
 #include <unordered_map>
 #include <unordered_set>
 #include <variant>
 
+#include "storage/journal_codec.hpp"
 #include "storage/journal_file.hpp"
 
 namespace sy {
 namespace {
-
-using Packer = msgpack::packer<msgpack::sbuffer>;
 
 // Wall-clock microseconds since the epoch: the time base of deadlines kept across restarts.
 int64_t wall_now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-// Record kinds, the "t" field of every record.
-constexpr char kAccept = 'A', kResult = 'R', kDelivered = 'D';
-
-void pack_client(Packer& p, const ClientRef& c) {
-  p.pack_array(2);
-  p.pack(c.kind);
-  p.pack(c.identity);
-}
-
-void pack_kind(Packer& p, char kind) {
-  p.pack("t");
-  p.pack(std::string(1, kind));
-}
-
-void pack_done(Packer& p, const DoneEvent& d) {
-  p.pack_map(17);
-  p.pack("to");
-  pack_client(p, d.to);
-  p.pack("uid");
-  p.pack(d.uid);
-  p.pack("id");
-  p.pack(d.id);
-  p.pack("tenant");
-  p.pack(d.tenant);
-  p.pack("finish");
-  p.pack(d.finish);
-  p.pack("text");
-  p.pack(d.text);
-  p.pack("ids");
-  p.pack(d.ids);
-  p.pack("prompt_tokens");
-  p.pack(d.prompt_tokens);
-  p.pack("completion_tokens");
-  p.pack(d.completion_tokens);
-  p.pack("cached_tokens");
-  p.pack(d.cached_tokens);
-  p.pack("queue_ms");
-  p.pack(d.queue_ms);
-  p.pack("ttft_ms");
-  p.pack(d.ttft_ms);
-  p.pack("total_ms");
-  p.pack(d.total_ms);
-  p.pack("logprob");
-  p.pack(d.logprob);
-  p.pack("n_top");
-  p.pack(d.n_top);
-  p.pack("top_ids");
-  p.pack(d.top_ids);
-  p.pack("top_logprobs");
-  p.pack(d.top_logprobs);
-}
-
-void pack_error(Packer& p, const ErrorEvent& e) {
-  p.pack_map(7);
-  p.pack("to");
-  pack_client(p, e.to);
-  p.pack("uid");
-  p.pack(e.uid);
-  p.pack("id");
-  p.pack(e.id);
-  p.pack("tenant");
-  p.pack(e.tenant);
-  p.pack("code");
-  p.pack(e.code);
-  p.pack("message");
-  p.pack(e.message);
-  p.pack("retry_after_ms");
-  p.pack(e.retry_after_ms);
-}
-
-// Named-field access to a decoded map; absent fields keep their defaults (older records).
-struct Fields {
-  const msgpack::object* map = nullptr;
-  explicit Fields(const msgpack::object& o) {
-    if (o.type != msgpack::type::MAP) throw std::runtime_error("record is not a map");
-    map = &o;
-  }
-  const msgpack::object* find(std::string_view key) const {
-    for (uint32_t i = 0; i < map->via.map.size; ++i) {
-      const auto& kv = map->via.map.ptr[i];
-      if (kv.key.type == msgpack::type::STR &&
-          std::string_view(kv.key.via.str.ptr, kv.key.via.str.size) == key)
-        return &kv.val;
-    }
-    return nullptr;
-  }
-  template <class T>
-  void get(std::string_view key, T& out) const {
-    if (auto v = find(key)) v->convert(out);
-  }
-  void client(std::string_view key, ClientRef& out) const {
-    auto v = find(key);
-    if (!v) return;
-    if (v->type != msgpack::type::ARRAY || v->via.array.size != 2)
-      throw std::runtime_error("bad client field");
-    v->via.array.ptr[0].convert(out.kind);
-    v->via.array.ptr[1].convert(out.identity);
-  }
-};
-
-DoneEvent unpack_done(const msgpack::object& o) {
-  Fields f(o);
-  DoneEvent d;
-  f.client("to", d.to);
-  f.get("uid", d.uid);
-  f.get("id", d.id);
-  f.get("tenant", d.tenant);
-  f.get("finish", d.finish);
-  f.get("text", d.text);
-  f.get("ids", d.ids);
-  f.get("prompt_tokens", d.prompt_tokens);
-  f.get("completion_tokens", d.completion_tokens);
-  f.get("cached_tokens", d.cached_tokens);
-  f.get("queue_ms", d.queue_ms);
-  f.get("ttft_ms", d.ttft_ms);
-  f.get("total_ms", d.total_ms);
-  f.get("logprob", d.logprob);
-  f.get("n_top", d.n_top);
-  f.get("top_ids", d.top_ids);
-  f.get("top_logprobs", d.top_logprobs);
-  return d;
-}
-
-ErrorEvent unpack_error(const msgpack::object& o) {
-  Fields f(o);
-  ErrorEvent e;
-  f.client("to", e.to);
-  f.get("uid", e.uid);
-  f.get("id", e.id);
-  f.get("tenant", e.tenant);
-  f.get("code", e.code);
-  f.get("message", e.message);
-  f.get("retry_after_ms", e.retry_after_ms);
-  return e;
-}
-
-/// One decoded record.
-struct Decoded {
-  char kind = 0;
-  uint64_t uid = 0;
-  Job job;                       // kAccept
-  int64_t deadline_wall_us = 0;  // kAccept: the job's deadline in wall-clock time; 0: none
-  JobOutcome out;                // kResult
-};
-
-Decoded decode(const std::string& payload) {
-  auto oh = msgpack::unpack(payload.data(), payload.size());
-  Fields f(oh.get());
-  Decoded d;
-  std::string t;
-  f.get("t", t);
-  if (t.size() != 1) throw std::runtime_error("record without a kind");
-  d.kind = t[0];
-  f.get("uid", d.uid);
-  if (d.kind == kAccept) {
-    Job& j = d.job;
-    j.uid = d.uid;
-    f.get("id", j.id);
-    f.get("tenant", j.tenant);
-    f.client("client", j.client);
-    f.get("class_index", j.class_index);
-    f.get("prompt", j.prompt);
-    f.get("max_tokens", j.max_tokens);
-    f.get("temperature", j.temperature);
-    f.get("top_k", j.top_k);
-    f.get("top_p", j.top_p);
-    f.get("seed", j.seed);
-    f.get("stop", j.stop);
-    f.get("ignore_eos", j.ignore_eos);
-    f.get("stream", j.stream);
-    f.get("logprobs", j.logprobs);
-    f.get("deadline_wall_us", d.deadline_wall_us);
-  } else if (d.kind == kResult) {
-    JobOutcome& o = d.out;
-    o.uid = d.uid;
-    f.get("id", o.id);
-    f.get("tenant", o.tenant);
-    f.get("outcome", o.outcome);
-    f.get("code", o.code);
-    f.get("tokens_used", o.tokens_used);
-    if (auto v = f.find("done")) o.done = unpack_done(*v);
-    if (auto v = f.find("error")) o.error = unpack_error(*v);
-  } else if (d.kind != kDelivered) {
-    throw std::runtime_error("unknown record kind");
-  }
-  return d;
 }
 
 // Where an outcome's replies go (the batcher and router fill `to` of the event they made).
@@ -225,88 +35,16 @@ const ClientRef& client_of(const JobOutcome& o) {
 }  // namespace
 
 std::string encode_accept(const Job& j) {
-  msgpack::sbuffer buf;
-  Packer p(buf);
   // arrival_us and deadline_us are steady-clock times of this process, meaningless after a
   // restart: a replayed job arrives anew, and its deadline is kept as wall-clock time (the one
   // clock two processes share) so that it still bounds the job after a restart.
-  p.pack_map(j.deadline_us > 0 ? 17 : 16);
-  if (j.deadline_us > 0) {
-    p.pack("deadline_wall_us");
-    p.pack(wall_now_us() + (j.deadline_us - now_us()));
-  }
-  pack_kind(p, kAccept);
-  p.pack("uid");
-  p.pack(j.uid);
-  p.pack("id");
-  p.pack(j.id);
-  p.pack("tenant");
-  p.pack(j.tenant);
-  p.pack("client");
-  pack_client(p, j.client);
-  p.pack("class_index");
-  p.pack(j.class_index);
-  p.pack("prompt");
-  p.pack(j.prompt);
-  p.pack("max_tokens");
-  p.pack(j.max_tokens);
-  p.pack("temperature");
-  p.pack(j.temperature);
-  p.pack("top_k");
-  p.pack(j.top_k);
-  p.pack("top_p");
-  p.pack(j.top_p);
-  p.pack("seed");
-  p.pack(j.seed);
-  p.pack("stop");
-  p.pack(j.stop);
-  p.pack("ignore_eos");
-  p.pack(j.ignore_eos);
-  p.pack("stream");
-  p.pack(j.stream);
-  p.pack("logprobs");
-  p.pack(j.logprobs);
-  return std::string(buf.data(), buf.size());
+  return journal::encode_accept(j, j.deadline_us > 0 ? wall_now_us() + (j.deadline_us - now_us())
+                                                     : 0);
 }
 
-std::string encode_result(const JobOutcome& o) {
-  msgpack::sbuffer buf;
-  Packer p(buf);
-  const bool failed = o.outcome == 1;
-  p.pack_map(8);
-  pack_kind(p, kResult);
-  p.pack("uid");
-  p.pack(o.uid);
-  p.pack("id");
-  p.pack(o.id);
-  p.pack("tenant");
-  p.pack(o.tenant);
-  p.pack("outcome");
-  p.pack(o.outcome);
-  p.pack("code");
-  p.pack(o.code);
-  p.pack("tokens_used");
-  p.pack(o.tokens_used);
-  // Only the event that ends the job is kept: the other one is empty.
-  if (failed) {
-    p.pack("error");
-    pack_error(p, o.error);
-  } else {
-    p.pack("done");
-    pack_done(p, o.done);
-  }
-  return std::string(buf.data(), buf.size());
-}
+std::string encode_result(const JobOutcome& o) { return journal::encode_result(o); }
 
-std::string encode_delivered(uint64_t uid) {
-  msgpack::sbuffer buf;
-  Packer p(buf);
-  p.pack_map(2);
-  pack_kind(p, kDelivered);
-  p.pack("uid");
-  p.pack(uid);
-  return std::string(buf.data(), buf.size());
-}
+std::string encode_delivered(uint64_t uid) { return journal::encode_delivered(uid); }
 
 void replay_records(const std::vector<std::string>& records, std::size_t keep_results,
                     JournalReplay& out, std::vector<std::string>& compacted) {
@@ -316,9 +54,9 @@ void replay_records(const std::vector<std::string>& records, std::size_t keep_re
   std::unordered_set<uint64_t> delivered;
   uint64_t max_uid = 0;
   for (const auto& r : records) {
-    Decoded d;
+    journal::Record d;
     try {
-      d = decode(r);
+      d = journal::decode(r);
     } catch (const std::exception&) {
       // A good CRC over an unreadable payload: written by an incompatible version. Skipping it
       // beats refusing to start; the count is reported.
@@ -327,13 +65,13 @@ void replay_records(const std::vector<std::string>& records, std::size_t keep_re
     }
     ++out.records;
     max_uid = std::max(max_uid, d.uid);
-    if (d.kind == kAccept) {
+    if (d.kind == journal::RecordKind::accept) {
       d.job.deadline_us = d.deadline_wall_us;  // converted below, once per pending job
       accepted[d.uid] = std::move(d.job);
-    } else if (d.kind == kResult) {
+    } else if (d.kind == journal::RecordKind::result) {
       if (result_at.count(d.uid)) continue;  // the first result of a job is the one delivered
       result_at[d.uid] = results.size();
-      results.push_back(std::move(d.out));
+      results.push_back(std::move(d.outcome));
     } else {
       delivered.insert(d.uid);
     }

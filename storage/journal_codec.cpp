@@ -1,0 +1,245 @@
+// The journal's record codec over msgpack: one field list per record, read by the encoder (which
+// counts the map from it), and by the decoder.
+#include "storage/journal_codec.hpp"
+
+#include <msgpack.hpp>
+#include <stdexcept>
+#include <string_view>
+#include <type_traits>
+
+namespace sy::journal {
+namespace {
+
+// The fields of each record, named as in the file. `v(name, member)` sees each in order; J is
+// the record type, const when encoding.
+template <class V, class J>
+void job_fields(V& v, J& j) {
+  v("id", j.id);
+  v("tenant", j.tenant);
+  v("client", j.client);
+  v("class_index", j.class_index);
+  v("prompt", j.prompt);
+  v("max_tokens", j.max_tokens);
+  v("temperature", j.temperature);
+  v("top_k", j.top_k);
+  v("top_p", j.top_p);
+  v("seed", j.seed);
+  v("stop", j.stop);
+  v("ignore_eos", j.ignore_eos);
+  v("stream", j.stream);
+  v("logprobs", j.logprobs);
+}
+
+template <class V, class D>
+void done_fields(V& v, D& d) {
+  v("to", d.to);
+  v("uid", d.uid);
+  v("id", d.id);
+  v("tenant", d.tenant);
+  v("finish", d.finish);
+  v("text", d.text);
+  v("ids", d.ids);
+  v("prompt_tokens", d.prompt_tokens);
+  v("completion_tokens", d.completion_tokens);
+  v("cached_tokens", d.cached_tokens);
+  v("queue_ms", d.queue_ms);
+  v("ttft_ms", d.ttft_ms);
+  v("total_ms", d.total_ms);
+  v("logprob", d.logprob);
+  v("n_top", d.n_top);
+  v("top_ids", d.top_ids);
+  v("top_logprobs", d.top_logprobs);
+}
+
+template <class V, class E>
+void error_fields(V& v, E& e) {
+  v("to", e.to);
+  v("uid", e.uid);
+  v("id", e.id);
+  v("tenant", e.tenant);
+  v("code", e.code);
+  v("message", e.message);
+  v("retry_after_ms", e.retry_after_ms);
+}
+
+template <class V, class O>
+void outcome_fields(V& v, O& o) {
+  v("id", o.id);
+  v("tenant", o.tenant);
+  v("outcome", o.outcome);
+  v("code", o.code);
+  v("tokens_used", o.tokens_used);
+}
+
+// ---- encoding ----
+
+using Packer = msgpack::packer<msgpack::sbuffer>;
+
+struct Counter {
+  uint32_t n = 0;
+  template <class T>
+  void operator()(const char*, const T&) {
+    ++n;
+  }
+};
+
+template <class Fields, class R>
+uint32_t count(Fields fields, const R& r) {
+  Counter c;
+  fields(c, r);
+  return c.n;
+}
+
+struct Writer {
+  Packer& p;
+  template <class T>
+  void operator()(const char* name, const T& value) {
+    p.pack(name);
+    put(value);
+  }
+  void put(const ClientRef& c) {
+    p.pack_array(2);
+    p.pack(static_cast<uint8_t>(c.kind));
+    p.pack(c.identity);
+  }
+  void put(const DoneEvent& d) { map(d, [](auto& v, auto& r) { done_fields(v, r); }); }
+  void put(const ErrorEvent& e) { map(e, [](auto& v, auto& r) { error_fields(v, r); }); }
+  template <class T>
+  void put(const T& value) {
+    if constexpr (std::is_enum_v<T>)
+      p.pack(static_cast<std::underlying_type_t<T>>(value));
+    else
+      p.pack(value);
+  }
+  template <class R, class Fields>
+  void map(const R& r, Fields fields) {
+    p.pack_map(count(fields, r));
+    fields(*this, r);
+  }
+};
+
+void put_head(Writer& w, RecordKind kind, uint64_t uid) {
+  w("t", std::string(1, static_cast<char>(kind)));
+  w("uid", uid);
+}
+
+// ---- decoding ----
+
+// Named-field access to a decoded map.
+struct Reader {
+  const msgpack::object* obj = nullptr;
+  explicit Reader(const msgpack::object& o) : obj(&o) {
+    if (o.type != msgpack::type::MAP) throw std::runtime_error("record is not a map");
+  }
+  const msgpack::object* find(std::string_view key) const {
+    for (uint32_t i = 0; i < obj->via.map.size; ++i) {
+      const auto& kv = obj->via.map.ptr[i];
+      if (kv.key.type == msgpack::type::STR &&
+          std::string_view(kv.key.via.str.ptr, kv.key.via.str.size) == key)
+        return &kv.val;
+    }
+    return nullptr;
+  }
+  template <class T>
+  void operator()(const char* name, T& out) const {
+    if (auto v = find(name)) get(*v, out);
+  }
+  static void get(const msgpack::object& v, ClientRef& out) {
+    if (v.type != msgpack::type::ARRAY || v.via.array.size != 2)
+      throw std::runtime_error("bad client field");
+    get(v.via.array.ptr[0], out.kind);
+    v.via.array.ptr[1].convert(out.identity);
+  }
+  static void get(const msgpack::object& v, DoneEvent& out) {
+    Reader r(v);
+    done_fields(r, out);
+  }
+  static void get(const msgpack::object& v, ErrorEvent& out) {
+    Reader r(v);
+    error_fields(r, out);
+  }
+  template <class T>
+  static void get(const msgpack::object& v, T& out) {
+    if constexpr (std::is_enum_v<T>) {
+      std::underlying_type_t<T> raw{};
+      v.convert(raw);
+      out = static_cast<T>(raw);
+    } else {
+      v.convert(out);
+    }
+  }
+};
+
+std::string text_of(const msgpack::sbuffer& buf) { return std::string(buf.data(), buf.size()); }
+
+}  // namespace
+
+std::string encode_accept(const Job& j, int64_t deadline_wall_us) {
+  msgpack::sbuffer buf;
+  Packer p(buf);
+  Writer w{p};
+  p.pack_map(2 + count([](auto& v, auto& r) { job_fields(v, r); }, j) +
+             (deadline_wall_us > 0 ? 1 : 0));
+  if (deadline_wall_us > 0) w("deadline_wall_us", deadline_wall_us);
+  put_head(w, RecordKind::accept, j.uid);
+  job_fields(w, j);
+  return text_of(buf);
+}
+
+std::string encode_result(const JobOutcome& o) {
+  msgpack::sbuffer buf;
+  Packer p(buf);
+  Writer w{p};
+  p.pack_map(2 + count([](auto& v, auto& r) { outcome_fields(v, r); }, o) + 1);
+  put_head(w, RecordKind::result, o.uid);
+  outcome_fields(w, o);
+  // Only the event that ends the job is kept: the other one is empty. Outcome 1 is an error
+  // (JobOutcome::outcome).
+  if (static_cast<int>(o.outcome) == 1)
+    w("error", o.error);
+  else
+    w("done", o.done);
+  return text_of(buf);
+}
+
+std::string encode_delivered(uint64_t uid) {
+  msgpack::sbuffer buf;
+  Packer p(buf);
+  Writer w{p};
+  p.pack_map(2);
+  put_head(w, RecordKind::delivered, uid);
+  return text_of(buf);
+}
+
+Record decode(const std::string& payload) {
+  auto oh = msgpack::unpack(payload.data(), payload.size());
+  Reader f(oh.get());
+  Record d;
+  std::string t;
+  f("t", t);
+  if (t.size() != 1) throw std::runtime_error("record without a kind");
+  f("uid", d.uid);
+  switch (static_cast<RecordKind>(t[0])) {
+    case RecordKind::accept:
+      d.kind = RecordKind::accept;
+      d.job.uid = d.uid;
+      job_fields(f, d.job);
+      f("deadline_wall_us", d.deadline_wall_us);
+      break;
+    case RecordKind::result:
+      d.kind = RecordKind::result;
+      d.outcome.uid = d.uid;
+      outcome_fields(f, d.outcome);
+      f("done", d.outcome.done);
+      f("error", d.outcome.error);
+      break;
+    case RecordKind::delivered:
+      d.kind = RecordKind::delivered;
+      break;
+    default:
+      throw std::runtime_error("unknown record kind");
+  }
+  return d;
+}
+
+}  // namespace sy::journal

@@ -9,6 +9,7 @@ packages=(
   libboost-dev libboost-system-dev libboost-test-dev
   libyaml-cpp-dev
   nlohmann-json3-dev libcli11-dev libspdlog-dev prometheus-cpp-dev
+  nats-server libnats-dev           # the cluster: JetStream (tests start their own nats-server)
   clang libclang-rt-14-dev          # libFuzzer for the GGUF fuzz target
   python3 python3-zmq python3-msgpack
   python3-matplotlib                # bench_loadgen --plot (latency CDFs as PNG)

@@ -1,0 +1,131 @@
+// A node's link to NATS JetStream (libnats): the connection with reconnects, the jobs and results
+// streams, one durable pull consumer per priority class, fetching, acknowledging and publishing.
+// Names and subjects are the cluster contract of docs/cluster.md. No CAF, no ZeroMQ.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ingress/cluster_config.hpp"
+
+struct __natsConnection;
+struct __natsMsg;
+struct __natsSubscription;
+struct __jsCtx;
+
+namespace sy::cluster {
+
+inline constexpr const char* kJobsStream = "SWITCHYARD_JOBS";
+inline constexpr const char* kResultsStream = "SWITCHYARD_RESULTS";
+/// Where every node hears cancels (core NATS, not a stream: a cancel matters only while a job
+/// is queued or running).
+inline constexpr const char* kCancelSubject = "switchyard.cancel";
+/// A producer that wants its results (and stream chunks) on a subject of its own names it in
+/// this header: JetStream answers a publish's own reply subject with the publish acknowledgement,
+/// so the reply subject cannot carry the result.
+inline constexpr const char* kReplyHeader = "Switchyard-Reply-To";
+
+std::string jobs_subject(const std::string& class_name);  ///< switchyard.jobs.<class>
+std::string results_subject(const std::string& tenant);   ///< switchyard.results.<tenant>
+/// The Nats-Msg-Id of a job and of its result: <tenant>/<id>.
+std::string job_msg_id(const std::string& tenant, const std::string& id);
+/// Empty when `token` can be one token of a subject (no '.', '*', '>', whitespace, not empty),
+/// else why not: class names and tenants become subject tokens.
+std::string subject_token_problem(const std::string& token);
+
+/// A failure of NATS or JetStream, with libnats's text and JetStream's error code (0: none).
+struct NatsError : std::runtime_error {
+  NatsError(const std::string& what, int js_code = 0) : std::runtime_error(what), code(js_code) {}
+  int code;
+};
+
+/// One job as fetched: the submit body, which class's consumer gave it, and what acknowledges it.
+struct Delivery {
+  std::shared_ptr<__natsMsg> msg;  ///< destroyed with the last copy
+  uint32_t class_index = 0;
+  std::string data;      ///< the msgpack submit body
+  std::string reply_to;  ///< Switchyard-Reply-To; "" = none
+  std::string msg_id;    ///< Nats-Msg-Id as published; "" = none
+  uint64_t delivered = 1;  ///< JetStream's delivery count: > 1 is a redelivery
+  uint64_t stream_seq = 0;
+};
+
+/// Consumer state of one class, as an autoscaler reads it.
+struct ClassLag {
+  uint64_t pending = 0;      ///< queued, not yet delivered to any node
+  int64_t ack_pending = 0;   ///< delivered, not yet acknowledged
+  int64_t redelivered = 0;   ///< delivered more than once and not yet acknowledged
+};
+
+/// Counters of a link (monotonic except `connected`).
+struct LinkCounters {
+  uint64_t fetched = 0, acked = 0, redelivered = 0, results_published = 0, publish_failures = 0;
+  uint64_t disconnects = 0, reconnects = 0;
+  bool connected = false;
+};
+
+class NatsLink {
+ public:
+  /// Connects to cfg.nats (retrying while the servers are down, never giving up on a lost
+  /// connection) and gets a JetStream context. `classes` are the priority class names, most
+  /// important first as the node ranks them. Throws NatsError when no server answers within
+  /// `connect_timeout_ms`.
+  NatsLink(const ClusterConfig& cfg, std::vector<std::string> classes,
+           int64_t connect_timeout_ms = 10000);
+  ~NatsLink();
+  NatsLink(const NatsLink&) = delete;
+  NatsLink& operator=(const NatsLink&) = delete;
+
+  /// Creates the jobs and results streams where they are missing. For a stream that exists,
+  /// returns one line per setting that differs from the config (the stream is left as it is).
+  std::vector<std::string> ensure_streams();
+  /// Creates (or binds) the durable pull consumer of each class; returns, per existing consumer,
+  /// the settings that differ from the config.
+  std::vector<std::string> bind_consumers();
+
+  /// Up to `n` jobs of class `class_index`, waiting up to `wait_ms` for the first; none on a
+  /// timeout or while disconnected.
+  std::vector<Delivery> fetch(uint32_t class_index, int n, int64_t wait_ms);
+  /// Acknowledges a job (its result is stored): JetStream removes it from the work queue. True
+  /// when the server confirmed it.
+  bool ack(const Delivery& d);
+  /// Tells JetStream the job is still running, so ack_wait starts over.
+  void in_progress(const Delivery& d);
+  /// Gives the job back for redelivery after `delay_ms`.
+  void nak(const Delivery& d, int64_t delay_ms = 0);
+
+  /// Publishes a result to switchyard.results.<tenant> with Nats-Msg-Id `msg_id` and waits for
+  /// JetStream's acknowledgement; throws NatsError when it is refused or times out.
+  void publish_result(const std::string& tenant, const std::string& msg_id,
+                      const std::string& body);
+  /// A plain publish (a producer's reply subject, stream chunks); false when not sent.
+  bool publish(const std::string& subject, const std::string& body);
+  /// Publishes a job as a producer does: switchyard.jobs.<class> with Nats-Msg-Id <tenant>/<id>
+  /// (and the reply header when `reply_to` is set). Returns the stream sequence; `duplicate` is
+  /// set when JetStream dropped it as a re-publish. Throws NatsError when refused (a full
+  /// stream: the cluster is overloaded).
+  uint64_t publish_job(const std::string& class_name, const std::string& tenant,
+                       const std::string& id, const std::string& body,
+                       const std::string& reply_to = {}, bool* duplicate = nullptr);
+
+  ClassLag lag(uint32_t class_index);
+  LinkCounters counters() const;
+  const std::vector<std::string>& classes() const { return classes_; }
+  __natsConnection* connection() const { return nc_; }
+
+ private:
+  struct Callbacks;
+  ClusterConfig cfg_;
+  std::vector<std::string> classes_;
+  __natsConnection* nc_ = nullptr;
+  __jsCtx* js_ = nullptr;
+  std::vector<__natsSubscription*> subs_;
+  std::atomic<uint64_t> fetched_{0}, acked_{0}, redelivered_{0}, published_{0}, pub_failed_{0};
+  std::atomic<uint64_t> disconnects_{0}, reconnects_{0};
+};
+
+}  // namespace sy::cluster

@@ -1,6 +1,8 @@
-// The batcher actor: continuous batching for one executor. It owns the KV block tables (a mirror
-// of the executor's block pool), plans each step (decodes plus chunked prefill under a token
-// budget), detokenizes, applies stop rules, preempts under KV pressure and reports results.
+// The batcher actor: continuous batching for one executor. A thin shell over three pieces: the
+// step planner (policies/step_planner.hpp: admit, plan decodes plus chunked prefill under a token
+// budget, preempt), the KV block manager (gpu/kv_manager.hpp: block tables mirroring the
+// executor's pools, prefix cache) and the stop matcher (model/stop_matcher.hpp: detokenizing and
+// stop strings). Time is the actor clock's, so tests run it on the test scheduler.
 #pragma once
 
 #include <caf/actor.hpp>

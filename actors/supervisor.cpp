@@ -9,6 +9,7 @@
 #include <string>
 
 #include "actors/batcher.hpp"
+#include "actors/batcher_clock.hpp"
 #include "actors/messages.hpp"
 #include "model/llama.hpp"
 
@@ -202,7 +203,7 @@ void tick(Self* self) {
   gather(self, to, [self, ids, retiring](const std::vector<caf::settings>& s) {
     auto& st = self->state;
     st.tick_busy = false;
-    const int64_t now = now_us();
+    const int64_t now = actor_clock_us(*self);
     policy::AutoscaleSnapshot snap;
     snap.now_ms = now / 1000;
     snap.queued = static_cast<uint64_t>(std::max<int64_t>(0, int_of(s[0], "waiting_total")));

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "model/stop_matcher.hpp"
 #include "model/tokenizer.hpp"
 
 namespace sy {
@@ -24,46 +25,17 @@ struct Seq {
   int32_t next = 0;             // sampled token to feed in the next decode step
   int32_t step_tokens = 0;      // tokens fed in the current step
   bool done = false;
-  Utf8Stream utf8;
-  std::string text;     // complete characters so far, cut at a stop string when one is found
-  size_t emitted = 0;   // bytes of `text` already passed to the callback
-  size_t max_stop = 0;  // longest stop string
+  StopMatcher text;    // complete characters so far, cut at a stop string when one is found
+  size_t emitted = 0;  // bytes of the text already passed to the callback
 
   Seq(size_t i, const GenRequest& r, GenResult& out)
-      : index(i), req(&r), res(&out), sampler(r.sampling) {
-    for (const auto& s : r.stop) max_stop = std::max(max_stop, s.size());
-  }
+      : index(i), req(&r), res(&out), sampler(r.sampling), text(r.stop) {}
 };
 
 // Returns every block a sequence holds to the pool.
 void release(BlockPool& pool, Seq& s) {
   for (int32_t b : s.blocks) pool.free(b);
   s.blocks.clear();
-}
-
-// Earliest start of a stop string in `text` that ends after `from` (matches that end earlier were
-// looked for when that text arrived), or npos.
-size_t find_stop(const std::string& text, size_t from, const std::vector<std::string>& stops) {
-  size_t best = std::string::npos;
-  for (const auto& s : stops) {
-    if (s.empty()) continue;  // an empty stop string would end every request at once: ignored
-    const size_t start = from >= s.size() - 1 ? from - (s.size() - 1) : 0;
-    const size_t pos = text.find(s, start);
-    if (pos < best) best = pos;
-  }
-  return best;
-}
-
-// Length of the longest suffix of `text` that is a proper prefix of some stop string: text that
-// a later token could turn into a stop match, so it must not be streamed yet.
-size_t held_back(const std::string& text, const std::vector<std::string>& stops, size_t max_stop) {
-  if (max_stop == 0) return 0;
-  for (size_t k = std::min(text.size(), max_stop - 1); k > 0; --k) {
-    const std::string_view tail(text.data() + text.size() - k, k);
-    for (const auto& s : stops)
-      if (s.size() > k && std::string_view(s).substr(0, k) == tail) return k;
-  }
-  return 0;
 }
 
 std::string where(size_t i) {
@@ -136,12 +108,12 @@ std::vector<GenResult> generate(Engine& engine, const std::vector<GenRequest>& r
 
   auto emit = [&](Seq& s, int32_t token, size_t upto) {
     upto = std::max(upto, s.emitted);
-    std::string_view delta(s.text.data() + s.emitted, upto - s.emitted);
+    std::string_view delta(s.text.text().data() + s.emitted, upto - s.emitted);
     s.emitted = upto;
     if (on_token) on_token(s.index, token, delta);
   };
   auto finish = [&](Seq& s, const char* reason) {
-    s.res->text = s.text;
+    s.res->text = s.text.text();
     s.res->finish_reason = reason;
     s.done = true;
     release(pool, s);
@@ -153,11 +125,8 @@ std::vector<GenResult> generate(Engine& engine, const std::vector<GenRequest>& r
     const GenRequest& r = *s.req;
     GenResult& res = *s.res;
     if (!r.ignore_eos && tok.is_eog(id)) {
-      const size_t old = s.text.size();
-      s.text += s.utf8.flush();
-      const size_t cut = find_stop(s.text, old, r.stop);
-      if (cut != std::string::npos) s.text.resize(cut);
-      if (s.text.size() > s.emitted) emit(s, -1, s.text.size());
+      s.text.end(s.emitted);
+      if (s.text.text().size() > s.emitted) emit(s, -1, s.text.text().size());
       finish(s, "stop");
       return;
     }
@@ -165,20 +134,15 @@ std::vector<GenResult> generate(Engine& engine, const std::vector<GenRequest>& r
     res.token_logprob.push_back(lp);
     res.logprobs.push_back(top);
     s.next = id;
-    const size_t old = s.text.size();
-    s.text += s.utf8.push(tok.token_to_piece(id));
     const bool last = static_cast<int>(res.tokens.size()) >= r.max_tokens;
-    if (last) s.text += s.utf8.flush();
-    const size_t cut = find_stop(s.text, old, r.stop);
-    if (cut != std::string::npos) {
-      s.text.resize(std::max(cut, s.emitted));  // held-back text guarantees cut >= emitted
-      emit(s, id, s.text.size());
+    if (s.text.push(tok.token_to_piece(id), last, s.emitted)) {
+      emit(s, id, s.text.text().size());
       finish(s, "stop");
     } else if (last) {
-      emit(s, id, s.text.size());
+      emit(s, id, s.text.text().size());
       finish(s, "length");
     } else {
-      emit(s, id, s.text.size() - held_back(s.text, r.stop, s.max_stop));
+      emit(s, id, s.text.stable());
     }
   };
 

@@ -92,6 +92,28 @@ int32_t PrefixBlockPool::acquire_prefix(const int32_t* tokens, int64_t n_tokens,
   return found;
 }
 
+int32_t PrefixBlockPool::find_prefix(const int32_t* tokens, int64_t n_tokens, int64_t max_blocks,
+                                     const std::vector<uint64_t>& known,
+                                     std::vector<int32_t>& ids) const {
+  if (!caching_ || n_tokens < bs_ || max_blocks <= 0) return 0;
+  const int64_t limit = std::min(n_tokens / bs_, max_blocks);
+  uint64_t parent = 0;
+  int32_t found = 0;
+  for (int64_t i = 0; i < limit; ++i) {
+    const int32_t* blk = tokens + i * bs_;
+    const uint64_t h = i < static_cast<int64_t>(known.size()) ? known[static_cast<size_t>(i)]
+                                                              : block_hash(parent, blk);
+    const auto it = index_.find(h);
+    if (it == index_.end()) break;
+    const Block& b = blocks_[static_cast<size_t>(it->second)];
+    if (b.parent != parent || !std::equal(b.tokens.begin(), b.tokens.end(), blk)) break;
+    ids.push_back(it->second);
+    parent = h;
+    ++found;
+  }
+  return found;
+}
+
 bool PrefixBlockPool::publish(int32_t id, uint64_t hash, uint64_t parent, const int32_t* tokens) {
   if (!caching_ || id < 0 || id >= n_total_) return false;
   Block& b = blocks_[static_cast<size_t>(id)];

@@ -37,6 +37,12 @@ class PrefixBlockPool {
   int32_t acquire_prefix(const int32_t* tokens, int64_t n_tokens, int64_t max_blocks,
                          std::vector<int32_t>& blocks, std::vector<uint64_t>& hashes);
 
+  /// What acquire_prefix would find now, without taking anything: the ids are appended to `ids`.
+  /// `known` may hold the chain hashes of the leading blocks (the sequence's own, as
+  /// acquire_prefix returned or as published): they are not computed again.
+  int32_t find_prefix(const int32_t* tokens, int64_t n_tokens, int64_t max_blocks,
+                      const std::vector<uint64_t>& known, std::vector<int32_t>& ids) const;
+
   /// Publishes held block `id`, whose content is the full block `tokens` (block_size of them)
   /// after the chain `parent`, under hash `hash`. False (nothing changes) when caching is off or
   /// another block already holds that content; then `id` stays private.

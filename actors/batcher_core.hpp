@@ -1,0 +1,167 @@
+// The batcher actor's state and handlers, shared by its pieces: batcher.cpp (messages, the
+// scheduling round through policy::plan_step, step results), batcher_jobs.cpp (detokenizing,
+// stop rules, streaming, a job's end) and batcher_lifecycle.cpp (KV policy swaps, scale down,
+// executor failure and the watchdog). Internal to actors/.
+#pragma once
+
+#include <caf/all.hpp>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include "actors/batcher.hpp"
+#include "actors/messages.hpp"
+#include "gpu/kv_manager.hpp"
+#include "ingress/error_code.hpp"
+#include "model/stop_matcher.hpp"
+#include "policies/kv_policy.hpp"
+#include "policies/step_planner.hpp"
+
+namespace sy {
+
+class Tokenizer;
+
+namespace batcher_detail {
+
+enum Finish : uint8_t { finish_stop = 0, finish_length = 1, finish_cancelled = 2 };
+
+/// Where the batcher is in its life. It only moves forward: serving -> scaling_down (finish the
+/// jobs here, take no new ones) or -> failed (the executor is gone, the jobs went back to the
+/// router); from either it exits once the router acknowledged that it dispatches nothing more.
+enum class Lifecycle : uint8_t { serving, scaling_down, failed };
+
+/// One job inside the batcher.
+struct Seq {
+  Job job;
+  std::vector<int32_t> tokens;  // prompt + generated: what the KV cache must hold to go on
+  int32_t n_prompt = 0;
+  KvTables kv;                 // block tables, tokens cached, KV policy
+  int32_t cached_tokens = -1;  // prompt tokens reused from the prefix cache at first start
+  bool running = false;
+  bool in_step = false;        // part of the step in flight
+  int32_t step_tokens = 0;     // tokens it feeds in the step in flight
+  bool cancelled = false;      // cancel arrived while in the step in flight
+  bool started = false;        // the executor has made its sampler
+  StopMatcher text;            // complete characters, cut at a stop string when one matched
+  size_t emitted = 0;          // bytes of the text already final (streamed)
+  uint32_t sent_ids = 0;       // completion ids already streamed
+  std::vector<float> logprob;  // per completion id (when job.logprobs > 0)
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_lps;
+  int64_t first_sched_us = 0, first_token_us = 0;
+  bool recovery_reported = false;  // a re-queued job told the supervisor it runs again
+
+  int32_t n_generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
+  int32_t remaining() const { return static_cast<int32_t>(tokens.size()) - kv.n_past; }
+  // Scheduling priority: lower is more important (class first, then earlier arrival).
+  std::tuple<uint32_t, int64_t, uint64_t> key() const {
+    return {job.class_index, job.arrival_us, job.uid};
+  }
+};
+
+inline bool before(const Seq* a, const Seq* b) {
+  return a->key() < b->key();
+}
+struct Before {
+  bool operator()(const Seq* a, const Seq* b) const { return before(a, b); }
+};
+
+class Batcher : public std::enable_shared_from_this<Batcher> {
+ public:
+  Batcher(caf::event_based_actor* self, BatchingConfig cfg, std::shared_ptr<const LlamaModel> model,
+          caf::actor executor, caf::actor router, caf::actor egress, caf::actor admission,
+          int32_t n_blocks, BatcherExtras extras);
+
+  /// The behavior of the batcher under KV policy `p`: new jobs take `p`. Swapped with
+  /// become/unbecome by an operator command and by the pressure watermarks.
+  caf::behavior mode(policy::KvPolicy p);
+  policy::KvPolicy base_policy() const { return base_; }
+  void start();
+
+ private:
+  // batcher.cpp: messages, scheduling, results.
+  void on_run(Job& job, const policy::KvPolicy& pol);
+  uint32_t generated(uint64_t uid) const;
+  void on_cancel(uint64_t uid);
+  caf::settings stats() const;
+  std::string check(const Seq& s) const;
+  void schedule();
+  policy::PlanOutput plan_round();
+  policy::PlanSeq plan_seq_of(const Seq& s) const;
+  bool apply(const policy::PlanAction& a);  // false: the round must be planned again
+  void admit(Seq& s);
+  void preempt(Seq& s);
+  void send_step();
+  void on_result(StepResult& r);
+  void flush_notices();
+  Seq* find(uint64_t uid);
+  int64_t now() const;
+
+  // batcher_jobs.cpp: a job's text and its end.
+  void accept(Seq& s, const SeqResult& r);
+  void emit(Seq& s, int32_t id, size_t upto);
+  DoneEvent done_event(Seq& s, uint8_t finish);
+  void finish(Seq& s, uint8_t finish);
+  void fail(Seq& s, ErrorCode code, const std::string& message);
+  void end_job(Seq& s);
+  void drop(Seq& s);
+
+  // batcher_lifecycle.cpp: policies, scale down, failure.
+  std::string refuse(const policy::KvPolicy& p) const;
+  std::string on_swap(const policy::KvPolicy& np);
+  void check_pressure();
+  void on_scale_down();
+  void on_watchdog();
+  void arm_watchdog(int64_t after_us);
+  void on_executor_failure(const std::string& why, int64_t fault_us);
+  void leave();
+  void router_left();
+  void maybe_quit();
+
+  static void insert_sorted(std::vector<Seq*>& v, Seq* s) {
+    v.insert(std::upper_bound(v.begin(), v.end(), s, before), s);
+  }
+  static void erase_from(std::vector<Seq*>& v, Seq* s) {
+    auto it = std::find(v.begin(), v.end(), s);
+    if (it != v.end()) v.erase(it);
+  }
+
+  caf::event_based_actor* self_;
+  BatchingConfig cfg_;
+  std::shared_ptr<const LlamaModel> model_;
+  const Tokenizer* tok_;
+  caf::actor executor_, router_, egress_, admission_;
+  KvManager kv_;  // block tables over the executor's pools, prefix cache
+  int32_t bs_;
+  policy::KvPolicy base_;                            // the normal policy (operator's choice)
+  std::optional<policy::KvPolicy> pressure_policy_;  // swapped in above the high watermark
+  bool pressure_ = false;                            // the pressure behavior is on top
+  int64_t swaps_ = 0, pressure_swaps_ = 0, prefix_tokens_ = 0, prefix_blocks_ = 0;
+  int64_t fed_ = 0;  // tokens sent to the engine (prefill and decode), recomputation included
+  std::unordered_map<uint64_t, std::unique_ptr<Seq>> seqs_;
+  // Jobs ended since the last flush: the router forgets them (it keeps every dispatched job
+  // until then, to run again should this batcher go down).
+  std::vector<uint64_t> ended_;
+  int32_t fault_steps_ = 0;         // steps seen, for the test-only fault
+  std::vector<Seq*> running_;       // sorted by Seq::key
+  std::set<Seq*, Before> waiting_;  // preempted jobs resume before later arrivals
+  std::vector<Seq*> planned_;       // the step being built, then the step in flight
+  std::vector<uint64_t> released_;
+  uint32_t credit_ = 0;
+  int64_t preemptions_ = 0, steps_ = 0, tokens_ = 0, finished_ = 0;
+  BatcherExtras extras_;
+  int64_t idle_since_us_ = 0;            // when the last job ended (0 while jobs are here)
+  std::optional<int64_t> step_sent_us_;  // the step in flight: when it was sent (watchdog)
+  bool watchdog_armed_ = false;          // one pending watchdog timer at most
+  Lifecycle life_ = Lifecycle::serving;
+  bool router_released_ = false;  // the router acknowledged that it dispatches nothing more here
+  int64_t requeued_ = 0;
+  int64_t seq_failures_ = 0;  // jobs the executor failed alone (the rest of their step went on)
+};
+
+}  // namespace batcher_detail
+}  // namespace sy

@@ -1,0 +1,188 @@
+// The batcher's jobs as tokens arrive: detokenizing through the stop matcher, streaming chunks,
+// and a job's end (done, error, or dropped to run elsewhere) with its credit and outcome.
+#include <algorithm>
+#include <string>
+
+#include "actors/batcher_core.hpp"
+#include "model/llama.hpp"
+#include "model/tokenizer.hpp"
+
+namespace sy::batcher_detail {
+
+namespace {
+double ms_between(int64_t from_us, int64_t to_us) {
+  return from_us && to_us ? static_cast<double>(to_us - from_us) / 1000.0 : 0.0;
+}
+}  // namespace
+
+// Removes a job that goes elsewhere (re-queued): no outcome, no credit.
+void Batcher::drop(Seq& s) {
+  kv_.free(s.kv);
+  erase_from(running_, &s);
+  if (!s.running) waiting_.erase(&s);
+  erase_from(planned_, &s);
+  seqs_.erase(s.job.uid);  // destroys s
+}
+
+// Removes an ended job everywhere and returns its credit.
+void Batcher::end_job(Seq& s) {
+  kv_.free(s.kv);
+  erase_from(running_, &s);
+  if (!s.running) waiting_.erase(&s);
+  erase_from(planned_, &s);
+  if (s.started) released_.push_back(s.job.uid);
+  ended_.push_back(s.job.uid);
+  ++credit_;
+  ++finished_;
+  seqs_.erase(s.job.uid);  // destroys s
+  if (seqs_.empty()) {
+    idle_since_us_ = now();
+    if (life_ == Lifecycle::scaling_down) maybe_quit();
+  }
+}
+
+DoneEvent Batcher::done_event(Seq& s, uint8_t finish) {
+  DoneEvent d;
+  d.to = s.job.client;
+  d.uid = s.job.uid;
+  d.id = s.job.id;
+  d.tenant = s.job.tenant;
+  d.finish = finish;
+  d.text = s.text.text().substr(0, s.emitted);
+  d.ids.assign(s.tokens.begin() + s.n_prompt, s.tokens.end());
+  d.prompt_tokens = static_cast<uint32_t>(s.n_prompt);
+  d.cached_tokens = static_cast<uint32_t>(std::max(0, s.cached_tokens));
+  d.completion_tokens = static_cast<uint32_t>(s.n_generated());
+  const int64_t t = now();
+  d.queue_ms = ms_between(s.job.arrival_us, s.first_sched_us);
+  d.ttft_ms = ms_between(s.job.arrival_us, s.first_token_us);
+  d.total_ms = ms_between(s.job.arrival_us, t);
+  if (s.job.logprobs > 0) {
+    d.logprob = s.logprob;
+    d.n_top = s.job.logprobs;
+    d.top_ids = s.top_ids;
+    d.top_logprobs = s.top_lps;
+  }
+  return d;
+}
+
+void Batcher::finish(Seq& s, uint8_t finish) {
+  DoneEvent d = done_event(s, finish);
+  JobOutcome o;
+  o.uid = s.job.uid;
+  o.id = s.job.id;
+  o.tenant = s.job.tenant;
+  o.outcome = finish == finish_cancelled ? 2 : 0;
+  o.code = finish == finish_cancelled ? static_cast<uint8_t>(ErrorCode::cancelled) : 0;
+  o.tokens_used = d.prompt_tokens + d.completion_tokens;
+  o.done = d;
+  if (s.job.stream && s.job.client.kind == ClientRef::router) {
+    // The chunks carried the completion (docs/protocol.md: `done` of a streamed job on the
+    // request endpoint has empty text and no ids); logprobs went with the chunks too.
+    d.text.clear();
+    d.ids.clear();
+    d.logprob.clear();
+    d.n_top = 0;
+    d.top_ids.clear();
+    d.top_logprobs.clear();
+  }
+  if (egress_) self_->send(egress_, out_atom::value, std::move(d));
+  if (admission_) self_->send(admission_, finished_atom::value, std::move(o));
+  end_job(s);
+}
+
+void Batcher::fail(Seq& s, ErrorCode code, const std::string& message) {
+  ErrorEvent e;
+  e.to = s.job.client;
+  e.uid = s.job.uid;
+  e.id = s.job.id;
+  e.tenant = s.job.tenant;
+  e.code = static_cast<uint8_t>(code);
+  e.message = message;
+  JobOutcome o;
+  o.uid = s.job.uid;
+  o.id = s.job.id;
+  o.tenant = s.job.tenant;
+  o.outcome = 1;
+  o.code = e.code;
+  o.tokens_used = static_cast<uint32_t>(s.tokens.size());
+  o.error = e;
+  if (egress_) self_->send(egress_, out_atom::value, std::move(e));
+  if (admission_) self_->send(admission_, finished_atom::value, std::move(o));
+  end_job(s);
+}
+
+// Streams the text of `s` up to `upto` (and the id `id` when >= 0), for streamed jobs.
+void Batcher::emit(Seq& s, int32_t id, size_t upto) {
+  upto = std::max(upto, s.emitted);
+  if (!s.job.stream || s.job.client.kind != ClientRef::router) {
+    s.emitted = upto;
+    return;
+  }
+  // A job re-run after an executor failure regenerates, identically (greedy or seeded), what its
+  // client already got: that part is not sent again.
+  const size_t from = std::max<size_t>(s.emitted, std::min<uint64_t>(s.job.streamed_bytes, upto));
+  TokensEvent t;
+  t.text.assign(s.text.text(), from, upto - from);
+  s.emitted = upto;
+  if (id >= 0 && s.sent_ids < s.job.streamed_ids) {
+    ++s.sent_ids;
+    id = -1;
+  }
+  if (id < 0 && t.text.empty()) return;
+  t.to = s.job.client;
+  t.uid = s.job.uid;
+  t.id = s.job.id;
+  t.tenant = s.job.tenant;
+  t.index = s.sent_ids;
+  if (id >= 0) {
+    t.ids.push_back(id);
+    ++s.sent_ids;
+    if (s.job.logprobs > 0) {
+      t.n_top = s.job.logprobs;
+      t.logprob.push_back(s.logprob.back());
+      t.top_ids.assign(s.top_ids.end() - s.job.logprobs, s.top_ids.end());
+      t.top_logprobs.assign(s.top_lps.end() - s.job.logprobs, s.top_lps.end());
+    }
+  }
+  if (egress_) self_->send(egress_, out_atom::value, std::move(t));
+}
+
+// A sampled token for `s`: appended, detokenized, checked against the stop rules.
+void Batcher::accept(Seq& s, const SeqResult& r) {
+  if (!s.first_token_us) s.first_token_us = now();
+  const Job& job = s.job;
+  if (!job.ignore_eos && tok_ && tok_->is_eog(r.token)) {
+    s.text.end(s.emitted);
+    emit(s, -1, s.text.text().size());
+    finish(s, finish_stop);
+    return;
+  }
+  s.tokens.push_back(r.token);
+  ++tokens_;
+  if (job.logprobs > 0) {
+    s.logprob.push_back(r.logprob);
+    for (uint32_t k = 0; k < job.logprobs; ++k) {
+      // Padding keeps n_top entries per id if the executor returned fewer.
+      const bool have = k < r.top_ids.size() && k < r.top_logprobs.size();
+      s.top_ids.push_back(have ? r.top_ids[k] : 0);
+      s.top_lps.push_back(have ? r.top_logprobs[k] : -1e30f);
+    }
+  }
+  const bool last = s.n_generated() >= static_cast<int32_t>(job.max_tokens);
+  // The cache cannot take the next token past the model context: end as if by length.
+  const bool full = model_ && policy::bounded_by_context(s.kv.policy) &&
+                    static_cast<int64_t>(s.tokens.size()) >= model_->limits().ctx_len;
+  const std::string piece = tok_ ? tok_->token_to_piece(r.token) : std::string();
+  if (s.text.push(piece, last || full, s.emitted)) {
+    emit(s, r.token, s.text.text().size());
+    finish(s, finish_stop);
+  } else if (last || full) {
+    emit(s, r.token, s.text.text().size());
+    finish(s, finish_length);
+  } else {
+    emit(s, r.token, s.text.stable());
+  }
+}
+
+}  // namespace sy::batcher_detail

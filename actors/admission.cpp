@@ -675,32 +675,30 @@ void key_request(Self* self, KeyRequest& k) {
           [self, s](caf::error&) mutable { send_out(self, std::move(s)); });
 }
 
-caf::settings stats(Self* self) {
+AdmissionStats stats(Self* self) {
   auto& st = self->state;
-  caf::settings s;
-  auto put = [&](const char* k, uint64_t v) {
-    s.insert_or_assign(k, caf::config_value{static_cast<int64_t>(v)});
-  };
-  put("submitted", st.submitted);
-  put("admitted", st.admitted);
-  put("unauthorized", st.unauthorized);
-  put("rate_limited", st.rate_limited);
-  put("overloaded", st.overloaded);
-  put("bad_request", st.bad_request);
-  put("deduplicated", st.deduplicated);
-  put("attached", st.attached);
-  put("finished", st.finished);
-  put("not_found", st.not_found);
-  put("unavailable", st.unavailable);
-  put("draining", st.draining ? 1 : 0);
-  put("active", st.live.size());
-  put("remembered", st.records.size());
-  put("remembered_bytes", st.ended_bytes);
-  put("tenants", st.tenants.size());
-  put("tenants_idle", st.idle.size());
-  put("tenants_forgotten", st.tenants_forgotten);
-  put("replayed", st.replayed);
-  put("restored", st.restored);
+  AdmissionStats s;
+  auto n = [](auto v) { return static_cast<int64_t>(v); };
+  s.submitted = n(st.submitted);
+  s.admitted = n(st.admitted);
+  s.unauthorized = n(st.unauthorized);
+  s.rate_limited = n(st.rate_limited);
+  s.overloaded = n(st.overloaded);
+  s.bad_request = n(st.bad_request);
+  s.deduplicated = n(st.deduplicated);
+  s.attached = n(st.attached);
+  s.finished = n(st.finished);
+  s.not_found = n(st.not_found);
+  s.unavailable = n(st.unavailable);
+  s.draining = st.draining ? 1 : 0;
+  s.active = n(st.live.size());
+  s.remembered = n(st.records.size());
+  s.remembered_bytes = n(st.ended_bytes);
+  s.tenants = n(st.tenants.size());
+  s.tenants_idle = n(st.idle.size());
+  s.tenants_forgotten = n(st.tenants_forgotten);
+  s.replayed = n(st.replayed);
+  s.restored = n(st.restored);
   return s;
 }
 

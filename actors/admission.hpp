@@ -48,7 +48,7 @@ bool tokens_equal(std::string_view a, std::string_view b);
 ///   (observe_atom, caf::actor metrics)  every JobOutcome is copied there (without the completion
 ///       text, ids and logprobs) as (finished_atom, JobOutcome, std::string class_name).
 ///   (cancel_atom, drain_atom)  cancels every live job (shutdown after the grace period).
-///   (stats_atom) -> caf::settings with int64 counters: submitted, admitted, unauthorized,
+///   (stats_atom) -> AdmissionStats (actors/stats.hpp): submitted, admitted, unauthorized,
 ///       rate_limited, overloaded, bad_request, deduplicated, attached, finished, not_found,
 ///       unavailable, active, remembered, remembered_bytes (the result cache's estimated size),
 ///       tenants (entries of the tenant table), tenants_idle, tenants_forgotten.

@@ -105,7 +105,7 @@ caf::behavior Batcher::mode(policy::KvPolicy p) {
       [b, p](run_atom, Job& job) { b->on_run(job, p); },
       [b](cancel_atom, uint64_t uid) { b->on_cancel(uid); },
       [b](status_atom, uint64_t uid) -> uint32_t { return b->generated(uid); },
-      [b](stats_atom) -> caf::settings { return b->stats(); },
+      [b](stats_atom) -> BatcherStats { return b->stats(); },
       [b](kvpolicy_atom, const policy::KvPolicy& np) -> std::string { return b->on_swap(np); },
       [b](retire_atom) { b->on_scale_down(); },
       [b](watchdog_atom) { b->on_watchdog(); },
@@ -185,41 +185,42 @@ void Batcher::on_cancel(uint64_t uid) {
   schedule();
 }
 
-caf::settings Batcher::stats() const {
+BatcherStats Batcher::stats() const {
   const PrefixBlockPool& pool = kv_.pool();
   const PrefixBlockPool& wpool = kv_.window_pool();
   const bool split = kv_.split();
-  caf::settings s;
-  caf::put(s, "running", static_cast<int64_t>(running_.size()));
-  caf::put(s, "waiting", static_cast<int64_t>(waiting_.size()));
-  caf::put(s, "blocks_used", static_cast<int64_t>(pool.n_held()));
-  caf::put(s, "blocks_free", static_cast<int64_t>(pool.n_free()));
-  caf::put(s, "blocks_total", static_cast<int64_t>(pool.n_total()));
-  caf::put(s, "blocks_cached", static_cast<int64_t>(pool.n_cached()));
-  caf::put(s, "blocks_used_peak", kv_.peak());
-  caf::put(s, "window_blocks_used", static_cast<int64_t>(split ? wpool.n_held() : 0));
-  caf::put(s, "window_blocks_free", static_cast<int64_t>(split ? wpool.n_free() : 0));
-  caf::put(s, "window_blocks_total", static_cast<int64_t>(split ? wpool.n_total() : 0));
-  caf::put(s, "window_blocks_used_peak", kv_.window_peak());
-  caf::put(s, "fed_tokens", fed_);
-  caf::put(s, "prefix_hit_blocks", prefix_blocks_);
-  caf::put(s, "prefix_hit_tokens", prefix_tokens_);
-  caf::put(s, "prefix_evictions", pool.evictions());
-  caf::put(s, "kv_policy", policy::to_string(pressure_ ? *pressure_policy_ : base_));
-  caf::put(s, "kv_base_policy", policy::to_string(base_));
-  caf::put(s, "policy_swaps", swaps_);
-  caf::put(s, "pressure_swaps", pressure_swaps_);
-  caf::put(s, "pressure", static_cast<int64_t>(pressure_ ? 1 : 0));
-  caf::put(s, "preemptions", preemptions_);
-  caf::put(s, "steps", steps_);
-  caf::put(s, "tokens", tokens_);
-  caf::put(s, "finished", finished_);
-  caf::put(s, "ongoing", static_cast<int64_t>(seqs_.size()));
-  caf::put(s, "idle_since_us", seqs_.empty() ? idle_since_us_ : int64_t{0});
-  caf::put(s, "retiring", static_cast<int64_t>(life_ == Lifecycle::scaling_down ? 1 : 0));
-  caf::put(s, "executor_failures", static_cast<int64_t>(life_ == Lifecycle::failed ? 1 : 0));
-  caf::put(s, "requeued", requeued_);
-  caf::put(s, "seq_failures", seq_failures_);
+  BatcherStats s;
+  auto n = [](auto v) { return static_cast<int64_t>(v); };
+  s.running = n(running_.size());
+  s.waiting = n(waiting_.size());
+  s.blocks_used = n(pool.n_held());
+  s.blocks_free = n(pool.n_free());
+  s.blocks_total = n(pool.n_total());
+  s.blocks_cached = n(pool.n_cached());
+  s.blocks_used_peak = kv_.peak();
+  s.window_blocks_used = n(split ? wpool.n_held() : 0);
+  s.window_blocks_free = n(split ? wpool.n_free() : 0);
+  s.window_blocks_total = n(split ? wpool.n_total() : 0);
+  s.window_blocks_used_peak = kv_.window_peak();
+  s.fed_tokens = fed_;
+  s.prefix_hit_blocks = prefix_blocks_;
+  s.prefix_hit_tokens = prefix_tokens_;
+  s.prefix_evictions = n(pool.evictions());
+  s.kv_policy = policy::to_string(pressure_ ? *pressure_policy_ : base_);
+  s.kv_base_policy = policy::to_string(base_);
+  s.policy_swaps = swaps_;
+  s.pressure_swaps = pressure_swaps_;
+  s.pressure = n(pressure_ ? 1 : 0);
+  s.preemptions = preemptions_;
+  s.steps = steps_;
+  s.tokens = tokens_;
+  s.finished = finished_;
+  s.ongoing = n(seqs_.size());
+  s.idle_since_us = seqs_.empty() ? idle_since_us_ : int64_t{0};
+  s.retiring = n(life_ == Lifecycle::scaling_down ? 1 : 0);
+  s.executor_failures = n(life_ == Lifecycle::failed ? 1 : 0);
+  s.requeued = requeued_;
+  s.seq_failures = seq_failures_;
   return s;
 }
 

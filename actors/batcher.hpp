@@ -51,7 +51,7 @@ constexpr int64_t kDefaultKvMemoryMb = 256;
 ///                            waits in a local queue;
 ///   (cancel_atom, uint64 uid) the job ends within one step: DoneEvent finish=cancelled;
 ///   (status_atom, uint64 uid) -> uint32 completion tokens generated so far (0: not here);
-///   (stats_atom) -> caf::settings with int64 counters running, waiting, blocks_used,
+///   (stats_atom) -> BatcherStats (actors/stats.hpp): running, waiting, blocks_used,
 ///                   blocks_free, blocks_total, window_blocks_used, window_blocks_free,
 ///                   window_blocks_total (the window group; 0 with one group), preemptions,
 ///                   steps, tokens, finished.

@@ -87,7 +87,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   void on_run(Job& job, const policy::KvPolicy& pol);
   uint32_t generated(uint64_t uid) const;
   void on_cancel(uint64_t uid);
-  caf::settings stats() const;
+  BatcherStats stats() const;
   std::string check(const Seq& s) const;
   void schedule();
   policy::PlanOutput plan_round();

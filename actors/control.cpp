@@ -3,8 +3,8 @@
 #include "actors/control.hpp"
 
 #include <caf/all.hpp>
-#include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "actors/admission.hpp"
 #include "actors/messages.hpp"
@@ -14,48 +14,6 @@
 
 namespace sy {
 namespace {
-
-// `s` as a JSON string literal. Policy names and stats keys are ASCII; control bytes are escaped
-// anyway so the reply always parses.
-std::string json_str(const std::string& s) {
-  std::string out = "\"";
-  for (char ch : s) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (c < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
-
-std::string string_of(const caf::settings& s, const std::string& name) {
-  auto it = s.find(name);
-  if (it == s.end()) return "";
-  if (auto v = caf::get_if<std::string>(&it->second)) return *v;
-  return "";
-}
-
-// Builds `{"k": v, ...}` one field at a time.
-class JsonObject {
- public:
-  void raw(const std::string& k, const std::string& v) {
-    out_ += out_.size() > 1 ? ", " : "";
-    out_ += json_str(k) + ": " + v;
-  }
-  void num(const std::string& k, int64_t v) { raw(k, std::to_string(v)); }
-  void str(const std::string& k, const std::string& v) { raw(k, json_str(v)); }
-  std::string finish() const { return out_ + "}"; }
-
- private:
-  std::string out_ = "{";
-};
 
 // Why a request to an actor failed, for the operator.
 void describe_failure(const caf::error& err, const std::string& who, ErrorCode& code,
@@ -76,8 +34,9 @@ struct Pending {
   bool failed = false;
   ErrorCode code = ErrorCode::internal;
   std::string message;
-  caf::settings admission, router;
-  std::vector<caf::settings> batchers;
+  AdmissionStats admission;
+  RouterStats router;
+  std::vector<BatcherStats> batchers;
   std::string policy_name;
 
   void fail(ErrorCode c, std::string m) {
@@ -115,16 +74,16 @@ void complete(Self* self, Pending& p) {
     return;
   }
   if (p.req.command == "kv_policy") {
-    JsonObject o;
-    o.str("kv_policy", p.policy_name);
-    o.num("batchers", static_cast<int64_t>(p.batchers.size()));
-    reply_ok(self, p.req.client, p.req.command, o.finish());
+    // The same layout as the stats reply (", " and ": "); nlohmann writes the policy string.
+    reply_ok(self, p.req.client, p.req.command,
+             "{\"kv_policy\": " + nlohmann::json(p.policy_name).dump() +
+                 ", \"batchers\": " + std::to_string(p.batchers.size()) + "}");
     return;
   }
-  caf::settings extra;
-  if (self->state.w.extra_stats) self->state.w.extra_stats(extra);
+  EdgeStats edge;
+  if (self->state.w.edge_stats) edge = self->state.w.edge_stats();
   reply_ok(self, p.req.client, p.req.command,
-           control_stats_json(p.admission, p.router, p.batchers, extra));
+           control_stats_json(p.admission, p.router, p.batchers, edge));
 }
 
 void answered(Self* self, const std::shared_ptr<Pending>& p) {
@@ -178,6 +137,14 @@ void kv_policy(Self* self, ControlRequest& req) {
   }
 }
 
+// Where one stats answer of type R goes in a pending command.
+template <class R>
+struct Keep {
+  using record_type = R;
+  std::function<void(Pending&, R&)> put;
+  void operator()(Pending& p, R& r) const { put(p, r); }
+};
+
 void stats(Self* self, ControlRequest& req) {
   auto p = std::make_shared<Pending>();
   p->req = std::move(req);
@@ -188,23 +155,24 @@ void stats(Self* self, ControlRequest& req) {
   }
   p->batchers.resize(w.batchers.size());
   p->owed = 2 + w.batchers.size();
-  auto ask = [&](const caf::actor& a, caf::settings Pending::*field, size_t index,
-                 const std::string& who) {
+  // Each answer lands in its own place: `keep` moves the record there.
+  auto ask = [&](const caf::actor& a, auto keep, const std::string& who) {
     self->request(a, w.ask_timeout, stats_atom::value)
         .then(
-            [=](caf::settings& s) {
-              if (field)
-                (*p).*field = std::move(s);
-              else
-                p->batchers[index] = std::move(s);
+            [=](typename decltype(keep)::record_type& s) {
+              keep(*p, s);
               answered(self, p);
             },
             failure_handler(self, p, who));
   };
-  ask(w.admission, &Pending::admission, 0, "admission");
-  ask(w.router, &Pending::router, 0, "router");
+  ask(w.admission, Keep<AdmissionStats>{[](Pending& q, AdmissionStats& s) { q.admission = s; }},
+      "admission");
+  ask(w.router, Keep<RouterStats>{[](Pending& q, RouterStats& s) { q.router = std::move(s); }},
+      "router");
   for (size_t i = 0; i < w.batchers.size(); ++i)
-    ask(w.batchers[i], nullptr, i, "batcher " + std::to_string(i));
+    ask(w.batchers[i],
+        Keep<BatcherStats>{[i](Pending& q, BatcherStats& s) { q.batchers[i] = std::move(s); }},
+        "batcher " + std::to_string(i));
 }
 
 // The operator's drain: admission refuses new submits (`unavailable`) and the router stops PULL
@@ -225,51 +193,9 @@ void drain(Self* self, ControlRequest& req, bool on) {
 
 }  // namespace
 
-int64_t stats_counter(const caf::settings& s, const std::string& name) {
-  auto it = s.find(name);
-  if (it == s.end()) return 0;
-  if (auto v = caf::get_if<int64_t>(&it->second)) return *v;
-  if (auto v = caf::get_if<bool>(&it->second)) return *v ? 1 : 0;
-  if (auto v = caf::get_if<double>(&it->second)) return static_cast<int64_t>(*v);
-  return 0;
-}
-
-std::string control_stats_json(const caf::settings& admission, const caf::settings& router,
-                               const std::vector<caf::settings>& batchers,
-                               const caf::settings& extra) {
-  JsonObject o;
-  o.num("active_jobs", stats_counter(admission, "active"));
-  o.num("admitted", stats_counter(admission, "admitted"));
-  o.num("overloaded", stats_counter(admission, "overloaded"));
-  o.num("draining", stats_counter(admission, "draining"));
-  o.num("queued", stats_counter(router, "queued"));
-  o.num("dispatched", stats_counter(router, "dispatched"));
-  o.num("expired", stats_counter(router, "expired"));
-  o.num("affinity_hits", stats_counter(router, "affinity_hits"));
-  o.num("affinity_overruled", stats_counter(router, "affinity_overruled"));
-  auto sum = [&](const char* k) {
-    int64_t t = 0;
-    for (const auto& b : batchers) t += stats_counter(b, k);
-    return t;
-  };
-  for (const char* k : {"running", "blocks_used", "blocks_total", "blocks_cached", "preemptions",
-                        "steps", "policy_swaps", "prefix_hit_tokens", "seq_failures"})
-    o.num(k, sum(k));
-  for (const auto& [k, v] : extra) o.num(k, stats_counter(extra, k));
-  std::string arr = "[";
-  for (size_t i = 0; i < batchers.size(); ++i) {
-    const auto& b = batchers[i];
-    JsonObject bo;
-    bo.str("kv_policy", string_of(b, "kv_policy"));
-    for (const char* k :
-         {"policy_swaps", "pressure_swaps", "pressure", "blocks_used", "blocks_cached",
-          "blocks_used_peak", "window_blocks_used", "window_blocks_used_peak", "prefix_hit_blocks",
-          "prefix_hit_tokens", "preemptions"})
-      bo.num(k, stats_counter(b, k));
-    arr += (i ? ", " : "") + bo.finish();
-  }
-  o.raw("batchers", arr + "]");
-  return o.finish();
+std::string control_stats_json(const AdmissionStats& admission, const RouterStats& router,
+                               const std::vector<BatcherStats>& batchers, const EdgeStats& edge) {
+  return summary_json(admission, router, sum_of(batchers), edge, nullptr, nullptr, &batchers);
 }
 
 caf::actor spawn_control(caf::actor_system& sys, ControlWiring wiring) {

@@ -4,11 +4,12 @@
 
 #include <caf/actor.hpp>
 #include <caf/fwd.hpp>
-#include <caf/settings.hpp>
 #include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "actors/stats.hpp"
 
 namespace sy {
 
@@ -18,9 +19,10 @@ struct ControlWiring {
   std::string admin_token;  ///< AdmissionConfig::admin_token; "" = every command is refused
   caf::actor admission, router, egress;
   std::vector<caf::actor> batchers;
-  /// Adds counters kept outside the actors (the gateway's received, sent, decode_errors) to a
-  /// stats reply; called on the control actor's thread, so it must be thread-safe. May be empty.
-  std::function<void(caf::settings&)> extra_stats;
+  /// Reads the counters kept outside the actors (the gateway's received, sent, decode_errors, ...)
+  /// for a stats reply; called on the control actor's thread, so it must be thread-safe. May be
+  /// empty (those fields read 0).
+  std::function<EdgeStats()> edge_stats;
   /// How long one actor may take to answer: a busy actor answers between messages, well within
   /// this; a stuck one must not keep the operator waiting forever.
   std::chrono::milliseconds ask_timeout{2000};
@@ -44,18 +46,11 @@ struct ControlWiring {
 /// request, and always one (timeouts bound every wait).
 caf::actor spawn_control(caf::actor_system& sys, ControlWiring wiring);
 
-/// The stats reply as one JSON object: the server counters (ServerSnapshot's fields: active_jobs,
-/// admitted, overloaded from admission; queued, dispatched, expired from the router; running,
-/// blocks_used, blocks_total, blocks_cached, preemptions, steps, policy_swaps, prefix_hit_tokens
-/// summed over the batchers; whatever `extra` holds as integers) and "batchers": one object per
-/// batcher with kv_policy (string), policy_swaps, pressure, blocks_used, blocks_cached,
-/// blocks_used_peak, prefix_hit_blocks, prefix_hit_tokens, preemptions. Absent counters read 0,
-/// an absent kv_policy "".
-std::string control_stats_json(const caf::settings& admission, const caf::settings& router,
-                               const std::vector<caf::settings>& batchers,
-                               const caf::settings& extra);
-
-/// An integer counter of a stats dictionary (int64, bool or a real, truncated); 0 when absent.
-int64_t stats_counter(const caf::settings& s, const std::string& name);
+/// The stats reply as one JSON object (summary_json, actors/stats.hpp): the fields marked
+/// stats_fields::kSummary of admission, the router, the batchers summed and the edge, then "batchers":
+/// one object per batcher with its stats_fields::kPerBatcher fields (kv_policy, policy_swaps, pressure,
+/// blocks_used, blocks_cached, blocks_used_peak, prefix_hit_blocks, prefix_hit_tokens, ...).
+std::string control_stats_json(const AdmissionStats& admission, const RouterStats& router,
+                               const std::vector<BatcherStats>& batchers, const EdgeStats& edge);
 
 }  // namespace sy

@@ -265,12 +265,12 @@ caf::behavior executor_actor(caf::event_based_actor* self, std::shared_ptr<Execu
           st->poisoned.erase(u);
         }
       },
-      [st](stats_atom) -> caf::settings {
-        caf::settings s;
-        caf::put(s, "steps", st->steps);
-        caf::put(s, "tokens", st->tokens);
-        caf::put(s, "samplers", static_cast<int64_t>(st->samplers.size()));
-        caf::put(s, "seq_failures", st->seq_failures);
+      [st](stats_atom) -> ExecutorStats {
+        ExecutorStats s;
+        s.steps = st->steps;
+        s.tokens = st->tokens;
+        s.samplers = static_cast<int64_t>(st->samplers.size());
+        s.seq_failures = st->seq_failures;
         return s;
       },
   };

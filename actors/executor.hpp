@@ -50,7 +50,7 @@ struct ExecutorSpec {
 ///       logits or a plan the engine refuses for that sequence only (internal), gets a SeqResult
 ///       with `error` and `code` set while the others of the step get their tokens),
 ///   (release_atom, std::vector<uint64_t> uids)  forgets those sequences' samplers,
-///   (stats_atom) -> caf::settings {steps, tokens, samplers, seq_failures}.
+///   (stats_atom) -> ExecutorStats {steps, tokens, samplers, seq_failures} (actors/stats.hpp).
 /// A sequence's sampler is made on its first plan with sample or reset set and kept until
 /// released, so a recomputed (preempted) sequence continues its random stream.
 /// The test-only fault flags of the spec make it crash or hang after N steps (crash recovery tests).

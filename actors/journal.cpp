@@ -538,28 +538,26 @@ void terminal(Self* self, Terminal ev, uint64_t uid) {
   std::visit([&](auto& e) { forward(self, std::move(e)); }, ev);
 }
 
-caf::settings stats(Self* self) {
+JournalStats stats(Self* self) {
   auto& st = self->state;
-  caf::settings s;
-  auto put = [&](const char* k, uint64_t v) {
-    s.insert_or_assign(k, caf::config_value{static_cast<int64_t>(v)});
-  };
-  put("accepted", st.accepted);
-  put("results", st.results);
-  put("syncs", st.file->syncs());
-  put("live", st.live.size());
-  put("held", st.held.size());
-  put("dropped", st.dropped);
-  put("redelivered", st.redelivered);
-  put("delivered_marks", st.marks);
-  put("compactions", st.compactions);
-  put("bytes", st.file->size());
-  put("replayed_pending", st.replayed_pending);
-  put("replayed_results", st.replayed_results);
-  put("write_errors", st.write_errors);
-  put("failing", st.failing ? 1 : 0);
-  put("refused", st.refused);
-  put("unwritten", st.unwritten.size());
+  JournalStats s;
+  auto n = [](auto v) { return static_cast<int64_t>(v); };
+  s.accepted = n(st.accepted);
+  s.results = n(st.results);
+  s.syncs = n(st.file->syncs());
+  s.live = n(st.live.size());
+  s.held = n(st.held.size());
+  s.dropped = n(st.dropped);
+  s.redelivered = n(st.redelivered);
+  s.delivered_marks = n(st.marks);
+  s.compactions = n(st.compactions);
+  s.bytes = n(st.file->size());
+  s.replayed_pending = n(st.replayed_pending);
+  s.replayed_results = n(st.replayed_results);
+  s.write_errors = n(st.write_errors);
+  s.failing = st.failing ? 1 : 0;
+  s.refused = n(st.refused);
+  s.unwritten = n(st.unwritten.size());
   return s;
 }
 

@@ -29,6 +29,12 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<PairFailure>("PairFailure");
   cfg.add_message_type<std::vector<Job>>("std::vector<Job>");
   cfg.add_message_type<std::vector<caf::actor>>("std::vector<caf::actor>");
+  cfg.add_message_type<AdmissionStats>("AdmissionStats");
+  cfg.add_message_type<RouterStats>("RouterStats");
+  cfg.add_message_type<BatcherStats>("BatcherStats");
+  cfg.add_message_type<SupervisorStats>("SupervisorStats");
+  cfg.add_message_type<JournalStats>("JournalStats");
+  cfg.add_message_type<ExecutorStats>("ExecutorStats");
 }
 
 int64_t now_us() {

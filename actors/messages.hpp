@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/stats.hpp"
 #include "policies/kv_policy.hpp"
 
 namespace sy {
@@ -336,7 +337,7 @@ void log_line(const std::string& text);
 //   gateway   -> admission:(submit_atom, SubmitRequest), (cancel_atom, KeyRequest)
 //   admission -> router:   (cancel_atom, uint64 uid)    router removes it or passes it to batchers
 //   router    -> batcher:  (cancel_atom, uint64 uid)
-//   stats_atom on any actor -> a caf::settings / dictionary of counters (tests, metrics)
+//   stats_atom on an actor -> its stats record (actors/stats.hpp: AdmissionStats, RouterStats, ...)
 
 // ---- router <-> admission wiring (appended) ----
 namespace sy {

@@ -1,5 +1,5 @@
-// Prometheus metrics: the text exposition format 0.0.4 (plain value types, no CAF) and the metrics
-// actor, which counts finished jobs and gathers gauges from the other actors when scraped.
+// Prometheus metrics: the metrics actor counts finished jobs and gathers the other actors' stats
+// records (actors/stats.hpp) when scraped; prometheus-cpp keeps the registry and writes the text.
 #pragma once
 
 #include <caf/actor.hpp>
@@ -9,62 +9,15 @@
 #include <cstdint>
 #include <functional>
 #include <string>
-#include <string_view>
-#include <utility>
 #include <vector>
+
+#include "actors/stats.hpp"
 
 namespace sy {
 
 namespace prom {
 
-/// Label pairs of one sample, written in this order.
-using Labels = std::vector<std::pair<std::string, std::string>>;
-
-/// A label value with `\`, `"` and newline escaped as the text format requires.
-std::string escape_label(std::string_view v);
-/// HELP text with `\` and newline escaped (quotes stay as they are there).
-std::string escape_help(std::string_view v);
-/// A sample value: integers without a fraction, others in the shortest exact form; +Inf, -Inf, NaN.
-std::string format_value(double v);
-
-/// A histogram over fixed upper bounds (ascending, +Inf implied). Counts are kept per bucket and
-/// made cumulative when written.
-class Histogram {
- public:
-  /// Throws std::invalid_argument when `bounds` is not strictly ascending and finite.
-  explicit Histogram(std::vector<double> bounds);
-  /// Counts one observation in the first bucket whose bound is >= v (NaN is ignored).
-  void observe(double v);
-  const std::vector<double>& bounds() const { return bounds_; }
-  /// Per-bucket (not cumulative) counts; one more than bounds(): the last is the +Inf bucket.
-  const std::vector<uint64_t>& counts() const { return counts_; }
-  double sum() const { return sum_; }
-  uint64_t count() const { return count_; }
-
- private:
-  std::vector<double> bounds_;
-  std::vector<uint64_t> counts_;
-  double sum_ = 0;
-  uint64_t count_ = 0;
-};
-
-/// Builds an exposition text: a family header, then that family's samples, family after family.
-class TextWriter {
- public:
-  /// "# HELP name help" and "# TYPE name type" (counter, gauge, histogram, untyped).
-  void family(std::string_view name, std::string_view type, std::string_view help);
-  /// One sample line: name{labels} value.
-  void sample(std::string_view name, const Labels& labels, double value);
-  /// A histogram's samples: name_bucket{labels..., le} cumulative, +Inf, name_sum, name_count.
-  void histogram(std::string_view name, const Labels& labels, const Histogram& h);
-  /// The text so far (ends with a newline when not empty).
-  const std::string& str() const { return out_; }
-
- private:
-  std::string out_;
-};
-
-/// The Content-Type of the text format.
+/// The Content-Type of the text format (prometheus-cpp's TextSerializer writes format 0.0.4).
 inline constexpr const char* kContentType = "text/plain; version=0.0.4; charset=utf-8";
 
 }  // namespace prom
@@ -79,9 +32,9 @@ struct MetricsWiring {
   /// The journal actor (actors/journal.hpp), asked for stats_atom at scrape time: write errors
   /// and whether it is failing now. Invalid without a journal (then those series are left out).
   caf::actor journal;
-  /// Reads the gateway's counters (curve_refused). The gateway is no actor; its counters are
-  /// atomics that any thread may read. Empty: those series read 0.
-  std::function<caf::settings()> gateway_stats;
+  /// Reads the gateway's counters (curve_refused, intake_refused, connections_*). The gateway is
+  /// no actor; its counters are atomics that any thread may read. Empty: those series read 0.
+  std::function<EdgeStats()> gateway_stats;
   /// The priority class names, in the router's order: one queue-depth gauge each.
   std::vector<std::string> classes;
   /// The configured tenants: each keeps a `tenant` label of its own.

@@ -527,34 +527,32 @@ void cancel(Self* self, uint64_t uid) {
   dispatch(self);
 }
 
-caf::settings stats(Self* self) {
+RouterStats stats(Self* self) {
   auto& st = self->state;
-  caf::settings s;
-  auto put = [&](const std::string& k, uint64_t v) {
-    s.insert_or_assign(k, caf::config_value{static_cast<int64_t>(v)});
-  };
-  put("enqueued", st.enqueued);
-  put("dispatched", st.dispatched);
-  put("expired", st.expired);
-  put("cancelled", st.cancelled);
-  put("rejected_full", st.rejected_full);
-  put("overflowed", st.overflowed);
-  put("queued", st.queue->size());
-  put("overflow", st.overflow_total);
-  put("credit", st.credit_total);
-  put("pull_outstanding", st.pull_outstanding);
-  put("pull_granted", st.pull_granted);
-  put("batchers", st.batchers.size());
-  put("requeued", st.requeued);
-  put("retry_queued", st.retry_total);
-  put("retired", st.retired);
-  put("lost_requeued", st.lost_requeued);
-  put("lost_failed", st.lost_failed);
+  RouterStats s;
+  auto n = [](auto v) { return static_cast<int64_t>(v); };
+  s.enqueued = n(st.enqueued);
+  s.dispatched = n(st.dispatched);
+  s.expired = n(st.expired);
+  s.cancelled = n(st.cancelled);
+  s.rejected_full = n(st.rejected_full);
+  s.overflowed = n(st.overflowed);
+  s.queued = n(st.queue->size());
+  s.overflow = n(st.overflow_total);
+  s.credit = n(st.credit_total);
+  s.pull_outstanding = n(st.pull_outstanding);
+  s.pull_granted = n(st.pull_granted);
+  s.batchers = n(st.batchers.size());
+  s.requeued = n(st.requeued);
+  s.retry_queued = n(st.retry_total);
+  s.retired = n(st.retired);
+  s.lost_requeued = n(st.lost_requeued);
+  s.lost_failed = n(st.lost_failed);
   std::size_t tracked = 0;
   for (const auto& b : st.batchers) tracked += b.running.size();
   for (const auto& [addr, jobs] : st.retiring) tracked += jobs.size();
-  put("running_tracked", tracked);
-  put("waiting_total", st.queue->size() + st.overflow_total + st.retry_total);
+  s.running_tracked = n(tracked);
+  s.waiting_total = n(st.queue->size() + st.overflow_total + st.retry_total);
   // The age of the oldest waiting job (the autoscaler's queue-wait signal). arrival_us is the
   // gateway's steady clock, the same as now_us().
   int64_t oldest = 0;
@@ -566,14 +564,14 @@ caf::settings stats(Self* self) {
     for (const auto& h : q) see(h.job);
   for (const auto& q : st.retry)
     for (const auto& j : q) see(j);
-  put("oldest_wait_ms", oldest ? std::max<int64_t>(0, now_us() - oldest) / 1000 : 0);
+  s.oldest_wait_ms = oldest ? std::max<int64_t>(0, now_us() - oldest) / 1000 : 0;
   for (std::size_t ci = 0; ci < st.queue->class_count(); ++ci)
-    put("queued_" + st.queue->config(ci).name, st.queue->size(ci) + st.overflow[ci].size());
-  put("affinity_hits", st.affinity_hits);
-  put("affinity_overruled", st.affinity_overruled);
+    s.queued_by_class[st.queue->config(ci).name] = n(st.queue->size(ci) + st.overflow[ci].size());
+  s.affinity_hits = n(st.affinity_hits);
+  s.affinity_overruled = n(st.affinity_overruled);
   std::size_t indexed = 0;
   for (const auto& b : st.batchers) indexed += b.index.size();
-  put("affinity_indexed", indexed);
+  s.affinity_indexed = n(indexed);
   return s;
 }
 

@@ -75,11 +75,11 @@ std::vector<policy::PriorityClass> effective_classes(std::vector<policy::Priorit
 ///       with engine_dead. A retiring batcher stays watched until it has ended its jobs.
 ///   (retire_atom, caf::actor batcher) -> uint32  the batcher leaves (scale down or failure):
 ///       its credit is revoked (the number is the reply) and nothing more is dispatched to it.
-///   (stats_atom) -> caf::settings with int64 counters: enqueued, dispatched, expired,
+///   (stats_atom) -> RouterStats (actors/stats.hpp): enqueued, dispatched, expired,
 ///       cancelled, rejected_full, overflowed, queued, overflow, credit, pull_outstanding,
 ///       pull_granted, batchers, requeued, retry_queued, retired, lost_requeued and
 ///       lost_failed (jobs of batchers that went down), running_tracked (dispatched, not ended),
-///       waiting_total (queued + overflow + re-queued), oldest_wait_ms, queued_<class name> per class, affinity_hits
+///       waiting_total (queued + overflow + re-queued), oldest_wait_ms, queued_by_class (by class name), affinity_hits
 ///       (dispatched for a cached prefix), affinity_overruled (a batcher held a prefix of the job
 ///       but was too busy or had no credit) and affinity_indexed (block hashes held, all batchers).
 /// Sends (pull_atom, uint32 n) to egress: n more pipeline submits may be read (additive).

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <caf/all.hpp>
 #include <chrono>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -147,23 +148,17 @@ void retire_pair(Self* self, uint64_t id, const std::string& reason) {
   notify_control(self);
 }
 
-int64_t int_of(const caf::settings& s, const std::string& k) {
-  auto it = s.find(k);
-  if (it == s.end()) return 0;
-  if (auto v = caf::get_if<int64_t>(&it->second)) return *v;
-  return 0;
-}
-
-// Asks every actor in `to` for its stats; `done` gets the answers (empty ones for failures and
+// Asks every batcher in `to` for its stats; `done` gets the answers (nullopt for failures and
 // timeouts) once all are in.
 template <class F>
 void gather(Self* self, std::vector<caf::actor> to, F done) {
   struct Round {
-    std::vector<caf::settings> out;
+    std::vector<std::optional<BatcherStats>> out;
     size_t owed = 0;
     F done;
   };
-  auto r = std::make_shared<Round>(Round{std::vector<caf::settings>(to.size()), to.size(), done});
+  auto r = std::make_shared<Round>(
+      Round{std::vector<std::optional<BatcherStats>>(to.size()), to.size(), done});
   if (to.empty()) {
     r->done(r->out);
     return;
@@ -172,7 +167,7 @@ void gather(Self* self, std::vector<caf::actor> to, F done) {
   for (size_t i = 0; i < to.size(); ++i) {
     self->request(to[i], timeout, stats_atom::value)
         .then(
-            [r, i](caf::settings& s) {
+            [r, i](BatcherStats& s) {
               r->out[i] = std::move(s);
               if (--r->owed == 0) r->done(r->out);
             },
@@ -188,72 +183,85 @@ void arm_tick(Self* self) {
                      scale_atom::value);
 }
 
+void decide_scale(Self* self, const RouterStats& router, const std::vector<uint64_t>& ids,
+                  const std::vector<std::optional<BatcherStats>>& s);
+
 void tick(Self* self) {
   auto& st = self->state;
   if (st.tick_busy) return;
   st.tick_busy = true;
-  std::vector<caf::actor> to{st.w.router};
+  std::vector<caf::actor> to;
   std::vector<uint64_t> ids;
-  std::vector<bool> retiring;
   for (const Pair& p : st.pairs) {
     to.push_back(p.batcher);
     ids.push_back(p.id);
-    retiring.push_back(p.retiring);
   }
-  gather(self, to, [self, ids, retiring](const std::vector<caf::settings>& s) {
-    auto& st = self->state;
-    st.tick_busy = false;
-    const int64_t now = actor_clock_us(*self);
-    policy::AutoscaleSnapshot snap;
-    snap.now_ms = now / 1000;
-    snap.queued = static_cast<uint64_t>(std::max<int64_t>(0, int_of(s[0], "waiting_total")));
-    snap.queue_wait_ms = int_of(s[0], "oldest_wait_ms");
-    for (size_t i = 0; i < ids.size(); ++i) {
-      // A pair gone meanwhile, or one that did not answer, is left out of this decision.
-      auto it = std::find_if(st.pairs.begin(), st.pairs.end(),
-                             [&](const Pair& p) { return p.id == ids[i]; });
-      if (it == st.pairs.end()) continue;
-      policy::ExecutorLoad l;
-      l.id = ids[i];
-      l.retiring = it->retiring;
-      const caf::settings& b = s[i + 1];
-      if (b.empty()) {
-        l.ongoing = 1;  // unknown: treated as busy, never retired on a missing answer
-      } else {
-        l.ongoing = static_cast<uint32_t>(int_of(b, "ongoing"));
-        const int64_t idle_since = int_of(b, "idle_since_us");
-        l.idle_ms = l.ongoing == 0 && idle_since > 0 ? (now - idle_since) / 1000 : 0;
-      }
-      snap.executors.push_back(l);
-    }
-    // Pairs spawned since the round began count as active and busy (nothing known yet).
-    for (const Pair& p : st.pairs)
-      if (std::find(ids.begin(), ids.end(), p.id) == ids.end())
-        snap.executors.push_back({p.id, 1, 0, p.retiring});
-    auto d = policy::decide_autoscale(snap, st.cfg.knobs, st.scale);
-    if (d.add > 0) add_pairs(self, d.add, d.reason, true);
-    for (uint64_t id : d.retire) retire_pair(self, id, d.reason);
-    arm_tick(self);
-  });
+  // The router first (its queue is the scale-up signal), then every batcher.
+  const auto timeout = std::chrono::milliseconds(st.cfg.ask_timeout_ms);
+  auto decide = [self, to, ids](const RouterStats& r) {
+    gather(self, to, [self, ids, r](const std::vector<std::optional<BatcherStats>>& s) {
+      decide_scale(self, r, ids, s);
+    });
+  };
+  self->request(st.w.router, timeout, stats_atom::value)
+      .then([decide](RouterStats& r) { decide(r); },
+            // No answer: an empty queue as far as this round knows.
+            [decide](caf::error&) { decide(RouterStats{}); });
 }
 
-caf::settings own_stats(const SupervisorState& st) {
-  caf::settings s;
-  auto put = [&](const char* k, int64_t v) { s.insert_or_assign(k, caf::config_value{v}); };
-  put("executors", active_count(st));
-  put("executors_retiring", static_cast<int64_t>(st.pairs.size()) - active_count(st));
-  put("scale_ups", st.scale_ups);
-  put("scale_downs", st.scale_downs);
-  put("executor_failures", st.failures);
-  put("failures_crash", st.failures_crash);
-  put("failures_hang", st.failures_hang);
-  put("replacements", st.replacements);
-  put("requeued", st.requeued);
-  put("failed_jobs", st.failed_jobs);
-  put("recoveries", st.recoveries);
-  put("recovery_ms_last", st.recovery_ms_last);
-  put("recovery_ms_max", st.recovery_ms_max);
-  put("detect_ms_last", st.detect_ms_last);
+void decide_scale(Self* self, const RouterStats& router, const std::vector<uint64_t>& ids,
+                  const std::vector<std::optional<BatcherStats>>& s) {
+  auto& st = self->state;
+  st.tick_busy = false;
+  const int64_t now = actor_clock_us(*self);
+  policy::AutoscaleSnapshot snap;
+  snap.now_ms = now / 1000;
+  snap.queued = static_cast<uint64_t>(std::max<int64_t>(0, router.waiting_total));
+  snap.queue_wait_ms = router.oldest_wait_ms;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    // A pair gone meanwhile, or one that did not answer, is left out of this decision.
+    auto it = std::find_if(st.pairs.begin(), st.pairs.end(),
+                           [&](const Pair& p) { return p.id == ids[i]; });
+    if (it == st.pairs.end()) continue;
+    policy::ExecutorLoad l;
+    l.id = ids[i];
+    l.retiring = it->retiring;
+    const std::optional<BatcherStats>& b = s[i];
+    if (!b) {
+      l.ongoing = 1;  // unknown: treated as busy, never retired on a missing answer
+    } else {
+      l.ongoing = static_cast<uint32_t>(b->ongoing);
+      const int64_t idle_since = b->idle_since_us;
+      l.idle_ms = l.ongoing == 0 && idle_since > 0 ? (now - idle_since) / 1000 : 0;
+    }
+    snap.executors.push_back(l);
+  }
+  // Pairs spawned since the round began count as active and busy (nothing known yet).
+  for (const Pair& p : st.pairs)
+    if (std::find(ids.begin(), ids.end(), p.id) == ids.end())
+      snap.executors.push_back({p.id, 1, 0, p.retiring});
+  auto d = policy::decide_autoscale(snap, st.cfg.knobs, st.scale);
+  if (d.add > 0) add_pairs(self, d.add, d.reason, true);
+  for (uint64_t id : d.retire) retire_pair(self, id, d.reason);
+  arm_tick(self);
+}
+
+SupervisorStats own_stats(const SupervisorState& st) {
+  SupervisorStats s;
+  s.executors = active_count(st);
+  s.executors_retiring = static_cast<int64_t>(st.pairs.size()) - active_count(st);
+  s.scale_ups = st.scale_ups;
+  s.scale_downs = st.scale_downs;
+  s.executor_failures = st.failures;
+  s.failures_crash = st.failures_crash;
+  s.failures_hang = st.failures_hang;
+  s.replacements = st.replacements;
+  s.requeued = st.requeued;
+  s.failed_jobs = st.failed_jobs;
+  s.recoveries = st.recoveries;
+  s.recovery_ms_last = st.recovery_ms_last;
+  s.recovery_ms_max = st.recovery_ms_max;
+  s.detect_ms_last = st.detect_ms_last;
   return s;
 }
 
@@ -349,22 +357,16 @@ caf::behavior supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWirin
         self->state.cfg.batching.kv_policy = policy::to_string(p);
       },
       [self](scale_atom) { tick(self); },
-      [self](stats_atom) -> caf::result<caf::settings> {
-        auto rp = self->make_response_promise<caf::settings>();
+      [self](stats_atom) -> caf::result<SupervisorStats> {
+        auto rp = self->make_response_promise<SupervisorStats>();
         std::vector<caf::actor> to;
         for (const Pair& p : self->state.pairs) to.push_back(p.batcher);
-        gather(self, to, [self, rp](const std::vector<caf::settings>& all) mutable {
-          caf::settings sum;
-          for (const caf::settings& b : all)
-            for (const auto& [k, v] : b) {
-              auto x = caf::get_if<int64_t>(&v);
-              if (!x || k == "idle_since_us") continue;
-              auto cur = sum.find(k);
-              int64_t base = cur == sum.end() ? 0 : int_of(sum, k);
-              sum.insert_or_assign(k, caf::config_value{base + *x});
-            }
-          for (auto& [k, v] : own_stats(self->state)) sum.insert_or_assign(k, v);
-          rp.deliver(std::move(sum));
+        gather(self, to, [self, rp](const std::vector<std::optional<BatcherStats>>& all) mutable {
+          SupervisorStats s = own_stats(self->state);
+          // A batcher that did not answer in time adds nothing.
+          for (const auto& b : all)
+            if (b) sum_into(s.batchers, *b);
+          rp.deliver(std::move(s));
         });
         return rp;
       },

@@ -59,7 +59,8 @@ struct SupervisorWiring {
 ///       again: recovery time = now - fault, logged and kept;
 ///   (kvpolicy_atom, policy::KvPolicy)  an operator swap: pairs spawned later start with it;
 ///   (scale_atom)  its own timer: asks the router and every batcher for stats, decides, scales;
-///   (stats_atom) -> caf::settings: every int64 counter of the live batchers summed, plus
+///   (stats_atom) -> SupervisorStats (actors/stats.hpp): the live batchers' BatcherStats summed
+///       field by field (`batchers`; a batcher that does not answer in time adds nothing), plus
 ///       executors (active pairs), executors_retiring, scale_ups, scale_downs,
 ///       executor_failures (= failures_crash + failures_hang), replacements, requeued, failed_jobs, recoveries, recovery_ms_last,
 ///       recovery_ms_max, detect_ms_last (fault -> detection).

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <caf/all.hpp>
 #include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -44,12 +45,18 @@ struct SystemConfig : caf::actor_system_config {
   }
 };
 
-// An int64 counter of a stats dictionary, 0 when absent.
-int64_t counter(const caf::settings& s, const char* name) {
-  auto it = s.find(name);
-  if (it == s.end()) return 0;
-  if (auto v = caf::get_if<int64_t>(&it->second)) return *v;
-  return 0;
+// The gateway's counters that the stats records show (the gateway is no actor; these are atomics).
+EdgeStats edge_stats(const Gateway& g) {
+  const GatewayStats st = g.stats();
+  EdgeStats e;
+  e.received = static_cast<int64_t>(st.received);
+  e.sent = static_cast<int64_t>(st.sent);
+  e.decode_errors = static_cast<int64_t>(st.decode_errors);
+  e.curve_refused = static_cast<int64_t>(st.curve_refused);
+  e.intake_refused = static_cast<int64_t>(st.intake_refused);
+  e.connections_refused = static_cast<int64_t>(st.connections_refused);
+  e.connections_open = st.connections_open;
+  return e;
 }
 
 }  // namespace
@@ -69,14 +76,15 @@ struct Server::Impl {
   caf::actor metrics;  // only with cfg.metrics.bind set
   std::unique_ptr<MetricsEndpoint> metrics_http;
 
-  // Asks one actor for its stats (a caf::settings), empty on timeout or error.
-  caf::settings ask_stats(const caf::actor& a) {
-    caf::settings out;
+  // Asks one actor for its stats record R; nullopt on timeout or error.
+  template <class R>
+  std::optional<R> ask_stats(const caf::actor& a) {
+    std::optional<R> out;
     if (!a) return out;
     caf::scoped_actor self{*sys};
     // A second is long enough for an actor that is merely busy; a stuck one must not hang us.
     self->request(a, std::chrono::seconds(1), stats_atom::value)
-        .receive([&](caf::settings& s) { out = std::move(s); }, [&](caf::error&) {});
+        .receive([&](R& s) { out = std::move(s); }, [&](caf::error&) {});
     return out;
   }
 };
@@ -229,17 +237,9 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   cw.egress = d.egress;
   cw.batchers = d.batchers;
   // A weak reference: the gateway owns the control handle, not the other way round.
-  cw.extra_stats = [gw = std::weak_ptr<Gateway>(d.gateway)](caf::settings& s) {
-    if (auto g = gw.lock()) {
-      auto st = g->stats();
-      caf::put(s, "received", static_cast<int64_t>(st.received));
-      caf::put(s, "sent", static_cast<int64_t>(st.sent));
-      caf::put(s, "decode_errors", static_cast<int64_t>(st.decode_errors));
-      caf::put(s, "curve_refused", static_cast<int64_t>(st.curve_refused));
-      caf::put(s, "intake_refused", static_cast<int64_t>(st.intake_refused));
-      caf::put(s, "connections_refused", static_cast<int64_t>(st.connections_refused));
-      caf::put(s, "connections_open", st.connections_open);
-    }
+  cw.edge_stats = [gw = std::weak_ptr<Gateway>(d.gateway)] {
+    auto g = gw.lock();
+    return g ? edge_stats(*g) : EdgeStats{};
   };
   d.control = spawn_control(*d.sys, std::move(cw));
   {
@@ -267,15 +267,8 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
     mw.supervisor = d.supervisor;
     mw.journal = d.journal;
     mw.gateway_stats = [gw = std::weak_ptr<Gateway>(d.gateway)] {
-      caf::settings s;
-      if (auto g = gw.lock()) {
-        auto st = g->stats();
-        caf::put(s, "curve_refused", static_cast<int64_t>(st.curve_refused));
-        caf::put(s, "intake_refused", static_cast<int64_t>(st.intake_refused));
-        caf::put(s, "connections_refused", static_cast<int64_t>(st.connections_refused));
-        caf::put(s, "connections_open", st.connections_open);
-      }
-      return s;
+      auto g = gw.lock();
+      return g ? edge_stats(*g) : EdgeStats{};
     };
     for (const auto& pc : effective_classes(c.router.classes)) mw.classes.push_back(pc.name);
     for (const auto& t : c.admission.tenants) mw.tenants.push_back(t.name);
@@ -320,60 +313,13 @@ ServerSnapshot Server::snapshot() {
   auto& d = *impl_;
   ServerSnapshot s;
   if (d.stopped) return s;
-  auto a = d.ask_stats(d.admission);
-  s.active_jobs = counter(a, "active");
-  s.admitted = counter(a, "admitted");
-  s.overloaded = counter(a, "overloaded");
-  auto r = d.ask_stats(d.router);
-  s.queued = counter(r, "queued");
-  s.dispatched = counter(r, "dispatched");
-  s.affinity_hits = counter(r, "affinity_hits");
-  s.affinity_overruled = counter(r, "affinity_overruled");
-  s.lost_requeued = counter(r, "lost_requeued");
-  s.lost_failed = counter(r, "lost_failed");
-  s.expired = counter(r, "expired");
-  {
-    // The supervisor sums its batchers' counters and adds its own.
-    auto bs = d.ask_stats(d.supervisor);
-    s.executors = counter(bs, "executors");
-    s.scale_ups = counter(bs, "scale_ups");
-    s.scale_downs = counter(bs, "scale_downs");
-    s.executor_failures = counter(bs, "executor_failures");
-    s.seq_failures = counter(bs, "seq_failures");
-    s.requeued = counter(bs, "requeued");
-    s.recoveries = counter(bs, "recoveries");
-    s.recovery_ms_last = counter(bs, "recovery_ms_last");
-    s.recovery_ms_max = counter(bs, "recovery_ms_max");
-    s.running += counter(bs, "running");
-    s.blocks_used += counter(bs, "blocks_used");
-    s.blocks_total += counter(bs, "blocks_total");
-    s.blocks_cached += counter(bs, "blocks_cached");
-    s.policy_swaps += counter(bs, "policy_swaps");
-    s.prefix_hit_tokens += counter(bs, "prefix_hit_tokens");
-    s.preemptions += counter(bs, "preemptions");
-    s.steps += counter(bs, "steps");
-  }
-  auto g = d.gateway->stats();
-  s.received = g.received;
-  s.sent = g.sent;
-  s.decode_errors = g.decode_errors;
-  s.curve_refused = g.curve_refused;
-  s.intake_refused = g.intake_refused;
-  s.connections_refused = g.connections_refused;
-  s.connections_open = g.connections_open;
-  if (d.journal) {
-    auto j = d.ask_stats(d.journal);
-    s.journal_accepted = counter(j, "accepted");
-    s.journal_results = counter(j, "results");
-    s.journal_syncs = counter(j, "syncs");
-    s.journal_replayed = counter(j, "replayed_pending");
-    s.journal_restored = counter(j, "replayed_results");
-    s.journal_redelivered = counter(j, "redelivered");
-    s.journal_write_errors = counter(j, "write_errors");
-    s.journal_failing = counter(j, "failing");
-    s.journal_refused = counter(j, "refused");
-    s.journal_held_results = counter(j, "unwritten");
-  }
+  // An actor that does not answer in time leaves its record at zero.
+  s.admission = d.ask_stats<AdmissionStats>(d.admission).value_or(AdmissionStats{});
+  s.router = d.ask_stats<RouterStats>(d.router).value_or(RouterStats{});
+  // The supervisor sums its batchers' records and adds its own counters.
+  s.supervisor = d.ask_stats<SupervisorStats>(d.supervisor).value_or(SupervisorStats{});
+  static_cast<EdgeStats&>(s) = edge_stats(*d.gateway);
+  if (d.journal) s.journal = d.ask_stats<JournalStats>(d.journal).value_or(JournalStats{});
   return s;
 }
 
@@ -400,20 +346,20 @@ void Server::shutdown(std::chrono::milliseconds grace) {
     // Phase 2: let admitted jobs finish within the grace period. Polled every 20 ms: shutdown
     // is rare, and a short poll keeps an idle server's exit quick.
     while (clock::now() < until) {
-      auto s = d.ask_stats(d.admission);
-      if (s.empty() || counter(s, "active") == 0) break;
+      auto s = d.ask_stats<AdmissionStats>(d.admission);
+      if (!s || s->active == 0) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
     // Phase 3: grace is over: cancel what still runs, so that its clients get done with
     // finish_reason "cancelled" instead of silence.
-    auto s = d.ask_stats(d.admission);
-    if (counter(s, "active") > 0) {
+    auto s = d.ask_stats<AdmissionStats>(d.admission);
+    if (s && s->active > 0) {
       caf::anon_send(d.admission, cancel_atom::value, drain_atom::value);
       auto cancel_until = clock::now() + kCancelWait;
       while (clock::now() < cancel_until) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        auto t = d.ask_stats(d.admission);
-        if (t.empty() || counter(t, "active") == 0) break;
+        auto t = d.ask_stats<AdmissionStats>(d.admission);
+        if (!t || t->active == 0) break;
       }
     }
     // Phase 4: deliver what is queued for the clients, close the sockets.
@@ -446,59 +392,8 @@ void Server::shutdown(std::chrono::milliseconds grace) {
 }
 
 std::string ServerSnapshot::to_json() const {
-  std::string j = "{";
-  auto put = [&](const char* k, auto v) {
-    if (j.size() > 1) j += ", ";
-    j += '"';
-    j += k;
-    j += "\": ";
-    j += std::to_string(v);
-  };
-  put("active_jobs", active_jobs);
-  put("admitted", admitted);
-  put("overloaded", overloaded);
-  put("queued", queued);
-  put("dispatched", dispatched);
-  put("affinity_hits", affinity_hits);
-  put("affinity_overruled", affinity_overruled);
-  put("lost_requeued", lost_requeued);
-  put("lost_failed", lost_failed);
-  put("expired", expired);
-  put("running", running);
-  put("blocks_used", blocks_used);
-  put("blocks_total", blocks_total);
-  put("blocks_cached", blocks_cached);
-  put("preemptions", preemptions);
-  put("steps", steps);
-  put("policy_swaps", policy_swaps);
-  put("prefix_hit_tokens", prefix_hit_tokens);
-  put("received", received);
-  put("sent", sent);
-  put("decode_errors", decode_errors);
-  put("curve_refused", curve_refused);
-  put("intake_refused", intake_refused);
-  put("connections_refused", connections_refused);
-  put("connections_open", connections_open);
-  put("executors", executors);
-  put("scale_ups", scale_ups);
-  put("scale_downs", scale_downs);
-  put("executor_failures", executor_failures);
-  put("seq_failures", seq_failures);
-  put("requeued", requeued);
-  put("recoveries", recoveries);
-  put("recovery_ms_last", recovery_ms_last);
-  put("recovery_ms_max", recovery_ms_max);
-  put("journal_accepted", journal_accepted);
-  put("journal_results", journal_results);
-  put("journal_syncs", journal_syncs);
-  put("journal_replayed", journal_replayed);
-  put("journal_restored", journal_restored);
-  put("journal_redelivered", journal_redelivered);
-  put("journal_write_errors", journal_write_errors);
-  put("journal_failing", journal_failing);
-  put("journal_refused", journal_refused);
-  put("journal_held_results", journal_held_results);
-  return j + "}";
+  return summary_json(admission, router, supervisor.batchers, *this, &supervisor, &journal,
+                      nullptr);
 }
 
 void Server::block_signals() {

@@ -159,20 +159,16 @@ struct Rig {
       if (last_uid && ended(last_uid)) pending.erase(last_uid);
     }
   }
-  caf::settings stats(const caf::actor& a) {
-    caf::settings out;
+  /// The stats record of `a` (a batcher's by default; ExecutorStats for the executor).
+  template <class R = BatcherStats>
+  R stats(const caf::actor& a) {
+    R out;
     sink->request(a, kWait, stats_atom::value)
-        .receive([&](caf::settings& s) { out = std::move(s); },
+        .receive([&](R& s) { out = std::move(s); },
                  [&](caf::error& e) { BOOST_FAIL("stats failed: " + sys.render(e)); });
     return out;
   }
 };
-
-inline int64_t counter(const caf::settings& s, const char* name) {
-  auto v = caf::get_if<int64_t>(&s, name);
-  BOOST_REQUIRE_MESSAGE(v, std::string("missing counter ") + name);
-  return *v;
-}
 
 inline ExecutorSpec cpu_spec() {
   ExecutorSpec e;

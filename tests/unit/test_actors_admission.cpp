@@ -11,6 +11,7 @@
 #include "actors/router.hpp"
 #include "ingress/error_code.hpp"
 #include "model/llama.hpp"
+#include "tests/support/stats_probe.hpp"
 #include "tests/support/test_system.hpp"
 
 using namespace sy;
@@ -26,7 +27,6 @@ struct Trace {
   std::vector<DoneEvent> dones;
   std::vector<StatusEvent> statuses;
   uint64_t pull_credit = 0;
-  caf::settings stats;
 };
 using TraceP = std::shared_ptr<Trace>;
 
@@ -54,14 +54,6 @@ caf::behavior fake_batcher(caf::event_based_actor* self, TraceP t) {
   };
 }
 
-caf::behavior stats_prober(caf::event_based_actor* self, TraceP t) {
-  return {[=](stats_atom, const caf::actor& target) {
-    self->request(target, caf::infinite, stats_atom::value).then([t](caf::settings& s) {
-      t->stats = std::move(s);
-    });
-  }};
-}
-
 TenantConfig tenant(const std::string& name, const std::string& token, uint32_t max_in_flight = 0,
                     double rate = 0, double burst = 0) {
   TenantConfig t;
@@ -76,7 +68,7 @@ TenantConfig tenant(const std::string& name, const std::string& token, uint32_t 
 /// Admission and the real router with test doubles around them, on a deterministic scheduler.
 struct Rig : test::TestSystem {
   TraceP t = std::make_shared<Trace>();
-  caf::actor egress, router, admission, batcher, probe;
+  caf::actor egress, router, admission, batcher;
 
   explicit Rig(AdmissionConfig ac, std::shared_ptr<const LlamaModel> model = nullptr,
                std::size_t queue_limit = 100) {
@@ -87,11 +79,10 @@ struct Rig : test::TestSystem {
     admission =
         spawn_admission(*sys, std::move(ac), rc.classes, "", std::move(model), router, egress);
     batcher = sys->spawn(fake_batcher, t);
-    probe = sys->spawn(stats_prober, t);
     sched->run();
   }
   ~Rig() {
-    for (auto* a : {&egress, &router, &admission, &batcher, &probe})
+    for (auto* a : {&egress, &router, &admission, &batcher})
       caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
     sched->run();
   }
@@ -148,10 +139,9 @@ struct Rig : test::TestSystem {
     caf::anon_send(admission, finished_atom::value, std::move(o));
     sched->run();
   }
-  int64_t stat(const caf::actor& who, const std::string& key) {
-    caf::anon_send(probe, stats_atom::value, who);
-    sched->run();
-    return caf::get<int64_t>(t->stats, key);
+  template <class R>
+  R stats_of(const caf::actor& who) {
+    return test::probe_stats<R>(*this, who);
   }
   uint8_t last_error() const { return t->errors.empty() ? 255 : t->errors.back().code; }
 };
@@ -187,13 +177,13 @@ BOOST_AUTO_TEST_CASE(unknown_tenant_or_wrong_token_is_unauthorized_before_any_qu
   BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::unauthorized));
   BOOST_CHECK_EQUAL(rig.t->errors.size(), 3u);
   BOOST_CHECK_EQUAL(rig.t->errors[0].to.identity, "c1");
-  BOOST_CHECK_EQUAL(rig.stat(rig.router, "enqueued"), 0);
-  BOOST_CHECK_EQUAL(rig.stat(rig.admission, "unauthorized"), 3);
+  BOOST_CHECK_EQUAL(rig.stats_of<RouterStats>(rig.router).enqueued, 0);
+  BOOST_CHECK_EQUAL(rig.stats_of<AdmissionStats>(rig.admission).unauthorized, 3);
   rig.submit(rig.req("acme", "s3cret", "j1"));
   BOOST_CHECK_EQUAL(rig.t->errors.size(), 3u);
   BOOST_REQUIRE_EQUAL(rig.t->accepted.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->accepted[0].id, "j1");
-  BOOST_CHECK_EQUAL(rig.stat(rig.router, "enqueued"), 1);
+  BOOST_CHECK_EQUAL(rig.stats_of<RouterStats>(rig.router).enqueued, 1);
   // Cancel and status need the token too.
   rig.key(KeyRequest::cancel, "acme", "bad", "j1");
   BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::unauthorized));
@@ -272,7 +262,7 @@ BOOST_AUTO_TEST_CASE(bad_requests_name_the_numbers) {
   rig.submit(r);
   BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::bad_request));
   BOOST_CHECK_EQUAL(rig.t->errors.size(), 4u);
-  BOOST_CHECK_EQUAL(rig.stat(rig.router, "enqueued"), 0);
+  BOOST_CHECK_EQUAL(rig.stats_of<RouterStats>(rig.router).enqueued, 0);
   // The class is honoured when valid.
   rig.credit(1);
   r = rig.req("t", "", "ok");
@@ -358,8 +348,8 @@ BOOST_AUTO_TEST_CASE(resubmitted_key_attaches_then_returns_stored_result) {
   BOOST_REQUIRE_EQUAL(rig.t->dones.size(), 2u);
   BOOST_CHECK_EQUAL(rig.t->dones[1].to.identity, "fourth");
   BOOST_CHECK_EQUAL(rig.t->dones[1].completion_tokens, 8u);
-  BOOST_CHECK_EQUAL(rig.stat(rig.admission, "deduplicated"), 2);
-  BOOST_CHECK_EQUAL(rig.stat(rig.router, "enqueued"), 2);
+  BOOST_CHECK_EQUAL(rig.stats_of<AdmissionStats>(rig.admission).deduplicated, 2);
+  BOOST_CHECK_EQUAL(rig.stats_of<RouterStats>(rig.router).enqueued, 2);
 }
 
 BOOST_AUTO_TEST_CASE(status_of_own_jobs_only) {
@@ -389,7 +379,7 @@ BOOST_AUTO_TEST_CASE(status_of_own_jobs_only) {
   rig.key(KeyRequest::cancel, "intruder", "", "b");
   BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::not_found));
   BOOST_CHECK_EQUAL(rig.t->errors.size(), 3u);
-  BOOST_CHECK_EQUAL(rig.stat(rig.router, "cancelled"), 0);
+  BOOST_CHECK_EQUAL(rig.stats_of<RouterStats>(rig.router).cancelled, 0);
 }
 
 BOOST_AUTO_TEST_CASE(cancel_queued_job_then_resubmit_returns_its_outcome) {
@@ -438,7 +428,7 @@ BOOST_AUTO_TEST_CASE(full_queue_is_overloaded_and_frees_the_quota) {
   rig.credit(1);
   rig.submit(rig.req("acme", "", "b"));
   BOOST_CHECK_EQUAL(rig.t->errors.size(), 2u);
-  BOOST_CHECK_EQUAL(rig.stat(rig.admission, "overloaded"), 2);
+  BOOST_CHECK_EQUAL(rig.stats_of<AdmissionStats>(rig.admission).overloaded, 2);
 }
 
 BOOST_AUTO_TEST_CASE(deadline_expiry_ends_the_key) {
@@ -453,7 +443,7 @@ BOOST_AUTO_TEST_CASE(deadline_expiry_ends_the_key) {
   rig.key(KeyRequest::status, "acme", "", "d");
   BOOST_REQUIRE_EQUAL(rig.t->statuses.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->statuses[0].state, 3);  // failed
-  BOOST_CHECK_EQUAL(rig.stat(rig.admission, "active"), 0);
+  BOOST_CHECK_EQUAL(rig.stats_of<AdmissionStats>(rig.admission).active, 0);
   // Resubmitted, the key answers the error it ended with and never runs.
   rig.credit(1);
   rig.submit(rig.req("acme", "", "d", "c2"));
@@ -474,7 +464,8 @@ BOOST_AUTO_TEST_CASE(drain_refuses_new_work_and_pipeline_credit_returns) {
   r.client.identity.clear();
   rig.submit(r);  // refused by admission: the gateway's credit comes back to the router
   BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::unauthorized));
-  BOOST_CHECK_EQUAL(rig.stat(rig.router, "pull_outstanding"), static_cast<int64_t>(window) - 1);
+  BOOST_CHECK_EQUAL(rig.stats_of<RouterStats>(rig.router).pull_outstanding,
+                    static_cast<int64_t>(window) - 1);
   caf::anon_send(rig.admission, drain_atom::value);
   rig.submit(rig.req("acme", "", "late"));
   BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::unavailable));

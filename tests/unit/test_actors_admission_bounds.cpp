@@ -14,6 +14,7 @@
 #include "actors/metrics.hpp"
 #include "actors/router.hpp"
 #include "ingress/error_code.hpp"
+#include "tests/support/stats_probe.hpp"
 #include "tests/support/test_system.hpp"
 
 using namespace sy;
@@ -27,7 +28,6 @@ struct Trace {
   std::vector<AcceptedEvent> accepted;
   std::vector<ErrorEvent> errors;
   std::vector<DoneEvent> dones;
-  caf::settings stats;
   std::string metrics;
 };
 using TraceP = std::shared_ptr<Trace>;
@@ -56,11 +56,6 @@ caf::behavior fake_batcher(caf::event_based_actor* self, TraceP t) {
 
 caf::behavior prober(caf::event_based_actor* self, TraceP t) {
   return {
-      [=](stats_atom, const caf::actor& target) {
-        self->request(target, caf::infinite, stats_atom::value).then([t](caf::settings& s) {
-          t->stats = std::move(s);
-        });
-      },
       [=](metrics_atom, const caf::actor& target) {
         self->request(target, caf::infinite, metrics_atom::value).then([t](std::string& s) {
           t->metrics = std::move(s);
@@ -129,11 +124,7 @@ struct Rig : test::TestSystem {
     sched->run();
   }
   void advance(std::chrono::milliseconds d) { sched->clock().current_time += d; }
-  int64_t stat(const std::string& key) {
-    caf::anon_send(probe, stats_atom::value, admission);
-    sched->run();
-    return caf::get<int64_t>(t->stats, key);
-  }
+  AdmissionStats stats() { return test::probe_stats<AdmissionStats>(*this, admission); }
 };
 
 // prefix + i, built by appending: GCC 12 warns (-Wrestrict, a false positive) on "lit" + string&&.
@@ -156,23 +147,23 @@ BOOST_AUTO_TEST_CASE(an_unknown_tenant_is_forgotten_once_idle_for_the_configured
   rig.submit("a", "j1");
   rig.submit("b", "j1");
   BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 2u);
-  BOOST_CHECK_EQUAL(rig.stat("tenants"), 2);
-  BOOST_CHECK_EQUAL(rig.stat("tenants_idle"), 0);  // both have a job in flight
+  BOOST_CHECK_EQUAL(rig.stats().tenants, 2);
+  BOOST_CHECK_EQUAL(rig.stats().tenants_idle, 0);  // both have a job in flight
   rig.finish(rig.t->runs[0], 4);                   // "a" is idle from now on
-  BOOST_CHECK_EQUAL(rig.stat("tenants_idle"), 1);
+  BOOST_CHECK_EQUAL(rig.stats().tenants_idle, 1);
   rig.advance(999ms);
   rig.status("c", "none");  // any use looks at the idle list; "c" itself becomes idle
-  BOOST_CHECK_EQUAL(rig.stat("tenants"), 3);
-  BOOST_CHECK_EQUAL(rig.stat("tenants_forgotten"), 0);
+  BOOST_CHECK_EQUAL(rig.stats().tenants, 3);
+  BOOST_CHECK_EQUAL(rig.stats().tenants_forgotten, 0);
   rig.advance(1ms);
   rig.status("d", "none");
   // "a" went after 1000 ms idle; "b" stays however long: its job is still running.
-  BOOST_CHECK_EQUAL(rig.stat("tenants_forgotten"), 1);
-  BOOST_CHECK_EQUAL(rig.stat("tenants"), 3);
+  BOOST_CHECK_EQUAL(rig.stats().tenants_forgotten, 1);
+  BOOST_CHECK_EQUAL(rig.stats().tenants, 3);
   rig.advance(10s);
   rig.status("e", "none");
-  BOOST_CHECK_EQUAL(rig.stat("tenants"), 2);  // "b" and "e": "c" and "d" timed out too
-  BOOST_CHECK_EQUAL(rig.stat("tenants_forgotten"), 3);
+  BOOST_CHECK_EQUAL(rig.stats().tenants, 2);  // "b" and "e": "c" and "d" timed out too
+  BOOST_CHECK_EQUAL(rig.stats().tenants_forgotten, 3);
   // A forgotten tenant keeps its stored results and comes back as new on its next submit.
   rig.submit("a", "j1");
   BOOST_REQUIRE_EQUAL(rig.t->dones.size(), 1u);
@@ -186,20 +177,20 @@ BOOST_AUTO_TEST_CASE(an_unknown_tenant_is_forgotten_once_idle_for_the_configured
   // Its job ends like any other (the tenant entry was made anew by the submit).
   rig.finish(rig.t->runs[2], 2);
   rig.finish(rig.t->runs[1], 2);
-  BOOST_CHECK_EQUAL(rig.stat("tenants_idle"), 3);
-  BOOST_CHECK_EQUAL(rig.stat("active"), 0);
+  BOOST_CHECK_EQUAL(rig.stats().tenants_idle, 3);
+  BOOST_CHECK_EQUAL(rig.stats().active, 0);
 }
 
 BOOST_AUTO_TEST_CASE(idle_unknown_tenants_beyond_the_cap_go_longest_idle_first) {
   // An hour of idle time: only the cap forgets here.
   Rig rig(open_mode(3600000, 3));
   for (int i = 0; i < 10; ++i) rig.status(numbered("t", i), "none");
-  BOOST_CHECK_EQUAL(rig.stat("tenants"), 3);
-  BOOST_CHECK_EQUAL(rig.stat("tenants_forgotten"), 7);
+  BOOST_CHECK_EQUAL(rig.stats().tenants, 3);
+  BOOST_CHECK_EQUAL(rig.stats().tenants_forgotten, 7);
   // Busy tenants do not count against the cap and are never forgotten.
   for (int i = 0; i < 5; ++i) rig.submit(numbered("busy", i), "j");
-  BOOST_CHECK_EQUAL(rig.stat("tenants"), 8);
-  BOOST_CHECK_EQUAL(rig.stat("tenants_idle"), 3);
+  BOOST_CHECK_EQUAL(rig.stats().tenants, 8);
+  BOOST_CHECK_EQUAL(rig.stats().tenants_idle, 3);
   BOOST_CHECK_EQUAL(rig.t->runs.size(), 5u);
 }
 
@@ -218,8 +209,8 @@ BOOST_AUTO_TEST_CASE(configured_tenants_are_never_forgotten) {
   rig.advance(1h);
   rig.status("acme", "j1");
   rig.submit("stranger", "j1");  // refused: not configured, and no entry made for it
-  BOOST_CHECK_EQUAL(rig.stat("tenants"), 1);
-  BOOST_CHECK_EQUAL(rig.stat("tenants_forgotten"), 0);
+  BOOST_CHECK_EQUAL(rig.stats().tenants, 1);
+  BOOST_CHECK_EQUAL(rig.stats().tenants_forgotten, 0);
 }
 
 BOOST_AUTO_TEST_CASE(result_cache_is_bounded_by_bytes_oldest_first) {
@@ -231,10 +222,10 @@ BOOST_AUTO_TEST_CASE(result_cache_is_bounded_by_bytes_oldest_first) {
   BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 40u);
   for (int i = 0; i < 40; ++i) {
     rig.finish(rig.t->runs[i], 1024);
-    BOOST_CHECK_LE(rig.stat("remembered_bytes"), 64 << 10);
+    BOOST_CHECK_LE(rig.stats().remembered_bytes, 64 << 10);
   }
-  const int64_t kept = rig.stat("remembered");
-  BOOST_TEST_MESSAGE("results kept: " << kept << ", bytes " << rig.stat("remembered_bytes"));
+  const int64_t kept = rig.stats().remembered;
+  BOOST_TEST_MESSAGE("results kept: " << kept << ", bytes " << rig.stats().remembered_bytes);
   // Each holds at least its 4 KiB of ids, and the budget is not wasted either.
   BOOST_CHECK_LE(kept, 16);
   BOOST_CHECK_GE(kept, 10);
@@ -255,8 +246,8 @@ BOOST_AUTO_TEST_CASE(a_result_larger_than_the_byte_limit_is_not_kept) {
   rig.submit("t", "big");
   BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 1u);
   rig.finish(rig.t->runs[0], 1024);
-  BOOST_CHECK_EQUAL(rig.stat("remembered"), 0);
-  BOOST_CHECK_EQUAL(rig.stat("remembered_bytes"), 0);
+  BOOST_CHECK_EQUAL(rig.stats().remembered, 0);
+  BOOST_CHECK_EQUAL(rig.stats().remembered_bytes, 0);
 }
 
 BOOST_AUTO_TEST_CASE(tenant_labels_beyond_the_cap_are_folded_into_other) {

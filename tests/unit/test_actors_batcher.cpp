@@ -114,18 +114,18 @@ BOOST_AUTO_TEST_CASE(golden_ids_streamed_and_not_concurrently) {
   const int32_t n_blocks = kv_blocks_for(bc, stories()->limits().kv_bytes_per_token());
   rig.start(bc, n_blocks, cpu_spec());
   check_golden_run(rig);
-  const caf::settings st = rig.stats(rig.batcher);
-  BOOST_TEST(counter(st, "blocks_used") == 0);
-  BOOST_TEST(counter(st, "running") == 0);
-  BOOST_TEST(counter(st, "waiting") == 0);
-  BOOST_TEST(counter(st, "finished") == 6);
-  BOOST_TEST(counter(st, "tokens") == 6 * 64);
-  BOOST_TEST(counter(st, "preemptions") == 0);
+  const BatcherStats st = rig.stats(rig.batcher);
+  BOOST_TEST(st.blocks_used == 0);
+  BOOST_TEST(st.running == 0);
+  BOOST_TEST(st.waiting == 0);
+  BOOST_TEST(st.finished == 6);
+  BOOST_TEST(st.tokens == 6 * 64);
+  BOOST_TEST(st.preemptions == 0);
   // Initial credit plus one per ended job.
   rig.drain();
   BOOST_TEST(rig.credit == bc.max_sequences + 6u);
   // Samplers of ended jobs were released.
-  BOOST_TEST(counter(rig.stats(rig.executor), "samplers") == 0);
+  BOOST_TEST(rig.stats<ExecutorStats>(rig.executor).samplers == 0);
 }
 
 BOOST_AUTO_TEST_CASE(tiny_kv_pool_preempts_and_still_matches_golden) {
@@ -136,10 +136,10 @@ BOOST_AUTO_TEST_CASE(tiny_kv_pool_preempts_and_still_matches_golden) {
   const int32_t n_blocks = 20;
   rig.start(bc, n_blocks, cpu_spec());
   check_golden_run(rig);
-  const caf::settings st = rig.stats(rig.batcher);
-  BOOST_TEST(counter(st, "preemptions") > 0);
-  BOOST_TEST(counter(st, "blocks_used") == 0);
-  BOOST_TEST(counter(st, "blocks_total") == n_blocks);
+  const BatcherStats st = rig.stats(rig.batcher);
+  BOOST_TEST(st.preemptions > 0);
+  BOOST_TEST(st.blocks_used == 0);
+  BOOST_TEST(st.blocks_total == n_blocks);
 }
 
 BOOST_AUTO_TEST_CASE(cancel_mid_stream_frees_blocks) {
@@ -153,7 +153,7 @@ BOOST_AUTO_TEST_CASE(cancel_mid_stream_frees_blocks) {
   const uint64_t uid = rig.submit(j);
   while (rig.seen[uid].stream_ids.empty() && !rig.ended(uid)) BOOST_REQUIRE(rig.receive_one());
   BOOST_REQUIRE(!rig.ended(uid));
-  BOOST_TEST(counter(rig.stats(rig.batcher), "blocks_used") > 0);
+  BOOST_TEST(rig.stats(rig.batcher).blocks_used > 0);
   rig.sink->send(rig.batcher, cancel_atom::value, uid);
   rig.wait_all({uid});
   const Seen& s = rig.seen[uid];
@@ -161,12 +161,12 @@ BOOST_AUTO_TEST_CASE(cancel_mid_stream_frees_blocks) {
   BOOST_TEST(s.outcome.outcome == 2);
   BOOST_TEST(s.done.completion_tokens < 1000u);
   BOOST_TEST(s.done.completion_tokens == s.stream_ids.size());
-  const caf::settings st = rig.stats(rig.batcher);
-  BOOST_TEST(counter(st, "blocks_used") == 0);
-  BOOST_TEST(counter(st, "running") == 0);
+  const BatcherStats st = rig.stats(rig.batcher);
+  BOOST_TEST(st.blocks_used == 0);
+  BOOST_TEST(st.running == 0);
   // A cancel for a job that ended is ignored; the batcher still answers.
   rig.sink->send(rig.batcher, cancel_atom::value, uid);
-  BOOST_TEST(counter(rig.stats(rig.batcher), "finished") == 1);
+  BOOST_TEST(rig.stats(rig.batcher).finished == 1);
 }
 
 BOOST_AUTO_TEST_CASE(stop_string_cuts_text_and_stream) {
@@ -294,7 +294,7 @@ BOOST_AUTO_TEST_CASE(chunked_prefill_plans_and_executor_failure) {
     BOOST_TEST(rig.seen[u].error.code == static_cast<uint8_t>(ErrorCode::engine_dead));
     BOOST_TEST(rig.seen[u].outcome.code == static_cast<uint8_t>(ErrorCode::engine_dead));
   }
-  BOOST_TEST(counter(rig.stats(rig.batcher), "blocks_used") == 0);
+  BOOST_TEST(rig.stats(rig.batcher).blocks_used == 0);
 }
 
 BOOST_AUTO_TEST_CASE(null_backend_gives_exactly_max_tokens) {
@@ -332,7 +332,7 @@ BOOST_AUTO_TEST_CASE(null_backend_gives_exactly_max_tokens) {
   // More jobs than max_sequences were queued locally and all ran; credit came back for each.
   rig.drain();
   BOOST_TEST(rig.credit == bc.max_sequences + 40u);
-  BOOST_TEST(counter(rig.stats(rig.batcher), "blocks_used") == 0);
+  BOOST_TEST(rig.stats(rig.batcher).blocks_used == 0);
 }
 
 BOOST_AUTO_TEST_CASE(null_backend_many_one_token_jobs) {
@@ -355,9 +355,9 @@ BOOST_AUTO_TEST_CASE(null_backend_many_one_token_jobs) {
   int completed = 0;
   for (uint64_t u : uids) completed += rig.seen[u].done.completion_tokens == 1u ? 1 : 0;
   BOOST_TEST(completed == kJobs);
-  const caf::settings st = rig.stats(rig.batcher);
-  BOOST_TEST_MESSAGE("steps: " << counter(st, "steps"));
-  BOOST_TEST(counter(st, "finished") == kJobs);
+  const BatcherStats st = rig.stats(rig.batcher);
+  BOOST_TEST_MESSAGE("steps: " << st.steps);
+  BOOST_TEST(st.finished == kJobs);
 }
 
 BOOST_AUTO_TEST_CASE(lowest_class_is_preempted_and_recomputed_without_resending) {
@@ -431,9 +431,9 @@ BOOST_AUTO_TEST_CASE(lowest_class_is_preempted_and_recomputed_without_resending)
       if (s.uid == a && s.sample) ++low_generated;
     }
   BOOST_TEST(low_recomputed);
-  const caf::settings st = rig.stats(rig.batcher);
-  BOOST_TEST(counter(st, "preemptions") > 0);
-  BOOST_TEST(counter(st, "blocks_used") == 0);
+  const BatcherStats st = rig.stats(rig.batcher);
+  BOOST_TEST(st.preemptions > 0);
+  BOOST_TEST(st.blocks_used == 0);
 }
 
 BOOST_AUTO_TEST_CASE(seeded_sampling_survives_preemption) {
@@ -457,7 +457,7 @@ BOOST_AUTO_TEST_CASE(seeded_sampling_survives_preemption) {
     }
     rig.wait_all(uids);
     for (uint64_t u : uids) runs[tiny].push_back(rig.seen[u].done.ids);
-    if (tiny) BOOST_TEST(counter(rig.stats(rig.batcher), "preemptions") > 0);
+    if (tiny) BOOST_TEST(rig.stats(rig.batcher).preemptions > 0);
   }
   for (size_t i = 0; i < runs[0].size(); ++i) {
     BOOST_TEST(runs[0][i].size() == 64u);
@@ -510,7 +510,7 @@ BOOST_AUTO_TEST_CASE(waiting_higher_class_evicts_lower_running_job) {
   BOOST_TEST(rig.seen[b].done.completion_tokens == 4u);
   BOOST_TEST(rig.seen[a].done.ids == std::vector<int32_t>(4, 400),
              boost::test_tools::per_element());
-  const caf::settings st = rig.stats(rig.batcher);
-  BOOST_TEST(counter(st, "preemptions") >= 1);
-  BOOST_TEST(counter(st, "blocks_used") == 0);
+  const BatcherStats st = rig.stats(rig.batcher);
+  BOOST_TEST(st.preemptions >= 1);
+  BOOST_TEST(st.blocks_used == 0);
 }

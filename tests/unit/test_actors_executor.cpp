@@ -50,14 +50,14 @@ struct Rig {
                  [&](caf::error& e) { BOOST_FAIL("step failed: " + sys.render(e)); });
     return out;
   }
-  int64_t counter(const std::string& name) {
-    int64_t n = -1;
+  ExecutorStats stats() {
+    ExecutorStats out;
     self->request(exec, kWait, stats_atom::value)
-        .receive([&](caf::settings& s) { n = caf::get_or(s, name, int64_t{-1}); },
+        .receive([&](ExecutorStats& s) { out = s; },
                  [&](caf::error& e) { BOOST_FAIL("stats failed: " + sys.render(e)); });
-    return n;
+    return out;
   }
-  int64_t samplers() { return counter("samplers"); }
+  int64_t samplers() { return stats().samplers; }
 };
 
 ExecutorSpec cpu(int32_t n_blocks) {
@@ -159,7 +159,7 @@ BOOST_AUTO_TEST_CASE(malformed_sequence_fails_alone_and_a_malformed_step_fails_w
   BOOST_REQUIRE(r.seqs.size() == 1u);
   BOOST_TEST(r.seqs[0].error.empty());
   BOOST_TEST(r.seqs[0].token == 432);
-  BOOST_TEST(rig.counter("seq_failures") == 2);
+  BOOST_TEST(rig.stats().seq_failures == 2);
 }
 
 BOOST_AUTO_TEST_CASE(a_step_over_the_token_budget_fails_whole) {
@@ -218,8 +218,8 @@ BOOST_AUTO_TEST_CASE(per_sequence_failures_leave_the_rest_of_the_step_exact) {
   BOOST_TEST(by[6].error.empty());
   BOOST_TEST(by[6].token == cat.generated_token_ids[0]);
   BOOST_TEST(by[6].top_ids.size() == 20u);
-  BOOST_TEST(rig.counter("seq_failures") == 4);
-  BOOST_TEST(rig.counter("tokens") == 2);
+  BOOST_TEST(rig.stats().seq_failures == 4);
+  BOOST_TEST(rig.stats().tokens == 2);
   // The survivors decode on; the NaN sequence keeps failing while it is planned (until released).
   StepPlan next;
   SeqPlan d = prefill(1, {once.generated_token_ids[0]}, {0, 1});

@@ -713,24 +713,22 @@ caf::behavior fake_batcher(caf::event_based_actor* self, std::string refusal, bo
         return refusal;
       },
       [=](sy::stats_atom) {
-        caf::settings s;
-        caf::put(s, "kv_policy", *policy);
-        caf::put(s, "blocks_used", used);
-        caf::put(s, "blocks_total", int64_t{100});
-        caf::put(s, "policy_swaps", int64_t{*policy == "full" ? 0 : 1});
-        caf::put(s, "prefix_hit_tokens", int64_t{32});
+        sy::BatcherStats s;
+        s.kv_policy = *policy;
+        s.blocks_used = used;
+        s.blocks_total = 100;
+        s.policy_swaps = *policy == "full" ? 0 : 1;
+        s.prefix_hit_tokens = 32;
         return s;
       },
   };
 }
 
-caf::behavior fake_counters(caf::event_based_actor*, std::string key, int64_t value) {
+// Answers stats_atom with `record`.
+template <class R>
+caf::behavior fake_stats(caf::event_based_actor*, R record) {
   return {
-      [=](sy::stats_atom) {
-        caf::settings s;
-        caf::put(s, key, value);
-        return s;
-      },
+      [=](sy::stats_atom) { return record; },
   };
 }
 
@@ -786,11 +784,19 @@ BOOST_AUTO_TEST_CASE(control_actor_checks_the_token_and_swaps_every_batcher) {
   auto b2 = srv.sys.spawn(fake_batcher, std::string(), false, int64_t{4});
   sy::ControlWiring w;
   w.admin_token = "adm";
-  w.admission = srv.sys.spawn(fake_counters, std::string("active"), int64_t{7});
-  w.router = srv.sys.spawn(fake_counters, std::string("queued"), int64_t{5});
+  sy::AdmissionStats admission;
+  admission.active = 7;
+  w.admission = srv.sys.spawn(fake_stats<sy::AdmissionStats>, admission);
+  sy::RouterStats router;
+  router.queued = 5;
+  w.router = srv.sys.spawn(fake_stats<sy::RouterStats>, router);
   w.egress = srv.egress;
   w.batchers = {b1, b2};
-  w.extra_stats = [](caf::settings& s) { caf::put(s, "received", int64_t{11}); };
+  w.edge_stats = [] {
+    sy::EdgeStats e;
+    e.received = 11;
+    return e;
+  };
   auto ctl = sy::spawn_control(srv.sys, w);
   srv.gw->set_control(ctl);
   Client c(srv.gw->endpoint());
@@ -863,7 +869,7 @@ BOOST_AUTO_TEST_CASE(control_actor_reports_refusals_and_silent_batchers) {
   BOOST_TEST(contains(silent.error->message, "batcher 0"), silent.error->message);
 
   // A batcher that does not know the message at all: an error reply, not a hang.
-  auto unaware = run({srv.sys.spawn(fake_counters, std::string("x"), int64_t{1})}, "adm");
+  auto unaware = run({srv.sys.spawn(fake_stats<sy::RouterStats>, sy::RouterStats{})}, "adm");
   BOOST_REQUIRE(unaware.error.has_value());
   BOOST_TEST((unaware.error->code == sy::ErrorCode::internal ||
               unaware.error->code == sy::ErrorCode::unavailable));

@@ -107,13 +107,13 @@ BOOST_AUTO_TEST_CASE(failing_jobs_end_alone_and_their_neighbours_stay_exact) {
       BOOST_TEST(s.stream_ids.empty());
     }
   }
-  const caf::settings st = rig.stats(rig.batcher);
-  BOOST_TEST(counter(st, "seq_failures") == 5);
-  BOOST_TEST(counter(st, "executor_failures") == 0);
-  BOOST_TEST(counter(st, "blocks_used") == 0);
-  BOOST_TEST(counter(st, "finished") == 11);
+  const BatcherStats st = rig.stats(rig.batcher);
+  BOOST_TEST(st.seq_failures == 5);
+  BOOST_TEST(st.executor_failures == 0);
+  BOOST_TEST(st.blocks_used == 0);
+  BOOST_TEST(st.finished == 11);
   // They did share steps: far fewer steps than the jobs would take one after another.
-  BOOST_TEST(counter(st, "steps") < 2 * 64);
+  BOOST_TEST(st.steps < 2 * 64);
   rig.drain();
-  BOOST_TEST(counter(rig.stats(rig.executor), "samplers") == 0);
+  BOOST_TEST(rig.stats<ExecutorStats>(rig.executor).samplers == 0);
 }

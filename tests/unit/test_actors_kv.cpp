@@ -30,12 +30,6 @@ BatchingConfig kv_config(const std::string& policy) {
   return bc;
 }
 
-std::string text_of(const caf::settings& s, const char* name) {
-  auto v = caf::get_if<std::string>(&s, name);
-  BOOST_REQUIRE_MESSAGE(v, std::string("missing stats entry ") + name);
-  return *v;
-}
-
 // Sends a policy swap to the batcher and returns its answer ("" = swapped).
 std::string swap(Rig& rig, const policy::KvPolicy& p) {
   std::string out = "no reply";
@@ -115,9 +109,9 @@ BOOST_AUTO_TEST_CASE(sliding_window_bounds_blocks_held_over_8192_tokens) {
       rig.start(bc, n_blocks, spec);
       const auto ids = run_all(rig, {prompt}, n_gen);
       BOOST_TEST(ids.at(0).size() == n_gen);
-      const caf::settings st = rig.stats(rig.batcher);
-      peak[policy] = counter(st, "blocks_used_peak");
-      BOOST_TEST(counter(st, "blocks_used") == 0);
+      const BatcherStats st = rig.stats(rig.batcher);
+      peak[policy] = st.blocks_used_peak;
+      BOOST_TEST(st.blocks_used == 0);
       BOOST_TEST_MESSAGE(policy << ": peak KV blocks held " << peak[policy] << " of " << n_blocks);
     }
   }
@@ -143,7 +137,7 @@ BOOST_AUTO_TEST_CASE(wide_windows_equal_full_attention) {
       const auto ids = run_all(rig, prompts, 64);
       for (size_t i = 0; i < cases.size(); ++i)
         BOOST_TEST(ids[i] == cases[i].generated_token_ids, boost::test_tools::per_element());
-      BOOST_TEST(text_of(rig.stats(rig.batcher), "kv_policy") == policy);
+      BOOST_TEST(rig.stats(rig.batcher).kv_policy == policy);
     }
   }
 }
@@ -165,14 +159,14 @@ BOOST_AUTO_TEST_CASE(swap_by_command) {
   Rig rig;
   auto bc = kv_config("");
   rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token()), cpu_spec());
-  BOOST_TEST(text_of(rig.stats(rig.batcher), "kv_policy") == "full");
+  BOOST_TEST(rig.stats(rig.batcher).kv_policy == "full");
   BOOST_TEST(run_all(rig, {c.prompt_token_ids}, 64).at(0) == c.generated_token_ids,
              boost::test_tools::per_element());
 
   BOOST_TEST(swap(rig, {policy::KvPolicy::sliding_window, 16, 0}) == "");
-  caf::settings st = rig.stats(rig.batcher);
-  BOOST_TEST(text_of(st, "kv_policy") == "sliding_window:16");
-  BOOST_TEST(counter(st, "policy_swaps") == 1);
+  BatcherStats st = rig.stats(rig.batcher);
+  BOOST_TEST(st.kv_policy == "sliding_window:16");
+  BOOST_TEST(st.policy_swaps == 1);
   BOOST_TEST(run_all(rig, {c.prompt_token_ids}, 64).at(0) == windowed,
              boost::test_tools::per_element());
 
@@ -180,12 +174,12 @@ BOOST_AUTO_TEST_CASE(swap_by_command) {
   // given positions inside it.
   const std::string why = swap(rig, {policy::KvPolicy::sinks, 100, 2000});
   BOOST_TEST(why.find("exceed the model context") != std::string::npos, why);
-  BOOST_TEST(text_of(rig.stats(rig.batcher), "kv_policy") == "sliding_window:16");
+  BOOST_TEST(rig.stats(rig.batcher).kv_policy == "sliding_window:16");
 
   BOOST_TEST(swap(rig, {policy::KvPolicy::full, 0, 0}) == "");
   BOOST_TEST(run_all(rig, {c.prompt_token_ids}, 64).at(0) == c.generated_token_ids,
              boost::test_tools::per_element());
-  BOOST_TEST(counter(rig.stats(rig.batcher), "policy_swaps") == 2);
+  BOOST_TEST(rig.stats(rig.batcher).policy_swaps == 2);
 }
 
 // Issue 5, must show 6: a job sharing a 400-token prefix with an earlier one prefills only its
@@ -212,18 +206,18 @@ BOOST_AUTO_TEST_CASE(shared_prefix_prefills_only_the_suffix) {
   rig.start(bc, kv_blocks_for(bc, stories()->limits().kv_bytes_per_token()), cpu_spec());
   run_all(rig, {a}, n_gen);
   BOOST_TEST(rig.seen.rbegin()->second.done.cached_tokens == 0u);
-  const int64_t fed_before = counter(rig.stats(rig.batcher), "fed_tokens");
+  const int64_t fed_before = rig.stats(rig.batcher).fed_tokens;
   const auto b_cached = run_all(rig, {b}, n_gen).at(0);
-  const int64_t fed = counter(rig.stats(rig.batcher), "fed_tokens") - fed_before;
+  const int64_t fed = rig.stats(rig.batcher).fed_tokens - fed_before;
 
   BOOST_TEST(rig.seen.rbegin()->second.done.cached_tokens == 400u);  // 25 full blocks of 16
   // The suffix, then one token per decode step (the last sampled token is never fed).
   BOOST_TEST(fed == static_cast<int64_t>(b.size() - 400 + n_gen - 1));
   BOOST_TEST(b_cached == b_uncached, boost::test_tools::per_element());
-  const caf::settings st = rig.stats(rig.batcher);
-  BOOST_TEST(counter(st, "prefix_hit_tokens") == 400);
-  BOOST_TEST(counter(st, "blocks_used") == 0);
-  BOOST_TEST(counter(st, "blocks_cached") > 0);
+  const BatcherStats st = rig.stats(rig.batcher);
+  BOOST_TEST(st.prefix_hit_tokens == 400);
+  BOOST_TEST(st.blocks_used == 0);
+  BOOST_TEST(st.blocks_cached > 0);
 }
 
 // Many jobs over a few shared prefixes in a pool too small for them: blocks are shared, evicted
@@ -259,16 +253,15 @@ BOOST_AUTO_TEST_CASE(eviction_under_pressure_changes_no_output) {
       BOOST_TEST(again[i] == expected[i], boost::test_tools::per_element());
     }
   }
-  const caf::settings st = rig.stats(rig.batcher);
+  const BatcherStats st = rig.stats(rig.batcher);
   // Read first: a check inside the message stream would interleave with the message itself.
-  const int64_t hits = counter(st, "prefix_hit_blocks"),
-                evictions = counter(st, "prefix_evictions"),
-                preemptions = counter(st, "preemptions");
+  const int64_t hits = st.prefix_hit_blocks, evictions = st.prefix_evictions,
+                preemptions = st.preemptions;
   BOOST_TEST_MESSAGE("prefix hits " << hits << " blocks, evictions " << evictions
                                     << ", preemptions " << preemptions);
-  BOOST_TEST(counter(st, "prefix_hit_blocks") > 0);
-  BOOST_TEST(counter(st, "prefix_evictions") > 0);
-  BOOST_TEST(counter(st, "blocks_used") == 0);
+  BOOST_TEST(st.prefix_hit_blocks > 0);
+  BOOST_TEST(st.prefix_evictions > 0);
+  BOOST_TEST(st.blocks_used == 0);
 }
 
 // The watermarks: long jobs fill the pool past the high watermark, the batcher swaps to the
@@ -285,13 +278,12 @@ BOOST_AUTO_TEST_CASE(pressure_watermarks_swap_and_swap_back) {
   std::vector<std::vector<int32_t>> prompts;
   for (uint32_t j = 0; j < 8; ++j) prompts.push_back(some_tokens(16, 300 + j, true));
   const auto ids = run_all(rig, prompts, 150);
-  const caf::settings st = rig.stats(rig.batcher);
-  const int64_t swaps = counter(st, "pressure_swaps"), preemptions = counter(st, "preemptions"),
-                peak = counter(st, "blocks_used_peak");
+  const BatcherStats st = rig.stats(rig.batcher);
+  const int64_t swaps = st.pressure_swaps, preemptions = st.preemptions, peak = st.blocks_used_peak;
   BOOST_TEST_MESSAGE("pressure swaps " << swaps << ", preemptions " << preemptions
                                        << ", peak blocks " << peak);
-  BOOST_TEST(counter(st, "pressure_swaps") >= 2);  // into pressure and back out
-  BOOST_TEST(counter(st, "pressure") == 0);
-  BOOST_TEST(text_of(st, "kv_policy") == "full");
-  BOOST_TEST(counter(st, "blocks_used") == 0);
+  BOOST_TEST(st.pressure_swaps >= 2);  // into pressure and back out
+  BOOST_TEST(st.pressure == 0);
+  BOOST_TEST(st.kv_policy == "full");
+  BOOST_TEST(st.blocks_used == 0);
 }

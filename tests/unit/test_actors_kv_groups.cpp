@@ -59,7 +59,7 @@ struct Run {
   int64_t full_peak = 0, window_peak = 0;  // the batcher's blocks_used_peak / window_...
   int64_t most_window_seen = 0;            // window_blocks_used over the stats asked mid-run
   int64_t most_full_seen = 0;              // blocks_used, the same
-  caf::settings end;                       // stats once the job ended
+  BatcherStats end;                        // stats once the job ended
 };
 
 // One streamed greedy job; the batcher's stats are asked after every chunk that arrives.
@@ -77,17 +77,17 @@ Run run_one(const std::vector<int32_t>& p, bool split) {
   while (!rig.ended(uid)) {
     BOOST_REQUIRE(rig.receive_one());
     if (rig.ended(uid)) break;
-    const caf::settings s = rig.stats(rig.batcher);
-    r.most_window_seen = std::max(r.most_window_seen, counter(s, "window_blocks_used"));
-    r.most_full_seen = std::max(r.most_full_seen, counter(s, "blocks_used"));
+    const BatcherStats s = rig.stats(rig.batcher);
+    r.most_window_seen = std::max(r.most_window_seen, s.window_blocks_used);
+    r.most_full_seen = std::max(r.most_full_seen, s.blocks_used);
   }
   const Seen& seen = rig.seen[uid];
   BOOST_TEST(seen.errors == 0, seen.error.message);
   r.ids = seen.outcome.done.ids;
   rig.drain();
   r.end = rig.stats(rig.batcher);
-  r.full_peak = counter(r.end, "blocks_used_peak");
-  r.window_peak = counter(r.end, "window_blocks_used_peak");
+  r.full_peak = r.end.blocks_used_peak;
+  r.window_peak = r.end.window_blocks_used_peak;
   return r;
 }
 
@@ -123,7 +123,7 @@ BOOST_AUTO_TEST_CASE(window_group_stays_bounded_and_output_is_unchanged) {
   const int64_t all_blocks = (slots + kBlock - 1) / kBlock;
   // One group: every block stays, for every layer.
   BOOST_TEST(keep.full_peak == all_blocks);
-  BOOST_TEST(counter(keep.end, "window_blocks_total") == 0);
+  BOOST_TEST(keep.end.window_blocks_total == 0);
   // Two groups: the full-attention layers' blocks grow with the sequence as before; the windowed
   // layers' never exceed what the window and one chunk span.
   BOOST_TEST(release.full_peak == all_blocks);
@@ -133,11 +133,10 @@ BOOST_AUTO_TEST_CASE(window_group_stays_bounded_and_output_is_unchanged) {
   BOOST_TEST(release.most_full_seen > 2 * window_bound(slots));  // it did grow meanwhile
 
   // Everything is back in both pools.
-  BOOST_TEST(counter(release.end, "blocks_used") == 0);
-  BOOST_TEST(counter(release.end, "window_blocks_used") == 0);
-  BOOST_TEST(counter(release.end, "window_blocks_free") ==
-             counter(release.end, "window_blocks_total"));
-  BOOST_TEST(counter(release.end, "blocks_free") == counter(release.end, "blocks_total"));
+  BOOST_TEST(release.end.blocks_used == 0);
+  BOOST_TEST(release.end.window_blocks_used == 0);
+  BOOST_TEST(release.end.window_blocks_free == release.end.window_blocks_total);
+  BOOST_TEST(release.end.blocks_free == release.end.blocks_total);
 
   // KV memory of this one sequence at its peak, f16 K/V.
   const ModelLimits& lim = gemma2()->limits();
@@ -196,10 +195,10 @@ BOOST_AUTO_TEST_CASE(admission_accounts_for_the_window_pool) {
     BOOST_TEST(rig.seen[uids[i]].outcome.done.ids == alone[i], boost::test_tools::per_element());
   }
   rig.drain();
-  const caf::settings s = rig.stats(rig.batcher);
-  BOOST_TEST(counter(s, "window_blocks_used_peak") <= per_seq);
-  BOOST_TEST(counter(s, "window_blocks_used") == 0);
-  BOOST_TEST(counter(s, "blocks_used") == 0);
+  const BatcherStats s = rig.stats(rig.batcher);
+  BOOST_TEST(s.window_blocks_used_peak <= per_seq);
+  BOOST_TEST(s.window_blocks_used == 0);
+  BOOST_TEST(s.blocks_used == 0);
 }
 
 // Pressure moves a running full job onto sinks:4:8, narrower than the layers' window: the window
@@ -223,8 +222,8 @@ BOOST_AUTO_TEST_CASE(pressure_onto_narrow_sinks_recomputes_the_window_group) {
   BOOST_TEST(rig.seen[uid].errors == 0, rig.seen[uid].error.message);
   BOOST_TEST(rig.seen[uid].outcome.done.ids.size() == 80u);
   rig.drain();
-  const caf::settings s = rig.stats(rig.batcher);
-  BOOST_TEST(counter(s, "pressure_swaps") >= 1);
-  BOOST_TEST(counter(s, "preemptions") == 1);
-  BOOST_TEST(counter(s, "window_blocks_used") == 0);
+  const BatcherStats s = rig.stats(rig.batcher);
+  BOOST_TEST(s.pressure_swaps >= 1);
+  BOOST_TEST(s.preemptions == 1);
+  BOOST_TEST(s.window_blocks_used == 0);
 }

@@ -12,6 +12,7 @@
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
 #include "ingress/error_code.hpp"
+#include "tests/support/stats_probe.hpp"
 #include "tests/support/test_system.hpp"
 
 using namespace sy;
@@ -28,7 +29,6 @@ struct Trace {
   std::vector<JobOutcome> outcomes;
   uint64_t pull_credit = 0;  // granted to the gateway so far
   std::vector<std::tuple<uint8_t, uint32_t, int64_t>> replies;
-  caf::settings stats;
 };
 using TraceP = std::shared_ptr<Trace>;
 
@@ -76,11 +76,6 @@ caf::behavior prober(caf::event_based_actor* self, TraceP t) {
             .then([t](uint8_t r, uint32_t pos, int64_t retry) {
               t->replies.emplace_back(r, pos, retry);
             });
-      },
-      [=](stats_atom, const caf::actor& target) {
-        self->request(target, caf::infinite, stats_atom::value).then([t](caf::settings& s) {
-          t->stats = std::move(s);
-        });
       },
   };
 }
@@ -137,11 +132,7 @@ struct Rig : test::TestSystem {
   /// Enqueues and records the answer in t->replies.
   void push_probed(Job j) { caf::anon_send(probe, enqueue_atom::value, router, std::move(j)); }
   void credit(uint32_t n) { caf::anon_send(batcher, credit_atom::value, router, n); }
-  int64_t stat(const std::string& key) {
-    caf::anon_send(probe, stats_atom::value, router);
-    sched->run();
-    return caf::get<int64_t>(t->stats, key);
-  }
+  RouterStats stats() { return test::probe_stats<RouterStats>(*this, router); }
 };
 
 uint64_t lcg(uint64_t& s) {
@@ -183,7 +174,8 @@ BOOST_AUTO_TEST_CASE(interactive_always_before_waiting_batch) {
       --waiting_total;
     }
     if (batch_seen) BOOST_CHECK_EQUAL(waiting_interactive, 0u);
-    BOOST_CHECK_EQUAL(rig.stat("queued_interactive"), static_cast<int64_t>(waiting_interactive));
+    BOOST_CHECK_EQUAL(rig.stats().queued_by_class.at("interactive"),
+                      static_cast<int64_t>(waiting_interactive));
     seen = rig.t->runs.size();
   }
   BOOST_CHECK_GT(batch_dispatched_total, 50u);  // the test exercised both classes
@@ -284,7 +276,7 @@ BOOST_AUTO_TEST_CASE(deadline_passes_in_queue_never_dispatched) {
   rig.sched->run();
   BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->runs[0].uid, other.uid);
-  BOOST_CHECK_EQUAL(rig.stat("expired"), 1);
+  BOOST_CHECK_EQUAL(rig.stats().expired, 1);
 }
 
 BOOST_AUTO_TEST_CASE(deadline_checked_at_dispatch_without_timer) {
@@ -331,7 +323,7 @@ BOOST_AUTO_TEST_CASE(full_queue_answers_overloaded_with_retry_after) {
   BOOST_CHECK_EQUAL(std::get<0>(rig.t->replies[3]), 0);
   BOOST_CHECK_EQUAL(std::get<0>(rig.t->replies[4]), 2);
   BOOST_CHECK_EQUAL(rig.t->accepted.size(), 3u);  // accepted jobs only
-  BOOST_CHECK_EQUAL(rig.stat("rejected_full"), 1);
+  BOOST_CHECK_EQUAL(rig.stats().rejected_full, 1);
   // Room again after a dispatch.
   rig.credit(2);
   rig.sched->run();
@@ -377,8 +369,8 @@ BOOST_AUTO_TEST_CASE(dispatch_only_against_credit) {
   rig.credit(3);
   rig.sched->run();
   BOOST_CHECK_EQUAL(rig.t->runs.size(), 3u);
-  BOOST_CHECK_EQUAL(rig.stat("queued"), 7);
-  BOOST_CHECK_EQUAL(rig.stat("credit"), 0);
+  BOOST_CHECK_EQUAL(rig.stats().queued, 7);
+  BOOST_CHECK_EQUAL(rig.stats().credit, 0);
   // FIFO within one tenant.
   for (std::size_t i = 0; i < 3; ++i) BOOST_CHECK_EQUAL(rig.t->runs[i].uid, i + 1);
 }
@@ -400,7 +392,7 @@ BOOST_AUTO_TEST_CASE(pipeline_jobs_wait_instead_of_overloaded) {
   }
   // The class queue (4) plus the window (8) and then the gateway is paused.
   BOOST_CHECK_EQUAL(sent, 12u);
-  BOOST_CHECK_EQUAL(rig.stat("overflow"), 8);
+  BOOST_CHECK_EQUAL(rig.stats().overflow, 8);
   for (auto& r : rig.t->replies) BOOST_CHECK_EQUAL(std::get<0>(r), 0);
   BOOST_CHECK(rig.t->accepted.empty());  // pipeline clients get no "accepted"
   // Draining the queue lets the gateway read again; everything runs, nothing refused.
@@ -493,15 +485,15 @@ BOOST_AUTO_TEST_CASE(batcher_going_down_loses_its_credit) {
   Rig rig(two_classes());
   rig.credit(5);
   rig.sched->run();
-  BOOST_CHECK_EQUAL(rig.stat("credit"), 5);
+  BOOST_CHECK_EQUAL(rig.stats().credit, 5);
   caf::anon_send_exit(rig.batcher, caf::exit_reason::user_shutdown);
   rig.sched->run();
-  BOOST_CHECK_EQUAL(rig.stat("credit"), 0);
-  BOOST_CHECK_EQUAL(rig.stat("batchers"), 0);
+  BOOST_CHECK_EQUAL(rig.stats().credit, 0);
+  BOOST_CHECK_EQUAL(rig.stats().batchers, 0);
   rig.push(rig.job("a", 0));
   rig.sched->run();
   BOOST_CHECK(rig.t->runs.empty());
-  BOOST_CHECK_EQUAL(rig.stat("queued"), 1);
+  BOOST_CHECK_EQUAL(rig.stats().queued, 1);
 }
 
 // A batcher that itself goes down (not its executor) takes its records with it: the router runs
@@ -521,16 +513,16 @@ BOOST_AUTO_TEST_CASE(batcher_going_down_reruns_the_jobs_it_had_not_ended) {
   for (const Job* j : {&plain, &ended, &streamed, &worn}) rig.push(*j);
   rig.sched->run();
   BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 4u);
-  BOOST_CHECK_EQUAL(rig.stat("running_tracked"), 4);
+  BOOST_CHECK_EQUAL(rig.stats().running_tracked, 4);
   caf::anon_send(rig.router, finished_atom::value, std::vector<uint64_t>{ended.uid});
   rig.sched->run();
-  BOOST_CHECK_EQUAL(rig.stat("running_tracked"), 3);
+  BOOST_CHECK_EQUAL(rig.stats().running_tracked, 3);
 
   caf::anon_send_exit(rig.batcher, caf::exit_reason::kill);
   rig.sched->run();
-  BOOST_CHECK_EQUAL(rig.stat("lost_requeued"), 1);
-  BOOST_CHECK_EQUAL(rig.stat("lost_failed"), 2);
-  BOOST_CHECK_EQUAL(rig.stat("retry_queued"), 1);
+  BOOST_CHECK_EQUAL(rig.stats().lost_requeued, 1);
+  BOOST_CHECK_EQUAL(rig.stats().lost_failed, 2);
+  BOOST_CHECK_EQUAL(rig.stats().retry_queued, 1);
   std::set<uint64_t> dead;
   for (const auto& e : rig.t->errors) {
     BOOST_CHECK_EQUAL(e.code, static_cast<uint8_t>(ErrorCode::engine_dead));
@@ -546,7 +538,7 @@ BOOST_AUTO_TEST_CASE(batcher_going_down_reruns_the_jobs_it_had_not_ended) {
   BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 5u);
   BOOST_CHECK_EQUAL(rig.t->runs.back().uid, plain.uid);
   BOOST_CHECK_EQUAL(rig.t->runs.back().attempt, 1u);
-  BOOST_CHECK_EQUAL(rig.stat("running_tracked"), 1);
+  BOOST_CHECK_EQUAL(rig.stats().running_tracked, 1);
   caf::anon_send_exit(other, caf::exit_reason::user_shutdown);
   rig.sched->run();
 }
@@ -562,13 +554,13 @@ BOOST_AUTO_TEST_CASE(retiring_batcher_that_goes_down_loses_nothing) {
   caf::anon_send(rig.router, retire_atom::value, rig.batcher);
   caf::anon_send(rig.router, finished_atom::value, std::vector<uint64_t>{rig.t->runs[0].uid});
   rig.sched->run();
-  BOOST_CHECK_EQUAL(rig.stat("batchers"), 0);
-  BOOST_CHECK_EQUAL(rig.stat("running_tracked"), 1);
+  BOOST_CHECK_EQUAL(rig.stats().batchers, 0);
+  BOOST_CHECK_EQUAL(rig.stats().running_tracked, 1);
   caf::anon_send_exit(rig.batcher, caf::exit_reason::kill);
   rig.sched->run();
-  BOOST_CHECK_EQUAL(rig.stat("lost_requeued"), 1);
-  BOOST_CHECK_EQUAL(rig.stat("retry_queued"), 1);
-  BOOST_CHECK_EQUAL(rig.stat("running_tracked"), 0);
+  BOOST_CHECK_EQUAL(rig.stats().lost_requeued, 1);
+  BOOST_CHECK_EQUAL(rig.stats().retry_queued, 1);
+  BOOST_CHECK_EQUAL(rig.stats().running_tracked, 0);
 }
 
 BOOST_AUTO_TEST_CASE(held_pipeline_job_expires_and_cancels_too) {
@@ -580,7 +572,7 @@ BOOST_AUTO_TEST_CASE(held_pipeline_job_expires_and_cancels_too) {
   rig.push(late);
   rig.push(gone);
   rig.sched->run();
-  BOOST_CHECK_EQUAL(rig.stat("overflow"), 2);
+  BOOST_CHECK_EQUAL(rig.stats().overflow, 2);
   caf::anon_send(rig.router, cancel_atom::value, gone.uid);
   rig.sched->advance_time(std::chrono::milliseconds(30));
   rig.sched->run();
@@ -589,7 +581,7 @@ BOOST_AUTO_TEST_CASE(held_pipeline_job_expires_and_cancels_too) {
   BOOST_CHECK_EQUAL(rig.t->errors[0].code, static_cast<uint8_t>(ErrorCode::deadline_exceeded));
   BOOST_REQUIRE_EQUAL(rig.t->dones.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->dones[0].uid, gone.uid);
-  BOOST_CHECK_EQUAL(rig.stat("overflow"), 0);
+  BOOST_CHECK_EQUAL(rig.stats().overflow, 0);
   rig.credit(5);
   rig.sched->run();
   BOOST_CHECK_EQUAL(rig.t->runs.size(), 1u);

@@ -10,6 +10,7 @@
 
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
+#include "tests/support/stats_probe.hpp"
 #include "tests/support/test_system.hpp"
 
 using namespace sy;
@@ -19,7 +20,6 @@ namespace {
 /// Which batcher double got which job, in order.
 struct Trace {
   std::vector<std::pair<char, uint64_t>> runs;  // (batcher name, job uid)
-  caf::settings stats;
 };
 using TraceP = std::shared_ptr<Trace>;
 
@@ -40,16 +40,6 @@ caf::behavior fake_batcher(caf::event_based_actor* self, TraceP t, char name) {
       },
       [=](run_atom, const Job& j) { t->runs.emplace_back(name, j.uid); },
       [](cancel_atom, uint64_t) {},
-  };
-}
-
-caf::behavior prober(caf::event_based_actor* self, TraceP t) {
-  return {
-      [=](stats_atom, const caf::actor& target) {
-        self->request(target, caf::infinite, stats_atom::value).then([t](caf::settings& s) {
-          t->stats = std::move(s);
-        });
-      },
   };
 }
 
@@ -76,7 +66,7 @@ std::vector<int32_t> prompt(int conv, std::size_t shared, std::size_t own, int s
 
 struct Rig : test::TestSystem {
   TraceP t = std::make_shared<Trace>();
-  caf::actor out, router, a, b, probe;
+  caf::actor out, router, a, b;
   uint64_t next_uid = 1;
 
   explicit Rig(RouterConfig rc) {
@@ -84,11 +74,10 @@ struct Rig : test::TestSystem {
     router = spawn_router(*sys, std::move(rc), out, out);
     a = sys->spawn(fake_batcher, t, 'A');
     b = sys->spawn(fake_batcher, t, 'B');
-    probe = sys->spawn(prober, t);
     sched->run();
   }
   ~Rig() {
-    for (auto* x : {&out, &router, &a, &b, &probe})
+    for (auto* x : {&out, &router, &a, &b})
       caf::anon_send_exit(*x, caf::exit_reason::user_shutdown);
     sched->run();
   }
@@ -113,11 +102,7 @@ struct Rig : test::TestSystem {
     BOOST_REQUIRE_EQUAL(t->runs.back().second, next_uid - 1);
     return t->runs.back().first;
   }
-  int64_t stat(const std::string& key) {
-    caf::anon_send(probe, stats_atom::value, router);
-    sched->run();
-    return caf::get<int64_t>(t->stats, key);
-  }
+  RouterStats stats() { return test::probe_stats<RouterStats>(*this, router); }
 };
 
 }  // namespace
@@ -131,18 +116,18 @@ BOOST_AUTO_TEST_CASE(shared_prefix_follows_its_batcher_within_slack) {
   rig.credit(rig.a, 3);                                     // A 13, B 10: A is freer
   // Next turn shares the 3 blocks: B, 3 credits behind (slack 8), still gets it.
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 40, 2)) == 'B');  // A 13, B 9
-  BOOST_TEST(rig.stat("affinity_hits") == 1);
-  BOOST_TEST(rig.stat("affinity_overruled") == 0);
+  BOOST_TEST(rig.stats().affinity_hits == 1);
+  BOOST_TEST(rig.stats().affinity_overruled == 0);
   // Another conversation has no match: the freest (A).
   BOOST_TEST(rig.run(prompt(2, 3 * kBlock, 5, 3)) == 'A');  // A 12, B 9
   // And its continuation stays on A even though A is no longer much freer.
   rig.credit(rig.b, 5);  // A 12, B 14
   BOOST_TEST(rig.run(prompt(2, 3 * kBlock, 9, 4)) == 'A');
-  BOOST_TEST(rig.stat("affinity_hits") == 2);
+  BOOST_TEST(rig.stats().affinity_hits == 2);
   // A prompt shorter than a block carries no prefix: plain rule (B has more credit).
   BOOST_TEST(rig.run(prompt(1, kBlock - 1, 0, 5)) == 'B');
-  BOOST_TEST(rig.stat("affinity_hits") == 2);
-  BOOST_TEST(rig.stat("affinity_indexed") > 0);
+  BOOST_TEST(rig.stats().affinity_hits == 2);
+  BOOST_TEST(rig.stats().affinity_indexed > 0);
 }
 
 BOOST_AUTO_TEST_CASE(too_busy_prefix_holder_is_overruled) {
@@ -152,11 +137,11 @@ BOOST_AUTO_TEST_CASE(too_busy_prefix_holder_is_overruled) {
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 5, 1)) == 'B');  // A 10, B 10
   rig.credit(rig.a, 9);                                     // A 19, B 10: 9 behind > slack 8
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 40, 2)) == 'A');
-  BOOST_TEST(rig.stat("affinity_hits") == 0);
-  BOOST_TEST(rig.stat("affinity_overruled") == 1);
+  BOOST_TEST(rig.stats().affinity_hits == 0);
+  BOOST_TEST(rig.stats().affinity_overruled == 1);
   // A now holds the prefix as well (it was sent it), and is the freest: a hit on A.
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 60, 3)) == 'A');
-  BOOST_TEST(rig.stat("affinity_hits") == 1);
+  BOOST_TEST(rig.stats().affinity_hits == 1);
 }
 
 BOOST_AUTO_TEST_CASE(affinity_off_always_takes_most_credit) {
@@ -168,9 +153,9 @@ BOOST_AUTO_TEST_CASE(affinity_off_always_takes_most_credit) {
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 40, 2)) == 'A');
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 40, 2)) == 'A');  // A 10, B 10: tie, first
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 40, 2)) == 'B');  // A 9, B 10
-  BOOST_TEST(rig.stat("affinity_hits") == 0);
-  BOOST_TEST(rig.stat("affinity_overruled") == 0);
-  BOOST_TEST(rig.stat("affinity_indexed") == 0);
+  BOOST_TEST(rig.stats().affinity_hits == 0);
+  BOOST_TEST(rig.stats().affinity_overruled == 0);
+  BOOST_TEST(rig.stats().affinity_indexed == 0);
 }
 
 BOOST_AUTO_TEST_CASE(retired_batcher_index_is_dropped) {
@@ -183,15 +168,15 @@ BOOST_AUTO_TEST_CASE(retired_batcher_index_is_dropped) {
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 7, 2)) == 'B');  // A 12, B 9
   caf::anon_send(rig.router, retire_atom::value, rig.b);
   rig.sched->run();
-  BOOST_TEST(rig.stat("batchers") == 1);
+  BOOST_TEST(rig.stats().batchers == 1);
   // The same actor granting credit again counts as a new batcher with an empty index (a real
   // replacement pair starts with an empty cache), so the prefix no longer pulls jobs to it.
   rig.credit(rig.b, 10);  // A 12, B 10
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 9, 3)) == 'A');
-  BOOST_TEST(rig.stat("affinity_hits") == 1);
+  BOOST_TEST(rig.stats().affinity_hits == 1);
   // A batcher that goes down loses its index with its entry too.
   caf::anon_send_exit(rig.a, caf::exit_reason::user_shutdown);
   rig.sched->run();
-  BOOST_TEST(rig.stat("batchers") == 1);
+  BOOST_TEST(rig.stats().batchers == 1);
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 11, 4)) == 'B');
 }

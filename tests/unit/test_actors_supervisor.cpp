@@ -24,11 +24,6 @@ using sy::test::Seen;  // what the stand-in egress and admission saw for one job
 
 namespace {
 
-int64_t num(const caf::settings& s, const char* k) {
-  auto v = caf::get_if<int64_t>(&s, k);
-  return v ? *v : -1;
-}
-
 // A router and a supervisor; a scoped actor stands in for egress and admission.
 struct Fixture {
   caf::actor_system sys{sy::test::config()};
@@ -138,10 +133,12 @@ struct Fixture {
     wait_all(uids, [] {});
   }
 
-  caf::settings stats(const caf::actor& a) {
-    caf::settings out;
+  /// The stats record R of `a` (SupervisorStats, RouterStats).
+  template <class R>
+  R stats(const caf::actor& a) {
+    R out;
     sink->request(a, kWait, stats_atom::value)
-        .receive([&](caf::settings& s) { out = std::move(s); },
+        .receive([&](R& s) { out = std::move(s); },
                  [&](caf::error& e) { BOOST_FAIL("stats failed: " + sys.render(e)); });
     return out;
   }
@@ -187,17 +184,16 @@ void run_fault(SupervisorConfig sc, const char* what) {
       }
     }
   }
-  auto st = f.stats(f.sup);
-  BOOST_TEST(num(st, "executor_failures") == 1);
-  BOOST_TEST(num(st, "replacements") == 1);
-  BOOST_TEST(num(st, "requeued") > 0);
-  BOOST_TEST(num(st, "recoveries") == 1);
-  BOOST_TEST(num(st, "executors") == 1);
-  BOOST_TEST_MESSAGE(what << ": recovery " << num(st, "recovery_ms_last") << " ms, detection "
-                          << num(st, "detect_ms_last") << " ms, " << num(st, "requeued")
-                          << " jobs re-queued");
-  auto r = f.stats(f.router);
-  BOOST_TEST(num(r, "requeued") == num(st, "requeued"));
+  auto st = f.stats<SupervisorStats>(f.sup);
+  BOOST_TEST(st.executor_failures == 1);
+  BOOST_TEST(st.replacements == 1);
+  BOOST_TEST(st.requeued > 0);
+  BOOST_TEST(st.recoveries == 1);
+  BOOST_TEST(st.executors == 1);
+  BOOST_TEST_MESSAGE(what << ": recovery " << st.recovery_ms_last << " ms, detection "
+                          << st.detect_ms_last << " ms, " << st.requeued << " jobs re-queued");
+  auto r = f.stats<RouterStats>(f.router);
+  BOOST_TEST(r.requeued == st.requeued);
 }
 
 }  // namespace
@@ -239,7 +235,7 @@ BOOST_AUTO_TEST_CASE(retry_limit_ends_jobs_with_engine_dead) {
   // Jobs that reached the crashed executor (usually all four: max_sequences 8) end engine_dead.
   BOOST_TEST(dead >= 1);
   BOOST_TEST(dead + done == 4);
-  BOOST_TEST(num(f.stats(f.sup), "failed_jobs") == dead);
+  BOOST_TEST(f.stats<SupervisorStats>(f.sup).failed_jobs == dead);
   BOOST_TEST_MESSAGE(dead << " engine_dead, " << done << " done");
 }
 
@@ -263,7 +259,7 @@ BOOST_AUTO_TEST_CASE(load_scales_up_to_max_and_idleness_back_to_min) {
   std::vector<uint64_t> uids;
   for (int i = 0; i < 40; ++i) uids.push_back(f.submit({1, 2, 3}, 12, i % 3 == 0));
   int64_t peak = 0;
-  auto poll = [&] { peak = std::max(peak, num(f.stats(f.sup), "executors")); };
+  auto poll = [&] { peak = std::max(peak, f.stats<SupervisorStats>(f.sup).executors); };
   f.wait_all(uids, poll);
   for (uint64_t u : uids) {
     BOOST_TEST(f.seen[u].dones == 1);
@@ -275,17 +271,17 @@ BOOST_AUTO_TEST_CASE(load_scales_up_to_max_and_idleness_back_to_min) {
   int64_t executors = -1;
   auto until = std::chrono::steady_clock::now() + kWait;
   while (std::chrono::steady_clock::now() < until) {
-    auto st = f.stats(f.sup);
-    executors = num(st, "executors");
-    if (executors == 1 && num(st, "executors_retiring") == 0) break;
+    auto st = f.stats<SupervisorStats>(f.sup);
+    executors = st.executors;
+    if (executors == 1 && st.executors_retiring == 0) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   BOOST_TEST(executors == 1);
-  auto st = f.stats(f.sup);
-  BOOST_TEST(num(st, "scale_ups") >= 2);
-  BOOST_TEST(num(st, "scale_downs") >= 2);
-  BOOST_TEST(num(st, "executor_failures") == 0);
-  BOOST_TEST(num(f.stats(f.router), "batchers") == 1);
+  auto st = f.stats<SupervisorStats>(f.sup);
+  BOOST_TEST(st.scale_ups >= 2);
+  BOOST_TEST(st.scale_downs >= 2);
+  BOOST_TEST(st.executor_failures == 0);
+  BOOST_TEST(f.stats<RouterStats>(f.router).batchers == 1);
   // New work after the scale-down still runs.
   auto late = f.submit({1, 2, 3}, 4, false);
   f.wait_all({late});
@@ -315,13 +311,13 @@ BOOST_AUTO_TEST_CASE(router_puts_requeued_jobs_first_and_honours_retire) {
   // The class is full, yet re-queued jobs go in (not counted) and ahead of the queue.
   sink->send(router, requeue_atom::value, std::vector<Job>{job(7), job(8)});
   auto st = [&] {
-    caf::settings s;
+    RouterStats s;
     sink->request(router, kWait, stats_atom::value)
-        .receive([&](caf::settings& x) { s = x; }, [](caf::error&) {});
+        .receive([&](RouterStats& x) { s = x; }, [](caf::error&) {});
     return s;
   };
-  BOOST_TEST(num(st(), "retry_queued") == 2);
-  BOOST_TEST(num(st(), "waiting_total") == 4);
+  BOOST_TEST(st().retry_queued == 2);
+  BOOST_TEST(st().waiting_total == 4);
   caf::actor b = batcher;
   sink->send(router, credit_atom::value, b, uint32_t{3});
   std::vector<uint64_t> order;
@@ -335,8 +331,8 @@ BOOST_AUTO_TEST_CASE(router_puts_requeued_jobs_first_and_honours_retire) {
       .receive([&](uint32_t n) { revoked = n; }, [](caf::error&) {});
   BOOST_TEST(revoked == 0u);
   sink->send(router, requeue_atom::value, std::vector<Job>{job(9)});
-  BOOST_TEST(num(st(), "batchers") == 0);
-  BOOST_TEST(num(st(), "waiting_total") == 2);  // job 2 and job 9 wait for a batcher
+  BOOST_TEST(st().batchers == 0);
+  BOOST_TEST(st().waiting_total == 2);  // job 2 and job 9 wait for a batcher
   caf::anon_send_exit(router, caf::exit_reason::user_shutdown);
 }
 
@@ -350,8 +346,9 @@ BOOST_AUTO_TEST_CASE(an_executor_that_cannot_be_built_is_reported_not_fatal) {
       .receive([&](std::string& e) { why = std::move(e); }, [&](caf::error&) {});
   BOOST_TEST(why.find("needs a model") != std::string::npos, why);
   // The supervisor outlived the failure: it still answers.
-  caf::settings st;
+  SupervisorStats st;
+  st.executors = -1;  // stays -1 when no answer comes
   f.sink->request(f.sup, kWait, stats_atom::value)
-      .receive([&](caf::settings& s) { st = std::move(s); }, [&](caf::error&) {});
-  BOOST_TEST(num(st, "executors") == 0);
+      .receive([&](SupervisorStats& s) { st = std::move(s); }, [&](caf::error&) {});
+  BOOST_TEST(st.executors == 0);
 }

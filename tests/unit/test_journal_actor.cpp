@@ -22,6 +22,7 @@
 #include "ingress/error_code.hpp"
 #include "storage/journal_file.hpp"
 #include "tests/support/full_disk.hpp"
+#include "tests/support/stats_probe.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/test_system.hpp"
 
@@ -37,7 +38,6 @@ struct Trace {
   std::vector<ErrorEvent> errors;
   std::vector<DoneEvent> dones;
   uint64_t pull_credit = 0;
-  caf::settings stats;
 };
 using TraceP = std::shared_ptr<Trace>;
 
@@ -62,14 +62,6 @@ caf::behavior fake_batcher(caf::event_based_actor* self, TraceP t) {
   };
 }
 
-caf::behavior stats_prober(caf::event_based_actor* self, TraceP t) {
-  return {[=](stats_atom, const caf::actor& target) {
-    self->request(target, caf::infinite, stats_atom::value).then([t](caf::settings& s) {
-      t->stats = std::move(s);
-    });
-  }};
-}
-
 /// Admission, the real router and the journal actor over a real file, wired as the server wires
 /// them: the journal stands in front of egress for both.
 struct Rig : test::TestSystem {
@@ -78,7 +70,7 @@ struct Rig : test::TestSystem {
   std::string path = dir.file("j.journal");
   JournalConfig jc;
   std::shared_ptr<JournalFile> file;
-  caf::actor egress, journal, router, admission, batcher, probe;
+  caf::actor egress, journal, router, admission, batcher;
 
   explicit Rig(const std::string& fsync) {
     jc.path = path;
@@ -94,11 +86,10 @@ struct Rig : test::TestSystem {
     admission =
         spawn_admission(*sys, ac, rc.classes, "", nullptr, router, journal, journal, replay);
     batcher = sys->spawn(fake_batcher, t);
-    probe = sys->spawn(stats_prober, t);
     sched->run();
   }
   ~Rig() {
-    for (auto* a : {&egress, &journal, &router, &admission, &batcher, &probe})
+    for (auto* a : {&egress, &journal, &router, &admission, &batcher})
       caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
     sched->run();
   }
@@ -140,11 +131,9 @@ struct Rig : test::TestSystem {
     caf::anon_send(admission, finished_atom::value, std::move(o));
     sched->run();
   }
-  int64_t stat(const caf::actor& who, const std::string& key) {
-    caf::anon_send(probe, stats_atom::value, who);
-    sched->run();
-    auto v = caf::get_if<int64_t>(&t->stats, key);
-    return v ? *v : -1;
+  template <class R>
+  R stats_of(const caf::actor& who) {
+    return test::probe_stats<R>(*this, who);
   }
   uint64_t size() const { return std::filesystem::file_size(path); }
   /// What a restart would find in the journal.
@@ -184,15 +173,15 @@ BOOST_AUTO_TEST_CASE(refused_jobs_get_unavailable_return_their_credit_and_leave_
   // (granted minus read), and the router agrees on how much.
   BOOST_TEST(rig.t->pull_credit > static_cast<uint64_t>(kRefused));
   BOOST_TEST(static_cast<int64_t>(rig.t->pull_credit - kRefused) ==
-             rig.stat(rig.router, "pull_outstanding"));
-  BOOST_TEST(rig.stat(rig.journal, "write_errors") >= kRefused);
-  BOOST_TEST(rig.stat(rig.journal, "refused") == kRefused + 1);
-  BOOST_TEST(rig.stat(rig.journal, "failing") == 1);
+             rig.stats_of<RouterStats>(rig.router).pull_outstanding);
+  BOOST_TEST(rig.stats_of<JournalStats>(rig.journal).write_errors >= kRefused);
+  BOOST_TEST(rig.stats_of<JournalStats>(rig.journal).refused == kRefused + 1);
+  BOOST_TEST(rig.stats_of<JournalStats>(rig.journal).failing == 1);
 
   // Room again: the next job is accepted and runs; the failing state ends.
   rig.submit("after", true);
   rig.wait_ms(10);  // its group commit
-  BOOST_TEST(rig.stat(rig.journal, "failing") == 0);
+  BOOST_TEST(rig.stats_of<JournalStats>(rig.journal).failing == 0);
   caf::anon_send(rig.batcher, credit_atom::value, rig.router, uint32_t{8});
   rig.sched->run();
   BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 1u);
@@ -228,8 +217,8 @@ BOOST_AUTO_TEST_CASE(a_done_waits_for_its_result_record_while_the_disk_is_full) 
     rig.finish(job);
     for (int i = 0; i < 5; ++i) rig.wait_ms(200);  // five retries, all refused
     dones_while_full = rig.t->dones.size();
-    held_while_full = rig.stat(rig.journal, "unwritten");
-    failing_while_full = rig.stat(rig.journal, "failing");
+    held_while_full = rig.stats_of<JournalStats>(rig.journal).unwritten;
+    failing_while_full = rig.stats_of<JournalStats>(rig.journal).failing;
   }
   // The done did not leave: its result record is not on disk, and a restart would run the job.
   BOOST_TEST(dones_while_full == 0u);
@@ -240,8 +229,8 @@ BOOST_AUTO_TEST_CASE(a_done_waits_for_its_result_record_while_the_disk_is_full) 
   rig.wait_ms(200);
   BOOST_REQUIRE_EQUAL(rig.t->dones.size(), 1u);
   BOOST_TEST(rig.t->dones[0].id == "a");
-  BOOST_TEST(rig.stat(rig.journal, "unwritten") == 0);
-  BOOST_TEST(rig.stat(rig.journal, "failing") == 0);
+  BOOST_TEST(rig.stats_of<JournalStats>(rig.journal).unwritten == 0);
+  BOOST_TEST(rig.stats_of<JournalStats>(rig.journal).failing == 0);
   auto replay = rig.replay_now();
   BOOST_TEST(replay.pending.empty());
   BOOST_REQUIRE_EQUAL(replay.results.size(), 1u);

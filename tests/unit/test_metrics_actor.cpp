@@ -28,15 +28,20 @@ struct Config : caf::actor_system_config {
   Config() { register_message_types(*this); }
 };
 
-// An actor that answers stats_atom with fixed counters.
-caf::behavior stats_double(caf::event_based_actor*, caf::settings s) {
+// An actor that answers stats_atom with a fixed record.
+template <class R>
+caf::behavior stats_double(caf::event_based_actor*, R s) {
   return {[s](stats_atom) { return s; }};
 }
 
-caf::settings counters(std::initializer_list<std::pair<const char*, int64_t>> kv) {
-  caf::settings s;
-  for (auto& [k, v] : kv) caf::put(s, k, v);
-  return s;
+// A batcher's record with the KV figures the tests set.
+BatcherStats kv(int64_t used, int64_t free, int64_t total, int64_t preemptions) {
+  BatcherStats b;
+  b.blocks_used = used;
+  b.blocks_free = free;
+  b.blocks_total = total;
+  b.preemptions = preemptions;
+  return b;
 }
 
 JobOutcome done(const std::string& tenant, uint32_t completion, double ttft_ms, double total_ms) {
@@ -101,16 +106,19 @@ BOOST_AUTO_TEST_CASE(jobs_histograms_and_gauges) {
   Config cfg;
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
-  auto admission = sys.spawn(stats_double, counters({{"unauthorized", 2}, {"active", 1}}));
-  auto router = sys.spawn(stats_double, counters({{"queued_interactive", 3}, {"queued_batch", 0}}));
-  auto batcher = sys.spawn(stats_double, counters({{"running", 4},
-                                                   {"blocks_used", 10},
-                                                   {"blocks_free", 20},
-                                                   {"blocks_cached", 2},
-                                                   {"blocks_total", 32},
-                                                   {"preemptions", 6},
-                                                   {"policy_swaps", 1}}));
-  auto executor = sys.spawn(stats_double, caf::settings{});
+  AdmissionStats as;
+  as.unauthorized = 2;
+  as.active = 1;
+  auto admission = sys.spawn(stats_double<AdmissionStats>, as);
+  RouterStats rs;
+  rs.queued_by_class = {{"interactive", 3}, {"batch", 0}};
+  auto router = sys.spawn(stats_double<RouterStats>, rs);
+  BatcherStats bs = kv(10, 20, 32, 6);
+  bs.running = 4;
+  bs.blocks_cached = 2;
+  bs.policy_swaps = 1;
+  auto batcher = sys.spawn(stats_double<BatcherStats>, bs);
+  auto executor = sys.spawn(stats_double<ExecutorStats>, ExecutorStats{});
   MetricsWiring w;
   w.admission = admission;
   w.router = router;
@@ -193,24 +201,26 @@ BOOST_AUTO_TEST_CASE(supervisor_figures_and_per_executor_series) {
   Config cfg;
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
-  auto supervisor = sys.spawn(stats_double, counters({{"executors", 2},
-                                                      {"executors_retiring", 1},
-                                                      {"scale_ups", 3},
-                                                      {"scale_downs", 1},
-                                                      {"failures_crash", 2},
-                                                      {"failures_hang", 1},
-                                                      {"requeued", 17}}));
-  auto b0 = sys.spawn(
-      stats_double,
-      counters({{"blocks_used", 3}, {"blocks_free", 5}, {"blocks_total", 8}, {"preemptions", 4}}));
-  auto e0 = sys.spawn(stats_double, caf::settings{});
-  auto b1 = sys.spawn(
-      stats_double,
-      counters({{"blocks_used", 1}, {"blocks_free", 7}, {"blocks_total", 8}, {"preemptions", 2}}));
-  auto e1 = sys.spawn(stats_double, caf::settings{});
+  SupervisorStats ss;
+  ss.executors = 2;
+  ss.executors_retiring = 1;
+  ss.scale_ups = 3;
+  ss.scale_downs = 1;
+  ss.failures_crash = 2;
+  ss.failures_hang = 1;
+  ss.requeued = 17;
+  auto supervisor = sys.spawn(stats_double<SupervisorStats>, ss);
+  auto b0 = sys.spawn(stats_double<BatcherStats>, kv(3, 5, 8, 4));
+  auto e0 = sys.spawn(stats_double<ExecutorStats>, ExecutorStats{});
+  auto b1 = sys.spawn(stats_double<BatcherStats>, kv(1, 7, 8, 2));
+  auto e1 = sys.spawn(stats_double<ExecutorStats>, ExecutorStats{});
   MetricsWiring w;
   w.supervisor = supervisor;
-  w.gateway_stats = [] { return counters({{"curve_refused", 9}}); };
+  w.gateway_stats = [] {
+    EdgeStats e;
+    e.curve_refused = 9;
+    return e;
+  };
   auto m = spawn_metrics(sys, w);
   self->send(m, observe_atom::value, b0, e0, int32_t{0});
   self->send(m, observe_atom::value, b1, e1, int32_t{1});
@@ -248,10 +258,8 @@ BOOST_AUTO_TEST_CASE(supervisor_figures_and_per_executor_series) {
   // preemption counter goes on from what the old pair counted.
   self->send_exit(b0, caf::exit_reason::user_shutdown);
   self->send_exit(e0, caf::exit_reason::user_shutdown);
-  auto b2 = sys.spawn(
-      stats_double,
-      counters({{"blocks_used", 0}, {"blocks_free", 8}, {"blocks_total", 8}, {"preemptions", 1}}));
-  auto e2 = sys.spawn(stats_double, caf::settings{});
+  auto b2 = sys.spawn(stats_double<BatcherStats>, kv(0, 8, 8, 1));
+  auto e2 = sys.spawn(stats_double<ExecutorStats>, ExecutorStats{});
   // The old pair must be gone from the metrics actor's view before the new one comes (else the
   // two would add up for a moment): wait until neither its executor nor its blocks count.
   auto gone = [&] {
@@ -293,8 +301,8 @@ BOOST_AUTO_TEST_CASE(http_routes) {
   Config cfg;
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
-  auto executor = sys.spawn(stats_double, caf::settings{});
-  auto batcher = sys.spawn(stats_double, counters({{"blocks_total", 8}}));
+  auto executor = sys.spawn(stats_double<ExecutorStats>, ExecutorStats{});
+  auto batcher = sys.spawn(stats_double<BatcherStats>, kv(0, 0, 8, 0));
   MetricsWiring w;
   w.classes = {"interactive"};
   auto m = spawn_metrics(sys, w);

@@ -14,6 +14,7 @@
 
 #include "actors/journal.hpp"
 #include "actors/messages.hpp"
+#include "actors/outcomes.hpp"
 #include "actors/router.hpp"
 #include "ingress/codec.hpp"
 #include "ingress/error_code.hpp"
@@ -39,9 +40,6 @@ bool tokens_equal(std::string_view a, std::string_view b) {
 
 namespace {
 
-// wire::JobState values (ingress/protocol.hpp), kept here to avoid including the wire structs.
-constexpr uint8_t kQueued = 0, kDone = 2, kFailed = 3, kCancelled = 4;
-
 struct TenantState {
   std::string token;
   double weight = 1.0;
@@ -60,7 +58,7 @@ struct Record {
   uint64_t uid = 0;
   bool live = true;
   bool pending = true;  // the router has not answered the enqueue yet
-  uint8_t state = kQueued;
+  JobState state = JobState::queued;
   ClientRef client;
   std::vector<ClientRef> attached;  // later submitters of the same key
   uint32_t charged = 0;             // tokens taken from the tenant's bucket
@@ -116,12 +114,6 @@ struct AdmissionState {
 
 using Self = caf::stateful_actor<AdmissionState>;
 
-int64_t clock_us(Self* self) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             self->clock().now().time_since_epoch())
-      .count();
-}
-
 // The tenant's length first, so that no (tenant, id) pair can collide with another.
 std::string job_key(const std::string& tenant, const std::string& id) {
   return std::to_string(tenant.size()) + ':' + tenant + id;
@@ -134,15 +126,7 @@ void send_out(Self* self, auto ev) {
 void send_error(Self* self, const ClientRef& to, const std::string& id, const std::string& tenant,
                 ErrorCode code, std::string message, int64_t retry_after_ms = -1,
                 uint64_t uid = 0) {
-  ErrorEvent e;
-  e.to = to;
-  e.uid = uid;
-  e.id = id;
-  e.tenant = tenant;
-  e.code = static_cast<uint8_t>(code);
-  e.message = std::move(message);
-  e.retry_after_ms = retry_after_ms;
-  send_out(self, std::move(e));
+  send_out(self, make_error_event(to, uid, id, tenant, code, std::move(message), retry_after_ms));
 }
 
 /// A request the gateway counted into the intake meter has left the mailbox.
@@ -368,18 +352,8 @@ void drop_pending(Self* self, const std::string& key, uint64_t uid, ErrorCode co
   st.live.erase(uid);
   if (st.journal && rec.journaled) {
     // Journaled, so its end is too (before the error leaves: the journal holds it until then).
-    JobOutcome o;
-    o.uid = uid;
-    o.id = rec.done.id;
-    o.tenant = rec.tenant;
-    o.outcome = 1;
-    o.code = static_cast<uint8_t>(code);
-    o.error.to = rec.client;
-    o.error.uid = uid;
-    o.error.id = rec.done.id;
-    o.error.tenant = rec.tenant;
-    o.error.code = o.code;
-    o.error.message = message;
+    JobOutcome o =
+        make_outcome(make_error_event(rec.client, uid, rec.done.id, rec.tenant, code, message));
     self->send(st.journal, journal_atom::value, std::move(o));
   }
   auto t = st.tenants.find(rec.tenant);
@@ -401,17 +375,17 @@ void enqueue(Self* self, const std::string& key, Job job) {
   }
   self->request(st.router, caf::infinite, enqueue_atom::value, std::move(job))
       .then(
-          [self, key, uid](uint8_t result, uint32_t, int64_t retry_after_ms) {
+          [self, key, uid](const EnqueueReply& r) {
             auto& s = self->state;
-            if (result == 0) {
+            if (r.result == EnqueueResult::accepted) {
               auto i = s.records.find(key);
               if (i != s.records.end() && i->second.uid == uid) i->second.pending = false;
               return;
             }
-            if (result == 1) {
+            if (r.result == EnqueueResult::full) {
               ++s.overloaded;
               drop_pending(self, key, uid, ErrorCode::overloaded,
-                           "the priority class queue is full", retry_after_ms);
+                           "the priority class queue is full", r.retry_after_ms);
             } else {
               drop_pending(self, key, uid, ErrorCode::internal,
                            "the router does not know the job's priority class", -1);
@@ -443,14 +417,16 @@ void journal_then_enqueue(Self* self, const std::string& key, Job job) {
             enqueue(self, key, job);
           },
           [self, key, uid, client = job.client](caf::error& err) {
-            // The journal could not write the job (disk full, I/O error): never accepted, so it
-            // leaves no trace and never runs. Worth retrying (here once there is room, or on
-            // another server); the reason is the errno's text, never the server's paths.
+            // The journal could not write the job (disk full, I/O error: it answers
+            // ErrorCode::unavailable): never accepted, so it leaves no trace and never runs.
+            // Worth retrying (here once there is room, or on another server); the reason is the
+            // errno's text, never the server's paths. A journal that is gone (any other error)
+            // gets the same answer.
             std::string why = "no journal";
             if (err.context().match_elements<std::string>())
               why = err.context().get_as<std::string>(0);
             ++self->state.unavailable;
-            drop_pending(self, key, uid, ErrorCode::unavailable,
+            drop_pending(self, key, uid, error_code_of(err).value_or(ErrorCode::unavailable),
                          "the server cannot write its journal (" + why +
                              "): the job was not accepted; retry later or on another server",
                          kJournalRetryAfterMs);
@@ -503,7 +479,7 @@ void submit(Self* self, SubmitRequest& req) {
     // error a failed one ended with), for as long as the key is remembered. A job key runs at
     // most once; running it again needs a new id.
     ++st.deduplicated;
-    if (rec.state == kFailed) {
+    if (rec.state == JobState::failed) {
       ErrorEvent e = rec.error;
       e.to = req.client;
       if (e.id.empty()) e.id = req.id;
@@ -597,12 +573,16 @@ void finished(Self* self, JobOutcome& o) {
   }
   rec.live = false;
   rec.pending = false;
-  rec.state = o.outcome == 0 ? kDone : o.outcome == 2 ? kCancelled : kFailed;
+  rec.state = o.outcome == Outcome::done        ? JobState::done
+              : o.outcome == Outcome::cancelled ? JobState::cancelled
+                                                : JobState::failed;
   rec.done = std::move(o.done);
   rec.error = std::move(o.error);
-  if (rec.state == kFailed && rec.error.code == 0 && o.code != 0) rec.error.code = o.code;
+  // An outcome whose ErrorEvent was left at its default code takes the outcome's code.
+  if (rec.state == JobState::failed && rec.error.code == ErrorCode{} && o.code != ErrorCode{})
+    rec.error.code = o.code;
   for (auto& c : rec.attached) {
-    if (rec.state == kFailed) {
+    if (rec.state == JobState::failed) {
       ErrorEvent e = rec.error;
       e.to = c;
       send_out(self, std::move(e));
@@ -650,17 +630,17 @@ void key_request(Self* self, KeyRequest& k) {
   // Still being journaled: not at the router yet, so queued with nothing known ahead of it.
   const bool not_enqueued = rec.live && st.journal && !rec.journaled;
   if (!rec.live || !st.router || not_enqueued) {
-    s.state = rec.live ? kQueued : rec.state;
+    s.state = rec.live ? JobState::queued : rec.state;
     s.completion_tokens = rec.done.completion_tokens;
     send_out(self, std::move(s));
     return;
   }
   self->request(st.router, caf::infinite, status_atom::value, rec.uid)
       .then(
-          [self, s, key = i->first, uid = rec.uid](uint8_t state, uint32_t position,
+          [self, s, key = i->first, uid = rec.uid](JobState state, uint32_t position,
                                                    uint32_t generated) mutable {
             s.state = state;
-            s.queue_position = state == kQueued ? position : 0;
+            s.queue_position = state == JobState::queued ? position : 0;
             s.completion_tokens = generated;
             // The job may have ended while the router answered (its end reaches admission before
             // the router's reply): then its stored state is the truth, not "running".
@@ -713,17 +693,17 @@ void replay_next(Self* self) {
   const std::string key = job_key(job.tenant, job.id);
   self->request(st.router, caf::infinite, enqueue_atom::value, job)
       .then(
-          [self, key, uid](uint8_t result, uint32_t, int64_t retry_after_ms) {
+          [self, key, uid](const EnqueueReply& r) {
             auto& s = self->state;
             s.replay_busy = false;
-            if (result == 1) {
+            if (r.result == EnqueueResult::full) {
               // Polling a full queue faster than every 10 ms would only burn the router's time.
-              auto wait = std::chrono::milliseconds(std::max<int64_t>(10, retry_after_ms));
+              auto wait = std::chrono::milliseconds(std::max<int64_t>(10, r.retry_after_ms));
               self->delayed_send(self, wait, tick_atom::value);
               return;
             }
             s.replay.pop_front();
-            if (result == 0) {
+            if (r.result == EnqueueResult::accepted) {
               ++s.replayed;
               auto i = s.records.find(key);
               if (i != s.records.end() && i->second.uid == uid) i->second.pending = false;
@@ -752,7 +732,7 @@ void restore(Self* self, const JournalReplay& replay) {
     rec.uid = o.uid;
     rec.live = false;
     rec.pending = false;
-    rec.state = kDone;
+    rec.state = JobState::done;
     rec.client = o.done.to;
     rec.tenant = o.tenant;
     rec.done = o.done;

@@ -10,7 +10,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "actors/batcher_clock.hpp"
 #include "actors/batcher_core.hpp"
 #include "gpu/engine.hpp"
 #include "model/llama.hpp"
@@ -113,7 +112,7 @@ caf::behavior Batcher::mode(policy::KvPolicy p) {
 }
 
 int64_t Batcher::now() const {
-  return actor_clock_us(*self_);
+  return clock_us(self_);
 }
 
 Seq* Batcher::find(uint64_t uid) {
@@ -180,7 +179,7 @@ void Batcher::on_cancel(uint64_t uid) {
   if (s->in_step)
     s->cancelled = true;  // ends when the step in flight returns
   else
-    finish(*s, finish_cancelled);
+    finish(*s, FinishReason::cancelled);
   flush_notices();
   schedule();
 }
@@ -449,14 +448,12 @@ void Batcher::on_result(StepResult& r) {
         // others go on. Its blocks of this step are not published: what they hold is suspect.
         s->step_tokens = 0;
         if (s->cancelled) {
-          finish(*s, finish_cancelled);
+          finish(*s, FinishReason::cancelled);
           continue;
         }
         ++seq_failures_;
-        const uint8_t c = it->second->code;
-        const ErrorCode code = c <= static_cast<uint8_t>(ErrorCode::internal)
-                                   ? static_cast<ErrorCode>(c)
-                                   : ErrorCode::internal;
+        const ErrorCode c = it->second->code;
+        const ErrorCode code = c <= ErrorCode::internal ? c : ErrorCode::internal;
         log_line("batcher " + std::to_string(extras_.pair) + ": job uid " +
                  std::to_string(s->job.uid) + " failed alone (" + std::string(to_string(code)) +
                  "): " + it->second->error);
@@ -468,7 +465,7 @@ void Batcher::on_result(StepResult& r) {
       kv_.publish(s->kv, s->tokens);
       kv_.trim(s->kv);
       if (s->cancelled) {
-        finish(*s, finish_cancelled);
+        finish(*s, FinishReason::cancelled);
         continue;
       }
       if (it != sampled.end()) accept(*s, *it->second);

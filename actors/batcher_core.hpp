@@ -15,6 +15,7 @@
 
 #include "actors/batcher.hpp"
 #include "actors/messages.hpp"
+#include "actors/outcomes.hpp"
 #include "gpu/kv_manager.hpp"
 #include "ingress/error_code.hpp"
 #include "model/stop_matcher.hpp"
@@ -26,8 +27,6 @@ namespace sy {
 class Tokenizer;
 
 namespace batcher_detail {
-
-enum Finish : uint8_t { finish_stop = 0, finish_length = 1, finish_cancelled = 2 };
 
 /// Where the batcher is in its life. It only moves forward: serving -> scaling_down (finish the
 /// jobs here, take no new ones) or -> failed (the executor is gone, the jobs went back to the
@@ -104,8 +103,8 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   // batcher_jobs.cpp: a job's text and its end.
   void accept(Seq& s, const SeqResult& r);
   void emit(Seq& s, int32_t id, size_t upto);
-  DoneEvent done_event(Seq& s, uint8_t finish);
-  void finish(Seq& s, uint8_t finish);
+  DoneEvent done_event(Seq& s, FinishReason finish);
+  void finish(Seq& s, FinishReason finish);
   void fail(Seq& s, ErrorCode code, const std::string& message);
   void end_job(Seq& s);
   void drop(Seq& s);

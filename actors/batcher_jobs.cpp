@@ -41,13 +41,8 @@ void Batcher::end_job(Seq& s) {
   }
 }
 
-DoneEvent Batcher::done_event(Seq& s, uint8_t finish) {
-  DoneEvent d;
-  d.to = s.job.client;
-  d.uid = s.job.uid;
-  d.id = s.job.id;
-  d.tenant = s.job.tenant;
-  d.finish = finish;
+DoneEvent Batcher::done_event(Seq& s, FinishReason finish) {
+  DoneEvent d = make_done(s.job, finish);
   d.text = s.text.text().substr(0, s.emitted);
   d.ids.assign(s.tokens.begin() + s.n_prompt, s.tokens.end());
   d.prompt_tokens = static_cast<uint32_t>(s.n_prompt);
@@ -66,16 +61,10 @@ DoneEvent Batcher::done_event(Seq& s, uint8_t finish) {
   return d;
 }
 
-void Batcher::finish(Seq& s, uint8_t finish) {
+void Batcher::finish(Seq& s, FinishReason finish) {
   DoneEvent d = done_event(s, finish);
-  JobOutcome o;
-  o.uid = s.job.uid;
-  o.id = s.job.id;
-  o.tenant = s.job.tenant;
-  o.outcome = finish == finish_cancelled ? 2 : 0;
-  o.code = finish == finish_cancelled ? static_cast<uint8_t>(ErrorCode::cancelled) : 0;
+  JobOutcome o = make_outcome(d);
   o.tokens_used = d.prompt_tokens + d.completion_tokens;
-  o.done = d;
   if (s.job.stream && s.job.client.kind == ClientRef::router) {
     // The chunks carried the completion (docs/protocol.md: `done` of a streamed job on the
     // request endpoint has empty text and no ids); logprobs went with the chunks too.
@@ -92,21 +81,9 @@ void Batcher::finish(Seq& s, uint8_t finish) {
 }
 
 void Batcher::fail(Seq& s, ErrorCode code, const std::string& message) {
-  ErrorEvent e;
-  e.to = s.job.client;
-  e.uid = s.job.uid;
-  e.id = s.job.id;
-  e.tenant = s.job.tenant;
-  e.code = static_cast<uint8_t>(code);
-  e.message = message;
-  JobOutcome o;
-  o.uid = s.job.uid;
-  o.id = s.job.id;
-  o.tenant = s.job.tenant;
-  o.outcome = 1;
-  o.code = e.code;
+  ErrorEvent e = make_error_event(s.job, code, message);
+  JobOutcome o = make_outcome(e);
   o.tokens_used = static_cast<uint32_t>(s.tokens.size());
-  o.error = e;
   if (egress_) self_->send(egress_, out_atom::value, std::move(e));
   if (admission_) self_->send(admission_, finished_atom::value, std::move(o));
   end_job(s);
@@ -155,7 +132,7 @@ void Batcher::accept(Seq& s, const SeqResult& r) {
   if (!job.ignore_eos && tok_ && tok_->is_eog(r.token)) {
     s.text.end(s.emitted);
     emit(s, -1, s.text.text().size());
-    finish(s, finish_stop);
+    finish(s, FinishReason::stop);
     return;
   }
   s.tokens.push_back(r.token);
@@ -176,10 +153,10 @@ void Batcher::accept(Seq& s, const SeqResult& r) {
   const std::string piece = tok_ ? tok_->token_to_piece(r.token) : std::string();
   if (s.text.push(piece, last || full, s.emitted)) {
     emit(s, r.token, s.text.text().size());
-    finish(s, finish_stop);
+    finish(s, FinishReason::stop);
   } else if (last || full) {
     emit(s, r.token, s.text.text().size());
-    finish(s, finish_length);
+    finish(s, FinishReason::length);
   } else {
     emit(s, r.token, s.text.stable());
   }

@@ -120,7 +120,7 @@ void Batcher::on_executor_failure(const std::string& why, int64_t fault_us) {
     s->in_step = false;
     s->step_tokens = 0;
     if (s->cancelled) {
-      finish(*s, finish_cancelled);
+      finish(*s, FinishReason::cancelled);
       continue;
     }
     Job j = s->job;

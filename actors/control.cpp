@@ -57,7 +57,7 @@ void reply_error(Self* self, const ClientRef& to, ErrorCode code, std::string me
   if (!self->state.w.egress) return;
   ErrorEvent e;
   e.to = to;
-  e.code = static_cast<uint8_t>(code);
+  e.code = code;
   e.message = std::move(message);
   self->send(self->state.w.egress, out_atom::value, std::move(e));
 }

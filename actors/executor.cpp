@@ -31,8 +31,8 @@ struct ExecutorState {
   StepOutput out;
   std::vector<int32_t> ids;  // step_greedy's ids
   std::vector<TokenLogprob> top;
-  std::vector<std::string> failed;   // per plan sequence: why it failed alone ("" if it did not)
-  std::vector<uint8_t> failed_code;  // ... and its ErrorCode value
+  std::vector<std::string> failed;     // per plan sequence: why it failed alone ("" if it did not)
+  std::vector<ErrorCode> failed_code;  // ... and its code
   int64_t steps = 0, tokens = 0;
   int64_t seq_failures = 0;  // sequences ended alone (bad sampling state, non-finite logits)
   // TEST ONLY (test_nan_logits_token): sequences whose logits are made NaN at every sample.
@@ -70,7 +70,7 @@ void fill_top(ExecutorState& st, const SeqPlan& p, SeqResult& r) {
 void fail_seq(ExecutorState& st, size_t i, ErrorCode code, const std::string& why) {
   if (!st.failed[i].empty()) return;
   st.failed[i] = why.empty() ? std::string("unknown failure") : why;
-  st.failed_code[i] = static_cast<uint8_t>(code);
+  st.failed_code[i] = code;
   ++st.seq_failures;
 }
 
@@ -86,7 +86,7 @@ bool poisoned(ExecutorState& st, const SeqPlan& p) {
 void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
   const size_t n = plan.seqs.size();
   st.failed.assign(n, std::string());
-  st.failed_code.assign(n, 0);
+  st.failed_code.assign(n, ErrorCode{});
   // Samplers are made before the step so that a sequence with bad sampling parameters is left
   // out of it before any KV slot is written. The parameters are the client's (checked at the
   // edge already; a value the sampler still refuses is the client's to change): bad_request.
@@ -280,9 +280,10 @@ caf::behavior executor_actor(caf::event_based_actor* self, std::shared_ptr<Execu
 
 caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec, int32_t* n_blocks) {
   auto st = std::make_shared<ExecutorState>();
-  if (spec.backend == "cpu" || spec.backend == "cuda") {
+  if (spec.backend == Backend::cpu || spec.backend == Backend::cuda) {
     if (!spec.model)
-      throw std::invalid_argument("executor: the " + spec.backend + " backend needs a model");
+      throw std::invalid_argument("executor: the " + std::string(to_string(spec.backend)) +
+                                  " backend needs a model");
     EngineOptions opts;
     opts.n_threads = spec.threads;
     opts.block_size = spec.block_size;
@@ -292,8 +293,9 @@ caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec, int32_t* n_
     opts.n_window_blocks = spec.n_window_blocks;
     st->engine =
         make_engine(spec.backend, spec.model, opts, std::max(spec.device, 0), spec.kv_gpu_fraction);
-  } else if (spec.backend != "null") {
-    throw std::invalid_argument("executor: unknown backend '" + spec.backend +
+  } else if (spec.backend != Backend::null) {
+    throw std::invalid_argument("executor: unknown backend '" +
+                                std::string(to_string(spec.backend)) +
                                 "' (expected cpu, cuda or null)");
   }
   if (n_blocks) *n_blocks = st->engine ? st->engine->pool().n_total() : spec.n_blocks;

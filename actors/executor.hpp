@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "gpu/backend_kind.hpp"
 #include "kernels/cpu/kernels.hpp"
 
 namespace sy {
@@ -16,10 +17,10 @@ using LlamaModel = Model;  // model/model.hpp
 
 /// How to build an executor.
 struct ExecutorSpec {
-  /// "cpu": the CPU engine over `model`; "cuda": the CUDA engine over `model` on `device` (a
-  /// resolved backend: see gpu/backend.hpp); "null": no model, every sampled token is
+  /// cpu: the CPU engine over `model`; cuda: the CUDA engine over `model` on `device` (a
+  /// resolved backend: see gpu/backend.hpp); null: no model, every sampled token is
   /// `null_token` (measures the runtime's own overhead; its output is meaningless by design).
-  std::string backend = "cpu";
+  Backend backend = Backend::cpu;
   std::shared_ptr<LlamaModel> model;  ///< required for "cpu" and "cuda", ignored for "null"
   int threads = 0;                    ///< engine threads; 0: hardware concurrency
   int32_t n_blocks = 0;               ///< KV blocks; must equal the batcher's pool size
@@ -54,8 +55,8 @@ struct ExecutorSpec {
 /// A sequence's sampler is made on its first plan with sample or reset set and kept until
 /// released, so a recomputed (preempted) sequence continues its random stream.
 /// The test-only fault flags of the spec make it crash or hang after N steps (crash recovery tests).
-/// Throws std::invalid_argument for an unknown backend or a "cpu"/"cuda" spec without a model,
-/// std::runtime_error when the engine cannot be built (no device, the model does not fit).
+/// Throws std::invalid_argument for an unresolved (auto) backend or a cpu/cuda spec without a
+/// model, std::runtime_error when the engine cannot be built (no device, the model does not fit).
 /// `n_blocks` (optional) receives the engine's KV pool size: spec.n_blocks, or with 0 for the
 /// cuda backend what the device holds; the batcher of the pair must use the same.
 caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec, int32_t* n_blocks = nullptr);

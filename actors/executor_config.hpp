@@ -4,14 +4,16 @@
 #include <cstdint>
 #include <string>
 
+#include "gpu/backend_kind.hpp"
+
 namespace sy {
 
 /// The executors (config `executors`).
 struct ExecutorConfig {
-  std::string backend = "auto";    // auto (cuda where a device answers, else cpu) | cpu | cuda |
-                                   // null (fixed tokens, no model: measures overhead)
-  int count = 1;                   // batcher+executor pairs
-  int threads = 0;                 // per executor; 0 = cores / count
+  Backend backend = Backend::automatic;  // auto (cuda where a device answers, else cpu) | cpu |
+                                         // cuda | null (fixed tokens, no model: overhead)
+  int count = 1;                         // batcher+executor pairs
+  int threads = 0;                       // per executor; 0 = cores / count
   int test_fault_throw_after = 0;  // TEST ONLY: the first executor throws after N steps (0 off)
   int test_fault_hang_after = 0;   // TEST ONLY: the first executor stops answering after N steps
   int test_fault_batcher_throw_after = 0;  // TEST ONLY: the first batcher throws after N steps
@@ -20,10 +22,10 @@ struct ExecutorConfig {
   int test_nan_logits_token = -1;
 };
 
-/// A backend name the configuration accepts (auto, cpu, cuda, null); gpu/backend.hpp resolves
-/// auto and checks that cuda can run.
+/// A backend name the configuration accepts (auto, cpu, cuda, null: parse_backend() reads it);
+/// gpu/backend.hpp resolves auto and checks that cuda can run.
 inline bool known_backend(const std::string& b) {
-  return b == "auto" || b == "cpu" || b == "cuda" || b == "null";
+  return parse_backend(b).has_value();
 }
 
 }  // namespace sy

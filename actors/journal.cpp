@@ -29,7 +29,7 @@ int64_t wall_now_us() {
 
 // Where an outcome's replies go (the batcher and router fill `to` of the event they made).
 const ClientRef& client_of(const JobOutcome& o) {
-  return o.outcome == 1 ? o.error.to : o.done.to;
+  return o.outcome == Outcome::error ? o.error.to : o.done.to;
 }
 
 }  // namespace
@@ -96,7 +96,7 @@ void replay_records(const std::vector<std::string>& records, std::size_t keep_re
   std::size_t kept_done = 0;
   for (auto it = results.rbegin(); it != results.rend(); ++it) {
     bool undelivered = client_of(*it).kind == ClientRef::pipeline && !delivered.count(it->uid);
-    bool cache = it->outcome == 0 && kept_done < keep_results;
+    bool cache = it->outcome == Outcome::done && kept_done < keep_results;
     if (!cache && !undelivered) continue;
     if (cache) ++kept_done;
     kept.push_back(&*it);
@@ -107,7 +107,7 @@ void replay_records(const std::vector<std::string>& records, std::size_t keep_re
   for (const auto* o : kept) {
     compacted.push_back(encode_result(*o));
     if (delivered.count(o->uid)) compacted.push_back(encode_delivered(o->uid));
-    if (o->outcome == 0) out.results.push_back(*o);
+    if (o->outcome == Outcome::done) out.results.push_back(*o);
     if (client_of(*o).kind == ClientRef::pipeline && !delivered.count(o->uid))
       out.redeliver.push_back(*o);
   }
@@ -275,7 +275,7 @@ void arm_marks(Self* self);
 
 // The refusal admission turns into `unavailable`: the reason without the path (clients read it).
 caf::error refusal(int code) {
-  return caf::make_error(caf::sec::runtime_error, std::string(std::strerror(code)));
+  return make_error(ErrorCode::unavailable, std::string(std::strerror(code)));
 }
 
 // A refused write: counted every time, logged when the journal starts failing (not once per
@@ -507,7 +507,7 @@ void end(Self* self, const JobOutcome& o) {
   KeptResult k;
   k.record = encode_result(o);
   k.pipeline = client_of(o).kind == ClientRef::pipeline;
-  k.done = o.outcome == 0;
+  k.done = o.outcome == Outcome::done;
   PendingResult r{o.uid, k.record};
   if (k.done || k.pipeline) remember(self, o.uid, std::move(k));
   ++st.results;
@@ -578,19 +578,19 @@ caf::behavior journal_actor(Self* self, JournalConfig cfg, std::shared_ptr<Journ
   std::vector<const JobOutcome*> all;
   for (auto& o : replay.results) all.push_back(&o);
   for (auto& o : replay.redeliver)
-    if (o.outcome != 0) all.push_back(&o);
+    if (o.outcome != Outcome::done) all.push_back(&o);
   std::sort(all.begin(), all.end(), [](auto* a, auto* b) { return a->uid < b->uid; });
   for (auto* o : all) {
     KeptResult k;
     k.record = encode_result(*o);
     k.pipeline = client_of(*o).kind == ClientRef::pipeline;
     k.delivered = !redeliver.count(o->uid);
-    k.done = o->outcome == 0;
+    k.done = o->outcome == Outcome::done;
     remember(self, o->uid, std::move(k));
   }
   // Results that may not have reached their sink before the restart: once more (at least once).
   for (auto& o : replay.redeliver) {
-    if (o.outcome == 1) {
+    if (o.outcome == Outcome::error) {
       self->send(egress, out_atom::value, o.error);
     } else {
       self->send(egress, out_atom::value, o.done);

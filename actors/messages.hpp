@@ -6,13 +6,58 @@
 
 #include <caf/all.hpp>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "actors/stats.hpp"
+#include "ingress/error_code.hpp"
+#include "ingress/protocol.hpp"
 #include "policies/kv_policy.hpp"
 
 namespace sy {
+
+// ---- result enums (each travels as its uint8_t value: CAF 0.17 serializes an enum through its
+// underlying type) ----
+
+/// Why a job's generation ended (DoneEvent::finish): the wire's finish_reason, same values.
+using FinishReason = wire::FinishReason;
+/// Where a job is in its life (StatusEvent::state): the wire's status_reply state, same values.
+using JobState = wire::JobState;
+
+/// How a job ended, as admission, the journal and metrics count it (JobOutcome::outcome).
+enum class Outcome : uint8_t {
+  done = 0,       ///< ran to its end (finish stop or length); `done` holds the result
+  error = 1,      ///< failed; `code` and `error` say why
+  cancelled = 2,  ///< cancelled (by its client or by shutdown); `done` has finish cancelled
+};
+
+/// The router's verdict on an enqueued job (EnqueueReply::result).
+enum class EnqueueResult : uint8_t {
+  accepted = 0,       ///< queued (or already queued under this uid)
+  full = 1,           ///< the class queue is full: retry after EnqueueReply::retry_after_ms
+  unknown_class = 2,  ///< the job's class_index names no configured class
+};
+
+// ---- the error enum across actors (ingress/error_code.hpp) as a CAF error category ----
+
+/// The category atom of a caf::error that carries a sy::ErrorCode.
+inline constexpr caf::atom_value kErrorCategory = caf::atom("switchyard");
+
+/// A caf::error carrying `code` (and `context` as its message, when not empty). CAF 0.17 treats
+/// error code 0 as "no error", so the category stores the enum's value + 1; error_code_of() undoes
+/// that. Found by ADL, so `caf::error e = ErrorCode::unavailable;` and `err == ErrorCode::x` work.
+caf::error make_error(ErrorCode code);
+caf::error make_error(ErrorCode code, std::string context);
+
+/// The sy::ErrorCode a caf::error carries; nullopt for none or for another category (CAF's own
+/// sec codes, exit reasons).
+std::optional<ErrorCode> error_code_of(const caf::error& err);
+
+/// Renders an error of kErrorCategory: its wire name, then the context text in parentheses
+/// ("unavailable (No space left on device)"). Registered by register_message_types(), so that
+/// actor_system::render() gives the same text.
+std::string render_error_code(uint8_t code, caf::atom_value category, const caf::message& context);
 
 namespace policy {
 template <class Inspector>
@@ -186,8 +231,8 @@ struct SeqResult {
   float logprob = 0.0f;
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;
-  uint8_t code = 0;        // with `error`: the sy::ErrorCode value the job ends with
-  std::string error = {};  // non-empty: this sequence failed (no token)
+  ErrorCode code = ErrorCode::bad_request;  // with `error`: the code the job ends with
+  std::string error = {};                   // non-empty: this sequence failed (no token)
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SeqResult& x) {
@@ -239,12 +284,12 @@ typename Inspector::result_type inspect(Inspector& f, TokensEvent& x) {
            x.logprob, x.n_top, x.top_ids, x.top_logprobs, x.tenant);
 }
 
-/// The end of a job. finish: 0 stop, 1 length, 2 cancelled (wire::FinishReason order).
+/// The end of a job.
 struct DoneEvent {
   ClientRef to;
   uint64_t uid = 0;
   std::string id, tenant;
-  uint8_t finish = 0;
+  FinishReason finish = FinishReason::stop;
   std::string text;          // full completion
   std::vector<int32_t> ids;  // full completion ids
   uint32_t prompt_tokens = 0, completion_tokens = 0;
@@ -263,12 +308,12 @@ typename Inspector::result_type inspect(Inspector& f, DoneEvent& x) {
            x.logprob, x.n_top, x.top_ids, x.top_logprobs);
 }
 
-/// An error reply; code is sy::ErrorCode's value. retry_after_ms < 0: none.
+/// An error reply. retry_after_ms < 0: none.
 struct ErrorEvent {
   ClientRef to;
   uint64_t uid = 0;  // 0 when the job never got one
   std::string id, tenant;
-  uint8_t code = 0;
+  ErrorCode code = ErrorCode::bad_request;
   std::string message;
   int64_t retry_after_ms = -1;
 };
@@ -278,11 +323,11 @@ typename Inspector::result_type inspect(Inspector& f, ErrorEvent& x) {
            x.retry_after_ms);
 }
 
-/// Reply to a status request; state is wire::JobState's value.
+/// Reply to a status request.
 struct StatusEvent {
   ClientRef to;
   std::string id;
-  uint8_t state = 0;
+  JobState state = JobState::queued;
   uint32_t queue_position = 0;     // while queued: jobs ahead of it
   uint32_t completion_tokens = 0;  // generated so far, while running too
   std::string tenant = {};
@@ -293,13 +338,14 @@ typename Inspector::result_type inspect(Inspector& f, StatusEvent& x) {
            x.completion_tokens, x.tenant);
 }
 
-/// How a job ended, reported to admission (quotas, dedup of job keys). outcome: 0 done,
-/// 1 error (code set), 2 cancelled. `done` holds the stored result for resubmissions.
+/// How a job ended, reported to admission (quotas, dedup of job keys). `code` is set with
+/// Outcome::error (and is ErrorCode::cancelled with Outcome::cancelled; its value 0,
+/// bad_request, with Outcome::done). `done` holds the stored result for resubmissions.
 struct JobOutcome {
   uint64_t uid = 0;
   std::string id, tenant;
-  uint8_t outcome = 0;
-  uint8_t code = 0;
+  Outcome outcome = Outcome::done;
+  ErrorCode code = ErrorCode::bad_request;
   uint32_t tokens_used = 0;  // prompt + completion: returned to the tenant's token bucket
   DoneEvent done;
   ErrorEvent error;
@@ -308,6 +354,18 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JobOutcome& x) {
   return f(caf::meta::type_name("JobOutcome"), x.uid, x.id, x.tenant, x.outcome, x.code,
            x.tokens_used, x.done, x.error);
+}
+
+/// The router's answer to (enqueue_atom, Job): `position` is the jobs ahead of it (accepted),
+/// `retry_after_ms` the hint with EnqueueResult::full (else -1).
+struct EnqueueReply {
+  EnqueueResult result = EnqueueResult::accepted;
+  uint32_t position = 0;
+  int64_t retry_after_ms = -1;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, EnqueueReply& x) {
+  return f(caf::meta::type_name("EnqueueReply"), x.result, x.position, x.retry_after_ms);
 }
 
 /// Adds every type above to a CAF config (both nodes of a distributed deployment need it).
@@ -324,8 +382,7 @@ void log_line(const std::string& text);
 }  // namespace sy
 
 // Request/response shapes (documented here, carried as plain CAF tuples):
-//   admission -> router:  (enqueue_atom, Job)        -> (uint8 result, uint32 position, int64 retry_after_ms)
-//                          result: 0 accepted, 1 full (retry_after_ms set), 2 unknown class
+//   admission -> router:  (enqueue_atom, Job)        -> EnqueueReply
 //   batcher   -> executor: (step_atom, StepPlan)      -> StepResult
 //   batcher   -> executor: (release_atom, std::vector<uint64_t> uids)   (no reply)
 //   batcher   -> router:   (credit_atom, caf::actor batcher, uint32 n)   (no reply)
@@ -360,9 +417,10 @@ typename Inspector::result_type inspect(Inspector& f, TenantWeights& x) {
 
 // More shapes (router and admission):
 //   admission -> router:   (connect_atom, caf::actor admission, TenantWeights)   (no reply)
-//   admission -> router:   (status_atom, uint64 uid) -> (uint8 state, uint32 queue_position,
-//                          uint32 completion_tokens) state: wire::JobState value, queued (0) or
-//                          running (1; also unknown); a running job's count comes from its batcher
+//   admission -> router:   (status_atom, uint64 uid) -> (JobState state, uint32 queue_position,
+//                          uint32 completion_tokens) state: queued or running (also unknown); a
+//                          running job's count comes from its batcher. Router and admission
+//                          share a node, so JobState is not registered for remote use.
 //   router    -> batcher:  (status_atom, uint64 uid) -> uint32 completion tokens generated so far
 //                          (0 when it does not hold the job)
 //   admission -> router:   (pull_atom, uint32 n)  n PULL credits came back unused (pipeline
@@ -474,8 +532,9 @@ using journal_atom = caf::atom_constant<caf::atom("journal")>;  // admission -> 
 // *Event) and (pull_atom, n) and forwards it, holding a journaled job's done/error until that
 // job's result record is durable):
 //   admission -> journal: (journal_atom, Job) -> uint8 0 once the accept record is durable (per
-//                         the fsync policy); when it could not be written, an error whose
-//                         context is the errno's text (admission answers `unavailable`)
+//                         the fsync policy); when it could not be written, the caf::error
+//                         ErrorCode::unavailable whose context is the errno's text (admission
+//                         answers `unavailable` with it)
 //   admission -> journal: (journal_atom, JobOutcome)  a journaled job ended: its result record
 //                         (no reply); its held done/error go out after the commit
 //   stats_atom on the journal -> accepted, results, syncs, held, live, redelivered, ...,

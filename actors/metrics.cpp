@@ -124,11 +124,11 @@ struct MetricsState {
 using Self = caf::stateful_actor<MetricsState>;
 
 std::string outcome_name(const JobOutcome& o) {
-  if (o.outcome == 0) return "done";
-  if (o.outcome == 2) return "cancelled";
-  uint8_t code = o.code != 0 ? o.code : o.error.code;
-  if (code < detail::error_code_names.size())
-    return std::string(to_string(static_cast<ErrorCode>(code)));
+  if (o.outcome == Outcome::done) return "done";
+  if (o.outcome == Outcome::cancelled) return "cancelled";
+  const ErrorCode code = o.code != ErrorCode{} ? o.code : o.error.code;
+  if (static_cast<std::size_t>(code) < detail::error_code_names.size())
+    return std::string(to_string(code));
   return "internal";
 }
 
@@ -147,12 +147,13 @@ void record(Self* self, const JobOutcome& o, const std::string& cls) {
   auto& m = *st.own;
   m.jobs.Add({{"class", cls}, {"tenant", tenant_label(st, o.tenant)}, {"outcome", outcome_name(o)}})
       .Increment();
-  if (o.outcome == 0 || o.outcome == 2) {
+  if (o.outcome == Outcome::done || o.outcome == Outcome::cancelled) {
     m.prompt_tokens.Increment(o.done.prompt_tokens);
     m.generation_tokens.Increment(o.done.completion_tokens);
     m.prefix_hit_tokens.Increment(o.done.cached_tokens);
   }
-  if (o.outcome != 0) return;  // latencies of finished jobs only: a cancelled one has no end-to-end
+  // Latencies of finished jobs only: a cancelled one has no end-to-end
+  if (o.outcome != Outcome::done) return;
   const auto& d = o.done;
   const pm::Labels by_class{{"class", cls}};
   observe(m.queue.Add(by_class, kLatencyBounds), d.queue_ms / 1000.0);

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "actors/messages.hpp"
+#include "actors/outcomes.hpp"
 #include "ingress/error_code.hpp"
 #include "policies/prefix_route.hpp"
 
@@ -80,11 +81,6 @@ struct RouterState {
 
 using Self = caf::stateful_actor<RouterState>;
 
-int64_t clock_us(Self* self) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             self->clock().now().time_since_epoch())
-      .count();
-}
 int64_t clock_ms(Self* self) {
   return clock_us(self) / 1000;
 }
@@ -112,20 +108,8 @@ void report(Self* self, JobOutcome o) {
 /// Ends a job the router holds with an error: the ErrorEvent to its client, the JobOutcome to
 /// admission.
 void fail_job(Self* self, const Job& job, ErrorCode code, std::string message) {
-  ErrorEvent e;
-  e.to = job.client;
-  e.uid = job.uid;
-  e.id = job.id;
-  e.tenant = job.tenant;
-  e.code = static_cast<uint8_t>(code);
-  e.message = std::move(message);
-  JobOutcome o;
-  o.uid = job.uid;
-  o.id = job.id;
-  o.tenant = job.tenant;
-  o.outcome = 1;
-  o.code = e.code;
-  o.error = e;
+  ErrorEvent e = make_error_event(job, code, std::move(message));
+  JobOutcome o = make_outcome(e);
   send_out(self, std::move(e));
   report(self, std::move(o));
 }
@@ -367,23 +351,26 @@ std::optional<uint32_t> jobs_ahead(const RouterState& st, uint64_t uid) {
   return std::nullopt;
 }
 
-/// Answers a status request: (0 queued, jobs ahead, 0), or (1 running, 0, completion tokens so
-/// far) with the count asked of the batcher that runs the job (0 when none answers).
-caf::result<uint8_t, uint32_t, uint32_t> job_status(Self* self, uint64_t uid) {
+/// Answers a status request: (queued, jobs ahead, 0), or (running, 0, completion tokens so far)
+/// with the count asked of the batcher that runs the job (0 when none answers).
+caf::result<JobState, uint32_t, uint32_t> job_status(Self* self, uint64_t uid) {
   auto& st = self->state;
-  if (auto ahead = jobs_ahead(st, uid)) return {uint8_t{0}, *ahead, uint32_t{0}};
+  if (auto ahead = jobs_ahead(st, uid)) return {JobState::queued, *ahead, uint32_t{0}};
   caf::actor where;
   for (const auto& b : st.batchers)
     if (b.running.count(uid)) where = b.handle;
   if (!where)
     for (const auto& [addr, jobs] : st.retiring)
       if (jobs.count(uid)) where = caf::actor_cast<caf::actor>(addr);
-  if (!where) return {uint8_t{1}, uint32_t{0}, uint32_t{0}};
-  auto rp = self->make_response_promise<uint8_t, uint32_t, uint32_t>();
+  if (!where) return {JobState::running, uint32_t{0}, uint32_t{0}};
+  auto rp = self->make_response_promise<JobState, uint32_t, uint32_t>();
   // A batcher answers from its own state at once; the bound only covers one that is going down.
   self->request(where, std::chrono::seconds(2), status_atom::value, uid)
-      .then([rp](uint32_t generated) mutable { rp.deliver(uint8_t{1}, uint32_t{0}, generated); },
-            [rp](caf::error&) mutable { rp.deliver(uint8_t{1}, uint32_t{0}, uint32_t{0}); });
+      .then(
+          [rp](uint32_t generated) mutable {
+            rp.deliver(JobState::running, uint32_t{0}, generated);
+          },
+          [rp](caf::error&) mutable { rp.deliver(JobState::running, uint32_t{0}, uint32_t{0}); });
   return rp;
 }
 
@@ -414,18 +401,18 @@ void dispatch(Self* self) {
   grant_pull(self);
 }
 
-std::tuple<uint8_t, uint32_t, int64_t> enqueue(Self* self, Job job) {
+EnqueueReply enqueue(Self* self, Job job) {
   auto& st = self->state;
   const bool pipeline = job.client.kind == ClientRef::pipeline;
   // Every pipeline submit that reaches the router used one PULL credit, whatever the outcome.
   if (pipeline && st.pull_outstanding > 0) --st.pull_outstanding;
   if (job.class_index >= st.queue->class_count()) {
     grant_pull(self);
-    return {uint8_t{2}, uint32_t{0}, int64_t{-1}};
+    return {EnqueueResult::unknown_class, 0, -1};
   }
   auto now_ms = clock_ms(self);
   auto ci = job.class_index;
-  if (st.queued.count(job.uid) != 0) return {uint8_t{0}, uint32_t{0}, int64_t{-1}};
+  if (st.queued.count(job.uid) != 0) return {EnqueueResult::accepted, 0, -1};
   auto position = to_u32(st.queue->position_estimate(ci) + st.overflow[ci].size() +
                          retries_before(st, st.queue->config(ci).rank));
   AcceptedEvent acc;
@@ -449,7 +436,7 @@ std::tuple<uint8_t, uint32_t, int64_t> enqueue(Self* self, Job job) {
     ++st.overflowed;
     ++st.enqueued;
     dispatch(self);
-    return {uint8_t{0}, position, int64_t{-1}};
+    return {EnqueueResult::accepted, position, -1};
   }
   auto r = push_queue(self, job, now_ms);
   if (r == policy::PushResult::accepted) {
@@ -460,14 +447,14 @@ std::tuple<uint8_t, uint32_t, int64_t> enqueue(Self* self, Job job) {
     // Sent before any dispatch so that it reaches egress ahead of the job's first chunk.
     if (acc.to.kind == ClientRef::router) send_out(self, std::move(acc));
     dispatch(self);
-    return {uint8_t{0}, position, int64_t{-1}};
+    return {EnqueueResult::accepted, position, -1};
   }
-  if (r == policy::PushResult::duplicate) return {uint8_t{0}, position, int64_t{-1}};
+  if (r == policy::PushResult::duplicate) return {EnqueueResult::accepted, position, -1};
   ++st.rejected_full;
   auto retry = policy::retry_after_ms(st.queue->position_estimate(ci), st.drain->jobs_per_s(now_ms),
                                       st.opts.retry);
   grant_pull(self);
-  return {uint8_t{1}, uint32_t{0}, retry};
+  return {EnqueueResult::full, 0, retry};
 }
 
 void cancel(Self* self, uint64_t uid) {
@@ -506,22 +493,10 @@ void cancel(Self* self, uint64_t uid) {
   }
   ++st.cancelled;
   auto now_us = clock_us(self);
-  DoneEvent d;
-  d.to = job->client;
-  d.uid = job->uid;
-  d.id = job->id;
-  d.tenant = job->tenant;
-  d.finish = 2;  // cancelled
-  d.prompt_tokens = static_cast<uint32_t>(job->prompt.size());
+  DoneEvent d = make_done(*job, FinishReason::cancelled);
   if (job->arrival_us > 0)
     d.queue_ms = d.total_ms = std::max<int64_t>(0, now_us - job->arrival_us) / 1000.0;
-  JobOutcome o;
-  o.uid = job->uid;
-  o.id = job->id;
-  o.tenant = job->tenant;
-  o.outcome = 2;
-  o.code = static_cast<uint8_t>(ErrorCode::cancelled);
-  o.done = d;
+  JobOutcome o = make_outcome(d);
   send_out(self, std::move(d));
   report(self, std::move(o));
   dispatch(self);

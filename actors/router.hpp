@@ -47,9 +47,9 @@ std::vector<policy::PriorityClass> effective_classes(std::vector<policy::Priorit
 /// connect message's). Throws std::invalid_argument for a bad class list.
 ///
 /// Handles:
-///   (enqueue_atom, Job) -> (uint8 result, uint32 position, int64 retry_after_ms)
-///       result 0 accepted (an AcceptedEvent goes to egress for ROUTER clients), 1 class queue
-///       full (retry_after_ms = jobs ahead / measured dispatch rate, clamped), 2 unknown class.
+///   (enqueue_atom, Job) -> EnqueueReply {result, position, retry_after_ms}
+///       result accepted (an AcceptedEvent goes to egress for ROUTER clients), full (class queue
+///       full; retry_after_ms = jobs ahead / measured dispatch rate, clamped), unknown_class.
 ///       Pipeline jobs are never refused while the queue is full: they wait in a small overflow.
 ///   (credit_atom, caf::actor batcher, uint32 n)  the batcher takes n more jobs; the router
 ///       dispatches (run_atom, Job) to the batcher with the most credit, highest priority first.
@@ -57,9 +57,9 @@ std::vector<policy::PriorityClass> effective_classes(std::vector<policy::Priorit
 ///       prompt blocks instead, unless that one has more than cfg.prefix_affinity_slack credits
 ///       fewer than the freest (policies/prefix_route.hpp; docs/elasticity.md).
 ///   (cancel_atom, uint64 uid)  a queued job is removed (DoneEvent finish=cancelled to the client,
-///       JobOutcome outcome=2 to admission); otherwise forwarded to every batcher.
-///   (status_atom, uint64 uid) -> (uint8 state, uint32 position, uint32 completion_tokens)
-///       queued (0, jobs ahead of it were no more to arrive, 0) or running/unknown (1, 0, tokens
+///       JobOutcome outcome=cancelled to admission); otherwise forwarded to every batcher.
+///   (status_atom, uint64 uid) -> (JobState state, uint32 position, uint32 completion_tokens)
+///       queued (jobs ahead of it were no more to arrive, 0) or running/unknown (0, tokens
 ///       generated so far as its batcher reports them; 0 when no batcher holds it).
 ///   (pull_atom, uint32 n)  n PULL credits came back unused (admission answered those submits).
 ///   (connect_atom, caf::actor admission, TenantWeights)   wiring.

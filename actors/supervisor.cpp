@@ -10,7 +10,7 @@
 #include <string>
 
 #include "actors/batcher.hpp"
-#include "actors/batcher_clock.hpp"
+#include "actors/outcomes.hpp"
 #include "actors/messages.hpp"
 #include "model/llama.hpp"
 
@@ -213,7 +213,7 @@ void decide_scale(Self* self, const RouterStats& router, const std::vector<uint6
                   const std::vector<std::optional<BatcherStats>>& s) {
   auto& st = self->state;
   st.tick_busy = false;
-  const int64_t now = actor_clock_us(*self);
+  const int64_t now = clock_us(self);
   policy::AutoscaleSnapshot snap;
   snap.now_ms = now / 1000;
   snap.queued = static_cast<uint64_t>(std::max<int64_t>(0, router.waiting_total));

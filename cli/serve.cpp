@@ -138,7 +138,11 @@ int cmd_serve(const Args& a) {
   if (a.has("bind")) cfg.endpoints.bind = a.str("bind");
   if (a.has("pull")) cfg.endpoints.pull = a.str("pull");
   if (a.has("results")) cfg.endpoints.results = a.str("results");
-  if (a.has("backend")) cfg.executors.backend = a.str("backend");
+  if (a.has("backend")) {
+    const auto b = parse_backend(a.str("backend"));
+    if (!b) throw UsageError("--backend must be auto, cpu, cuda or null");
+    cfg.executors.backend = *b;
+  }
   if (a.has("executors")) {
     long long n = a.integer("executors", 1);
     if (n < 1 || n > 256) throw UsageError("--executors must be in [1, 256]");
@@ -259,8 +263,6 @@ int cmd_serve(const Args& a) {
               << (cfg.executors.test_fault_throw_after > 0 ? "throw" : "hang") << " after "
               << std::max(cfg.executors.test_fault_throw_after, cfg.executors.test_fault_hang_after)
               << " steps\n";
-  if (!known_backend(cfg.executors.backend))
-    throw UsageError("--backend must be auto, cpu, cuda or null");
   finalize_config(cfg);
   {
     // auto becomes cuda or cpu here, so that the log and the banner name what runs.
@@ -268,8 +270,8 @@ int cmd_serve(const Args& a) {
     cfg.executors.backend = resolve_backend(cfg.executors.backend, &why);
     std::cerr << "switchyard: " << why << "\n";
   }
-  if (cfg.executors.backend != "null" && cfg.model.empty()) cfg.model = demo_model_path();
-  if (cfg.executors.backend == "null")
+  if (cfg.executors.backend != Backend::null && cfg.model.empty()) cfg.model = demo_model_path();
+  if (cfg.executors.backend == Backend::null)
     std::cerr << "switchyard: backend null: no model, every token is a fixed id (overhead "
                  "measurements only, the output is not text)\n";
   if (cfg.batching.step_delay_ms > 0)
@@ -293,8 +295,8 @@ int cmd_serve(const Args& a) {
   if (!server.metrics_endpoint().empty())
     std::cout << "switchyard: metrics on http://" << server.metrics_endpoint() << "\n";
   std::cout << "switchyard: ready (" << cfg.executors.count << " executor"
-            << (cfg.executors.count > 1 ? "s" : "") << ", backend " << cfg.executors.backend << ")"
-            << std::endl;
+            << (cfg.executors.count > 1 ? "s" : "") << ", backend "
+            << to_string(cfg.executors.backend) << ")" << std::endl;
 
   int sig = 0;
   // SIGUSR1 prints the counters as one JSON line on stdout (operators, integration tests).

@@ -19,44 +19,52 @@ int usable_cuda_devices() {
 #endif
 }
 
-std::string resolve_backend(const std::string& requested, std::string* why) {
+namespace {
+std::string name_of(Backend b) {
+  const auto i = static_cast<unsigned>(b);
+  return i < detail::backend_names.size() ? std::string(to_string(b)) : std::to_string(i);
+}
+}  // namespace
+
+Backend resolve_backend(Backend requested, std::string* why) {
   auto say = [&](const std::string& s) {
     if (why) *why = s;
   };
-  if (requested == "cpu" || requested == "null") {
-    say("backend " + requested + " (as configured)");
+  if (requested == Backend::cpu || requested == Backend::null) {
+    say("backend " + name_of(requested) + " (as configured)");
     return requested;
   }
-  if (requested != "auto" && requested != "cuda") {
-    throw std::invalid_argument("unknown backend '" + requested + "' (auto, cpu, cuda or null)");
+  if (requested != Backend::automatic && requested != Backend::cuda) {
+    throw std::invalid_argument("unknown backend '" + name_of(requested) +
+                                "' (auto, cpu, cuda or null)");
   }
 #ifdef SWITCHYARD_HAVE_CUDA
   const int n = usable_cuda_devices();
   if (n > 0) {
     say("backend cuda (" + std::to_string(n) + " CUDA device" + (n > 1 ? "s" : "") + ")");
-    return "cuda";
+    return Backend::cuda;
   }
-  if (requested == "cuda") {
+  if (requested == Backend::cuda) {
     throw std::runtime_error(
         "backend cuda: no usable CUDA device (no GPU, no driver, or a driver older than the "
         "CUDA runtime); use --backend cpu or auto");
   }
   say("backend cpu (auto: no usable CUDA device)");
 #else
-  if (requested == "cuda") {
+  if (requested == Backend::cuda) {
     throw std::runtime_error(
         "backend cuda: this build has no CUDA backend (configure with -DSWITCHYARD_CUDA=ON where "
         "nvcc is installed); use --backend cpu or auto");
   }
   say("backend cpu (auto: this build has no CUDA backend)");
 #endif
-  return "cpu";
+  return Backend::cpu;
 }
 
-std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<LlamaModel> model,
+std::unique_ptr<Engine> make_engine(Backend backend, std::shared_ptr<LlamaModel> model,
                                     const EngineOptions& opts, int device, double kv_gpu_fraction) {
-  if (backend == "cpu") return make_cpu_engine(std::move(model), opts);
-  if (backend == "cuda") {
+  if (backend == Backend::cpu) return make_cpu_engine(std::move(model), opts);
+  if (backend == Backend::cuda) {
     // The CUDA engine keeps one block table for every layer (docs/kv_policies.md).
     if (opts.n_window_blocks > 0)
       throw std::invalid_argument(
@@ -81,7 +89,8 @@ std::unique_ptr<Engine> make_engine(const std::string& backend, std::shared_ptr<
     throw std::runtime_error("make_engine: this build has no CUDA backend");
 #endif
   }
-  throw std::invalid_argument("make_engine: unknown backend '" + backend + "' (cpu or cuda)");
+  throw std::invalid_argument("make_engine: unknown backend '" + name_of(backend) +
+                              "' (cpu or cuda)");
 }
 
 }  // namespace sy

@@ -53,7 +53,7 @@ OutMessage encode_event(const DoneEvent& e) {
   wire::Done d;
   d.id = e.id;
   d.tenant = e.tenant;
-  d.finish_reason = static_cast<wire::FinishReason>(e.finish <= 2 ? e.finish : 0);
+  d.finish_reason = e.finish <= FinishReason::cancelled ? e.finish : FinishReason::stop;
   d.text = sanitize_utf8(e.text);
   d.ids = e.ids;
   d.usage = {e.prompt_tokens, e.completion_tokens, e.cached_tokens};
@@ -69,8 +69,7 @@ OutMessage encode_event(const ErrorEvent& e) {
   w.id = e.id;
   w.tenant = e.tenant;
   // An out-of-range code is a bug upstream; say so rather than send an unknown name.
-  w.code = e.code <= static_cast<uint8_t>(ErrorCode::internal) ? static_cast<ErrorCode>(e.code)
-                                                               : ErrorCode::internal;
+  w.code = e.code <= ErrorCode::internal ? e.code : ErrorCode::internal;
   w.message = sanitize_utf8(e.message);
   if (e.retry_after_ms >= 0)
     w.retry_after_ms = static_cast<uint32_t>(std::min<int64_t>(e.retry_after_ms, UINT32_MAX));
@@ -80,7 +79,7 @@ OutMessage encode_event(const ErrorEvent& e) {
 OutMessage encode_event(const StatusEvent& e) {
   wire::StatusReply s;
   s.id = e.id;
-  s.state = static_cast<wire::JobState>(e.state <= 4 ? e.state : 0);
+  s.state = e.state <= JobState::cancelled ? e.state : JobState::queued;
   s.queue_position = e.queue_position;
   s.completion_tokens = e.completion_tokens;
   s.tenant = e.tenant;

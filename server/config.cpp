@@ -360,9 +360,9 @@ void load_executors(const Ctx& c, const YAML::Node& n, ExecutorConfig& e) {
   each(c, "executors", n, {"backend", "count", "threads"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "backend") {
-           e.backend = get_string(c, key, v);
-           if (!known_backend(e.backend))
-             c.fail(key, v, "unknown backend " + shown(v) + " (auto, cpu, cuda or null)");
+           const auto b = parse_backend(get_string(c, key, v));
+           if (!b) c.fail(key, v, "unknown backend " + shown(v) + " (auto, cpu, cuda or null)");
+           e.backend = *b;
          }
          // More pairs than this would only contend for the same cores.
          else if (k == "count")
@@ -494,8 +494,9 @@ void finalize_config(ServerConfig& cfg) {
     // Ten seconds of the rate lets a tenant send a burst without waiting for refill.
     if (t.tokens_per_second > 0 && t.burst_tokens <= 0) t.burst_tokens = t.tokens_per_second * 10;
   }
-  if (!known_backend(cfg.executors.backend))
-    throw std::runtime_error("config: unknown backend '" + cfg.executors.backend +
+  if (cfg.executors.backend > Backend::null)
+    throw std::runtime_error("config: unknown backend '" +
+                             std::to_string(static_cast<unsigned>(cfg.executors.backend)) +
                              "' (auto, cpu, cuda or null)");
   if (cfg.executors.count < 1) throw std::runtime_error("config: executors.count must be >= 1");
   if (cfg.executors.threads < 0) throw std::runtime_error("config: executors.threads must be >= 0");

@@ -95,9 +95,10 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   // auto: cuda where a device answers, else cpu; cuda without a device throws, saying why.
   d.cfg.executors.backend = resolve_backend(d.cfg.executors.backend);
   const auto& c = d.cfg;
-  if (c.executors.backend != "null") {
+  if (c.executors.backend != Backend::null) {
     if (c.model.empty())
-      throw std::invalid_argument("the " + c.executors.backend + " backend needs a model file");
+      throw std::invalid_argument("the " + std::string(to_string(c.executors.backend)) +
+                                  " backend needs a model file");
     d.model = LlamaModel::load(c.model);
   }
   d.sys = std::make_unique<caf::actor_system>(d.sys_cfg);
@@ -159,7 +160,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   sc.knobs.downscale_delay_ms = c.autoscale.downscale_delay_ms;
   sc.interval_ms = c.autoscale.interval_ms;
   // One slot per CUDA device for the cuda backend (a pair per device); CPU slots otherwise.
-  sc.slots = policy::executor_slots(c.executors.backend == "cuda", usable_cuda_devices(),
+  sc.slots = policy::executor_slots(c.executors.backend == Backend::cuda, usable_cuda_devices(),
                                     sc.knobs.max_executors);
   // Engine threads: the cores split between the most executors that may run, at least one each.
   int threads = c.executors.threads;
@@ -168,14 +169,14 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
         std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / sc.knobs.max_executors);
   // On a GPU with kv_memory_mb 0 (auto) each engine sizes its pool from the device's free
   // memory and the supervisor hands that size to the pair's batcher.
-  const bool device_kv = c.executors.backend == "cuda" && c.batching.kv_memory_mb == 0;
+  const bool device_kv = c.executors.backend == Backend::cuda && c.batching.kv_memory_mb == 0;
   const int64_t kv_per_token =
       d.model ? d.model->limits().kv_bytes_per_token(c.batching.kv_dtype) : 0;
   // A model whose layers are of two kinds (gemma2) keeps its windowed layers' K/V in a pool of
   // their own on the CPU backend unless batching.layer_window_kv is keep; the CUDA engine keeps
   // one block table for all layers.
-  const bool split = c.executors.backend == "cpu" && c.batching.release_layer_windows && d.model &&
-                     d.model->limits().split_window() > 0;
+  const bool split = c.executors.backend == Backend::cpu && c.batching.release_layer_windows &&
+                     d.model && d.model->limits().split_window() > 0;
   KvPools pools;
   if (split) {
     pools = kv_pools_for(c.batching, d.model->limits(), true);
@@ -222,8 +223,9 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   sc.executor.test_fault_hang_after = c.executors.test_fault_hang_after;
   sc.executor.test_nan_logits_token = c.executors.test_nan_logits_token;
   // Fail here, not inside the actor, when the executor cannot be built (bad backend or model).
-  if (sc.executor.backend != "null" && !sc.executor.model)
-    throw std::invalid_argument("the " + sc.executor.backend + " backend needs a model");
+  if (sc.executor.backend != Backend::null && !sc.executor.model)
+    throw std::invalid_argument("the " + std::string(to_string(sc.executor.backend)) +
+                                " backend needs a model");
   SupervisorWiring sw;
   sw.router = d.router;
   sw.egress = out;

@@ -193,9 +193,8 @@ std::string encode_result(const JobOutcome& o) {
   p.pack_map(2 + count([](auto& v, auto& r) { outcome_fields(v, r); }, o) + 1);
   put_head(w, RecordKind::result, o.uid);
   outcome_fields(w, o);
-  // Only the event that ends the job is kept: the other one is empty. Outcome 1 is an error
-  // (JobOutcome::outcome).
-  if (static_cast<int>(o.outcome) == 1)
+  // Only the event that ends the job is kept: the other one is empty.
+  if (o.outcome == Outcome::error)
     w("error", o.error);
   else
     w("done", o.done);

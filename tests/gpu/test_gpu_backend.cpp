@@ -17,11 +17,11 @@ BOOST_TEST_GLOBAL_FIXTURE(RequireGpu);
 
 BOOST_AUTO_TEST_CASE(auto_resolves_to_cuda_with_a_device) {
   std::string why;
-  BOOST_TEST(sy::resolve_backend("auto", &why) == "cuda");
+  BOOST_TEST((sy::resolve_backend(sy::Backend::automatic, &why) == sy::Backend::cuda));
   BOOST_TEST(why.find("cuda") != std::string::npos, why);
-  BOOST_TEST(sy::resolve_backend("cuda") == "cuda");
-  BOOST_TEST(sy::resolve_backend("cpu") == "cpu");
-  BOOST_CHECK_THROW(sy::resolve_backend("tpu"), std::invalid_argument);
+  BOOST_TEST((sy::resolve_backend(sy::Backend::cuda) == sy::Backend::cuda));
+  BOOST_TEST((sy::resolve_backend(sy::Backend::cpu) == sy::Backend::cpu));
+  BOOST_CHECK_THROW(sy::resolve_backend(static_cast<sy::Backend>(7)), std::invalid_argument);
 }
 
 BOOST_AUTO_TEST_CASE(greedy_steps_on_the_device_give_llamacpp_ids) {
@@ -29,8 +29,8 @@ BOOST_AUTO_TEST_CASE(greedy_steps_on_the_device_give_llamacpp_ids) {
   sy::EngineOptions o;
   o.block_size = 16;
   o.n_blocks = 256;
-  auto e = sy::make_engine("cuda", sy::test::stories_model(), o, 0);
-  auto cpu = sy::make_engine("cpu", sy::test::stories_model(), o, 0);
+  auto e = sy::make_engine(sy::Backend::cuda, sy::test::stories_model(), o, 0);
+  auto cpu = sy::make_engine(sy::Backend::cpu, sy::test::stories_model(), o, 0);
   std::vector<int32_t> unused;
   BOOST_TEST(!cpu->step_greedy({}, unused));  // the CPU engine leaves greedy picks to the host
 

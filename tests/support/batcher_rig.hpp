@@ -172,7 +172,7 @@ struct Rig {
 
 inline ExecutorSpec cpu_spec() {
   ExecutorSpec e;
-  e.backend = "cpu";
+  e.backend = Backend::cpu;
   e.model = stories();
   e.threads = 1;  // the test machine's cores are shared
   return e;

@@ -12,6 +12,7 @@
 #include "ingress/error_code.hpp"
 #include "model/llama.hpp"
 #include "tests/support/stats_probe.hpp"
+#include "tests/support/enum_print.hpp"
 #include "tests/support/test_system.hpp"
 
 using namespace sy;
@@ -126,13 +127,13 @@ struct Rig : test::TestSystem {
     o.uid = j.uid;
     o.id = j.id;
     o.tenant = j.tenant;
-    o.outcome = 0;
+    o.outcome = Outcome::done;
     o.tokens_used = static_cast<uint32_t>(j.prompt.size()) + completion;
     o.done.to = j.client;
     o.done.uid = j.uid;
     o.done.id = j.id;
     o.done.tenant = j.tenant;
-    o.done.finish = 1;
+    o.done.finish = FinishReason::length;
     o.done.text = "done-text";
     o.done.completion_tokens = completion;
     o.done.prompt_tokens = static_cast<uint32_t>(j.prompt.size());
@@ -143,12 +144,11 @@ struct Rig : test::TestSystem {
   R stats_of(const caf::actor& who) {
     return test::probe_stats<R>(*this, who);
   }
-  uint8_t last_error() const { return t->errors.empty() ? 255 : t->errors.back().code; }
+  // An out-of-range code when there is none: it equals no ErrorCode.
+  ErrorCode last_error() const {
+    return t->errors.empty() ? static_cast<ErrorCode>(255) : t->errors.back().code;
+  }
 };
-
-constexpr uint8_t code(ErrorCode c) {
-  return static_cast<uint8_t>(c);
-}
 
 AdmissionConfig with_tenants(std::vector<TenantConfig> ts) {
   AdmissionConfig ac;
@@ -170,11 +170,11 @@ BOOST_AUTO_TEST_CASE(token_compare) {
 BOOST_AUTO_TEST_CASE(unknown_tenant_or_wrong_token_is_unauthorized_before_any_queue) {
   Rig rig(with_tenants({tenant("acme", "s3cret")}));
   rig.submit(rig.req("nobody", "s3cret", "j1"));
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::unauthorized));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::unauthorized);
   rig.submit(rig.req("acme", "wrong", "j1"));
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::unauthorized));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::unauthorized);
   rig.submit(rig.req("acme", "", "j1"));
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::unauthorized));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::unauthorized);
   BOOST_CHECK_EQUAL(rig.t->errors.size(), 3u);
   BOOST_CHECK_EQUAL(rig.t->errors[0].to.identity, "c1");
   BOOST_CHECK_EQUAL(rig.stats_of<RouterStats>(rig.router).enqueued, 0);
@@ -186,9 +186,9 @@ BOOST_AUTO_TEST_CASE(unknown_tenant_or_wrong_token_is_unauthorized_before_any_qu
   BOOST_CHECK_EQUAL(rig.stats_of<RouterStats>(rig.router).enqueued, 1);
   // Cancel and status need the token too.
   rig.key(KeyRequest::cancel, "acme", "bad", "j1");
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::unauthorized));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::unauthorized);
   rig.key(KeyRequest::status, "acme", "bad", "j1");
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::unauthorized));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::unauthorized);
   BOOST_CHECK(rig.t->statuses.empty());
 }
 
@@ -207,7 +207,7 @@ BOOST_AUTO_TEST_CASE(jobs_in_flight_quota) {
   rig.submit(rig.req("acme", "", "j2"));
   rig.submit(rig.req("acme", "", "j3"));
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 1u);
-  BOOST_CHECK_EQUAL(rig.t->errors[0].code, code(ErrorCode::rate_limited));
+  BOOST_CHECK_EQUAL(rig.t->errors[0].code, ErrorCode::rate_limited);
   BOOST_CHECK_EQUAL(rig.t->errors[0].id, "j3");
   BOOST_CHECK_GT(rig.t->errors[0].retry_after_ms, 0);
   BOOST_CHECK_NE(rig.t->errors[0].message.find("limit 2"), std::string::npos);
@@ -226,7 +226,7 @@ BOOST_AUTO_TEST_CASE(token_rate_quota_with_retry_after) {
   BOOST_CHECK(rig.t->errors.empty());
   rig.submit(rig.req("acme", "", "j3"));
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 1u);
-  BOOST_CHECK_EQUAL(rig.t->errors[0].code, code(ErrorCode::rate_limited));
+  BOOST_CHECK_EQUAL(rig.t->errors[0].code, ErrorCode::rate_limited);
   // 13 tokens at 10/s: 1.3 s.
   BOOST_CHECK_GE(rig.t->errors[0].retry_after_ms, 1250);
   BOOST_CHECK_LE(rig.t->errors[0].retry_after_ms, 1350);
@@ -245,22 +245,22 @@ BOOST_AUTO_TEST_CASE(bad_requests_name_the_numbers) {
   r.prompt_text = "123456789";  // null model: one token per byte
   rig.submit(r);
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 1u);
-  BOOST_CHECK_EQUAL(rig.t->errors[0].code, code(ErrorCode::bad_request));
+  BOOST_CHECK_EQUAL(rig.t->errors[0].code, ErrorCode::bad_request);
   BOOST_CHECK_EQUAL(rig.t->errors[0].message, "prompt has 9 tokens, limit 8");
   r = rig.req("t", "", "cls");
   r.priority = "urgent";
   rig.submit(r);
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::bad_request));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::bad_request);
   BOOST_CHECK_NE(rig.t->errors.back().message.find("urgent"), std::string::npos);
   r = rig.req("t", "", "big");
   r.max_tokens = 101;
   rig.submit(r);
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::bad_request));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::bad_request);
   BOOST_CHECK_NE(rig.t->errors.back().message.find("101"), std::string::npos);
   r = rig.req("t", "", "empty");
   r.prompt_text = "";
   rig.submit(r);
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::bad_request));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::bad_request);
   BOOST_CHECK_EQUAL(rig.t->errors.size(), 4u);
   BOOST_CHECK_EQUAL(rig.stats_of<RouterStats>(rig.router).enqueued, 0);
   // The class is honoured when valid.
@@ -306,7 +306,7 @@ BOOST_AUTO_TEST_CASE(model_tokenizes_and_bounds_by_context) {
   r.prompt_ids.assign(static_cast<std::size_t>(ctx + 1), 5);
   rig.submit(r);
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 1u);
-  BOOST_CHECK_EQUAL(rig.t->errors[0].code, code(ErrorCode::bad_request));
+  BOOST_CHECK_EQUAL(rig.t->errors[0].code, ErrorCode::bad_request);
   BOOST_CHECK_EQUAL(rig.t->errors[0].message, "prompt has " + std::to_string(ctx + 1) +
                                                   " tokens, limit " + std::to_string(ctx) +
                                                   " (the model's context length)");
@@ -315,7 +315,7 @@ BOOST_AUTO_TEST_CASE(model_tokenizes_and_bounds_by_context) {
   r.prompt_is_ids = true;
   r.prompt_ids = {1, model->config().n_vocab};
   rig.submit(r);
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::bad_request));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::bad_request);
   r = rig.req("t", "", "fits");
   r.prompt_is_ids = true;
   r.prompt_ids.assign(static_cast<std::size_t>(ctx - 8), 5);
@@ -360,24 +360,24 @@ BOOST_AUTO_TEST_CASE(status_of_own_jobs_only) {
   rig.key(KeyRequest::status, "acme", "", "a");
   rig.key(KeyRequest::status, "acme", "", "b");
   BOOST_REQUIRE_EQUAL(rig.t->statuses.size(), 2u);
-  BOOST_CHECK_EQUAL(rig.t->statuses[0].state, 1);               // running
+  BOOST_CHECK_EQUAL(rig.t->statuses[0].state, JobState::running);
   BOOST_CHECK_EQUAL(rig.t->statuses[0].completion_tokens, 3u);  // as its batcher counts them
   BOOST_CHECK_EQUAL(rig.t->statuses[0].tenant, "acme");
-  BOOST_CHECK_EQUAL(rig.t->statuses[1].state, 0);  // queued
+  BOOST_CHECK_EQUAL(rig.t->statuses[1].state, JobState::queued);
   BOOST_CHECK_EQUAL(rig.t->statuses[1].id, "b");
   BOOST_CHECK_EQUAL(rig.t->statuses[1].queue_position, 0u);  // nothing waits ahead of it
   rig.finish(rig.t->runs[0], 5);
   rig.key(KeyRequest::status, "acme", "", "a");
   BOOST_REQUIRE_EQUAL(rig.t->statuses.size(), 3u);
-  BOOST_CHECK_EQUAL(rig.t->statuses[2].state, 2);  // done
+  BOOST_CHECK_EQUAL(rig.t->statuses[2].state, JobState::done);
   BOOST_CHECK_EQUAL(rig.t->statuses[2].completion_tokens, 5u);
   // Unknown keys and other tenants' keys look the same: not_found.
   rig.key(KeyRequest::status, "acme", "", "nope");
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::not_found));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::not_found);
   rig.key(KeyRequest::status, "intruder", "", "b");
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::not_found));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::not_found);
   rig.key(KeyRequest::cancel, "intruder", "", "b");
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::not_found));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::not_found);
   BOOST_CHECK_EQUAL(rig.t->errors.size(), 3u);
   BOOST_CHECK_EQUAL(rig.stats_of<RouterStats>(rig.router).cancelled, 0);
 }
@@ -387,11 +387,11 @@ BOOST_AUTO_TEST_CASE(cancel_queued_job_then_resubmit_returns_its_outcome) {
   rig.submit(rig.req("acme", "tok", "a"));
   rig.key(KeyRequest::cancel, "acme", "tok", "a");
   BOOST_REQUIRE_EQUAL(rig.t->dones.size(), 1u);
-  BOOST_CHECK_EQUAL(rig.t->dones[0].finish, 2);
+  BOOST_CHECK_EQUAL(rig.t->dones[0].finish, FinishReason::cancelled);
   BOOST_CHECK_EQUAL(rig.t->dones[0].id, "a");
   rig.key(KeyRequest::status, "acme", "tok", "a");
   BOOST_REQUIRE_EQUAL(rig.t->statuses.size(), 1u);
-  BOOST_CHECK_EQUAL(rig.t->statuses[0].state, 4);  // cancelled
+  BOOST_CHECK_EQUAL(rig.t->statuses[0].state, JobState::cancelled);
   // A key runs at most once: resubmitted, the cancelled key answers its stored done (finish
   // cancelled) and runs nothing, without an accepted.
   rig.credit(1);
@@ -401,7 +401,7 @@ BOOST_AUTO_TEST_CASE(cancel_queued_job_then_resubmit_returns_its_outcome) {
   BOOST_CHECK(rig.t->runs.empty());
   BOOST_CHECK_EQUAL(rig.t->accepted.size(), accepted);
   BOOST_REQUIRE_EQUAL(rig.t->dones.size(), 2u);
-  BOOST_CHECK_EQUAL(rig.t->dones[1].finish, 2);
+  BOOST_CHECK_EQUAL(rig.t->dones[1].finish, FinishReason::cancelled);
   BOOST_CHECK_EQUAL(rig.t->dones[1].to.identity, "c2");
   // The in-flight slot (limit 1) came back: a new key runs.
   rig.submit(rig.req("acme", "tok", "b"));
@@ -418,12 +418,12 @@ BOOST_AUTO_TEST_CASE(full_queue_is_overloaded_and_frees_the_quota) {
   rig.submit(rig.req("acme", "", "a"));
   rig.submit(rig.req("acme", "", "b"));
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 1u);
-  BOOST_CHECK_EQUAL(rig.t->errors[0].code, code(ErrorCode::overloaded));
+  BOOST_CHECK_EQUAL(rig.t->errors[0].code, ErrorCode::overloaded);
   BOOST_CHECK_EQUAL(rig.t->errors[0].id, "b");
   BOOST_CHECK_GE(rig.t->errors[0].retry_after_ms, 20);
   // b's in-flight slot was given back: c is refused by the queue, not by the quota.
   rig.submit(rig.req("acme", "", "c"));
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::overloaded));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::overloaded);
   // b was forgotten, so its resubmission is a new job once there is room.
   rig.credit(1);
   rig.submit(rig.req("acme", "", "b"));
@@ -439,17 +439,17 @@ BOOST_AUTO_TEST_CASE(deadline_expiry_ends_the_key) {
   rig.sched->advance_time(std::chrono::milliseconds(60));
   rig.sched->run();
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 1u);
-  BOOST_CHECK_EQUAL(rig.t->errors[0].code, code(ErrorCode::deadline_exceeded));
+  BOOST_CHECK_EQUAL(rig.t->errors[0].code, ErrorCode::deadline_exceeded);
   rig.key(KeyRequest::status, "acme", "", "d");
   BOOST_REQUIRE_EQUAL(rig.t->statuses.size(), 1u);
-  BOOST_CHECK_EQUAL(rig.t->statuses[0].state, 3);  // failed
+  BOOST_CHECK_EQUAL(rig.t->statuses[0].state, JobState::failed);
   BOOST_CHECK_EQUAL(rig.stats_of<AdmissionStats>(rig.admission).active, 0);
   // Resubmitted, the key answers the error it ended with and never runs.
   rig.credit(1);
   rig.submit(rig.req("acme", "", "d", "c2"));
   BOOST_CHECK(rig.t->runs.empty());
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 2u);
-  BOOST_CHECK_EQUAL(rig.t->errors[1].code, code(ErrorCode::deadline_exceeded));
+  BOOST_CHECK_EQUAL(rig.t->errors[1].code, ErrorCode::deadline_exceeded);
   BOOST_CHECK_EQUAL(rig.t->errors[1].to.identity, "c2");
   BOOST_CHECK_EQUAL(rig.t->errors[1].id, "d");
   BOOST_CHECK_EQUAL(rig.t->errors[1].tenant, "acme");
@@ -463,12 +463,12 @@ BOOST_AUTO_TEST_CASE(drain_refuses_new_work_and_pipeline_credit_returns) {
   r.client.kind = ClientRef::pipeline;
   r.client.identity.clear();
   rig.submit(r);  // refused by admission: the gateway's credit comes back to the router
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::unauthorized));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::unauthorized);
   BOOST_CHECK_EQUAL(rig.stats_of<RouterStats>(rig.router).pull_outstanding,
                     static_cast<int64_t>(window) - 1);
   caf::anon_send(rig.admission, drain_atom::value);
   rig.submit(rig.req("acme", "", "late"));
-  BOOST_CHECK_EQUAL(rig.last_error(), code(ErrorCode::unavailable));
+  BOOST_CHECK_EQUAL(rig.last_error(), ErrorCode::unavailable);
 }
 
 BOOST_AUTO_TEST_CASE(internal_cancel_needs_no_token_and_gets_no_reply) {
@@ -483,7 +483,7 @@ BOOST_AUTO_TEST_CASE(internal_cancel_needs_no_token_and_gets_no_reply) {
   rig.sched->run();
   BOOST_CHECK(rig.t->errors.empty());
   BOOST_REQUIRE_EQUAL(rig.t->dones.size(), 1u);
-  BOOST_CHECK_EQUAL(rig.t->dones[0].finish, 2);
+  BOOST_CHECK_EQUAL(rig.t->dones[0].finish, FinishReason::cancelled);
   k.id = "unknown";
   caf::anon_send(rig.admission, cancel_atom::value, k);
   rig.sched->run();

@@ -15,6 +15,7 @@
 #include "actors/router.hpp"
 #include "ingress/error_code.hpp"
 #include "tests/support/stats_probe.hpp"
+#include "tests/support/enum_print.hpp"
 #include "tests/support/test_system.hpp"
 
 using namespace sy;
@@ -112,7 +113,7 @@ struct Rig : test::TestSystem {
     o.uid = j.uid;
     o.id = j.id;
     o.tenant = j.tenant;
-    o.outcome = 0;
+    o.outcome = Outcome::done;
     o.tokens_used = static_cast<uint32_t>(j.prompt.size()) + completion;
     o.done.to = j.client;
     o.done.uid = j.uid;
@@ -172,8 +173,7 @@ BOOST_AUTO_TEST_CASE(an_unknown_tenant_is_forgotten_once_idle_for_the_configured
   rig.submit("a", "j2");
   BOOST_CHECK_EQUAL(rig.t->runs.size(), 3u);
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 3u);  // the three status probes only
-  for (const auto& e : rig.t->errors)
-    BOOST_CHECK_EQUAL(e.code, static_cast<uint8_t>(ErrorCode::not_found));
+  for (const auto& e : rig.t->errors) BOOST_CHECK_EQUAL(e.code, ErrorCode::not_found);
   // Its job ends like any other (the tenant entry was made anew by the submit).
   rig.finish(rig.t->runs[2], 2);
   rig.finish(rig.t->runs[1], 2);
@@ -264,7 +264,7 @@ BOOST_AUTO_TEST_CASE(tenant_labels_beyond_the_cap_are_folded_into_other) {
   auto job = [&](const std::string& tenant) {
     JobOutcome o;
     o.tenant = tenant;
-    o.outcome = 0;
+    o.outcome = Outcome::done;
     caf::anon_send(m, finished_atom::value, o, std::string("interactive"));
     ts.sched->run();
   };

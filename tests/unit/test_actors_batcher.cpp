@@ -17,6 +17,7 @@
 #include "ingress/error_code.hpp"
 #include "model/llama.hpp"
 #include "tests/support/batcher_rig.hpp"
+#include "tests/support/enum_print.hpp"
 #include "tests/support/reference.hpp"
 
 using namespace sy;
@@ -69,10 +70,10 @@ void check_golden_run(Rig& rig) {
       BOOST_TEST(s.errors == 0);
       BOOST_TEST(s.dones == 1);
       BOOST_TEST(s.outcomes == 1);
-      BOOST_TEST(s.done.finish == 1);  // length
+      BOOST_TEST(s.done.finish == FinishReason::length);  // length
       BOOST_TEST(s.done.completion_tokens == 64u);
       BOOST_TEST(s.done.prompt_tokens == g.prompt.size());
-      BOOST_TEST(s.outcome.outcome == 0);
+      BOOST_TEST(s.outcome.outcome == Outcome::done);
       BOOST_TEST(s.outcome.done.ids == g.ids, boost::test_tools::per_element());
       BOOST_TEST(s.outcome.done.text == tok.decode(g.ids));
       if (stream) {
@@ -157,8 +158,8 @@ BOOST_AUTO_TEST_CASE(cancel_mid_stream_frees_blocks) {
   rig.sink->send(rig.batcher, cancel_atom::value, uid);
   rig.wait_all({uid});
   const Seen& s = rig.seen[uid];
-  BOOST_TEST(s.done.finish == 2);  // cancelled
-  BOOST_TEST(s.outcome.outcome == 2);
+  BOOST_TEST(s.done.finish == FinishReason::cancelled);  // cancelled
+  BOOST_TEST(s.outcome.outcome == Outcome::cancelled);
   BOOST_TEST(s.done.completion_tokens < 1000u);
   BOOST_TEST(s.done.completion_tokens == s.stream_ids.size());
   const BatcherStats st = rig.stats(rig.batcher);
@@ -185,10 +186,10 @@ BOOST_AUTO_TEST_CASE(stop_string_cuts_text_and_stream) {
   const Seen& streamed = rig.seen[uids[0]];
   const Seen& plain = rig.seen[uids[1]];
   BOOST_TEST(streamed.stream_text == ", there was a little girl named ");
-  BOOST_TEST(streamed.done.finish == 0);  // stop
+  BOOST_TEST(streamed.done.finish == FinishReason::stop);  // stop
   BOOST_TEST(streamed.outcome.done.text == ", there was a little girl named ");
   BOOST_TEST(plain.done.text == ", there was a little girl named ");
-  BOOST_TEST(plain.done.finish == 0);
+  BOOST_TEST(plain.done.finish == FinishReason::stop);
   // The token that completed the stop string is the last id; nothing after it.
   const Tokenizer& tok = stories()->tokenizer();
   size_t k = 1;
@@ -210,12 +211,12 @@ BOOST_AUTO_TEST_CASE(max_tokens_ends_with_length) {
   rig.wait_all({a, b});
   const std::vector<int32_t> want_a(gold[1].ids.begin(), gold[1].ids.begin() + 5);
   BOOST_TEST(rig.seen[a].done.ids == want_a, boost::test_tools::per_element());
-  BOOST_TEST(rig.seen[a].done.finish == 1);
+  BOOST_TEST(rig.seen[a].done.finish == FinishReason::length);
   BOOST_TEST(rig.seen[a].done.completion_tokens == 5u);
   BOOST_TEST(rig.seen[a].outcome.tokens_used == gold[1].prompt.size() + 5);
   BOOST_TEST(rig.seen[b].stream_ids == std::vector<int32_t>{gold[2].ids[0]},
              boost::test_tools::per_element());
-  BOOST_TEST(rig.seen[b].done.finish == 1);
+  BOOST_TEST(rig.seen[b].done.finish == FinishReason::length);
 }
 
 BOOST_AUTO_TEST_CASE(job_too_big_for_the_pool_fails_at_once) {
@@ -227,8 +228,8 @@ BOOST_AUTO_TEST_CASE(job_too_big_for_the_pool_fails_at_once) {
   const uint64_t fits = rig.submit(rig.job(golden64()[0].prompt, 8, false));
   rig.wait_all({big, fits});
   BOOST_TEST(rig.seen[big].errors == 1);
-  BOOST_TEST(rig.seen[big].error.code == static_cast<uint8_t>(ErrorCode::bad_request));
-  BOOST_TEST(rig.seen[big].outcome.outcome == 1);
+  BOOST_TEST(rig.seen[big].error.code == ErrorCode::bad_request);
+  BOOST_TEST(rig.seen[big].outcome.outcome == Outcome::error);
   BOOST_TEST(rig.seen[fits].done.completion_tokens == 8u);
 }
 
@@ -291,8 +292,8 @@ BOOST_AUTO_TEST_CASE(chunked_prefill_plans_and_executor_failure) {
   // The third step failed: both jobs end with engine_dead, their blocks back.
   for (uint64_t u : {a, b}) {
     BOOST_TEST(rig.seen[u].errors == 1);
-    BOOST_TEST(rig.seen[u].error.code == static_cast<uint8_t>(ErrorCode::engine_dead));
-    BOOST_TEST(rig.seen[u].outcome.code == static_cast<uint8_t>(ErrorCode::engine_dead));
+    BOOST_TEST(rig.seen[u].error.code == ErrorCode::engine_dead);
+    BOOST_TEST(rig.seen[u].outcome.code == ErrorCode::engine_dead);
   }
   BOOST_TEST(rig.stats(rig.batcher).blocks_used == 0);
 }
@@ -301,7 +302,7 @@ BOOST_AUTO_TEST_CASE(null_backend_gives_exactly_max_tokens) {
   Rig rig;
   BatchingConfig bc = small_config();
   ExecutorSpec spec;
-  spec.backend = "null";
+  spec.backend = Backend::null;
   rig.start(bc, kv_blocks_for(bc, 0), spec, /*with_model=*/false);
   std::vector<uint64_t> uids;
   for (int i = 0; i < 40; ++i) {
@@ -313,7 +314,7 @@ BOOST_AUTO_TEST_CASE(null_backend_gives_exactly_max_tokens) {
   for (int i = 0; i < 40; ++i) {
     const Seen& s = rig.seen[uids[static_cast<size_t>(i)]];
     const uint32_t n = static_cast<uint32_t>(1 + i % 9);
-    BOOST_TEST(s.done.finish == 1);
+    BOOST_TEST(s.done.finish == FinishReason::length);
     BOOST_TEST(s.done.completion_tokens == n);
     BOOST_TEST(s.outcome.done.ids.size() == n);
     BOOST_TEST(s.outcome.done.text.empty());
@@ -342,7 +343,7 @@ BOOST_AUTO_TEST_CASE(null_backend_many_one_token_jobs) {
   BatchingConfig bc;
   bc.max_sequences = 64;
   ExecutorSpec spec;
-  spec.backend = "null";
+  spec.backend = Backend::null;
   rig.start(bc, kv_blocks_for(bc, 0), spec, /*with_model=*/false);
   constexpr int kJobs = 20000;
   std::vector<uint64_t> uids;

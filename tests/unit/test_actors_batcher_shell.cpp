@@ -13,6 +13,7 @@
 #include "actors/batcher.hpp"
 #include "actors/messages.hpp"
 #include "ingress/error_code.hpp"
+#include "tests/support/enum_print.hpp"
 #include "tests/support/test_system.hpp"
 
 using namespace sy;
@@ -203,7 +204,7 @@ BOOST_AUTO_TEST_CASE(steps_finish_a_job_by_length) {
   BOOST_REQUIRE_EQUAL(rig.rec.dones.size(), 1u);
   const DoneEvent& d = rig.rec.dones[0];
   BOOST_TEST(d.uid == 1u);
-  BOOST_TEST(d.finish == 1);  // length
+  BOOST_TEST(d.finish == FinishReason::length);
   BOOST_TEST(d.ids == std::vector<int32_t>({7, 7, 7}));
   BOOST_TEST(d.completion_tokens == 3u);
   // Read from the actor clock: the test clock did not move, so exactly the 2.5 ms the job
@@ -211,7 +212,7 @@ BOOST_AUTO_TEST_CASE(steps_finish_a_job_by_length) {
   BOOST_TEST(d.total_ms == 2.5);
   BOOST_TEST(d.queue_ms == 2.5);
   BOOST_REQUIRE_EQUAL(rig.rec.outcomes.size(), 1u);
-  BOOST_TEST(rig.rec.outcomes[0].outcome == 0);
+  BOOST_TEST(rig.rec.outcomes[0].outcome == Outcome::done);
   BOOST_TEST(rig.rec.router_finished == std::vector<uint64_t>({1}));
   BOOST_TEST(rig.rec.released == std::vector<uint64_t>({1}));
   BOOST_TEST(rig.rec.credit == 5u);  // one more for the ended job
@@ -259,7 +260,7 @@ BOOST_AUTO_TEST_CASE(a_throwing_executor_sends_the_jobs_back_to_the_router) {
   BOOST_TEST(rig.rec.requeued[0].attempt == 0u);
   BOOST_REQUIRE_EQUAL(rig.rec.errors.size(), 1u);
   BOOST_TEST(rig.rec.errors[0].uid == 2u);
-  BOOST_TEST(rig.rec.errors[0].code == static_cast<uint8_t>(ErrorCode::engine_dead));
+  BOOST_TEST(rig.rec.errors[0].code == ErrorCode::engine_dead);
   BOOST_TEST(
       rig.rec.errors[0].message.rfind("executor failed 3 times while running the job (", 0) == 0u);
   BOOST_REQUIRE_EQUAL(rig.rec.failures.size(), 1u);
@@ -278,7 +279,7 @@ BOOST_AUTO_TEST_CASE(a_failed_step_fails_its_jobs_and_the_batcher_goes_on) {
   rig.rec.mode = ExecMode::fail_step;
   rig.run(rig.job(1, {1, 2, 3}, 4));
   BOOST_REQUIRE_EQUAL(rig.rec.errors.size(), 1u);
-  BOOST_TEST(rig.rec.errors[0].code == static_cast<uint8_t>(ErrorCode::engine_dead));
+  BOOST_TEST(rig.rec.errors[0].code == ErrorCode::engine_dead);
   BOOST_TEST(rig.rec.errors[0].message == "device lost");
   BOOST_TEST(rig.rec.requeued.empty());
   BOOST_TEST(rig.rec.failures.empty());

@@ -14,6 +14,7 @@
 #include "actors/messages.hpp"
 #include "ingress/error_code.hpp"
 #include "model/llama.hpp"
+#include "tests/support/enum_print.hpp"
 #include "tests/support/reference.hpp"
 
 using namespace sy;
@@ -85,9 +86,9 @@ SeqPlan prefill(uint64_t uid, std::vector<int32_t> tokens, std::vector<int32_t> 
 BOOST_AUTO_TEST_CASE(spec_errors) {
   caf::actor_system sys{config()};
   ExecutorSpec s;
-  s.backend = "tpu";
+  s.backend = Backend::automatic;  // unresolved: an executor runs cpu, cuda or null
   BOOST_CHECK_THROW(spawn_executor(sys, s), std::invalid_argument);
-  s.backend = "cpu";  // without a model
+  s.backend = Backend::cpu;  // without a model
   BOOST_CHECK_THROW(spawn_executor(sys, s), std::invalid_argument);
 }
 
@@ -142,7 +143,7 @@ BOOST_AUTO_TEST_CASE(malformed_sequence_fails_alone_and_a_malformed_step_fails_w
   BOOST_TEST(r.error.empty());
   BOOST_REQUIRE(r.seqs.size() == 2u);
   BOOST_TEST(r.seqs[0].uid == 1u);
-  BOOST_TEST(r.seqs[0].code == static_cast<uint8_t>(ErrorCode::internal));
+  BOOST_TEST(r.seqs[0].code == ErrorCode::internal);
   BOOST_TEST(r.seqs[0].error.find("block table") != std::string::npos, r.seqs[0].error);
   BOOST_TEST(r.seqs[1].uid == 2u);
   BOOST_TEST(r.seqs[1].error.empty());
@@ -207,13 +208,13 @@ BOOST_AUTO_TEST_CASE(per_sequence_failures_leave_the_rest_of_the_step_exact) {
   BOOST_REQUIRE(by.size() == 6u);
   BOOST_TEST(by[1].error.empty());
   BOOST_TEST(by[1].token == once.generated_token_ids[0]);
-  BOOST_TEST(by[2].code == static_cast<uint8_t>(ErrorCode::bad_request));
+  BOOST_TEST(by[2].code == ErrorCode::bad_request);
   BOOST_TEST(by[2].error.find("top_p") != std::string::npos, by[2].error);
   for (uint64_t u : {3u, 4u}) {
-    BOOST_TEST(by[u].code == static_cast<uint8_t>(ErrorCode::internal));
+    BOOST_TEST(by[u].code == ErrorCode::internal);
     BOOST_TEST(by[u].error.find("NaN") != std::string::npos, by[u].error);
   }
-  BOOST_TEST(by[5].code == static_cast<uint8_t>(ErrorCode::bad_request));
+  BOOST_TEST(by[5].code == ErrorCode::bad_request);
   BOOST_TEST(by[5].error.find("n_logprobs") != std::string::npos, by[5].error);
   BOOST_TEST(by[6].error.empty());
   BOOST_TEST(by[6].token == cat.generated_token_ids[0]);
@@ -238,7 +239,7 @@ BOOST_AUTO_TEST_CASE(per_sequence_failures_leave_the_rest_of_the_step_exact) {
 
 BOOST_AUTO_TEST_CASE(null_backend_returns_its_fixed_token) {
   ExecutorSpec s;
-  s.backend = "null";
+  s.backend = Backend::null;
   s.null_token = 5;
   Rig rig(s);
   StepPlan plan;

@@ -91,7 +91,7 @@ caf::behavior fake_admission(caf::event_based_actor*, std::shared_ptr<Recorder> 
         d.to = r.client;
         d.id = r.id;
         d.tenant = r.tenant;
-        d.finish = 1;
+        d.finish = sy::FinishReason::length;
         if (!r.stream) {
           d.text = "ab";
           d.ids = {5, 6};
@@ -113,7 +113,8 @@ caf::behavior fake_admission(caf::event_based_actor*, std::shared_ptr<Recorder> 
           rec->keys.push_back(k);
         }
         rec->cv.notify_all();
-        caf::anon_send(egress, sy::out_atom::value, sy::StatusEvent{k.client, k.id, 1, 0, 7});
+        caf::anon_send(egress, sy::out_atom::value,
+                       sy::StatusEvent{k.client, k.id, sy::JobState::running, 0, 7});
       },
   };
 }
@@ -469,7 +470,7 @@ BOOST_AUTO_TEST_CASE(stop_flushes_what_is_queued) {
   sy::DoneEvent d;
   d.to = who;
   d.id = "hold-2";
-  d.finish = 2;
+  d.finish = sy::FinishReason::cancelled;
   srv.gw->post(sy::encode_event(d));
   srv.gw->stop(2000ms);
   m = c.next(kGuard);
@@ -484,7 +485,7 @@ BOOST_AUTO_TEST_CASE(egress_encodes_errors_and_logprobs) {
   sy::ErrorEvent e;
   e.id = "j";
   e.tenant = "t";
-  e.code = static_cast<uint8_t>(sy::ErrorCode::overloaded);
+  e.code = sy::ErrorCode::overloaded;
   e.message = "queue full";
   e.retry_after_ms = 120;
   auto out = sy::encode_event(e);
@@ -615,7 +616,7 @@ BOOST_AUTO_TEST_CASE(a_reader_too_far_behind_has_its_job_cancelled) {
   d.to = who;
   d.id = "hold-4";
   d.tenant = "t1";
-  d.finish = 2;
+  d.finish = sy::FinishReason::cancelled;
   srv.gw->post(sy::encode_event(d));
   uint32_t chunks = 0;
   for (;;) {

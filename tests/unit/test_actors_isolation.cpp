@@ -13,6 +13,7 @@
 #include "ingress/error_code.hpp"
 #include "model/llama.hpp"
 #include "tests/support/batcher_rig.hpp"
+#include "tests/support/enum_print.hpp"
 #include "tests/support/reference.hpp"
 
 using namespace sy;
@@ -90,8 +91,8 @@ BOOST_AUTO_TEST_CASE(failing_jobs_end_alone_and_their_neighbours_stay_exact) {
     BOOST_TEST_CONTEXT("job " << u << ": " << s.error.message) {
       BOOST_TEST(s.dones == 0);
       BOOST_TEST(s.errors == 1);
-      BOOST_TEST(s.error.code == static_cast<uint8_t>(ErrorCode::bad_request));
-      BOOST_TEST(s.outcome.code == static_cast<uint8_t>(ErrorCode::bad_request));
+      BOOST_TEST(s.error.code == ErrorCode::bad_request);
+      BOOST_TEST(s.outcome.code == ErrorCode::bad_request);
       BOOST_TEST(s.error.message.find("sampling") != std::string::npos);
     }
   }
@@ -102,7 +103,7 @@ BOOST_AUTO_TEST_CASE(failing_jobs_end_alone_and_their_neighbours_stay_exact) {
     BOOST_TEST_CONTEXT("job " << u << ": " << s.error.message) {
       BOOST_TEST(s.dones == 0);
       BOOST_TEST(s.errors == 1);
-      BOOST_TEST(s.error.code == static_cast<uint8_t>(ErrorCode::internal));
+      BOOST_TEST(s.error.code == ErrorCode::internal);
       BOOST_TEST(s.error.message.find("NaN") != std::string::npos);
       BOOST_TEST(s.stream_ids.empty());
     }

@@ -13,6 +13,7 @@
 #include "actors/router.hpp"
 #include "ingress/error_code.hpp"
 #include "tests/support/stats_probe.hpp"
+#include "tests/support/enum_print.hpp"
 #include "tests/support/test_system.hpp"
 
 using namespace sy;
@@ -28,7 +29,7 @@ struct Trace {
   std::vector<DoneEvent> dones;
   std::vector<JobOutcome> outcomes;
   uint64_t pull_credit = 0;  // granted to the gateway so far
-  std::vector<std::tuple<uint8_t, uint32_t, int64_t>> replies;
+  std::vector<EnqueueReply> replies;
 };
 using TraceP = std::shared_ptr<Trace>;
 
@@ -73,9 +74,7 @@ caf::behavior prober(caf::event_based_actor* self, TraceP t) {
   return {
       [=](enqueue_atom, const caf::actor& router, Job& j) {
         self->request(router, caf::infinite, enqueue_atom::value, std::move(j))
-            .then([t](uint8_t r, uint32_t pos, int64_t retry) {
-              t->replies.emplace_back(r, pos, retry);
-            });
+            .then([t](const EnqueueReply& r) { t->replies.push_back(r); });
       },
   };
 }
@@ -266,12 +265,12 @@ BOOST_AUTO_TEST_CASE(deadline_passes_in_queue_never_dispatched) {
   rig.sched->run();
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->errors[0].uid, uid);
-  BOOST_CHECK_EQUAL(rig.t->errors[0].code, static_cast<uint8_t>(ErrorCode::deadline_exceeded));
+  BOOST_CHECK_EQUAL(rig.t->errors[0].code, ErrorCode::deadline_exceeded);
   BOOST_CHECK_EQUAL(rig.t->errors[0].to.identity, "client-a");
   BOOST_REQUIRE_EQUAL(rig.t->outcomes.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->outcomes[0].uid, uid);
-  BOOST_CHECK_EQUAL(rig.t->outcomes[0].outcome, 1);
-  BOOST_CHECK_EQUAL(rig.t->outcomes[0].code, static_cast<uint8_t>(ErrorCode::deadline_exceeded));
+  BOOST_CHECK_EQUAL(rig.t->outcomes[0].outcome, Outcome::error);
+  BOOST_CHECK_EQUAL(rig.t->outcomes[0].code, ErrorCode::deadline_exceeded);
   rig.credit(5);
   rig.sched->run();
   BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 1u);
@@ -291,7 +290,7 @@ BOOST_AUTO_TEST_CASE(deadline_checked_at_dispatch_without_timer) {
   rig.sched->run();
   BOOST_CHECK(rig.t->runs.empty());
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 1u);
-  BOOST_CHECK_EQUAL(rig.t->errors[0].code, static_cast<uint8_t>(ErrorCode::deadline_exceeded));
+  BOOST_CHECK_EQUAL(rig.t->errors[0].code, ErrorCode::deadline_exceeded);
 }
 
 BOOST_AUTO_TEST_CASE(class_queue_timeout_expires) {
@@ -303,7 +302,7 @@ BOOST_AUTO_TEST_CASE(class_queue_timeout_expires) {
   rig.sched->advance_time(std::chrono::milliseconds(100));
   rig.sched->run();
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 1u);
-  BOOST_CHECK_EQUAL(rig.t->errors[0].code, static_cast<uint8_t>(ErrorCode::deadline_exceeded));
+  BOOST_CHECK_EQUAL(rig.t->errors[0].code, ErrorCode::deadline_exceeded);
   BOOST_CHECK_NE(rig.t->errors[0].message.find("queue timeout"), std::string::npos);
 }
 
@@ -314,14 +313,14 @@ BOOST_AUTO_TEST_CASE(full_queue_answers_overloaded_with_retry_after) {
   rig.push_probed(rig.job("a", 7));  // no such class
   rig.sched->run();
   BOOST_REQUIRE_EQUAL(rig.t->replies.size(), 5u);
-  BOOST_CHECK_EQUAL(std::get<0>(rig.t->replies[0]), 0);
-  BOOST_CHECK_EQUAL(std::get<0>(rig.t->replies[1]), 0);
-  BOOST_CHECK_EQUAL(std::get<1>(rig.t->replies[1]), 1u);  // one job ahead
-  BOOST_CHECK_EQUAL(std::get<0>(rig.t->replies[2]), 1);
-  BOOST_CHECK_GE(std::get<2>(rig.t->replies[2]), 20);      // RetryConfig floor
-  BOOST_CHECK_LE(std::get<2>(rig.t->replies[2]), 30'000);  // and ceiling
-  BOOST_CHECK_EQUAL(std::get<0>(rig.t->replies[3]), 0);
-  BOOST_CHECK_EQUAL(std::get<0>(rig.t->replies[4]), 2);
+  BOOST_CHECK_EQUAL(rig.t->replies[0].result, EnqueueResult::accepted);
+  BOOST_CHECK_EQUAL(rig.t->replies[1].result, EnqueueResult::accepted);
+  BOOST_CHECK_EQUAL(rig.t->replies[1].position, 1u);  // one job ahead
+  BOOST_CHECK_EQUAL(rig.t->replies[2].result, EnqueueResult::full);
+  BOOST_CHECK_GE(rig.t->replies[2].retry_after_ms, 20);      // RetryConfig floor
+  BOOST_CHECK_LE(rig.t->replies[2].retry_after_ms, 30'000);  // and ceiling
+  BOOST_CHECK_EQUAL(rig.t->replies[3].result, EnqueueResult::accepted);
+  BOOST_CHECK_EQUAL(rig.t->replies[4].result, EnqueueResult::unknown_class);
   BOOST_CHECK_EQUAL(rig.t->accepted.size(), 3u);  // accepted jobs only
   BOOST_CHECK_EQUAL(rig.stats().rejected_full, 1);
   // Room again after a dispatch.
@@ -329,7 +328,7 @@ BOOST_AUTO_TEST_CASE(full_queue_answers_overloaded_with_retry_after) {
   rig.sched->run();
   rig.push_probed(rig.job("a", 1));
   rig.sched->run();
-  BOOST_CHECK_EQUAL(std::get<0>(rig.t->replies.back()), 0);
+  BOOST_CHECK_EQUAL(rig.t->replies.back().result, EnqueueResult::accepted);
 }
 
 BOOST_AUTO_TEST_CASE(cancel_of_queued_job_never_runs) {
@@ -344,10 +343,10 @@ BOOST_AUTO_TEST_CASE(cancel_of_queued_job_never_runs) {
   rig.sched->run();
   BOOST_REQUIRE_EQUAL(rig.t->dones.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->dones[0].uid, a.uid);
-  BOOST_CHECK_EQUAL(rig.t->dones[0].finish, 2);  // cancelled
+  BOOST_CHECK_EQUAL(rig.t->dones[0].finish, FinishReason::cancelled);  // cancelled
   BOOST_CHECK_EQUAL(rig.t->dones[0].prompt_tokens, 4u);
   BOOST_REQUIRE_EQUAL(rig.t->outcomes.size(), 1u);
-  BOOST_CHECK_EQUAL(rig.t->outcomes[0].outcome, 2);
+  BOOST_CHECK_EQUAL(rig.t->outcomes[0].outcome, Outcome::cancelled);
   BOOST_CHECK(rig.t->batcher_cancels.empty());
   rig.credit(5);
   rig.sched->run();
@@ -393,7 +392,7 @@ BOOST_AUTO_TEST_CASE(pipeline_jobs_wait_instead_of_overloaded) {
   // The class queue (4) plus the window (8) and then the gateway is paused.
   BOOST_CHECK_EQUAL(sent, 12u);
   BOOST_CHECK_EQUAL(rig.stats().overflow, 8);
-  for (auto& r : rig.t->replies) BOOST_CHECK_EQUAL(std::get<0>(r), 0);
+  for (auto& r : rig.t->replies) BOOST_CHECK_EQUAL(r.result, EnqueueResult::accepted);
   BOOST_CHECK(rig.t->accepted.empty());  // pipeline clients get no "accepted"
   // Draining the queue lets the gateway read again; everything runs, nothing refused.
   rig.credit(1000);
@@ -408,7 +407,7 @@ BOOST_AUTO_TEST_CASE(pipeline_jobs_wait_instead_of_overloaded) {
   BOOST_CHECK_EQUAL(sent, 200u);
   BOOST_CHECK_EQUAL(rig.t->runs.size(), 200u);
   BOOST_CHECK_EQUAL(rig.t->replies.size(), 200u);
-  for (auto& r : rig.t->replies) BOOST_CHECK_EQUAL(std::get<0>(r), 0);
+  for (auto& r : rig.t->replies) BOOST_CHECK_EQUAL(r.result, EnqueueResult::accepted);
   BOOST_CHECK(rig.t->errors.empty());
 }
 
@@ -420,11 +419,11 @@ BOOST_AUTO_TEST_CASE(status_reports_queued_or_running) {
   rig.push(b);
   rig.credit(1);
   rig.sched->run();
-  std::vector<std::tuple<uint8_t, uint32_t, uint32_t>> got;
+  std::vector<std::tuple<JobState, uint32_t, uint32_t>> got;
   auto asker = rig.sys->spawn([&](caf::event_based_actor* self) -> caf::behavior {
     return {[&, self](status_atom, uint64_t uid) {
       self->request(rig.router, caf::infinite, status_atom::value, uid)
-          .then([&](uint8_t s, uint32_t p, uint32_t n) { got.emplace_back(s, p, n); });
+          .then([&](JobState s, uint32_t p, uint32_t n) { got.emplace_back(s, p, n); });
     }};
   });
   caf::anon_send(asker, status_atom::value, a.uid);
@@ -432,10 +431,10 @@ BOOST_AUTO_TEST_CASE(status_reports_queued_or_running) {
   caf::anon_send(asker, status_atom::value, b.uid);
   rig.sched->run();
   BOOST_REQUIRE_EQUAL(got.size(), 2u);
-  BOOST_CHECK_EQUAL(std::get<0>(got[0]), 1);   // a is running
-  BOOST_CHECK_EQUAL(std::get<2>(got[0]), 7u);  // with the count its batcher reports
-  BOOST_CHECK_EQUAL(std::get<0>(got[1]), 0);   // b still queued
-  BOOST_CHECK_EQUAL(std::get<1>(got[1]), 0u);  // with nothing ahead of it
+  BOOST_CHECK_EQUAL(std::get<0>(got[0]), JobState::running);  // a is running
+  BOOST_CHECK_EQUAL(std::get<2>(got[0]), 7u);                 // with the count its batcher reports
+  BOOST_CHECK_EQUAL(std::get<0>(got[1]), JobState::queued);   // b still queued
+  BOOST_CHECK_EQUAL(std::get<1>(got[1]), 0u);                 // with nothing ahead of it
   caf::anon_send_exit(asker, caf::exit_reason::user_shutdown);
   rig.sched->run();
 }
@@ -453,7 +452,7 @@ BOOST_AUTO_TEST_CASE(queue_position_counts_the_jobs_ahead) {
   auto asker = rig.sys->spawn([&](caf::event_based_actor* self) -> caf::behavior {
     return {[&, self](status_atom, uint64_t uid) {
       self->request(rig.router, caf::infinite, status_atom::value, uid)
-          .then([&, uid](uint8_t, uint32_t p, uint32_t) { position[uid] = p; });
+          .then([&, uid](JobState, uint32_t p, uint32_t) { position[uid] = p; });
     }};
   });
   for (const Job& j : jobs) caf::anon_send(asker, status_atom::value, j.uid);
@@ -525,7 +524,7 @@ BOOST_AUTO_TEST_CASE(batcher_going_down_reruns_the_jobs_it_had_not_ended) {
   BOOST_CHECK_EQUAL(rig.stats().retry_queued, 1);
   std::set<uint64_t> dead;
   for (const auto& e : rig.t->errors) {
-    BOOST_CHECK_EQUAL(e.code, static_cast<uint8_t>(ErrorCode::engine_dead));
+    BOOST_CHECK_EQUAL(e.code, ErrorCode::engine_dead);
     dead.insert(e.uid);
   }
   BOOST_CHECK((dead == std::set<uint64_t>{streamed.uid, worn.uid}));
@@ -578,7 +577,7 @@ BOOST_AUTO_TEST_CASE(held_pipeline_job_expires_and_cancels_too) {
   rig.sched->run();
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->errors[0].uid, late.uid);
-  BOOST_CHECK_EQUAL(rig.t->errors[0].code, static_cast<uint8_t>(ErrorCode::deadline_exceeded));
+  BOOST_CHECK_EQUAL(rig.t->errors[0].code, ErrorCode::deadline_exceeded);
   BOOST_REQUIRE_EQUAL(rig.t->dones.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->dones[0].uid, gone.uid);
   BOOST_CHECK_EQUAL(rig.stats().overflow, 0);

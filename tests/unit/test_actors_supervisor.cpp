@@ -17,6 +17,7 @@
 #include "ingress/error_code.hpp"
 #include "model/llama.hpp"
 #include "tests/support/batcher_rig.hpp"
+#include "tests/support/enum_print.hpp"
 
 using namespace sy;
 using sy::test::kWait;
@@ -83,7 +84,7 @@ struct Fixture {
   bool receive_one(caf::duration timeout = caf::duration{kWait}) {
     bool ok = true;
     sink->receive([&](out_atom, const AcceptedEvent&) {}, [&](pull_atom, uint32_t) {},
-                  [&](uint8_t, uint32_t, int64_t) {},  // enqueue answers
+                  [&](const EnqueueReply&) {},  // enqueue answers
                   [&](out_atom, const TokensEvent& t) {
                     Seen& s = seen[t.uid];
                     if (t.index != s.stream_ids.size()) s.contiguous = false;
@@ -225,8 +226,8 @@ BOOST_AUTO_TEST_CASE(retry_limit_ends_jobs_with_engine_dead) {
     const Seen& s = f.seen[u];
     BOOST_TEST(s.dones + s.errors == 1);
     if (s.errors == 1) {
-      BOOST_TEST(s.error.code == static_cast<uint8_t>(ErrorCode::engine_dead));
-      BOOST_TEST(s.outcome.code == static_cast<uint8_t>(ErrorCode::engine_dead));
+      BOOST_TEST(s.error.code == ErrorCode::engine_dead);
+      BOOST_TEST(s.outcome.code == ErrorCode::engine_dead);
       ++dead;
     } else {
       ++done;
@@ -243,7 +244,7 @@ BOOST_AUTO_TEST_CASE(load_scales_up_to_max_and_idleness_back_to_min) {
   SupervisorConfig sc;
   sc.batching.max_sequences = 2;
   sc.n_blocks = 64;
-  sc.executor.backend = "null";
+  sc.executor.backend = Backend::null;
   sc.executor.n_blocks = 64;
   sc.executor.block_size = sc.batching.kv_block_size;
   sc.executor.step_delay_ms = 10;  // TEST ONLY: makes the null backend slow enough to queue
@@ -306,7 +307,7 @@ BOOST_AUTO_TEST_CASE(router_puts_requeued_jobs_first_and_honours_retire) {
   };
   for (uint64_t u : {1, 2})
     sink->request(router, kWait, enqueue_atom::value, job(u))
-        .receive([](uint8_t r, uint32_t, int64_t) { BOOST_TEST(r == 0); },
+        .receive([](const EnqueueReply& r) { BOOST_TEST(r.result == EnqueueResult::accepted); },
                  [](caf::error&) { BOOST_FAIL("enqueue failed"); });
   // The class is full, yet re-queued jobs go in (not counted) and ahead of the queue.
   sink->send(router, requeue_atom::value, std::vector<Job>{job(7), job(8)});

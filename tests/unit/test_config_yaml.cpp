@@ -127,7 +127,7 @@ shutdown_grace_ms: 250
   BOOST_TEST((c.batching.kv_dtype == sy::kernels::DType::Q8_0));
   BOOST_TEST(!c.batching.release_layer_windows);
   BOOST_TEST(c.batching.step_delay_ms == 5);
-  BOOST_TEST(c.executors.backend == "null");
+  BOOST_TEST((c.executors.backend == sy::Backend::null));
   BOOST_TEST(c.executors.count == 2);
   BOOST_TEST(c.executors.threads == 1);
   BOOST_TEST(c.shutdown_grace_ms == 250);
@@ -144,7 +144,7 @@ BOOST_AUTO_TEST_CASE(defaults_without_a_file) {
   BOOST_TEST(c.router.classes[1].queue_limit >= c.router.classes[0].queue_limit);
   BOOST_TEST(c.router.default_class == "interactive");
   BOOST_TEST(c.endpoints.bind == "tcp://127.0.0.1:5555");
-  BOOST_TEST(c.executors.backend == "auto");
+  BOOST_TEST((c.executors.backend == sy::Backend::automatic));
   BOOST_TEST((c.batching.kv_dtype == sy::kernels::DType::F16));
   BOOST_TEST(c.batching.release_layer_windows);
 }

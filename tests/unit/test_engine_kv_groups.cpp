@@ -164,7 +164,7 @@ BOOST_AUTO_TEST_CASE(split_cache_bytes_and_refusals) {
   // The CUDA backend keeps one block table for all layers, with or without a device.
   o.n_window_blocks = 2;
   try {
-    sy::make_engine("cuda", gemma2(), o, 0, 0.85);
+    sy::make_engine(sy::Backend::cuda, gemma2(), o, 0, 0.85);
     BOOST_FAIL("a window group for the cuda backend was accepted");
   } catch (const std::invalid_argument& ex) {
     BOOST_TEST(

@@ -21,6 +21,7 @@
 #include "actors/router.hpp"
 #include "ingress/error_code.hpp"
 #include "storage/journal_file.hpp"
+#include "tests/support/enum_print.hpp"
 #include "tests/support/full_disk.hpp"
 #include "tests/support/stats_probe.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -119,13 +120,13 @@ struct Rig : test::TestSystem {
     d.uid = j.uid;
     d.id = j.id;
     d.tenant = j.tenant;
-    d.finish = 1;
+    d.finish = FinishReason::length;
     d.text = "done-text";
     JobOutcome o;
     o.uid = j.uid;
     o.id = j.id;
     o.tenant = j.tenant;
-    o.outcome = 0;
+    o.outcome = Outcome::done;
     o.done = d;
     caf::anon_send(journal, out_atom::value, std::move(d));
     caf::anon_send(admission, finished_atom::value, std::move(o));
@@ -161,7 +162,7 @@ BOOST_AUTO_TEST_CASE(refused_jobs_get_unavailable_return_their_credit_and_leave_
   }
   BOOST_REQUIRE_EQUAL(rig.t->errors.size(), static_cast<size_t>(kRefused + 1));
   for (const auto& e : rig.t->errors) {
-    BOOST_TEST(e.code == static_cast<uint8_t>(ErrorCode::unavailable));
+    BOOST_TEST(e.code == ErrorCode::unavailable);
     BOOST_TEST(e.retry_after_ms > 0);
     BOOST_TEST(e.message.find("journal") != std::string::npos, e.message);
     BOOST_TEST(e.message.find(rig.dir.path()) == std::string::npos, e.message);

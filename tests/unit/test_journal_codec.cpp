@@ -81,7 +81,7 @@ BOOST_AUTO_TEST_CASE(results_keep_the_event_that_ended_the_job) {
   o.uid = 7;
   o.id = "a";
   o.tenant = "t";
-  o.outcome = {};  // done
+  o.outcome = Outcome::done;
   o.tokens_used = 12;
   o.done.to.kind = ClientRef::pipeline;
   o.done.uid = 7;
@@ -118,11 +118,11 @@ BOOST_AUTO_TEST_CASE(results_keep_the_event_that_ended_the_job) {
   e.uid = 8;
   e.id = "b";
   e.tenant = "t";
-  e.outcome = static_cast<decltype(e.outcome)>(1);  // error
-  e.code = static_cast<decltype(e.code)>(5);
+  e.outcome = Outcome::error;
+  e.code = ErrorCode::engine_dead;
   e.error.uid = 8;
   e.error.id = "b";
-  e.error.code = static_cast<decltype(e.error.code)>(5);
+  e.error.code = ErrorCode::engine_dead;
   e.error.message = "why";
   e.error.retry_after_ms = 250;
   auto erec = journal::encode_result(e);
@@ -131,8 +131,9 @@ BOOST_AUTO_TEST_CASE(results_keep_the_event_that_ended_the_job) {
   auto ed = journal::decode(erec);
   BOOST_TEST(ed.outcome.error.message == "why");
   BOOST_TEST(ed.outcome.error.retry_after_ms == 250);
-  BOOST_TEST(static_cast<int>(ed.outcome.error.code) == 5);
-  BOOST_TEST(static_cast<int>(ed.outcome.code) == 5);
+  BOOST_TEST((ed.outcome.error.code == ErrorCode::engine_dead));
+  BOOST_TEST((ed.outcome.code == ErrorCode::engine_dead));
+  BOOST_TEST((ed.outcome.outcome == Outcome::error));
 }
 
 BOOST_AUTO_TEST_CASE(older_records_and_damage) {

@@ -6,6 +6,7 @@
 
 #include "actors/journal.hpp"
 #include "storage/journal_file.hpp"
+#include "tests/support/enum_print.hpp"
 #include "tests/support/temp_dir.hpp"
 
 using namespace sy;
@@ -39,13 +40,13 @@ JobOutcome done(const Job& j, const std::string& text) {
   o.uid = j.uid;
   o.id = j.id;
   o.tenant = j.tenant;
-  o.outcome = 0;
+  o.outcome = Outcome::done;
   o.tokens_used = 12;
   o.done.to = j.client;
   o.done.uid = j.uid;
   o.done.id = j.id;
   o.done.tenant = j.tenant;
-  o.done.finish = 1;
+  o.done.finish = FinishReason::length;
   o.done.text = text;
   o.done.ids = {9, 8, 7};
   o.done.prompt_tokens = 4;
@@ -63,13 +64,13 @@ JobOutcome failed(const Job& j) {
   o.uid = j.uid;
   o.id = j.id;
   o.tenant = j.tenant;
-  o.outcome = 1;
-  o.code = 10;
+  o.outcome = Outcome::error;
+  o.code = static_cast<ErrorCode>(10);  // out of the enum's range: kept as it is
   o.error.to = j.client;
   o.error.uid = j.uid;
   o.error.id = j.id;
   o.error.tenant = j.tenant;
-  o.error.code = 10;
+  o.error.code = static_cast<ErrorCode>(10);
   o.error.message = "engine_dead";
   return o;
 }

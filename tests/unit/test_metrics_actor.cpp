@@ -18,6 +18,7 @@
 #include "actors/metrics.hpp"
 #include "ingress/error_code.hpp"
 #include "server/metrics.hpp"
+#include "tests/support/enum_print.hpp"
 
 using namespace sy;
 using namespace std::chrono_literals;
@@ -47,7 +48,7 @@ BatcherStats kv(int64_t used, int64_t free, int64_t total, int64_t preemptions) 
 JobOutcome done(const std::string& tenant, uint32_t completion, double ttft_ms, double total_ms) {
   JobOutcome o;
   o.tenant = tenant;
-  o.outcome = 0;
+  o.outcome = Outcome::done;
   o.done.prompt_tokens = 5;
   o.done.cached_tokens = 2;
   o.done.completion_tokens = completion;
@@ -132,11 +133,11 @@ BOOST_AUTO_TEST_CASE(jobs_histograms_and_gauges) {
   self->send(m, finished_atom::value, done("b", 4, 5, 35), std::string("batch"));
   JobOutcome err;
   err.tenant = "we\"ird";
-  err.outcome = 1;
-  err.code = static_cast<uint8_t>(ErrorCode::deadline_exceeded);
+  err.outcome = Outcome::error;
+  err.code = ErrorCode::deadline_exceeded;
   self->send(m, finished_atom::value, err, std::string("batch"));
   JobOutcome cancelled = done("b", 2, 1, 2);
-  cancelled.outcome = 2;
+  cancelled.outcome = Outcome::cancelled;
   self->send(m, finished_atom::value, cancelled, std::string("batch"));
   BOOST_TEST(ready(self, m));
 

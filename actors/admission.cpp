@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "actors/journal.hpp"
+#include "actors/log.hpp"
 #include "actors/messages.hpp"
 #include "actors/outcomes.hpp"
 #include "actors/router.hpp"
@@ -781,8 +782,7 @@ void load_chat_template(AdmissionState& st) {
     st.chat_tokens = std::make_shared<const chat::PromptTokenizer>(st.model->tokenizer());
   } catch (const std::exception& e) {  // TemplateError; anything else is a renderer bug
     st.chat_error = "the chat template (" + from + ") cannot be used: " + e.what();
-    std::cerr << "switchyard: " << st.chat_error << "; jobs with 'messages' get bad_request, "
-              << "'prompt' jobs are served\n";
+    log::warn(st.chat_error + "; jobs with 'messages' get bad_request, 'prompt' jobs are served");
   }
 }
 

@@ -14,6 +14,7 @@
 #include <unordered_set>
 #include <variant>
 
+#include "actors/log.hpp"
 #include "storage/journal_codec.hpp"
 #include "storage/journal_file.hpp"
 
@@ -289,9 +290,9 @@ void write_failed(Self* self, const std::exception& e) {
   if (st.failing) return;
   st.failing = true;
   st.failing_since_us = now_us();
-  std::cerr << "switchyard: ERROR: " << e.what()
-            << "; new jobs are refused (unavailable) and finished jobs' results are held until "
-               "the journal can be written again\n";
+  log::error(std::string("ERROR: ") + e.what() +
+             "; new jobs are refused (unavailable) and finished jobs' results are held until "
+             "the journal can be written again");
 }
 
 // A good write: ends a failing period (logged once, with how long it lasted).
@@ -299,9 +300,9 @@ void write_ok(Self* self) {
   auto& st = self->state;
   if (!st.failing) return;
   st.failing = false;
-  std::cerr << "switchyard: journal " << st.file->path() << " is written again after "
-            << st.failing_writes << " refused writes in " << (now_us() - st.failing_since_us) / 1000
-            << " ms\n";
+  log::info("journal " + st.file->path() + " is written again after " +
+            std::to_string(st.failing_writes) + " refused writes in " +
+            std::to_string((now_us() - st.failing_since_us) / 1000) + " ms");
   st.failing_writes = 0;
 }
 
@@ -423,17 +424,16 @@ void compact_if_due(Self* self) {
   try {
     st.file->rewrite(records);
     ++st.compactions;
-    if (st.compact_failing)
-      std::cerr << "switchyard: journal " << st.file->path() << " compacted again\n";
+    if (st.compact_failing) log::info("journal " + st.file->path() + " compacted again");
     st.compact_failing = false;
   } catch (const std::exception& e) {
     // The old file is intact (rename is atomic) and appends go on; PATH.tmp was removed.
     ++st.write_errors;
     st.compact_retry_at_us = now_us() + kCompactRetryUs;
     if (!st.compact_failing)
-      std::cerr << "switchyard: WARNING: journal compaction failed: " << e.what()
-                << "; the journal keeps growing, next try in " << kCompactRetryUs / 1'000'000
-                << " s\n";
+      log::warn(std::string("WARNING: journal compaction failed: ") + e.what() +
+                "; the journal keeps growing, next try in " +
+                std::to_string(kCompactRetryUs / 1'000'000) + " s");
     st.compact_failing = true;
   }
 }
@@ -518,8 +518,9 @@ void end(Self* self, const JobOutcome& o) {
     // Cannot be framed at all (far above any context-sized result): holding it would hold it
     // forever, so it goes out undurable, and a restart runs the job again.
     ++st.write_errors;
-    std::cerr << "switchyard: WARNING: journal: result of job " << o.uid << " is "
-              << r.record.size() << " bytes, beyond the record limit; delivered unjournaled\n";
+    log::warn("WARNING: journal: result of job " + std::to_string(o.uid) + " is " +
+              std::to_string(r.record.size()) +
+              " bytes, beyond the record limit; delivered unjournaled");
     release(self, o.uid);
     return arm_marks(self);
   }

@@ -1,9 +1,8 @@
 // Registration of the actor message types and of the ErrorCode error category with CAF, and the
-// shared time base.
+// shared time base (log_line is in actors/log.cpp).
 #include "actors/messages.hpp"
 
 #include <chrono>
-#include <cstdio>
 
 namespace sy {
 
@@ -80,12 +79,6 @@ int64_t now_us() {
   return std::chrono::duration_cast<std::chrono::microseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
-}
-
-void log_line(const std::string& text) {
-  const std::string line = "switchyard: " + text + "\n";
-  // One fwrite on unbuffered stderr is one write(2): whole lines, never interleaved.
-  std::fwrite(line.data(), 1, line.size(), stderr);
 }
 
 }  // namespace sy

@@ -18,19 +18,19 @@
 //   --kv-dtype T (every mode): the K/V element type of the engines measured (default f16).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "cli/json_reader.hpp"
 #include "gpu/engine.hpp"
 #include "model/llama.hpp"
 #include "model/make_model.hpp"
@@ -264,6 +264,11 @@ std::string fmt(double v) {
   return buf;
 }
 
+// A figure of the JSON output, rounded as the tables print it (0.1).
+double round1(double v) {
+  return std::round(v * 10) / 10;
+}
+
 // ---- --kv-bench: decode speed and KV memory of one long sequence, full vs sliding window ----
 
 // Decode tokens/s is averaged over this many tokens before each checkpoint: long enough to
@@ -372,27 +377,29 @@ int kv_bench(const Options& o) {
   auto engine = sy::make_cpu_engine(model, eo);
   const std::vector<std::pair<std::string, int32_t>> runs = {
       {"full", 0}, {"sliding_window:" + std::to_string(o.kv_window), o.kv_window}};
-  std::ostringstream js;
-  js << "{\n  \"shape\": \"15M\", \"dtype\": \"f32\", \"kv_dtype\": \""
-     << sy::kernels::kv_type_name(o.kv_dtype) << "\", \"ctx\": " << kKvCtx
-     << ", \"threads\": " << o.threads << ", \"block_size\": " << eo.block_size
-     << ", \"avg_over_tokens\": " << kKvAvgTokens << ",\n  \"results\": [";
+  nlohmann::ordered_json js = {{"shape", "15M"},
+                               {"dtype", "f32"},
+                               {"kv_dtype", sy::kernels::kv_type_name(o.kv_dtype)},
+                               {"ctx", kKvCtx},
+                               {"threads", o.threads},
+                               {"block_size", eo.block_size},
+                               {"avg_over_tokens", kKvAvgTokens},
+                               {"results", nlohmann::ordered_json::array()}};
   std::fprintf(stderr, "%-22s %9s %10s %10s %8s %9s\n", "policy", "generated", "decode/s",
                "cpu ms/tok", "blocks", "KV MiB");
-  bool first = true;
   for (const auto& [name, window] : runs) {
     for (const KvPoint& p : kv_run(*engine, o, window)) {
       std::fprintf(stderr, "%-22s %9d %10.1f %10.2f %8lld %9.1f\n", name.c_str(), p.generated,
                    p.tok_s, p.cpu_ms, static_cast<long long>(p.blocks), p.kv_mib);
-      js << (first ? "" : ",") << "\n    {\"policy\": \"" << name
-         << "\", \"generated\": " << p.generated << ", \"decode_tok_s\": " << fmt(p.tok_s)
-         << ", \"cpu_ms_per_tok\": " << fmt(p.cpu_ms) << ", \"blocks_held\": " << p.blocks
-         << ", \"kv_mib\": " << fmt(p.kv_mib) << "}";
-      first = false;
+      js["results"].push_back({{"policy", name},
+                               {"generated", p.generated},
+                               {"decode_tok_s", round1(p.tok_s)},
+                               {"cpu_ms_per_tok", round1(p.cpu_ms)},
+                               {"blocks_held", p.blocks},
+                               {"kv_mib", round1(p.kv_mib)}});
     }
   }
-  js << "\n  ]\n}\n";
-  std::cout << js.str();
+  std::cout << js.dump(2) << "\n";
   return 0;
 }
 
@@ -424,10 +431,10 @@ int kv_memory(const Options& o) {
   auto model = sy::LlamaModel::load(path);
   fs::remove_all(dir);
   const sy::LlamaConfig& c = model->config();
-  std::ostringstream js;
-  js << "{\n  \"shape\": \"" << o.shape << "\", \"layers\": " << c.n_layers
-     << ", \"kv_heads\": " << c.n_kv_heads << ", \"head_dim\": " << c.head_dim
-     << ", \"tokens\": " << o.kv_tokens << ",\n  \"results\": [";
+  nlohmann::ordered_json js = {
+      {"shape", o.shape},         {"layers", c.n_layers},
+      {"kv_heads", c.n_kv_heads}, {"head_dim", c.head_dim},
+      {"tokens", o.kv_tokens},    {"results", nlohmann::ordered_json::array()}};
   std::fprintf(stderr, "%-6s %14s %14s %14s\n", "K/V", "bytes/token", "cache MiB", "RSS +MiB");
   constexpr int kChunk = 512;  // prefill chunk: bounds the step's scratch next to the cache
   for (size_t i = 0; i < o.kv_dtypes.size(); ++i) {
@@ -464,12 +471,12 @@ int kv_memory(const Options& o) {
     const double rss_mib = static_cast<double>(rss_bytes() - rss0 + per_token * kChunk) / (1 << 20);
     std::fprintf(stderr, "%-6s %14lld %14.1f %14.1f\n", o.kv_dtypes[i].c_str(),
                  static_cast<long long>(per_token), cache_mib, rss_mib);
-    js << (i ? "," : "") << "\n    {\"kv_dtype\": \"" << o.kv_dtypes[i]
-       << "\", \"bytes_per_token\": " << per_token << ", \"cache_mib\": " << fmt(cache_mib)
-       << ", \"rss_growth_mib\": " << fmt(rss_mib) << "}";
+    js["results"].push_back({{"kv_dtype", o.kv_dtypes[i]},
+                             {"bytes_per_token", per_token},
+                             {"cache_mib", round1(cache_mib)},
+                             {"rss_growth_mib", round1(rss_mib)}});
   }
-  js << "\n  ]\n}\n";
-  std::cout << js.str();
+  std::cout << js.dump(2) << "\n";
   return 0;
 }
 
@@ -537,10 +544,11 @@ PeerFigures run_peer(const Options& o, const std::string& path) {
     throw std::runtime_error("llama-bench failed on " + path + " (status " + std::to_string(rc) +
                              ")");
   PeerFigures p;
-  const sy::cli::JsonValue root = sy::cli::JsonReader::parse(text);
-  for (const auto& t : root.arr) {
-    if (t.at("n_prompt").num > 0 && t.at("n_gen").num == 0) p.pp = t.at("avg_ts").num;
-    if (t.at("n_gen").num > 0 && t.at("n_prompt").num == 0) p.tg = t.at("avg_ts").num;
+  const nlohmann::json root = nlohmann::json::parse(text);
+  auto num = [](const nlohmann::json& t, const char* key) { return t.at(key).get<double>(); };
+  for (const auto& t : root) {
+    if (num(t, "n_prompt") > 0 && num(t, "n_gen") == 0) p.pp = num(t, "avg_ts");
+    if (num(t, "n_gen") > 0 && num(t, "n_prompt") == 0) p.tg = num(t, "avg_ts");
   }
   if (p.pp <= 0 || p.tg <= 0) throw std::runtime_error("llama-bench printed no pp/tg figures");
   return p;
@@ -552,22 +560,10 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-std::string json_list(const std::vector<double>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + fmt(v[i]);
-  return s + "]";
-}
-
 std::string ratio(double a, double b) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f", b > 0 ? a / b : 0.0);
   return buf;
-}
-
-std::string ratio_list(const std::vector<double>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + ratio(v[i], 1.0);
-  return s + "]";
 }
 
 }  // namespace
@@ -605,33 +601,45 @@ int main(int argc, char** argv) {
       }
     }
 
-    std::ostringstream js;
-    js << "{\n  \"shape\": \"" << o.shape << "\", \"threads\": " << o.threads
-       << ", \"prompt_tokens\": " << o.prompt << ", \"decode_prompt_tokens\": " << o.decode_prompt
-       << ", \"decode_steps\": " << o.decode_steps << ", \"reps\": " << o.reps
-       << ", \"rounds\": " << o.rounds << ",\n  \"results\": [";
+    // Figures rounded as the table prints them: tok/s and MiB to 0.1, ratios to 0.01.
+    auto r1 = round1;
+    auto r2 = [](double v) { return std::round(v * 100) / 100; };
+    auto list = [](const std::vector<double>& v, auto round) {
+      auto a = nlohmann::ordered_json::array();
+      for (double x : v) a.push_back(round(x));
+      return a;
+    };
+    nlohmann::ordered_json js = {{"shape", o.shape},
+                                 {"threads", o.threads},
+                                 {"prompt_tokens", o.prompt},
+                                 {"decode_prompt_tokens", o.decode_prompt},
+                                 {"decode_steps", o.decode_steps},
+                                 {"reps", o.reps},
+                                 {"rounds", o.rounds},
+                                 {"results", nlohmann::ordered_json::array()}};
     for (size_t d = 0; d < nd; ++d) {
       std::vector<double> pp;
       for (const auto& f : ours[d]) pp.push_back(f.pp);
-      js << (d ? "," : "") << "\n    {\"dtype\": \"" << o.dtypes[d]
-         << "\", \"file_mib\": " << fmt(static_cast<double>(fs::file_size(paths[d])) / (1 << 20))
-         << ", \"prefill_tok_s\": " << fmt(median(pp)) << ", \"decode_tok_s\": {";
+      nlohmann::ordered_json res = {
+          {"dtype", o.dtypes[d]},
+          {"file_mib", r1(static_cast<double>(fs::file_size(paths[d])) / (1 << 20))},
+          {"prefill_tok_s", r1(median(pp))},
+          {"decode_tok_s", nlohmann::ordered_json::object()}};
       std::vector<double> b1;
       for (size_t bi = 0; bi < nbatch; ++bi) {
         std::vector<double> v;
         for (const auto& f : ours[d]) v.push_back(f.decode[bi]);
         if (o.batches[bi] == 1) b1 = v;
-        js << (bi ? ", " : "") << "\"" << o.batches[bi] << "\": " << fmt(median(v));
+        res["decode_tok_s"][std::to_string(o.batches[bi])] = r1(median(v));
       }
-      js << "}";
       if (o.rounds > 1) {
-        js << ", \"per_round\": {\"prefill\": " << json_list(pp);
+        auto& per = res["per_round"];
+        per["prefill"] = list(pp, r1);
         for (size_t bi = 0; bi < nbatch; ++bi) {
           std::vector<double> v;
           for (const auto& f : ours[d]) v.push_back(f.decode[bi]);
-          js << ", \"decode_" << o.batches[bi] << "\": " << json_list(v);
+          per["decode_" + std::to_string(o.batches[bi])] = list(v, r1);
         }
-        js << "}";
       }
       if (peer) {
         std::vector<double> ppp, tg, r_pp, r_tg;
@@ -641,23 +649,23 @@ int main(int argc, char** argv) {
           r_pp.push_back(pp[r] / theirs[d][r].pp);
           if (!b1.empty()) r_tg.push_back(b1[r] / theirs[d][r].tg);
         }
-        js << ",\n     \"llama_cpp\": {\"pp" << o.prompt << "\": " << json_list(ppp) << ", \"tg"
-           << o.decode_steps << "\": " << json_list(tg) << "}"
-           << ",\n     \"ours_over_llama_cpp\": {\"prefill\": " << ratio(median(r_pp), 1.0)
-           << ", \"prefill_per_round\": " << ratio_list(r_pp);
-        if (!r_tg.empty())
-          js << ", \"decode_batch1\": " << ratio(median(r_tg), 1.0)
-             << ", \"decode_batch1_per_round\": " << ratio_list(r_tg);
-        js << "}";
+        res["llama_cpp"] = {{"pp" + std::to_string(o.prompt), list(ppp, r1)},
+                            {"tg" + std::to_string(o.decode_steps), list(tg, r1)}};
+        auto& ratios = res["ours_over_llama_cpp"];
+        ratios["prefill"] = r2(median(r_pp));
+        ratios["prefill_per_round"] = list(r_pp, r2);
+        if (!r_tg.empty()) {
+          ratios["decode_batch1"] = r2(median(r_tg));
+          ratios["decode_batch1_per_round"] = list(r_tg, r2);
+        }
         std::cerr << "bench_engine: " << o.dtypes[d] << " ours/llama.cpp (median of " << o.rounds
                   << " rounds): prefill " << ratio(median(r_pp), 1.0);
         if (!r_tg.empty()) std::cerr << ", decode batch 1 " << ratio(median(r_tg), 1.0);
         std::cerr << "\n";
       }
-      js << "}";
+      js["results"].push_back(std::move(res));
     }
-    js << "\n  ]\n}\n";
-    std::cout << js.str();
+    std::cout << js.dump(2) << "\n";
     return 0;
   } catch (const std::exception& e) {
     std::cerr << "bench_engine: " << e.what() << "\n";

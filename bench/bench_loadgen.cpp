@@ -10,10 +10,7 @@
 //                 [--plot FILE.png] [--overhead] [--latency-jobs N] [-- more serve args]
 //   bench_loadgen ... --multi-turn N_CONVERSATIONS [--turns T] [--user-len N]
 //                 [--prefix-cache on|off|both]    (chat sessions resending their history)
-#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +24,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
 #include <set>
@@ -40,6 +38,7 @@
 #include "ingress/codec.hpp"
 #include "model/gguf.hpp"
 #include "model/llama.hpp"
+#include "tests/support/server_process.hpp"
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
@@ -317,108 +316,45 @@ Options parse(int argc, char** argv) {
 
 // ---- the spawned server -----------------------------------------------------------------------
 
-/// A `switchyard serve` child on a wildcard loopback port; killed (SIGTERM, then SIGKILL) at the
-/// end, and by the kernel if this process dies first (PR_SET_PDEATHSIG).
+/// A `switchyard serve` child on a wildcard loopback port (tests/support/server_process.hpp);
+/// stopped (SIGTERM, then SIGKILL) at the end, and sent SIGTERM by the kernel if this process dies
+/// first (PR_SET_PDEATHSIG).
 class Spawned {
  public:
-  Spawned(const std::string& bin, const std::vector<std::string>& extra) {
-    int fds[2];
-    if (pipe(fds) != 0) throw std::runtime_error("pipe failed");
-    std::vector<std::string> args = {bin, "serve", "--bind", "tcp://127.0.0.1:*"};
-    args.insert(args.end(), extra.begin(), extra.end());
-    pid_ = fork();
-    if (pid_ < 0) throw std::runtime_error("fork failed");
-    if (pid_ == 0) {
-      prctl(PR_SET_PDEATHSIG, SIGTERM);
-      dup2(fds[1], 1);
-      close(fds[0]);
-      close(fds[1]);
-      std::vector<char*> av;
-      for (auto& s : args) av.push_back(s.data());
-      av.push_back(nullptr);
-      execv(bin.c_str(), av.data());
-      std::perror("bench_loadgen: exec switchyard");
-      _exit(127);
-    }
-    close(fds[1]);
-    fd_ = fds[0];
-    // Loading a model may take a while on a busy 2-core machine.
-    constexpr int kStartupMs = 180000;
-    for (;;) {
-      auto line = read_line(kStartupMs);
-      if (!line) throw std::runtime_error("switchyard serve did not start (" + bin + ")");
-      const std::string tag = "switchyard: listening on ";
-      if (line->rfind(tag, 0) == 0) endpoint_ = line->substr(tag.size());
-      if (line->rfind("switchyard: ready", 0) == 0) {
-        std::cerr << "bench_loadgen: " << *line << "\n";
-        break;
-      }
-    }
-    if (endpoint_.empty()) throw std::runtime_error("switchyard serve printed no endpoint");
+  Spawned(const std::string& bin, const std::vector<std::string>& extra)
+      : proc_(options(bin, extra)) {
+    std::cerr << "bench_loadgen: " << proc_.ready_line() << "\n";
+    if (proc_.endpoint().empty()) throw std::runtime_error("switchyard serve printed no endpoint");
   }
   Spawned(const Spawned&) = delete;
   Spawned& operator=(const Spawned&) = delete;
   ~Spawned() { stop(); }
 
-  const std::string& endpoint() const { return endpoint_; }
+  const std::string& endpoint() const { return proc_.endpoint(); }
 
   /// The server's counters (SIGUSR1 → one 'switchyard: stats {json}' line), or "" on timeout.
   std::string stats() {
-    if (pid_ <= 0) return "";
-    kill(pid_, SIGUSR1);
-    const std::string tag = "switchyard: stats ";
     // The server answers at once; a second is plenty even under load.
-    while (auto line = read_line(2000))
-      if (line->rfind(tag, 0) == 0) return line->substr(tag.size());
-    return "";
+    return proc_.stats_line(std::chrono::milliseconds(2000)).value_or("");
   }
 
-  void stop() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGTERM);
-    int status = 0;
-    // The grace period is for in-flight jobs; all of ours are finished, so 10 s is generous.
-    for (int i = 0; i < 1000; ++i) {
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        break;
-      }
-      usleep(10000);
-    }
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, &status, 0);
-      pid_ = -1;
-    }
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
+  // The grace period is for in-flight jobs; all of ours are finished, so 10 s is generous.
+  void stop() { proc_.stop(SIGTERM, std::chrono::seconds(10)); }
 
  private:
-  std::optional<std::string> read_line(int timeout_ms) {
-    auto end = Clock::now() + std::chrono::milliseconds(timeout_ms);
-    for (;;) {
-      auto nl = buf_.find('\n');
-      if (nl != std::string::npos) {
-        std::string line = buf_.substr(0, nl);
-        buf_.erase(0, nl + 1);
-        return line;
-      }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - Clock::now());
-      if (left.count() <= 0) return std::nullopt;
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
-      char tmp[4096];
-      ssize_t n = read(fd_, tmp, sizeof tmp);
-      if (n <= 0) return std::nullopt;
-      buf_.append(tmp, static_cast<size_t>(n));
-    }
+  static sy::test::ServeOptions options(const std::string& bin,
+                                        const std::vector<std::string>& extra) {
+    sy::test::ServeOptions o;
+    o.binary = bin;
+    o.args = {"--bind", "tcp://127.0.0.1:*"};
+    o.args.insert(o.args.end(), extra.begin(), extra.end());
+    // Loading a model may take a while on a busy 2-core machine.
+    o.startup = std::chrono::seconds(180);
+    o.death_signal = SIGTERM;
+    return o;
   }
 
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  std::string buf_;
-  std::string endpoint_;
+  sy::test::ServeProcess proc_;
 };
 
 std::string default_switchyard() {
@@ -673,26 +609,20 @@ class Runner {
 
 // ---- statistics -------------------------------------------------------------------------------
 
-std::string num(double v) {
-  if (!std::isfinite(v)) return "null";
+using Json = nlohmann::ordered_json;  // keys in the order written
+
+// A figure for the JSON: 6 significant digits (what %.6g shows; no reader needs more), null
+// when not finite.
+Json num(double v) {
+  if (!std::isfinite(v)) return nullptr;
   char b[64];
   std::snprintf(b, sizeof b, "%.6g", v);
-  return b;
+  return std::strtod(b, nullptr);
 }
 
-std::string jstr(const std::string& s) {
-  std::string o = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\')
-      o += '\\', o += c;
-    else if (static_cast<unsigned char>(c) < 0x20) {
-      char b[8];
-      std::snprintf(b, sizeof b, "\\u%04x", c);
-      o += b;
-    } else
-      o += c;
-  }
-  return o + "\"";
+// The report as one line (invalid UTF-8 in a name becomes U+FFFD).
+std::string dump(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 double pct(const std::vector<double>& sorted, double p) {
@@ -702,17 +632,18 @@ double pct(const std::vector<double>& sorted, double p) {
   return sorted[std::clamp<size_t>(r, 1, sorted.size()) - 1];
 }
 
-std::string dist(std::vector<double> v, double scale = 1) {
-  if (v.empty()) return "null";
+Json dist(std::vector<double> v, double scale = 1) {
+  if (v.empty()) return nullptr;
   std::sort(v.begin(), v.end());
   double sum = 0;
   for (double x : v) sum += x;
-  std::ostringstream o;
-  o << "{\"n\":" << v.size() << ",\"mean\":" << num(sum / v.size() * scale)
-    << ",\"p50\":" << num(pct(v, 0.5) * scale) << ",\"p90\":" << num(pct(v, 0.9) * scale)
-    << ",\"p99\":" << num(pct(v, 0.99) * scale) << ",\"min\":" << num(v.front() * scale)
-    << ",\"max\":" << num(v.back() * scale) << "}";
-  return o.str();
+  return {{"n", v.size()},
+          {"mean", num(sum / v.size() * scale)},
+          {"p50", num(pct(v, 0.5) * scale)},
+          {"p90", num(pct(v, 0.9) * scale)},
+          {"p99", num(pct(v, 0.99) * scale)},
+          {"min", num(v.front() * scale)},
+          {"max", num(v.back() * scale)}};
 }
 
 /// The samples of one group of jobs (all, a class, a tenant).
@@ -751,33 +682,35 @@ void add(Group& g, const Job& j, const Options& o) {
   if (good) ++g.good, g.good_tokens += j.tokens;
 }
 
-std::string group_json(const Group& g, double secs, bool micro) {
-  std::ostringstream o;
+Json group_json(const Group& g, double secs, bool micro) {
   uint64_t overloaded = g.errors.count("overloaded") ? g.errors.at("overloaded") : 0;
   uint64_t limited = g.errors.count("rate_limited") ? g.errors.at("rate_limited") : 0;
-  o << "{\"submitted\":" << g.submitted << ",\"completed\":" << g.completed
-    << ",\"output_tokens\":" << g.out_tokens << ",\"jobs_per_s\":" << num(g.completed / secs)
-    << ",\"output_tokens_per_s\":" << num(g.out_tokens / secs)
-    << ",\"goodput\":{\"jobs\":" << g.good << ",\"jobs_per_s\":" << num(g.good / secs)
-    << ",\"output_tokens_per_s\":" << num(g.good_tokens / secs)
-    << ",\"fraction\":" << num(g.submitted ? static_cast<double>(g.good) / g.submitted : NAN) << "}"
-    << ",\"rejected\":{\"overloaded\":" << overloaded << ",\"rate_limited\":" << limited << "}"
-    << ",\"errors\":{";
-  bool first = true;
-  for (auto& [k, v] : g.errors) {
-    o << (first ? "" : ",") << jstr(k) << ":" << v;
-    first = false;
-  }
-  o << "},\"ttft_ms\":" << dist(g.ttft) << ",\"tpot_ms\":" << dist(g.tpot)
-    << ",\"itl_ms\":" << dist(g.itl) << ",\"e2e_ms\":" << dist(g.e2e);
-  if (micro) o << ",\"e2e_us\":" << dist(g.e2e, 1000.0);
-  o << ",\"server\":{\"queue_ms\":" << dist(g.s_queue) << ",\"ttft_ms\":" << dist(g.s_ttft)
-    << ",\"total_ms\":" << dist(g.s_total) << "}}";
-  return o.str();
+  Json errors = Json::object();
+  for (auto& [k, v] : g.errors) errors[k] = v;
+  Json j = {{"submitted", g.submitted},
+            {"completed", g.completed},
+            {"output_tokens", g.out_tokens},
+            {"jobs_per_s", num(g.completed / secs)},
+            {"output_tokens_per_s", num(g.out_tokens / secs)},
+            {"goodput",
+             {{"jobs", g.good},
+              {"jobs_per_s", num(g.good / secs)},
+              {"output_tokens_per_s", num(g.good_tokens / secs)},
+              {"fraction", num(g.submitted ? static_cast<double>(g.good) / g.submitted : NAN)}}},
+            {"rejected", {{"overloaded", overloaded}, {"rate_limited", limited}}},
+            {"errors", std::move(errors)},
+            {"ttft_ms", dist(g.ttft)},
+            {"tpot_ms", dist(g.tpot)},
+            {"itl_ms", dist(g.itl)},
+            {"e2e_ms", dist(g.e2e)}};
+  if (micro) j["e2e_us"] = dist(g.e2e, 1000.0);
+  j["server"] = {
+      {"queue_ms", dist(g.s_queue)}, {"ttft_ms", dist(g.s_ttft)}, {"total_ms", dist(g.s_total)}};
+  return j;
 }
 
 struct Report {
-  std::string json;
+  Json json;
   Group all;
   std::map<std::string, Group> by_class;
 };
@@ -797,62 +730,43 @@ Report summarize(const Options& o, const Phase& ph, const RunData& d) {
   }
   double secs = std::max(1e-9, (d.t_end - d.t_start) / 1e9);
   bool micro = o.max_tokens.hi == 1;
-  std::ostringstream s;
-  s << "{\"load\":"
-    << (ph.rate > 0 ? "{\"open_loop_rate\":" + num(ph.rate)
-                    : "{\"concurrency\":" + std::to_string(ph.concurrency))
-    << ",\"warmup_jobs\":" << ph.warmup << "},\"elapsed_s\":" << num(secs)
-    << ",\"timed_out\":" << (d.timed_out ? "true" : "false")
-    << ",\"unmatched_messages\":" << d.unmatched << ",\"arrival_lag_ms\":" << dist(d.lag_ms)
-    << ",\"overall\":" << group_json(r.all, secs, micro) << ",\"by_class\":{";
-  bool first = true;
-  for (auto& [k, g] : r.by_class) {
-    s << (first ? "" : ",") << jstr(k) << ":" << group_json(g, secs, micro);
-    first = false;
-  }
-  s << "},\"by_tenant\":{";
-  first = true;
-  for (auto& [k, g] : by_tenant) {
-    s << (first ? "" : ",") << jstr(k) << ":" << group_json(g, secs, micro);
-    first = false;
-  }
-  s << "}}";
-  r.json = s.str();
+  Json load =
+      ph.rate > 0 ? Json{{"open_loop_rate", num(ph.rate)}} : Json{{"concurrency", ph.concurrency}};
+  load["warmup_jobs"] = ph.warmup;
+  Json by_class = Json::object(), tenants = Json::object();
+  for (auto& [k, g] : r.by_class) by_class[k] = group_json(g, secs, micro);
+  for (auto& [k, g] : by_tenant) tenants[k] = group_json(g, secs, micro);
+  r.json = {{"load", std::move(load)},          {"elapsed_s", num(secs)},
+            {"timed_out", d.timed_out},         {"unmatched_messages", d.unmatched},
+            {"arrival_lag_ms", dist(d.lag_ms)}, {"overall", group_json(r.all, secs, micro)},
+            {"by_class", std::move(by_class)},  {"by_tenant", std::move(tenants)}};
   return r;
 }
 
 // ---- plot -------------------------------------------------------------------------------------
 
-void write_samples(std::ostream& f, const char* key, const Report& r,
-                   std::vector<double> Group::*field) {
-  f << jstr(key) << ":{\"all\":[";
-  auto put = [&](const std::vector<double>& v) {
-    for (size_t i = 0; i < v.size(); ++i) f << (i ? "," : "") << num(v[i]);
+Json samples(const Report& r, std::vector<double> Group::*field) {
+  auto values = [](const std::vector<double>& v) {
+    Json a = Json::array();
+    for (double x : v) a.push_back(num(x));
+    return a;
   };
-  put(r.all.*field);
-  f << "]";
+  Json j = {{"all", values(r.all.*field)}};
   if (r.by_class.size() > 1)
-    for (auto& [k, g] : r.by_class) {
-      f << "," << jstr(k) << ":[";
-      put(g.*field);
-      f << "]";
-    }
-  f << "}";
+    for (auto& [k, g] : r.by_class) j[k] = values(g.*field);
+  return j;
 }
 
 void plot(const Options& o, const Report& r, const std::string& title) {
   std::string data = o.plot + ".samples.json";
   {
     std::ofstream f(data);
-    f << "{\"title\":" << jstr(title) << ",";
-    write_samples(f, "TTFT (ms)", r, &Group::ttft);
-    f << ",";
-    write_samples(f, "TPOT (ms)", r, &Group::tpot);
-    f << ",";
-    write_samples(f, "ITL (ms)", r, &Group::itl);
-    f << ",";
-    write_samples(f, "end-to-end (ms)", r, &Group::e2e);
-    f << "}\n";
+    f << dump({{"title", title},
+               {"TTFT (ms)", samples(r, &Group::ttft)},
+               {"TPOT (ms)", samples(r, &Group::tpot)},
+               {"ITL (ms)", samples(r, &Group::itl)},
+               {"end-to-end (ms)", samples(r, &Group::e2e)}})
+      << "\n";
     if (!f) {
       std::cerr << "bench_loadgen: warning: cannot write " << data << ", no plot\n";
       return;
@@ -883,37 +797,42 @@ int vocab_size(const Options& o) {
   return 256;
 }
 
-std::string options_json(const Options& o, const std::string& endpoint) {
-  std::ostringstream s;
+Json options_json(const Options& o, const std::string& endpoint) {
   auto range = [](const Range& r) {
-    return r.lo == r.hi ? std::to_string(r.lo)
-                        : "\"" + std::to_string(r.lo) + ".." + std::to_string(r.hi) + "\"";
+    return r.lo == r.hi ? Json(r.lo) : Json(std::to_string(r.lo) + ".." + std::to_string(r.hi));
   };
-  s << "{\"server\":" << jstr(endpoint) << ",\"spawned\":" << (o.spawn ? "true" : "false");
-  if (o.spawn) {
-    s << ",\"serve_args\":[";
-    for (size_t i = 0; i < o.serve_args.size(); ++i) s << (i ? "," : "") << jstr(o.serve_args[i]);
-    s << "]";
-  }
-  s << ",\"sockets\":" << o.sockets << ",\"stream\":" << (o.stream ? "true" : "false")
-    << ",\"ignore_eos\":" << (o.ignore_eos ? "true" : "false")
-    << ",\"prompt_len\":" << range(o.prompt_len)
-    << ",\"prompt_kind\":" << (o.prompt_text ? "\"text\"" : "\"ids\"")
-    << ",\"max_tokens\":" << range(o.max_tokens) << ",\"temperature\":" << num(o.temperature)
-    << ",\"slo_ttft_ms\":" << (o.slo_ttft_ms > 0 ? num(o.slo_ttft_ms) : "null")
-    << ",\"slo_tpot_ms\":" << (o.slo_tpot_ms > 0 ? num(o.slo_tpot_ms) : "null") << ",\"mix\":[";
-  for (size_t i = 0; i < o.mix.size(); ++i)
-    s << (i ? "," : "") << "{\"class\":" << jstr(o.mix[i].cls)
-      << ",\"tenant\":" << jstr(o.mix[i].tenant) << ",\"weight\":" << num(o.mix[i].weight) << "}";
-  s << "]}";
-  return s.str();
+  Json j = {{"server", endpoint}, {"spawned", o.spawn}};
+  if (o.spawn) j["serve_args"] = o.serve_args;
+  j["sockets"] = o.sockets;
+  j["stream"] = o.stream;
+  j["ignore_eos"] = o.ignore_eos;
+  j["prompt_len"] = range(o.prompt_len);
+  j["prompt_kind"] = o.prompt_text ? "text" : "ids";
+  j["max_tokens"] = range(o.max_tokens);
+  j["temperature"] = num(o.temperature);
+  j["slo_ttft_ms"] = o.slo_ttft_ms > 0 ? num(o.slo_ttft_ms) : Json(nullptr);
+  j["slo_tpot_ms"] = o.slo_tpot_ms > 0 ? num(o.slo_tpot_ms) : Json(nullptr);
+  Json mix = Json::array();
+  for (const auto& m : o.mix)
+    mix.push_back({{"class", m.cls}, {"tenant", m.tenant}, {"weight", num(m.weight)}});
+  j["mix"] = std::move(mix);
+  return j;
 }
 
-std::string loadavg() {
+Json loadavg() {
   std::ifstream f("/proc/loadavg");
   double a = 0, b = 0, c = 0;
   f >> a >> b >> c;
-  return "[" + num(a) + "," + num(b) + "," + num(c) + "]";
+  return {num(a), num(b), num(c)};
+}
+
+// The server's counters line as JSON (kept as text if it does not parse).
+Json server_stats(const std::string& line) {
+  try {
+    return Json::parse(line);
+  } catch (const Json::exception&) {
+    return line;
+  }
 }
 
 // ---- multi-turn conversations -------------------------------------------------------------------
@@ -1104,7 +1023,7 @@ class MultiTurn {
 
 /// The JSON of one multi-turn run: TTFT of turn 1 and of later turns, the share of later turns'
 /// prompts served from the prefix cache (done.usage.cached_tokens / prompt_tokens), per turn too.
-std::string multi_turn_json(const Options& o, const MultiTurn::Result& r) {
+Json multi_turn_json(const Options& o, const MultiTurn::Result& r) {
   struct Acc {
     std::vector<double> ttft, e2e, server_ttft, prompt, cached_frac;
     uint64_t prompt_sum = 0, cached_sum = 0, completed = 0;
@@ -1142,30 +1061,24 @@ std::string multi_turn_json(const Options& o, const MultiTurn::Result& r) {
     return s / static_cast<double>(v.size());
   };
   auto acc_json = [&](const Acc& a) {
-    std::ostringstream s;
-    s << "{\"completed\":" << a.completed << ",\"ttft_ms\":" << dist(a.ttft)
-      << ",\"e2e_ms\":" << dist(a.e2e) << ",\"server_ttft_ms\":" << dist(a.server_ttft)
-      << ",\"prompt_tokens\":" << dist(a.prompt)
-      << ",\"cached_fraction_mean\":" << num(mean(a.cached_frac))
-      << ",\"cached_tokens\":" << a.cached_sum << ",\"prompt_tokens_total\":" << a.prompt_sum
-      << "}";
-    return s.str();
+    return Json{
+        {"completed", a.completed},        {"ttft_ms", dist(a.ttft)},
+        {"e2e_ms", dist(a.e2e)},           {"server_ttft_ms", dist(a.server_ttft)},
+        {"prompt_tokens", dist(a.prompt)}, {"cached_fraction_mean", num(mean(a.cached_frac))},
+        {"cached_tokens", a.cached_sum},   {"prompt_tokens_total", a.prompt_sum}};
   };
-  std::ostringstream s;
-  s << "{\"elapsed_s\":" << num((r.t_end - r.t_start) / 1e9)
-    << ",\"timed_out\":" << (r.timed_out ? "true" : "false")
-    << ",\"unmatched_messages\":" << r.unmatched << ",\"turns_sent\":" << r.turns.size()
-    << ",\"errors\":{";
-  bool comma = false;
-  for (auto& [k, v] : errors) {
-    s << (comma ? "," : "") << jstr(k) << ":" << v;
-    comma = true;
-  }
-  s << "},\"turn1\":" << acc_json(first) << ",\"later_turns\":" << acc_json(later)
-    << ",\"by_turn\":[";
-  for (size_t i = 0; i < by_turn.size(); ++i) s << (i ? "," : "") << acc_json(by_turn[i]);
-  s << "]}";
-  return s.str();
+  Json errs = Json::object();
+  for (auto& [k, v] : errors) errs[k] = v;
+  Json turns = Json::array();
+  for (const Acc& a : by_turn) turns.push_back(acc_json(a));
+  return {{"elapsed_s", num((r.t_end - r.t_start) / 1e9)},
+          {"timed_out", r.timed_out},
+          {"unmatched_messages", r.unmatched},
+          {"turns_sent", r.turns.size()},
+          {"errors", std::move(errs)},
+          {"turn1", acc_json(first)},
+          {"later_turns", acc_json(later)},
+          {"by_turn", std::move(turns)}};
 }
 
 /// A temporary directory holding a server config that sets only batching.prefix_cache; removed
@@ -1220,13 +1133,17 @@ int multi_turn_main(const Options& o, int vocab) {
     settings = {"on", "off"};
   else
     settings = {o.prefix_cache};  // "" = whatever the server is configured with
-  std::ostringstream out;
-  out << "{\"tool\":\"bench_loadgen\",\"mode\":\"multi_turn\",\"options\":{\"conversations\":"
-      << o.multi_turn << ",\"turns\":" << o.turns << ",\"user_len\":" << o.user_len
-      << ",\"concurrency\":" << o.concurrency
-      << ",\"max_prompt_tokens\":" << multi_turn_max_prompt(o)
-      << ",\"load\":" << options_json(o, o.server) << "}"
-      << ",\"loadavg_before\":" << loadavg() << ",\"runs\":[";
+  Json out = {{"tool", "bench_loadgen"},
+              {"mode", "multi_turn"},
+              {"options",
+               {{"conversations", o.multi_turn},
+                {"turns", o.turns},
+                {"user_len", o.user_len},
+                {"concurrency", o.concurrency},
+                {"max_prompt_tokens", multi_turn_max_prompt(o)},
+                {"load", options_json(o, o.server)}}},
+              {"loadavg_before", loadavg()},
+              {"runs", Json::array()}};
   bool failed = false;
   std::vector<double> p50;  // later turns' client TTFT p50, per setting
   for (size_t i = 0; i < settings.size(); ++i) {
@@ -1251,20 +1168,19 @@ int multi_turn_main(const Options& o, int vocab) {
       if (t.turn >= 2 && t.ok && t.t_first) later.push_back((t.t_first - t.t_submit) / 1e6);
     std::sort(later.begin(), later.end());
     p50.push_back(pct(later, 0.5));
-    out << (i ? "," : "")
-        << "{\"prefix_cache\":" << (settings[i].empty() ? "\"server default\"" : jstr(settings[i]))
-        << ",\"endpoint\":" << jstr(endpoint) << ",\"result\":" << multi_turn_json(o, r);
+    Json run = {{"prefix_cache", settings[i].empty() ? "server default" : settings[i]},
+                {"endpoint", endpoint},
+                {"result", multi_turn_json(o, r)}};
     if (server) {
       std::string st = server->stats();
-      if (!st.empty()) out << ",\"server_stats\":" << st;
+      if (!st.empty()) run["server_stats"] = server_stats(st);
       server->stop();
     }
-    out << "}";
+    out["runs"].push_back(std::move(run));
   }
-  out << "]";
-  if (settings.size() == 2) out << ",\"ttft_later_p50_off_over_on\":" << num(p50[1] / p50[0]);
-  out << ",\"loadavg_after\":" << loadavg() << "}";
-  std::cout << out.str() << std::endl;
+  if (settings.size() == 2) out["ttft_later_p50_off_over_on"] = num(p50[1] / p50[0]);
+  out["loadavg_after"] = loadavg();
+  std::cout << dump(out) << std::endl;
   if (failed) std::cerr << "bench_loadgen: timed out waiting for the server\n";
   return failed ? 1 : 0;
 }
@@ -1286,9 +1202,10 @@ int main_impl(int argc, char** argv) {
     endpoint = server->endpoint();
   }
   Runner runner(o, endpoint, vocab_size(o));
-  std::ostringstream out;
-  out << "{\"tool\":\"bench_loadgen\",\"mode\":" << (o.overhead ? "\"overhead\"" : "\"load\"")
-      << ",\"options\":" << options_json(o, endpoint) << ",\"loadavg_before\":" << loadavg();
+  Json out = {{"tool", "bench_loadgen"},
+              {"mode", o.overhead ? "overhead" : "load"},
+              {"options", options_json(o, endpoint)},
+              {"loadavg_before", loadavg()}};
   Report main_report;
   std::string title;
   bool failed = false;
@@ -1303,12 +1220,15 @@ int main_impl(int argc, char** argv) {
     std::vector<double> e2e = r2.all.e2e;
     std::sort(e2e.begin(), e2e.end());
     double secs = std::max(1e-9, (d1.t_end - d1.t_start) / 1e9);
-    out << ",\"summary\":{\"jobs_per_s\":" << num(r1.all.completed / secs)
-        << ",\"concurrency\":" << o.concurrency
-        << ",\"latency_c1_us\":{\"p50\":" << num(pct(e2e, 0.5) * 1000)
-        << ",\"p90\":" << num(pct(e2e, 0.9) * 1000) << ",\"p99\":" << num(pct(e2e, 0.99) * 1000)
-        << "},\"ping_rtt_us\":" << dist(pings, 1000.0) << "}"
-        << ",\"throughput_phase\":" << r1.json << ",\"latency_phase\":" << r2.json;
+    out["summary"] = {{"jobs_per_s", num(r1.all.completed / secs)},
+                      {"concurrency", o.concurrency},
+                      {"latency_c1_us",
+                       {{"p50", num(pct(e2e, 0.5) * 1000)},
+                        {"p90", num(pct(e2e, 0.9) * 1000)},
+                        {"p99", num(pct(e2e, 0.99) * 1000)}}},
+                      {"ping_rtt_us", dist(pings, 1000.0)}};
+    out["throughput_phase"] = r1.json;
+    out["latency_phase"] = r2.json;
     failed = d1.timed_out || d2.timed_out;
     main_report = std::move(r2);
     title = "overhead: 1-token jobs at concurrency 1";
@@ -1316,10 +1236,10 @@ int main_impl(int argc, char** argv) {
     Phase ph{o.concurrency, o.rate, o.jobs, o.duration_s, o.warmup};
     RunData d = runner.run(ph);
     main_report = summarize(o, ph, d);
-    out << ",\"result\":" << main_report.json;
+    out["result"] = main_report.json;
     failed = d.timed_out;
     std::ostringstream t;
-    t << (o.rate > 0 ? "rate " + num(o.rate) + " jobs/s"
+    t << (o.rate > 0 ? "rate " + dump(num(o.rate)) + " jobs/s"
                      : "concurrency " + std::to_string(o.concurrency))
       << ", max_tokens " << o.max_tokens.lo
       << (o.max_tokens.lo != o.max_tokens.hi ? ".." + std::to_string(o.max_tokens.hi) : "") << ", "
@@ -1327,14 +1247,13 @@ int main_impl(int argc, char** argv) {
     if (o.model) t << ", " << fs::path(*o.model).filename().string();
     title = t.str();
   }
-  out << ",\"loadavg_after\":" << loadavg();
+  out["loadavg_after"] = loadavg();
   if (server) {
     std::string st = server->stats();
-    if (!st.empty()) out << ",\"server_stats\":" << st;
+    if (!st.empty()) out["server_stats"] = server_stats(st);
     server->stop();
   }
-  out << "}";
-  std::cout << out.str() << std::endl;
+  std::cout << dump(out) << std::endl;
   if (!o.plot.empty()) plot(o, main_report, title);
   if (failed) std::cerr << "bench_loadgen: timed out waiting for the server\n";
   return failed ? 1 : 0;

@@ -8,7 +8,6 @@
 
 #include "cli/demo_model.hpp"
 #include "cli/json.hpp"
-#include "cli/json_reader.hpp"
 #include "model/chat_template.hpp"
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
@@ -35,26 +34,23 @@ std::string read_all(const std::string& path) {
 }
 
 std::vector<chat::Message> parse_messages(const std::string& path) {
-  JsonValue j;
+  Json j;
   try {
-    j = JsonReader::parse(read_all(path));
-  } catch (const UsageError&) {
-    throw;
-  } catch (const std::exception& e) {
+    j = Json::parse(read_all(path));
+  } catch (const Json::exception& e) {
     throw UsageError(path + ": " + e.what());
   }
-  if (j.kind != JsonValue::array || j.arr.empty())
+  if (!j.is_array() || j.empty())
     throw UsageError(path + ": expected a non-empty JSON array of {\"role\", \"content\"}");
   std::vector<chat::Message> out;
-  for (std::size_t i = 0; i < j.arr.size(); ++i) {
-    const JsonValue& m = j.arr[i];
-    const JsonValue* role = m.find("role");
-    const JsonValue* content = m.find("content");
-    if (m.kind != JsonValue::object || !role || role->kind != JsonValue::string || !content ||
-        content->kind != JsonValue::string)
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    const Json& m = j[i];
+    const bool ok = m.is_object() && m.contains("role") && m["role"].is_string() &&
+                    m.contains("content") && m["content"].is_string();
+    if (!ok)
       throw UsageError(path + ": message " + std::to_string(i) +
                        " must be an object with string 'role' and 'content'");
-    out.push_back({role->str, content->str});
+    out.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
   }
   return out;
 }
@@ -98,9 +94,10 @@ int cmd_render_chat(const Args& a) {
     return 0;
   }
   const auto ids = chat::tokenize_rendered(*tok, r);
-  std::string out = "{\"text\": " + json_string(r.text) + ", \"ids\": [";
-  for (std::size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
-  std::cout << out << "]}" << std::endl;
+  Json out;
+  out["text"] = r.text;
+  out["ids"] = ids;
+  std::cout << json_dump(out, JsonLayout::spaced) << std::endl;
   return 0;
 }
 

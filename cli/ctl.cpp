@@ -53,23 +53,12 @@ std::string policy_text(const std::vector<std::string>& w) {
   throw UsageError("unknown kv policy '" + name + "' (full, sliding_window or sinks)");
 }
 
-int cmd_ctl(int argc, char** argv, int first) {
-  // Options may come before or after the command words; Args parses the options only.
-  std::vector<char*> opts = {argv[0]};
-  std::vector<std::string> words;
-  const std::vector<std::string> valued = {"server", "token", "timeout-ms", "server-key",
-                                           "client-key"};
-  for (int i = first; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a.rfind("--", 0) == 0) {
-      opts.push_back(argv[i]);
-      bool inline_value = a.find('=') != std::string::npos;
-      if (!inline_value && i + 1 < argc) opts.push_back(argv[++i]);
-    } else {
-      words.push_back(a);
-    }
-  }
-  Args args(static_cast<int>(opts.size()), opts.data(), 1, valued, {});
+const std::vector<std::string> kCtlOptions = {"server", "token", "timeout-ms", "server-key",
+                                              "client-key"};
+
+int cmd_ctl(const Args& args) {
+  // Options may come before or after the command words.
+  const std::vector<std::string>& words = args.words();
   if (!args.has("server")) throw UsageError("ctl needs --server ADDR");
   long long timeout = args.integer("timeout-ms", 5000);
   if (timeout < 1) throw UsageError("--timeout-ms must be at least 1");

@@ -23,8 +23,9 @@
 
 using sy::cli::Args;
 using sy::cli::demo_model_path;
-using sy::cli::json_number;
-using sy::cli::json_string;
+using sy::cli::Json;
+using sy::cli::json_dump;
+using sy::cli::JsonLayout;
 using sy::cli::UsageError;
 
 namespace {
@@ -32,19 +33,24 @@ namespace {
 constexpr const char* kUsageHead =
     "usage: switchyard <command> [options]\n"
     "commands:\n";
-constexpr const char* kUsage =
+constexpr const char* kGenerateUsage =
     "  generate    --model FILE --prompt TEXT -n N [--temperature T --top-k K --top-p P\n"
-    "              --seed S --logprobs N --stop STR --ignore-eos --threads N --json]\n"
-    "  tokenize    --model FILE --text TEXT [--no-bos] [--parse-special] [--json]\n"
+    "              --seed S --logprobs N --stop STR --ignore-eos --threads N --json]\n";
+constexpr const char* kTokenizeUsage =
+    "  tokenize    --model FILE --text TEXT [--no-bos] [--parse-special] [--json]\n";
+constexpr const char* kMakeModelUsage =
     "  make-model  --shape {tiny,mini,15M,110M,1B,8B} [--arch {llama,qwen2,qwen3,gemma2,phi3}]\n"
     "              --dtype {f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q2_k,q3_k,q4_k,q5_k,\n"
     "              q6_k,iq4_xs,q4_k_m,q5_k_m} [--vocab-from FILE.gguf] [--seed N] [--ctx N]\n"
-    "              --out FILE.gguf\n"
-    "Without --model, serve, generate and tokenize use a generated random-weight demo model.\n";
+    "              --out FILE.gguf\n";
+constexpr const char* kUsageTail =
+    "Without --model, serve, generate and tokenize use a generated random-weight demo model.\n"
+    "switchyard COMMAND --help prints that command's usage alone.\n";
 
-void print_usage(std::ostream& os) {
-  os << kUsageHead << sy::cli::kServeUsage << sy::cli::kSubmitUsage << sy::cli::kCtlUsage
-     << sy::cli::kKeygenUsage << sy::cli::kRenderChatUsage << kUsage;
+std::string full_usage() {
+  return std::string(kUsageHead) + sy::cli::kServeUsage + sy::cli::kSubmitUsage +
+         sy::cli::kCtlUsage + sy::cli::kKeygenUsage + sy::cli::kRenderChatUsage + kGenerateUsage +
+         kTokenizeUsage + kMakeModelUsage + kUsageTail;
 }
 
 // Token ids separated by `sep`.
@@ -81,8 +87,9 @@ int cmd_tokenize(const Args& a) {
   auto ids = tok->encode(a.str("text"), !a.has("no-bos"), a.has("parse-special"));
   std::string out;
   if (a.has("json")) {
-    out = "{\"ids\": [";
-    out += join_ids(ids, ", ") + "]}";
+    Json j;
+    j["ids"] = ids;
+    out = json_dump(j, JsonLayout::spaced);
   } else {
     out = join_ids(ids, " ");
   }
@@ -139,81 +146,57 @@ int cmd_generate(const Args& a) {
               << "\n";
     return 0;
   }
-  std::string out = "{\"prompt_token_ids\": [" + join_ids(req.prompt, ", ");
-  out += "], \"token_ids\": [" + join_ids(r.tokens, ", ");
-  out += "], \"text\": " + json_string(r.text);
-  out += ", \"finish_reason\": " + json_string(r.finish_reason);
+  Json out;
+  out["prompt_token_ids"] = req.prompt;
+  out["token_ids"] = r.tokens;
+  out["text"] = r.text;
+  out["finish_reason"] = r.finish_reason;
   if (req.sampling.n_logprobs > 0) {
-    out += ", \"logprobs\": [";
-    for (size_t i = 0; i < r.logprobs.size(); ++i) {
-      out += i ? ", [" : "[";
-      for (size_t k = 0; k < r.logprobs[i].size(); ++k) {
-        out += k ? ", " : "";
-        out += "{\"id\": " + std::to_string(r.logprobs[i][k].id) +
-               ", \"logprob\": " + json_number(r.logprobs[i][k].logprob) + "}";
-      }
-      out += "]";
+    Json steps = Json::array();
+    for (const auto& step : r.logprobs) {
+      Json alts = Json::array();
+      for (const auto& alt : step)
+        alts.push_back({{"id", alt.id}, {"logprob", static_cast<double>(alt.logprob)}});
+      steps.push_back(std::move(alts));
     }
-    out += "]";
+    out["logprobs"] = std::move(steps);
   }
-  out += "}";
-  std::cout << out << std::endl;
+  std::cout << json_dump(out, JsonLayout::spaced) << std::endl;
   return 0;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h" ||
-      std::string(argv[1]) == "help") {
-    print_usage(std::cout);
-    return argc < 2 ? 2 : 0;
-  }
-  std::string cmd = argv[1];
-  if (argc > 2 && (std::string(argv[2]) == "--help" || std::string(argv[2]) == "-h")) {
-    print_usage(std::cout);
-    return 0;
-  }
-  try {
-    if (cmd == "serve") {
-      Args a(argc, argv, 2, sy::cli::kServeOptions, sy::cli::kServeFlags);
-      return sy::cli::cmd_serve(a);
-    }
-    if (cmd == "submit") {
-      Args a(argc, argv, 2, sy::cli::kSubmitOptions, {});
-      return sy::cli::cmd_submit(a);
-    }
-    if (cmd == "ctl") return sy::cli::cmd_ctl(argc, argv, 2);
-    if (cmd == "keygen") {
-      Args a(argc, argv, 2, sy::cli::kKeygenOptions, sy::cli::kKeygenFlags);
-      return sy::cli::cmd_keygen(a);
-    }
-    if (cmd == "generate") {
-      Args a(argc, argv, 2,
-             {"model", "prompt", "n", "temperature", "top-k", "top-p", "seed", "logprobs", "stop",
-              "threads", "prefill-chunk"},
-             {"json", "ignore-eos", "no-bos"});
-      return cmd_generate(a);
-    }
-    if (cmd == "render-chat") {
-      Args a(argc, argv, 2, sy::cli::kRenderChatOptions, sy::cli::kRenderChatFlags);
-      return sy::cli::cmd_render_chat(a);
-    }
-    if (cmd == "tokenize") {
-      Args a(argc, argv, 2, {"model", "text"}, {"json", "no-bos", "parse-special"});
-      return cmd_tokenize(a);
-    }
-    if (cmd == "make-model") {
-      Args a(argc, argv, 2, {"shape", "arch", "dtype", "vocab-from", "seed", "ctx", "out"}, {});
-      return cmd_make_model(a);
-    }
-    throw UsageError("unknown command '" + cmd + "'");
-  } catch (const UsageError& e) {
-    std::cerr << "switchyard: " << e.what() << "\n";
-    print_usage(std::cerr);
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "switchyard: error: " << e.what() << "\n";
-    return 1;
-  }
+  using sy::cli::Command;
+  const std::vector<Command> commands = {
+      {"serve", sy::cli::kServeUsage, sy::cli::kServeOptions, sy::cli::kServeFlags, false,
+       sy::cli::cmd_serve},
+      {"submit", sy::cli::kSubmitUsage, sy::cli::kSubmitOptions, {}, false, sy::cli::cmd_submit},
+      {"ctl", sy::cli::kCtlUsage, sy::cli::kCtlOptions, {}, true, sy::cli::cmd_ctl},
+      {"keygen", sy::cli::kKeygenUsage, sy::cli::kKeygenOptions, sy::cli::kKeygenFlags, false,
+       sy::cli::cmd_keygen},
+      {"render-chat", sy::cli::kRenderChatUsage, sy::cli::kRenderChatOptions,
+       sy::cli::kRenderChatFlags, false, sy::cli::cmd_render_chat},
+      {"generate",
+       kGenerateUsage,
+       {"model", "prompt", "n", "temperature", "top-k", "top-p", "seed", "logprobs", "stop",
+        "threads", "prefill-chunk"},
+       {"json", "ignore-eos", "no-bos"},
+       false,
+       cmd_generate},
+      {"tokenize",
+       kTokenizeUsage,
+       {"model", "text"},
+       {"json", "no-bos", "parse-special"},
+       false,
+       cmd_tokenize},
+      {"make-model",
+       kMakeModelUsage,
+       {"shape", "arch", "dtype", "vocab-from", "seed", "ctx", "out"},
+       {},
+       false,
+       cmd_make_model},
+  };
+  return sy::cli::run_command_line(argc, argv, commands, full_usage());
 }

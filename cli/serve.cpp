@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <iostream>
 
+#include "actors/log.hpp"
 #include "cli/demo_model.hpp"
 #include "gpu/backend.hpp"
 #include "model/chat_template.hpp"
@@ -74,7 +75,10 @@ const char* const kServeUsage =
     "              default 4096; endpoints.max_waiting_bytes, default 64 MiB).\n"
     "              [--max-connections N]: client connections each listening endpoint keeps\n"
     "              open; more are closed at once (endpoints.max_connections, default 1024;\n"
-    "              0: unlimited).\n";
+    "              0: unlimited).\n"
+    "              [--log-level trace|debug|info|warn|error|off] [--log-format text|json]:\n"
+    "              the log on stderr (log.level, log.format; default info, text lines\n"
+    "              'switchyard: MESSAGE'; json: one {\"ts\", \"level\", \"msg\"} object a line).\n";
 
 const std::vector<std::string> kServeOptions = {"model",
                                                 "chat-template",
@@ -117,7 +121,9 @@ const std::vector<std::string> kServeOptions = {"model",
                                                 "heartbeat-ttl-ms",
                                                 "handshake-timeout-ms",
                                                 "max-waiting-requests",
-                                                "max-connections"};
+                                                "max-connections",
+                                                "log-level",
+                                                "log-format"};
 const std::vector<std::string> kServeFlags = {"no-prefix-cache", "no-journal", "no-prefix-routing"};
 
 int cmd_serve(const Args& a) {
@@ -246,37 +252,52 @@ int cmd_serve(const Args& a) {
   if (a.has("test-fault-executor-hang-after"))
     cfg.executors.test_fault_hang_after =
         static_cast<int>(ranged("test-fault-executor-hang-after", 1, 1 << 30));
+  if (a.has("log-level")) {
+    auto l = log::parse_level(a.str("log-level"));
+    if (!l) throw UsageError("--log-level must be trace, debug, info, warn, error or off");
+    cfg.log.level = *l;
+  }
+  if (a.has("log-format")) {
+    auto f = log::parse_format(a.str("log-format"));
+    if (!f) throw UsageError("--log-format must be text or json");
+    cfg.log.format = *f;
+  }
+  // Before the first log line below.
+  log::set_level(cfg.log.level);
+  log::set_format(cfg.log.format);
   if (a.has("test-fault-batcher-throw-after")) {
     cfg.executors.test_fault_batcher_throw_after =
         static_cast<int>(ranged("test-fault-batcher-throw-after", 1, 1 << 30));
-    std::cerr << "switchyard: TEST ONLY: the first batcher will throw after "
-              << cfg.executors.test_fault_batcher_throw_after << " steps\n";
+    log::warn("TEST ONLY: the first batcher will throw after " +
+              std::to_string(cfg.executors.test_fault_batcher_throw_after) + " steps");
   }
   if (a.has("test-nan-logits-token")) {
     cfg.executors.test_nan_logits_token =
         static_cast<int>(ranged("test-nan-logits-token", 0, INT32_MAX));
-    std::cerr << "switchyard: TEST ONLY: jobs whose first step feeds token "
-              << cfg.executors.test_nan_logits_token << " get NaN logits\n";
+    log::warn("TEST ONLY: jobs whose first step feeds token " +
+              std::to_string(cfg.executors.test_nan_logits_token) + " get NaN logits");
   }
   if (cfg.executors.test_fault_throw_after > 0 || cfg.executors.test_fault_hang_after > 0)
-    std::cerr << "switchyard: TEST ONLY: the first executor will "
-              << (cfg.executors.test_fault_throw_after > 0 ? "throw" : "hang") << " after "
-              << std::max(cfg.executors.test_fault_throw_after, cfg.executors.test_fault_hang_after)
-              << " steps\n";
+    log::warn(std::string("TEST ONLY: the first executor will ") +
+              (cfg.executors.test_fault_throw_after > 0 ? "throw" : "hang") + " after " +
+              std::to_string(std::max(cfg.executors.test_fault_throw_after,
+                                      cfg.executors.test_fault_hang_after)) +
+              " steps");
   finalize_config(cfg);
   {
     // auto becomes cuda or cpu here, so that the log and the banner name what runs.
     std::string why;
     cfg.executors.backend = resolve_backend(cfg.executors.backend, &why);
-    std::cerr << "switchyard: " << why << "\n";
+    log::info(why);
   }
   if (cfg.executors.backend != Backend::null && cfg.model.empty()) cfg.model = demo_model_path();
   if (cfg.executors.backend == Backend::null)
-    std::cerr << "switchyard: backend null: no model, every token is a fixed id (overhead "
-                 "measurements only, the output is not text)\n";
+    log::info(
+        "backend null: no model, every token is a fixed id (overhead measurements only, the "
+        "output is not text)");
   if (cfg.batching.step_delay_ms > 0)
-    std::cerr << "switchyard: TEST ONLY: every engine step sleeps " << cfg.batching.step_delay_ms
-              << " ms\n";
+    log::warn("TEST ONLY: every engine step sleeps " + std::to_string(cfg.batching.step_delay_ms) +
+              " ms");
 
   // Before any thread exists, so that only the main thread ever takes SIGINT/SIGTERM.
   Server::block_signals();
@@ -302,12 +323,12 @@ int cmd_serve(const Args& a) {
   // SIGUSR1 prints the counters as one JSON line on stdout (operators, integration tests).
   while ((sig = Server::wait_for_signal()) == SIGUSR1)
     std::cout << "switchyard: stats " << server.snapshot().to_json() << std::endl;
-  std::cerr << "switchyard: " << (sig == SIGINT ? "SIGINT" : "SIGTERM") << ": stopping (grace "
-            << cfg.shutdown_grace_ms << " ms)\n";
+  log::info(std::string(sig == SIGINT ? "SIGINT" : "SIGTERM") + ": stopping (grace " +
+            std::to_string(cfg.shutdown_grace_ms) + " ms)");
   auto snap = server.snapshot();
   server.shutdown(std::chrono::milliseconds(cfg.shutdown_grace_ms));
-  std::cerr << "switchyard: stopped (" << snap.received << " messages in, " << snap.sent << " out)"
-            << std::endl;
+  log::info("stopped (" + std::to_string(snap.received) + " messages in, " +
+            std::to_string(snap.sent) + " out)");
   return 0;
 }
 

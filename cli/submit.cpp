@@ -15,7 +15,6 @@
 #include <unordered_set>
 
 #include "cli/json.hpp"
-#include "cli/json_reader.hpp"
 #include "cli/serve.hpp"
 #include "clients/cpp/client.hpp"
 
@@ -53,73 +52,78 @@ struct Line {
   throw UsageError("input line " + std::to_string(n) + ": " + what);
 }
 
-uint64_t get_uint(size_t n, const JsonValue& v, const char* key, uint64_t max) {
-  if (v.kind != JsonValue::number || !v.is_int || v.i < 0 || static_cast<uint64_t>(v.i) > max)
+// The job line's values as nlohmann-json parsed them (integers signed or unsigned, floats apart).
+uint64_t get_uint(size_t n, const Json& v, const char* key, uint64_t max) {
+  const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() <= max
+                  : v.is_number_integer()
+                      ? v.get<int64_t>() >= 0 && static_cast<uint64_t>(v.get<int64_t>()) <= max
+                      : false;
+  if (!ok)
     bad_line(n,
              std::string("'") + key + "' must be an integer in [0, " + std::to_string(max) + "]");
-  return static_cast<uint64_t>(v.i);
+  return v.is_number_unsigned() ? v.get<uint64_t>() : static_cast<uint64_t>(v.get<int64_t>());
 }
 
-double get_num(size_t n, const JsonValue& v, const char* key) {
-  if (v.kind != JsonValue::number) bad_line(n, std::string("'") + key + "' must be a number");
-  return v.num;
+double get_num(size_t n, const Json& v, const char* key) {
+  if (!v.is_number()) bad_line(n, std::string("'") + key + "' must be a number");
+  return v.get<double>();
 }
 
-std::string get_str(size_t n, const JsonValue& v, const char* key) {
-  if (v.kind != JsonValue::string) bad_line(n, std::string("'") + key + "' must be a string");
-  return v.str;
+std::string get_str(size_t n, const Json& v, const char* key) {
+  if (!v.is_string()) bad_line(n, std::string("'") + key + "' must be a string");
+  return v.get<std::string>();
 }
 
 // One input line into a Submit; the server checks ranges again, this catches typos early.
 Line parse_job(size_t n, const std::string& text, const std::string& tenant,
                const std::string& token, const std::string& priority) {
-  JsonValue j;
+  Json j;
   try {
-    j = JsonReader::parse(text);
-  } catch (const std::exception& e) {
+    j = Json::parse(text);
+  } catch (const Json::exception& e) {
     bad_line(n, e.what());
   }
-  if (j.kind != JsonValue::object) bad_line(n, "expected a JSON object");
+  if (!j.is_object()) bad_line(n, "expected a JSON object");
   Line l;
   l.line_no = n;
   auto& s = l.submit;
   s.tenant = tenant;
   s.token = token;
   s.priority = priority;
-  for (const auto& [k, v] : j.obj) {
+  for (const auto& [k, v] : j.items()) {
     if (k == "id") {
-      if (v.kind == JsonValue::number && v.is_int)
-        s.id = std::to_string(v.i);
+      if (v.is_number_integer())
+        s.id = v.dump();
       else
         s.id = get_str(n, v, "id");
     } else if (k == "prompt") {
-      if (v.kind == JsonValue::string) {
-        s.prompt = v.str;
-      } else if (v.kind == JsonValue::array) {
+      if (v.is_string()) {
+        s.prompt = v.get<std::string>();
+      } else if (v.is_array()) {
         std::vector<int32_t> ids;
-        for (const auto& e : v.arr)
+        for (const auto& e : v)
           ids.push_back(static_cast<int32_t>(get_uint(n, e, "prompt", INT32_MAX)));
         s.prompt = std::move(ids);
       } else {
         bad_line(n, "'prompt' must be a string or an array of token ids");
       }
     } else if (k == "messages") {
-      if (v.kind != JsonValue::array || v.arr.empty())
+      if (!v.is_array() || v.empty())
         bad_line(n, "'messages' must be a non-empty array of {\"role\", \"content\"} objects");
-      for (std::size_t i = 0; i < v.arr.size(); ++i) {
-        const JsonValue& m = v.arr[i];
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const Json& m = v[i];
         const std::string at = "messages[" + std::to_string(i) + "]";
-        if (m.kind != JsonValue::object) bad_line(n, "'" + at + "' must be an object");
-        const JsonValue* role = m.find("role");
-        const JsonValue* content = m.find("content");
-        if (!role) bad_line(n, "'" + at + "' has no 'role'");
-        if (!content) bad_line(n, "'" + at + "' has no 'content'");
+        if (!m.is_object()) bad_line(n, "'" + at + "' must be an object");
+        const auto role = m.find("role");
+        const auto content = m.find("content");
+        if (role == m.end()) bad_line(n, "'" + at + "' has no 'role'");
+        if (content == m.end()) bad_line(n, "'" + at + "' has no 'content'");
         s.messages.push_back(wire::ChatMessage{get_str(n, *role, (at + ".role").c_str()),
                                                get_str(n, *content, (at + ".content").c_str())});
       }
     } else if (k == "parse_special") {
-      if (v.kind != JsonValue::boolean) bad_line(n, "'parse_special' must be true or false");
-      s.parse_special = v.b;
+      if (!v.is_boolean()) bad_line(n, "'parse_special' must be true or false");
+      s.parse_special = v.get<bool>();
     } else if (k == "max_tokens") {
       s.max_tokens = static_cast<uint32_t>(get_uint(n, v, "max_tokens", UINT32_MAX));
     } else if (k == "temperature") {
@@ -131,16 +135,16 @@ Line parse_job(size_t n, const std::string& text, const std::string& tenant,
     } else if (k == "seed") {
       s.seed = get_uint(n, v, "seed", UINT64_MAX / 2);
     } else if (k == "stop") {
-      if (v.kind == JsonValue::string) {
-        s.stop = {v.str};
-      } else if (v.kind == JsonValue::array) {
-        for (const auto& e : v.arr) s.stop.push_back(get_str(n, e, "stop"));
+      if (v.is_string()) {
+        s.stop = {v.get<std::string>()};
+      } else if (v.is_array()) {
+        for (const auto& e : v) s.stop.push_back(get_str(n, e, "stop"));
       } else {
         bad_line(n, "'stop' must be a string or an array of strings");
       }
     } else if (k == "ignore_eos") {
-      if (v.kind != JsonValue::boolean) bad_line(n, "'ignore_eos' must be true or false");
-      s.ignore_eos = v.b;
+      if (!v.is_boolean()) bad_line(n, "'ignore_eos' must be true or false");
+      s.ignore_eos = v.get<bool>();
     } else if (k == "priority") {
       s.priority = get_str(n, v, "priority");
     } else if (k == "tenant") {
@@ -153,9 +157,10 @@ Line parse_job(size_t n, const std::string& text, const std::string& tenant,
     // Other keys are the caller's own bookkeeping and travel no further.
   }
   if (s.id.empty()) bad_line(n, "missing 'id'");
-  if (j.find("prompt") && j.find("messages"))
+  if (j.contains("prompt") && j.contains("messages"))
     bad_line(n, "'prompt' and 'messages' exclude each other: give one of them");
-  if (!j.find("prompt") && !j.find("messages")) bad_line(n, "missing 'prompt' (or 'messages')");
+  if (!j.contains("prompt") && !j.contains("messages"))
+    bad_line(n, "missing 'prompt' (or 'messages')");
   return l;
 }
 
@@ -183,40 +188,35 @@ std::unordered_set<std::string> done_ids(const std::string& path) {
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     try {
-      auto j = JsonReader::parse(line);
-      if (auto id = j.find("id"); id && id->kind == JsonValue::string) ids.insert(id->str);
-    } catch (const std::exception&) {
+      auto j = Json::parse(line);
+      if (auto id = j.find("id"); j.is_object() && id != j.end() && id->is_string())
+        ids.insert(id->get<std::string>());
+    } catch (const Json::exception&) {
       // A line we cannot read names no id: that job simply runs again.
     }
   }
   return ids;
 }
 
-std::string ids_json(const std::vector<int32_t>& ids) {
-  std::string s = "[";
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (i) s += ',';
-    s += std::to_string(ids[i]);
-  }
-  return s + "]";
-}
-
 std::string done_line(const wire::Done& d) {
-  std::string s = "{\"id\":" + json_string(d.id);
-  s += ",\"text\":" + json_string(d.text);
-  s += ",\"ids\":" + ids_json(d.ids);
-  s += ",\"finish_reason\":" + json_string(wire::to_string(d.finish_reason));
-  s += ",\"usage\":{\"prompt_tokens\":" + std::to_string(d.usage.prompt_tokens) +
-       ",\"completion_tokens\":" + std::to_string(d.usage.completion_tokens) + "}";
-  s += ",\"timings\":{\"queue_ms\":" + json_number(d.timings.queue_ms) +
-       ",\"ttft_ms\":" + json_number(d.timings.ttft_ms) +
-       ",\"total_ms\":" + json_number(d.timings.total_ms) + "}}";
-  return s;
+  Json j;
+  j["id"] = d.id;
+  j["text"] = d.text;
+  j["ids"] = d.ids;
+  j["finish_reason"] = wire::to_string(d.finish_reason);
+  j["usage"] = {{"prompt_tokens", d.usage.prompt_tokens},
+                {"completion_tokens", d.usage.completion_tokens}};
+  j["timings"] = {{"queue_ms", d.timings.queue_ms},
+                  {"ttft_ms", d.timings.ttft_ms},
+                  {"total_ms", d.timings.total_ms}};
+  return json_dump(j);
 }
 
 std::string error_line(const std::string& id, const wire::Error& e) {
-  return "{\"id\":" + json_string(id) + ",\"error\":{\"code\":" + json_string(to_string(e.code)) +
-         ",\"message\":" + json_string(e.message) + "}}";
+  Json j;
+  j["id"] = id;
+  j["error"] = {{"code", to_string(e.code)}, {"message", e.message}};
+  return json_dump(j);
 }
 
 std::string duration(double s) {

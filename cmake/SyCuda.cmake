@@ -34,7 +34,8 @@ function(sy_cuda_tests models_dir binary_dir)
     target_compile_definitions(${name} PRIVATE BOOST_TEST_DYN_LINK
       SY_MODELS_DIR="${models_dir}" SY_BINARY_DIR="${binary_dir}")
     if(TARGET Boost::unit_test_framework)
-      target_link_libraries(${name} PRIVATE sy_cuda sy_engine Boost::unit_test_framework)
+      target_link_libraries(${name} PRIVATE sy_cuda sy_engine nlohmann_json::nlohmann_json
+        Boost::unit_test_framework)
     else()
       # GPU-only build without Boost: the small stand-in of bench/gpu_standalone/test_shim.
       target_include_directories(${name} BEFORE PRIVATE ${SY_ROOT}/bench/gpu_standalone/test_shim)

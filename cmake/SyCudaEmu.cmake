@@ -46,7 +46,8 @@ foreach(src ${_emu_tests})
   sy_target(${name})
   target_compile_definitions(${name} PRIVATE BOOST_TEST_DYN_LINK
     SY_MODELS_DIR="${SY_MODELS_DIR}" SY_BINARY_DIR="${PROJECT_BINARY_DIR}")
-  target_link_libraries(${name} PRIVATE sy_cuda_emu sy_engine_emu Boost::unit_test_framework)
+  target_link_libraries(${name} PRIVATE sy_cuda_emu sy_engine_emu nlohmann_json::nlohmann_json
+    Boost::unit_test_framework)
   # Boost.Test's own signal handlers would hide the emulator's report of a bad access.
   add_test(NAME ${name} COMMAND ${name} --catch_system_errors=no
     WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
@@ -102,7 +103,8 @@ set_tests_properties(emu_bench_gpu_tiny PROPERTIES LABELS emu TIMEOUT 600)
 file(GLOB _emu_cli CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/cli/*.cpp)
 add_executable(emu_switchyard ${_emu_cli})
 sy_target(emu_switchyard)
-target_link_libraries(emu_switchyard PRIVATE sy_engine_emu sy_cuda_emu sy_server sy_client)
+target_link_libraries(emu_switchyard PRIVATE sy_engine_emu sy_cuda_emu sy_server sy_client
+  CLI11::CLI11 nlohmann_json::nlohmann_json)
 # Beside the real binary, where the integration tests look (SY_BINARY_DIR).
 set_target_properties(emu_switchyard PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR})
 add_executable(emu_it_test_golden ${PROJECT_SOURCE_DIR}/tests/integration/test_golden.cpp)
@@ -110,7 +112,8 @@ sy_target(emu_it_test_golden)
 target_compile_definitions(emu_it_test_golden PRIVATE BOOST_TEST_DYN_LINK
   SY_MODELS_DIR="${SY_MODELS_DIR}" SY_BINARY_DIR="${PROJECT_BINARY_DIR}"
   SY_SOURCE_DIR="${PROJECT_SOURCE_DIR}" SY_SERVER_BINARY="emu_switchyard")
-target_link_libraries(emu_it_test_golden PRIVATE sy_client sy_engine Boost::unit_test_framework)
+target_link_libraries(emu_it_test_golden PRIVATE sy_client sy_engine nlohmann_json::nlohmann_json
+  Boost::unit_test_framework)
 add_dependencies(emu_it_test_golden emu_switchyard)
 add_test(NAME emu_it_test_golden COMMAND emu_it_test_golden WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
 set_tests_properties(emu_it_test_golden PROPERTIES LABELS emu TIMEOUT 1200 RUN_SERIAL TRUE)

@@ -31,6 +31,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "actors/log.hpp"
 #include "ingress/curve.hpp"
 
 namespace sy {
@@ -132,10 +133,11 @@ void fit_descriptor_limit(int64_t max_connections, int64_t endpoints) {
                         : std::min(files.rlim_max, static_cast<rlim_t>(need));
   if (raised.rlim_cur > files.rlim_cur && ::setrlimit(RLIMIT_NOFILE, &raised) == 0) files = raised;
   if (static_cast<int64_t>(files.rlim_cur) < need)
-    std::cerr << "switchyard: warning: the open file limit (ulimit -n) is " << files.rlim_cur
-              << ", below the " << need << " descriptors that endpoints.max_connections ("
-              << max_connections << " per endpoint) and the server's own files need: raise the "
-              << "hard limit, or lower the cap\n";
+    log::warn("warning: the open file limit (ulimit -n) is " + std::to_string(files.rlim_cur) +
+              ", below the " + std::to_string(need) +
+              " descriptors that endpoints.max_connections (" + std::to_string(max_connections) +
+              " per endpoint) and the server's own files need: raise the hard limit, or lower "
+              "the cap");
 }
 
 SubmitRequest to_request(wire::Submit&& s, ClientRef client) {
@@ -195,8 +197,8 @@ std::string load_curve_secret(const EndpointConfig& ep) {
   // A secret key others can read is no secret: said loudly, not refused (containers often run
   // with loose modes on mounted secrets).
   if (curve::readable_by_others(ep.curve_secret_key))
-    std::cerr << "switchyard: warning: CURVE secret key file '" << ep.curve_secret_key
-              << "' is readable by its group or others (chmod 600 it)\n";
+    log::warn("warning: CURVE secret key file '" + ep.curve_secret_key +
+              "' is readable by its group or others (chmod 600 it)");
   std::string derived = curve::public_of(secret);
   if (!ep.curve_public_key.empty()) {
     std::string pub = curve::read_key_file(ep.curve_public_key, "CURVE public key");
@@ -750,8 +752,8 @@ struct Gateway::Impl {
           char z85[curve::kZ85KeyChars + 1] = "?";
           if (key.size() == curve::kKeyBytes)
             zmq_z85_encode(z85, reinterpret_cast<const uint8_t*>(key.data()), curve::kKeyBytes);
-          std::cerr << "switchyard: CURVE handshake refused from " << who << " (" << text
-                    << "; client key " << z85 << ")\n";
+          log::warn("CURVE handshake refused from " + who + " (" + text + "; client key " + z85 +
+                    ")");
         }
       }
       const std::string reply[] = {"1.0", request_id, status, text, user, ""};
@@ -837,11 +839,12 @@ struct Gateway::Impl {
     ++refusals_unlogged;
     const auto now = Clock::now();
     if (now < next_refusal_log) return;
-    std::cerr << "switchyard: refused a connection to the " << g.what << " " << g.endpoint << ": "
-              << g.open.size() << " connections open, endpoints.max_connections is " << cap;
+    std::string line = std::string("refused a connection to the ") + g.what + " " + g.endpoint +
+                       ": " + std::to_string(g.open.size()) +
+                       " connections open, endpoints.max_connections is " + std::to_string(cap);
     if (refusals_unlogged > 1)
-      std::cerr << " (" << refusals_unlogged << " refused since the last report)";
-    std::cerr << "\n";
+      line += " (" + std::to_string(refusals_unlogged) + " refused since the last report)";
+    log::warn(line);
     refusals_unlogged = 0;
     next_refusal_log = now + kRefusalLogPeriod;
   }
@@ -943,8 +946,8 @@ Gateway::Gateway(EndpointConfig endpoints, GatewayOptions options) : impl_(new I
   impl_->curve_secret = load_curve_secret(impl_->ep);
   impl_->allowed_keys = load_allowed_keys(impl_->ep);
   if (!impl_->allowed_keys.empty())
-    std::cerr << "switchyard: CURVE client allow-list '" << impl_->ep.curve_allowed_keys
-              << "': " << impl_->allowed_keys.size() << " keys\n";
+    log::info("CURVE client allow-list '" + impl_->ep.curve_allowed_keys +
+              "': " + std::to_string(impl_->allowed_keys.size()) + " keys");
   impl_->efd = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (impl_->efd < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
 }

@@ -389,7 +389,7 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
   try {
     each(c, "", root,
          {"model", "chat_template", "endpoints", "admission", "router", "batching", "executors",
-          "shutdown_grace_ms", "metrics", "journal", "autoscale", "state_dir"},
+          "shutdown_grace_ms", "metrics", "journal", "autoscale", "state_dir", "log"},
          [&](const std::string& k, const std::string& key, const YAML::Node& v) {
            if (k == "model") {
              cfg.model = get_string(c, key, v);
@@ -427,7 +427,21 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
              cfg.state_dir = get_string(c, key, v);
              if (!cfg.state_dir.empty() && std::filesystem::path(cfg.state_dir).is_relative())
                cfg.state_dir = (std::filesystem::path(path).parent_path() / cfg.state_dir).string();
-           } else if (k == "metrics")
+           } else if (k == "log")
+             each(c, key, v, {"level", "format"},
+                  [&](const std::string& k2, const std::string& key2, const YAML::Node& v2) {
+                    const std::string s = get_string(c, key2, v2);
+                    if (k2 == "level") {
+                      auto l = log::parse_level(s);
+                      if (!l) c.fail(key2, v2, "expected trace, debug, info, warn, error or off");
+                      cfg.log.level = *l;
+                    } else if (k2 == "format") {
+                      auto f = log::parse_format(s);
+                      if (!f) c.fail(key2, v2, "expected text or json");
+                      cfg.log.format = *f;
+                    }
+                  });
+           else if (k == "metrics")
              each(c, key, v, {"bind", "max_tenant_labels"},
                   [&](const std::string& k2, const std::string& key2, const YAML::Node& v2) {
                     if (k2 == "bind")

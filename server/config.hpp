@@ -11,6 +11,7 @@
 #include "actors/batcher_config.hpp"
 #include "actors/executor_config.hpp"
 #include "actors/journal_config.hpp"
+#include "actors/log.hpp"
 #include "actors/metrics_config.hpp"
 #include "actors/router_config.hpp"
 #include "actors/supervisor_config.hpp"
@@ -32,6 +33,7 @@ struct ServerConfig {
   int64_t shutdown_grace_ms = 5000;  // finish in-flight jobs this long on SIGTERM, then cancel
   MetricsConfig metrics;
   JournalConfig journal;
+  log::LogConfig log;  // the level and line format of the server's log (stderr)
   // Where a server keeps its state (the default journal) when nothing more specific is given.
   // `switchyard serve` fills it ($XDG_STATE_HOME/switchyard or ~/.local/state/switchyard);
   // "" = no default journal.

@@ -18,6 +18,7 @@
 #include "actors/control.hpp"
 #include "actors/executor.hpp"
 #include "actors/journal.hpp"
+#include "actors/log.hpp"
 #include "actors/messages.hpp"
 #include "actors/metrics.hpp"
 #include "actors/router.hpp"
@@ -122,17 +123,17 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   JournalReplay replay;
   std::string why_no_journal;
   const std::string journal_path = journal_location(c, &why_no_journal);
-  if (journal_path.empty() && !why_no_journal.empty())
-    std::cerr << "switchyard: no journal: " << why_no_journal << "\n";
+  if (journal_path.empty() && !why_no_journal.empty()) log::info("no journal: " + why_no_journal);
   if (!journal_path.empty()) {
     JournalConfig jc = c.journal;
     jc.path = journal_path;
     auto file = open_journal(jc, c.admission.result_cache, replay);
-    if (!replay.warning.empty()) std::cerr << "switchyard: WARNING: " << replay.warning << "\n";
-    std::cerr << "switchyard: journal " << file->path() << " (fsync " << c.journal.fsync
-              << "): " << replay.records << " records, " << replay.pending.size()
-              << " jobs to run again, " << replay.results.size() << " results kept, "
-              << replay.redeliver.size() << " results to deliver again\n";
+    if (!replay.warning.empty()) log::warn("WARNING: " + replay.warning);
+    log::info("journal " + file->path() + " (fsync " + c.journal.fsync +
+              "): " + std::to_string(replay.records) + " records, " +
+              std::to_string(replay.pending.size()) + " jobs to run again, " +
+              std::to_string(replay.results.size()) + " results kept, " +
+              std::to_string(replay.redeliver.size()) + " results to deliver again");
     d.journal =
         spawn_journal(*d.sys, jc, std::move(file), replay, c.admission.result_cache, d.egress);
     out = d.journal;
@@ -191,19 +192,20 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
       const ModelLimits& lim = d.model->limits();
       const int64_t full = lim.kv_bytes_per_token_full(c.batching.kv_dtype);
       const int64_t win = lim.kv_bytes_per_token_window(c.batching.kv_dtype);
-      std::cerr << "switchyard: KV cache per executor: " << n_blocks << " blocks of " << bs
-                << " tokens for the full-attention layers (" << full << " bytes a token) and "
-                << pools.n_window_blocks << " for the layers with a window of "
-                << lim.split_window() << " (" << win << " bytes a token), K/V "
-                << kernels::kv_type_name(c.batching.kv_dtype) << ", "
-                << (int64_t{n_blocks} * full + int64_t{pools.n_window_blocks} * win) * bs /
-                       (1024 * 1024)
-                << " MiB\n";
+      log::info("KV cache per executor: " + std::to_string(n_blocks) + " blocks of " +
+                std::to_string(bs) + " tokens for the full-attention layers (" +
+                std::to_string(full) + " bytes a token) and " +
+                std::to_string(pools.n_window_blocks) + " for the layers with a window of " +
+                std::to_string(lim.split_window()) + " (" + std::to_string(win) +
+                " bytes a token), K/V " + kernels::kv_type_name(c.batching.kv_dtype) + ", " +
+                std::to_string((int64_t{n_blocks} * full + int64_t{pools.n_window_blocks} * win) *
+                               bs / (1024 * 1024)) +
+                " MiB");
     } else {
-      std::cerr << "switchyard: KV cache per executor: " << n_blocks << " blocks of " << bs
-                << " tokens, K/V " << kernels::kv_type_name(c.batching.kv_dtype) << ", "
-                << kv_per_token << " bytes a token, "
-                << (int64_t{n_blocks} * bs * kv_per_token) / (1024 * 1024) << " MiB\n";
+      log::info("KV cache per executor: " + std::to_string(n_blocks) + " blocks of " +
+                std::to_string(bs) + " tokens, K/V " + kernels::kv_type_name(c.batching.kv_dtype) +
+                ", " + std::to_string(kv_per_token) + " bytes a token, " +
+                std::to_string((int64_t{n_blocks} * bs * kv_per_token) / (1024 * 1024)) + " MiB");
     }
   }
   sc.n_blocks = n_blocks;

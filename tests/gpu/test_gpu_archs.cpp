@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/json_reader.hpp"
+#include <nlohmann/json.hpp>
 #include "kernels/cuda/bias_add.cuh"
 #include "kernels/cuda/embedding.cuh"
 #include "kernels/cuda/head_rmsnorm.cuh"
@@ -183,15 +183,15 @@ Reference zoo_case(const std::string& name, size_t index) {
   BOOST_REQUIRE_MESSAGE(f, "cannot open " << zoo_path(name, ".json"));
   std::stringstream ss;
   ss << f.rdbuf();
-  const sy::cli::JsonValue root = sy::cli::JsonReader::parse(ss.str());
-  const auto& c = root.at("cases").arr.at(index);
+  const nlohmann::json root = nlohmann::json::parse(ss.str());
+  const auto& c = root.at("cases").at(index);
   Reference r;
-  for (const auto& v : c.at("prompt_token_ids").arr) r.prompt.push_back(static_cast<int32_t>(v.i));
-  for (const auto& v : c.at("generated_token_ids").arr)
-    r.generated.push_back(static_cast<int32_t>(v.i));
-  for (const auto& p : c.at("positions").arr) {
+  for (const auto& v : c.at("prompt_token_ids")) r.prompt.push_back(v.get<int32_t>());
+  for (const auto& v : c.at("generated_token_ids"))
+    r.generated.push_back(v.get<int32_t>());
+  for (const auto& p : c.at("positions")) {
     const auto& m = p.at("top1_minus_top2");
-    r.margin.push_back(m.kind == sy::cli::JsonValue::number ? m.num : -1.0);
+    r.margin.push_back(m.is_number() ? m.get<double>() : -1.0);
   }
   return r;
 }

@@ -1,7 +1,7 @@
 // Shared by the integration tests: starts the real `switchyard serve` process on loopback (free
-// ports chosen by the server itself: `tcp://127.0.0.1:*`), reads the bound addresses from its
-// stdout, and stops it (SIGTERM, exit status) or kills it at the end. Plus small helpers: a temp
-// folder and one-shot runs of the binary.
+// ports chosen by the server itself: `tcp://127.0.0.1:*`) with tests/support/server_process.hpp,
+// which reads the bound addresses from its stdout and stops it (SIGTERM, exit status) or kills it
+// at the end. Plus small helpers: a temp folder, one-shot runs of the binary, an HTTP GET.
 #pragma once
 
 #include <arpa/inet.h>
@@ -22,13 +22,14 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "cli/json_reader.hpp"
+#include "tests/support/server_process.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace sy::it {
@@ -65,8 +66,23 @@ inline Run run_binary(const std::string& args, const std::string& prefix = "") {
   return r;
 }
 
-/// A running `switchyard serve`. The constructor waits until the server says "ready".
-class ServerProcess {
+namespace detail {
+// The --state-dir folder a ServerProcess adds; a base listed before the process, so that it is
+// made before the server starts and removed after the server is gone.
+struct StateDir {
+  explicit StateDir(bool make) : dir(make ? std::make_unique<TempDir>() : nullptr) {}
+  std::unique_ptr<TempDir> dir;
+};
+inline bool has_state_flag(const std::vector<std::string>& args) {
+  for (auto& a : args)
+    if (a == "--state-dir" || a == "--journal" || a == "--no-journal") return true;
+  return false;
+}
+}  // namespace detail
+
+/// A running `switchyard serve` (tests/support/server_process.hpp). The constructor waits until
+/// the server says "ready".
+class ServerProcess : private detail::StateDir, public test::ServeProcess {
  public:
   /// `args` are passed after `serve`; `--bind tcp://127.0.0.1:*` is added unless `args` has
   /// --bind, and `--state-dir` (a temp folder of this object) unless `args` has --state-dir,
@@ -76,123 +92,25 @@ class ServerProcess {
   /// `stderr_file`, the server's stderr is appended to that file (tests that read its messages).
   explicit ServerProcess(std::vector<std::string> args,
                          std::chrono::seconds startup = std::chrono::seconds(60),
-                         const std::string& stderr_file = "") {
-    bool has_bind = false, has_state = false;
-    for (auto& a : args) {
-      has_bind |= a == "--bind";
-      has_state |= a == "--state-dir" || a == "--journal" || a == "--no-journal";
-    }
-    std::vector<std::string> argv = {kBinary, "serve"};
-    if (!has_bind) {
-      argv.push_back("--bind");
-      argv.push_back("tcp://127.0.0.1:*");
-    }
-    if (!has_state) {
-      state_ = std::make_unique<TempDir>();
-      argv.push_back("--state-dir");
-      argv.push_back(state_->path());
-    }
-    argv.insert(argv.end(), args.begin(), args.end());
-    int out[2];
-    if (pipe(out) != 0) throw std::runtime_error("pipe failed");
-    pid_ = fork();
-    if (pid_ < 0) throw std::runtime_error("fork failed");
-    if (pid_ == 0) {
-      // The server dies with the test, even when the test crashes before its destructors run.
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      dup2(out[1], 1);
-      if (!stderr_file.empty()) {
-        int e = ::open(stderr_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
-        if (e >= 0) {
-          dup2(e, 2);
-          close(e);
-        }
-      }
-      close(out[0]);
-      close(out[1]);
-      std::vector<char*> cargv;
-      for (auto& a : argv) cargv.push_back(a.data());
-      cargv.push_back(nullptr);
-      execv(kBinary.c_str(), cargv.data());
-      _exit(127);
-    }
-    close(out[1]);
-    fd_ = out[0];
-    auto until = std::chrono::steady_clock::now() + startup;
-    std::string line;
-    while (read_line(line, until)) {
-      auto take = [&](const char* prefix, std::string& into) {
-        if (line.rfind(prefix, 0) == 0) into = line.substr(std::string(prefix).size());
-      };
-      take("switchyard: listening on ", endpoint_);
-      take("switchyard: pipeline input on ", pull_);
-      take("switchyard: pipeline results on ", results_);
-      take("switchyard: metrics on http://", metrics_);
-      if (line.rfind("switchyard: ready", 0) == 0) return;
-    }
-    kill_now();
-    throw std::runtime_error("switchyard serve did not become ready: " + log_);
-  }
-  ~ServerProcess() { kill_now(); }
-  ServerProcess(const ServerProcess&) = delete;
-  ServerProcess& operator=(const ServerProcess&) = delete;
-
-  const std::string& endpoint() const { return endpoint_; }
-  const std::string& pull_endpoint() const { return pull_; }
-  const std::string& results_endpoint() const { return results_; }
-  /// The metrics HTTP address "HOST:PORT" (--metrics), "" when off.
-  const std::string& metrics_endpoint() const { return metrics_; }
-  pid_t pid() const { return pid_; }
-  /// Everything the server printed so far (stdout and stderr) that this object has read.
-  const std::string& log() const { return log_; }
-
-  /// True while the process has not exited.
-  bool alive() {
-    if (pid_ <= 0) return false;
-    int st = 0;
-    pid_t r = waitpid(pid_, &st, WNOHANG);
-    if (r == pid_) {
-      status_ = st;
-      pid_ = -1;
-      return false;
-    }
-    return true;
-  }
-
-  /// Sends `sig` and waits up to `limit` for the exit; returns the exit code (128+signal when
-  /// killed by a signal, -1 when it did not exit in time: it is then killed).
-  int stop(int sig = SIGTERM, std::chrono::seconds limit = std::chrono::seconds(30)) {
-    if (pid_ <= 0) return decode(status_);
-    ::kill(pid_, sig);
-    auto until = std::chrono::steady_clock::now() + limit;
-    while (std::chrono::steady_clock::now() < until) {
-      if (!alive()) return decode(status_);
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    kill_now();
-    return -1;
-  }
+                         const std::string& stderr_file = "")
+      : detail::StateDir(!detail::has_state_flag(args)),
+        test::ServeProcess(options(std::move(args), startup, stderr_file, dir.get())) {}
 
   /// The server's counters: sends SIGUSR1 and reads the "switchyard: stats {json}" line it
   /// prints (fields of sy::ServerSnapshot). Throws when no answer comes within 10 s.
   std::map<std::string, int64_t> stats() {
-    ::kill(pid_, SIGUSR1);
-    auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    std::string line;
-    const std::string prefix = "switchyard: stats ";
-    while (read_line(line, until)) {
-      if (line.rfind(prefix, 0) != 0) continue;
-      std::map<std::string, int64_t> out;
-      auto j = cli::JsonReader::parse(line.substr(prefix.size()));
-      for (const auto& [k, v] : j.obj) out[k] = v.i;
-      return out;
-    }
-    throw std::runtime_error("no stats line from the server");
+    auto line = stats_line(std::chrono::seconds(10));
+    if (!line) throw std::runtime_error("no stats line from the server");
+    std::map<std::string, int64_t> out;
+    const auto j = nlohmann::json::parse(*line);
+    for (const auto& [k, v] : j.items())
+      out[k] = v.is_number_integer() ? v.get<int64_t>() : 0;
+    return out;
   }
 
   /// A field of /proc/PID/status in kB (e.g. "VmHWM", "VmRSS"); -1 when unreadable.
   long proc_status_kb(const std::string& field) const {
-    std::ifstream f("/proc/" + std::to_string(pid_) + "/status");
+    std::ifstream f("/proc/" + std::to_string(pid()) + "/status");
     std::string line;
     while (std::getline(f, line)) {
       if (line.rfind(field + ":", 0) == 0)
@@ -202,53 +120,22 @@ class ServerProcess {
   }
 
  private:
-  static int decode(int st) {
-    if (WIFEXITED(st)) return WEXITSTATUS(st);
-    if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
-    return -1;
-  }
-  bool read_line(std::string& line, std::chrono::steady_clock::time_point until) {
-    line.clear();
-    while (true) {
-      auto nl = buf_.find('\n');
-      if (nl != std::string::npos) {
-        line = buf_.substr(0, nl);
-        buf_.erase(0, nl + 1);
-        log_ += line + "\n";
-        return true;
-      }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          until - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return false;
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return false;
-      char tmp[4096];
-      ssize_t n = ::read(fd_, tmp, sizeof tmp);
-      if (n <= 0) return false;
-      buf_.append(tmp, static_cast<size_t>(n));
+  static test::ServeOptions options(std::vector<std::string> args, std::chrono::seconds startup,
+                                    const std::string& stderr_file, const TempDir* state) {
+    bool has_bind = false;
+    for (auto& a : args) has_bind |= a == "--bind";
+    test::ServeOptions o;
+    o.binary = kBinary;
+    if (!has_bind) o.args = {"--bind", "tcp://127.0.0.1:*"};
+    if (state) {
+      o.args.push_back("--state-dir");
+      o.args.push_back(state->path());
     }
+    o.args.insert(o.args.end(), args.begin(), args.end());
+    o.startup = startup;
+    o.stderr_file = stderr_file;
+    return o;
   }
-  void kill_now() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      int st = 0;
-      waitpid(pid_, &st, 0);
-      status_ = st;
-      pid_ = -1;
-    }
-    if (fd_ >= 0) {
-      close(fd_);
-      fd_ = -1;
-    }
-  }
-
-  std::unique_ptr<TempDir> state_;  // the added --state-dir; outlives the process (declared first)
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  int status_ = 0;
-  std::string buf_, log_;
-  std::string endpoint_, pull_, results_;
-  std::string metrics_;
 };
 
 /// What one HTTP GET answered: the status (-1 when the server did not answer), the

@@ -11,7 +11,6 @@
 #include "clients/cpp/client.hpp"
 #include "model/gguf.hpp"
 #include "tests/integration/server_process.hpp"
-#include "tests/support/json_text.hpp"
 
 using namespace std::chrono_literals;
 using sy::wire::ChatMessage;
@@ -63,14 +62,14 @@ sy::gguf::Value u32_value(uint32_t x) {
   return v;
 }
 
-using sy::test::json_str;
+nlohmann::ordered_json messages_array(const std::vector<ChatMessage>& msgs) {
+  auto out = nlohmann::ordered_json::array();
+  for (const auto& m : msgs) out.push_back({{"role", m.role}, {"content", m.content}});
+  return out;
+}
 
 std::string messages_json(const std::vector<ChatMessage>& msgs) {
-  std::string out = "[";
-  for (size_t i = 0; i < msgs.size(); ++i)
-    out += std::string(i ? ", " : "") + "{\"role\": " + json_str(msgs[i].role) +
-           ", \"content\": " + json_str(msgs[i].content) + "}";
-  return out + "]";
+  return messages_array(msgs).dump();
 }
 
 // python3-jinja2's rendering of the template file for these messages (the vocabulary of these
@@ -78,10 +77,12 @@ std::string messages_json(const std::vector<ChatMessage>& msgs) {
 std::string jinja2(sy::it::TempDir& dir, const std::string& tmpl_file,
                    const std::vector<ChatMessage>& msgs) {
   const std::string req =
-      dir.write("req.json", "{\"template\": " + json_str(read_file(tmpl_file)) +
-                                ", \"messages\": " + messages_json(msgs) +
-                                ", \"bos_token\": \"<s>\", \"eos_token\": \"</s>\", "
-                                "\"add_generation_prompt\": true}");
+      dir.write("req.json", nlohmann::ordered_json{{"template", read_file(tmpl_file)},
+                                                   {"messages", messages_array(msgs)},
+                                                   {"bos_token", "<s>"},
+                                                   {"eos_token", "</s>"},
+                                                   {"add_generation_prompt", true}}
+                                .dump());
   const std::string out = dir.path() + "/ref.txt";
   const int st = std::system(
       ("/usr/bin/python3 " + kTemplates + "render_reference.py < " + req + " > " + out).c_str());
@@ -89,9 +90,9 @@ std::string jinja2(sy::it::TempDir& dir, const std::string& tmpl_file,
   return read_file(out);
 }
 
-std::vector<int32_t> ids_of(const sy::cli::JsonValue& arr) {
+std::vector<int32_t> ids_of(const nlohmann::json& arr) {
   std::vector<int32_t> ids;
-  for (const auto& e : arr.arr) ids.push_back(static_cast<int32_t>(e.i));
+  for (const auto& e : arr) ids.push_back(e.get<int32_t>());
   return ids;
 }
 
@@ -157,24 +158,25 @@ BOOST_AUTO_TEST_CASE(embedded_templates_render_like_jinja2_through_the_server) {
         auto rc =
             sy::it::run_binary("render-chat --model " + model + " --messages " + msgs + " --json");
         BOOST_REQUIRE_MESSAGE(rc.status == 0, rc.out);
-        const auto j = sy::cli::JsonReader::parse(rc.out);
-        BOOST_TEST(j.at("text").str == expect);
+        const auto j = nlohmann::json::parse(rc.out);
+        BOOST_TEST(j.at("text").get<std::string>() == expect);
         auto plain = sy::it::run_binary("render-chat --model " + model + " --messages " + msgs);
         BOOST_TEST(plain.out == expect);
         const auto ids = ids_of(j.at("ids"));
         auto tk = sy::it::run_binary("tokenize --model " + model + " --no-bos --parse-special " +
                                      "--json --text " + "'" + expect + "'");
         BOOST_REQUIRE_MESSAGE(tk.status == 0, tk.out);
-        auto tids = ids_of(sy::cli::JsonReader::parse(tk.out).at("ids"));
+        auto tids = ids_of(nlohmann::json::parse(tk.out).at("ids"));
         if (tids.empty() || tids[0] != 1) tids.insert(tids.begin(), 1);  // BOS, added once
         BOOST_TEST(ids == tids, boost::test_tools::per_element());
 
         // Through the server: the prompt has those ids (its greedy continuation is that of the
         // same ids sent as a token prompt; random weights make any other prompt diverge).
-        auto chat = cl.run(chat_job("c" + std::to_string(c), kChats[c]), 60s);
+        const std::string n = std::to_string(c);
+        auto chat = cl.run(chat_job("c" + n, kChats[c]), 60s);
         BOOST_REQUIRE_MESSAGE(chat.ok(), error_of(chat));
         BOOST_TEST(chat.done->usage.prompt_tokens == ids.size());
-        auto same = cl.run(prompt_job("p" + std::to_string(c), ids), 60s);
+        auto same = cl.run(prompt_job("p" + n, ids), 60s);
         BOOST_REQUIRE_MESSAGE(same.ok(), error_of(same));
         BOOST_TEST(chat.ids == same.ids, boost::test_tools::per_element());
         ++checked;
@@ -197,8 +199,8 @@ BOOST_AUTO_TEST_CASE(message_text_never_becomes_control_tokens) {
   const std::string mfile = dir.write("m.json", messages_json(msgs));
   auto rc = sy::it::run_binary("render-chat --model " + model + " --messages " + mfile + " --json");
   BOOST_REQUIRE_MESSAGE(rc.status == 0, rc.out);
-  const auto j = sy::cli::JsonReader::parse(rc.out);
-  BOOST_TEST(j.at("text").str == expect);
+  const auto j = nlohmann::json::parse(rc.out);
+  BOOST_TEST(j.at("text").get<std::string>() == expect);
   const auto ids = ids_of(j.at("ids"));
   constexpr int32_t kUser = 32010, kAssistant = 32001, kEnd = 32007;  // Phi-3's ids
   auto count = [](const std::vector<int32_t>& v, int32_t id) {
@@ -214,7 +216,7 @@ BOOST_AUTO_TEST_CASE(message_text_never_becomes_control_tokens) {
   auto tk = sy::it::run_binary("tokenize --model " + model +
                                " --parse-special --json --text \"$(cat " + tf + ")\"");
   BOOST_REQUIRE_MESSAGE(tk.status == 0, tk.out);
-  const auto naive = ids_of(sy::cli::JsonReader::parse(tk.out).at("ids"));
+  const auto naive = ids_of(nlohmann::json::parse(tk.out).at("ids"));
   BOOST_TEST(count(naive, kEnd) == 3);
   BOOST_TEST(count(naive, kAssistant) == 2);
 
@@ -394,10 +396,11 @@ BOOST_AUTO_TEST_CASE(submit_jsonl_python_client_and_parse_special) {
   std::string line;
   int lines = 0;
   while (std::getline(f, line)) {
-    auto j = sy::cli::JsonReader::parse(line);
-    if (j.at("id").str == "m1") {
+    auto j = nlohmann::json::parse(line);
+    if (j.at("id").get<std::string>() == "m1") {
       BOOST_TEST(ids_of(j.at("ids")) == direct.ids, boost::test_tools::per_element());
-      BOOST_TEST(j.at("usage").at("prompt_tokens").i == direct.done->usage.prompt_tokens);
+      BOOST_TEST(j.at("usage").at("prompt_tokens").get<int64_t>() ==
+                 direct.done->usage.prompt_tokens);
     }
     ++lines;
   }
@@ -449,8 +452,8 @@ BOOST_AUTO_TEST_CASE(submit_jsonl_python_client_and_parse_special) {
   auto tk1 = sy::it::run_binary("tokenize --model " + sy::it::kStories +
                                 " --json --parse-special --text '<s>Hi'");
   BOOST_TEST(a.done->usage.prompt_tokens ==
-             ids_of(sy::cli::JsonReader::parse(tk0.out).at("ids")).size());
+             ids_of(nlohmann::json::parse(tk0.out).at("ids")).size());
   BOOST_TEST(b.done->usage.prompt_tokens ==
-             ids_of(sy::cli::JsonReader::parse(tk1.out).at("ids")).size());
+             ids_of(nlohmann::json::parse(tk1.out).at("ids")).size());
   BOOST_TEST(b.done->usage.prompt_tokens < a.done->usage.prompt_tokens);
 }

@@ -13,8 +13,7 @@
 #include "tests/integration/server_process.hpp"
 
 using namespace std::chrono_literals;
-using sy::cli::JsonReader;
-using sy::cli::JsonValue;
+using JsonValue = nlohmann::json;
 
 namespace {
 
@@ -30,11 +29,11 @@ sy::client::ControlResult control(const std::string& endpoint, const std::string
 JsonValue stats_of(const std::string& endpoint) {
   auto r = control(endpoint, "stats", "", kAdmin);
   BOOST_REQUIRE_MESSAGE(r.ok(), "stats failed: " << (r.error ? r.error->message : "timeout"));
-  return JsonReader::parse(r.reply->result);
+  return nlohmann::json::parse(r.reply->result);
 }
 
 int64_t num(const JsonValue& v, const std::string& key) {
-  return v.at(key).i;
+  return v.at(key).get<int64_t>();
 }
 
 // What the load client saw.
@@ -154,7 +153,7 @@ BOOST_AUTO_TEST_CASE(bad_policies_are_named) {
   // Nothing was swapped.
   auto st = stats_of(srv.endpoint());
   BOOST_TEST(num(st, "policy_swaps") == 0);
-  BOOST_TEST(st.at("batchers").arr.at(0).at("kv_policy").str == "full");
+  BOOST_TEST(st.at("batchers").at(0).at("kv_policy").get<std::string>() == "full");
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
 
@@ -165,15 +164,15 @@ BOOST_AUTO_TEST_CASE(stats_and_swap_by_command) {
   for (const char* k :
        {"active_jobs", "admitted", "queued", "running", "blocks_used", "blocks_total",
         "blocks_cached", "policy_swaps", "prefix_hit_tokens", "received", "sent", "decode_errors"})
-    BOOST_TEST(st.find(k) != nullptr, k);
+    BOOST_TEST(st.contains(k), k);
   BOOST_TEST(num(st, "blocks_total") > 0);
-  BOOST_REQUIRE(st.at("batchers").arr.size() == 2u);
+  BOOST_REQUIRE(st.at("batchers").size() == 2u);
 
   auto r = control(srv.endpoint(), "kv_policy", "sliding_window:32", kAdmin);
   BOOST_REQUIRE_MESSAGE(r.ok(), (r.error ? r.error->message : "timeout"));
   BOOST_TEST(r.reply->command == "kv_policy");
-  auto j = JsonReader::parse(r.reply->result);
-  BOOST_TEST(j.at("kv_policy").str == "sliding_window:32");
+  auto j = nlohmann::json::parse(r.reply->result);
+  BOOST_TEST(j.at("kv_policy").get<std::string>() == "sliding_window:32");
   BOOST_TEST(num(j, "batchers") == 2);
 
   // A job after the swap runs under the new policy and finishes normally.
@@ -191,9 +190,9 @@ BOOST_AUTO_TEST_CASE(stats_and_swap_by_command) {
 
   st = stats_of(srv.endpoint());
   BOOST_TEST(num(st, "policy_swaps") >= 2);  // one per batcher
-  for (const auto& b : st.at("batchers").arr) {
-    BOOST_TEST(b.at("kv_policy").str == "sliding_window:32");
-    BOOST_TEST(b.at("policy_swaps").i >= 1);
+  for (const auto& b : st.at("batchers")) {
+    BOOST_TEST(b.at("kv_policy").get<std::string>() == "sliding_window:32");
+    BOOST_TEST(b.at("policy_swaps").get<int64_t>() >= 1);
   }
   // The SIGUSR1 stats line carries the new counters too.
   auto line = srv.stats();
@@ -213,8 +212,8 @@ BOOST_AUTO_TEST_CASE(ctl_binary_end_to_end) {
   BOOST_TEST(swap.out.find("\"kv_policy\": \"sinks:4:60\"") != std::string::npos, swap.out);
   auto stats = sy::it::run_binary(base + "stats", "timeout 60 ");
   BOOST_TEST(stats.status == 0, stats.out);
-  auto j = JsonReader::parse(stats.out);
-  BOOST_TEST(j.at("batchers").arr.at(0).at("kv_policy").str == "sinks:4:60");
+  auto j = nlohmann::json::parse(stats.out);
+  BOOST_TEST(j.at("batchers").at(0).at("kv_policy").get<std::string>() == "sinks:4:60");
   BOOST_TEST(num(j, "policy_swaps") >= 1);
   auto full = sy::it::run_binary(base + "kv-policy full", "timeout 60 ");
   BOOST_TEST(full.status == 0, full.out);
@@ -302,13 +301,13 @@ BOOST_AUTO_TEST_CASE(swap_under_load) {
     check_tally(t, kJobs);
     auto st = stats_of(srv.endpoint());
     BOOST_TEST(num(st, "policy_swaps") > 0);
-    const auto& b = st.at("batchers").arr.at(0);
-    BOOST_TEST(b.at("pressure_swaps").i > 0);
-    BOOST_TEST(b.at("blocks_used_peak").i <= num(st, "blocks_total"));
-    BOOST_TEST_MESSAGE("pressure run: " << st.at("policy_swaps").i << " swaps, "
-                                        << b.at("preemptions").i << " preemptions, peak "
-                                        << b.at("blocks_used_peak").i << "/" << blocks
-                                        << " blocks");
+    const auto& b = st.at("batchers").at(0);
+    BOOST_TEST(b.at("pressure_swaps").get<int64_t>() > 0);
+    BOOST_TEST(b.at("blocks_used_peak").get<int64_t>() <= num(st, "blocks_total"));
+    BOOST_TEST_MESSAGE("pressure run: "
+                       << st.at("policy_swaps").get<int64_t>() << " swaps, "
+                       << b.at("preemptions").get<int64_t>() << " preemptions, peak "
+                       << b.at("blocks_used_peak").get<int64_t>() << "/" << blocks << " blocks");
     BOOST_TEST(srv.stop(SIGTERM) == 0);
   }
 }

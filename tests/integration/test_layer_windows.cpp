@@ -10,7 +10,7 @@
 #include <memory>
 #include <sstream>
 
-#include "cli/json_reader.hpp"
+#include <nlohmann/json.hpp>
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
 
@@ -34,15 +34,16 @@ std::vector<ZooCase> zoo_cases() {
   std::ifstream f(kZoo + "zoo-gemma2-f32.json");
   std::stringstream ss;
   ss << f.rdbuf();
-  const sy::cli::JsonValue root = sy::cli::JsonReader::parse(ss.str());
+  const nlohmann::json root = nlohmann::json::parse(ss.str());
   std::vector<ZooCase> out;
-  for (const auto& c : root.at("cases").arr) {
+  for (const auto& c : root.at("cases")) {
     ZooCase z;
-    for (const auto& v : c.at("prompt_token_ids").arr)
-      z.prompt.push_back(static_cast<int32_t>(v.i));
-    for (const auto& v : c.at("generated_token_ids").arr)
-      z.ids.push_back(static_cast<int32_t>(v.i));
-    for (const auto& p : c.at("positions").arr) z.margin.push_back(p.at("top1_minus_top2").num);
+    for (const auto& v : c.at("prompt_token_ids")) z.prompt.push_back(v.get<int32_t>());
+    for (const auto& v : c.at("generated_token_ids")) z.ids.push_back(v.get<int32_t>());
+    for (const auto& p : c.at("positions")) {
+      const auto& m = p.at("top1_minus_top2");  // null where llama.cpp gave no runner-up
+      z.margin.push_back(m.is_number() ? m.get<double>() : 0.0);
+    }
     out.push_back(std::move(z));
   }
   return out;

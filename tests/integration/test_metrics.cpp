@@ -285,7 +285,7 @@ BOOST_AUTO_TEST_CASE(drain_and_resume) {
   };
   auto draining = [&](const sy::client::ControlResult& r) {
     BOOST_REQUIRE_MESSAGE(r.ok(), (r.error ? r.error->message : std::string("no answer")));
-    return sy::cli::JsonReader::parse(r.reply->result).at("draining").i;
+    return nlohmann::json::parse(r.reply->result).at("draining").get<int64_t>();
   };
 
   for (int i = 0; i < 3; ++i) submit("early" + std::to_string(i), 30);  // 30 steps of 20 ms

@@ -259,7 +259,7 @@ BOOST_AUTO_TEST_CASE(pathological_sampling_never_touches_the_neighbours) {
   // Generous: the server answers within its own 2 s ask timeout.
   auto ctl = sy::client::Client(srv.endpoint()).control("stats", "", kAdmin, 20s);
   BOOST_REQUIRE_MESSAGE(ctl.ok(), "stats failed: " << (ctl.error ? ctl.error->message : "timeout"));
-  BOOST_TEST(sy::cli::JsonReader::parse(ctl.reply->result).at("seq_failures").i ==
+  BOOST_TEST(nlohmann::json::parse(ctl.reply->result).at("seq_failures").get<int64_t>() ==
              static_cast<int64_t>(nan_jobs));
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }

@@ -79,3 +79,57 @@ BOOST_AUTO_TEST_CASE(busy_address_is_an_error) {
   BOOST_TEST(r.status == 1, r.out);
   BOOST_TEST(first.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_CASE(log_level_and_format) {
+  sy::it::TempDir dir;
+  const std::string json_log = dir.path() + "/json.log";
+  {
+    // The config file asks for warnings only; the flags win: every level from info up, as JSON.
+    std::string cfg = dir.write("log.yaml", "log:\n  level: warn\n  format: text\n");
+    sy::it::ServerProcess srv(
+        {"--config", cfg, "--backend", "null", "--log-level", "info", "--log-format", "json"}, 60s,
+        json_log);
+    // The machine-read stdout lines keep their shape (the constructor found "ready" and the
+    // endpoint in them).
+    BOOST_TEST(srv.endpoint().rfind("tcp://127.0.0.1:", 0) == 0u, srv.endpoint());
+    BOOST_TEST(srv.stop(SIGTERM) == 0);
+  }
+  std::ifstream in(json_log);
+  int lines = 0;
+  bool null_line = false, stopped_line = false;
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    ++lines;
+    nlohmann::json j;
+    BOOST_REQUIRE_NO_THROW(j = nlohmann::json::parse(line));
+    BOOST_TEST(j.size() == 3u, line);
+    BOOST_TEST(j.at("ts").is_string(), line);
+    BOOST_TEST(j.at("level").get<std::string>() == "info", line);
+    const std::string msg = j.at("msg").get<std::string>();
+    null_line |= msg.rfind("backend null: no model", 0) == 0;
+    stopped_line |= msg.rfind("stopped (", 0) == 0;
+  }
+  BOOST_TEST(lines >= 2);
+  BOOST_TEST(null_line);
+  BOOST_TEST(stopped_line);
+
+  // From the config file alone: level warn drops the info lines.
+  const std::string warn_log = dir.path() + "/warn.log";
+  {
+    std::string cfg = dir.write("warn.yaml", "log:\n  level: warn\n");
+    sy::it::ServerProcess srv({"--config", cfg, "--backend", "null"}, 60s, warn_log);
+    BOOST_TEST(srv.stop(SIGTERM) == 0);
+  }
+  const std::string warn_text = sy::test::read_file(warn_log);
+  BOOST_TEST(warn_text.find("backend null") == std::string::npos, warn_text);
+  BOOST_TEST(warn_text.find("stopped (") == std::string::npos, warn_text);
+
+  std::string bad = dir.write("bad_log.yaml", "log:\n  level: loud\n");
+  auto r = run("serve --backend null --config " + bad);
+  BOOST_TEST(r.status == 1, r.out);
+  BOOST_TEST(r.out.find("expected trace, debug, info, warn, error or off") != std::string::npos,
+             r.out);
+  r = run("serve --backend null --log-format xml");
+  BOOST_TEST(r.status == 2, r.out);
+  BOOST_TEST(r.out.find("--log-format must be text or json") != std::string::npos, r.out);
+}

@@ -27,10 +27,10 @@ std::vector<std::string> lines(const std::string& path) {
 std::multiset<std::string> result_ids(const std::string& path, int64_t tokens) {
   std::multiset<std::string> ids;
   for (const auto& l : lines(path)) {
-    auto j = sy::cli::JsonReader::parse(l);
-    ids.insert(j.at("id").str);
-    BOOST_TEST(j.at("usage").at("completion_tokens").i == tokens, l);
-    BOOST_TEST(j.at("ids").arr.size() == static_cast<size_t>(tokens), l);
+    auto j = nlohmann::json::parse(l);
+    ids.insert(j.at("id").get<std::string>());
+    BOOST_TEST(j.at("usage").at("completion_tokens").get<int64_t>() == tokens, l);
+    BOOST_TEST(j.at("ids").size() == static_cast<size_t>(tokens), l);
   }
   return ids;
 }

@@ -4,12 +4,11 @@
 
 #include <cstdint>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
-
-#include "cli/json_reader.hpp"
 
 namespace sy::test {
 
@@ -26,38 +25,39 @@ struct ReferenceCase {
 
 namespace detail {
 
-inline std::vector<int32_t> reference_ids(const cli::JsonValue& a) {
+inline std::vector<int32_t> reference_ids(const nlohmann::json& a) {
   std::vector<int32_t> out;
-  for (const auto& v : a.arr) {
+  for (const auto& v : a) {
     // Token ids are integers; anything else means the file is not what the tests expect.
-    if (v.kind != cli::JsonValue::number || !v.is_int)
-      throw std::runtime_error("reference: token id is not an integer");
-    out.push_back(static_cast<int32_t>(v.i));
+    if (!v.is_number_integer()) throw std::runtime_error("reference: token id is not an integer");
+    out.push_back(v.get<int32_t>());
   }
   return out;
 }
 
 }  // namespace detail
 
-/// Every case of `path`, in file order; throws std::runtime_error when it is missing or malformed.
+/// Every case of `path`, in file order; throws std::runtime_error when it is missing or not what
+/// the tests expect (nlohmann::json::exception when it is not JSON).
 inline std::vector<ReferenceCase> load_reference_cases(const std::string& path) {
   std::ifstream f(path);
   if (!f) throw std::runtime_error("reference: cannot open " + path);
   std::stringstream ss;
   ss << f.rdbuf();
-  const cli::JsonValue root = cli::JsonReader::parse(ss.str());
+  const nlohmann::json root = nlohmann::json::parse(ss.str());
   std::vector<ReferenceCase> out;
-  for (const auto& c : root.at("cases").arr) {
+  for (const auto& c : root.at("cases")) {
     ReferenceCase k;
-    k.prompt = c.at("prompt").str;
+    k.prompt = c.at("prompt").get<std::string>();
     const auto& n = c.at("n_predict");
-    if (!n.is_int) throw std::runtime_error("reference: n_predict is not an integer");
-    k.n_predict = static_cast<int>(n.i);
+    if (!n.is_number_integer()) throw std::runtime_error("reference: n_predict is not an integer");
+    k.n_predict = n.get<int>();
     k.prompt_token_ids = detail::reference_ids(c.at("prompt_token_ids"));
-    for (const auto& p : c.at("prompt_pieces").arr) k.prompt_pieces.push_back(p.str);
+    for (const auto& p : c.at("prompt_pieces")) k.prompt_pieces.push_back(p.get<std::string>());
     k.generated_token_ids = detail::reference_ids(c.at("generated_token_ids"));
-    k.generated_text = c.at("generated_text").str;
-    for (const auto& v : c.at("top1_logprobs").arr) k.top1_logprobs.push_back(v.num);
+    k.generated_text = c.at("generated_text").get<std::string>();
+    for (const auto& v : c.at("top1_logprobs"))
+      k.top1_logprobs.push_back(v.is_number() ? v.get<double>() : 0.0);
     out.push_back(std::move(k));
   }
   return out;

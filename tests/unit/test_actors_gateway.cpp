@@ -11,7 +11,7 @@
 
 #include "actors/control.hpp"
 #include "actors/messages.hpp"
-#include "cli/json_reader.hpp"
+#include <nlohmann/json.hpp>
 #include "clients/cpp/client.hpp"
 #include "ingress/codec.hpp"
 #include "ingress/egress.hpp"
@@ -820,18 +820,18 @@ BOOST_AUTO_TEST_CASE(control_actor_checks_the_token_and_swaps_every_batcher) {
 
   auto st = c.control("stats", "", "adm", kGuard);
   BOOST_REQUIRE(st.ok());
-  auto j = sy::cli::JsonReader::parse(st.reply->result);
-  BOOST_TEST(j.at("active_jobs").i == 7);
-  BOOST_TEST(j.at("queued").i == 5);
-  BOOST_TEST(j.at("blocks_used").i == 7);
-  BOOST_TEST(j.at("blocks_total").i == 200);
-  BOOST_TEST(j.at("policy_swaps").i == 2);
-  BOOST_TEST(j.at("prefix_hit_tokens").i == 64);
-  BOOST_TEST(j.at("blocks_cached").i == 0);  // absent counters read 0
-  BOOST_TEST(j.at("received").i == 11);
-  BOOST_REQUIRE(j.at("batchers").arr.size() == 2u);
-  BOOST_TEST(j.at("batchers").arr[1].at("kv_policy").str == "sliding_window:512");
-  BOOST_TEST(j.at("batchers").arr[1].at("blocks_used").i == 4);
+  auto j = nlohmann::json::parse(st.reply->result);
+  BOOST_TEST(j.at("active_jobs").get<int64_t>() == 7);
+  BOOST_TEST(j.at("queued").get<int64_t>() == 5);
+  BOOST_TEST(j.at("blocks_used").get<int64_t>() == 7);
+  BOOST_TEST(j.at("blocks_total").get<int64_t>() == 200);
+  BOOST_TEST(j.at("policy_swaps").get<int64_t>() == 2);
+  BOOST_TEST(j.at("prefix_hit_tokens").get<int64_t>() == 64);
+  BOOST_TEST(j.at("blocks_cached").get<int64_t>() == 0);  // absent counters read 0
+  BOOST_TEST(j.at("received").get<int64_t>() == 11);
+  BOOST_REQUIRE(j.at("batchers").size() == 2u);
+  BOOST_TEST(j.at("batchers")[1].at("kv_policy").get<std::string>() == "sliding_window:512");
+  BOOST_TEST(j.at("batchers")[1].at("blocks_used").get<int64_t>() == 4);
   for (auto& a : {ctl, b1, b2, w.admission, w.router})
     caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
 }

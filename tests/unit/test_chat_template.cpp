@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
@@ -20,7 +21,6 @@
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
 #include "model/unicode_cats.hpp"
-#include "tests/support/json_text.hpp"
 
 using namespace sy;
 using chat::Message;
@@ -37,8 +37,6 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-using sy::test::json_str;
-
 struct Reference {
   int status = 0;  // 0 rendered, 3 raised
   std::string out;
@@ -46,13 +44,14 @@ struct Reference {
 
 std::string request_json(const std::string& tmpl, const std::vector<Message>& msgs,
                          const chat::RenderOptions& o) {
-  std::string req = "{\"template\": " + json_str(tmpl) + ", \"messages\": [";
-  for (std::size_t i = 0; i < msgs.size(); ++i)
-    req += std::string(i ? ", " : "") + "{\"role\": " + json_str(msgs[i].role) +
-           ", \"content\": " + json_str(msgs[i].content) + "}";
-  return req + "], \"bos_token\": " + json_str(o.bos_token) +
-         ", \"eos_token\": " + json_str(o.eos_token) +
-         ", \"add_generation_prompt\": " + (o.add_generation_prompt ? "true" : "false") + "}";
+  auto messages = nlohmann::ordered_json::array();
+  for (const auto& m : msgs) messages.push_back({{"role", m.role}, {"content", m.content}});
+  return nlohmann::ordered_json{{"template", tmpl},
+                                {"messages", std::move(messages)},
+                                {"bos_token", o.bos_token},
+                                {"eos_token", o.eos_token},
+                                {"add_generation_prompt", o.add_generation_prompt}}
+      .dump();
 }
 
 // Reads one JSON string literal of python's json.dumps output at `at` (past its closing quote).

@@ -76,3 +76,67 @@ BOOST_AUTO_TEST_CASE(bad_input_is_named) {
   BOOST_TEST(r.status == 1);
   BOOST_TEST(r.out.find("magic") != std::string::npos, r.out);
 }
+
+BOOST_AUTO_TEST_CASE(help_is_per_command) {
+  auto r = run("serve --help");
+  BOOST_TEST(r.status == 0);
+  BOOST_TEST(r.out.find("usage: switchyard serve") == 0u, r.out);
+  BOOST_TEST(r.out.find("--model FILE") != std::string::npos, r.out);
+  BOOST_TEST(r.out.find("--log-level") != std::string::npos, r.out);
+  // Other commands' options are not listed.
+  BOOST_TEST(r.out.find("--input jobs.jsonl") == std::string::npos, r.out);
+  BOOST_TEST(r.out.find("  submit ") == std::string::npos, r.out);
+  BOOST_TEST(r.out.find("  make-model ") == std::string::npos, r.out);
+
+  r = run("submit -h");
+  BOOST_TEST(r.status == 0);
+  BOOST_TEST(r.out.find("--input jobs.jsonl") != std::string::npos, r.out);
+  BOOST_TEST(r.out.find("--kv-mb") == std::string::npos, r.out);
+
+  // The whole list stays at the top level.
+  r = run("--help");
+  BOOST_TEST(r.status == 0);
+  for (const char* cmd : {"  serve ", "  submit ", "  ctl ", "  keygen ", "  render-chat ",
+                          "  generate ", "  tokenize ", "  make-model "})
+    BOOST_TEST(r.out.find(cmd) != std::string::npos, cmd);
+  r = run("");
+  BOOST_TEST(r.status == 2);
+  BOOST_TEST(r.out.find("  make-model ") != std::string::npos, r.out);
+}
+
+BOOST_AUTO_TEST_CASE(bad_command_lines_name_the_problem) {
+  auto r = run("serve --bogus-flag 1");
+  BOOST_TEST(r.status == 2);
+  BOOST_TEST(r.out.find("switchyard: unknown option '--bogus-flag'") != std::string::npos, r.out);
+  // The usage that follows is the command's own.
+  BOOST_TEST(r.out.find("usage: switchyard serve") != std::string::npos, r.out);
+  BOOST_TEST(r.out.find("--input jobs.jsonl") == std::string::npos, r.out);
+
+  r = run("tokenize --model");
+  BOOST_TEST(r.status == 2);
+  BOOST_TEST(r.out.find("option --model needs a value") != std::string::npos, r.out);
+  r = run("tokenize --json=yes --text x");
+  BOOST_TEST(r.status == 2);
+  BOOST_TEST(r.out.find("option --json takes no value") != std::string::npos, r.out);
+  r = run("generate --prompt hi stray");
+  BOOST_TEST(r.status == 2);
+  BOOST_TEST(r.out.find("unexpected argument 'stray'") != std::string::npos, r.out);
+  r = run("generate --prompt hi -n x");
+  BOOST_TEST(r.status == 2);
+  BOOST_TEST(r.out.find("option --n expects an integer, got 'x'") != std::string::npos, r.out);
+  r = run("frobnicate");
+  BOOST_TEST(r.status == 2);
+  BOOST_TEST(r.out.find("switchyard: unknown command 'frobnicate'") != std::string::npos, r.out);
+  r = run("serve --log-level loud");
+  BOOST_TEST(r.status == 2);
+  BOOST_TEST(r.out.find("--log-level must be trace, debug, info, warn, error or off") !=
+                 std::string::npos,
+             r.out);
+}
+
+BOOST_AUTO_TEST_CASE(options_take_both_spellings_and_repeat) {
+  // --name=value and --name value; the last of a repeated single-valued option wins.
+  auto a = run("tokenize --model=" + kModel + " --text 'x y' --text='Once upon a time' --json");
+  BOOST_TEST(a.status == 0, a.out);
+  BOOST_TEST(a.out == "{\"ids\": [1, 403, 407, 261, 378]}\n");
+}

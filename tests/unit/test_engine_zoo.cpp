@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/json_reader.hpp"
+#include <nlohmann/json.hpp>
 #include "gpu/engine.hpp"
 
 namespace {
@@ -95,9 +95,9 @@ struct ZooCase {
   std::vector<Position> positions;
 };
 
-std::vector<int32_t> ids_of(const sy::cli::JsonValue& a) {
+std::vector<int32_t> ids_of(const nlohmann::json& a) {
   std::vector<int32_t> out;
-  for (const auto& v : a.arr) out.push_back(static_cast<int32_t>(v.i));
+  for (const auto& v : a) out.push_back(v.get<int32_t>());
   return out;
 }
 
@@ -106,23 +106,24 @@ std::vector<ZooCase> load_cases(const std::string& name) {
   BOOST_REQUIRE_MESSAGE(f, "cannot open " << zoo_path(name, ".json"));
   std::stringstream ss;
   ss << f.rdbuf();
-  const sy::cli::JsonValue root = sy::cli::JsonReader::parse(ss.str());
+  const nlohmann::json root = nlohmann::json::parse(ss.str());
   std::vector<ZooCase> out;
-  for (const auto& c : root.at("cases").arr) {
+  for (const auto& c : root.at("cases")) {
     ZooCase z;
-    z.prompt = c.at("prompt").str;
+    z.prompt = c.at("prompt").get<std::string>();
     z.prompt_ids = ids_of(c.at("prompt_token_ids"));
     z.generated = ids_of(c.at("generated_token_ids"));
-    for (const auto& p : c.at("positions").arr) {
+    for (const auto& p : c.at("positions")) {
       Position q;
       const auto& top = p.at("top_logprobs");
-      if (top.kind == sy::cli::JsonValue::array) {
+      if (top.is_array()) {
         q.has_top = true;
-        for (const auto& t : top.arr)
-          q.top.push_back({static_cast<int32_t>(t.at("id").i), t.at("logprob").num});
-        q.margin = p.at("top1_minus_top2").num;
-        if (const auto* g = p.find("teacher_forced_top1_is_generated"))
-          q.tf_top1_is_generated = g->b;
+        for (const auto& t : top)
+          q.top.push_back({t.at("id").get<int32_t>(), t.at("logprob").get<double>()});
+        const auto& m = p.at("top1_minus_top2");  // null where there is no runner-up
+        q.margin = m.is_number() ? m.get<double>() : 0.0;
+        if (auto g = p.find("teacher_forced_top1_is_generated"); g != p.end())
+          q.tf_top1_is_generated = g->get<bool>();
       }
       z.positions.push_back(q);
     }

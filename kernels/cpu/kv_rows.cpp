@@ -22,11 +22,29 @@ namespace {
 inline __m512 load_f16x16(const uint16_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-#elif defined(SY_AVX2)
+#endif
+// The 8-wide step runs on AVX-512 machines too: after the 16-wide loop it takes the rest of a
+// head (and all of a head of 8, as in small models), which would otherwise go one by one.
+#if defined(SY_AVX2)
 inline __m256 load_f16x8(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+inline float hsum8(__m256 v) {
+  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+}
 #endif
+
+// One f16 value: the F16C instruction where the machine has it (the same IEEE conversion as
+// f16_to_f32, without its call and branches).
+inline float f16_one(uint16_t h) {
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  return f16_to_f32(h);
+#endif
+}
 
 }  // namespace
 
@@ -92,10 +110,11 @@ void kv_load_row(DType t, const void* src, float* dst, int64_t n) {
       int64_t i = 0;
 #if defined(SY_AVX512)
       for (; i + 16 <= n; i += 16) _mm512_storeu_ps(dst + i, load_f16x16(s + i));
-#elif defined(SY_AVX2)
+#endif
+#if defined(SY_AVX2)
       for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load_f16x8(s + i));
 #endif
-      for (; i < n; ++i) dst[i] = f16_to_f32(s[i]);
+      for (; i < n; ++i) dst[i] = f16_one(s[i]);
       return;
     }
     case DType::Q8_0:
@@ -115,19 +134,22 @@ float kv_dot(DType t, const float* q, const void* row, int64_t n) {
       int64_t i = 0;
       float s = 0.0f;
 #if defined(SY_AVX512)
-      __m512 acc = _mm512_setzero_ps();
-      for (; i + 16 <= n; i += 16)
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load_f16x16(k + i), acc);
-      s = _mm512_reduce_add_ps(acc);
-#elif defined(SY_AVX2)
-      __m256 acc = _mm256_setzero_ps();
-      for (; i + 8 <= n; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_f16x8(k + i), acc);
-      const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-      const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
-      s = _mm_cvtss_f32(_mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1)));
+      if (n >= 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (; i + 16 <= n; i += 16)
+          acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), load_f16x16(k + i), acc);
+        s = _mm512_reduce_add_ps(acc);
+      }
 #endif
-      for (; i < n; ++i) s += q[i] * f16_to_f32(k[i]);
+#if defined(SY_AVX2)
+      if (i + 8 <= n) {
+        __m256 acc = _mm256_setzero_ps();
+        for (; i + 8 <= n; i += 8)
+          acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load_f16x8(k + i), acc);
+        s += hsum8(acc);
+      }
+#endif
+      for (; i < n; ++i) s += q[i] * f16_one(k[i]);
       return s;
     }
     case DType::Q8_0: {
@@ -147,7 +169,7 @@ float kv_dot(DType t, const float* q, const void* row, int64_t n) {
 #else
         for (int j = 0; j < kQK; ++j) p += qb[j] * static_cast<float>(b[blk].qs[j]);
 #endif
-        s += f16_to_f32(b[blk].d) * p;
+        s += f16_one(b[blk].d) * p;
       }
       return s;
     }
@@ -168,18 +190,19 @@ void kv_axpy(DType t, float a, const void* row, float* y, int64_t n) {
       const __m512 va = _mm512_set1_ps(a);
       for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, load_f16x16(v + i), _mm512_loadu_ps(y + i)));
-#elif defined(SY_AVX2)
-      const __m256 va = _mm256_set1_ps(a);
-      for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_f16x8(v + i), _mm256_loadu_ps(y + i)));
 #endif
-      for (; i < n; ++i) y[i] += a * f16_to_f32(v[i]);
+#if defined(SY_AVX2)
+      const __m256 va8 = _mm256_set1_ps(a);
+      for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va8, load_f16x8(v + i), _mm256_loadu_ps(y + i)));
+#endif
+      for (; i < n; ++i) y[i] += a * f16_one(v[i]);
       return;
     }
     case DType::Q8_0: {
       const auto* b = static_cast<const BlockQ8_0*>(row);
       for (int64_t blk = 0; blk < n / kQK; ++blk) {
-        const float ad = a * f16_to_f32(b[blk].d);
+        const float ad = a * f16_one(b[blk].d);
         float* yb = y + blk * kQK;
 #if defined(SY_AVX512)
         const __m512 va = _mm512_set1_ps(ad);

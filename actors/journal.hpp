@@ -8,45 +8,20 @@
 #include <string>
 #include <vector>
 
-#include "actors/messages.hpp"
 #include "actors/journal_config.hpp"
+#include "actors/messages.hpp"
+#include "storage/journal_replay.hpp"
 
 namespace sy {
 
-class JournalFile;
-
-/// What a journal held when the server started (see replay_records).
-struct JournalReplay {
-  /// Accepted, no result: run again (oldest first). A ROUTER client's routing id is emptied: that
-  /// client is gone, and ZeroMQ may give the same id to a new one.
-  std::vector<Job> pending;
-  std::vector<JobOutcome> results;    ///< finished with a result: kept for resubmissions
-  std::vector<JobOutcome> redeliver;  ///< pipeline results (any outcome) not known delivered
-  uint64_t next_uid = 1;              ///< above every uid in the journal
-  uint64_t records = 0;               ///< good records read
-  uint64_t undecodable = 0;           ///< records with a good CRC that did not decode (skipped)
-  std::string warning;                ///< damage was skipped or a damaged tail cut (empty: none)
-};
-
-/// Record payloads (msgpack maps with named fields, so a later version can add fields and
-/// still read older journals). Exposed for tests.
+/// Record payloads (storage/journal_codec) stamped with this process's clocks. Exposed for tests.
 std::string encode_accept(const Job& job);
 std::string encode_result(const JobOutcome& outcome);
 std::string encode_delivered(uint64_t uid);
 
-/// Folds a journal's records into what the server must do: pending jobs, results to remember
-/// (the newest `keep_results` done ones), pipeline results to deliver again. `compacted` gets the
-/// records that carry that same state (what the journal is rewritten to).
+/// replay_records and open_journal (storage/journal_replay.hpp) on this process's clocks.
 void replay_records(const std::vector<std::string>& records, std::size_t keep_results,
                     JournalReplay& out, std::vector<std::string>& compacted);
-
-/// The journal file named by cfg.path: a folder (existing, or written with a trailing '/')
-/// holds it as FOLDER/switchyard.journal.
-std::string journal_file_path(const std::string& path);
-
-/// Opens and locks the journal (cfg.path must be set), skips damage (out.warning says so), replays
-/// it into `out` and rewrites it compacted. Throws std::runtime_error on I/O errors or a lock
-/// held by another process.
 std::shared_ptr<JournalFile> open_journal(const JournalConfig& cfg, std::size_t keep_results,
                                           JournalReplay& out);
 

@@ -1,17 +1,15 @@
 // The admission actor: authentication, quotas, job-key deduplication, prompt checks, and the
 // hand-off of admitted jobs to the router (see admission.hpp for the protocol).
+// Its state and the other pieces: admission_state.hpp.
 #include "actors/admission.hpp"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <deque>
-#include <iostream>
-#include <list>
 #include <optional>
-#include <unordered_map>
+#include <string>
 #include <utility>
 
+#include "actors/admission_state.hpp"
 #include "actors/journal.hpp"
 #include "actors/log.hpp"
 #include "actors/messages.hpp"
@@ -26,230 +24,48 @@
 
 namespace sy {
 
-bool tokens_equal(std::string_view a, std::string_view b) {
-  // Every byte position up to the longer length is visited and differences are OR-ed, so the
-  // time does not reveal the length of a matching prefix.
-  const std::size_t n = std::max(a.size(), b.size());
-  volatile unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (std::size_t i = 0; i < n; ++i) {
-    unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
-    unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
-    diff = diff | static_cast<unsigned char>(x ^ y);
-  }
-  return diff == 0;
-}
+namespace admission_detail {
 
-namespace {
-
-struct TenantState {
-  std::string token;
-  double weight = 1.0;
-  policy::TenantQuota quota;
-  bool configured = false;  // false: a name met in open-tenant mode, forgotten when idle
-  // While it has no job in flight (unknown tenants only): its place in AdmissionState::idle,
-  // and since when it is idle.
-  bool idle = false;
-  std::list<std::string>::iterator idle_at{};
-  int64_t idle_since_ms = 0;
-};
-
-/// One job key: live (pending at the router, queued or running) or ended (kept for resubmission
-/// and status until evicted).
-struct Record {
-  uint64_t uid = 0;
-  bool live = true;
-  bool pending = true;  // the router has not answered the enqueue yet
-  JobState state = JobState::queued;
-  ClientRef client;
-  std::vector<ClientRef> attached;  // later submitters of the same key
-  uint32_t charged = 0;             // tokens taken from the tenant's bucket
-  std::string tenant;
-  uint32_t class_index = 0;     // for the metrics actor's per-class counts
-  bool journaled = false;       // its accept record is durable: its end must be journaled too
-  bool cancel_pending = false;  // cancelled while being journaled: cancel once enqueued
-  DoneEvent done;
-  ErrorEvent error;
-};
-
-/// An ended key in the result cache's eviction order, with what its record was counted as.
-struct Ended {
-  std::string key;
-  uint64_t uid = 0;
-  std::size_t bytes = 0;
-};
-
-struct AdmissionState {
-  AdmissionConfig cfg;
-  std::vector<policy::PriorityClass> classes;
-  std::size_t default_class = 0;
-  std::shared_ptr<const LlamaModel> model;
-  // The chat template for `messages` submits, or why there is none usable (chat_error).
-  std::shared_ptr<const chat::ChatTemplate> chat;
-  std::shared_ptr<const chat::PromptTokenizer> chat_tokens;  // for the model's vocabulary
-  std::string chat_error;
-  caf::actor router, egress;
-  caf::actor observer;     // the metrics actor (observe_atom): a copy of every JobOutcome
-  caf::actor journal;      // null: no journal
-  std::deque<Job> replay;  // journaled jobs of the previous run, not yet back in the router
-  bool replay_busy = false;
-  uint64_t replayed = 0, restored = 0;
-  std::unordered_map<std::string, TenantState> tenants;
-  std::list<std::string> idle;  // unknown tenants without a job in flight, longest idle first
-  uint64_t tenants_forgotten = 0;
-  bool anonymous = false;
-  std::unordered_map<std::string, Record> records;  // by job key
-  std::unordered_map<uint64_t, std::string> live;   // uid -> job key
-  std::deque<Ended> ended;                          // eviction order, oldest first
-  std::size_t ended_bytes = 0;                      // sum of ended[].bytes
-  std::optional<policy::DrainRate> drain;
-  policy::RetryConfig retry;
-  uint64_t next_uid = 1;
-  bool draining = false;
-  bool operator_drain = false;  // draining by `ctl drain` (else: shutdown)
-  uint64_t submitted = 0, admitted = 0, unauthorized = 0, rate_limited = 0, overloaded = 0,
-           bad_request = 0, deduplicated = 0, attached = 0, finished = 0, not_found = 0,
-           unavailable = 0;
-
-  static inline const char* name = "sy.admission";
-};
-
-using Self = caf::stateful_actor<AdmissionState>;
-
-// The tenant's length first, so that no (tenant, id) pair can collide with another.
 std::string job_key(const std::string& tenant, const std::string& id) {
   return std::to_string(tenant.size()) + ':' + tenant + id;
 }
 
-void send_out(Self* self, auto ev) {
-  if (self->state.egress) self->send(self->state.egress, out_atom::value, std::move(ev));
-}
-
-void send_error(Self* self, const ClientRef& to, const std::string& id, const std::string& tenant,
-                ErrorCode code, std::string message, int64_t retry_after_ms = -1,
-                uint64_t uid = 0) {
-  send_out(self, make_error_event(to, uid, id, tenant, code, std::move(message), retry_after_ms));
-}
-
-/// A request the gateway counted into the intake meter has left the mailbox.
-void taken_from_mailbox(Self* self, uint32_t metered_bytes) {
-  if (metered_bytes > 0 && self->state.cfg.intake) self->state.cfg.intake->take(metered_bytes);
-}
-
-/// A pipeline submit answered here never reaches the router: give its PULL credit back.
 void return_pull_credit(Self* self, const ClientRef& c) {
   if (c.kind == ClientRef::pipeline && self->state.router)
     self->send(self->state.router, pull_atom::value, uint32_t{1});
 }
 
-/// The tenant if known and the token matches, else nullptr and the reason in `why`.
-TenantState* authenticate(Self* self, const std::string& tenant, const std::string& token,
-                          bool internal, std::string& why) {
+void drop_pending(Self* self, const std::string& key, uint64_t uid, ErrorCode code,
+                  const std::string& message, int64_t retry_after_ms) {
   auto& st = self->state;
-  auto i = st.tenants.find(tenant);
-  if (i == st.tenants.end()) {
-    if (!st.anonymous) {
-      why = "unknown tenant " + wire::quoted(tenant);
-      return nullptr;
-    }
-    // Anonymous mode: every tenant name is its own unlimited tenant of weight 1.
-    auto now_ms = clock_us(self) / 1000;
-    i = st.tenants.emplace(tenant, TenantState{"", 1.0, policy::TenantQuota(0, 0, 0, now_ms)})
-            .first;
+  auto i = st.records.find(key);
+  if (i == st.records.end() || i->second.uid != uid || !i->second.live) return;
+  Record rec = std::move(i->second);
+  st.records.erase(i);
+  st.live.erase(uid);
+  if (st.journal && rec.journaled) {
+    // Journaled, so its end is too (before the error leaves: the journal holds it until then).
+    JobOutcome o =
+        make_outcome(make_error_event(rec.client, uid, rec.done.id, rec.tenant, code, message));
+    self->send(st.journal, journal_atom::value, std::move(o));
   }
-  if (!internal && !i->second.token.empty() && !tokens_equal(i->second.token, token)) {
-    why = "wrong token for tenant " + wire::quoted(tenant);
-    return nullptr;
-  }
-  return &i->second;
+  auto t = st.tenants.find(rec.tenant);
+  if (t != st.tenants.end()) t->second.quota.finish(rec.charged, clock_us(self) / 1000);
+  settle_tenant(self, rec.tenant);
+  send_error(self, rec.client, rec.done.id, rec.tenant, code, message, retry_after_ms, uid);
+  for (auto& c : rec.attached)
+    send_error(self, c, rec.done.id, rec.tenant, code, message, retry_after_ms, uid);
 }
 
-/// Forgets idle unknown tenants: those idle for cfg.tenant_idle_ms, and the longest idle beyond
-/// cfg.max_idle_tenants. One whose token bucket is still refilling is kept (forgetting it would
-/// hand it a full bucket early); unknown tenants have unlimited buckets, so this is for safety.
-void forget_idle_tenants(Self* self, int64_t now_ms) {
-  auto& st = self->state;
-  std::size_t refilling = 0;  // moved to the back this time: each is looked at once at most
-  while (!st.idle.empty()) {
-    auto t = st.tenants.find(st.idle.front());
-    if (t == st.tenants.end()) {  // cannot happen: every entry of `idle` names a tenant
-      st.idle.pop_front();
-      continue;
-    }
-    TenantState& ts = t->second;
-    const bool over = st.idle.size() > st.cfg.max_idle_tenants;
-    if (!over && now_ms - ts.idle_since_ms < st.cfg.tenant_idle_ms) break;  // the rest are younger
-    auto& b = ts.quota.bucket();
-    if (!b.unlimited() && b.level(now_ms) < b.burst()) {
-      // Look again once it could be full; meanwhile the next one may go.
-      st.idle.splice(st.idle.end(), st.idle, ts.idle_at);
-      ts.idle_since_ms = now_ms;
-      if (!over || ++refilling >= st.idle.size()) break;
-      continue;
-    }
-    st.idle.pop_front();
-    st.tenants.erase(t);
-    ++st.tenants_forgotten;
-  }
-}
+}  // namespace admission_detail
 
-/// Called after anything that may have changed whether an unknown tenant has jobs in flight:
-/// one without any joins the end of the idle list (or moves there: it was just used), one with
-/// some leaves it. Then the idle ones due are forgotten.
-void settle_tenant(Self* self, const std::string& name) {
-  auto& st = self->state;
-  const int64_t now_ms = clock_us(self) / 1000;
-  auto t = st.tenants.find(name);
-  if (t != st.tenants.end() && !t->second.configured) {
-    TenantState& ts = t->second;
-    if (ts.idle) st.idle.erase(ts.idle_at);
-    ts.idle = ts.quota.in_flight().current() == 0;
-    if (ts.idle) {
-      ts.idle_at = st.idle.insert(st.idle.end(), name);
-      ts.idle_since_ms = now_ms;
-    }
-  }
-  forget_idle_tenants(self, now_ms);
-}
+namespace {
 
-/// What an ended record costs the result cache: its strings and arrays as allocated, the key
-/// (held twice: the map and the eviction order) and a fixed share for the structures around it.
-std::size_t record_bytes(const std::string& key, const Record& r) {
-  // Hash node, bucket pointer and deque slot: about this much besides sizeof(Record).
-  constexpr std::size_t kOverhead = 96;
-  const DoneEvent& d = r.done;
-  return sizeof(Record) + kOverhead + 2 * key.capacity() + r.tenant.capacity() +
-         r.client.identity.capacity() + d.id.capacity() + d.tenant.capacity() +
-         d.to.identity.capacity() + d.text.capacity() + d.ids.capacity() * sizeof(int32_t) +
-         d.logprob.capacity() * sizeof(float) + d.top_ids.capacity() * sizeof(int32_t) +
-         d.top_logprobs.capacity() * sizeof(float) + r.error.id.capacity() +
-         r.error.tenant.capacity() + r.error.message.capacity() + r.error.to.identity.capacity();
-}
+using namespace admission_detail;
 
-/// Puts an ended record into the result cache's eviction order; trims its arrays to their size
-/// first (they grew token by token), so that what is counted is what is held.
-void remember_ended(Self* self, std::string key, uint64_t uid, Record& rec) {
-  auto& st = self->state;
-  rec.done.text.shrink_to_fit();
-  rec.done.ids.shrink_to_fit();
-  rec.done.logprob.shrink_to_fit();
-  rec.done.top_ids.shrink_to_fit();
-  rec.done.top_logprobs.shrink_to_fit();
-  const std::size_t bytes = record_bytes(key, rec);
-  st.ended_bytes += bytes;
-  st.ended.push_back(Ended{std::move(key), uid, bytes});
-}
-
-/// Forgets ended keys beyond the configured cache size, in count and in bytes, oldest first.
-void evict(Self* self) {
-  auto& st = self->state;
-  while (!st.ended.empty() &&
-         (st.ended.size() > st.cfg.result_cache || st.ended_bytes > st.cfg.result_cache_bytes)) {
-    Ended e = std::move(st.ended.front());
-    st.ended.pop_front();
-    st.ended_bytes -= e.bytes;
-    auto i = st.records.find(e.key);
-    if (i != st.records.end() && !i->second.live && i->second.uid == e.uid) st.records.erase(i);
-  }
+/// A request the gateway counted into the intake meter has left the mailbox.
+void taken_from_mailbox(Self* self, uint32_t metered_bytes) {
+  if (metered_bytes > 0 && self->state.cfg.intake) self->state.cfg.intake->take(metered_bytes);
 }
 
 /// Turns the request into a Job, or returns the bad_request message.
@@ -339,30 +155,6 @@ std::optional<std::string> build_job(Self* self, const SubmitRequest& req, Job& 
   job.stream = req.stream;
   job.logprobs = req.logprobs;
   return std::nullopt;
-}
-
-/// The router refused or failed a job that admission counted: undo the quota and the record,
-/// tell every client waiting on the key.
-void drop_pending(Self* self, const std::string& key, uint64_t uid, ErrorCode code,
-                  const std::string& message, int64_t retry_after_ms) {
-  auto& st = self->state;
-  auto i = st.records.find(key);
-  if (i == st.records.end() || i->second.uid != uid || !i->second.live) return;
-  Record rec = std::move(i->second);
-  st.records.erase(i);
-  st.live.erase(uid);
-  if (st.journal && rec.journaled) {
-    // Journaled, so its end is too (before the error leaves: the journal holds it until then).
-    JobOutcome o =
-        make_outcome(make_error_event(rec.client, uid, rec.done.id, rec.tenant, code, message));
-    self->send(st.journal, journal_atom::value, std::move(o));
-  }
-  auto t = st.tenants.find(rec.tenant);
-  if (t != st.tenants.end()) t->second.quota.finish(rec.charged, clock_us(self) / 1000);
-  settle_tenant(self, rec.tenant);
-  send_error(self, rec.client, rec.done.id, rec.tenant, code, message, retry_after_ms, uid);
-  for (auto& c : rec.attached)
-    send_error(self, c, rec.done.id, rec.tenant, code, message, retry_after_ms, uid);
 }
 
 /// Hands an admitted job to the router; its "full" answer undoes the admission.
@@ -543,119 +335,6 @@ void submit(Self* self, SubmitRequest& req) {
   enqueue(self, key, std::move(job));
 }
 
-void finished(Self* self, JobOutcome& o) {
-  auto& st = self->state;
-  auto l = st.live.find(o.uid);
-  if (l == st.live.end()) return;  // already ended (e.g. a duplicate report)
-  std::string key = std::move(l->second);
-  st.live.erase(l);
-  auto i = st.records.find(key);
-  if (i == st.records.end()) return;
-  Record& rec = i->second;
-  ++st.finished;
-  // The result is journaled before anything about it is sent (the journal holds the replies).
-  if (st.journal && rec.journaled) self->send(st.journal, journal_atom::value, o);
-  auto now_ms = clock_us(self) / 1000;
-  st.drain->on_completed(1, now_ms);
-  auto t = st.tenants.find(rec.tenant);
-  if (t != st.tenants.end())
-    t->second.quota.finish(rec.charged - std::min(o.tokens_used, rec.charged), now_ms);
-  settle_tenant(self, rec.tenant);
-  if (st.observer) {
-    // Metrics need counts and timings only, not the completion itself.
-    JobOutcome m = o;
-    m.done.text.clear();
-    m.done.ids.clear();
-    m.done.logprob.clear();
-    m.done.top_ids.clear();
-    m.done.top_logprobs.clear();
-    std::string cls = rec.class_index < st.classes.size() ? st.classes[rec.class_index].name : "";
-    self->send(st.observer, finished_atom::value, std::move(m), std::move(cls));
-  }
-  rec.live = false;
-  rec.pending = false;
-  rec.state = o.outcome == Outcome::done        ? JobState::done
-              : o.outcome == Outcome::cancelled ? JobState::cancelled
-                                                : JobState::failed;
-  rec.done = std::move(o.done);
-  rec.error = std::move(o.error);
-  // An outcome whose ErrorEvent was left at its default code takes the outcome's code.
-  if (rec.state == JobState::failed && rec.error.code == ErrorCode{} && o.code != ErrorCode{})
-    rec.error.code = o.code;
-  for (auto& c : rec.attached) {
-    if (rec.state == JobState::failed) {
-      ErrorEvent e = rec.error;
-      e.to = c;
-      send_out(self, std::move(e));
-    } else {
-      DoneEvent d = rec.done;
-      d.to = c;
-      send_out(self, std::move(d));
-    }
-  }
-  rec.attached.clear();
-  remember_ended(self, std::move(key), o.uid, rec);
-  evict(self);
-}
-
-void key_request(Self* self, KeyRequest& k) {
-  auto& st = self->state;
-  std::string why;
-  if (!authenticate(self, k.tenant, k.token, k.internal, why)) {
-    ++st.unauthorized;
-    // An internal request (the client is gone) has nobody to answer.
-    if (!k.internal) send_error(self, k.client, k.id, k.tenant, ErrorCode::unauthorized, why);
-    return;
-  }
-  // The key includes the caller's tenant: nobody can reach another tenant's jobs.
-  auto i = st.records.find(job_key(k.tenant, k.id));
-  if (i == st.records.end()) {
-    ++st.not_found;
-    if (!k.internal)
-      send_error(self, k.client, k.id, k.tenant, ErrorCode::not_found,
-                 "no job " + wire::quoted(k.id) + " for tenant " + wire::quoted(k.tenant));
-    return;
-  }
-  Record& rec = i->second;
-  if (k.kind == KeyRequest::cancel) {
-    if (rec.live && st.journal && !rec.journaled && rec.pending)
-      rec.cancel_pending = true;  // not at the router yet: enqueue() sends it after the job
-    else if (rec.live && st.router)
-      self->send(st.router, cancel_atom::value, rec.uid);
-    return;
-  }
-  StatusEvent s;
-  s.to = k.client;
-  s.id = k.id;
-  s.tenant = k.tenant;
-  // Still being journaled: not at the router yet, so queued with nothing known ahead of it.
-  const bool not_enqueued = rec.live && st.journal && !rec.journaled;
-  if (!rec.live || !st.router || not_enqueued) {
-    s.state = rec.live ? JobState::queued : rec.state;
-    s.completion_tokens = rec.done.completion_tokens;
-    send_out(self, std::move(s));
-    return;
-  }
-  self->request(st.router, caf::infinite, status_atom::value, rec.uid)
-      .then(
-          [self, s, key = i->first, uid = rec.uid](JobState state, uint32_t position,
-                                                   uint32_t generated) mutable {
-            s.state = state;
-            s.queue_position = state == JobState::queued ? position : 0;
-            s.completion_tokens = generated;
-            // The job may have ended while the router answered (its end reaches admission before
-            // the router's reply): then its stored state is the truth, not "running".
-            auto r = self->state.records.find(key);
-            if (r != self->state.records.end() && r->second.uid == uid && !r->second.live) {
-              s.state = r->second.state;
-              s.queue_position = 0;
-              s.completion_tokens = r->second.done.completion_tokens;
-            }
-            send_out(self, std::move(s));
-          },
-          [self, s](caf::error&) mutable { send_out(self, std::move(s)); });
-}
-
 AdmissionStats stats(Self* self) {
   auto& st = self->state;
   AdmissionStats s;
@@ -681,82 +360,6 @@ AdmissionStats stats(Self* self) {
   s.replayed = n(st.replayed);
   s.restored = n(st.restored);
   return s;
-}
-
-/// Enqueues the previous run's journaled jobs one at a time: a full queue is retried after its
-/// retry_after_ms instead of failing a job that was already accepted.
-void replay_next(Self* self) {
-  auto& st = self->state;
-  if (st.replay_busy || st.replay.empty() || !st.router) return;
-  st.replay_busy = true;
-  const Job& job = st.replay.front();
-  const uint64_t uid = job.uid;
-  const std::string key = job_key(job.tenant, job.id);
-  self->request(st.router, caf::infinite, enqueue_atom::value, job)
-      .then(
-          [self, key, uid](const EnqueueReply& r) {
-            auto& s = self->state;
-            s.replay_busy = false;
-            if (r.result == EnqueueResult::full) {
-              // Polling a full queue faster than every 10 ms would only burn the router's time.
-              auto wait = std::chrono::milliseconds(std::max<int64_t>(10, r.retry_after_ms));
-              self->delayed_send(self, wait, tick_atom::value);
-              return;
-            }
-            s.replay.pop_front();
-            if (r.result == EnqueueResult::accepted) {
-              ++s.replayed;
-              auto i = s.records.find(key);
-              if (i != s.records.end() && i->second.uid == uid) i->second.pending = false;
-            } else {
-              drop_pending(self, key, uid, ErrorCode::internal,
-                           "the router does not know the replayed job's priority class", -1);
-            }
-            replay_next(self);
-          },
-          [self, key, uid](caf::error& err) {
-            auto& s = self->state;
-            s.replay_busy = false;
-            s.replay.pop_front();
-            drop_pending(self, key, uid, ErrorCode::internal,
-                         "router unavailable: " + self->system().render(err), -1);
-            replay_next(self);
-          });
-}
-
-/// Takes over what the journal held at start (see spawn_admission with a journal).
-void restore(Self* self, const JournalReplay& replay) {
-  auto& st = self->state;
-  st.next_uid = std::max(st.next_uid, replay.next_uid);
-  for (const auto& o : replay.results) {
-    Record rec;
-    rec.uid = o.uid;
-    rec.live = false;
-    rec.pending = false;
-    rec.state = JobState::done;
-    rec.client = o.done.to;
-    rec.tenant = o.tenant;
-    rec.done = o.done;
-    rec.journaled = true;
-    std::string key = job_key(o.tenant, o.id);
-    Record& kept = st.records[key] = std::move(rec);
-    remember_ended(self, std::move(key), o.uid, kept);
-    ++st.restored;
-  }
-  evict(self);
-  for (const auto& job : replay.pending) {
-    Record rec;
-    rec.uid = job.uid;
-    rec.client = job.client;
-    rec.tenant = job.tenant;
-    rec.class_index = job.class_index;
-    rec.done.id = job.id;
-    rec.journaled = true;
-    std::string key = job_key(job.tenant, job.id);
-    st.records[key] = std::move(rec);
-    st.live[job.uid] = key;
-    st.replay.push_back(job);
-  }
 }
 
 // Parses the chat template once: the configured override, else the model file's. A template

@@ -1,0 +1,154 @@
+// The admission actor's state and helpers, shared by its pieces: admission.cpp (the behavior, the
+// submit path and the hand-off to the router), admission_tenants.cpp (authentication and the
+// open-tenant table), admission_results.cpp (job ends, the result cache, cancel and status of a
+// key) and admission_replay.cpp (the journal's jobs of the previous run). Internal to actors/.
+#pragma once
+
+#include <caf/all.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "actors/admission.hpp"
+#include "actors/messages.hpp"
+#include "actors/outcomes.hpp"
+#include "ingress/error_code.hpp"
+#include "model/chat_template.hpp"
+#include "policies/quota.hpp"
+#include "policies/retry.hpp"
+
+namespace sy::admission_detail {
+
+struct TenantState {
+  std::string token;
+  double weight = 1.0;
+  policy::TenantQuota quota;
+  bool configured = false;  // false: a name met in open-tenant mode, forgotten when idle
+  // While it has no job in flight (unknown tenants only): its place in AdmissionState::idle,
+  // and since when it is idle.
+  bool idle = false;
+  std::list<std::string>::iterator idle_at{};
+  int64_t idle_since_ms = 0;
+};
+
+/// One job key: live (pending at the router, queued or running) or ended (kept for resubmission
+/// and status until evicted).
+struct Record {
+  uint64_t uid = 0;
+  bool live = true;
+  bool pending = true;  // the router has not answered the enqueue yet
+  JobState state = JobState::queued;
+  ClientRef client;
+  std::vector<ClientRef> attached;  // later submitters of the same key
+  uint32_t charged = 0;             // tokens taken from the tenant's bucket
+  std::string tenant;
+  uint32_t class_index = 0;     // for the metrics actor's per-class counts
+  bool journaled = false;       // its accept record is durable: its end must be journaled too
+  bool cancel_pending = false;  // cancelled while being journaled: cancel once enqueued
+  DoneEvent done;
+  ErrorEvent error;
+};
+
+/// An ended key in the result cache's eviction order, with what its record was counted as.
+struct Ended {
+  std::string key;
+  uint64_t uid = 0;
+  std::size_t bytes = 0;
+};
+
+struct AdmissionState {
+  AdmissionConfig cfg;
+  std::vector<policy::PriorityClass> classes;
+  std::size_t default_class = 0;
+  std::shared_ptr<const LlamaModel> model;
+  // The chat template for `messages` submits, or why there is none usable (chat_error).
+  std::shared_ptr<const chat::ChatTemplate> chat;
+  std::shared_ptr<const chat::PromptTokenizer> chat_tokens;  // for the model's vocabulary
+  std::string chat_error;
+  caf::actor router, egress;
+  caf::actor observer;     // the metrics actor (observe_atom): a copy of every JobOutcome
+  caf::actor journal;      // null: no journal
+  std::deque<Job> replay;  // journaled jobs of the previous run, not yet back in the router
+  bool replay_busy = false;
+  uint64_t replayed = 0, restored = 0;
+  std::unordered_map<std::string, TenantState> tenants;
+  std::list<std::string> idle;  // unknown tenants without a job in flight, longest idle first
+  uint64_t tenants_forgotten = 0;
+  bool anonymous = false;
+  std::unordered_map<std::string, Record> records;  // by job key
+  std::unordered_map<uint64_t, std::string> live;   // uid -> job key
+  std::deque<Ended> ended;                          // eviction order, oldest first
+  std::size_t ended_bytes = 0;                      // sum of ended[].bytes
+  std::optional<policy::DrainRate> drain;
+  policy::RetryConfig retry;
+  uint64_t next_uid = 1;
+  bool draining = false;
+  bool operator_drain = false;  // draining by `ctl drain` (else: shutdown)
+  uint64_t submitted = 0, admitted = 0, unauthorized = 0, rate_limited = 0, overloaded = 0,
+           bad_request = 0, deduplicated = 0, attached = 0, finished = 0, not_found = 0,
+           unavailable = 0;
+
+  static inline const char* name = "sy.admission";
+};
+
+using Self = caf::stateful_actor<AdmissionState>;
+
+// The tenant's length first, so that no (tenant, id) pair can collide with another.
+std::string job_key(const std::string& tenant, const std::string& id);
+
+inline void send_out(Self* self, auto ev) {
+  if (self->state.egress) self->send(self->state.egress, out_atom::value, std::move(ev));
+}
+
+inline void send_error(Self* self, const ClientRef& to, const std::string& id,
+                       const std::string& tenant, ErrorCode code, std::string message,
+                       int64_t retry_after_ms = -1, uint64_t uid = 0) {
+  send_out(self, make_error_event(to, uid, id, tenant, code, std::move(message), retry_after_ms));
+}
+
+/// A pipeline submit answered here never reaches the router: give its PULL credit back.
+void return_pull_credit(Self* self, const ClientRef& c);
+
+/// The tenant if known and the token matches, else nullptr and the reason in `why`.
+TenantState* authenticate(Self* self, const std::string& tenant, const std::string& token,
+                          bool internal, std::string& why);
+
+/// Called after anything that may have changed whether an unknown tenant has jobs in flight:
+/// one without any joins the end of the idle list (or moves there: it was just used), one with
+/// some leaves it. Then the idle ones due are forgotten.
+void settle_tenant(Self* self, const std::string& name);
+
+/// Puts an ended record into the result cache's eviction order; trims its arrays to their size
+/// first (they grew token by token), so that what is counted is what is held.
+void remember_ended(Self* self, std::string key, uint64_t uid, Record& rec);
+
+/// Forgets ended keys beyond the configured cache size, in count and in bytes, oldest first.
+void evict(Self* self);
+
+/// The router refused or failed a job that admission counted: undo the quota and the record,
+/// tell every client waiting on the key.
+void drop_pending(Self* self, const std::string& key, uint64_t uid, ErrorCode code,
+                  const std::string& message, int64_t retry_after_ms);
+
+/// A job ended (finished_atom): frees the tenant's quota, journals the end, stores the result for
+/// resubmissions and answers attached clients.
+void finished(Self* self, JobOutcome& o);
+
+/// A cancel or status request for a job key (k.kind says which).
+void key_request(Self* self, KeyRequest& k);
+
+/// Enqueues the previous run's journaled jobs one at a time: a full queue is retried after its
+/// retry_after_ms instead of failing a job that was already accepted.
+void replay_next(Self* self);
+
+/// Takes over what the journal held at start (see spawn_admission with a journal).
+void restore(Self* self, const JournalReplay& replay);
+
+}  // namespace sy::admission_detail

@@ -151,9 +151,18 @@ BOOST_AUTO_TEST_CASE(sigterm_stops_within_grace_when_a_job_runs_longer) {
     running = m && std::holds_alternative<sy::wire::Tokens>(*m);
   }
   BOOST_REQUIRE(running);
-  // A queued job behind it (max_sequences is 64, so it runs too) and the signal.
+  // A queued job behind it (max_sequences is 64, so it runs too) and the signal, once the server
+  // has accepted it: a submit still on its way when the drain starts is answered `unavailable`.
   s.id = "endless2";
   cl.submit(s);
+  bool accepted = false;
+  for (int i = 0; i < 200 && !accepted; ++i) {
+    auto m = cl.next(1s);
+    if (!m) continue;
+    if (auto* a = std::get_if<sy::wire::Accepted>(&*m)) accepted = a->id == "endless2";
+    if (auto* t = std::get_if<sy::wire::Tokens>(&*m)) accepted = t->id == "endless2";
+  }
+  BOOST_REQUIRE(accepted);
   ::kill(srv.pid(), SIGTERM);
   // Both end with done "cancelled" once the grace period is over, not with silence.
   for (const char* id : {"endless", "endless2"}) {

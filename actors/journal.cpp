@@ -245,7 +245,13 @@ void arm_commit(Self* self) {
   auto& st = self->state;
   if (st.commit_armed) return;
   st.commit_armed = true;
-  self->delayed_send(self, std::chrono::milliseconds(st.cfg.batch_ms), tick_atom::value);
+  // batch_ms 0: commit once the records already in the mailbox are written (the tick queues
+  // behind them), so a group is whatever arrived during the last fsync: one record at low load,
+  // many at high load, with no timer to wait out.
+  if (st.cfg.batch_ms <= 0)
+    self->send(self, tick_atom::value);
+  else
+    self->delayed_send(self, std::chrono::milliseconds(st.cfg.batch_ms), tick_atom::value);
 }
 
 void arm_retry(Self* self) {

@@ -13,7 +13,10 @@ struct JournalConfig {
   // default location (journal_location()), "off" = no journal.
   std::string path;
   std::string fsync = "batch";  // always | batch | never (storage/journal_file.hpp)
-  int64_t batch_ms = 2;         // group-commit window: acks wait at most this for the fsync
+  // Group commit: acks wait at most this for the fsync. 0 (the default): no window; the journal
+  // syncs as soon as it has written the records waiting in its mailbox, so groups grow by
+  // themselves while a sync runs. A window only adds latency unless the disk's sync is slow.
+  int64_t batch_ms = 0;
   // A result handed to egress this long ago is marked delivered (not redelivered after a crash);
   // two seconds is far beyond the gateway's usual hand-off time to the socket.
   int64_t delivered_lag_ms = 2000;

@@ -200,9 +200,9 @@ int cmd_serve(const Args& a) {
       throw UsageError("--journal-fsync must be always, batch or never");
   }
   if (a.has("journal-batch-ms")) {
-    long long n = a.integer("journal-batch-ms", 2);
+    long long n = a.integer("journal-batch-ms", 0);
     // A group commit longer than a second would hold every ack that long.
-    if (n < 1 || n > 1000) throw UsageError("--journal-batch-ms must be in [1, 1000]");
+    if (n < 0 || n > 1000) throw UsageError("--journal-batch-ms must be in [0, 1000]");
     cfg.journal.batch_ms = n;
   }
   if (a.has("curve-secret-key")) cfg.endpoints.curve_secret_key = a.str("curve-secret-key");

@@ -467,7 +467,7 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
                     }
                     // A group commit longer than a second would hold every ack that long.
                     else if (k2 == "batch_ms")
-                      j.batch_ms = get_int(c, key2, v2, 1, 1000);
+                      j.batch_ms = get_int(c, key2, v2, 0, 1000);
                     else if (k2 == "delivered_lag_ms")
                       j.delivered_lag_ms = get_int(c, key2, v2, 0, 3600000);
                     // Below a megabyte compaction would run all the time for little gain.

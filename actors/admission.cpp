@@ -389,11 +389,13 @@ void load_chat_template(AdmissionState& st) {
   }
 }
 
-caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
-                              std::vector<policy::PriorityClass> classes, std::size_t default_class,
-                              std::shared_ptr<const LlamaModel> model, caf::actor router,
-                              caf::actor egress, caf::actor journal,
-                              std::shared_ptr<const JournalReplay> replay) {
+AdmissionActor::behavior_type admission_actor(Self* self, AdmissionConfig cfg,
+                                              std::vector<policy::PriorityClass> classes,
+                                              std::size_t default_class,
+                                              std::shared_ptr<const LlamaModel> model,
+                                              RouterActor router, EgressActor egress,
+                                              JournalActor journal,
+                                              std::shared_ptr<const JournalReplay> replay) {
   auto& st = self->state;
   auto now_ms = clock_us(self) / 1000;
   st.anonymous = cfg.tenants.empty() && cfg.allow_anonymous;
@@ -411,7 +413,7 @@ caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
       w.names.push_back(t.name);
       w.weights.push_back(t.weight);
     }
-    self->send(router, connect_atom::value, caf::actor_cast<caf::actor>(self), std::move(w));
+    self->send(router, connect_atom::value, AdmissionActor(self), std::move(w));
   }
   st.cfg = std::move(cfg);
   st.classes = std::move(classes);
@@ -457,7 +459,7 @@ caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
         self->state.draining = on;
         self->state.operator_drain = on;
       },
-      [self](observe_atom, caf::actor& observer) { self->state.observer = std::move(observer); },
+      [self](observe_atom, MetricsActor& observer) { self->state.observer = std::move(observer); },
       // Shutdown after the grace period (server/server.cpp): every live job is cancelled, so
       // queued ones never run and running ones end within a step with done finish=cancelled.
       [self](cancel_atom, drain_atom) {
@@ -471,37 +473,40 @@ caf::behavior admission_actor(Self* self, AdmissionConfig cfg,
 }  // namespace
 
 namespace {
-caf::actor spawn_admission_impl(caf::actor_system& sys, AdmissionConfig cfg,
-                                std::vector<policy::PriorityClass> classes,
-                                std::string default_class, std::shared_ptr<const LlamaModel> model,
-                                caf::actor router, caf::actor egress, caf::actor journal,
-                                std::shared_ptr<const JournalReplay> replay);
+AdmissionActor spawn_admission_impl(caf::actor_system& sys, AdmissionConfig cfg,
+                                    std::vector<policy::PriorityClass> classes,
+                                    std::string default_class,
+                                    std::shared_ptr<const LlamaModel> model, RouterActor router,
+                                    EgressActor egress, JournalActor journal,
+                                    std::shared_ptr<const JournalReplay> replay);
 }  // namespace
 
-caf::actor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
-                           std::vector<policy::PriorityClass> classes, std::string default_class,
-                           std::shared_ptr<const LlamaModel> model, caf::actor router,
-                           caf::actor egress) {
+AdmissionActor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
+                               std::vector<policy::PriorityClass> classes,
+                               std::string default_class, std::shared_ptr<const LlamaModel> model,
+                               RouterActor router, EgressActor egress) {
   return spawn_admission_impl(sys, std::move(cfg), std::move(classes), std::move(default_class),
-                              std::move(model), std::move(router), std::move(egress), caf::actor{},
+                              std::move(model), std::move(router), std::move(egress), JournalActor{},
                               nullptr);
 }
 
-caf::actor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
-                           std::vector<policy::PriorityClass> classes, std::string default_class,
-                           std::shared_ptr<const LlamaModel> model, caf::actor router,
-                           caf::actor egress, caf::actor journal, const JournalReplay& replay) {
+AdmissionActor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
+                               std::vector<policy::PriorityClass> classes,
+                               std::string default_class, std::shared_ptr<const LlamaModel> model,
+                               RouterActor router, EgressActor egress, JournalActor journal,
+                               const JournalReplay& replay) {
   return spawn_admission_impl(sys, std::move(cfg), std::move(classes), std::move(default_class),
                               std::move(model), std::move(router), std::move(egress),
                               std::move(journal), std::make_shared<const JournalReplay>(replay));
 }
 
 namespace {
-caf::actor spawn_admission_impl(caf::actor_system& sys, AdmissionConfig cfg,
-                                std::vector<policy::PriorityClass> classes,
-                                std::string default_class, std::shared_ptr<const LlamaModel> model,
-                                caf::actor router, caf::actor egress, caf::actor journal,
-                                std::shared_ptr<const JournalReplay> replay) {
+AdmissionActor spawn_admission_impl(caf::actor_system& sys, AdmissionConfig cfg,
+                                    std::vector<policy::PriorityClass> classes,
+                                    std::string default_class,
+                                    std::shared_ptr<const LlamaModel> model, RouterActor router,
+                                    EgressActor egress, JournalActor journal,
+                                    std::shared_ptr<const JournalReplay> replay) {
   classes = effective_classes(std::move(classes));
   std::size_t def = 0;
   if (!default_class.empty()) {

@@ -2,15 +2,14 @@
 // their quotas, deduplicates job keys, tokenizes and checks prompts, and hands jobs to the router.
 #pragma once
 
-#include <caf/actor.hpp>
-#include <caf/fwd.hpp>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "policies/qos.hpp"
 #include "actors/admission_config.hpp"
+#include "actors/protocol.hpp"
+#include "policies/qos.hpp"
 
 namespace sy {
 
@@ -45,7 +44,7 @@ bool tokens_equal(std::string_view a, std::string_view b);
 ///       oldest forgotten first), answers attached clients.
 ///   (drain_atom)  later submits get ErrorEvent unavailable (shutdown).
 ///   (drain_atom, bool on)  the operator's drain (`ctl drain`) or its end (`ctl resume`).
-///   (observe_atom, caf::actor metrics)  every JobOutcome is copied there (without the completion
+///   (observe_atom, MetricsActor metrics)  every JobOutcome is copied there (without the completion
 ///       text, ids and logprobs) as (finished_atom, JobOutcome, std::string class_name).
 ///   (cancel_atom, drain_atom)  cancels every live job (shutdown after the grace period).
 ///   (stats_atom) -> AdmissionStats (actors/stats.hpp): submitted, admitted, unauthorized,
@@ -56,10 +55,10 @@ bool tokens_equal(std::string_view a, std::string_view b);
 /// flight, then for cfg.tenant_idle_ms at most, and never more than cfg.max_idle_tenants idle
 /// ones at once (the longest idle are forgotten first); it comes back as new on its next use.
 /// Pipeline submits it answers itself return their PULL credit to the router (pull_atom, 1).
-caf::actor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
-                           std::vector<policy::PriorityClass> classes, std::string default_class,
-                           std::shared_ptr<const LlamaModel> model, caf::actor router,
-                           caf::actor egress);
+AdmissionActor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
+                               std::vector<policy::PriorityClass> classes,
+                               std::string default_class, std::shared_ptr<const LlamaModel> model,
+                               RouterActor router, EgressActor egress);
 
 struct JournalReplay;
 
@@ -70,9 +69,10 @@ struct JournalReplay;
 /// done results answer resubmissions of their keys, its pending jobs are enqueued again (at the
 /// pace the router's queues allow, not charged to quotas) under their old uids; new uids start
 /// at replay.next_uid.
-caf::actor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
-                           std::vector<policy::PriorityClass> classes, std::string default_class,
-                           std::shared_ptr<const LlamaModel> model, caf::actor router,
-                           caf::actor egress, caf::actor journal, const JournalReplay& replay);
+AdmissionActor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
+                               std::vector<policy::PriorityClass> classes,
+                               std::string default_class, std::shared_ptr<const LlamaModel> model,
+                               RouterActor router, EgressActor egress, JournalActor journal,
+                               const JournalReplay& replay);
 
 }  // namespace sy

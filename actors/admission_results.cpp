@@ -147,11 +147,10 @@ void key_request(Self* self, KeyRequest& k) {
   }
   self->request(st.router, caf::infinite, status_atom::value, rec.uid)
       .then(
-          [self, s, key = i->first, uid = rec.uid](JobState state, uint32_t position,
-                                                   uint32_t generated) mutable {
-            s.state = state;
-            s.queue_position = state == JobState::queued ? position : 0;
-            s.completion_tokens = generated;
+          [self, s, key = i->first, uid = rec.uid](const JobStatus& js) mutable {
+            s.state = js.state;
+            s.queue_position = js.state == JobState::queued ? js.position : 0;
+            s.completion_tokens = js.completion_tokens;
             // The job may have ended while the router answered (its end reaches admission before
             // the router's reply): then its stored state is the truth, not "running".
             auto r = self->state.records.find(key);

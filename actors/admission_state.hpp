@@ -19,6 +19,7 @@
 #include "actors/admission.hpp"
 #include "actors/messages.hpp"
 #include "actors/outcomes.hpp"
+#include "actors/protocol.hpp"
 #include "ingress/error_code.hpp"
 #include "model/chat_template.hpp"
 #include "policies/quota.hpp"
@@ -72,9 +73,10 @@ struct AdmissionState {
   std::shared_ptr<const chat::ChatTemplate> chat;
   std::shared_ptr<const chat::PromptTokenizer> chat_tokens;  // for the model's vocabulary
   std::string chat_error;
-  caf::actor router, egress;
-  caf::actor observer;     // the metrics actor (observe_atom): a copy of every JobOutcome
-  caf::actor journal;      // null: no journal
+  RouterActor router;
+  EgressActor egress;
+  MetricsActor observer;  // the metrics actor (observe_atom): a copy of every JobOutcome
+  JournalActor journal;   // null: no journal
   std::deque<Job> replay;  // journaled jobs of the previous run, not yet back in the router
   bool replay_busy = false;
   uint64_t replayed = 0, restored = 0;
@@ -98,7 +100,7 @@ struct AdmissionState {
   static inline const char* name = "sy.admission";
 };
 
-using Self = caf::stateful_actor<AdmissionState>;
+using Self = AdmissionActor::stateful_base<AdmissionState>;
 
 // The tenant's length first, so that no (tenant, id) pair can collide with another.
 std::string job_key(const std::string& tenant, const std::string& id);

@@ -54,9 +54,10 @@ int32_t layer_window_of(const LlamaModel* model, int32_t window_blocks) {
 }
 }  // namespace
 
-Batcher::Batcher(caf::event_based_actor* self, BatchingConfig cfg,
-                 std::shared_ptr<const LlamaModel> model, caf::actor executor, caf::actor router,
-                 caf::actor egress, caf::actor admission, int32_t n_blocks, BatcherExtras extras)
+Batcher::Batcher(BatcherActor::pointer self, BatchingConfig cfg,
+                 std::shared_ptr<const LlamaModel> model, ExecutorActor executor,
+                 RouterActor router, EgressActor egress, AdmissionActor admission,
+                 int32_t n_blocks, BatcherExtras extras)
     : self_(self),
       cfg_(cfg),
       model_(std::move(model)),
@@ -98,7 +99,7 @@ Batcher::Batcher(caf::event_based_actor* self, BatchingConfig cfg,
   }
 }
 
-caf::behavior Batcher::mode(policy::KvPolicy p) {
+BatcherActor::behavior_type Batcher::mode(policy::KvPolicy p) {
   auto b = shared_from_this();
   return {
       [b, p](run_atom, Job& job) { b->on_run(job, p); },
@@ -137,7 +138,7 @@ void Batcher::start() {
     });
   }
   if (router_)
-    self_->send(router_, credit_atom::value, caf::actor_cast<caf::actor>(self_),
+    self_->send(router_, credit_atom::value, BatcherActor(self_),
                 static_cast<uint32_t>(cfg_.max_sequences));
 }
 
@@ -488,12 +489,12 @@ void Batcher::flush_notices() {
     ended_.clear();
   }
   if (credit_ > 0 && router_) {
-    self_->send(router_, credit_atom::value, caf::actor_cast<caf::actor>(self_), credit_);
+    self_->send(router_, credit_atom::value, BatcherActor(self_), credit_);
   }
   credit_ = 0;
 }
 
-caf::behavior batcher_actor(caf::event_based_actor* self, std::shared_ptr<Batcher> b) {
+BatcherActor::behavior_type batcher_actor(BatcherActor::pointer self, std::shared_ptr<Batcher> b) {
   (void)self;
   b->start();
   return b->mode(b->base_policy());
@@ -501,20 +502,20 @@ caf::behavior batcher_actor(caf::event_based_actor* self, std::shared_ptr<Batche
 
 }  // namespace batcher_detail
 
-caf::actor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
-                         std::shared_ptr<const LlamaModel> model, caf::actor executor,
-                         caf::actor router, caf::actor egress, caf::actor admission,
-                         int32_t n_blocks) {
+BatcherActor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
+                           std::shared_ptr<const LlamaModel> model, ExecutorActor executor,
+                           RouterActor router, EgressActor egress, AdmissionActor admission,
+                           int32_t n_blocks) {
   return spawn_batcher(sys, std::move(cfg), std::move(model), std::move(executor),
                        std::move(router), std::move(egress), std::move(admission), n_blocks,
                        BatcherExtras{});
 }
 
-caf::actor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
-                         std::shared_ptr<const LlamaModel> model, caf::actor executor,
-                         caf::actor router, caf::actor egress, caf::actor admission,
-                         int32_t n_blocks, BatcherExtras extras) {
-  return sys.spawn([=](caf::event_based_actor* self) {
+BatcherActor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
+                           std::shared_ptr<const LlamaModel> model, ExecutorActor executor,
+                           RouterActor router, EgressActor egress, AdmissionActor admission,
+                           int32_t n_blocks, BatcherExtras extras) {
+  return sys.spawn([=](BatcherActor::pointer self) {
     auto b = std::make_shared<batcher_detail::Batcher>(self, cfg, model, executor, router, egress,
                                                        admission, n_blocks, extras);
     return batcher_detail::batcher_actor(self, std::move(b));

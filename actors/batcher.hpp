@@ -5,12 +5,11 @@
 // stop strings). Time is the actor clock's, so tests run it on the test scheduler.
 #pragma once
 
-#include <caf/actor.hpp>
-#include <caf/fwd.hpp>
 #include <cstdint>
 #include <memory>
 
 #include "actors/batcher_config.hpp"
+#include "actors/protocol.hpp"
 
 namespace sy {
 
@@ -69,14 +68,14 @@ constexpr int64_t kDefaultKvMemoryMb = 256;
 /// ROUTER clients end with a DoneEvent whose text and ids are empty (the chunks carried them, as
 /// docs/protocol.md says); the JobOutcome keeps the full result.
 /// Any of router, egress, admission may be an invalid handle (nothing is sent there).
-caf::actor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
-                         std::shared_ptr<const LlamaModel> model, caf::actor executor,
-                         caf::actor router, caf::actor egress, caf::actor admission,
-                         int32_t n_blocks);
+BatcherActor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
+                           std::shared_ptr<const LlamaModel> model, ExecutorActor executor,
+                           RouterActor router, EgressActor egress, AdmissionActor admission,
+                           int32_t n_blocks);
 
 /// What a supervised batcher knows beyond the plain wiring.
 struct BatcherExtras {
-  caf::actor supervisor;  ///< gets failed_atom, recovered_atom and kvpolicy_atom notices
+  SupervisorActor supervisor;  ///< gets failed_atom, recovered_atom and kvpolicy_atom notices
   uint64_t pair = 0;      ///< the supervisor's id of this batcher+executor pair (logs)
   int32_t test_fault_throw_after = 0;  ///< TEST ONLY: throw after this many steps (0: never)
   /// The executor's window-group KV blocks (ExecutorSpec::n_window_blocks): > 0 for a model
@@ -95,9 +94,9 @@ struct BatcherExtras {
 /// (retire_atom) makes it stop granting credit, finish its jobs and exit (scale down).
 /// A job with fault_us set sends (recovered_atom, fault_us, now_us) to the supervisor when its
 /// first step here is planned.
-caf::actor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
-                         std::shared_ptr<const LlamaModel> model, caf::actor executor,
-                         caf::actor router, caf::actor egress, caf::actor admission,
-                         int32_t n_blocks, BatcherExtras extras);
+BatcherActor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
+                           std::shared_ptr<const LlamaModel> model, ExecutorActor executor,
+                           RouterActor router, EgressActor egress, AdmissionActor admission,
+                           int32_t n_blocks, BatcherExtras extras);
 
 }  // namespace sy

@@ -71,13 +71,13 @@ struct Before {
 
 class Batcher : public std::enable_shared_from_this<Batcher> {
  public:
-  Batcher(caf::event_based_actor* self, BatchingConfig cfg, std::shared_ptr<const LlamaModel> model,
-          caf::actor executor, caf::actor router, caf::actor egress, caf::actor admission,
+  Batcher(BatcherActor::pointer self, BatchingConfig cfg, std::shared_ptr<const LlamaModel> model,
+          ExecutorActor executor, RouterActor router, EgressActor egress, AdmissionActor admission,
           int32_t n_blocks, BatcherExtras extras);
 
   /// The behavior of the batcher under KV policy `p`: new jobs take `p`. Swapped with
   /// become/unbecome by an operator command and by the pressure watermarks.
-  caf::behavior mode(policy::KvPolicy p);
+  BatcherActor::behavior_type mode(policy::KvPolicy p);
   policy::KvPolicy base_policy() const { return base_; }
   void start();
 
@@ -129,11 +129,14 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
     if (it != v.end()) v.erase(it);
   }
 
-  caf::event_based_actor* self_;
+  BatcherActor::pointer self_;
   BatchingConfig cfg_;
   std::shared_ptr<const LlamaModel> model_;
   const Tokenizer* tok_;
-  caf::actor executor_, router_, egress_, admission_;
+  ExecutorActor executor_;
+  RouterActor router_;
+  EgressActor egress_;
+  AdmissionActor admission_;
   KvManager kv_;  // block tables over the executor's pools, prefix cache
   int32_t bs_;
   policy::KvPolicy base_;                            // the normal policy (operator's choice)

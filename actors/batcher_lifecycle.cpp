@@ -168,7 +168,7 @@ void Batcher::leave() {
     maybe_quit();
     return;
   }
-  self_->request(router_, caf::infinite, retire_atom::value, caf::actor_cast<caf::actor>(self_))
+  self_->request(router_, caf::infinite, retire_atom::value, BatcherActor(self_))
       .then([this](uint32_t) { router_left(); }, [this](caf::error&) { router_left(); });
 }
 

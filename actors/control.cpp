@@ -51,7 +51,7 @@ struct ControlState {
   ControlWiring w;
 };
 
-using Self = caf::stateful_actor<ControlState>;
+using Self = ControlActor::stateful_base<ControlState>;
 
 void reply_error(Self* self, const ClientRef& to, ErrorCode code, std::string message) {
   if (!self->state.w.egress) return;
@@ -156,7 +156,7 @@ void stats(Self* self, ControlRequest& req) {
   p->batchers.resize(w.batchers.size());
   p->owed = 2 + w.batchers.size();
   // Each answer lands in its own place: `keep` moves the record there.
-  auto ask = [&](const caf::actor& a, auto keep, const std::string& who) {
+  auto ask = [&](const auto& a, auto keep, const std::string& who) {
     self->request(a, w.ask_timeout, stats_atom::value)
         .then(
             [=](typename decltype(keep)::record_type& s) {
@@ -198,12 +198,12 @@ std::string control_stats_json(const AdmissionStats& admission, const RouterStat
   return summary_json(admission, router, sum_of(batchers), edge, nullptr, nullptr, &batchers);
 }
 
-caf::actor spawn_control(caf::actor_system& sys, ControlWiring wiring) {
-  return sys.spawn([w = std::move(wiring)](Self* self) mutable -> caf::behavior {
+ControlActor spawn_control(caf::actor_system& sys, ControlWiring wiring) {
+  return sys.spawn([w = std::move(wiring)](Self* self) mutable -> ControlActor::behavior_type {
     self->state.w = std::move(w);
     return {
         // The supervisor's current batchers (elastic pairs come and go).
-        [self](connect_atom, std::vector<caf::actor>& bs) {
+        [self](connect_atom, std::vector<BatcherActor>& bs) {
           self->state.w.batchers = std::move(bs);
         },
         [self](control_atom, ControlRequest& req) {

@@ -2,13 +2,12 @@
 // It checks the admin token, swaps the batchers' KV-cache policy and gathers the server's stats.
 #pragma once
 
-#include <caf/actor.hpp>
-#include <caf/fwd.hpp>
 #include <chrono>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "actors/protocol.hpp"
 #include "actors/stats.hpp"
 
 namespace sy {
@@ -17,8 +16,10 @@ namespace sy {
 /// it then fails with `unavailable`, except batchers, which are simply a list (possibly empty).
 struct ControlWiring {
   std::string admin_token;  ///< AdmissionConfig::admin_token; "" = every command is refused
-  caf::actor admission, router, egress;
-  std::vector<caf::actor> batchers;
+  AdmissionActor admission;
+  RouterActor router;
+  EgressActor egress;
+  std::vector<BatcherActor> batchers;
   /// Reads the counters kept outside the actors (the gateway's received, sent, decode_errors, ...)
   /// for a stats reply; called on the control actor's thread, so it must be thread-safe. May be
   /// empty (those fields read 0).
@@ -40,11 +41,11 @@ struct ControlWiring {
 ///  - "drain" / "resume": (drain_atom, bool) to admission and the router (no new submits, no PULL
 ///    credit; queued and running jobs finish), then the "stats" reply, whose "draining" says 1/0;
 ///  - any other command -> bad_request.
-/// (connect_atom, std::vector<caf::actor>) replaces the batcher list (the supervisor sends it
+/// (connect_atom, std::vector<BatcherActor>) replaces the batcher list (the supervisor sends it
 /// whenever its pairs change).
 /// Every reply goes to `egress` as (out_atom, ControlEvent|ErrorEvent); never more than one per
 /// request, and always one (timeouts bound every wait).
-caf::actor spawn_control(caf::actor_system& sys, ControlWiring wiring);
+ControlActor spawn_control(caf::actor_system& sys, ControlWiring wiring);
 
 /// The stats reply as one JSON object (summary_json, actors/stats.hpp): the fields marked
 /// stats_fields::kSummary of admission, the router, the batchers summed and the edge, then "batchers":

@@ -226,7 +226,7 @@ void run_null(ExecutorState& st, const StepPlan& plan, StepResult& res) {
   }
 }
 
-caf::behavior executor_actor(caf::event_based_actor* self, std::shared_ptr<ExecutorState> st) {
+ExecutorActor::behavior_type executor_actor(ExecutorActor::pointer self, std::shared_ptr<ExecutorState> st) {
   return {
       [self, st](step_atom, const StepPlan& plan) -> caf::result<StepResult> {
         const auto& spec = st->spec;
@@ -278,7 +278,7 @@ caf::behavior executor_actor(caf::event_based_actor* self, std::shared_ptr<Execu
 
 }  // namespace
 
-caf::actor spawn_executor(caf::actor_system& sys, ExecutorSpec spec, int32_t* n_blocks) {
+ExecutorActor spawn_executor(caf::actor_system& sys, ExecutorSpec spec, int32_t* n_blocks) {
   auto st = std::make_shared<ExecutorState>();
   if (spec.backend == Backend::cpu || spec.backend == Backend::cuda) {
     if (!spec.model)

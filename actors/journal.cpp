@@ -7,9 +7,6 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
-#include <filesystem>
-#include <iostream>
-#include <map>
 #include <unordered_map>
 #include <unordered_set>
 #include <variant>
@@ -95,7 +92,7 @@ struct JournalState {
   JournalConfig cfg;
   FsyncPolicy policy = FsyncPolicy::batch;
   std::shared_ptr<JournalFile> file;
-  caf::actor egress;
+  EgressActor egress;
   std::size_t keep = 0;
   std::unordered_map<uint64_t, LiveJob> live;
   std::unordered_set<uint64_t> ending;                       // result not yet durable
@@ -122,7 +119,7 @@ struct JournalState {
   static inline const char* name = "sy.journal";
 };
 
-using Self = caf::stateful_actor<JournalState>;
+using Self = JournalActor::stateful_base<JournalState>;
 
 // A replayed job of a ROUTER client has no client any more (replay_records empties its routing
 // id; ZeroMQ never gives an empty one): its events go nowhere.
@@ -479,8 +476,9 @@ JournalStats stats(Self* self) {
   return s;
 }
 
-caf::behavior journal_actor(Self* self, JournalConfig cfg, std::shared_ptr<JournalFile> file,
-                            JournalReplay replay, std::size_t keep, caf::actor egress) {
+JournalActor::behavior_type journal_actor(Self* self, JournalConfig cfg,
+                                         std::shared_ptr<JournalFile> file, JournalReplay replay,
+                                         std::size_t keep, EgressActor egress) {
   auto& st = self->state;
   st.policy = parse_fsync_policy(cfg.fsync).value_or(FsyncPolicy::batch);
   st.cfg = std::move(cfg);
@@ -517,12 +515,6 @@ caf::behavior journal_actor(Self* self, JournalConfig cfg, std::shared_ptr<Journ
     ++st.redelivered;
   }
   arm_marks(self);
-  // Anything this actor does not know is for egress (it stands in front of it).
-  self->set_default_handler(
-      [self, egress](caf::scheduled_actor*, caf::message_view& x) -> caf::result<caf::message> {
-        self->send(egress, x.move_content_to_message());
-        return caf::message{};
-      });
   return {
       [self](journal_atom, const Job& job) { return accept(self, job); },
       [self](journal_atom, const JobOutcome& o) { end(self, o); },
@@ -561,9 +553,9 @@ caf::behavior journal_actor(Self* self, JournalConfig cfg, std::shared_ptr<Journ
 
 }  // namespace
 
-caf::actor spawn_journal(caf::actor_system& sys, JournalConfig cfg,
-                         std::shared_ptr<JournalFile> file, const JournalReplay& replay,
-                         std::size_t keep_results, caf::actor egress) {
+JournalActor spawn_journal(caf::actor_system& sys, JournalConfig cfg,
+                           std::shared_ptr<JournalFile> file, const JournalReplay& replay,
+                           std::size_t keep_results, EgressActor egress) {
   return sys.spawn(journal_actor, std::move(cfg), std::move(file), replay, keep_results,
                    std::move(egress));
 }

@@ -10,6 +10,7 @@
 
 #include "actors/journal_config.hpp"
 #include "actors/messages.hpp"
+#include "actors/protocol.hpp"
 #include "storage/journal_replay.hpp"
 
 namespace sy {
@@ -30,9 +31,16 @@ std::shared_ptr<JournalFile> open_journal(const JournalConfig& cfg, std::size_t 
 /// through; a journaled job's DoneEvent/ErrorEvent is held until admission reports the job's end
 /// ((journal_atom, JobOutcome)) and that result record is durable. `replay` seeds the live jobs
 /// (events to a ROUTER client with an empty routing id, i.e. of a replayed job, are dropped) and its
-/// `redeliver` results are sent to egress at once. Protocol: actors/messages.hpp, "Journal shapes".
-caf::actor spawn_journal(caf::actor_system& sys, JournalConfig cfg,
-                         std::shared_ptr<JournalFile> file, const JournalReplay& replay,
-                         std::size_t keep_results, caf::actor egress);
+/// `redeliver` results are sent to egress at once. Its interface (JournalActor, actors/protocol.hpp)
+/// extends egress's, so every egress message is handled here too. Beyond those it handles:
+///   (journal_atom, Job) -> uint8 0 once the accept record is durable (per the fsync policy); when
+///       it could not be written, the caf::error ErrorCode::unavailable whose context is the
+///       errno's text (admission answers `unavailable` with it);
+///   (journal_atom, JobOutcome)  a journaled job ended: its result record (no reply); its held
+///       done/error go out after the commit;
+///   (stats_atom) -> JournalStats (actors/stats.hpp, docs/durability.md).
+JournalActor spawn_journal(caf::actor_system& sys, JournalConfig cfg,
+                           std::shared_ptr<JournalFile> file, const JournalReplay& replay,
+                           std::size_t keep_results, EgressActor egress);
 
 }  // namespace sy

@@ -59,6 +59,7 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<StatusEvent>("StatusEvent");
   cfg.add_message_type<JobOutcome>("JobOutcome");
   cfg.add_message_type<EnqueueReply>("EnqueueReply");
+  cfg.add_message_type<JobStatus>("JobStatus");
   cfg.add_message_type<std::vector<uint64_t>>("std::vector<uint64_t>");
   cfg.add_message_type<TenantWeights>("TenantWeights");
   cfg.add_message_type<policy::KvPolicy>("KvPolicy");

@@ -66,25 +66,35 @@ typename Inspector::result_type inspect(Inspector& f, KvPolicy& x) {
 }
 }  // namespace policy
 
-// ---- atoms (CAF 0.17: at most 10 characters) ----
-using submit_atom = caf::atom_constant<caf::atom("submit")>;  // gateway -> admission
-using cancel_atom =
-    caf::atom_constant<caf::atom("cancel")>;  // gateway -> admission -> router/batchers
-using status_atom = caf::atom_constant<caf::atom("status")>;    // gateway -> admission
-using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;  // admission -> router (request)
-using credit_atom = caf::atom_constant<caf::atom("credit")>;  // batcher -> router: may take n more
-using run_atom = caf::atom_constant<caf::atom("run")>;        // router -> batcher: a job
-using step_atom = caf::atom_constant<caf::atom("step")>;      // batcher -> executor (request)
-using release_atom = caf::atom_constant<caf::atom("release")>;  // batcher -> executor: forget uids
-using finished_atom = caf::atom_constant<caf::atom("finished")>;  // batcher/router -> admission
-using out_atom = caf::atom_constant<caf::atom("out")>;            // anyone -> egress
-using pull_atom =
-    caf::atom_constant<caf::atom("pull")>;  // router -> egress -> gateway: PULL credit
-using drain_atom = caf::atom_constant<caf::atom("drain")>;        // shutdown: stop taking new work
-using stats_atom = caf::atom_constant<caf::atom("stats")>;        // introspection (tests, metrics)
-using tick_atom = caf::atom_constant<caf::atom("tick")>;          // self-timers
-using kvpolicy_atom = caf::atom_constant<caf::atom("kvpolicy")>;  // control -> batcher: swap policy
-using control_atom = caf::atom_constant<caf::atom("control")>;    // gateway -> control actor
+// ---- atoms (CAF 0.17: at most 10 characters), every one of the protocol. Who sends which to
+// whom, with what: actors/protocol.hpp. ----
+using submit_atom = caf::atom_constant<caf::atom("submit")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using status_atom = caf::atom_constant<caf::atom("status")>;
+using enqueue_atom = caf::atom_constant<caf::atom("enqueue")>;
+using credit_atom = caf::atom_constant<caf::atom("credit")>;
+using run_atom = caf::atom_constant<caf::atom("run")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using release_atom = caf::atom_constant<caf::atom("release")>;
+using finished_atom = caf::atom_constant<caf::atom("finished")>;
+using out_atom = caf::atom_constant<caf::atom("out")>;
+using pull_atom = caf::atom_constant<caf::atom("pull")>;
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using kvpolicy_atom = caf::atom_constant<caf::atom("kvpolicy")>;
+using control_atom = caf::atom_constant<caf::atom("control")>;
+using connect_atom = caf::atom_constant<caf::atom("connect")>;
+using metrics_atom = caf::atom_constant<caf::atom("metrics")>;
+using observe_atom = caf::atom_constant<caf::atom("observe")>;
+using ready_atom = caf::atom_constant<caf::atom("ready")>;
+using requeue_atom = caf::atom_constant<caf::atom("requeue")>;
+using retire_atom = caf::atom_constant<caf::atom("retire")>;
+using failed_atom = caf::atom_constant<caf::atom("failed")>;
+using recovered_atom = caf::atom_constant<caf::atom("recovered")>;
+using watchdog_atom = caf::atom_constant<caf::atom("watchdog")>;
+using scale_atom = caf::atom_constant<caf::atom("scale")>;
+using journal_atom = caf::atom_constant<caf::atom("journal")>;
 
 /// Where replies for a job go: a DEALER client behind the ROUTER socket (by its identity) or the
 /// pipeline results socket (PUSH).
@@ -368,6 +378,19 @@ typename Inspector::result_type inspect(Inspector& f, EnqueueReply& x) {
   return f(caf::meta::type_name("EnqueueReply"), x.result, x.position, x.retry_after_ms);
 }
 
+/// The router's answer to (status_atom, uid): where the job is. queued: `position` jobs ahead of
+/// it (were no more to arrive); running (also for a job the router does not know):
+/// `completion_tokens` generated so far, as its batcher reports them.
+struct JobStatus {
+  JobState state = JobState::queued;
+  uint32_t position = 0;
+  uint32_t completion_tokens = 0;
+};
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, JobStatus& x) {
+  return f(caf::meta::type_name("JobStatus"), x.state, x.position, x.completion_tokens);
+}
+
 /// Adds every type above to a CAF config (both nodes of a distributed deployment need it).
 void register_message_types(caf::actor_system_config& cfg);
 
@@ -381,27 +404,13 @@ void log_line(const std::string& text);
 
 }  // namespace sy
 
-// Request/response shapes (documented here, carried as plain CAF tuples):
-//   admission -> router:  (enqueue_atom, Job)        -> EnqueueReply
-//   batcher   -> executor: (step_atom, StepPlan)      -> StepResult
-//   batcher   -> executor: (release_atom, std::vector<uint64_t> uids)   (no reply)
-//   batcher   -> router:   (credit_atom, caf::actor batcher, uint32 n)   (no reply)
-//   batcher   -> router:   (finished_atom, std::vector<uint64_t> uids)   jobs it ended (no reply)
-//   router    -> batcher:  (run_atom, Job)                               (no reply)
-//   router    -> egress:   (pull_atom, uint32 credit)   PULL messages the gateway may read
-//   any       -> egress:   (out_atom, <Event>)          one of the *Event types above
-//   x         -> admission:(finished_atom, JobOutcome)
-//   gateway   -> admission:(submit_atom, SubmitRequest), (cancel_atom, KeyRequest)
-//   admission -> router:   (cancel_atom, uint64 uid)    router removes it or passes it to batchers
-//   router    -> batcher:  (cancel_atom, uint64 uid)
-//   stats_atom on an actor -> its stats record (actors/stats.hpp: AdmissionStats, RouterStats, ...)
+// Which actor takes which of these messages, and what it answers: actors/protocol.hpp.
 
-// ---- router <-> admission wiring (appended) ----
+// ---- router <-> admission wiring ----
 namespace sy {
 
 /// Wiring: (connect_atom, caf::actor admission, TenantWeights) tells the router its admission
 /// actor and the tenants' fair-share weights (spawn_admission sends it; the two actors form a cycle).
-using connect_atom = caf::atom_constant<caf::atom("connect")>;
 
 /// Tenant weights for the router's fair queuing; a tenant not listed weighs 1.
 struct TenantWeights {
@@ -414,21 +423,6 @@ typename Inspector::result_type inspect(Inspector& f, TenantWeights& x) {
 }
 
 }  // namespace sy
-
-// More shapes (router and admission):
-//   admission -> router:   (connect_atom, caf::actor admission, TenantWeights)   (no reply)
-//   admission -> router:   (status_atom, uint64 uid) -> (JobState state, uint32 queue_position,
-//                          uint32 completion_tokens) state: queued or running (also unknown); a
-//                          running job's count comes from its batcher. Router and admission
-//                          share a node, so JobState is not registered for remote use.
-//   router    -> batcher:  (status_atom, uint64 uid) -> uint32 completion tokens generated so far
-//                          (0 when it does not hold the job)
-//   admission -> router:   (pull_atom, uint32 n)  n PULL credits came back unused (pipeline
-//                          submits that admission answered itself, never enqueued)
-//   router    -> egress:   (out_atom, AcceptedEvent) for accepted ROUTER-client jobs: the router
-//                          sends it (not admission) so that it reaches egress before any chunk
-//   (drain_atom) to router: no more PULL credit; to admission: new submits get `unavailable`
-//   (cancel_atom, drain_atom) to admission: cancel every live job (shutdown, grace period over)
 
 // ---- control plane (operator commands over the request endpoint) ----
 namespace sy {
@@ -460,35 +454,8 @@ typename Inspector::result_type inspect(Inspector& f, ControlEvent& x) {
 
 }  // namespace sy
 
-// Control shapes:
-//   gateway -> control:  (control_atom, ControlRequest)
-//   control -> egress:   (out_atom, ControlEvent) or (out_atom, ErrorEvent)
-//   control -> batcher:  (kvpolicy_atom, policy::KvPolicy) -> std::string ("" swapped, else why not)
-//   stats_atom on a batcher also reports "kv_policy" (string), "policy_swaps", "pressure" (0/1),
-//   "blocks_cached", "blocks_used_peak", "prefix_hit_blocks", "prefix_hit_tokens".
-
-// ---- metrics (Prometheus /metrics, /ready: actors/metrics.hpp) ----
-namespace sy {
-using metrics_atom = caf::atom_constant<caf::atom("metrics")>;  // HTTP thread -> metrics: the text
-using observe_atom = caf::atom_constant<caf::atom("observe")>;  // wiring of the metrics actor
-using ready_atom = caf::atom_constant<caf::atom("ready")>;      // HTTP thread -> metrics: /ready
-}  // namespace sy
-
-// Metrics shapes:
-//   server     -> admission: (observe_atom, caf::actor metrics)  copy every JobOutcome there
-//   admission  -> metrics:   (finished_atom, JobOutcome, std::string class_name)  bulky fields cleared
-//   server/supervisor -> metrics: (observe_atom, caf::actor batcher, caf::actor executor)  a new
-//                             pair to count and scrape; the metrics actor monitors both
-//   HTTP       -> metrics:   (metrics_atom) -> std::string (text format 0.0.4); (ready_atom) -> bool
-
 // ---- elasticity and crash recovery (actors/supervisor.hpp) ----
 namespace sy {
-using requeue_atom = caf::atom_constant<caf::atom("requeue")>;  // batcher -> router: jobs back
-using retire_atom = caf::atom_constant<caf::atom("retire")>;    // supervisor -> batcher -> router
-using failed_atom = caf::atom_constant<caf::atom("failed")>;    // batcher -> supervisor
-using recovered_atom = caf::atom_constant<caf::atom("recovered")>;  // batcher -> supervisor
-using watchdog_atom = caf::atom_constant<caf::atom("watchdog")>;    // batcher self-timer
-using scale_atom = caf::atom_constant<caf::atom("scale")>;          // supervisor self-timer
 
 /// What a batcher reports to its supervisor when its executor failed (before it exits).
 struct PairFailure {
@@ -507,40 +474,3 @@ typename Inspector::result_type inspect(Inspector& f, PairFailure& x) {
 
 }  // namespace sy
 
-// Elasticity shapes:
-//   batcher    -> router:     (requeue_atom, std::vector<Job>)  jobs of a failed executor: they
-//                             go to the FRONT of their class (not counted against its limit)
-//   batcher    -> router:     (retire_atom, caf::actor batcher) -> uint32 credit revoked: the
-//                             router stops dispatching there; runs sent before the reply still arrive
-//   supervisor -> batcher:    (retire_atom)  take no new work, finish what is there, then exit
-//   batcher    -> supervisor: (failed_atom, PairFailure)  then the batcher exits
-//   batcher    -> supervisor: (recovered_atom, int64 fault_us, int64 now_us)  a re-queued job runs
-//                             again (its first step after the fault was planned)
-//   batcher    -> supervisor: (kvpolicy_atom, policy::KvPolicy)  an operator swap (new pairs take it)
-//   stats_atom on a batcher also reports "ongoing" (running + waiting) and "idle_since_us"
-//   (0 while it holds jobs); on the router "waiting_total", "oldest_wait_ms", "requeued",
-//   "retry_queued"; on the supervisor the batchers' counters summed plus its own (executors,
-//   scale_ups, scale_downs, executor_failures, replacements, requeued, recoveries,
-//   recovery_ms_last, recovery_ms_max, detect_ms_last).
-
-// ---- durability (actors/journal.hpp, docs/durability.md) ----
-namespace sy {
-using journal_atom = caf::atom_constant<caf::atom("journal")>;  // admission -> journal
-}  // namespace sy
-
-// Journal shapes (the journal actor also stands in front of egress: it takes every (out_atom,
-// *Event) and (pull_atom, n) and forwards it, holding a journaled job's done/error until that
-// job's result record is durable):
-//   admission -> journal: (journal_atom, Job) -> uint8 0 once the accept record is durable (per
-//                         the fsync policy); when it could not be written, the caf::error
-//                         ErrorCode::unavailable whose context is the errno's text (admission
-//                         answers `unavailable` with it)
-//   admission -> journal: (journal_atom, JobOutcome)  a journaled job ended: its result record
-//                         (no reply); its held done/error go out after the commit
-//   stats_atom on the journal -> accepted, results, syncs, held, live, redelivered, ...,
-//                         write_errors, failing, refused, unwritten (docs/durability.md)
-
-// Metrics of the supervisor (actors/metrics.hpp, docs/metrics.md):
-//   supervisor -> metrics: (observe_atom, caf::actor batcher, caf::actor executor, int32 slot)
-//                          a new pair; the slot is its executor="N" label
-//   supervisor -> metrics: (recovered_atom, int64 fault_us, int64 at_us)  once per fault

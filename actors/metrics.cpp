@@ -97,7 +97,8 @@ struct OwnMetrics {
 
 // One batcher+executor pair and the batcher's last stats (kept so that its counters survive it).
 struct Pair {
-  caf::actor batcher, executor;
+  BatcherActor batcher;
+  ExecutorActor executor;
   std::string label;  // its executor="..." label value
   bool batcher_alive = true, executor_alive = true;
   BatcherStats last;
@@ -121,7 +122,7 @@ struct MetricsState {
   static inline const char* name = "sy.metrics";
 };
 
-using Self = caf::stateful_actor<MetricsState>;
+using Self = MetricsActor::stateful_base<MetricsState>;
 
 std::string outcome_name(const JobOutcome& o) {
   if (o.outcome == Outcome::done) return "done";
@@ -167,7 +168,7 @@ void record(Self* self, const JobOutcome& o, const std::string& cls) {
 
 // The answers of one scrape.
 struct Scrape {
-  caf::response_promise rp;
+  caf::typed_response_promise<std::string> rp;
   size_t owed = 0;
   AdmissionStats admission;
   RouterStats router;
@@ -387,8 +388,8 @@ void answered(Self* self, const std::shared_ptr<Scrape>& s) {
 
 // Asks `a` for its stats record R; `keep` stores the answer. No answer in time: the scrape goes
 // on with what it has (zeros, or a batcher's last values).
-template <class R, class Keep>
-void ask(Self* self, const std::shared_ptr<Scrape>& s, const caf::actor& a, Keep keep) {
+template <class R, class Handle, class Keep>
+void ask(Self* self, const std::shared_ptr<Scrape>& s, const Handle& a, Keep keep) {
   ++s->owed;
   self->request(a, self->state.w.ask_timeout, stats_atom::value)
       .then(
@@ -399,9 +400,9 @@ void ask(Self* self, const std::shared_ptr<Scrape>& s, const caf::actor& a, Keep
           [=](caf::error&) { answered(self, s); });
 }
 
-caf::response_promise scrape(Self* self) {
+caf::typed_response_promise<std::string> scrape(Self* self) {
   auto s = std::make_shared<Scrape>();
-  s->rp = self->make_response_promise();
+  s->rp = self->make_response_promise<std::string>();
   auto& st = self->state;
   ++s->owed;  // held until every request is out, so an early answer cannot complete the scrape
   if (st.w.admission)
@@ -448,7 +449,7 @@ void on_down(Self* self, const caf::down_msg& dm) {
   }
 }
 
-void add_pair(Self* self, const caf::actor& batcher, const caf::actor& executor,
+void add_pair(Self* self, const BatcherActor& batcher, const ExecutorActor& executor,
               std::string label) {
   auto& st = self->state;
   Pair p;
@@ -462,16 +463,17 @@ void add_pair(Self* self, const caf::actor& batcher, const caf::actor& executor,
   st.pairs.emplace(st.next_pair++, std::move(p));
 }
 
-caf::behavior metrics_actor(Self* self, MetricsWiring w) {
+MetricsActor::behavior_type metrics_actor(Self* self, MetricsWiring w) {
   self->state.w = std::move(w);
   self->state.configured.insert(self->state.w.tenants.begin(), self->state.w.tenants.end());
   self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
   return {
       [self](finished_atom, const JobOutcome& o, const std::string& cls) { record(self, o, cls); },
-      [self](observe_atom, caf::actor& batcher, caf::actor& executor) {
+      [self](observe_atom, const BatcherActor& batcher, const ExecutorActor& executor) {
         add_pair(self, batcher, executor, std::to_string(self->state.next_pair));
       },
-      [self](observe_atom, caf::actor& batcher, caf::actor& executor, int32_t slot) {
+      [self](observe_atom, const BatcherActor& batcher, const ExecutorActor& executor,
+             int32_t slot) {
         add_pair(self, batcher, executor, std::to_string(slot));
       },
       [self](recovered_atom, int64_t fault_us, int64_t at_us) {
@@ -496,7 +498,7 @@ caf::behavior metrics_actor(Self* self, MetricsWiring w) {
 
 }  // namespace
 
-caf::actor spawn_metrics(caf::actor_system& sys, MetricsWiring wiring) {
+MetricsActor spawn_metrics(caf::actor_system& sys, MetricsWiring wiring) {
   return sys.spawn(metrics_actor, std::move(wiring));
 }
 

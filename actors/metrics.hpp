@@ -2,8 +2,6 @@
 // records (actors/stats.hpp) when scraped; prometheus-cpp keeps the registry and writes the text.
 #pragma once
 
-#include <caf/actor.hpp>
-#include <caf/fwd.hpp>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -11,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/protocol.hpp"
 #include "actors/stats.hpp"
 
 namespace sy {
@@ -25,13 +24,14 @@ inline constexpr const char* kContentType = "text/plain; version=0.0.4; charset=
 /// What the metrics actor reads from. Batcher+executor pairs are added by message (observe_atom),
 /// so that pairs spawned later (an elastic supervisor) are counted too.
 struct MetricsWiring {
-  caf::actor admission, router;
+  AdmissionActor admission;
+  RouterActor router;
   /// The supervisor, asked for stats_atom at scrape time: executors by state, scale events,
   /// failures by reason, re-queued jobs. May be invalid (then those series read 0).
-  caf::actor supervisor;
+  SupervisorActor supervisor;
   /// The journal actor (actors/journal.hpp), asked for stats_atom at scrape time: write errors
   /// and whether it is failing now. Invalid without a journal (then those series are left out).
-  caf::actor journal;
+  JournalActor journal;
   /// Reads the gateway's counters (curve_refused, intake_refused, connections_*). The gateway is
   /// no actor; its counters are atomics that any thread may read. Empty: those series read 0.
   std::function<EdgeStats()> gateway_stats;
@@ -52,10 +52,10 @@ struct MetricsWiring {
 ///       per job): switchyard_jobs_total{class,tenant,outcome} (tenant: see max_tenant_labels);
 ///       for outcome done the queue-time, time-to-first-token, time-per-output-token and
 ///       end-to-end histograms by class; token and prefix-hit counters;
-///   (observe_atom, caf::actor batcher, caf::actor executor)  a pair to scrape; both are monitored,
+///   (observe_atom, BatcherActor batcher, ExecutorActor executor)  a pair to scrape; both are monitored,
 ///       a dead batcher's counters stay in the totals, a dead executor stops counting as running;
 ///       its series carry executor="<registration number>";
-///   (observe_atom, caf::actor batcher, caf::actor executor, int32_t slot)  the same from the
+///   (observe_atom, BatcherActor batcher, ExecutorActor executor, int32_t slot)  the same from the
 ///       supervisor: executor="<slot>", so a replacement in the same slot continues its series
 ///       (per-executor counters keep what the pairs before it counted);
 ///   (recovered_atom, int64 fault_us, int64 at_us)  one recovery (the supervisor sends the first
@@ -65,6 +65,6 @@ struct MetricsWiring {
 ///   (ready_atom) -> bool  whether at least one executor is alive (an executor exists only once its
 ///       model is loaded: spawn_executor builds the engine before the actor starts) and admission
 ///       is not draining (`ctl drain`, shutdown).
-caf::actor spawn_metrics(caf::actor_system& sys, MetricsWiring wiring);
+MetricsActor spawn_metrics(caf::actor_system& sys, MetricsWiring wiring);
 
 }  // namespace sy

@@ -187,7 +187,8 @@ RouterStats stats(Self* self) {
   return s;
 }
 
-caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf::actor admission,
+RouterActor::behavior_type router_actor(Self* self, RouterConfig cfg, EgressActor egress,
+                                       AdmissionActor admission,
                            std::vector<TenantConfig> tenants, RouterOptions opts) {
   auto& st = self->state;
   cfg.classes = effective_classes(std::move(cfg.classes));
@@ -224,7 +225,7 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
   grant_pull(self);
   return {
       [self](enqueue_atom, Job& job) { return enqueue(self, std::move(job)); },
-      [self](credit_atom, const caf::actor& batcher, uint32_t n) {
+      [self](credit_atom, const BatcherActor& batcher, uint32_t n) {
         auto& s = self->state;
         if (!batcher) return;
         auto it = std::find_if(s.batchers.begin(), s.batchers.end(),
@@ -251,7 +252,7 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
         }
         dispatch(self);
       },
-      [self](retire_atom, const caf::actor& batcher) -> uint32_t {
+      [self](retire_atom, const BatcherActor& batcher) -> uint32_t {
         auto& s = self->state;
         auto it = std::find_if(s.batchers.begin(), s.batchers.end(),
                                [&](const BatcherCredit& b) { return b.handle == batcher; });
@@ -261,7 +262,7 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
         // Still monitored: a retiring batcher finishes its jobs first, and should it go down
         // before that, they are recovered like any other batcher's.
         if (it->running.empty())
-          self->demonitor(batcher);
+          self->demonitor(batcher.address());
         else
           s.retiring[batcher.address()] = std::move(it->running);
         s.batchers.erase(it);
@@ -274,7 +275,7 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
         s.pull_outstanding -= std::min<uint64_t>(n, s.pull_outstanding);
         grant_pull(self);
       },
-      [self](connect_atom, caf::actor& adm, const TenantWeights& w) {
+      [self](connect_atom, const AdmissionActor& adm, const TenantWeights& w) {
         auto& s = self->state;
         s.admission = adm.address();
         for (std::size_t i = 0; i < w.names.size() && i < w.weights.size(); ++i)
@@ -298,8 +299,8 @@ caf::behavior router_actor(Self* self, RouterConfig cfg, caf::actor egress, caf:
 
 }  // namespace router_detail
 
-caf::actor spawn_router(caf::actor_system& sys, RouterConfig cfg, caf::actor egress,
-                        caf::actor admission, std::vector<TenantConfig> tenants,
+RouterActor spawn_router(caf::actor_system& sys, RouterConfig cfg, EgressActor egress,
+                         AdmissionActor admission, std::vector<TenantConfig> tenants,
                         RouterOptions opts) {
   // Validate here so that a bad class list throws at the caller instead of killing the actor.
   policy::FairQueue check(effective_classes(cfg.classes));

@@ -2,14 +2,13 @@
 // jobs whose deadline passes while queued, and dispatches jobs to batchers only against credit.
 #pragma once
 
-#include <caf/actor.hpp>
-#include <caf/fwd.hpp>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "actors/admission_config.hpp"
+#include "actors/protocol.hpp"
 #include "actors/router_config.hpp"
 #include "policies/qos.hpp"
 #include "policies/retry.hpp"
@@ -51,18 +50,18 @@ std::vector<policy::PriorityClass> effective_classes(std::vector<policy::Priorit
 ///       result accepted (an AcceptedEvent goes to egress for ROUTER clients), full (class queue
 ///       full; retry_after_ms = jobs ahead / measured dispatch rate, clamped), unknown_class.
 ///       Pipeline jobs are never refused while the queue is full: they wait in a small overflow.
-///   (credit_atom, caf::actor batcher, uint32 n)  the batcher takes n more jobs; the router
+///   (credit_atom, BatcherActor batcher, uint32 n)  the batcher takes n more jobs; the router
 ///       dispatches (run_atom, Job) to the batcher with the most credit, highest priority first.
 ///       With cfg.prefix_affinity, to the batcher it earlier sent the job's longest leading
 ///       prompt blocks instead, unless that one has more than cfg.prefix_affinity_slack credits
 ///       fewer than the freest (policies/prefix_route.hpp; docs/elasticity.md).
 ///   (cancel_atom, uint64 uid)  a queued job is removed (DoneEvent finish=cancelled to the client,
 ///       JobOutcome outcome=cancelled to admission); otherwise forwarded to every batcher.
-///   (status_atom, uint64 uid) -> (JobState state, uint32 position, uint32 completion_tokens)
-///       queued (jobs ahead of it were no more to arrive, 0) or running/unknown (0, tokens
-///       generated so far as its batcher reports them; 0 when no batcher holds it).
+///   (status_atom, uint64 uid) -> JobStatus {state, position, completion_tokens}
+///       queued (jobs ahead of it were no more to arrive) or running/unknown (tokens generated
+///       so far as its batcher reports them; 0 when no batcher holds it).
 ///   (pull_atom, uint32 n)  n PULL credits came back unused (admission answered those submits).
-///   (connect_atom, caf::actor admission, TenantWeights)   wiring.
+///   (connect_atom, AdmissionActor admission, TenantWeights)   wiring.
 ///   (drain_atom)  stop granting PULL credit (shutdown).
 ///   (drain_atom, bool on)  the same for the operator's drain; false grants credit again.
 ///   (requeue_atom, std::vector<Job>)  jobs of a failed executor: they go before every queued
@@ -73,7 +72,7 @@ std::vector<policy::PriorityClass> effective_classes(std::vector<policy::Priorit
 ///       jobs it neither ended nor sent back, they are re-queued like an executor failure's, except
 ///       streamed ones (their text cannot be resumed) and jobs past max_job_retries, which end
 ///       with engine_dead. A retiring batcher stays watched until it has ended its jobs.
-///   (retire_atom, caf::actor batcher) -> uint32  the batcher leaves (scale down or failure):
+///   (retire_atom, BatcherActor batcher) -> uint32  the batcher leaves (scale down or failure):
 ///       its credit is revoked (the number is the reply) and nothing more is dispatched to it.
 ///   (stats_atom) -> RouterStats (actors/stats.hpp): enqueued, dispatched, expired,
 ///       cancelled, rejected_full, overflowed, queued, overflow, credit, pull_outstanding,
@@ -85,8 +84,8 @@ std::vector<policy::PriorityClass> effective_classes(std::vector<policy::Priorit
 /// Sends (pull_atom, uint32 n) to egress: n more pipeline submits may be read (additive).
 /// Expired jobs get ErrorEvent deadline_exceeded and are never dispatched: the queue is swept
 /// before every dispatch and by a timer set to the earliest expiry.
-caf::actor spawn_router(caf::actor_system& sys, RouterConfig cfg, caf::actor egress,
-                        caf::actor admission = caf::actor{}, std::vector<TenantConfig> tenants = {},
-                        RouterOptions opts = {});
+RouterActor spawn_router(caf::actor_system& sys, RouterConfig cfg, EgressActor egress,
+                         AdmissionActor admission = {}, std::vector<TenantConfig> tenants = {},
+                         RouterOptions opts = {});
 
 }  // namespace sy

@@ -99,7 +99,7 @@ std::optional<uint32_t> jobs_ahead(const RouterState& st, uint64_t uid) {
 }  // namespace
 
 void report(Self* self, JobOutcome o) {
-  if (auto a = caf::actor_cast<caf::actor>(self->state.admission))
+  if (auto a = caf::actor_cast<AdmissionActor>(self->state.admission))
     self->send(a, finished_atom::value, std::move(o));
 }
 
@@ -205,24 +205,24 @@ std::optional<std::size_t> retry_first(RouterState& st) {
 
 /// Answers a status request: (queued, jobs ahead, 0), or (running, 0, completion tokens so far)
 /// with the count asked of the batcher that runs the job (0 when none answers).
-caf::result<JobState, uint32_t, uint32_t> job_status(Self* self, uint64_t uid) {
+caf::result<JobStatus> job_status(Self* self, uint64_t uid) {
   auto& st = self->state;
-  if (auto ahead = jobs_ahead(st, uid)) return {JobState::queued, *ahead, uint32_t{0}};
-  caf::actor where;
+  if (auto ahead = jobs_ahead(st, uid)) return JobStatus{JobState::queued, *ahead, 0};
+  BatcherActor where;
   for (const auto& b : st.batchers)
     if (b.running.count(uid)) where = b.handle;
   if (!where)
     for (const auto& [addr, jobs] : st.retiring)
-      if (jobs.count(uid)) where = caf::actor_cast<caf::actor>(addr);
-  if (!where) return {JobState::running, uint32_t{0}, uint32_t{0}};
-  auto rp = self->make_response_promise<JobState, uint32_t, uint32_t>();
+      if (jobs.count(uid)) where = caf::actor_cast<BatcherActor>(addr);
+  if (!where) return JobStatus{JobState::running, 0, 0};
+  auto rp = self->make_response_promise<JobStatus>();
   // A batcher answers from its own state at once; the bound only covers one that is going down.
   self->request(where, std::chrono::seconds(2), status_atom::value, uid)
       .then(
           [rp](uint32_t generated) mutable {
-            rp.deliver(JobState::running, uint32_t{0}, generated);
+            rp.deliver(JobStatus{JobState::running, 0, generated});
           },
-          [rp](caf::error&) mutable { rp.deliver(JobState::running, uint32_t{0}, uint32_t{0}); });
+          [rp](caf::error&) mutable { rp.deliver(JobStatus{JobState::running, 0, 0}); });
   return rp;
 }
 

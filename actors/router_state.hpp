@@ -17,6 +17,7 @@
 
 #include "actors/messages.hpp"
 #include "actors/outcomes.hpp"
+#include "actors/protocol.hpp"
 #include "actors/router.hpp"
 #include "ingress/error_code.hpp"
 #include "policies/prefix_route.hpp"
@@ -36,7 +37,7 @@ struct Held {
 };
 
 struct BatcherCredit {
-  caf::actor handle;
+  BatcherActor handle;
   uint64_t credit = 0;
   // Leading prompt blocks sent to this batcher; it goes with the entry when the batcher retires
   // or goes down, so a replacement starts cold like its real cache.
@@ -52,7 +53,7 @@ struct RouterState {
   RouterOptions opts;
   std::optional<policy::FairQueue> queue;
   std::unordered_map<std::string, double> weights;
-  caf::actor egress;
+  EgressActor egress;
   // Weak: admission holds the router strongly, so a strong handle back would make a cycle that
   // keeps both alive past shutdown.
   caf::actor_addr admission;
@@ -79,7 +80,7 @@ struct RouterState {
   static inline const char* name = "sy.router";
 };
 
-using Self = caf::stateful_actor<RouterState>;
+using Self = RouterActor::stateful_base<RouterState>;
 
 inline int64_t clock_ms(Self* self) {
   return clock_us(self) / 1000;
@@ -98,7 +99,7 @@ void refill(Self* self, std::size_t ci);
 void grant_pull(Self* self);
 void arm_timer(Self* self, int64_t now_ms);
 std::optional<std::size_t> retry_first(RouterState& st);
-caf::result<JobState, uint32_t, uint32_t> job_status(Self* self, uint64_t uid);
+caf::result<JobStatus> job_status(Self* self, uint64_t uid);
 EnqueueReply enqueue(Self* self, Job job);
 void cancel(Self* self, uint64_t uid);
 

@@ -19,7 +19,8 @@ namespace {
 
 struct Pair {
   uint64_t id = 0;
-  caf::actor batcher, executor;
+  BatcherActor batcher;
+  ExecutorActor executor;
   int slot = 0;
   bool retiring = false;
   bool failed = false;  // its batcher reported an executor failure
@@ -28,7 +29,7 @@ struct Pair {
 struct SupervisorState {
   SupervisorConfig cfg;
   SupervisorWiring w;
-  caf::actor control;
+  ControlActor control;
   std::vector<Pair> pairs;
   policy::AutoscaleState scale;
   uint64_t next_id = 1;
@@ -45,7 +46,7 @@ struct SupervisorState {
   static inline const char* name = "sy.supervisor";
 };
 
-using Self = caf::stateful_actor<SupervisorState>;
+using Self = SupervisorActor::stateful_base<SupervisorState>;
 
 int active_count(const SupervisorState& st) {
   return static_cast<int>(
@@ -55,7 +56,7 @@ int active_count(const SupervisorState& st) {
 void notify_control(Self* self) {
   auto& st = self->state;
   if (!st.control) return;
-  std::vector<caf::actor> bs;
+  std::vector<BatcherActor> bs;
   for (const Pair& p : st.pairs)
     if (!p.retiring) bs.push_back(p.batcher);
   self->send(st.control, connect_atom::value, std::move(bs));
@@ -94,7 +95,8 @@ bool spawn_pair(Self* self) {
   p.slot = slot;
   int32_t n_blocks = st.cfg.n_blocks;  // 0: the engine sizes its pool from device memory
   try {
-    p.executor = spawn_executor(self->system(), spec, &n_blocks);
+    p.executor = st.cfg.make_executor ? st.cfg.make_executor(self->system(), spec, &n_blocks)
+                                      : spawn_executor(self->system(), spec, &n_blocks);
   } catch (const std::exception& e) {
     // An engine that cannot be built (the model or its KV cache does not fit the device, no
     // device) must not take the supervisor down: at start-up the server reports it and exits,
@@ -109,7 +111,7 @@ bool spawn_pair(Self* self) {
                   std::to_string(st.cfg.batching.kv_block_size) +
                   " tokens (sized from the device's free memory)");
   BatcherExtras extras;
-  extras.supervisor = caf::actor_cast<caf::actor>(self);
+  extras.supervisor = SupervisorActor(self);
   extras.pair = p.id;
   extras.window_blocks = spec.n_window_blocks;  // the engine's window group, if it has one
   if (first) extras.test_fault_throw_after = st.cfg.test_fault_batcher_throw_after;
@@ -151,7 +153,7 @@ void retire_pair(Self* self, uint64_t id, const std::string& reason) {
 // Asks every batcher in `to` for its stats; `done` gets the answers (nullopt for failures and
 // timeouts) once all are in.
 template <class F>
-void gather(Self* self, std::vector<caf::actor> to, F done) {
+void gather(Self* self, std::vector<BatcherActor> to, F done) {
   struct Round {
     std::vector<std::optional<BatcherStats>> out;
     size_t owed = 0;
@@ -190,7 +192,7 @@ void tick(Self* self) {
   auto& st = self->state;
   if (st.tick_busy) return;
   st.tick_busy = true;
-  std::vector<caf::actor> to;
+  std::vector<BatcherActor> to;
   std::vector<uint64_t> ids;
   for (const Pair& p : st.pairs) {
     to.push_back(p.batcher);
@@ -265,7 +267,7 @@ SupervisorStats own_stats(const SupervisorState& st) {
   return s;
 }
 
-caf::behavior supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWiring wiring) {
+SupervisorActor::behavior_type supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWiring wiring) {
   auto& st = self->state;
   cfg.knobs.max_executors =
       std::min<int>(std::max(cfg.knobs.max_executors, 1), static_cast<int>(cfg.slots.size()));
@@ -310,14 +312,14 @@ caf::behavior supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWirin
   add_pairs(self, st.cfg.knobs.min_executors, "start", false);
   arm_tick(self);
   return {
-      [self](observe_atom, const caf::actor& metrics) {
+      [self](observe_atom, const MetricsActor& metrics) {
         auto& s = self->state;
         s.w.metrics = metrics;
         for (const Pair& p : s.pairs)
           self->send(metrics, observe_atom::value, p.batcher, p.executor,
                      static_cast<int32_t>(p.slot));
       },
-      [self](connect_atom, const caf::actor& control) -> std::string {
+      [self](connect_atom, const ControlActor& control) -> std::string {
         self->state.control = control;
         notify_control(self);
         // The control actor has the batcher list before this answer arrives. With no pair
@@ -359,7 +361,7 @@ caf::behavior supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWirin
       [self](scale_atom) { tick(self); },
       [self](stats_atom) -> caf::result<SupervisorStats> {
         auto rp = self->make_response_promise<SupervisorStats>();
-        std::vector<caf::actor> to;
+        std::vector<BatcherActor> to;
         for (const Pair& p : self->state.pairs) to.push_back(p.batcher);
         gather(self, to, [self, rp](const std::vector<std::optional<BatcherStats>>& all) mutable {
           SupervisorStats s = own_stats(self->state);
@@ -375,7 +377,7 @@ caf::behavior supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWirin
 
 }  // namespace
 
-caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorConfig cfg, SupervisorWiring wiring) {
+SupervisorActor spawn_supervisor(caf::actor_system& sys, SupervisorConfig cfg, SupervisorWiring wiring) {
   if (cfg.slots.empty()) cfg.slots = policy::executor_slots(false, 0, cfg.knobs.max_executors);
   return sys.spawn(supervisor_actor, std::move(cfg), std::move(wiring));
 }

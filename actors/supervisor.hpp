@@ -2,15 +2,15 @@
 // policy::decide_autoscale), replaces a pair whose executor crashed or hung, and measures recovery.
 #pragma once
 
-#include <caf/actor.hpp>
-#include <caf/fwd.hpp>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
-#include "actors/executor.hpp"
-#include "policies/autoscale.hpp"
 #include "actors/batcher_config.hpp"
+#include "actors/executor.hpp"
+#include "actors/protocol.hpp"
+#include "policies/autoscale.hpp"
 
 namespace sy {
 
@@ -34,23 +34,29 @@ struct SupervisorConfig {
   int64_t ask_timeout_ms = 1000;
   /// TEST ONLY: the first batcher throws after this many steps (0: never).
   int32_t test_fault_batcher_throw_after = 0;
+  /// Builds each pair's executor, as spawn_executor (the default, when empty) with the same
+  /// arguments: the spec, and the KV block count in and out. Tests give a stand-in executor.
+  std::function<ExecutorActor(caf::actor_system&, const ExecutorSpec&, int32_t* n_blocks)>
+      make_executor;
 };
 
 /// The actors the pairs talk to (any may be invalid in tests).
 struct SupervisorWiring {
-  caf::actor router, egress, admission;
+  RouterActor router;
+  EgressActor egress;
+  AdmissionActor admission;
   /// gets (observe_atom, batcher, executor, int32 slot) for every new pair and
   /// (recovered_atom, fault_us, at_us) for every recovery
-  caf::actor metrics;
+  MetricsActor metrics;
   std::shared_ptr<const LlamaModel> model;  ///< shared by every batcher (already loaded)
 };
 
 /// Spawns the supervisor; it starts min_executors pairs at once. Handles:
-///   (connect_atom, caf::actor control)  the control actor gets (connect_atom,
-///       std::vector<caf::actor> batchers) now and whenever the set of pairs changes; answers a
+///   (connect_atom, ControlActor control)  the control actor gets (connect_atom,
+///       std::vector<BatcherActor> batchers) now and whenever the set of pairs changes; answers a
 ///       string once the list is sent (a caller that waits for it knows control has the list):
 ///       empty, or, when no pair runs, why the last executor could not be built;
-///   (observe_atom, caf::actor metrics)  the metrics actor gets (observe_atom, batcher,
+///   (observe_atom, MetricsActor metrics)  the metrics actor gets (observe_atom, batcher,
 ///       executor, int32 slot) for every pair now and later, and (recovered_atom, fault_us,
 ///       at_us) for every recovery from then on;
 ///   (failed_atom, PairFailure)  a batcher's executor failed (the batcher re-queued its jobs and
@@ -66,6 +72,6 @@ struct SupervisorWiring {
 ///       recovery_ms_max, detect_ms_last (fault -> detection).
 /// Scale events and failures are logged on stdout ("switchyard: supervisor: ...").
 /// An exit message stops every pair, then the supervisor.
-caf::actor spawn_supervisor(caf::actor_system& sys, SupervisorConfig cfg, SupervisorWiring wiring);
+SupervisorActor spawn_supervisor(caf::actor_system& sys, SupervisorConfig cfg, SupervisorWiring wiring);
 
 }  // namespace sy

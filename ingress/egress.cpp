@@ -91,8 +91,8 @@ OutMessage encode_event(const ControlEvent& e) {
   return make(e.to, "", "", false, wire::ControlReply{e.command, sanitize_utf8(e.result)});
 }
 
-caf::actor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox) {
-  return sys.spawn([outbox](caf::event_based_actor*) -> caf::behavior {
+EgressActor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox) {
+  return sys.spawn([outbox](EgressActor::pointer) -> EgressActor::behavior_type {
     // The results socket carries only done and error: other events for pipeline jobs are dropped.
     auto to_router = [](const ClientRef& c) { return c.kind == ClientRef::router; };
     return {

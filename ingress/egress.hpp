@@ -8,6 +8,7 @@
 #include <string>
 
 #include "actors/messages.hpp"
+#include "actors/protocol.hpp"
 
 namespace sy {
 
@@ -34,7 +35,7 @@ class Outbox {
 /// Spawns the egress actor. It handles (out_atom, AcceptedEvent|TokensEvent|DoneEvent|ErrorEvent|
 /// StatusEvent|ControlEvent) and (pull_atom, uint32 n). Events for pipeline clients other than
 /// done/error are dropped (the results socket carries only those).
-caf::actor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox);
+EgressActor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox);
 
 /// The encoding the egress applies to each event (exposed for tests and for the fuzz seeds).
 OutMessage encode_event(const AcceptedEvent& e);

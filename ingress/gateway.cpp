@@ -292,8 +292,8 @@ struct Gateway::Impl {
   bool started = false, joined = false;
 
   std::mutex admission_mu;  // guards admission and control
-  caf::actor admission;
-  caf::actor control;
+  AdmissionActor admission;
+  ControlActor control;
 
   // Shared with other threads.
   std::mutex out_mu;
@@ -329,12 +329,12 @@ struct Gateway::Impl {
     [[maybe_unused]] auto n = ::write(efd, &one, sizeof one);
   }
 
-  caf::actor get_admission() {
+  AdmissionActor get_admission() {
     std::lock_guard<std::mutex> lk(admission_mu);
     return admission;
   }
 
-  caf::actor get_control() {
+  ControlActor get_control() {
     std::lock_guard<std::mutex> lk(admission_mu);
     return control;
   }
@@ -958,12 +958,12 @@ Gateway::~Gateway() {
   if (impl_->efd >= 0) ::close(impl_->efd);
 }
 
-void Gateway::set_admission(caf::actor admission) {
+void Gateway::set_admission(AdmissionActor admission) {
   std::lock_guard<std::mutex> lk(impl_->admission_mu);
   impl_->admission = std::move(admission);
 }
 
-void Gateway::set_control(caf::actor control) {
+void Gateway::set_control(ControlActor control) {
   std::lock_guard<std::mutex> lk(impl_->admission_mu);
   impl_->control = std::move(control);
 }
@@ -1067,8 +1067,8 @@ void Gateway::stop(std::chrono::milliseconds grace) {
     d.joined = true;
   }
   d.closed = true;
-  set_admission(caf::actor());
-  set_control(caf::actor());
+  set_admission(AdmissionActor());
+  set_control(ControlActor());
   std::lock_guard<std::mutex> lk(d.out_mu);
   d.inbox.clear();
 }

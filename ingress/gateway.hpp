@@ -13,6 +13,7 @@
 #include "ingress/codec.hpp"
 #include "ingress/endpoint_config.hpp"
 #include "ingress/intake_meter.hpp"
+#include "actors/protocol.hpp"
 #include "ingress/egress.hpp"
 
 namespace sy {
@@ -71,10 +72,10 @@ class Gateway : public Outbox {
   /// Where decoded requests go: (submit_atom, SubmitRequest), (cancel_atom, KeyRequest),
   /// (status_atom, KeyRequest). May be called before or after start(); until then submits are
   /// answered with `unavailable`.
-  void set_admission(caf::actor admission);
+  void set_admission(AdmissionActor admission);
   /// Where decoded `control` messages go: (control_atom, ControlRequest). Until set, they are
   /// answered with `unavailable`.
-  void set_control(caf::actor control);
+  void set_control(ControlActor control);
   /// Binds the sockets and starts the thread; throws std::runtime_error naming the address when
   /// one cannot be bound (malformed, busy).
   void start();

@@ -23,7 +23,7 @@ HttpReply text(int status, std::string body) {
 
 }  // namespace
 
-HttpReply metrics_route(caf::actor_system& sys, const caf::actor& metrics,
+HttpReply metrics_route(caf::actor_system& sys, const MetricsActor& metrics,
                         std::chrono::milliseconds timeout, const std::string& method,
                         const std::string& path) {
   if (path != "/metrics" && path != "/health" && path != "/ready")
@@ -52,7 +52,7 @@ HttpReply metrics_route(caf::actor_system& sys, const caf::actor& metrics,
   return r;
 }
 
-MetricsEndpoint::MetricsEndpoint(caf::actor_system& sys, caf::actor metrics, std::string bind)
+MetricsEndpoint::MetricsEndpoint(caf::actor_system& sys, MetricsActor metrics, std::string bind)
     : http_(std::make_unique<HttpServer>(
           std::move(bind), [&sys, metrics](const std::string& method, const std::string& path) {
             return metrics_route(sys, metrics, kAskTimeout, method, path);

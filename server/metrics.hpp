@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "actors/protocol.hpp"
 #include "server/http.hpp"
 
 namespace sy {
@@ -16,14 +17,14 @@ namespace sy {
 /// actor does not answer within `timeout`); /health -> 200 (the process serves); /ready -> 200
 /// when the metrics actor says an executor is up, else 503; another method on these paths -> 405;
 /// any other path -> 404.
-HttpReply metrics_route(caf::actor_system& sys, const caf::actor& metrics,
+HttpReply metrics_route(caf::actor_system& sys, const MetricsActor& metrics,
                         std::chrono::milliseconds timeout, const std::string& method,
                         const std::string& path);
 
 /// The HTTP thread of the operator endpoints, bound to `bind` ("HOST:PORT").
 class MetricsEndpoint {
  public:
-  MetricsEndpoint(caf::actor_system& sys, caf::actor metrics, std::string bind);
+  MetricsEndpoint(caf::actor_system& sys, MetricsActor metrics, std::string bind);
   /// Binds and starts (throws std::runtime_error on a bad or busy address).
   void start();
   /// "HOST:PORT" as bound.

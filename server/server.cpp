@@ -68,18 +68,20 @@ struct Server::Impl {
   std::unique_ptr<caf::actor_system> sys;
   std::shared_ptr<LlamaModel> model;
   std::shared_ptr<Gateway> gateway;
-  caf::actor egress, router, admission, control;
-  caf::actor journal;  // only with a journal_location(); stands in front of egress
-  std::vector<caf::actor> executors, batchers;
-  caf::actor supervisor;  // owns the batcher+executor pairs (elastic, crash recovery)
+  EgressActor egress;
+  RouterActor router;
+  AdmissionActor admission;
+  ControlActor control;
+  JournalActor journal;  // only with a journal_location(); stands in front of egress
+  SupervisorActor supervisor;  // owns the batcher+executor pairs (elastic, crash recovery)
   bool started = false;
   bool stopped = false;
-  caf::actor metrics;  // only with cfg.metrics.bind set
+  MetricsActor metrics;  // only with cfg.metrics.bind set
   std::unique_ptr<MetricsEndpoint> metrics_http;
 
   // Asks one actor for its stats record R; nullopt on timeout or error.
-  template <class R>
-  std::optional<R> ask_stats(const caf::actor& a) {
+  template <class R, class Handle>
+  std::optional<R> ask_stats(const Handle& a) {
     std::optional<R> out;
     if (!a) return out;
     caf::scoped_actor self{*sys};
@@ -119,7 +121,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   d.egress = spawn_egress(*d.sys, d.gateway);
   // With a journal, every job event goes through the journal actor on its way to egress, so that
   // a journaled job's done/error leaves only once its result is durable (docs/durability.md).
-  caf::actor out = d.egress;
+  EgressActor out = d.egress;
   JournalReplay replay;
   std::string why_no_journal;
   const std::string journal_path = journal_location(c, &why_no_journal);
@@ -138,7 +140,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
         spawn_journal(*d.sys, jc, std::move(file), replay, c.admission.result_cache, d.egress);
     out = d.journal;
   }
-  d.router = spawn_router(*d.sys, c.router, out, caf::actor{}, c.admission.tenants);
+  d.router = spawn_router(*d.sys, c.router, out, AdmissionActor{}, c.admission.tenants);
   if (d.journal)
     d.admission =
         spawn_admission(*d.sys, admission_cfg, effective_classes(c.router.classes),
@@ -239,7 +241,6 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   cw.admission = d.admission;
   cw.router = d.router;
   cw.egress = d.egress;
-  cw.batchers = d.batchers;
   // A weak reference: the gateway owns the control handle, not the other way round.
   cw.edge_stats = [gw = std::weak_ptr<Gateway>(d.gateway)] {
     auto g = gw.lock();
@@ -279,8 +280,6 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
     mw.max_tenant_labels = c.metrics.max_tenant_labels;
     d.metrics = spawn_metrics(*d.sys, std::move(mw));
     caf::anon_send(d.admission, observe_atom::value, d.metrics);
-    for (size_t i = 0; i < d.batchers.size() && i < d.executors.size(); ++i)
-      caf::anon_send(d.metrics, observe_atom::value, d.batchers[i], d.executors[i]);
     caf::anon_send(d.supervisor, observe_atom::value, d.metrics);  // pairs now and later
     d.metrics_http = std::make_unique<MetricsEndpoint>(*d.sys, d.metrics, c.metrics.bind);
   }
@@ -372,25 +371,25 @@ void Server::shutdown(std::chrono::milliseconds grace) {
     d.gateway->stop(std::chrono::milliseconds(0));
   }
   // Phase 5: stop every actor; the system's destructor waits for them.
-  auto stop = [](const caf::actor& a) {
+  auto stop = [](const auto& a) {
     if (a) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   };
   // The HTTP thread asks actors through the system: it stops before them.
   if (d.metrics_http) d.metrics_http->stop();
   stop(d.metrics);
-  d.metrics = caf::actor{};
+  d.metrics = MetricsActor{};
   stop(d.control);
   stop(d.admission);
   stop(d.router);
   stop(d.supervisor);  // stops its pairs first
-  d.supervisor = caf::actor{};
-  for (auto& b : d.batchers) stop(b);
-  for (auto& e : d.executors) stop(e);
+  d.supervisor = SupervisorActor{};
   stop(d.journal);
   stop(d.egress);
-  d.admission = d.router = d.egress = d.control = d.journal = caf::actor{};
-  d.batchers.clear();
-  d.executors.clear();
+  d.admission = AdmissionActor{};
+  d.router = RouterActor{};
+  d.egress = EgressActor{};
+  d.control = ControlActor{};
+  d.journal = JournalActor{};
   d.sys.reset();
   d.gateway.reset();
 }

@@ -15,6 +15,7 @@
 #include "actors/executor.hpp"
 #include "actors/messages.hpp"
 #include "model/llama.hpp"
+#include "tests/support/stand_in.hpp"
 
 namespace sy::test {
 
@@ -53,7 +54,8 @@ struct Seen {
 struct Rig {
   caf::actor_system sys{config()};
   caf::scoped_actor sink{sys};
-  caf::actor executor, batcher;
+  ExecutorActor executor;
+  BatcherActor batcher;
   std::shared_ptr<LlamaModel> model = stories();  // the batcher's and a cpu executor's model
   std::map<uint64_t, Seen> seen;
   uint64_t credit = 0;
@@ -71,11 +73,16 @@ struct Rig {
     executor = spawn_executor(sys, spec);
     start_with(bc, n_blocks, executor, with_model);
   }
-  void start_with(BatchingConfig bc, int32_t n_blocks, caf::actor exec, bool with_model) {
+  /// With a stand-in executor (a scoped actor that answers the steps itself).
+  void start_with(BatchingConfig bc, int32_t n_blocks, const caf::actor& exec, bool with_model) {
+    start_with(bc, n_blocks, test::stand_in<ExecutorActor>(exec), with_model);
+  }
+  void start_with(BatchingConfig bc, int32_t n_blocks, ExecutorActor exec, bool with_model) {
     BatcherExtras extras;
     extras.window_blocks = window_blocks;
-    batcher = spawn_batcher(sys, bc, with_model ? model : nullptr, exec, sink, sink, sink, n_blocks,
-                            extras);
+    batcher = spawn_batcher(sys, bc, with_model ? model : nullptr, exec,
+                            test::stand_in<RouterActor>(sink), test::stand_in<EgressActor>(sink),
+                            test::stand_in<AdmissionActor>(sink), n_blocks, extras);
   }
   ~Rig() {
     if (batcher) caf::anon_send_exit(batcher, caf::exit_reason::user_shutdown);
@@ -105,7 +112,7 @@ struct Rig {
     bool ok = true;
     last_uid = 0;
     sink->receive(
-        [&](credit_atom, const caf::actor&, uint32_t n) {
+        [&](credit_atom, const BatcherActor&, uint32_t n) {
           credit += n;
           ++credit_msgs;
         },
@@ -161,7 +168,7 @@ struct Rig {
   }
   /// The stats record of `a` (a batcher's by default; ExecutorStats for the executor).
   template <class R = BatcherStats>
-  R stats(const caf::actor& a) {
+  R stats(const auto& a) {
     R out;
     sink->request(a, kWait, stats_atom::value)
         .receive([&](R& s) { out = std::move(s); },

@@ -13,8 +13,8 @@
 namespace sy::test {
 
 /// `who`'s answer to stats_atom as the record R (the test fails when none comes).
-template <class R>
-R probe_stats(TestSystem& ts, const caf::actor& who) {
+template <class R, class Handle>
+R probe_stats(TestSystem& ts, const Handle& who) {
   auto out = std::make_shared<std::optional<R>>();
   ts.sys->spawn([out, who](caf::event_based_actor* self) {
     self->request(who, caf::infinite, stats_atom::value).then([out](R& r) { *out = std::move(r); });

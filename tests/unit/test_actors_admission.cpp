@@ -13,6 +13,7 @@
 #include "model/llama.hpp"
 #include "tests/support/stats_probe.hpp"
 #include "tests/support/enum_print.hpp"
+#include "tests/support/stand_in.hpp"
 #include "tests/support/test_system.hpp"
 
 using namespace sy;
@@ -45,8 +46,8 @@ caf::behavior egress_sink(caf::event_based_actor*, TraceP t) {
 /// A batcher double: grants credit when the test asks and records the jobs it is given.
 caf::behavior fake_batcher(caf::event_based_actor* self, TraceP t) {
   return {
-      [=](credit_atom, const caf::actor& router, uint32_t n) {
-        self->send(router, credit_atom::value, caf::actor_cast<caf::actor>(self), n);
+      [=](credit_atom, const RouterActor& router, uint32_t n) {
+        self->send(router, credit_atom::value, caf::actor_cast<BatcherActor>(self), n);
       },
       [=](run_atom, const Job& j) { t->runs.push_back(j); },
       [=](cancel_atom, uint64_t uid) { t->batcher_cancels.push_back(uid); },
@@ -69,22 +70,23 @@ TenantConfig tenant(const std::string& name, const std::string& token, uint32_t 
 /// Admission and the real router with test doubles around them, on a deterministic scheduler.
 struct Rig : test::TestSystem {
   TraceP t = std::make_shared<Trace>();
-  caf::actor egress, router, admission, batcher;
+  caf::actor egress, batcher;
+  RouterActor router;
+  AdmissionActor admission;
 
   explicit Rig(AdmissionConfig ac, std::shared_ptr<const LlamaModel> model = nullptr,
                std::size_t queue_limit = 100) {
     RouterConfig rc;
     rc.classes = {{"interactive", 0, 1.0, queue_limit, 0}, {"batch", 1, 1.0, queue_limit, 0}};
     egress = sys->spawn(egress_sink, t);
-    router = spawn_router(*sys, rc, egress);
-    admission =
-        spawn_admission(*sys, std::move(ac), rc.classes, "", std::move(model), router, egress);
+    router = spawn_router(*sys, rc, test::stand_in<EgressActor>(egress));
+    admission = spawn_admission(*sys, std::move(ac), rc.classes, "", std::move(model), router,
+                                test::stand_in<EgressActor>(egress));
     batcher = sys->spawn(fake_batcher, t);
     sched->run();
   }
   ~Rig() {
-    for (auto* a : {&egress, &router, &admission, &batcher})
-      caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
+    test::stop_all(egress, router, admission, batcher);
     sched->run();
   }
 
@@ -141,7 +143,7 @@ struct Rig : test::TestSystem {
     sched->run();
   }
   template <class R>
-  R stats_of(const caf::actor& who) {
+  R stats_of(const auto& who) {
     return test::probe_stats<R>(*this, who);
   }
   // An out-of-range code when there is none: it equals no ErrorCode.

@@ -16,6 +16,7 @@
 #include "ingress/error_code.hpp"
 #include "tests/support/stats_probe.hpp"
 #include "tests/support/enum_print.hpp"
+#include "tests/support/stand_in.hpp"
 #include "tests/support/test_system.hpp"
 
 using namespace sy;
@@ -47,8 +48,8 @@ caf::behavior egress_sink(caf::event_based_actor*, TraceP t) {
 /// A batcher double: grants credit when asked and records the jobs it is given.
 caf::behavior fake_batcher(caf::event_based_actor* self, TraceP t) {
   return {
-      [=](credit_atom, const caf::actor& router, uint32_t n) {
-        self->send(router, credit_atom::value, caf::actor_cast<caf::actor>(self), n);
+      [=](credit_atom, const RouterActor& router, uint32_t n) {
+        self->send(router, credit_atom::value, caf::actor_cast<BatcherActor>(self), n);
       },
       [=](run_atom, const Job& j) { t->runs.push_back(j); },
       [](cancel_atom, uint64_t) {},
@@ -57,7 +58,7 @@ caf::behavior fake_batcher(caf::event_based_actor* self, TraceP t) {
 
 caf::behavior prober(caf::event_based_actor* self, TraceP t) {
   return {
-      [=](metrics_atom, const caf::actor& target) {
+      [=](metrics_atom, const MetricsActor& target) {
         self->request(target, caf::infinite, metrics_atom::value).then([t](std::string& s) {
           t->metrics = std::move(s);
         });
@@ -68,14 +69,17 @@ caf::behavior prober(caf::event_based_actor* self, TraceP t) {
 /// Admission and the real router between test doubles, on the deterministic scheduler.
 struct Rig : test::TestSystem {
   TraceP t = std::make_shared<Trace>();
-  caf::actor egress, router, admission, batcher, probe;
+  caf::actor egress, batcher, probe;
+  RouterActor router;
+  AdmissionActor admission;
 
   explicit Rig(AdmissionConfig ac) {
     RouterConfig rc;
     rc.classes = {{"interactive", 0, 1.0, 1000, 0}};
     egress = sys->spawn(egress_sink, t);
-    router = spawn_router(*sys, rc, egress);
-    admission = spawn_admission(*sys, std::move(ac), rc.classes, "", nullptr, router, egress);
+    router = spawn_router(*sys, rc, test::stand_in<EgressActor>(egress));
+    admission = spawn_admission(*sys, std::move(ac), rc.classes, "", nullptr, router,
+                                test::stand_in<EgressActor>(egress));
     batcher = sys->spawn(fake_batcher, t);
     probe = sys->spawn(prober, t);
     sched->run();
@@ -83,8 +87,7 @@ struct Rig : test::TestSystem {
     sched->run();
   }
   ~Rig() {
-    for (auto* a : {&egress, &router, &admission, &batcher, &probe})
-      caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
+    test::stop_all(egress, router, admission, batcher, probe);
     sched->run();
   }
 

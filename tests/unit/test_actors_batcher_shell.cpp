@@ -13,6 +13,8 @@
 #include "actors/batcher.hpp"
 #include "actors/messages.hpp"
 #include "ingress/error_code.hpp"
+#include "tests/support/executor_stub.hpp"
+#include "tests/support/stand_in.hpp"
 #include "tests/support/enum_print.hpp"
 #include "tests/support/test_system.hpp"
 
@@ -20,19 +22,12 @@ using namespace sy;
 
 namespace {
 
-// The test's cue to the stand-in executor: answer the steps it holds.
-using answer_atom = caf::atom_constant<caf::atom("answer")>;
-
-// What the stand-in executor does with a step.
-enum class ExecMode { finish, fail_step, throw_step, hang };
+using test::answer_atom;
+using test::ExecMode;
+using test::spawn_executor_stub;
 
 // Everything the stand-ins saw; the actors run on the test thread, so plain fields do.
-struct Record {
-  ExecMode mode = ExecMode::finish;
-  int32_t token = 7;                        // sampled for every sequence that samples
-  std::vector<StepPlan> steps;              // as the executor got them
-  std::vector<uint64_t> released;           // sampler releases
-  std::vector<caf::response_promise> hung;  // steps that never get an answer
+struct Record : test::StubExecutor {
   uint64_t credit = 0;
   std::vector<uint64_t> router_finished;
   std::vector<Job> requeued;
@@ -45,71 +40,18 @@ struct Record {
   bool batcher_down = false;
 };
 
-caf::actor spawn_executor_stub(caf::actor_system& sys, Record* rec) {
-  return sys.spawn([rec](caf::event_based_actor* self) -> caf::behavior {
-    return {
-        [rec, self](step_atom, StepPlan& plan) -> caf::result<StepResult> {
-          rec->steps.push_back(plan);
-          StepResult r;
-          r.step = plan.step;
-          switch (rec->mode) {
-            case ExecMode::throw_step:
-              throw std::runtime_error("stand-in executor fault");
-            case ExecMode::hang:
-              rec->hung.push_back(self->make_response_promise());
-              return caf::delegated<StepResult>{};
-            case ExecMode::fail_step:
-              r.error = "device lost";
-              return r;
-            case ExecMode::finish:
-              break;
-          }
-          for (const SeqPlan& p : plan.seqs) {
-            if (!p.sample) continue;
-            SeqResult s;
-            s.uid = p.uid;
-            s.token = rec->token;
-            r.seqs.push_back(s);
-          }
-          return r;
-        },
-        [rec](release_atom, std::vector<uint64_t>& uids) {
-          rec->released.insert(rec->released.end(), uids.begin(), uids.end());
-        },
-        // The test's cue to answer the hung steps now (a promise is delivered from inside its
-        // actor), sampling rec->token for every sequence that samples.
-        [rec](answer_atom) {
-          for (size_t i = 0; i < rec->hung.size(); ++i) {
-            const StepPlan& plan = rec->steps[rec->steps.size() - rec->hung.size() + i];
-            StepResult r;
-            r.step = plan.step;
-            for (const SeqPlan& p : plan.seqs) {
-              if (!p.sample) continue;
-              SeqResult s;
-              s.uid = p.uid;
-              s.token = rec->token;
-              r.seqs.push_back(s);
-            }
-            rec->hung[i].deliver(std::move(r));
-          }
-          rec->hung.clear();
-        },
-    };
-  });
-}
-
 // Router, egress, admission and supervisor in one.
 caf::actor spawn_world(caf::actor_system& sys, Record* rec) {
   return sys.spawn([rec](caf::event_based_actor*) -> caf::behavior {
     return {
-        [rec](credit_atom, const caf::actor&, uint32_t n) { rec->credit += n; },
+        [rec](credit_atom, const BatcherActor&, uint32_t n) { rec->credit += n; },
         [rec](finished_atom, std::vector<uint64_t>& uids) {
           rec->router_finished.insert(rec->router_finished.end(), uids.begin(), uids.end());
         },
         [rec](requeue_atom, std::vector<Job>& jobs) {
           rec->requeued.insert(rec->requeued.end(), jobs.begin(), jobs.end());
         },
-        [rec](retire_atom, const caf::actor&) -> uint32_t {
+        [rec](retire_atom, const BatcherActor&) -> uint32_t {
           ++rec->router_retire;
           return 0;
         },
@@ -126,16 +68,19 @@ caf::actor spawn_world(caf::actor_system& sys, Record* rec) {
 
 struct Rig : test::TestSystem {
   Record rec;
-  caf::actor exec, world, batcher;
+  caf::actor exec, world;
+  BatcherActor batcher;
   caf::actor watcher;  // monitors the batcher (held: an actor nobody references goes away)
 
   explicit Rig(BatchingConfig bc = {}, int32_t n_blocks = 64) {
     exec = spawn_executor_stub(*sys, &rec);
     world = spawn_world(*sys, &rec);
     BatcherExtras extras;
-    extras.supervisor = world;
+    extras.supervisor = test::stand_in<SupervisorActor>(world);
     extras.pair = 3;
-    batcher = spawn_batcher(*sys, bc, nullptr, exec, world, world, world, n_blocks, extras);
+    batcher = spawn_batcher(*sys, bc, nullptr, test::stand_in<ExecutorActor>(exec),
+                            test::stand_in<RouterActor>(world), test::stand_in<EgressActor>(world),
+                            test::stand_in<AdmissionActor>(world), n_blocks, extras);
     Record* r = &rec;
     watcher = sys->spawn([r, b = batcher](caf::event_based_actor* self) -> caf::behavior {
       self->monitor(b);
@@ -146,8 +91,7 @@ struct Rig : test::TestSystem {
   }
   ~Rig() {
     rec.hung.clear();
-    for (auto& a : {exec, world, batcher, watcher})
-      caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    test::stop_all(exec, world, batcher, watcher);
     sched->run();
   }
 

@@ -41,7 +41,7 @@ std::shared_ptr<LlamaModel> stories() {
 struct Rig {
   caf::actor_system sys{config()};
   caf::scoped_actor self{sys};
-  caf::actor exec;
+  ExecutorActor exec;
   explicit Rig(ExecutorSpec spec) { exec = spawn_executor(sys, spec); }
   ~Rig() { caf::anon_send_exit(exec, caf::exit_reason::user_shutdown); }
   StepResult step(const StepPlan& p) {

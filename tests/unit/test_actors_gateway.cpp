@@ -16,6 +16,7 @@
 #include "ingress/codec.hpp"
 #include "ingress/egress.hpp"
 #include "ingress/gateway.hpp"
+#include "tests/support/stand_in.hpp"
 
 // Printers for Boost.Test messages (found by argument-dependent lookup).
 namespace sy {
@@ -65,7 +66,7 @@ struct Recorder {
 // Admission stand-in. Submits whose id starts with "hold" get only `accepted`; others get
 // accepted, two chunks when streamed, and done. Status requests get a status reply.
 caf::behavior fake_admission(caf::event_based_actor*, std::shared_ptr<Recorder> rec,
-                             caf::actor egress) {
+                             sy::EgressActor egress) {
   return {
       [=](sy::submit_atom, const sy::SubmitRequest& r) {
         {
@@ -139,13 +140,14 @@ struct Server {
   caf::actor_system sys{cfg};
   std::shared_ptr<Recorder> rec = std::make_shared<Recorder>();
   std::shared_ptr<sy::Gateway> gw;
-  caf::actor egress, admission;
+  sy::EgressActor egress;
+  caf::actor admission;
 
   explicit Server(sy::EndpointConfig ep = loopback(), sy::GatewayOptions opt = {}) {
     gw = std::make_shared<sy::Gateway>(ep, opt);
     egress = sy::spawn_egress(sys, gw);
     admission = sys.spawn(fake_admission, rec, egress);
-    gw->set_admission(admission);
+    gw->set_admission(sy::test::stand_in<sy::AdmissionActor>(admission));
     gw->start();
   }
   ~Server() {
@@ -685,7 +687,7 @@ namespace {
 // Control stand-in: records requests and answers each with a ControlEvent echoing the policy.
 caf::behavior fake_control(caf::event_based_actor*,
                            std::shared_ptr<std::vector<sy::ControlRequest>> seen,
-                           std::shared_ptr<std::mutex> mu, caf::actor egress) {
+                           std::shared_ptr<std::mutex> mu, sy::EgressActor egress) {
   return {
       [=](sy::control_atom, const sy::ControlRequest& r) {
         {
@@ -746,7 +748,7 @@ BOOST_AUTO_TEST_CASE(control_goes_to_the_control_actor_on_the_router_only) {
   auto seen = std::make_shared<std::vector<sy::ControlRequest>>();
   auto mu = std::make_shared<std::mutex>();
   auto ctl = srv.sys.spawn(fake_control, seen, mu, srv.egress);
-  srv.gw->set_control(ctl);
+  srv.gw->set_control(sy::test::stand_in<sy::ControlActor>(ctl));
   auto r = c.control("kv_policy", "sinks:4:60", "tok", kGuard);
   BOOST_REQUIRE(r.ok());
   BOOST_TEST(r.reply->command == "kv_policy");
@@ -787,12 +789,14 @@ BOOST_AUTO_TEST_CASE(control_actor_checks_the_token_and_swaps_every_batcher) {
   w.admin_token = "adm";
   sy::AdmissionStats admission;
   admission.active = 7;
-  w.admission = srv.sys.spawn(fake_stats<sy::AdmissionStats>, admission);
+  w.admission = sy::test::stand_in<sy::AdmissionActor>(
+      srv.sys.spawn(fake_stats<sy::AdmissionStats>, admission));
   sy::RouterStats router;
   router.queued = 5;
-  w.router = srv.sys.spawn(fake_stats<sy::RouterStats>, router);
+  w.router =
+      sy::test::stand_in<sy::RouterActor>(srv.sys.spawn(fake_stats<sy::RouterStats>, router));
   w.egress = srv.egress;
-  w.batchers = {b1, b2};
+  w.batchers = {sy::test::stand_in<sy::BatcherActor>(b1), sy::test::stand_in<sy::BatcherActor>(b2)};
   w.edge_stats = [] {
     sy::EdgeStats e;
     e.received = 11;
@@ -832,8 +836,7 @@ BOOST_AUTO_TEST_CASE(control_actor_checks_the_token_and_swaps_every_batcher) {
   BOOST_REQUIRE(j.at("batchers").size() == 2u);
   BOOST_TEST(j.at("batchers")[1].at("kv_policy").get<std::string>() == "sliding_window:512");
   BOOST_TEST(j.at("batchers")[1].at("blocks_used").get<int64_t>() == 4);
-  for (auto& a : {ctl, b1, b2, w.admission, w.router})
-    caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  sy::test::stop_all(ctl, b1, b2, w.admission, w.router);
 }
 
 BOOST_AUTO_TEST_CASE(control_actor_reports_refusals_and_silent_batchers) {
@@ -843,7 +846,7 @@ BOOST_AUTO_TEST_CASE(control_actor_reports_refusals_and_silent_batchers) {
     sy::ControlWiring w;
     w.admin_token = admin;
     w.egress = srv.egress;
-    w.batchers = std::move(batchers);
+    for (const auto& b : batchers) w.batchers.push_back(sy::test::stand_in<sy::BatcherActor>(b));
     // Short, so the silent batcher's case ends soon; nothing asserts on the time itself.
     w.ask_timeout = 200ms;
     auto ctl = sy::spawn_control(srv.sys, w);

@@ -14,6 +14,7 @@
 #include "ingress/error_code.hpp"
 #include "tests/support/stats_probe.hpp"
 #include "tests/support/enum_print.hpp"
+#include "tests/support/stand_in.hpp"
 #include "tests/support/test_system.hpp"
 
 using namespace sy;
@@ -54,14 +55,14 @@ caf::behavior admission_sink(caf::event_based_actor*, TraceP t) {
 /// job it is given and, with `regrant`, gives one credit back per job (finishing jobs one by one).
 caf::behavior fake_batcher(caf::event_based_actor* self, TraceP t, bool regrant) {
   return {
-      [=](credit_atom, const caf::actor& router, uint32_t n) {
-        self->send(router, credit_atom::value, caf::actor_cast<caf::actor>(self), n);
+      [=](credit_atom, const RouterActor& router, uint32_t n) {
+        self->send(router, credit_atom::value, caf::actor_cast<BatcherActor>(self), n);
       },
       [=](run_atom, const Job& j) {
         t->runs.push_back(j);
         if (regrant)
-          self->send(caf::actor_cast<caf::actor>(self->current_sender()), credit_atom::value,
-                     caf::actor_cast<caf::actor>(self), uint32_t{1});
+          self->send(caf::actor_cast<RouterActor>(self->current_sender()), credit_atom::value,
+                     caf::actor_cast<BatcherActor>(self), uint32_t{1});
       },
       [=](cancel_atom, uint64_t uid) { t->batcher_cancels.push_back(uid); },
       // A status request: every job here has generated 7 tokens.
@@ -72,7 +73,7 @@ caf::behavior fake_batcher(caf::event_based_actor* self, TraceP t, bool regrant)
 /// Sends requests for the test and records the answers.
 caf::behavior prober(caf::event_based_actor* self, TraceP t) {
   return {
-      [=](enqueue_atom, const caf::actor& router, Job& j) {
+      [=](enqueue_atom, const RouterActor& router, Job& j) {
         self->request(router, caf::infinite, enqueue_atom::value, std::move(j))
             .then([t](const EnqueueReply& r) { t->replies.push_back(r); });
       },
@@ -89,21 +90,22 @@ RouterConfig two_classes(std::size_t interactive_limit = 1000, std::size_t batch
 /// A router with test doubles around it, on a deterministic scheduler.
 struct Rig : test::TestSystem {
   TraceP t = std::make_shared<Trace>();
-  caf::actor egress, admission, router, batcher, probe;
+  caf::actor egress, admission, batcher, probe;
+  RouterActor router;
   uint64_t next_uid = 1;
 
   explicit Rig(RouterConfig rc, std::vector<TenantConfig> tenants = {}, RouterOptions opts = {},
                bool regrant = false) {
     egress = sys->spawn(egress_sink, t);
     admission = sys->spawn(admission_sink, t);
-    router = spawn_router(*sys, std::move(rc), egress, admission, std::move(tenants), opts);
+    router = spawn_router(*sys, std::move(rc), test::stand_in<EgressActor>(egress),
+                          test::stand_in<AdmissionActor>(admission), std::move(tenants), opts);
     batcher = sys->spawn(fake_batcher, t, regrant);
     probe = sys->spawn(prober, t);
     sched->run();
   }
   ~Rig() {
-    for (auto* a : {&egress, &admission, &router, &batcher, &probe})
-      caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
+    test::stop_all(egress, admission, router, batcher, probe);
     sched->run();
   }
 
@@ -423,7 +425,9 @@ BOOST_AUTO_TEST_CASE(status_reports_queued_or_running) {
   auto asker = rig.sys->spawn([&](caf::event_based_actor* self) -> caf::behavior {
     return {[&, self](status_atom, uint64_t uid) {
       self->request(rig.router, caf::infinite, status_atom::value, uid)
-          .then([&](JobState s, uint32_t p, uint32_t n) { got.emplace_back(s, p, n); });
+          .then([&](const JobStatus& s) {
+            got.emplace_back(s.state, s.position, s.completion_tokens);
+          });
     }};
   });
   caf::anon_send(asker, status_atom::value, a.uid);
@@ -452,7 +456,7 @@ BOOST_AUTO_TEST_CASE(queue_position_counts_the_jobs_ahead) {
   auto asker = rig.sys->spawn([&](caf::event_based_actor* self) -> caf::behavior {
     return {[&, self](status_atom, uint64_t uid) {
       self->request(rig.router, caf::infinite, status_atom::value, uid)
-          .then([&, uid](JobState, uint32_t p, uint32_t) { position[uid] = p; });
+          .then([&, uid](const JobStatus& s) { position[uid] = s.position; });
     }};
   });
   for (const Job& j : jobs) caf::anon_send(asker, status_atom::value, j.uid);
@@ -550,7 +554,7 @@ BOOST_AUTO_TEST_CASE(retiring_batcher_that_goes_down_loses_nothing) {
   rig.push(rig.job("a", 1, 4, 4, ClientRef::pipeline));
   rig.sched->run();
   BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 2u);
-  caf::anon_send(rig.router, retire_atom::value, rig.batcher);
+  caf::anon_send(rig.router, retire_atom::value, test::stand_in<BatcherActor>(rig.batcher));
   caf::anon_send(rig.router, finished_atom::value, std::vector<uint64_t>{rig.t->runs[0].uid});
   rig.sched->run();
   BOOST_CHECK_EQUAL(rig.stats().batchers, 0);

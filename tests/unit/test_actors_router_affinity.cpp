@@ -10,6 +10,7 @@
 
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
+#include "tests/support/stand_in.hpp"
 #include "tests/support/stats_probe.hpp"
 #include "tests/support/test_system.hpp"
 
@@ -35,8 +36,8 @@ caf::behavior sink(caf::event_based_actor*) {
 /// every job it is given and never gives credit back, so the test sets every credit level.
 caf::behavior fake_batcher(caf::event_based_actor* self, TraceP t, char name) {
   return {
-      [=](credit_atom, const caf::actor& router, uint32_t n) {
-        self->send(router, credit_atom::value, caf::actor_cast<caf::actor>(self), n);
+      [=](credit_atom, const RouterActor& router, uint32_t n) {
+        self->send(router, credit_atom::value, caf::actor_cast<BatcherActor>(self), n);
       },
       [=](run_atom, const Job& j) { t->runs.emplace_back(name, j.uid); },
       [](cancel_atom, uint64_t) {},
@@ -66,19 +67,20 @@ std::vector<int32_t> prompt(int conv, std::size_t shared, std::size_t own, int s
 
 struct Rig : test::TestSystem {
   TraceP t = std::make_shared<Trace>();
-  caf::actor out, router, a, b;
+  caf::actor out, a, b;
+  RouterActor router;
   uint64_t next_uid = 1;
 
   explicit Rig(RouterConfig rc) {
     out = sys->spawn(sink);
-    router = spawn_router(*sys, std::move(rc), out, out);
+    router = spawn_router(*sys, std::move(rc), test::stand_in<EgressActor>(out),
+                          test::stand_in<AdmissionActor>(out));
     a = sys->spawn(fake_batcher, t, 'A');
     b = sys->spawn(fake_batcher, t, 'B');
     sched->run();
   }
   ~Rig() {
-    for (auto* x : {&out, &router, &a, &b})
-      caf::anon_send_exit(*x, caf::exit_reason::user_shutdown);
+    test::stop_all(out, router, a, b);
     sched->run();
   }
   void credit(const caf::actor& batcher, uint32_t n) {
@@ -166,7 +168,7 @@ BOOST_AUTO_TEST_CASE(retired_batcher_index_is_dropped) {
   // Control: with B still there, the continuation follows it.
   rig.credit(rig.a, 2);                                     // A 12, B 10
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 7, 2)) == 'B');  // A 12, B 9
-  caf::anon_send(rig.router, retire_atom::value, rig.b);
+  caf::anon_send(rig.router, retire_atom::value, test::stand_in<BatcherActor>(rig.b));
   rig.sched->run();
   BOOST_TEST(rig.stats().batchers == 1);
   // The same actor granting credit again counts as a new batcher with an empty index (a real

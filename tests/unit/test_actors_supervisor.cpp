@@ -29,7 +29,8 @@ namespace {
 struct Fixture {
   caf::actor_system sys{sy::test::config()};
   caf::scoped_actor sink{sys};
-  caf::actor router, sup;
+  RouterActor router;
+  SupervisorActor sup;
   std::map<uint64_t, Seen> seen;
   uint64_t next_uid = 1;
 
@@ -57,11 +58,12 @@ struct Fixture {
   }
 
   void start(SupervisorConfig sc, bool with_model = true) {
-    router = spawn_router(sys, RouterConfig{}, sink, sink);
+    router = spawn_router(sys, RouterConfig{}, test::stand_in<EgressActor>(sink),
+                          test::stand_in<AdmissionActor>(sink));
     SupervisorWiring w;
     w.router = router;
-    w.egress = sink;
-    w.admission = sink;
+    w.egress = test::stand_in<EgressActor>(sink);
+    w.admission = test::stand_in<AdmissionActor>(sink);
     if (with_model) w.model = sy::test::stories();
     sup = spawn_supervisor(sys, std::move(sc), std::move(w));
   }
@@ -136,7 +138,7 @@ struct Fixture {
 
   /// The stats record R of `a` (SupervisorStats, RouterStats).
   template <class R>
-  R stats(const caf::actor& a) {
+  R stats(const auto& a) {
     R out;
     sink->request(a, kWait, stats_atom::value)
         .receive([&](R& s) { out = std::move(s); },
@@ -295,7 +297,7 @@ BOOST_AUTO_TEST_CASE(router_puts_requeued_jobs_first_and_honours_retire) {
   caf::scoped_actor batcher{sys};
   RouterConfig rc;
   rc.classes.push_back({"interactive", 0, 1.0, 2, 0});  // a queue limit of 2
-  auto router = spawn_router(sys, rc, caf::actor{}, caf::actor{});
+  auto router = spawn_router(sys, rc, EgressActor{}, AdmissionActor{});
   auto job = [](uint64_t uid) {
     Job j;
     j.uid = uid;
@@ -319,7 +321,7 @@ BOOST_AUTO_TEST_CASE(router_puts_requeued_jobs_first_and_honours_retire) {
   };
   BOOST_TEST(st().retry_queued == 2);
   BOOST_TEST(st().waiting_total == 4);
-  caf::actor b = batcher;
+  auto b = test::stand_in<BatcherActor>(batcher);
   sink->send(router, credit_atom::value, b, uint32_t{3});
   std::vector<uint64_t> order;
   for (int i = 0; i < 3; ++i)
@@ -343,7 +345,7 @@ BOOST_AUTO_TEST_CASE(an_executor_that_cannot_be_built_is_reported_not_fatal) {
   sc.executor.model = nullptr;  // the engine cannot be built: no model
   f.start(std::move(sc));
   std::string why = "no answer";
-  f.sink->request(f.sup, kWait, connect_atom::value, caf::actor{f.sink})
+  f.sink->request(f.sup, kWait, connect_atom::value, test::stand_in<ControlActor>(f.sink))
       .receive([&](std::string& e) { why = std::move(e); }, [&](caf::error&) {});
   BOOST_TEST(why.find("needs a model") != std::string::npos, why);
   // The supervisor outlived the failure: it still answers.

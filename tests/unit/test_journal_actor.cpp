@@ -23,6 +23,7 @@
 #include "storage/journal_file.hpp"
 #include "tests/support/enum_print.hpp"
 #include "tests/support/full_disk.hpp"
+#include "tests/support/stand_in.hpp"
 #include "tests/support/stats_probe.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/test_system.hpp"
@@ -55,8 +56,8 @@ caf::behavior egress_sink(caf::event_based_actor*, TraceP t) {
 
 caf::behavior fake_batcher(caf::event_based_actor* self, TraceP t) {
   return {
-      [=](credit_atom, const caf::actor& router, uint32_t n) {
-        self->send(router, credit_atom::value, caf::actor_cast<caf::actor>(self), n);
+      [=](credit_atom, const RouterActor& router, uint32_t n) {
+        self->send(router, credit_atom::value, caf::actor_cast<BatcherActor>(self), n);
       },
       [=](run_atom, const Job& j) { t->runs.push_back(j); },
       [](cancel_atom, uint64_t) {},
@@ -71,7 +72,10 @@ struct Rig : test::TestSystem {
   std::string path = dir.file("j.journal");
   JournalConfig jc;
   std::shared_ptr<JournalFile> file;
-  caf::actor egress, journal, router, admission, batcher;
+  caf::actor egress, batcher;
+  JournalActor journal;
+  RouterActor router;
+  AdmissionActor admission;
 
   explicit Rig(const std::string& fsync) {
     jc.path = path;
@@ -81,7 +85,7 @@ struct Rig : test::TestSystem {
     RouterConfig rc;
     rc.classes = {{"interactive", 0, 1.0, 1000, 0}};
     egress = sys->spawn(egress_sink, t);
-    journal = spawn_journal(*sys, jc, file, replay, 100, egress);
+    journal = spawn_journal(*sys, jc, file, replay, 100, test::stand_in<EgressActor>(egress));
     router = spawn_router(*sys, rc, journal);
     AdmissionConfig ac;
     admission =
@@ -90,8 +94,7 @@ struct Rig : test::TestSystem {
     sched->run();
   }
   ~Rig() {
-    for (auto* a : {&egress, &journal, &router, &admission, &batcher})
-      caf::anon_send_exit(*a, caf::exit_reason::user_shutdown);
+    test::stop_all(egress, journal, router, admission, batcher);
     sched->run();
   }
   void submit(const std::string& id, bool pipeline) {
@@ -133,7 +136,7 @@ struct Rig : test::TestSystem {
     sched->run();
   }
   template <class R>
-  R stats_of(const caf::actor& who) {
+  R stats_of(const auto& who) {
     return test::probe_stats<R>(*this, who);
   }
   uint64_t size() const { return std::filesystem::file_size(path); }

@@ -16,6 +16,7 @@
 
 #include "actors/messages.hpp"
 #include "actors/metrics.hpp"
+#include "tests/support/stand_in.hpp"
 #include "ingress/error_code.hpp"
 #include "server/metrics.hpp"
 #include "tests/support/enum_print.hpp"
@@ -29,11 +30,6 @@ struct Config : caf::actor_system_config {
   Config() { register_message_types(*this); }
 };
 
-// An actor that answers stats_atom with a fixed record.
-template <class R>
-caf::behavior stats_double(caf::event_based_actor*, R s) {
-  return {[s](stats_atom) { return s; }};
-}
 
 // A batcher's record with the KV figures the tests set.
 BatcherStats kv(int64_t used, int64_t free, int64_t total, int64_t preemptions) {
@@ -58,7 +54,7 @@ JobOutcome done(const std::string& tenant, uint32_t completion, double ttft_ms, 
   return o;
 }
 
-std::string scrape(caf::scoped_actor& self, const caf::actor& m) {
+std::string scrape(caf::scoped_actor& self, const MetricsActor& m) {
   std::string text;
   self->request(m, 5s, metrics_atom::value)
       .receive([&](std::string& t) { text = std::move(t); },
@@ -66,7 +62,7 @@ std::string scrape(caf::scoped_actor& self, const caf::actor& m) {
   return text;
 }
 
-bool ready(caf::scoped_actor& self, const caf::actor& m) {
+bool ready(caf::scoped_actor& self, const MetricsActor& m) {
   bool r = false;
   self->request(m, 5s, ready_atom::value).receive([&](bool b) { r = b; }, [&](caf::error&) {});
   return r;
@@ -110,16 +106,16 @@ BOOST_AUTO_TEST_CASE(jobs_histograms_and_gauges) {
   AdmissionStats as;
   as.unauthorized = 2;
   as.active = 1;
-  auto admission = sys.spawn(stats_double<AdmissionStats>, as);
+  auto admission = test::stats_double(sys, as);
   RouterStats rs;
   rs.queued_by_class = {{"interactive", 3}, {"batch", 0}};
-  auto router = sys.spawn(stats_double<RouterStats>, rs);
+  auto router = test::stats_double(sys, rs);
   BatcherStats bs = kv(10, 20, 32, 6);
   bs.running = 4;
   bs.blocks_cached = 2;
   bs.policy_swaps = 1;
-  auto batcher = sys.spawn(stats_double<BatcherStats>, bs);
-  auto executor = sys.spawn(stats_double<ExecutorStats>, ExecutorStats{});
+  auto batcher = test::stats_double(sys, bs);
+  auto executor = test::stats_double(sys, ExecutorStats{});
   MetricsWiring w;
   w.admission = admission;
   w.router = router;
@@ -195,7 +191,7 @@ BOOST_AUTO_TEST_CASE(jobs_histograms_and_gauges) {
   BOOST_TEST(has_line(t, "switchyard_kv_policy_swaps_total 1"));
   BOOST_TEST(has_line(t, "switchyard_kv_blocks_total 0"));
   BOOST_TEST(has_line(t, "switchyard_executors_running 0"));
-  for (auto& a : {admission, router, m}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  test::stop_all(admission, router, m);
 }
 
 BOOST_AUTO_TEST_CASE(supervisor_figures_and_per_executor_series) {
@@ -210,11 +206,11 @@ BOOST_AUTO_TEST_CASE(supervisor_figures_and_per_executor_series) {
   ss.failures_crash = 2;
   ss.failures_hang = 1;
   ss.requeued = 17;
-  auto supervisor = sys.spawn(stats_double<SupervisorStats>, ss);
-  auto b0 = sys.spawn(stats_double<BatcherStats>, kv(3, 5, 8, 4));
-  auto e0 = sys.spawn(stats_double<ExecutorStats>, ExecutorStats{});
-  auto b1 = sys.spawn(stats_double<BatcherStats>, kv(1, 7, 8, 2));
-  auto e1 = sys.spawn(stats_double<ExecutorStats>, ExecutorStats{});
+  auto supervisor = test::stats_double(sys, ss);
+  auto b0 = test::stats_double(sys, kv(3, 5, 8, 4));
+  auto e0 = test::stats_double(sys, ExecutorStats{});
+  auto b1 = test::stats_double(sys, kv(1, 7, 8, 2));
+  auto e1 = test::stats_double(sys, ExecutorStats{});
   MetricsWiring w;
   w.supervisor = supervisor;
   w.gateway_stats = [] {
@@ -259,8 +255,8 @@ BOOST_AUTO_TEST_CASE(supervisor_figures_and_per_executor_series) {
   // preemption counter goes on from what the old pair counted.
   self->send_exit(b0, caf::exit_reason::user_shutdown);
   self->send_exit(e0, caf::exit_reason::user_shutdown);
-  auto b2 = sys.spawn(stats_double<BatcherStats>, kv(0, 8, 8, 1));
-  auto e2 = sys.spawn(stats_double<ExecutorStats>, ExecutorStats{});
+  auto b2 = test::stats_double(sys, kv(0, 8, 8, 1));
+  auto e2 = test::stats_double(sys, ExecutorStats{});
   // The old pair must be gone from the metrics actor's view before the new one comes (else the
   // two would add up for a moment): wait until neither its executor nor its blocks count.
   auto gone = [&] {
@@ -276,8 +272,7 @@ BOOST_AUTO_TEST_CASE(supervisor_figures_and_per_executor_series) {
   BOOST_TEST(has_line(t, "switchyard_executor_kv_blocks_free{executor=\"0\"} 8"));
   BOOST_TEST(has_line(t, "switchyard_executor_preemptions_total{executor=\"0\"} 5"));
   BOOST_TEST(has_line(t, "switchyard_preemptions_total 7"));
-  for (auto& a : {supervisor, b1, e1, b2, e2, m})
-    self->send_exit(a, caf::exit_reason::user_shutdown);
+  test::stop_all(supervisor, b1, e1, b2, e2, m);
 }
 
 BOOST_AUTO_TEST_CASE(a_silent_actor_does_not_hold_the_scrape) {
@@ -289,21 +284,21 @@ BOOST_AUTO_TEST_CASE(a_silent_actor_does_not_hold_the_scrape) {
     return {[s](stats_atom) { s->make_response_promise(); }};
   });
   MetricsWiring w;
-  w.admission = mute;
+  w.admission = test::stand_in<AdmissionActor>(mute);
   w.classes = {"interactive"};
   w.ask_timeout = 50ms;
   auto m = spawn_metrics(sys, w);
   auto t = scrape(self, m);
   BOOST_TEST(has_line(t, "switchyard_jobs_active 0"));
-  for (auto& a : {mute, m}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  test::stop_all(mute, m);
 }
 
 BOOST_AUTO_TEST_CASE(http_routes) {
   Config cfg;
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
-  auto executor = sys.spawn(stats_double<ExecutorStats>, ExecutorStats{});
-  auto batcher = sys.spawn(stats_double<BatcherStats>, kv(0, 0, 8, 0));
+  auto executor = test::stats_double(sys, ExecutorStats{});
+  auto batcher = test::stats_double(sys, kv(0, 0, 8, 0));
   MetricsWiring w;
   w.classes = {"interactive"};
   auto m = spawn_metrics(sys, w);
@@ -334,5 +329,5 @@ BOOST_AUTO_TEST_CASE(http_routes) {
   });
   first.stop();
   BOOST_CHECK_THROW(MetricsEndpoint(sys, m, "nonsense").start(), std::exception);
-  for (auto& a : {executor, batcher, m}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  test::stop_all(executor, batcher, m);
 }

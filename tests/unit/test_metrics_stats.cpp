@@ -13,6 +13,7 @@
 #include "actors/control.hpp"
 #include "actors/messages.hpp"
 #include "actors/metrics.hpp"
+#include "tests/support/stand_in.hpp"
 #include "actors/stats.hpp"
 #include "server/server.hpp"
 
@@ -25,10 +26,6 @@ struct Config : caf::actor_system_config {
   Config() { register_message_types(*this); }
 };
 
-template <class R>
-caf::behavior answers(caf::event_based_actor*, R record) {
-  return {[record](stats_atom) { return record; }};
-}
 
 // Every field a distinct value, so that a field read in the wrong place shows.
 struct Records {
@@ -116,25 +113,24 @@ std::string scrape(const Records& r) {
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   MetricsWiring w;
-  w.admission = sys.spawn(answers<AdmissionStats>, r.admission);
-  w.router = sys.spawn(answers<RouterStats>, r.router);
-  w.supervisor = sys.spawn(answers<SupervisorStats>, r.supervisor);
-  w.journal = sys.spawn(answers<JournalStats>, r.journal);
+  w.admission = test::stats_double(sys, r.admission);
+  w.router = test::stats_double(sys, r.router);
+  w.supervisor = test::stats_double(sys, r.supervisor);
+  w.journal = test::stats_double(sys, r.journal);
   w.gateway_stats = [e = r.edge] { return e; };
   w.classes = {"interactive"};
   auto m = spawn_metrics(sys, w);
-  auto b0 = sys.spawn(answers<BatcherStats>, r.b0);
-  auto b1 = sys.spawn(answers<BatcherStats>, r.b1);
-  auto e0 = sys.spawn(answers<ExecutorStats>, ExecutorStats{});
-  auto e1 = sys.spawn(answers<ExecutorStats>, ExecutorStats{});
+  auto b0 = test::stats_double(sys, r.b0);
+  auto b1 = test::stats_double(sys, r.b1);
+  auto e0 = test::stats_double(sys, ExecutorStats{});
+  auto e1 = test::stats_double(sys, ExecutorStats{});
   self->send(m, observe_atom::value, b0, e0, int32_t{0});
   self->send(m, observe_atom::value, b1, e1, int32_t{1});
   std::string text;
   self->request(m, 5s, metrics_atom::value)
       .receive([&](std::string& t) { text = std::move(t); },
                [&](caf::error& e) { BOOST_FAIL("scrape failed: " << caf::to_string(e)); });
-  for (auto& a : {w.admission, w.router, w.supervisor, w.journal, m, b0, b1, e0, e1})
-    self->send_exit(a, caf::exit_reason::user_shutdown);
+  test::stop_all(w.admission, w.router, w.supervisor, w.journal, m, b0, b1, e0, e1);
   return text;
 }
 

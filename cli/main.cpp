@@ -13,6 +13,7 @@
 #include "cli/json.hpp"
 #include "cli/keygen.hpp"
 #include "cli/serve.hpp"
+#include "cli/submit.hpp"
 #include "gpu/engine.hpp"
 #include "gpu/generator.hpp"
 #include "model/gguf.hpp"
@@ -172,7 +173,8 @@ int main(int argc, char** argv) {
   const std::vector<Command> commands = {
       {"serve", sy::cli::kServeUsage, sy::cli::kServeOptions, sy::cli::kServeFlags, false,
        sy::cli::cmd_serve},
-      {"submit", sy::cli::kSubmitUsage, sy::cli::kSubmitOptions, {}, false, sy::cli::cmd_submit},
+      {"submit", sy::cli::kSubmitUsage, sy::cli::kSubmitOptions, sy::cli::kSubmitFlags, false,
+       sy::cli::cmd_submit},
       {"ctl", sy::cli::kCtlUsage, sy::cli::kCtlOptions, {}, true, sy::cli::cmd_ctl},
       {"keygen", sy::cli::kKeygenUsage, sy::cli::kKeygenOptions, sy::cli::kKeygenFlags, false,
        sy::cli::cmd_keygen},

@@ -1,5 +1,6 @@
 // `switchyard submit`: runs an offline batch of JSONL jobs through a running server with the C++
 // client library: a bounded in-flight window, progress on stderr, resumable output, a summary.
+// With --nats the jobs go to a cluster's JetStream queue instead (submit_nats.cpp).
 #include <unistd.h>
 
 #include <chrono>
@@ -16,6 +17,7 @@
 
 #include "cli/json.hpp"
 #include "cli/serve.hpp"
+#include "cli/submit.hpp"
 #include "clients/cpp/client.hpp"
 
 namespace sy::cli {
@@ -32,10 +34,18 @@ const char* const kSubmitUsage =
     "              output are skipped (resumable); overloaded jobs are retried.\n"
     "              --server-key: the server's CURVE public key file (PREFIX.pub);\n"
     "              [--client-key FILE]: this client's secret key (PREFIX.key) for a server\n"
-    "              that admits only listed client keys.\n";
-const std::vector<std::string> kSubmitOptions = {"input",    "output",     "server",
-                                                 "window",   "tenant",     "token",
-                                                 "priority", "server-key", "client-key"};
+    "              that admits only listed client keys.\n"
+    "              --nats URL[,URL...]: publish to a cluster's JetStream queue instead\n"
+    "              (switchyard.jobs.<priority>, default class interactive) and read the\n"
+    "              results from a reply subject; [--timeout-ms MS] gives up after MS\n"
+    "              without a result (default 60000); [--no-wait] only publishes (no\n"
+    "              --output needed); [--cancel ID] (repeatable) publishes cancels of\n"
+    "              --tenant's jobs. Exit status 3: the cluster is overloaded (its jobs\n"
+    "              stream is full; the jobs after the refused one were not published).\n";
+const std::vector<std::string> kSubmitOptions = {
+    "input",    "output",     "server",     "window", "tenant",     "token",
+    "priority", "server-key", "client-key", "nats",   "timeout-ms", "cancel"};
+const std::vector<std::string> kSubmitFlags = {"no-wait"};
 
 namespace {
 
@@ -198,6 +208,8 @@ std::unordered_set<std::string> done_ids(const std::string& path) {
   return ids;
 }
 
+}  // namespace
+
 std::string done_line(const wire::Done& d) {
   Json j;
   j["id"] = d.id;
@@ -232,12 +244,36 @@ std::string duration(double s) {
   return buf;
 }
 
-}  // namespace
+std::string progress_text(size_t finished, size_t total, double secs, uint64_t tokens,
+                          double rate, size_t left, bool final, size_t in_flight, size_t failed) {
+  double eta = rate > 0 ? left / rate : -1;
+  int width = 30, fill = total ? static_cast<int>(width * finished / total) : width;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "[%s%s] %zu/%zu  %.0f tok/s  %.1f jobs/s  ETA %s  (%zu in flight, %zu failed)",
+                std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), finished,
+                total, secs > 0 ? tokens / secs : 0.0, rate, final ? "0s" : duration(eta).c_str(),
+                in_flight, failed);
+  return line;
+}
 
 int cmd_submit(const Args& a) {
+  const bool nats = a.has("nats");
+  if (a.has("server") && nats) throw UsageError("--server and --nats exclude each other");
+  for (const char* only : {"no-wait", "timeout-ms", "cancel"})
+    if (a.has(only) && !nats) throw UsageError(std::string("--") + only + " needs --nats");
+  for (const char* zmq_only : {"server-key", "client-key"})
+    if (a.has(zmq_only) && nats)
+      throw UsageError(std::string("--") + zmq_only +
+                       " is for a server's CURVE endpoint, not --nats");
+  if (nats && a.has("cancel")) {
+    if (a.has("input")) throw UsageError("--cancel and --input exclude each other");
+    return cancel_over_nats(a);
+  }
+  const bool no_wait = nats && a.has("no-wait");
   std::string in_path = a.str("input"), out_path = a.str("output");
   if (in_path.empty()) throw UsageError("submit needs --input jobs.jsonl");
-  if (out_path.empty()) throw UsageError("submit needs --output results.jsonl");
+  if (out_path.empty() && !no_wait) throw UsageError("submit needs --output results.jsonl");
   std::string server = a.str("server", "tcp://127.0.0.1:5555");
   long long window = a.integer("window", 64);
   // The server's queues bound what it holds; beyond 100k a window only hides a stuck server.
@@ -257,11 +293,21 @@ int cmd_submit(const Args& a) {
       bad_line(n, "id '" + l.submit.id + "' appears twice");
     jobs.push_back(std::move(l));
   }
-  auto skip = done_ids(out_path);
+  auto skip = out_path.empty() ? std::unordered_set<std::string>{} : done_ids(out_path);
   std::deque<size_t> todo;
   for (size_t i = 0; i < jobs.size(); ++i)
     if (!skip.count(jobs[i].submit.id)) todo.push_back(i);
   const size_t total = jobs.size(), skipped = total - todo.size();
+  if (nats) {
+    NatsBatch b;
+    for (size_t i : todo) b.todo.push_back(std::move(jobs[i].submit));
+    b.total = total;
+    b.skipped = skipped;
+    b.in_path = in_path;
+    b.out_path = out_path;
+    b.window = window;
+    return submit_over_nats(a, std::move(b));
+  }
   std::cerr << "switchyard: " << total << " jobs in " << in_path << ", " << skipped
             << " already in " << out_path << ", " << todo.size() << " to run on " << server << "\n";
 
@@ -302,15 +348,8 @@ int cmd_submit(const Args& a) {
     size_t run = todo.size() + in_flight.size() + retry_at.size();
     size_t finished = done + failed;
     double rate = secs > 0 ? finished / secs : 0;
-    double eta = rate > 0 ? run / rate : -1;
-    size_t doneall = skipped + finished;
-    int width = 30, fill = total ? static_cast<int>(width * doneall / total) : width;
-    char line[256];
-    std::snprintf(line, sizeof line,
-                  "[%s%s] %zu/%zu  %.0f tok/s  %.1f jobs/s  ETA %s  (%zu in flight, %zu failed)",
-                  std::string(fill, '#').c_str(), std::string(width - fill, '.').c_str(), doneall,
-                  total, secs > 0 ? tokens / secs : 0.0, rate, final ? "0s" : duration(eta).c_str(),
-                  in_flight.size(), failed);
+    const std::string line = progress_text(skipped + finished, total, secs, tokens, rate, run,
+                                           final, in_flight.size(), failed);
     std::cerr << (tty ? "\r" : "") << line << (tty && !final ? "" : "\n") << std::flush;
   };
 

@@ -153,28 +153,33 @@ Result Client::wait(const std::string& id, milliseconds timeout, const std::stri
         continue;
       }
     }
-    if (auto* a = std::get_if<wire::Accepted>(&*m)) {
-      r.accepted = *a;
-    } else if (auto* t = std::get_if<wire::Tokens>(&*m)) {
-      r.ids.insert(r.ids.end(), t->ids.begin(), t->ids.end());
-      r.text += t->text;
-      r.logprobs.insert(r.logprobs.end(), t->logprobs.begin(), t->logprobs.end());
-      r.chunks.push_back(std::move(*t));
-    } else if (auto* d = std::get_if<wire::Done>(&*m)) {
-      // A streamed job's done has no text/ids (the chunks carried them).
-      if (!d->ids.empty() || !d->text.empty()) {
-        r.ids = d->ids;
-        r.text = d->text;
-      }
-      if (!d->logprobs.empty()) r.logprobs = d->logprobs;
-      r.done = std::move(*d);
-      return r;
-    } else if (auto* e = std::get_if<wire::Error>(&*m)) {
-      r.error = std::move(*e);
-      return r;
-    }
-    // status replies for this id are not part of the job's stream: ignored here
+    if (add_to_result(r, std::move(*m))) return r;
   }
+}
+
+bool add_to_result(Result& r, wire::ServerMessage&& m) {
+  if (auto* a = std::get_if<wire::Accepted>(&m)) {
+    r.accepted = *a;
+  } else if (auto* t = std::get_if<wire::Tokens>(&m)) {
+    r.ids.insert(r.ids.end(), t->ids.begin(), t->ids.end());
+    r.text += t->text;
+    r.logprobs.insert(r.logprobs.end(), t->logprobs.begin(), t->logprobs.end());
+    r.chunks.push_back(std::move(*t));
+  } else if (auto* d = std::get_if<wire::Done>(&m)) {
+    // A streamed job's done has no text/ids (the chunks carried them).
+    if (!d->ids.empty() || !d->text.empty()) {
+      r.ids = d->ids;
+      r.text = d->text;
+    }
+    if (!d->logprobs.empty()) r.logprobs = d->logprobs;
+    r.done = std::move(*d);
+    return true;
+  } else if (auto* e = std::get_if<wire::Error>(&m)) {
+    r.error = std::move(*e);
+    return true;
+  }
+  // status replies for this id are not part of the job's stream: ignored here
+  return false;
 }
 
 ControlResult Client::control(const std::string& command, const std::string& policy,

@@ -184,6 +184,10 @@ class Sink {
   zmq::socket_t sock_;
 };
 
+/// Adds one message of a job to its Result (accepted, a streamed chunk, done or error); true
+/// when it ended the job (done or error). Status replies change nothing.
+bool add_to_result(Result& r, wire::ServerMessage&& m);
+
 /// The job id a server message refers to ("" for pong and id-less errors).
 std::string message_id(const wire::ServerMessage& m);
 /// The tenant a server message names ("" for pong, control_reply and replies without one).

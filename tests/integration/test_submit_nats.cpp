@@ -1,0 +1,141 @@
+// `switchyard submit --nats` and ClusterClient against a real node (`switchyard serve --nats`,
+// null backend) and a real nats-server -js: a JSONL batch runs to completion with the same
+// result lines as over ZeroMQ, a streamed job's chunks come to the reply subject, every result
+// is stored in SWITCHYARD_RESULTS, and a cancel stops a running job.
+#define BOOST_TEST_MODULE it_submit_nats
+#include <nats/nats.h>
+
+#include <boost/test/unit_test.hpp>
+#include <set>
+
+#include "clients/cpp/cluster_client.hpp"
+#include "tests/integration/server_process.hpp"
+#include "tests/support/nats_server.hpp"
+
+using namespace sy;
+using std::chrono::milliseconds;
+
+namespace {
+
+std::vector<nlohmann::json> result_lines(const std::string& path) {
+  std::ifstream f(path);
+  std::vector<nlohmann::json> out;
+  std::string l;
+  while (std::getline(f, l)) out.push_back(nlohmann::json::parse(l));
+  return out;
+}
+
+client::ClusterOptions options(const test::NatsServer& ns, bool reply = true) {
+  client::ClusterOptions o;
+  o.nats = {ns.url()};
+  o.reply = reply;
+  return o;
+}
+
+// Waits until a node has created SWITCHYARD_JOBS: a node says "ready" for its own endpoints and
+// joins the cluster alongside, and a job published before the stream exists is refused. A node
+// joins within a second on loopback; 30 s only bounds a node that never does.
+void wait_for_jobs_stream(const test::NatsServer& ns) {
+  natsConnection* nc = nullptr;
+  BOOST_REQUIRE(natsConnection_ConnectTo(&nc, ns.url().c_str()) == NATS_OK);
+  jsCtx* js = nullptr;
+  BOOST_REQUIRE(natsConnection_JetStream(&js, nc, nullptr) == NATS_OK);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  bool found = false;
+  while (!found && std::chrono::steady_clock::now() < until) {
+    jsStreamInfo* si = nullptr;
+    found = js_GetStreamInfo(&si, js, "SWITCHYARD_JOBS", nullptr, nullptr) == NATS_OK;
+    if (si) jsStreamInfo_Destroy(si);
+    if (!found) std::this_thread::sleep_for(milliseconds(20));
+  }
+  jsCtx_Destroy(js);
+  natsConnection_Destroy(nc);
+  BOOST_REQUIRE_MESSAGE(found, "no node created SWITCHYARD_JOBS within 30 s");
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(batch_runs_on_a_node_and_resumes) {
+  test::NatsServer ns;
+  it::ServerProcess node({"--backend", "null", "--nats", ns.url()});
+  wait_for_jobs_stream(ns);
+  it::TempDir dir;
+  std::string jobs;
+  for (int i = 0; i < 40; ++i)
+    jobs += "{\"id\": \"j" + std::to_string(i) + "\", \"prompt\": [1, 2, 3], \"max_tokens\": 5, " +
+            "\"ignore_eos\": true" + (i % 2 ? ", \"priority\": \"batch\"" : "") + "}\n";
+  const std::string in = dir.write("jobs.jsonl", jobs);
+  const std::string out = dir.path() + "/results.jsonl";
+  const std::string cmd =
+      "submit --nats " + ns.url() + " --tenant acme --window 8 --input " + in + " --output " + out;
+  auto r = it::run_binary(cmd, "timeout 120 ");
+  BOOST_TEST(r.status == 0, r.out);
+  BOOST_TEST(r.out.find("switchyard: summary: 40 done, 0 failed") != std::string::npos, r.out);
+  std::set<std::string> ids;
+  for (const auto& l : result_lines(out)) {
+    ids.insert(l.at("id").get<std::string>());
+    BOOST_TEST(l.at("usage").at("completion_tokens") == 5, l.dump());
+    BOOST_TEST(l.at("ids").size() == 5u, l.dump());
+    BOOST_TEST(l.at("finish_reason") == "length", l.dump());
+  }
+  BOOST_TEST(ids.size() == 40u);
+
+  // Every result is stored in SWITCHYARD_RESULTS under the tenant's subject.
+  client::ClusterClient reader(options(ns, false));
+  reader.follow_results("acme", true);
+  std::set<std::string> stored;
+  while (stored.size() < 40u) {
+    auto m = reader.next(milliseconds(10000));
+    BOOST_REQUIRE(m.has_value());
+    BOOST_TEST(std::holds_alternative<wire::Done>(*m));
+    stored.insert(client::message_id(*m));
+  }
+  BOOST_TEST(stored == ids);
+
+  // Nothing left to run: a rerun publishes nothing.
+  r = it::run_binary(cmd, "timeout 60 ");
+  BOOST_TEST(r.status == 0, r.out);
+  BOOST_TEST(r.out.find("40 already in " + out + ", 0 to publish") != std::string::npos, r.out);
+  BOOST_TEST(node.stop(SIGTERM) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(streamed_chunks_reach_the_reply_subject_and_cancel_stops_a_job) {
+  test::NatsServer ns;
+  // Each step takes 20 ms (test-only), so a 2000-token job runs for 40 s unless cancelled.
+  it::ServerProcess node({"--backend", "null", "--step-delay-ms", "20", "--nats", ns.url()});
+  wait_for_jobs_stream(ns);
+  client::ClusterClient cc(options(ns));
+
+  wire::Submit s;
+  s.id = "st1";
+  s.tenant = "acme";
+  s.prompt = std::vector<int32_t>{1, 2, 3};
+  s.max_tokens = 6;
+  s.ignore_eos = true;
+  s.stream = true;
+  auto r = cc.run(s, milliseconds(30000));
+  BOOST_REQUIRE(r.ok());
+  BOOST_TEST(r.chunks.size() >= 1u);
+  BOOST_TEST(r.ids.size() == 6u);
+  BOOST_TEST(r.done->usage.completion_tokens == 6u);
+
+  wire::Submit long_job = s;
+  long_job.id = "long";
+  long_job.max_tokens = 2000;
+  cc.submit(long_job);
+  // Running once its first chunk arrives; then cancelled.
+  auto first = cc.next(milliseconds(30000));
+  BOOST_REQUIRE(first.has_value());
+  BOOST_TEST(std::holds_alternative<wire::Tokens>(*first));
+  BOOST_TEST(client::message_id(*first) == "long");
+  cc.cancel("long", "acme");
+  auto end = cc.wait("long", milliseconds(30000), "acme");
+  BOOST_REQUIRE(!end.timed_out);
+  if (end.done) {
+    BOOST_TEST((end.done->finish_reason == wire::FinishReason::cancelled));
+    BOOST_TEST(end.done->usage.completion_tokens < 2000u);
+  } else {
+    BOOST_TEST((end.error->code == ErrorCode::cancelled));
+  }
+  BOOST_TEST(node.stop(SIGTERM) == 0);
+}

@@ -120,6 +120,13 @@ Result Client::run(const wire::Submit& s, milliseconds timeout) {
 }
 
 Result Client::wait(const std::string& id, milliseconds timeout, const std::string& tenant) {
+  return collect_job(
+      pending_, [this](milliseconds t) { return recv(t); }, id, timeout, tenant);
+}
+
+Result collect_job(std::deque<wire::ServerMessage>& pending,
+                   const std::function<std::optional<wire::ServerMessage>(milliseconds)>& recv,
+                   const std::string& id, milliseconds timeout, const std::string& tenant) {
   Result r;
   // Replies name their tenant: one connection may run the same id for two tenants.
   auto is_mine = [&](const wire::ServerMessage& m) {
@@ -129,10 +136,10 @@ Result Client::wait(const std::string& id, milliseconds timeout, const std::stri
   };
   // First what was set aside earlier for this job, then the socket.
   std::deque<wire::ServerMessage> mine;
-  for (auto it = pending_.begin(); it != pending_.end();) {
+  for (auto it = pending.begin(); it != pending.end();) {
     if (is_mine(*it)) {
       mine.push_back(std::move(*it));
-      it = pending_.erase(it);
+      it = pending.erase(it);
     } else {
       ++it;
     }
@@ -149,7 +156,7 @@ Result Client::wait(const std::string& id, milliseconds timeout, const std::stri
         return r;
       }
       if (!is_mine(*m)) {
-        pending_.push_back(std::move(*m));
+        pending.push_back(std::move(*m));
         continue;
       }
     }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -187,6 +188,14 @@ class Sink {
 /// Adds one message of a job to its Result (accepted, a streamed chunk, done or error); true
 /// when it ended the job (done or error). Status replies change nothing.
 bool add_to_result(Result& r, wire::ServerMessage&& m);
+
+/// Collects job `id`'s messages (of `tenant`; "" = any) into a Result until its done or error:
+/// first those set aside in `pending`, then what `recv` gives; others' messages are set aside
+/// in `pending` for later. timed_out when `recv` gives nothing within `timeout`.
+Result collect_job(
+    std::deque<wire::ServerMessage>& pending,
+    const std::function<std::optional<wire::ServerMessage>(std::chrono::milliseconds)>& recv,
+    const std::string& id, std::chrono::milliseconds timeout, const std::string& tenant);
 
 /// The job id a server message refers to ("" for pong and id-less errors).
 std::string message_id(const wire::ServerMessage& m);

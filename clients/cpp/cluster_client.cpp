@@ -250,39 +250,8 @@ std::optional<wire::ServerMessage> ClusterClient::next(milliseconds timeout) {
 
 Result ClusterClient::wait(const std::string& id, milliseconds timeout, const std::string& tenant) {
   auto& im = *impl_;
-  Result r;
-  auto is_mine = [&](const wire::ServerMessage& m) {
-    if (message_id(m) != id) return false;
-    const std::string t = message_tenant(m);
-    return tenant.empty() || t.empty() || t == tenant;
-  };
-  std::deque<wire::ServerMessage> mine;
-  for (auto it = im.pending.begin(); it != im.pending.end();) {
-    if (is_mine(*it)) {
-      mine.push_back(std::move(*it));
-      it = im.pending.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  for (;;) {
-    std::optional<wire::ServerMessage> m;
-    if (!mine.empty()) {
-      m = std::move(mine.front());
-      mine.pop_front();
-    } else {
-      m = im.recv(timeout);
-      if (!m) {
-        r.timed_out = true;
-        return r;
-      }
-      if (!is_mine(*m)) {
-        im.pending.push_back(std::move(*m));
-        continue;
-      }
-    }
-    if (add_to_result(r, std::move(*m))) return r;
-  }
+  return collect_job(
+      im.pending, [&im](milliseconds t) { return im.recv(t); }, id, timeout, tenant);
 }
 
 Result ClusterClient::run(const wire::Submit& s, milliseconds timeout) {

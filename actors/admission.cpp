@@ -31,7 +31,7 @@ std::string job_key(const std::string& tenant, const std::string& id) {
 }
 
 void return_pull_credit(Self* self, const ClientRef& c) {
-  if (c.kind == ClientRef::pipeline && self->state.router)
+  if (uses_pull_credit(c) && self->state.router)
     self->send(self->state.router, pull_atom::value, uint32_t{1});
 }
 
@@ -331,7 +331,10 @@ void submit(Self* self, SubmitRequest& req) {
     drop_pending(self, key, job.uid, ErrorCode::internal, "no router", -1);
     return;
   }
-  if (st.journal) return journal_then_enqueue(self, key, std::move(job));
+  // Cluster jobs are not journaled: JetStream holds them until their result is stored
+  // (docs/durability.md).
+  if (st.journal && job.client.kind != ClientRef::cluster)
+    return journal_then_enqueue(self, key, std::move(job));
   enqueue(self, key, std::move(job));
 }
 

@@ -127,7 +127,9 @@ void key_request(Self* self, KeyRequest& k) {
   }
   Record& rec = i->second;
   if (k.kind == KeyRequest::cancel) {
-    if (rec.live && st.journal && !rec.journaled && rec.pending)
+    // (A cluster job is never journaled: it went to the router at once.)
+    if (rec.live && st.journal && !rec.journaled && rec.pending &&
+        rec.client.kind != ClientRef::cluster)
       rec.cancel_pending = true;  // not at the router yet: enqueue() sends it after the job
     else if (rec.live && st.router)
       self->send(st.router, cancel_atom::value, rec.uid);

@@ -92,7 +92,7 @@ void Batcher::fail(Seq& s, ErrorCode code, const std::string& message) {
 // Streams the text of `s` up to `upto` (and the id `id` when >= 0), for streamed jobs.
 void Batcher::emit(Seq& s, int32_t id, size_t upto) {
   upto = std::max(upto, s.emitted);
-  if (!s.job.stream || s.job.client.kind != ClientRef::router) {
+  if (!s.job.stream || s.job.client.kind == ClientRef::pipeline) {
     s.emitted = upto;
     return;
   }

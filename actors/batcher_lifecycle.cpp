@@ -126,7 +126,7 @@ void Batcher::on_executor_failure(const std::string& why, int64_t fault_us) {
     Job j = s->job;
     // Only a job that reached the failed executor used up an attempt.
     if (s->started) ++j.attempt;
-    if (j.stream && j.client.kind == ClientRef::router) {
+    if (j.stream && j.client.kind != ClientRef::pipeline) {
       j.streamed_ids = std::max(j.streamed_ids, s->sent_ids);
       j.streamed_bytes = std::max<uint64_t>(j.streamed_bytes, s->emitted);
     }

@@ -96,14 +96,20 @@ using watchdog_atom = caf::atom_constant<caf::atom("watchdog")>;
 using scale_atom = caf::atom_constant<caf::atom("scale")>;
 using journal_atom = caf::atom_constant<caf::atom("journal")>;
 
-/// Where replies for a job go: a DEALER client behind the ROUTER socket (by its identity) or the
-/// pipeline results socket (PUSH).
+/// Where replies for a job go: a DEALER client behind the ROUTER socket (by its identity), the
+/// pipeline results socket (PUSH), or the cluster node (a job fetched from NATS JetStream; the
+/// identity is the node's handle of that delivery, ingress/cluster_node.hpp).
 struct ClientRef {
-  enum Kind : uint8_t { router = 0, pipeline = 1 };
+  enum Kind : uint8_t { router = 0, pipeline = 1, cluster = 2 };
   uint8_t kind = router;
-  std::string identity;  // ZeroMQ routing id (router only)
+  std::string identity;  // ZeroMQ routing id (router), delivery handle (cluster)
   bool operator==(const ClientRef&) const = default;
 };
+/// Pipeline and cluster submits each used one PULL credit (the node fetches only what credit
+/// allows): admission gives it back for a submit it answers itself, the router counts it in.
+inline bool uses_pull_credit(const ClientRef& c) {
+  return c.kind == ClientRef::pipeline || c.kind == ClientRef::cluster;
+}
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ClientRef& x) {
   return f(caf::meta::type_name("ClientRef"), x.kind, x.identity);

@@ -228,7 +228,7 @@ caf::result<JobStatus> job_status(Self* self, uint64_t uid) {
 
 EnqueueReply enqueue(Self* self, Job job) {
   auto& st = self->state;
-  const bool pipeline = job.client.kind == ClientRef::pipeline;
+  const bool pipeline = uses_pull_credit(job.client);  // cluster jobs count like pipeline ones
   // Every pipeline submit that reaches the router used one PULL credit, whatever the outcome.
   if (pipeline && st.pull_outstanding > 0) --st.pull_outstanding;
   if (job.class_index >= st.queue->class_count()) {

@@ -78,7 +78,10 @@ const char* const kServeUsage =
     "              0: unlimited).\n"
     "              [--log-level trace|debug|info|warn|error|off] [--log-format text|json]:\n"
     "              the log on stderr (log.level, log.format; default info, text lines\n"
-    "              'switchyard: MESSAGE'; json: one {\"ts\", \"level\", \"msg\"} object a line).\n";
+    "              'switchyard: MESSAGE'; json: one {\"ts\", \"level\", \"msg\"} object a line).\n"
+    "              [--nats URL[,URL...]] (repeatable) [--node-name NAME]: join a cluster on\n"
+    "              NATS JetStream: take jobs from switchyard.jobs.<class>, publish results\n"
+    "              to switchyard.results.<tenant> (cluster.* in the config; docs/cluster.md).\n";
 
 const std::vector<std::string> kServeOptions = {"model",
                                                 "chat-template",
@@ -123,7 +126,9 @@ const std::vector<std::string> kServeOptions = {"model",
                                                 "max-waiting-requests",
                                                 "max-connections",
                                                 "log-level",
-                                                "log-format"};
+                                                "log-format",
+                                                "nats",
+                                                "node-name"};
 const std::vector<std::string> kServeFlags = {"no-prefix-cache", "no-journal", "no-prefix-routing"};
 
 int cmd_serve(const Args& a) {
@@ -184,6 +189,20 @@ int cmd_serve(const Args& a) {
   if (a.has("admin-token")) cfg.admission.admin_token = a.str("admin-token");
   if (a.has("no-prefix-cache")) cfg.batching.prefix_cache = false;
   if (a.has("metrics")) cfg.metrics.bind = a.str("metrics");
+  if (a.has("nats")) {
+    cfg.cluster.nats.clear();
+    for (const auto& v : a.all("nats")) {
+      size_t from = 0;
+      while (from <= v.size()) {
+        const size_t to = std::min(v.find(',', from), v.size());
+        const std::string url = v.substr(from, to - from);
+        if (url.empty()) throw UsageError("--nats: an empty URL in '" + v + "'");
+        cfg.cluster.nats.push_back(url);
+        from = to + 1;
+      }
+    }
+  }
+  if (a.has("node-name")) cfg.cluster.node_name = a.str("node-name");
   if (a.has("journal")) cfg.journal.path = a.str("journal");
   if (a.has("no-journal")) {
     if (a.has("journal")) throw UsageError("--journal and --no-journal contradict each other");

@@ -34,6 +34,10 @@ struct ClusterConfig {
   /// JetStream drops a re-published job with the same Nats-Msg-Id (<tenant>/<id>) within this
   /// window (JetStream's own default, two minutes).
   int64_t duplicate_window_ms = 120000;
+  /// Jobs this node holds at once (fetched, not yet ended), on top of the router's PULL credit:
+  /// work beyond what its batchers run soon stays in JetStream, where any node (one started
+  /// later too) can take it, instead of waiting in this node's queues. 0: credit alone.
+  int64_t max_in_flight = 64;
   /// Reconnection: the first retry waits this long, doubling up to reconnect_max_ms, for ever.
   int64_t reconnect_wait_ms = 100;
   int64_t reconnect_max_ms = 5000;

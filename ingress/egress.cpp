@@ -100,7 +100,8 @@ EgressActor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox)
           if (to_router(e.to)) outbox->post(encode_event(e));
         },
         [=](out_atom, const TokensEvent& e) {
-          if (to_router(e.to)) outbox->post(encode_event(e));
+          // A cluster job's chunks go to its reply subject (the node drops them when none).
+          if (to_router(e.to) || e.to.kind == ClientRef::cluster) outbox->post(encode_event(e));
         },
         [=](out_atom, const DoneEvent& e) { outbox->post(encode_event(e)); },
         [=](out_atom, const ErrorEvent& e) { outbox->post(encode_event(e)); },

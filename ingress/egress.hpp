@@ -34,7 +34,8 @@ class Outbox {
 
 /// Spawns the egress actor. It handles (out_atom, AcceptedEvent|TokensEvent|DoneEvent|ErrorEvent|
 /// StatusEvent|ControlEvent) and (pull_atom, uint32 n). Events for pipeline clients other than
-/// done/error are dropped (the results socket carries only those).
+/// done/error are dropped (the results socket carries only those); cluster clients get tokens,
+/// done and error.
 EgressActor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox);
 
 /// The encoding the egress applies to each event (exposed for tests and for the fuzz seeds).

@@ -33,6 +33,7 @@
 
 #include "actors/log.hpp"
 #include "ingress/curve.hpp"
+#include "ingress/submit_request.hpp"
 
 namespace sy {
 namespace {
@@ -138,40 +139,6 @@ void fit_descriptor_limit(int64_t max_connections, int64_t endpoints) {
               " descriptors that endpoints.max_connections (" + std::to_string(max_connections) +
               " per endpoint) and the server's own files need: raise the hard limit, or lower "
               "the cap");
-}
-
-SubmitRequest to_request(wire::Submit&& s, ClientRef client) {
-  SubmitRequest r;
-  r.client = std::move(client);
-  r.id = std::move(s.id);
-  r.tenant = std::move(s.tenant);
-  r.token = std::move(s.token);
-  if (s.prompt_is_tokens()) {
-    r.prompt_is_ids = true;
-    r.prompt_ids = std::move(std::get<1>(s.prompt));
-  } else {
-    r.prompt_text = std::move(std::get<0>(s.prompt));
-  }
-  for (auto& m : s.messages) {
-    r.message_roles.push_back(std::move(m.role));
-    r.message_contents.push_back(std::move(m.content));
-  }
-  r.parse_special = s.parse_special;
-  r.max_tokens = s.max_tokens;
-  r.temperature = s.temperature;
-  r.top_k = s.top_k;
-  r.top_p = s.top_p;
-  r.has_seed = s.seed.has_value();
-  r.seed = s.seed.value_or(0);
-  r.stop = std::move(s.stop);
-  r.ignore_eos = s.ignore_eos;
-  r.priority = std::move(s.priority);
-  r.deadline_ms = s.deadline_ms;
-  // Pipeline results carry only done/error: streaming makes no sense there.
-  r.stream = r.client.kind == ClientRef::router && s.stream;
-  r.logprobs = s.logprobs;
-  r.arrival_us = now_us();
-  return r;
 }
 
 // Binds, turning ZeroMQ's bare errno text into a message that names the address.
@@ -1089,6 +1056,16 @@ void Gateway::post(OutMessage m) {
 void Gateway::add_pull_credit(uint32_t n) {
   impl_->pull_credit += n;
   impl_->wake();
+}
+
+uint32_t Gateway::take_pull_credit(uint32_t max) {
+  int64_t have = impl_->pull_credit.load();
+  int64_t take = 0;
+  do {
+    take = std::clamp<int64_t>(have, 0, max);
+    if (take == 0) return 0;
+  } while (!impl_->pull_credit.compare_exchange_weak(have, have - take));
+  return static_cast<uint32_t>(take);
 }
 
 std::string Gateway::endpoint() const {

@@ -95,6 +95,9 @@ class Gateway : public Outbox {
   void post(OutMessage m) override;
   /// Grants `n` more PULL reads (thread-safe).
   void add_pull_credit(uint32_t n) override;
+  /// Takes up to `max` of that credit for another intake sharing it (the cluster node fetches
+  /// only what it took); returns how many it took (thread-safe).
+  uint32_t take_pull_credit(uint32_t max);
 
   /// The bound addresses with wildcard ports resolved (e.g. "tcp://127.0.0.1:41234"); "" when
   /// the socket is off. Valid after start().

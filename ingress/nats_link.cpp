@@ -132,6 +132,17 @@ NatsLink::NatsLink(const ClusterConfig& cfg, std::vector<std::string> classes,
 }
 
 NatsLink::~NatsLink() {
+  // A drained subscription has run its last callback, so its listener can go; a subscription
+  // that cannot drain (no connection) is unsubscribed, and no callback runs without a connection.
+  // A second bounds the wait for a callback that is running.
+  for (auto& l : listeners_)
+    if (l->sub) {
+      if (natsSubscription_Drain(l->sub) == NATS_OK)
+        natsSubscription_WaitForDrainCompletion(l->sub, 1000);
+      else
+        natsSubscription_Unsubscribe(l->sub);
+      natsSubscription_Destroy(l->sub);
+    }
   for (auto* sub : subs_)
     if (sub) natsSubscription_Destroy(sub);
   if (js_) jsCtx_Destroy(js_);
@@ -305,22 +316,46 @@ void NatsLink::nak(const Delivery& d, int64_t delay_ms) {
 }
 
 void NatsLink::publish_result(const std::string& tenant, const std::string& msg_id,
-                              const std::string& body) {
+                              const std::string& body,
+                              const std::vector<std::pair<std::string, std::string>>& headers) {
+  const std::string subject = results_subject(tenant);
+  natsMsg* m = nullptr;
+  check(natsMsg_Create(&m, subject.c_str(), nullptr, body.data(), static_cast<int>(body.size())),
+        "cluster: result message");
+  std::unique_ptr<natsMsg, void (*)(natsMsg*)> owned(m, natsMsg_Destroy);
+  for (const auto& [k, v] : headers)
+    check(natsMsgHeader_Set(m, k.c_str(), v.c_str()), "cluster: header " + k);
   jsPubOptions po;
   jsPubOptions_Init(&po);
   po.MsgId = msg_id.c_str();
   po.MaxWait = kRequestWaitMs;
   jsPubAck* pa = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
-  const std::string subject = results_subject(tenant);
-  natsStatus s = js_Publish(&pa, js_, subject.c_str(), body.data(), static_cast<int>(body.size()),
-                            &po, &jerr);
-  if (pa) jsPubAck_Destroy(pa);
+  natsStatus s = js_PublishMsg(&pa, js_, m, &po, &jerr);
+  if (pa) {
+    if (s == NATS_OK && pa->Duplicate) duplicates_.fetch_add(1, std::memory_order_relaxed);
+    jsPubAck_Destroy(pa);
+  }
   if (s != NATS_OK) {
     pub_failed_.fetch_add(1, std::memory_order_relaxed);
     check(s, "cluster: result of " + msg_id + " on " + subject, jerr);
   }
   published_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void NatsLink::subscribe(const std::string& subject,
+                         std::function<void(const std::string&)> on_msg) {
+  auto l = std::make_unique<Listener>();
+  l->fn = std::move(on_msg);
+  auto cb = [](natsConnection*, natsSubscription*, natsMsg* m, void* closure) {
+    auto* self = static_cast<Listener*>(closure);
+    std::string data(natsMsg_GetData(m), static_cast<size_t>(natsMsg_GetDataLength(m)));
+    natsMsg_Destroy(m);
+    self->fn(data);
+  };
+  check(natsConnection_Subscribe(&l->sub, nc_, subject.c_str(), cb, l.get()),
+        "cluster: subscribing to " + subject);
+  listeners_.push_back(std::move(l));
 }
 
 bool NatsLink::publish(const std::string& subject, const std::string& body) {
@@ -377,6 +412,7 @@ LinkCounters NatsLink::counters() const {
   c.redelivered = redelivered_.load(std::memory_order_relaxed);
   c.results_published = published_.load(std::memory_order_relaxed);
   c.publish_failures = pub_failed_.load(std::memory_order_relaxed);
+  c.duplicate_results = duplicates_.load(std::memory_order_relaxed);
   c.disconnects = disconnects_.load(std::memory_order_relaxed);
   c.reconnects = reconnects_.load(std::memory_order_relaxed);
   c.connected = nc_ && natsConnection_Status(nc_) == NATS_CONN_STATUS_CONNECTED;

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -64,6 +65,9 @@ struct ClassLag {
 /// Counters of a link (monotonic except `connected`).
 struct LinkCounters {
   uint64_t fetched = 0, acked = 0, redelivered = 0, results_published = 0, publish_failures = 0;
+  /// Results JetStream dropped as re-publishes of a stored one (a job run again: see
+  /// docs/cluster.md, Guarantees).
+  uint64_t duplicate_results = 0;
   uint64_t disconnects = 0, reconnects = 0;
   bool connected = false;
 };
@@ -88,7 +92,7 @@ class NatsLink {
   std::vector<std::string> bind_consumers();
 
   /// Up to `n` jobs of class `class_index`, waiting up to `wait_ms` for the first; none on a
-  /// timeout or while disconnected.
+  /// timeout or while disconnected. Jobs that arrive after the wait are kept for the next fetch.
   std::vector<Delivery> fetch(uint32_t class_index, int n, int64_t wait_ms);
   /// Acknowledges a job (its result is stored): JetStream removes it from the work queue. True
   /// when the server confirmed it.
@@ -99,9 +103,14 @@ class NatsLink {
   void nak(const Delivery& d, int64_t delay_ms = 0);
 
   /// Publishes a result to switchyard.results.<tenant> with Nats-Msg-Id `msg_id` and waits for
-  /// JetStream's acknowledgement; throws NatsError when it is refused or times out.
+  /// JetStream's acknowledgement; throws NatsError when it is refused or times out. `headers`
+  /// go on the message as NATS headers (the body stays the results socket's bytes).
   void publish_result(const std::string& tenant, const std::string& msg_id,
-                      const std::string& body);
+                      const std::string& body,
+                      const std::vector<std::pair<std::string, std::string>>& headers = {});
+  /// Subscribes to a core NATS subject; `on_msg` runs on libnats's delivery thread with each
+  /// message's data. Kept across reconnects; ends with the link.
+  void subscribe(const std::string& subject, std::function<void(const std::string&)> on_msg);
   /// A plain publish (a producer's reply subject, stream chunks); false when not sent.
   bool publish(const std::string& subject, const std::string& body);
   /// Publishes a job as a producer does: switchyard.jobs.<class> with Nats-Msg-Id <tenant>/<id>
@@ -124,7 +133,13 @@ class NatsLink {
   __natsConnection* nc_ = nullptr;
   __jsCtx* js_ = nullptr;
   std::vector<__natsSubscription*> subs_;
-  std::atomic<uint64_t> fetched_{0}, acked_{0}, redelivered_{0}, published_{0}, pub_failed_{0};
+  struct Listener {
+    __natsSubscription* sub = nullptr;
+    std::function<void(const std::string&)> fn;
+  };
+  std::vector<std::unique_ptr<Listener>> listeners_;
+  std::atomic<uint64_t> fetched_{0}, acked_{0}, redelivered_{0}, published_{0}, pub_failed_{0},
+      duplicates_{0};
   std::atomic<uint64_t> disconnects_{0}, reconnects_{0};
 };
 

@@ -12,6 +12,7 @@
 #include <set>
 #include <stdexcept>
 
+#include "ingress/nats_link.hpp"
 #include "policies/kv_policy.hpp"
 
 namespace sy {
@@ -372,6 +373,55 @@ void load_executors(const Ctx& c, const YAML::Node& n, ExecutorConfig& e) {
        });
 }
 
+// cluster: the NATS servers and the JetStream limits (ingress/cluster_config.hpp).
+void load_cluster(const Ctx& c, const YAML::Node& n, ClusterConfig& k) {
+  each(c, "cluster", n,
+       {"nats", "node_name", "replicas", "max_jobs", "max_job_bytes", "results_max_age_s",
+        "results_max_bytes", "ack_wait_ms", "max_ack_pending", "max_in_flight",
+        "duplicate_window_ms", "reconnect_wait_ms", "reconnect_max_ms"},
+       [&](const std::string& f, const std::string& key, const YAML::Node& v) {
+         if (f == "nats") {
+           // One URL or a list of them (a NATS cluster's servers).
+           k.nats.clear();
+           if (v.IsSequence()) {
+             for (const auto& u : v) k.nats.push_back(get_string(c, key, u));
+           } else {
+             k.nats.push_back(get_string(c, key, v));
+           }
+           for (const auto& u : k.nats)
+             if (u.empty()) c.fail(key, v, "a NATS URL is empty");
+         } else if (f == "node_name")
+           k.node_name = get_string(c, key, v);
+         // JetStream keeps at most 5 copies of a stream.
+         else if (f == "replicas")
+           k.replicas = static_cast<int>(get_int(c, key, v, 1, 5));
+         else if (f == "max_jobs")
+           k.max_jobs = get_int(c, key, v, 1, kI64);
+         else if (f == "max_job_bytes")
+           k.max_job_bytes = get_int(c, key, v, 1, kI64);
+         else if (f == "results_max_age_s")
+           k.results_max_age_s = get_int(c, key, v, 1, kI64 / 1000000000);
+         else if (f == "results_max_bytes")
+           k.results_max_bytes = get_int(c, key, v, 1, kI64);
+         // Below a second in-progress acks (every third of it) would flood JetStream; above a
+         // day a dead node's jobs would be lost to everyone for that long.
+         else if (f == "ack_wait_ms")
+           k.ack_wait_ms = get_int(c, key, v, 1000, 86400000);
+         else if (f == "max_ack_pending")
+           k.max_ack_pending = get_int(c, key, v, 1, kI32);
+         else if (f == "max_in_flight")
+           k.max_in_flight = get_int(c, key, v, 0, kI32);
+         // JetStream's duplicate window cannot exceed a stream's age limit; a day is the most
+         // that is sensible for a work queue.
+         else if (f == "duplicate_window_ms")
+           k.duplicate_window_ms = get_int(c, key, v, 1000, 86400000);
+         else if (f == "reconnect_wait_ms")
+           k.reconnect_wait_ms = get_int(c, key, v, 1, kHourMs);
+         else if (f == "reconnect_max_ms")
+           k.reconnect_max_ms = get_int(c, key, v, 1, kHourMs);
+       });
+}
+
 }  // namespace
 
 void load_config_file(const std::string& path, ServerConfig& cfg) {
@@ -389,7 +439,7 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
   try {
     each(c, "", root,
          {"model", "chat_template", "endpoints", "admission", "router", "batching", "executors",
-          "shutdown_grace_ms", "metrics", "journal", "autoscale", "state_dir", "log"},
+          "shutdown_grace_ms", "metrics", "journal", "autoscale", "state_dir", "log", "cluster"},
          [&](const std::string& k, const std::string& key, const YAML::Node& v) {
            if (k == "model") {
              cfg.model = get_string(c, key, v);
@@ -410,6 +460,8 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
                                        .string();
            } else if (k == "endpoints")
              load_endpoints(c, v, cfg.endpoints);
+           else if (k == "cluster")
+             load_cluster(c, v, cfg.cluster);
            else if (k == "admission")
              load_admission(c, v, cfg.admission);
            else if (k == "router")
@@ -493,6 +545,16 @@ void finalize_config(ServerConfig& cfg) {
       throw std::runtime_error("config: priority class '" + pc.name + "' needs a weight > 0");
     if (pc.queue_limit == 0)
       throw std::runtime_error("config: priority class '" + pc.name + "' needs a queue_limit >= 1");
+  }
+  if (!cfg.cluster.nats.empty()) {
+    // Each class is a subject token of switchyard.jobs.<class> and a consumer's name.
+    for (const auto& pc : classes)
+      if (auto why = cluster::subject_token_problem(pc.name); !why.empty())
+        throw std::runtime_error("config: priority class '" + pc.name +
+                                 "' cannot name a cluster subject (switchyard.jobs." + pc.name +
+                                 "): it " + why);
+    if (cfg.cluster.reconnect_wait_ms > cfg.cluster.reconnect_max_ms)
+      throw std::runtime_error("config: cluster.reconnect_wait_ms must be <= reconnect_max_ms");
   }
   if (cfg.router.default_class.empty()) {
     cfg.router.default_class = classes.front().name;

@@ -15,6 +15,7 @@
 #include "actors/metrics_config.hpp"
 #include "actors/router_config.hpp"
 #include "actors/supervisor_config.hpp"
+#include "ingress/cluster_config.hpp"
 #include "ingress/endpoint_config.hpp"
 
 namespace sy {
@@ -34,6 +35,7 @@ struct ServerConfig {
   MetricsConfig metrics;
   JournalConfig journal;
   log::LogConfig log;  // the level and line format of the server's log (stderr)
+  ClusterConfig cluster;  // `cluster` / --nats: a NATS JetStream cluster node (docs/cluster.md)
   // Where a server keeps its state (the default journal) when nothing more specific is given.
   // `switchyard serve` fills it ($XDG_STATE_HOME/switchyard or ~/.local/state/switchyard);
   // "" = no default journal.

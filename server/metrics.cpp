@@ -25,7 +25,7 @@ HttpReply text(int status, std::string body) {
 
 HttpReply metrics_route(caf::actor_system& sys, const MetricsActor& metrics,
                         std::chrono::milliseconds timeout, const std::string& method,
-                        const std::string& path) {
+                        const std::string& path, const std::function<std::string()>& extra) {
   if (path != "/metrics" && path != "/health" && path != "/ready")
     return text(404, "not found; try /metrics, /health or /ready\n");
   if (method != "GET" && method != "HEAD") return text(405, "only GET and HEAD\n");
@@ -47,15 +47,19 @@ HttpReply metrics_route(caf::actor_system& sys, const MetricsActor& metrics,
             r.status = 200;
             r.content_type = prom::kContentType;
             r.body = std::move(body);
+            if (extra) r.body += extra();
           },
           [&](caf::error&) {});
   return r;
 }
 
-MetricsEndpoint::MetricsEndpoint(caf::actor_system& sys, MetricsActor metrics, std::string bind)
+MetricsEndpoint::MetricsEndpoint(caf::actor_system& sys, MetricsActor metrics, std::string bind,
+                                 std::function<std::string()> extra)
     : http_(std::make_unique<HttpServer>(
-          std::move(bind), [&sys, metrics](const std::string& method, const std::string& path) {
-            return metrics_route(sys, metrics, kAskTimeout, method, path);
+          std::move(bind),
+          [&sys, metrics, extra = std::move(extra)](const std::string& method,
+                                                    const std::string& path) {
+            return metrics_route(sys, metrics, kAskTimeout, method, path, extra);
           })) {}
 
 void MetricsEndpoint::start() {

@@ -28,6 +28,7 @@
 #include "storage/journal_file.hpp"
 #include "ingress/egress.hpp"
 #include "ingress/gateway.hpp"
+#include "server/cluster_wiring.hpp"
 #include "server/metrics.hpp"
 
 namespace sy {
@@ -68,6 +69,7 @@ struct Server::Impl {
   std::unique_ptr<caf::actor_system> sys;
   std::shared_ptr<LlamaModel> model;
   std::shared_ptr<Gateway> gateway;
+  std::shared_ptr<cluster::ClusterNode> node;  // only with cluster.nats (--nats)
   EgressActor egress;
   RouterActor router;
   AdmissionActor admission;
@@ -118,7 +120,9 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   admission_cfg.intake = go.intake;
   d.gateway = std::make_shared<Gateway>(c.endpoints, go);
 
-  d.egress = spawn_egress(*d.sys, d.gateway);
+  d.node = make_cluster_node(c, go.limits);
+  d.egress = spawn_egress(*d.sys, d.node ? std::make_shared<cluster::SplitOutbox>(d.gateway, d.node)
+                                         : std::shared_ptr<Outbox>(d.gateway));
   // With a journal, every job event goes through the journal actor on its way to egress, so that
   // a journaled job's done/error leaves only once its result is durable (docs/durability.md).
   EgressActor out = d.egress;
@@ -265,6 +269,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   }
   d.gateway->set_admission(d.admission);
   d.gateway->set_control(d.control);
+  if (d.node) wire_cluster_node(*d.node, d.gateway, d.admission);
   if (!c.metrics.bind.empty()) {
     MetricsWiring mw;
     mw.admission = d.admission;
@@ -281,7 +286,8 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
     d.metrics = spawn_metrics(*d.sys, std::move(mw));
     caf::anon_send(d.admission, observe_atom::value, d.metrics);
     caf::anon_send(d.supervisor, observe_atom::value, d.metrics);  // pairs now and later
-    d.metrics_http = std::make_unique<MetricsEndpoint>(*d.sys, d.metrics, c.metrics.bind);
+    d.metrics_http = std::make_unique<MetricsEndpoint>(*d.sys, d.metrics, c.metrics.bind,
+                                                       cluster_metrics(d.node));
   }
 }
 
@@ -295,6 +301,7 @@ Server::~Server() {
 
 void Server::start() {
   impl_->gateway->start();
+  if (impl_->node) impl_->node->start();
   if (impl_->metrics_http) impl_->metrics_http->start();
   impl_->started = true;
 }
@@ -344,6 +351,7 @@ void Server::shutdown(std::chrono::milliseconds grace) {
     // submits read before; the router stops granting PULL credit. The gateway is told first:
     // a submit it passed on after admission heard of the drain is refused there.
     d.gateway->refuse_submits(until + kCancelWait + kFinalDelivery);
+    if (d.node) d.node->stop_fetching();  // its running jobs finish, or go back (below)
     caf::anon_send(d.admission, drain_atom::value);
     caf::anon_send(d.router, drain_atom::value);
     // Phase 2: let admitted jobs finish within the grace period. Polled every 20 ms: shutdown
@@ -356,6 +364,8 @@ void Server::shutdown(std::chrono::milliseconds grace) {
     // Phase 3: grace is over: cancel what still runs, so that its clients get done with
     // finish_reason "cancelled" instead of silence.
     auto s = d.ask_stats<AdmissionStats>(d.admission);
+    // A cluster job still running goes back to JetStream for another node, not cancelled.
+    if (d.node && s && s->active > 0) d.node->release_running();
     if (s && s->active > 0) {
       caf::anon_send(d.admission, cancel_atom::value, drain_atom::value);
       auto cancel_until = clock::now() + kCancelWait;
@@ -367,8 +377,10 @@ void Server::shutdown(std::chrono::milliseconds grace) {
     }
     // Phase 4: deliver what is queued for the clients, close the sockets.
     d.gateway->stop(kFinalDelivery);
+    if (d.node) d.node->stop(kFinalDelivery);
   } else {
     d.gateway->stop(std::chrono::milliseconds(0));
+    if (d.node) d.node->stop(std::chrono::milliseconds(0));
   }
   // Phase 5: stop every actor; the system's destructor waits for them.
   auto stop = [](const auto& a) {

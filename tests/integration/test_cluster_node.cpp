@@ -553,3 +553,35 @@ BOOST_AUTO_TEST_CASE(a_node_stopping_gives_its_running_job_to_another) {
   BOOST_TEST(
       eventually([&] { return prod->lag(1).pending == 0 && prod->lag(1).ack_pending == 0; }));
 }
+
+// A producer that publishes the same key again within the duplicate window (a retry after a lost
+// pub-ack, say): JetStream drops the second publish, so the node fetches and runs the job once.
+BOOST_AUTO_TEST_CASE(a_key_published_again_within_the_duplicate_window_runs_once) {
+  test::NatsServer ns;
+  it::TempDir dir;
+  auto prod = producer(ns);
+  Sink sink(ns.url());
+  auto node = start_node(ns, dir, "n1", 16, 0);
+  bool dup_first = true, dup_again = false, dup_other = true;
+  prod->publish_job("batch", "acme", "twice", submit_body("acme", "twice", 4), {}, &dup_first);
+  // The same key with another body (8 tokens): still the same job as far as the queue goes.
+  prod->publish_job("batch", "acme", "twice", submit_body("acme", "twice", 8), {}, &dup_again);
+  prod->publish_job("batch", "acme", "other", submit_body("acme", "other", 4), {}, &dup_other);
+  BOOST_TEST(!dup_first);
+  BOOST_TEST(dup_again);
+  BOOST_TEST(!dup_other);
+  const auto& rs = sink.read(2, 30s);
+  BOOST_REQUIRE_EQUAL(rs.size(), 2u);
+  auto keys = by_key(rs);
+  BOOST_REQUIRE(keys.count("acme/twice"));
+  BOOST_REQUIRE(keys.at("acme/twice")->done());
+  BOOST_TEST(keys.at("acme/twice")->done()->usage.completion_tokens == 4u);  // the first body
+  // Nothing else is left to deliver, and the node fetched two jobs, not three.
+  BOOST_TEST(eventually([&] {
+    auto b = prod->lag(1);
+    return b.pending == 0 && b.ack_pending == 0;
+  }));
+  BOOST_TEST(metric(*node, "switchyard_cluster_fetched_total") == 2);
+  BOOST_TEST(eventually([&] { return metric(*node, "switchyard_cluster_acked_total") == 2; }));
+  BOOST_TEST(node->stop() == 0);
+}

@@ -1,10 +1,12 @@
 // Fast CPU kernels: threaded, SIMD versions of the ops in kernels.hpp, checked against ref.
 // matmul tiles R weight rows x T tokens so each weight load feeds T tokens; quantized weights
-// multiply Q8_0-quantized activations with integer dot products (AVX-512 VNNI or AVX2), and
-// from 16 tokens on with a tokens-in-lanes VNNI kernel.
+// multiply Q8_0-quantized activations with integer dot products (AVX-512 VNNI or AVX2), for one
+// token with a kernel built for few vector ops per block (VBMI and GFNI), and from 16 tokens on
+// with a tokens-in-lanes VNNI kernel.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "kernels/cpu/kernels.hpp"
@@ -290,13 +292,14 @@ void matmul_float_rows(const WeightView& w, const float* x, int64_t n_tokens, fl
 //
 // Activations are quantized once per matmul into a layout made for the integer kernel:
 //  AVX-512 VNNI: per pair of blocks a record {qs[64], dxv[16] floats, negc[16] int32}:
-//    dpbusd multiplies unsigned by signed bytes, so the unsigned side must be the one whose
-//    values are non-negative. Q8_0 weights are signed: activations are stored biased (q + 128,
-//    as u8) and negc = -128 * sum(w) is formed per weight row. Q4_0 weight codes (0..15) are
-//    unsigned already: activations stay signed, and negc holds the -8 * sum(q) of the code
-//    offset. For Q4_0 the 16-byte halves are ordered [A0-15, B0-15, A16-31, B16-31] to match
-//    how two packed nibble blocks unpack. dxv is each int32 lane's activation scale.
-//    An odd last block is kept at the end as {qs[32] natural, float d} and done in scalar.
+//    dpbusd multiplies unsigned by signed bytes; the activations stay signed and the weights
+//    are made the unsigned side. Q4_0 weight codes (0..15) are unsigned already and negc holds
+//    the -8 * sum(q) of the code offset. Q8_0 weights are biased to w + 128 (one xor per weight
+//    vector, shared by every token) and negc holds -128 * sum(q), which cancels the bias; the
+//    sums are per int32 lane, formed once per token. For Q4_0 the 16-byte halves are ordered
+//    [A0-15, B0-15, A16-31, B16-31] to match how two packed nibble blocks unpack. dxv is each
+//    int32 lane's activation scale. An odd last block is kept at the end as {qs[32] natural,
+//    float d} and done in scalar.
 //  Otherwise: per block {qs[32] natural signed, float d} (the AVX2 and scalar paths).
 
 #if defined(SY_VNNI512)
@@ -314,7 +317,8 @@ struct TailBlock {
 size_t act_bytes(DType wt, int64_t cols) {
   const int64_t nb = cols / kQK;
   if (kVnni) {
-    const size_t rec = wt == DType::Q4_0 ? 192 : 128;
+    (void)wt;
+    constexpr size_t rec = 192;
     return static_cast<size_t>(nb / 2) * rec + 64;  // + room for the odd tail block
   }
   return static_cast<size_t>(nb) * sizeof(TailBlock);
@@ -333,7 +337,8 @@ inline float quant_block(const float* x, int8_t* q) {
   const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, vid));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtsepi32_epi8(qa));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtsepi32_epi8(qb));
-  return f16_to_f32(f32_to_f16(d));
+  // The scale as stored in f16 (round to nearest even, as f32_to_f16), without the calls.
+  return _cvtsh_ss(_cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 #else
   float amax = 0.0f;
   for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(x[j]));
@@ -348,7 +353,7 @@ void quantize_act(DType wt, const float* x, int64_t cols, uint8_t* dst) {
   const int64_t nb = cols / kQK;
 #if defined(SY_VNNI512)
   const bool q4 = wt == DType::Q4_0;
-  const size_t rec = q4 ? 192 : 128;
+  constexpr size_t rec = 192;
   for (int64_t p = 0; p < nb / 2; ++p) {
     uint8_t* o = dst + p * rec;
     alignas(64) int8_t qa[kQK], qb[kQK];
@@ -366,16 +371,18 @@ void quantize_act(DType wt, const float* x, int64_t cols, uint8_t* dst) {
       xv = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
       // lanes 0-3 and 8-11 hold block A, 4-7 and 12-15 block B
       dxv = _mm512_mask_blend_ps(0xF0F0, _mm512_set1_ps(da), _mm512_set1_ps(db));
-      const __m512i s8 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(8), xv);
-      _mm512_store_si512(reinterpret_cast<__m512i*>(o + 128),
-                         _mm512_sub_epi32(_mm512_setzero_si512(), s8));
     } else {
       const __m256i a = _mm256_load_si256(reinterpret_cast<const __m256i*>(qa));
       const __m256i b = _mm256_load_si256(reinterpret_cast<const __m256i*>(qb));
-      xv = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1),
-                            _mm512_set1_epi8(-128));
+      xv = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
       dxv = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(da), _mm512_set1_ps(db));
     }
+    // -bias * sum(q) per int32 lane: the weights' offset (8 for Q4_0 codes, 128 for the biased
+    // Q8_0 weights) times the lane's four activations, taken off by starting dpbusd there.
+    const __m512i sb =
+        _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(q4 ? 8 : -128), xv);
+    _mm512_store_si512(reinterpret_cast<__m512i*>(o + 128),
+                       _mm512_sub_epi32(_mm512_setzero_si512(), sb));
     _mm512_store_si512(reinterpret_cast<__m512i*>(o), xv);
     _mm512_store_ps(reinterpret_cast<float*>(o + 64), dxv);
   }
@@ -461,7 +468,7 @@ inline __m512 load_dwpair(const uint8_t* b) {
 template <DType TY, int R, int T>
 void tile_quant(const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs, int64_t nb, float* y,
                 int64_t ys) {
-  constexpr size_t rec = TY == DType::Q4_0 ? 192 : 128;
+  constexpr size_t rec = 192;
   constexpr size_t bb = block_bytes<TY>();
   __m512 acc[R][T];
   for (int r = 0; r < R; ++r)
@@ -470,31 +477,21 @@ void tile_quant(const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs, int64
   for (int64_t p = 0; p < np; ++p) {
     __m512i wv[R];
     __m512 dw[R];
-    [[maybe_unused]] __m512i negc[R];
     for (int r = 0; r < R; ++r) {
       const uint8_t* b = w + r * rb + p * 2 * bb;
       if constexpr (T == 1)
         _mm_prefetch(reinterpret_cast<const char*>(b + R * rb), _MM_HINT_T0);  // as tile_float
       wv[r] = load_wpair<TY>(b);
       dw[r] = load_dwpair<TY>(b);
-      if constexpr (TY == DType::Q8_0) {
-        negc[r] = _mm512_sub_epi32(
-            _mm512_setzero_si512(),
-            _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8(-128), wv[r]));
-      }
+      if constexpr (TY == DType::Q8_0) wv[r] = _mm512_xor_si512(wv[r], _mm512_set1_epi8(-128));
     }
     for (int t = 0; t < T; ++t) {
       const uint8_t* o = xq + t * xs + p * rec;
       const __m512i xv = _mm512_load_si512(reinterpret_cast<const __m512i*>(o));
       const __m512 dx = _mm512_load_ps(reinterpret_cast<const float*>(o + 64));
+      const __m512i nx = _mm512_load_si512(reinterpret_cast<const __m512i*>(o + 128));
       for (int r = 0; r < R; ++r) {
-        __m512i s;
-        if constexpr (TY == DType::Q8_0) {
-          s = _mm512_dpbusd_epi32(negc[r], xv, wv[r]);
-        } else {
-          s = _mm512_dpbusd_epi32(_mm512_load_si512(reinterpret_cast<const __m512i*>(o + 128)),
-                                  wv[r], xv);
-        }
+        const __m512i s = _mm512_dpbusd_epi32(nx, wv[r], xv);
         acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw[r], dx), acc[r][t]);
       }
     }
@@ -517,6 +514,142 @@ void tile_quant(const uint8_t* w, size_t rb, const uint8_t* xq, size_t xs, int64
 // 4 x 4 accumulators plus per-row weights, scales and offsets fill the 32 zmm registers.
 constexpr int kRowsQ = 4;
 constexpr int kTokQ = 4;
+
+#if defined(SY_VBMI512)
+// One token x Q4_0 / Q8_0 rows (batch-1 decode). The loop is bound by the vector ports, not by
+// memory, so it is built to spend few ops per row and pair of blocks:
+//  - Q4_0: ONE 64-byte load holds both blocks; vpermb places A.qs, B.qs, A.qs, B.qs in the four
+//    16-byte quarters, and one gf2p8affineqb with a per-qword bit matrix keeps the low nibbles
+//    in the lower half and moves the high nibbles down in the upper half (the activation
+//    record's element order). Q8_0: the two qs runs, biased to unsigned with one xor.
+//  - The scales of four rows are gathered into one vector (two word permutes of each pair's
+//    first 64 bytes and an unpack), converted and multiplied by the activation scales once, and
+//    each row's lanes then take theirs with one vpermps.
+// About 8 vector ops per row and pair where tile_quant spends 11 (Q8_0) to 17 (Q4_0).
+
+template <DType TY>
+constexpr int kPairBytes = 2 * static_cast<int>(block_bytes<TY>());
+
+/// The first 64 bytes of a pair of blocks (Q4_0: all 36 of it). A full load could read past the
+/// matrix's last row, which may be past the mapping, so the last pair of a row is loaded masked
+/// (masked-off bytes are never touched).
+template <DType TY, bool kMasked>
+inline __m512i load_pair_head(const uint8_t* b) {
+  if constexpr (kMasked && TY == DType::Q4_0) {
+    constexpr int n = kPairBytes<TY>;
+    return _mm512_maskz_loadu_epi8((__mmask64{1} << n) - 1, b);
+  } else {
+    return _mm512_loadu_si512(b);  // Q8_0: 68-byte pairs, the 64 bytes are inside the pair
+  }
+}
+
+struct OneTokTables {
+  uint8_t q[64];         // vpermb (Q4_0): quarters A.qs, B.qs, A.qs, B.qs of a pair
+  uint64_t nib[8];       // gf2p8affine matrices: low nibble (qwords 0-3), high nibble (4-7)
+  uint16_t w2[32];       // vpermt2w: A.d, B.d of the first source, then of the second
+  uint32_t dx[8];        // vpermps: the record's dx lanes in compact (A, B, A, B, ...) order
+  uint32_t lane[4][16];  // vpermps: row r's lanes take compact scale 2r (block A) or 2r + 1
+  uint16_t d1[16];       // vpermw: one row's A.d / B.d in the record's lane order (low 16)
+};
+
+/// The record's lanes hold block A or B: Q4_0 in runs of 4 lanes (A, B, A, B), Q8_0 in halves.
+template <DType TY>
+constexpr int lane_block(int l) {
+  return TY == DType::Q4_0 ? (l / 4) % 2 : l / 8;
+}
+
+template <DType TY>
+constexpr OneTokTables make_one_tok_tables() {
+  OneTokTables t{};
+  for (int i = 0; i < 64; ++i) t.q[i] = static_cast<uint8_t>((i % 32 < 16 ? 2 : 20) + i % 16);
+  // Result bit i of gf2p8affineqb is the parity of (matrix byte 7 - i) & x: bytes 7..4 select
+  // x's bits 0..3 (low nibble) or 4..7 (high nibble) into result bits 0..3; bits 4..7 stay 0.
+  for (int i = 0; i < 8; ++i) t.nib[i] = i < 4 ? 0x0102040800000000ull : 0x1020408000000000ull;
+  const uint16_t bd = static_cast<uint16_t>(block_bytes<TY>() / 2);  // word of B.d
+  t.w2[0] = 0;
+  t.w2[1] = bd;
+  t.w2[2] = 32;  // + 32 selects the second source
+  t.w2[3] = static_cast<uint16_t>(32 + bd);
+  for (int i = 0; i < 8; ++i) t.dx[i] = i % 2 == 0 ? 0 : (TY == DType::Q4_0 ? 4 : 8);
+  for (int r = 0; r < 4; ++r)
+    for (int l = 0; l < 16; ++l) t.lane[r][l] = static_cast<uint32_t>(2 * r + lane_block<TY>(l));
+  for (int l = 0; l < 16; ++l) t.d1[l] = lane_block<TY>(l) == 0 ? 0 : bd;
+  return t;
+}
+template <DType TY>
+alignas(64) constexpr OneTokTables kOneTok = make_one_tok_tables<TY>();
+
+/// R rows (4, or 1 for a remainder row) x one token.
+template <DType TY, int R>
+void tile_one(const uint8_t* w, size_t rb, const uint8_t* xq, int64_t nb, float* y) {
+  static_assert(R == 4 || R == 1);
+  constexpr size_t rec = 192;
+  constexpr int pb = kPairBytes<TY>;
+  const OneTokTables& tb = kOneTok<TY>;
+  __m512 acc[R][1];
+  for (int r = 0; r < R; ++r) acc[r][0] = _mm512_setzero_ps();
+  const int64_t np = nb / 2;
+  const auto pair = [&](int64_t p, auto masked) {
+    const uint8_t* o = xq + p * rec;
+    const __m512i xv = _mm512_load_si512(reinterpret_cast<const __m512i*>(o));
+    const __m512 dx = _mm512_load_ps(reinterpret_cast<const float*>(o + 64));
+    const __m512i nx = _mm512_load_si512(reinterpret_cast<const __m512i*>(o + 128));
+    __m512i head[R];
+    for (int r = 0; r < R; ++r) {
+      const uint8_t* b = w + r * rb + p * pb;
+      _mm_prefetch(reinterpret_cast<const char*>(b + R * rb), _MM_HINT_T0);  // as tile_quant
+      if constexpr (TY == DType::Q8_0)
+        _mm_prefetch(reinterpret_cast<const char*>(b + R * rb + 64), _MM_HINT_T0);
+      head[r] = load_pair_head<TY, decltype(masked)::value>(b);
+    }
+    __m512 scale[R];
+    if constexpr (R == 4) {
+      const __m512i w2 = _mm512_load_si512(tb.w2);
+      const __m512i t01 = _mm512_permutex2var_epi16(head[0], w2, head[1]);
+      const __m512i t23 = _mm512_permutex2var_epi16(head[2], w2, head[3]);
+      const __m128i d8 =
+          _mm_unpacklo_epi64(_mm512_castsi512_si128(t01), _mm512_castsi512_si128(t23));
+      // Full width: Q8_0's block B starts at lane 8.
+      const __m256 dxc = _mm512_castps512_ps256(_mm512_permutexvar_ps(
+          _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(tb.dx))), dx));
+      const __m512 m = _mm512_castps256_ps512(_mm256_mul_ps(_mm256_cvtph_ps(d8), dxc));
+      for (int r = 0; r < 4; ++r)
+        scale[r] = _mm512_permutexvar_ps(_mm512_load_si512(tb.lane[r]), m);
+    } else {
+      // Q8_0's B.d is word 17, past the lower 256 bits: a full-width word permute.
+      const __m512i d1 =
+          _mm512_castsi256_si512(_mm256_load_si256(reinterpret_cast<const __m256i*>(tb.d1)));
+      scale[0] = _mm512_mul_ps(
+          _mm512_cvtph_ps(_mm512_castsi512_si256(_mm512_permutexvar_epi16(d1, head[0]))), dx);
+    }
+    for (int r = 0; r < R; ++r) {
+      __m512i wv;
+      if constexpr (TY == DType::Q4_0) {
+        wv =
+            _mm512_gf2p8affine_epi64_epi8(_mm512_permutexvar_epi8(_mm512_load_si512(tb.q), head[r]),
+                                          _mm512_load_si512(tb.nib), 0);
+      } else {
+        wv = _mm512_xor_si512(load_wpair<TY>(w + r * rb + p * pb), _mm512_set1_epi8(-128));
+      }
+      const __m512i s = _mm512_dpbusd_epi32(nx, wv, xv);
+      acc[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), scale[r], acc[r][0]);
+    }
+  };
+  for (int64_t p = 0; p + 1 < np; ++p) pair(p, std::false_type{});
+  if (np > 0) pair(np - 1, std::true_type{});
+  float sums[R];
+  store_sums<R, 1>(acc, sums);
+  for (int r = 0; r < R; ++r) {
+    float s = sums[r];
+    if (nb % 2) {
+      const auto* tail = reinterpret_cast<const TailBlock*>(xq + np * rec);
+      const uint8_t* b = w + r * rb + (nb - 1) * block_bytes<TY>();
+      s += static_cast<float>(block_dot_scalar<TY>(b, tail->qs)) * (block_scale<TY>(b) * tail->d);
+    }
+    y[r] = s;  // token 0 of y
+  }
+}
+#endif
 
 #elif defined(SY_AVX2)
 
@@ -600,6 +733,12 @@ void tile_quant_tokens(int nt, const uint8_t* w, size_t rb, const uint8_t* xq, s
                        int64_t nb, float* y, int64_t ys) {
   switch (nt) {
     case 1:
+#if defined(SY_VBMI512)
+      if constexpr (R == 4 || R == 1) {
+        tile_one<TY, R>(w, rb, xq, nb, y);
+        return;
+      }
+#endif
       tile_quant<TY, R, 1>(w, rb, xq, xs, nb, y, ys);
       return;
 #if defined(SY_VNNI512)
@@ -685,16 +824,20 @@ void pack_panel(const float* x, int64_t cols, int64_t t0, int64_t n_tokens, uint
         std::memset(q, 0, sizeof q);
       }
       int32_t sum = 0;
-      for (int k4 = 0; k4 < 8; ++k4) {
-        uint32_t v;
-        std::memcpy(&v, q + 4 * k4, 4);
-        if constexpr (TY == DType::Q8_0) {
-          v ^= 0x80808080u;  // signed -> biased unsigned, byte by byte
-        } else {
-          sum += q[4 * k4] + q[4 * k4 + 1] + q[4 * k4 + 2] + q[4 * k4 + 3];
-        }
-        std::memcpy(blk + k4 * 64 + i * 4, &v, 4);
+      __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(q));
+      if constexpr (TY == DType::Q8_0) {
+        v = _mm256_xor_si256(v, _mm256_set1_epi8(-128));  // signed -> biased unsigned
+      } else {
+        // Sum of the 32 signed bytes: sad of the biased bytes against 0, less 32 * 128.
+        const __m256i sad =
+            _mm256_sad_epu8(_mm256_xor_si256(v, _mm256_set1_epi8(-128)), _mm256_setzero_si256());
+        const __m128i s2 =
+            _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+        sum = static_cast<int32_t>(
+            _mm_cvtsi128_si64(_mm_add_epi64(s2, _mm_unpackhi_epi64(s2, s2))) - 32 * 128);
       }
+      // Dword k4 of the block goes to lane i of row k4 (64 bytes apart).
+      _mm256_i32scatter_epi32(blk + i * 4, _mm256_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112), v, 4);
       reinterpret_cast<float*>(blk + 8 * 64)[i] = d;
       reinterpret_cast<int32_t*>(blk + 9 * 64)[i] = -8 * sum;
     }

@@ -93,8 +93,9 @@ float kv_dot(DType t, const float* q, const void* row, int64_t n);
 /// y += a * row.
 void kv_axpy(DType t, float a, const void* row, float* y, int64_t n);
 
-/// A fixed set of worker threads; parallel_for splits [0, n) into contiguous chunks and returns
-/// when all are done. The calling thread takes part. Not reentrant.
+/// A fixed set of worker threads; parallel_for splits [0, n) into contiguous chunks (a few per
+/// thread, so fn may run several times on one thread) that whichever thread is free claims, and
+/// returns when all are done. The calling thread takes part. Not reentrant.
 class ThreadPool {
  public:
   explicit ThreadPool(int n_threads);

@@ -1,5 +1,6 @@
-// The CPU kernels' one SIMD preamble: intrinsics and the SY_AVX2 / SY_AVX512 / SY_VNNI512 switches
-// that say which instruction sets this translation unit was compiled for (-march decides).
+// The CPU kernels' one SIMD preamble: intrinsics and the SY_AVX2 / SY_AVX512 / SY_VNNI512 /
+// SY_VBMI512 switches that say which instruction sets this translation unit was compiled for
+// (-march decides).
 #pragma once
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -16,6 +17,9 @@
 #define SY_AVX512 1
 #if defined(__AVX512VNNI__)
 #define SY_VNNI512 1
+#if defined(__AVX512VBMI__) && defined(__GFNI__)
+#define SY_VBMI512 1  // and GFNI: the batch-1 Q4_0 / Q8_0 kernel
+#endif
 #endif
 #endif
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)

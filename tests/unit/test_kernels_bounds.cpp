@@ -14,29 +14,14 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.hpp"
+#include "tests/support/random_data.hpp"
 
 using namespace sy::kernels;
 
+using sy::test::randn;
+using sy::test::rel_err;
+
 namespace {
-
-std::vector<float> randn(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(rng);
-  return v;
-}
-
-double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
-  double num = 0.0, den = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i]) || !std::isfinite(b[i]))
-      return std::numeric_limits<double>::infinity();
-    num += (static_cast<double>(a[i]) - b[i]) * (static_cast<double>(a[i]) - b[i]);
-    den += static_cast<double>(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
 
 /// `bytes` bytes that end exactly where an inaccessible page starts.
 class GuardedBytes {

@@ -74,10 +74,9 @@ class CpuEngine final : public Engine {
   void forward_reference(const std::vector<SeqStep>& batch, StepOutput& out);
   void forward_fast(const std::vector<SeqStep>& batch, StepOutput& out);
   void attention_fast(const std::vector<SeqStep>& batch, int layer);
-  void attend_dot(const SeqStep& s, int32_t row0, int layer, int h, const KvElem* kc,
-                  const KvElem* vc, float* ws);
+  void attend_dot(const SeqStep& s, int32_t row0, int layer, int g, float* ws);
   void attend_gemm(const SeqStep& s, int32_t row0, int layer, int g, int32_t i0, int32_t i1,
-                   const KvElem* kc, const KvElem* vc, float* ws);
+                   float* ws);
   // The (window, sinks) layer `layer` attends s with: the step's, or the layer's own window
   // (without sinks) where the model gives the layer a narrower one (gemma2's even layers).
   struct Reach {
@@ -125,15 +124,35 @@ class CpuEngine final : public Engine {
       x += lim;
     }
   }
-  KvElem* k_row(int layer, int64_t slot) {
-    return k_base_[static_cast<size_t>(layer)] + slot * kv_row_;
+  // Calls fn(j, first physical slot, count) for the runs of consecutive physical slots that
+  // hold the logical slots [a, b) of block table tab (a block at most each), j counting up
+  // from j0 at the run's first slot.
+  template <class Fn>
+  void for_runs(const int32_t* tab, int64_t a, int64_t b, int64_t j0, Fn&& fn) const {
+    for (int64_t x = a, j = j0; x < b;) {
+      const int64_t off = x % bs_;
+      const int64_t lim = std::min<int64_t>(bs_ - off, b - x);
+      fn(j, int64_t{tab[x / bs_]} * bs_ + off, lim);
+      x += lim;
+      j += lim;
+    }
   }
-  KvElem* v_row(int layer, int64_t slot) {
-    return v_base_[static_cast<size_t>(layer)] + slot * kv_row_;
+  // KV head g's cached key (value) of physical slot `slot` in layer `layer`; the slots of one
+  // head follow each other head_row_ bytes apart.
+  KvElem* k_head(int layer, int64_t g, int64_t slot) {
+    return k_base_[static_cast<size_t>(layer)] + (g * layer_slots(layer) + slot) * head_row_;
   }
-  // Byte offset of KV head g's values inside a row (head_dim % 32 == 0 for Q8_0, checked).
-  int64_t head_off(int64_t g) const {
-    return static_cast<int64_t>(kernels::row_bytes(kv_type_, g * c_.head_dim));
+  KvElem* v_head(int layer, int64_t g, int64_t slot) {
+    return v_base_[static_cast<size_t>(layer)] + (g * layer_slots(layer) + slot) * head_row_;
+  }
+  int64_t layer_slots(int layer) const { return in_window_group(layer) ? n_wslots_ : n_slots_; }
+  // Writes the new token's K and V rows (kv_dim values each) into slot `slot` of layer `layer`,
+  // head by head (head_dim % 32 == 0 for Q8_0, checked, so its blocks never straddle heads).
+  void store_kv(int layer, int64_t slot, const float* k, const float* v) {
+    for (int64_t g = 0; g < c_.n_kv_heads; ++g) {
+      kernels::kv_store_row(kv_type_, k + g * c_.head_dim, k_head(layer, g, slot), c_.head_dim);
+      kernels::kv_store_row(kv_type_, v + g * c_.head_dim, v_head(layer, g, slot), c_.head_dim);
+    }
   }
 
   std::shared_ptr<Model> model_;
@@ -151,11 +170,13 @@ class CpuEngine final : public Engine {
   int64_t q_dim_;           // n_heads * head_dim
   int64_t kv_dim_;          // n_kv_heads * head_dim
   kernels::DType kv_type_;  // EngineOptions::kv_type
-  int64_t kv_row_;          // bytes of one cached K or V row: row_bytes(kv_type_, kv_dim_)
+  int64_t head_row_;        // bytes of one KV head's key (or value) in one slot
   // Left uninitialised on purpose: pages are touched only when a slot is first written, so a
   // large default capacity costs address space, not memory.
-  // Each layer's rows: (n_slots, kv_row_ bytes) of a full-attention layer, (n_wslots, kv_row_)
-  // of a window-group layer, laid out one layer after the other; k_base_[l] is layer l's first.
+  // Each layer's keys: (n_kv_heads, n_slots, head_row_ bytes) of a full-attention layer,
+  // (n_kv_heads, n_wslots, head_row_) of a window-group layer, laid out one layer after the
+  // other; k_base_[l] is layer l's first. Head-major, so that attention over a run of slots
+  // reads one contiguous stretch per head instead of a short piece of every row.
   std::unique_ptr<KvElem[]> k_cache_;
   std::unique_ptr<KvElem[]> v_cache_;
   std::vector<KvElem*> k_base_, v_base_;  // (n_layers)
@@ -177,8 +198,9 @@ class CpuEngine final : public Engine {
   std::vector<int32_t> sink_pos_;  // (T)
   std::vector<int32_t> sink_idx_;  // (T)
   int32_t n_sink_rows_ = 0;
-  // One attention task: a query head of a decoding sequence (dot path, gemm = false), or a KV
-  // head with its group of query heads over query tokens [i0, i1) (tiled path, gemm = true).
+  // One attention task: a KV head with its group of query heads, over every new token of a
+  // decoding sequence (dot path, gemm = false) or over query tokens [i0, i1) (tiled path,
+  // gemm = true).
   struct AttnUnit {
     int32_t seq;
     int32_t head;
@@ -252,11 +274,11 @@ CpuEngine::CpuEngine(std::shared_ptr<Model> model, const EngineOptions& opts)
                                 std::to_string(kernels::kQK) + " (this model's is " +
                                 std::to_string(c_.head_dim) + "); use f16");
   }
-  kv_row_ = static_cast<int64_t>(kernels::row_bytes(kv_type_, kv_dim_));
+  head_row_ = static_cast<int64_t>(kernels::row_bytes(kv_type_, c_.head_dim));
   std::vector<int64_t> offsets(static_cast<size_t>(c_.n_layers));
   for (int l = 0; l < c_.n_layers; ++l) {
     offsets[static_cast<size_t>(l)] = kv_cache_bytes_;
-    kv_cache_bytes_ += (in_window_group(l) ? n_wslots_ : n_slots_) * kv_row_;
+    kv_cache_bytes_ += layer_slots(l) * c_.n_kv_heads * head_row_;
   }
   k_cache_.reset(new KvElem[static_cast<size_t>(kv_cache_bytes_)]);
   v_cache_.reset(new KvElem[static_cast<size_t>(kv_cache_bytes_)]);
@@ -327,9 +349,10 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
         ws_floats_ = std::max(ws_floats_, 2 * nk * hd + 2 * rows * hd + rows * nk);
       }
     } else {
-      for (int h = 0; h < c_.n_heads; ++h)
-        units_.push_back({static_cast<int32_t>(i), h, 0, s.n_tokens, false});
-      ws_floats_ = std::max(ws_floats_, int64_t{s.n_past} + s.n_tokens);  // one score row
+      for (int g = 0; g < c_.n_kv_heads; ++g)
+        units_.push_back({static_cast<int32_t>(i), g, 0, s.n_tokens, false});
+      // one score row per query head of the group
+      ws_floats_ = std::max(ws_floats_, group * (int64_t{s.n_past} + s.n_tokens));
     }
     // Each query token scores and mixes about n_past + n_tokens / 2 slots (at most sinks +
     // window of them), twice head_dim each.
@@ -441,14 +464,13 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
         }
         ref::rope_ext(q.data(), c.n_heads, rope_, pos);
         ref::rope_ext(k.data(), c.n_kv_heads, rope_, pos);
-        kernels::kv_store_row(kv_type_, k.data(), k_row(l, slot), kv_dim_);
-        kernels::kv_store_row(kv_type_, v.data(), v_row(l, slot), kv_dim_);
+        store_kv(l, slot, k.data(), v.data());
         for (int h = 0; h < c.n_heads; ++h) {
           const float* qh = q.data() + h * hd;
           const float* qsh = sink_pos >= 0 ? qs.data() + h * hd : qh;
-          const int64_t kv_off = head_off(h / group);
+          const int g = h / group;
           for (int64_t j = 0; j < n_keys; ++j) {
-            kernels::kv_load_row(kv_type_, k_row(l, key_slot(j)) + kv_off, kvrow.data(), hd);
+            kernels::kv_load_row(kv_type_, k_head(l, g, key_slot(j)), kvrow.data(), hd);
             scores[static_cast<size_t>(j)] = ref::dot(j < ns ? qsh : qh, kvrow.data(), hd) * scale;
           }
           if (c.attn_softcap > 0.0f) ref::softcap(scores.data(), n_keys, c.attn_softcap);
@@ -456,7 +478,7 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
           float* oh = att.data() + h * hd;
           std::fill(oh, oh + hd, 0.0f);
           for (int64_t j = 0; j < n_keys; ++j) {
-            kernels::kv_load_row(kv_type_, v_row(l, key_slot(j)) + kv_off, kvrow.data(), hd);
+            kernels::kv_load_row(kv_type_, v_head(l, g, key_slot(j)), kvrow.data(), hd);
             ref::axpy(scores[static_cast<size_t>(j)], kvrow.data(), oh, hd);
           }
         }
@@ -545,8 +567,7 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
       }
       kernels::rope_ext(qt, c.n_heads, rope_, pos_[t]);
       kernels::rope_ext(kt, c.n_kv_heads, rope_, pos_[t]);
-      kernels::kv_store_row(kv_type_, kt, k_row(l, row_slot(l, t)), kv_dim_);
-      kernels::kv_store_row(kv_type_, v_.data() + t * kv_dim_, v_row(l, row_slot(l, t)), kv_dim_);
+      store_kv(l, row_slot(l, t), kt, v_.data() + t * kv_dim_);
     }
     attention_fast(batch, l);
     matmul(L.wo, att_.data(), xb_.data(), n_tok_);
@@ -582,8 +603,6 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
 // handed out through an atomic counter, so one long prefill next to many decodes still
 // balances; each worker owns a slice of ws_, so tasks share nothing writable.
 void CpuEngine::attention_fast(const std::vector<SeqStep>& batch, int layer) {
-  const KvElem* kc = k_base_[static_cast<size_t>(layer)];
-  const KvElem* vc = v_base_[static_cast<size_t>(layer)];
   const int64_t n_units = static_cast<int64_t>(units_.size());
   std::atomic<int64_t> next{0};
   const auto work = [&](int64_t w_begin, int64_t w_end) {
@@ -594,9 +613,9 @@ void CpuEngine::attention_fast(const std::vector<SeqStep>& batch, int layer) {
         const SeqStep& s = batch[static_cast<size_t>(a.seq)];
         const int32_t row0 = seq_row_[static_cast<size_t>(a.seq)];
         if (a.gemm) {
-          attend_gemm(s, row0, layer, a.head, a.i0, a.i1, kc, vc, ws);
+          attend_gemm(s, row0, layer, a.head, a.i0, a.i1, ws);
         } else {
-          attend_dot(s, row0, layer, a.head, kc, vc, ws);
+          attend_dot(s, row0, layer, a.head, ws);
         }
       }
     }
@@ -610,39 +629,63 @@ void CpuEngine::attention_fast(const std::vector<SeqStep>& batch, int layer) {
   }
 }
 
-// Query head h of every new token of s, one dot product and one axpy per attended slot.
-void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int h, const KvElem* kc,
-                           const KvElem* vc, float* sc) {
+// KV head g with its group of query heads, every new token of s: the group's scores against
+// each run of cached rows (every row read once for the whole group), a softmax per head, then
+// the group's outputs mixed from the same runs of values.
+void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int g, float* sc) {
   const int hd = c_.head_dim;
-  const int64_t kv_off = head_off(h / (c_.n_heads / c_.n_kv_heads));
+  const int group = c_.n_heads / c_.n_kv_heads;
+  const KvElem* kc = k_head(layer, g, 0);  // the group's keys and values, slot 0
+  const KvElem* vc = v_head(layer, g, 0);
+  const int64_t h0 = int64_t{g} * group;  // the group's first query head
   const float scale = c_.query_scale;
   const Reach at = reach(s, layer);
   const int32_t* tab = table_of(s, layer);
+  {
+    // The rows come from memory (the cache of a batch is far larger than the CPU's caches), in
+    // short runs the hardware prefetcher has no time to follow: ask for all of them first, so
+    // their loads overlap instead of waiting one run at a time.
+    const int64_t t_last = int64_t{s.n_past} + s.n_tokens - 1;
+    const Visible vis = visible(int64_t{s.n_past}, at.window, at.sinks);
+    const auto fetch = [&](int64_t, int64_t slot, int64_t n) {
+      kernels::prefetch_bytes(kc + slot * head_row_, n * head_row_);
+      kernels::prefetch_bytes(vc + slot * head_row_, n * head_row_);
+    };
+    for_runs(tab, 0, vis.n_sinks, 0, fetch);
+    for_runs(tab, vis.lo, t_last + 1, 0, fetch);
+  }
   for (int32_t i = 0; i < s.n_tokens; ++i) {
     const size_t row = static_cast<size_t>(row0 + i);
-    const float* qh = q_.data() + row * q_dim_ + h * hd;
+    const float* q = q_.data() + row * q_dim_ + h0 * hd;
     const int32_t si = sink_idx_[row];
-    const float* qsh = si >= 0 ? q_sink_.data() + si * q_dim_ + h * hd : qh;
-    // Scores of sink slots [0, ns) then window slots [lo, t], packed as sc[0, n_keys).
+    const float* qs = si >= 0 ? q_sink_.data() + si * q_dim_ + h0 * hd : q;
+    // Scores of sink slots [0, ns) then window slots [lo, t], packed as row hh of sc, n_keys
+    // apart.
     const int64_t t = int64_t{s.n_past} + i;
     const Visible vis = visible(t, at.window, at.sinks);
     const int64_t ns = vis.n_sinks;
     const int64_t n_keys = ns + t - vis.lo + 1;
-    for_slots(tab, 0, ns, 0, [&](int64_t j, int64_t slot) {
-      sc[j] = kernels::kv_dot(kv_type_, qsh, kc + slot * kv_row_ + kv_off, hd) * scale;
+    for_runs(tab, 0, ns, 0, [&](int64_t j, int64_t slot, int64_t n) {
+      kernels::kv_scores(kv_type_, qs, hd, group, kc + slot * head_row_, head_row_, n, hd,
+                         scale, sc + j, n_keys);
     });
-    for_slots(tab, vis.lo, t + 1, ns, [&](int64_t j, int64_t slot) {
-      sc[j] = kernels::kv_dot(kv_type_, qh, kc + slot * kv_row_ + kv_off, hd) * scale;
+    for_runs(tab, vis.lo, t + 1, ns, [&](int64_t j, int64_t slot, int64_t n) {
+      kernels::kv_scores(kv_type_, q, hd, group, kc + slot * head_row_, head_row_, n, hd,
+                         scale, sc + j, n_keys);
     });
-    if (c_.attn_softcap > 0.0f) kernels::softcap(sc, n_keys, c_.attn_softcap);
-    kernels::softmax(sc, n_keys);
-    float* oh = att_.data() + row * q_dim_ + h * hd;
-    std::fill(oh, oh + hd, 0.0f);
-    const auto mix = [&](int64_t j, int64_t slot) {
-      kernels::kv_axpy(kv_type_, sc[j], vc + slot * kv_row_ + kv_off, oh, hd);
+    for (int hh = 0; hh < group; ++hh) {
+      float* sr = sc + hh * n_keys;
+      if (c_.attn_softcap > 0.0f) kernels::softcap(sr, n_keys, c_.attn_softcap);
+      kernels::softmax(sr, n_keys);
+    }
+    float* o = att_.data() + row * q_dim_ + h0 * hd;
+    std::fill(o, o + group * hd, 0.0f);
+    const auto mix = [&](int64_t j, int64_t slot, int64_t n) {
+      kernels::kv_mix(kv_type_, sc + j, n_keys, group, vc + slot * head_row_, head_row_, n,
+                      hd, o, hd);
     };
-    for_slots(tab, 0, ns, 0, mix);
-    for_slots(tab, vis.lo, t + 1, ns, mix);
+    for_runs(tab, 0, ns, 0, mix);
+    for_runs(tab, vis.lo, t + 1, ns, mix);
   }
 }
 
@@ -653,7 +696,7 @@ void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int h, con
 // token's window start, t1 one past the last token); a row sees the columns [0, a) as sinks
 // and [b, e) as its window.
 void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int layer, int g, int32_t i0,
-                            int32_t i1, const KvElem* kc, const KvElem* vc, float* ws) {
+                            int32_t i1, float* ws) {
   const int64_t hd = c_.head_dim;
   const int group = c_.n_heads / c_.n_kv_heads;
   const float scale = c_.query_scale;
@@ -671,10 +714,11 @@ void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int layer, int g, in
   float* O = S + rows * nk;         // (rows, hd)
 
   // O is written only by the last product, so its first row holds a value row while gathering.
-  const int64_t goff = head_off(g);
+  const KvElem* kc = k_head(layer, g, 0);  // the group's keys and values, slot 0
+  const KvElem* vc = v_head(layer, g, 0);
   const auto gather = [&](int64_t j, int64_t slot) {
-    kernels::kv_load_row(kv_type_, kc + slot * kv_row_ + goff, K + j * hd, hd);
-    kernels::kv_load_row(kv_type_, vc + slot * kv_row_ + goff, O, hd);
+    kernels::kv_load_row(kv_type_, kc + slot * head_row_, K + j * hd, hd);
+    kernels::kv_load_row(kv_type_, vc + slot * head_row_, O, hd);
     for (int64_t d = 0; d < hd; ++d) Vt[d * nk + j] = O[d];
   };
   const int32_t* tab = table_of(s, layer);

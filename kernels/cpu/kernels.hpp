@@ -92,6 +92,17 @@ void kv_load_row(DType t, const void* src, float* dst, int64_t n);
 float kv_dot(DType t, const float* q, const void* row, int64_t n);
 /// y += a * row.
 void kv_axpy(DType t, float a, const void* row, float* y, int64_t n);
+/// Asks the CPU to bring [p, p + n) into its caches (prefetch hints; no effect on results).
+void prefetch_bytes(const void* p, int64_t n);
+/// Decode attention over `rows` cached rows that follow each other `stride` bytes apart (one run
+/// of a block table), for a group of nq queries that share them (the query heads of one KV
+/// head): s[h * s_stride + j] = scale * (q + h * q_stride) . row_j. Each row is read once for
+/// the group, converted in registers.
+void kv_scores(DType t, const float* q, int64_t q_stride, int nq, const void* k, int64_t stride,
+               int64_t rows, int64_t n, float scale, float* s, int64_t s_stride);
+/// The other half: (y + h * y_stride) += sum_j p[h * p_stride + j] * row_j for h < nq.
+void kv_mix(DType t, const float* p, int64_t p_stride, int nq, const void* v, int64_t stride,
+            int64_t rows, int64_t n, float* y, int64_t y_stride);
 
 /// A fixed set of worker threads; parallel_for splits [0, n) into contiguous chunks (a few per
 /// thread, so fn may run several times on one thread) that whichever thread is free claims, and

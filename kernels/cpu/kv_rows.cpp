@@ -1,5 +1,6 @@
 // KV-cache rows stored as F32, F16 or Q8_0: store, read back to f32, and the two products
 // attention needs (q . k and y += a v), converting in registers so a step allocates nothing.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -220,6 +221,189 @@ void kv_axpy(DType t, float a, const void* row, float* y, int64_t n) {
     default:
       bad_kv(t);
   }
+}
+
+
+// ---- many cached rows at once (decode attention) ----
+
+namespace {
+
+#if defined(SY_AVX512)
+/// 16 values from position d of a cached F32 or F16 row; masked (zeros past the row) at a tail.
+template <DType T, bool kTail>
+inline __m512 kv16(const uint8_t* row, int64_t d, __mmask16 m) {
+  if constexpr (T == DType::F32) {
+    const float* p = reinterpret_cast<const float*>(row) + d;
+    return kTail ? _mm512_maskz_loadu_ps(m, p) : _mm512_loadu_ps(p);
+  } else {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(row) + d;
+    return _mm512_cvtph_ps(kTail ? _mm256_maskz_loadu_epi16(m, p)
+                                 : _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+}
+
+/// Element 16 * part .. + 15 of a Q8_0 block's codes, as floats.
+inline __m512 q8_16(const BlockQ8_0& b, int part) {
+  const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.qs + 16 * part));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c));
+}
+
+/// Scores of one query against rows [j0, j0 + 16) (rows past `rows` repeat the last one; the
+/// caller stores only the valid lanes). Each row's sum is fed to hsum16 at the input whose sum
+/// lands in lane i, so lane i is row j0 + i.
+template <DType T>
+inline __m512 scores16(const float* q, const uint8_t* k, int64_t stride, int64_t j0,
+                       int64_t rows, int64_t n) {
+  const uint8_t* r[16];
+  for (int i = 0; i < 16; ++i) r[i] = k + std::min<int64_t>(j0 + i, rows - 1) * stride;
+  __m512 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  if constexpr (T == DType::Q8_0) {
+    for (int64_t blk = 0; blk < n / kQK; ++blk) {
+      const __m512 q0 = _mm512_loadu_ps(q + blk * kQK);
+      const __m512 q1 = _mm512_loadu_ps(q + blk * kQK + 16);
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i) {
+        const BlockQ8_0& b = reinterpret_cast<const BlockQ8_0*>(r[i])[blk];
+        const __m512 p = _mm512_fmadd_ps(q8_16(b, 1), q1, _mm512_mul_ps(q8_16(b, 0), q0));
+        acc[kHsumSrc[i]] = _mm512_fmadd_ps(p, _mm512_set1_ps(f16_one(b.d)), acc[kHsumSrc[i]]);
+      }
+    }
+  } else {
+    const int64_t nf = n & ~int64_t{15};
+    for (int64_t d = 0; d < nf; d += 16) {
+      const __m512 qv = _mm512_loadu_ps(q + d);
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i)
+        acc[kHsumSrc[i]] = _mm512_fmadd_ps(kv16<T, false>(r[i], d, 0), qv, acc[kHsumSrc[i]]);
+    }
+    if (nf < n) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (n - nf)) - 1);
+      const __m512 qv = _mm512_maskz_loadu_ps(m, q + nf);
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; ++i)
+        acc[kHsumSrc[i]] = _mm512_fmadd_ps(kv16<T, true>(r[i], nf, m), qv, acc[kHsumSrc[i]]);
+    }
+  }
+  return hsum16(acc);
+}
+
+template <DType T>
+void scores_avx512(const float* q, int64_t q_stride, int nq, const uint8_t* k, int64_t stride,
+                   int64_t rows, int64_t n, float scale, float* s, int64_t s_stride) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  for (int64_t j0 = 0; j0 < rows; j0 += 16) {
+    const int64_t nr = std::min<int64_t>(16, rows - j0);
+    const __mmask16 m = static_cast<__mmask16>((1u << nr) - 1);
+    for (int h = 0; h < nq; ++h) {
+      const __m512 v = scores16<T>(q + h * q_stride, k, stride, j0, rows, n);
+      _mm512_mask_storeu_ps(s + h * s_stride + j0, m, _mm512_mul_ps(v, sc));
+    }
+  }
+}
+
+/// y += sum_j p[j] * row_j over d in [d, d + 16): four accumulators take turns so the adds of
+/// consecutive rows do not wait for each other.
+template <DType T, bool kTail>
+inline void mix16(const float* p, const uint8_t* v, int64_t stride, int64_t rows, int64_t d,
+                  __mmask16 m, float* y) {
+  __m512 a[4] = {kTail ? _mm512_maskz_loadu_ps(m, y + d) : _mm512_loadu_ps(y + d),
+                 _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int64_t j = 0;
+  for (; j + 4 <= rows; j += 4)
+    for (int u = 0; u < 4; ++u)
+      a[u] = _mm512_fmadd_ps(_mm512_set1_ps(p[j + u]), kv16<T, kTail>(v + (j + u) * stride, d, m),
+                             a[u]);
+  for (; j < rows; ++j)
+    a[0] = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), kv16<T, kTail>(v + j * stride, d, m), a[0]);
+  const __m512 sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+  if (kTail) {
+    _mm512_mask_storeu_ps(y + d, m, sum);
+  } else {
+    _mm512_storeu_ps(y + d, sum);
+  }
+}
+
+template <DType T>
+void mix_avx512(const float* p, int64_t p_stride, int nq, const uint8_t* v, int64_t stride,
+                int64_t rows, int64_t n, float* y, int64_t y_stride) {
+  for (int h = 0; h < nq; ++h) {
+    const float* ph = p + h * p_stride;
+    float* yh = y + h * y_stride;
+    if constexpr (T == DType::Q8_0) {
+      for (int64_t blk = 0; blk < n / kQK; ++blk) {
+        __m512 a0 = _mm512_loadu_ps(yh + blk * kQK), a1 = _mm512_loadu_ps(yh + blk * kQK + 16);
+        for (int64_t j = 0; j < rows; ++j) {
+          const BlockQ8_0& b = reinterpret_cast<const BlockQ8_0*>(v + j * stride)[blk];
+          const __m512 w = _mm512_set1_ps(ph[j] * f16_one(b.d));
+          a0 = _mm512_fmadd_ps(w, q8_16(b, 0), a0);
+          a1 = _mm512_fmadd_ps(w, q8_16(b, 1), a1);
+        }
+        _mm512_storeu_ps(yh + blk * kQK, a0);
+        _mm512_storeu_ps(yh + blk * kQK + 16, a1);
+      }
+    } else {
+      const int64_t nf = n & ~int64_t{15};
+      for (int64_t d = 0; d < nf; d += 16) mix16<T, false>(ph, v, stride, rows, d, 0, yh);
+      if (nf < n)
+        mix16<T, true>(ph, v, stride, rows, nf, static_cast<__mmask16>((1u << (n - nf)) - 1), yh);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+void prefetch_bytes(const void* p, int64_t n) {
+#if defined(SY_AVX2) || defined(SY_AVX512)
+  const char* c = static_cast<const char*>(p);
+  for (int64_t i = 0; i < n; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
+#else
+  (void)p;
+  (void)n;
+#endif
+}
+
+void kv_scores(DType t, const float* q, int64_t q_stride, int nq, const void* k, int64_t stride,
+               int64_t rows, int64_t n, float scale, float* s, int64_t s_stride) {
+  if (!kv_type_ok(t)) bad_kv(t);
+  if (rows <= 0 || nq <= 0) return;
+  const auto* kb = static_cast<const uint8_t*>(k);
+#if defined(SY_AVX512)
+  switch (t) {
+    case DType::F32:
+      return scores_avx512<DType::F32>(q, q_stride, nq, kb, stride, rows, n, scale, s, s_stride);
+    case DType::F16:
+      return scores_avx512<DType::F16>(q, q_stride, nq, kb, stride, rows, n, scale, s, s_stride);
+    default:
+      return scores_avx512<DType::Q8_0>(q, q_stride, nq, kb, stride, rows, n, scale, s, s_stride);
+  }
+#else
+  for (int h = 0; h < nq; ++h)
+    for (int64_t j = 0; j < rows; ++j)
+      s[h * s_stride + j] = kv_dot(t, q + h * q_stride, kb + j * stride, n) * scale;
+#endif
+}
+
+void kv_mix(DType t, const float* p, int64_t p_stride, int nq, const void* v, int64_t stride,
+            int64_t rows, int64_t n, float* y, int64_t y_stride) {
+  if (!kv_type_ok(t)) bad_kv(t);
+  if (rows <= 0 || nq <= 0) return;
+  const auto* vb = static_cast<const uint8_t*>(v);
+#if defined(SY_AVX512)
+  switch (t) {
+    case DType::F32:
+      return mix_avx512<DType::F32>(p, p_stride, nq, vb, stride, rows, n, y, y_stride);
+    case DType::F16:
+      return mix_avx512<DType::F16>(p, p_stride, nq, vb, stride, rows, n, y, y_stride);
+    default:
+      return mix_avx512<DType::Q8_0>(p, p_stride, nq, vb, stride, rows, n, y, y_stride);
+  }
+#else
+  for (int h = 0; h < nq; ++h)
+    for (int64_t j = 0; j < rows; ++j)
+      kv_axpy(t, p[h * p_stride + j], vb + j * stride, y + h * y_stride, n);
+#endif
 }
 
 }  // namespace sy::kernels

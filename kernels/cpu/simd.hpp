@@ -25,3 +25,28 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define SY_AVX2 1
 #endif
+
+#if defined(SY_AVX512)
+namespace sy::kernels {
+/// Horizontal sums of 16 vectors at once: lane j of the result is the sum of v[perm(j)], with
+/// perm as below. A shuffle tree costs ~3 ops per vector where 16 separate reductions cost ~9
+/// each with long dependency chains, which for a 768-column tile is a third of the time.
+inline __m512 hsum16(const __m512* v) {
+  __m512 u[8], w[4], x[2];
+  for (int i = 0; i < 8; ++i)
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[i], v[i + 8], 0x44),
+                         _mm512_shuffle_f32x4(v[i], v[i + 8], 0xee));
+  for (int i = 0; i < 4; ++i)
+    w[i] = _mm512_add_ps(_mm512_shuffle_f32x4(u[i], u[i + 4], 0x88),
+                         _mm512_shuffle_f32x4(u[i], u[i + 4], 0xdd));
+  for (int i = 0; i < 2; ++i)
+    x[i] = _mm512_add_ps(_mm512_shuffle_ps(w[i], w[i + 2], 0x44),
+                         _mm512_shuffle_ps(w[i], w[i + 2], 0xee));
+  return _mm512_add_ps(_mm512_shuffle_ps(x[0], x[1], 0x88), _mm512_shuffle_ps(x[0], x[1], 0xdd));
+}
+
+/// Which input vector's sum lands in lane j of hsum16 (worked out from the shuffle tree).
+constexpr int kHsumSrc[16] = {0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15};
+
+}  // namespace sy::kernels
+#endif

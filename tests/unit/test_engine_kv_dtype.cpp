@@ -161,6 +161,52 @@ BOOST_AUTO_TEST_CASE(f16_rows_of_any_length) {
   }
 }
 
+// The decode attention kernels (kv_scores, kv_mix) against kv_dot and kv_axpy one row at a time:
+// groups of 1 to 4 query heads, runs of 1 to 37 rows (whole and partial 16-row steps) at a row
+// stride larger than the head (the head sits inside a wider cached row, as in the engine), and
+// head sizes with and without a tail of the 16-wide loop.
+BOOST_AUTO_TEST_CASE(group_kernels_match_row_kernels) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.5f);
+  for (DType t : {DType::F32, DType::F16, DType::Q8_0}) {
+    for (int64_t n : {int64_t{64}, int64_t{128}, int64_t{8}, int64_t{72}, int64_t{3}}) {
+      if (t == DType::Q8_0 && n % 32) continue;
+      const int64_t stride = static_cast<int64_t>(sy::kernels::row_bytes(t, 3 * n));
+      for (int nq : {1, 3, 4}) {
+        for (int64_t rows : {int64_t{1}, int64_t{16}, int64_t{37}}) {
+          std::vector<uint8_t> cache(static_cast<size_t>(stride * rows));
+          std::vector<float> x(static_cast<size_t>(n));
+          for (int64_t j = 0; j < rows; ++j) {
+            for (auto& v : x) v = nd(rng);
+            // the head at byte offset row_bytes(t, n) of each row
+            sy::kernels::kv_store_row(t, x.data(),
+                                      cache.data() + j * stride + sy::kernels::row_bytes(t, n), n);
+          }
+          const uint8_t* k = cache.data() + sy::kernels::row_bytes(t, n);
+          std::vector<float> q(static_cast<size_t>(nq * n));
+          for (auto& v : q) v = nd(rng);
+          const int64_t ss = rows + 2;  // score rows further apart than their length
+          std::vector<float> s(static_cast<size_t>(nq * ss), -7.0f);
+          sy::kernels::kv_scores(t, q.data(), n, nq, k, stride, rows, n, 0.125f, s.data(), ss);
+          std::vector<float> p(s.size()), y(static_cast<size_t>(nq * n), 0.25f), y_want(y);
+          for (int h = 0; h < nq; ++h) {
+            for (int64_t j = 0; j < rows; ++j) {
+              const float want = sy::kernels::kv_dot(t, q.data() + h * n, k + j * stride, n);
+              BOOST_TEST(std::abs(s[h * ss + j] - 0.125f * want) <= 1e-5f * (1 + std::abs(want)));
+              p[h * ss + j] = nd(rng);
+              sy::kernels::kv_axpy(t, p[h * ss + j], k + j * stride, y_want.data() + h * n, n);
+            }
+            for (int64_t j = rows; j < ss; ++j) BOOST_TEST(s[h * ss + j] == -7.0f);  // untouched
+          }
+          sy::kernels::kv_mix(t, p.data(), ss, nq, k, stride, rows, n, y.data(), n);
+          for (size_t i = 0; i < y.size(); ++i)
+            BOOST_TEST(std::abs(y[i] - y_want[i]) <= 1e-4f * (1 + std::abs(y_want[i])));
+        }
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(narrow_caches_stay_close_to_f32) {
   // Teacher-forced log-probabilities of a 101-token prefill with K/V in f16 and q8_0 next to f32,
   // on the fast path. Measured: f16 4.1e-3, q8_0 0.12 (random weights amplify the rounding

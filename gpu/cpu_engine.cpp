@@ -95,6 +95,14 @@ class CpuEngine final : public Engine {
   void matmul(const kernels::WeightView& w, const float* x, float* y, int64_t n) const {
     kernels::matmul(w, x, n, y, pool_for(w.rows * w.cols * n));
   }
+  // Several matrices by the same x in one hand-off (see kernels::matmul_many).
+  template <int N>
+  void matmul_many(const kernels::WeightView* const (&ws)[N], float* const (&ys)[N],
+                   const float* x, int64_t n) const {
+    int64_t macs = 0;
+    for (const kernels::WeightView* w : ws) macs += w->rows * w->cols * n;
+    kernels::matmul_many(ws, ys, N, x, n, pool_for(macs));
+  }
 
   // Whether layer l keeps its K/V in the window group (the cache is split and l has a window of
   // its own); the block table of s that maps layer l's slots.
@@ -549,9 +557,7 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w_.layers[static_cast<size_t>(l)];
     rows_norm(xb_.data(), x_.data(), L.attn_norm);
-    matmul(L.wq, xb_.data(), q_.data(), n_tok_);
-    matmul(L.wk, xb_.data(), k_.data(), n_tok_);
-    matmul(L.wv, xb_.data(), v_.data(), n_tok_);
+    matmul_many({&L.wq, &L.wk, &L.wv}, {q_.data(), k_.data(), v_.data()}, xb_.data(), n_tok_);
     if (L.bq) kernels::add_bias(q_.data(), L.bq, n_tok_, q_dim_);
     if (L.bk) kernels::add_bias(k_.data(), L.bk, n_tok_, kv_dim_);
     if (L.bv) kernels::add_bias(v_.data(), L.bv, n_tok_, kv_dim_);
@@ -576,8 +582,7 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
     kernels::axpy(1.0f, xb_.data(), x_.data(), static_cast<int64_t>(T) * dim);
 
     rows_norm(xb_.data(), x_.data(), L.ffn_norm);
-    matmul(L.w_gate, xb_.data(), hb_.data(), n_tok_);
-    matmul(L.w_up, xb_.data(), hb2_.data(), n_tok_);
+    matmul_many({&L.w_gate, &L.w_up}, {hb_.data(), hb2_.data()}, xb_.data(), n_tok_);
     if (c.activation == Activation::GeluTanh) {
       kernels::geglu(hb_.data(), hb2_.data(), static_cast<int64_t>(T) * c.ffn_dim);
     } else {

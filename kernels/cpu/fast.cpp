@@ -1056,78 +1056,131 @@ inline __m512 exp512(__m512 x) {
 
 // ---------------------------------------------------------------------------------------------
 
-void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool) {
-  if (n_tokens <= 0 || w.rows <= 0) return;
-  switch (w.type) {
+namespace {
+
+/// Runs fn(i, r0, r1) for the pieces of global rows [g0, g1) of matrices stacked one after the
+/// other (matrix i has rows[i] rows), r0 and r1 local to matrix i.
+template <class F>
+void for_pieces(const WeightView* const* ws, int n, int64_t g0, int64_t g1, const F& fn) {
+  int64_t base = 0;
+  for (int i = 0; i < n && base < g1; ++i) {
+    const int64_t rows = ws[i]->rows;
+    const int64_t a = std::max(g0, base), b = std::min(g1, base + rows);
+    if (a < b) fn(i, a - base, b - base);
+    base += rows;
+  }
+}
+
+}  // namespace
+
+void matmul_many(const WeightView* const* ws, float* const* ys, int n, const float* x,
+                 int64_t n_tokens, ThreadPool* pool) {
+  if (n <= 0 || n_tokens <= 0) return;
+  const WeightView& w0 = *ws[0];
+  bool shared = true;  // one activation preparation and one split of rows serve them all
+  int64_t total = 0;
+  for (int i = 0; i < n; ++i) {
+    shared = shared && ws[i]->type == w0.type && ws[i]->cols == w0.cols;
+    total += ws[i]->rows;
+  }
+  const bool fast = w0.type == DType::F32 || w0.type == DType::F16 || w0.type == DType::BF16 ||
+                    w0.type == DType::Q8_0 || w0.type == DType::Q4_0;
+  if (!shared || !fast) {
+    for (int i = 0; i < n; ++i) matmul(*ws[i], x, n_tokens, ys[i], pool);
+    return;
+  }
+  if (total <= 0) return;
+  switch (w0.type) {
     case DType::F32:
     case DType::F16:
     case DType::BF16: {
-      auto body = [&](int64_t r0, int64_t r1) {
-        switch (w.type) {
+      auto piece = [&](int i, int64_t r0, int64_t r1) {
+        switch (w0.type) {
           case DType::F32:
-            matmul_float_rows<DType::F32>(w, x, n_tokens, y, r0, r1);
+            matmul_float_rows<DType::F32>(*ws[i], x, n_tokens, ys[i], r0, r1);
             break;
           case DType::F16:
-            matmul_float_rows<DType::F16>(w, x, n_tokens, y, r0, r1);
+            matmul_float_rows<DType::F16>(*ws[i], x, n_tokens, ys[i], r0, r1);
             break;
           default:
-            matmul_float_rows<DType::BF16>(w, x, n_tokens, y, r0, r1);
+            matmul_float_rows<DType::BF16>(*ws[i], x, n_tokens, ys[i], r0, r1);
             break;
         }
       };
-      for_rows(pool, w.rows, kRowsF, body);
+      for_rows(pool, total, kRowsF,
+               [&](int64_t g0, int64_t g1) { for_pieces(ws, n, g0, g1, piece); });
       return;
     }
-    case DType::Q8_0:
-    case DType::Q4_0: {
-      (void)row_bytes(w.type, w.cols);  // rejects a column count that is not whole blocks
+    default: {  // Q8_0, Q4_0
+      for (int i = 0; i < n; ++i)
+        (void)row_bytes(ws[i]->type, ws[i]->cols);  // rejects a column count of partial blocks
 #if defined(SY_VNNI512)
       if (n_tokens >= kPanelMinTokens) {
-        const int64_t nb = w.cols / kQK;
+        const int64_t nb = w0.cols / kQK;
         const size_t panel_bytes = static_cast<size_t>(nb) * kPanelBlock;
         const int64_t n_panels = (n_tokens + kPanelTokens - 1) / kPanelTokens;
         uint8_t* panels = t_act.get(panel_bytes * static_cast<size_t>(n_panels));
         run(pool, n_panels, [&](int64_t g0, int64_t g1) {
           for (int64_t g = g0; g < g1; ++g) {
-            if (w.type == DType::Q8_0) {
-              pack_panel<DType::Q8_0>(x, w.cols, g * kPanelTokens, n_tokens,
+            if (w0.type == DType::Q8_0) {
+              pack_panel<DType::Q8_0>(x, w0.cols, g * kPanelTokens, n_tokens,
                                       panels + g * panel_bytes);
             } else {
-              pack_panel<DType::Q4_0>(x, w.cols, g * kPanelTokens, n_tokens,
+              pack_panel<DType::Q4_0>(x, w0.cols, g * kPanelTokens, n_tokens,
                                       panels + g * panel_bytes);
             }
           }
         });
-        for_rows(pool, w.rows, kRowsP, [&](int64_t r0, int64_t r1) {
-          if (w.type == DType::Q8_0) {
-            matmul_panel_rows<DType::Q8_0>(w, panels, panel_bytes, n_tokens, y, r0, r1);
+        auto piece = [&](int i, int64_t r0, int64_t r1) {
+          if (w0.type == DType::Q8_0) {
+            matmul_panel_rows<DType::Q8_0>(*ws[i], panels, panel_bytes, n_tokens, ys[i], r0, r1);
           } else {
-            matmul_panel_rows<DType::Q4_0>(w, panels, panel_bytes, n_tokens, y, r0, r1);
+            matmul_panel_rows<DType::Q4_0>(*ws[i], panels, panel_bytes, n_tokens, ys[i], r0, r1);
           }
-        });
+        };
+        for_rows(pool, total, kRowsP,
+                 [&](int64_t g0, int64_t g1) { for_pieces(ws, n, g0, g1, piece); });
         return;
       }
 #endif
       // Records are 64-byte aligned: round the per-token stride up to a cache line.
-      const size_t xs = (act_bytes(w.type, w.cols) + 63) & ~size_t{63};
+      const size_t xs = (act_bytes(w0.type, w0.cols) + 63) & ~size_t{63};
       uint8_t* xq = t_act.get(xs * static_cast<size_t>(n_tokens));
       // Quantizing one token costs about as much as a pool hand-off; share only bigger batches.
       auto quant = [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) quantize_act(w.type, x + t * w.cols, w.cols, xq + t * xs);
+        for (int64_t t = t0; t < t1; ++t)
+          quantize_act(w0.type, x + t * w0.cols, w0.cols, xq + t * xs);
       };
       if (n_tokens >= 8) {
         run(pool, n_tokens, quant);
       } else {
         quant(0, n_tokens);
       }
-      auto body = [&](int64_t r0, int64_t r1) {
-        if (w.type == DType::Q8_0) {
-          matmul_quant_rows<DType::Q8_0>(w, xq, xs, n_tokens, y, r0, r1);
+      auto piece = [&](int i, int64_t r0, int64_t r1) {
+        if (w0.type == DType::Q8_0) {
+          matmul_quant_rows<DType::Q8_0>(*ws[i], xq, xs, n_tokens, ys[i], r0, r1);
         } else {
-          matmul_quant_rows<DType::Q4_0>(w, xq, xs, n_tokens, y, r0, r1);
+          matmul_quant_rows<DType::Q4_0>(*ws[i], xq, xs, n_tokens, ys[i], r0, r1);
         }
       };
-      for_rows(pool, w.rows, kRowsQ, body);
+      for_rows(pool, total, kRowsQ,
+               [&](int64_t g0, int64_t g1) { for_pieces(ws, n, g0, g1, piece); });
+      return;
+    }
+  }
+}
+
+void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool) {
+  if (n_tokens <= 0 || w.rows <= 0) return;
+  switch (w.type) {
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+    case DType::Q8_0:
+    case DType::Q4_0: {
+      const WeightView* ws[1] = {&w};
+      float* ys[1] = {y};
+      matmul_many(ws, ys, 1, x, n_tokens, pool);
       return;
     }
     default:

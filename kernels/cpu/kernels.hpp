@@ -127,6 +127,11 @@ class ThreadPool {
 /// y[t * w.rows + r] = dot(row r of w, x + t * w.cols) for t in [0, n_tokens).
 /// For Q8_0/Q4_0 weights the activations are quantized to Q8_0 first (as llama.cpp does).
 void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool);
+/// matmul of n matrices by the same x: ys[i] = x . ws[i]^T. Where they share a type and a width
+/// (Q, K and V; gate and up), the activations are prepared (quantized) once and one pool
+/// hand-off splits the rows of all of them; otherwise one matmul each.
+void matmul_many(const WeightView* const* ws, float* const* ys, int n, const float* x,
+                 int64_t n_tokens, ThreadPool* pool);
 float dot(const float* a, const float* b, int64_t n);
 /// y += a * x
 void axpy(float a, const float* x, float* y, int64_t n);

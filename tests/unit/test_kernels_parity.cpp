@@ -130,6 +130,39 @@ BOOST_AUTO_TEST_CASE(matmul_all_dtypes_tokens_pools) {
   }
 }
 
+// matmul_many: the rows of several matrices split as one range (pieces that straddle a matrix
+// boundary, row counts that are no multiple of a tile) must give each matrix exactly what its own
+// matmul gives; matrices of different types or widths fall back to one matmul each.
+BOOST_AUTO_TEST_CASE(matmul_many_equals_separate_matmuls) {
+  ThreadPool pool(2);
+  uint32_t seed = 900;
+  for (DType t : kAllTypes) {
+    for (int64_t nt : {1, 5, 16, 33}) {
+      const int64_t cols = 96;
+      const Weights a = make_weights(t, 37, cols, ++seed);
+      const Weights b = make_weights(t, 13, cols, ++seed);
+      const Weights c = make_weights(t, 66, cols, ++seed);
+      const Weights other = make_weights(t == DType::F32 ? DType::F16 : DType::F32, 9, cols, ++seed);
+      const auto x = randn(static_cast<size_t>(nt * cols), ++seed);
+      for (bool mixed : {false, true}) {
+        const WeightView* ws[3] = {&a.view, mixed ? &other.view : &b.view, &c.view};
+        std::vector<std::vector<float>> got(3), want(3);
+        float* ys[3];
+        for (int i = 0; i < 3; ++i) {
+          got[i].assign(static_cast<size_t>(nt * ws[i]->rows), std::numeric_limits<float>::quiet_NaN());
+          want[i].resize(got[i].size());
+          matmul(*ws[i], x.data(), nt, want[i].data(), &pool);
+          ys[i] = got[i].data();
+        }
+        matmul_many(ws, ys, 3, x.data(), nt, &pool);
+        for (int i = 0; i < 3; ++i)
+          BOOST_TEST(got[i] == want[i], name(t) << " tokens " << nt << " matrix " << i
+                                                << (mixed ? " (mixed types)" : ""));
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(matmul_nan_propagates) {
   ThreadPool pool(2);
   for (DType t : {DType::F32, DType::F16, DType::BF16}) {

@@ -214,8 +214,11 @@ void write_ok(Self* self) {
   st.failing_writes = 0;
 }
 
-// Appends one record and hands it to the OS (and to the disk with fsync always). False when the
-// file refused it: the file then holds nothing of it (JournalFile cuts a refused write back).
+// Appends one record and hands it to the OS (and to the disk with fsync always). With fsync
+// batch and a healthy file the record stays in the file's buffer: the group commit writes the
+// whole group with one write before its fdatasync, so a group costs two system calls instead of
+// one per record, and a refused write then fails the group as a refused sync does. False when
+// the file refused it: the file then holds nothing of it (JournalFile cuts a refused write back).
 bool put(Self* self, const std::string& rec) {
   auto& st = self->state;
   if (rec.size() > JournalFile::kMaxRecordBytes) {
@@ -228,8 +231,8 @@ bool put(Self* self, const std::string& rec) {
     st.file->append(rec);
     if (st.policy == FsyncPolicy::always)
       st.file->sync();
-    else
-      st.file->flush();
+    else if (st.policy == FsyncPolicy::never || st.failing)
+      st.file->flush();  // while failing, each record is tried (and refused) on its own
   } catch (const std::exception& e) {
     write_failed(self, e);
     return false;
@@ -370,8 +373,11 @@ void write_marks(Self* self) {
     }
     if (auto k = st.kept.find(uid); k != st.kept.end()) k->second.delivered = true;
   }
-  // No fsync: a lost mark only means one more delivery after a crash.
-  if (wrote) {
+  // No fsync: a lost mark only means one more delivery after a crash. With a group waiting for
+  // its commit (fsync batch) the file's buffer holds the group's records too: the marks go out
+  // with the group's one write, since a refused write here would take the group's records with
+  // it while their commit is still to come.
+  if (wrote && st.acks.empty() && st.committing.empty()) {
     try {
       st.file->flush();
       write_ok(self);

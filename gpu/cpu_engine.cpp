@@ -97,8 +97,8 @@ class CpuEngine final : public Engine {
   }
   // Several matrices by the same x in one hand-off (see kernels::matmul_many).
   template <int N>
-  void matmul_many(const kernels::WeightView* const (&ws)[N], float* const (&ys)[N],
-                   const float* x, int64_t n) const {
+  void matmul_many(const kernels::WeightView* const (&ws)[N], float* const (&ys)[N], const float* x,
+                   int64_t n) const {
     int64_t macs = 0;
     for (const kernels::WeightView* w : ws) macs += w->rows * w->cols * n;
     kernels::matmul_many(ws, ys, N, x, n, pool_for(macs));
@@ -671,12 +671,12 @@ void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int g, flo
     const int64_t ns = vis.n_sinks;
     const int64_t n_keys = ns + t - vis.lo + 1;
     for_runs(tab, 0, ns, 0, [&](int64_t j, int64_t slot, int64_t n) {
-      kernels::kv_scores(kv_type_, qs, hd, group, kc + slot * head_row_, head_row_, n, hd,
-                         scale, sc + j, n_keys);
+      kernels::kv_scores(kv_type_, qs, hd, group, kc + slot * head_row_, head_row_, n, hd, scale,
+                         sc + j, n_keys);
     });
     for_runs(tab, vis.lo, t + 1, ns, [&](int64_t j, int64_t slot, int64_t n) {
-      kernels::kv_scores(kv_type_, q, hd, group, kc + slot * head_row_, head_row_, n, hd,
-                         scale, sc + j, n_keys);
+      kernels::kv_scores(kv_type_, q, hd, group, kc + slot * head_row_, head_row_, n, hd, scale,
+                         sc + j, n_keys);
     });
     for (int hh = 0; hh < group; ++hh) {
       float* sr = sc + hh * n_keys;
@@ -686,8 +686,8 @@ void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int g, flo
     float* o = att_.data() + row * q_dim_ + h0 * hd;
     std::fill(o, o + group * hd, 0.0f);
     const auto mix = [&](int64_t j, int64_t slot, int64_t n) {
-      kernels::kv_mix(kv_type_, sc + j, n_keys, group, vc + slot * head_row_, head_row_, n,
-                      hd, o, hd);
+      kernels::kv_mix(kv_type_, sc + j, n_keys, group, vc + slot * head_row_, head_row_, n, hd, o,
+                      hd);
     };
     for_runs(tab, 0, ns, 0, mix);
     for_runs(tab, vis.lo, t + 1, ns, mix);

@@ -205,7 +205,8 @@ void gemv_float_rows(const uint8_t* base, size_t rb, const float* x, int64_t col
     for (int i = 0; i < n; ++i) {
       const uint8_t* row = base + (g + i) * rb;
       __m512 a = _mm512_setzero_ps();
-      for (int64_t k = 0; k < kv; k += 16) a = _mm512_fmadd_ps(load16<TY>(row, k), _mm512_loadu_ps(x + k), a);
+      for (int64_t k = 0; k < kv; k += 16)
+        a = _mm512_fmadd_ps(load16<TY>(row, k), _mm512_loadu_ps(x + k), a);
       acc[kHsumSrc[i]] = a;  // lane i of the tree's result is row g + i
     }
     alignas(64) float sums[16];

@@ -223,7 +223,6 @@ void kv_axpy(DType t, float a, const void* row, float* y, int64_t n) {
   }
 }
 
-
 // ---- many cached rows at once (decode attention) ----
 
 namespace {
@@ -252,8 +251,8 @@ inline __m512 q8_16(const BlockQ8_0& b, int part) {
 /// caller stores only the valid lanes). Each row's sum is fed to hsum16 at the input whose sum
 /// lands in lane i, so lane i is row j0 + i.
 template <DType T>
-inline __m512 scores16(const float* q, const uint8_t* k, int64_t stride, int64_t j0,
-                       int64_t rows, int64_t n) {
+inline __m512 scores16(const float* q, const uint8_t* k, int64_t stride, int64_t j0, int64_t rows,
+                       int64_t n) {
   const uint8_t* r[16];
   for (int i = 0; i < 16; ++i) r[i] = k + std::min<int64_t>(j0 + i, rows - 1) * stride;
   __m512 acc[16];

@@ -142,14 +142,16 @@ BOOST_AUTO_TEST_CASE(matmul_many_equals_separate_matmuls) {
       const Weights a = make_weights(t, 37, cols, ++seed);
       const Weights b = make_weights(t, 13, cols, ++seed);
       const Weights c = make_weights(t, 66, cols, ++seed);
-      const Weights other = make_weights(t == DType::F32 ? DType::F16 : DType::F32, 9, cols, ++seed);
+      const Weights other =
+          make_weights(t == DType::F32 ? DType::F16 : DType::F32, 9, cols, ++seed);
       const auto x = randn(static_cast<size_t>(nt * cols), ++seed);
       for (bool mixed : {false, true}) {
         const WeightView* ws[3] = {&a.view, mixed ? &other.view : &b.view, &c.view};
         std::vector<std::vector<float>> got(3), want(3);
         float* ys[3];
         for (int i = 0; i < 3; ++i) {
-          got[i].assign(static_cast<size_t>(nt * ws[i]->rows), std::numeric_limits<float>::quiet_NaN());
+          got[i].assign(static_cast<size_t>(nt * ws[i]->rows),
+                        std::numeric_limits<float>::quiet_NaN());
           want[i].resize(got[i].size());
           matmul(*ws[i], x.data(), nt, want[i].data(), &pool);
           ys[i] = got[i].data();

@@ -646,19 +646,6 @@ void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int g, flo
   const float scale = c_.query_scale;
   const Reach at = reach(s, layer);
   const int32_t* tab = table_of(s, layer);
-  {
-    // The rows come from memory (the cache of a batch is far larger than the CPU's caches), in
-    // short runs the hardware prefetcher has no time to follow: ask for all of them first, so
-    // their loads overlap instead of waiting one run at a time.
-    const int64_t t_last = int64_t{s.n_past} + s.n_tokens - 1;
-    const Visible vis = visible(int64_t{s.n_past}, at.window, at.sinks);
-    const auto fetch = [&](int64_t, int64_t slot, int64_t n) {
-      kernels::prefetch_bytes(kc + slot * head_row_, n * head_row_);
-      kernels::prefetch_bytes(vc + slot * head_row_, n * head_row_);
-    };
-    for_runs(tab, 0, vis.n_sinks, 0, fetch);
-    for_runs(tab, vis.lo, t_last + 1, 0, fetch);
-  }
   for (int32_t i = 0; i < s.n_tokens; ++i) {
     const size_t row = static_cast<size_t>(row0 + i);
     const float* q = q_.data() + row * q_dim_ + h0 * hd;

@@ -92,8 +92,6 @@ void kv_load_row(DType t, const void* src, float* dst, int64_t n);
 float kv_dot(DType t, const float* q, const void* row, int64_t n);
 /// y += a * row.
 void kv_axpy(DType t, float a, const void* row, float* y, int64_t n);
-/// Asks the CPU to bring [p, p + n) into its caches (prefetch hints; no effect on results).
-void prefetch_bytes(const void* p, int64_t n);
 /// Decode attention over `rows` cached rows that follow each other `stride` bytes apart (one run
 /// of a block table), for a group of nq queries that share them (the query heads of one KV
 /// head): s[h * s_stride + j] = scale * (q + h * q_stride) . row_j. Each row is read once for

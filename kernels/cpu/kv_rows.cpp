@@ -353,16 +353,6 @@ void mix_avx512(const float* p, int64_t p_stride, int nq, const uint8_t* v, int6
 
 }  // namespace
 
-void prefetch_bytes(const void* p, int64_t n) {
-#if defined(SY_AVX2) || defined(SY_AVX512)
-  const char* c = static_cast<const char*>(p);
-  for (int64_t i = 0; i < n; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
-#else
-  (void)p;
-  (void)n;
-#endif
-}
-
 void kv_scores(DType t, const float* q, int64_t q_stride, int nq, const void* k, int64_t stride,
                int64_t rows, int64_t n, float scale, float* s, int64_t s_stride) {
   if (!kv_type_ok(t)) bad_kv(t);

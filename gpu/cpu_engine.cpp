@@ -120,21 +120,10 @@ class CpuEngine final : public Engine {
   int64_t row_slot(int layer, size_t row) const {
     return in_window_group(layer) ? wslot_[row] : slot_[row];
   }
-  // Calls fn(j, physical slot) for the logical slots [a, b) of block table tab, j counting up
-  // from j0; walks the table block by block, so there is no division per slot.
-  template <class Fn>
-  void for_slots(const int32_t* tab, int64_t a, int64_t b, int64_t j0, Fn&& fn) const {
-    for (int64_t x = a, j = j0; x < b;) {
-      const int64_t off = x % bs_;
-      const int64_t base = int64_t{tab[x / bs_]} * bs_ + off;
-      const int64_t lim = std::min<int64_t>(bs_ - off, b - x);
-      for (int64_t o = 0; o < lim; ++o, ++j) fn(j, base + o);
-      x += lim;
-    }
-  }
   // Calls fn(j, first physical slot, count) for the runs of consecutive physical slots that
   // hold the logical slots [a, b) of block table tab (a block at most each), j counting up
-  // from j0 at the run's first slot.
+  // from j0 at the run's first slot; walks the table block by block, so there is no division
+  // per slot.
   template <class Fn>
   void for_runs(const int32_t* tab, int64_t a, int64_t b, int64_t j0, Fn&& fn) const {
     for (int64_t x = a, j = j0; x < b;) {
@@ -144,6 +133,13 @@ class CpuEngine final : public Engine {
       x += lim;
       j += lim;
     }
+  }
+  // Calls fn(j, physical slot) for each of the logical slots [a, b), as for_runs.
+  template <class Fn>
+  void for_slots(const int32_t* tab, int64_t a, int64_t b, int64_t j0, Fn&& fn) const {
+    for_runs(tab, a, b, j0, [&](int64_t j, int64_t slot, int64_t n) {
+      for (int64_t o = 0; o < n; ++o) fn(j + o, slot + o);
+    });
   }
   // KV head g's cached key (value) of physical slot `slot` in layer `layer`; the slots of one
   // head follow each other head_row_ bytes apart.

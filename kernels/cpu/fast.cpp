@@ -797,7 +797,6 @@ void matmul_quant_rows(const WeightView& w, const uint8_t* xq, size_t xs, int64_
   const size_t rb = row_bytes(TY, w.cols);
   const int64_t nb = w.cols / kQK;
   const auto* base = static_cast<const uint8_t*>(w.data);
-  // Tokens per block: their quantized activations stay within ~192 KiB of L2.
 #if defined(SY_VBMI512)
   if (n_tokens == 1) {
     // One token: row after row, one forward stream (see gemv_float_rows); on one core this
@@ -806,6 +805,7 @@ void matmul_quant_rows(const WeightView& w, const uint8_t* xq, size_t xs, int64_
     return;
   }
 #endif
+  // Tokens per block: their quantized activations stay within ~192 KiB of L2.
   const int64_t tb =
       std::max<int64_t>(kTokQ, static_cast<int64_t>(192 * 1024 / xs) / kTokQ * kTokQ);
   for (int64_t t0 = 0; t0 < n_tokens; t0 += tb) {
@@ -1083,17 +1083,36 @@ inline __m512 exp512(__m512 x) {
 
 namespace {
 
-/// Runs fn(i, r0, r1) for the pieces of global rows [g0, g1) of matrices stacked one after the
-/// other (matrix i has rows[i] rows), r0 and r1 local to matrix i.
+/// Splits the rows of n matrices stacked one after the other (`total` rows in all) over the
+/// pool as for_rows does, and runs fn(i, r0, r1) for each piece, r0 and r1 local to matrix i.
 template <class F>
-void for_pieces(const WeightView* const* ws, int n, int64_t g0, int64_t g1, const F& fn) {
-  int64_t base = 0;
-  for (int i = 0; i < n && base < g1; ++i) {
-    const int64_t rows = ws[i]->rows;
-    const int64_t a = std::max(g0, base), b = std::min(g1, base + rows);
-    if (a < b) fn(i, a - base, b - base);
-    base += rows;
+void for_stacked_rows(ThreadPool* pool, const WeightView* const* ws, int n, int64_t total,
+                      int64_t align, const F& fn) {
+  for_rows(pool, total, align, [&](int64_t g0, int64_t g1) {
+    int64_t base = 0;
+    for (int i = 0; i < n && base < g1; ++i) {
+      const int64_t rows = ws[i]->rows;
+      const int64_t a = std::max(g0, base), b = std::min(g1, base + rows);
+      if (a < b) fn(i, a - base, b - base);
+      base += rows;
+    }
+  });
+}
+
+/// The weight types with a kernel in this file (the others go through quants.hpp or ref).
+bool fast_type(DType t) {
+  return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0 ||
+         t == DType::Q4_0;
+}
+
+/// One matrix of a type without a kernel in this file.
+void matmul_other(const WeightView& w, const float* x, int64_t n_tokens, float* y,
+                  ThreadPool* pool) {
+  if (const quant::TypeOps* o = quant::ops(w.type)) {
+    quant::matmul(*o, w, x, n_tokens, y, pool);
+    return;
   }
+  ref::matmul(w, x, n_tokens, y);  // throws, naming the type
 }
 
 }  // namespace
@@ -1108,10 +1127,15 @@ void matmul_many(const WeightView* const* ws, float* const* ys, int n, const flo
     shared = shared && ws[i]->type == w0.type && ws[i]->cols == w0.cols;
     total += ws[i]->rows;
   }
-  const bool fast = w0.type == DType::F32 || w0.type == DType::F16 || w0.type == DType::BF16 ||
-                    w0.type == DType::Q8_0 || w0.type == DType::Q4_0;
-  if (!shared || !fast) {
-    for (int i = 0; i < n; ++i) matmul(*ws[i], x, n_tokens, ys[i], pool);
+  if (!shared || !fast_type(w0.type)) {
+    for (int i = 0; i < n; ++i) {
+      if (ws[i]->rows <= 0) continue;
+      if (fast_type(ws[i]->type)) {
+        matmul_many(ws + i, ys + i, 1, x, n_tokens, pool);  // alone, so shared
+      } else {
+        matmul_other(*ws[i], x, n_tokens, ys[i], pool);
+      }
+    }
     return;
   }
   if (total <= 0) return;
@@ -1132,8 +1156,7 @@ void matmul_many(const WeightView* const* ws, float* const* ys, int n, const flo
             break;
         }
       };
-      for_rows(pool, total, kRowsF,
-               [&](int64_t g0, int64_t g1) { for_pieces(ws, n, g0, g1, piece); });
+      for_stacked_rows(pool, ws, n, total, kRowsF, piece);
       return;
     }
     default: {  // Q8_0, Q4_0
@@ -1163,8 +1186,7 @@ void matmul_many(const WeightView* const* ws, float* const* ys, int n, const flo
             matmul_panel_rows<DType::Q4_0>(*ws[i], panels, panel_bytes, n_tokens, ys[i], r0, r1);
           }
         };
-        for_rows(pool, total, kRowsP,
-                 [&](int64_t g0, int64_t g1) { for_pieces(ws, n, g0, g1, piece); });
+        for_stacked_rows(pool, ws, n, total, kRowsP, piece);
         return;
       }
 #endif
@@ -1188,8 +1210,7 @@ void matmul_many(const WeightView* const* ws, float* const* ys, int n, const flo
           matmul_quant_rows<DType::Q4_0>(*ws[i], xq, xs, n_tokens, ys[i], r0, r1);
         }
       };
-      for_rows(pool, total, kRowsQ,
-               [&](int64_t g0, int64_t g1) { for_pieces(ws, n, g0, g1, piece); });
+      for_stacked_rows(pool, ws, n, total, kRowsQ, piece);
       return;
     }
   }
@@ -1197,25 +1218,9 @@ void matmul_many(const WeightView* const* ws, float* const* ys, int n, const flo
 
 void matmul(const WeightView& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool) {
   if (n_tokens <= 0 || w.rows <= 0) return;
-  switch (w.type) {
-    case DType::F32:
-    case DType::F16:
-    case DType::BF16:
-    case DType::Q8_0:
-    case DType::Q4_0: {
-      const WeightView* ws[1] = {&w};
-      float* ys[1] = {y};
-      matmul_many(ws, ys, 1, x, n_tokens, pool);
-      return;
-    }
-    default:
-      break;
-  }
-  if (const quant::TypeOps* o = quant::ops(w.type)) {
-    quant::matmul(*o, w, x, n_tokens, y, pool);
-    return;
-  }
-  ref::matmul(w, x, n_tokens, y);  // throws, naming the type
+  const WeightView* ws[1] = {&w};
+  float* ys[1] = {y};
+  matmul_many(ws, ys, 1, x, n_tokens, pool);
 }
 
 float dot(const float* a, const float* b, int64_t n) {

@@ -349,6 +349,18 @@ void mix_avx512(const float* p, int64_t p_stride, int nq, const uint8_t* v, int6
     }
   }
 }
+/// Calls f with the KV type t as a compile-time constant (t is one kv_type_ok accepts).
+template <class F>
+void with_kv_type(DType t, const F& f) {
+  switch (t) {
+    case DType::F32:
+      return f(std::integral_constant<DType, DType::F32>{});
+    case DType::F16:
+      return f(std::integral_constant<DType, DType::F16>{});
+    default:
+      return f(std::integral_constant<DType, DType::Q8_0>{});
+  }
+}
 #endif
 
 }  // namespace
@@ -359,14 +371,9 @@ void kv_scores(DType t, const float* q, int64_t q_stride, int nq, const void* k,
   if (rows <= 0 || nq <= 0) return;
   const auto* kb = static_cast<const uint8_t*>(k);
 #if defined(SY_AVX512)
-  switch (t) {
-    case DType::F32:
-      return scores_avx512<DType::F32>(q, q_stride, nq, kb, stride, rows, n, scale, s, s_stride);
-    case DType::F16:
-      return scores_avx512<DType::F16>(q, q_stride, nq, kb, stride, rows, n, scale, s, s_stride);
-    default:
-      return scores_avx512<DType::Q8_0>(q, q_stride, nq, kb, stride, rows, n, scale, s, s_stride);
-  }
+  with_kv_type(t, [&](auto ty) {
+    scores_avx512<decltype(ty)::value>(q, q_stride, nq, kb, stride, rows, n, scale, s, s_stride);
+  });
 #else
   for (int h = 0; h < nq; ++h)
     for (int64_t j = 0; j < rows; ++j)
@@ -380,14 +387,9 @@ void kv_mix(DType t, const float* p, int64_t p_stride, int nq, const void* v, in
   if (rows <= 0 || nq <= 0) return;
   const auto* vb = static_cast<const uint8_t*>(v);
 #if defined(SY_AVX512)
-  switch (t) {
-    case DType::F32:
-      return mix_avx512<DType::F32>(p, p_stride, nq, vb, stride, rows, n, y, y_stride);
-    case DType::F16:
-      return mix_avx512<DType::F16>(p, p_stride, nq, vb, stride, rows, n, y, y_stride);
-    default:
-      return mix_avx512<DType::Q8_0>(p, p_stride, nq, vb, stride, rows, n, y, y_stride);
-  }
+  with_kv_type(t, [&](auto ty) {
+    mix_avx512<decltype(ty)::value>(p, p_stride, nq, vb, stride, rows, n, y, y_stride);
+  });
 #else
   for (int h = 0; h < nq; ++h)
     for (int64_t j = 0; j < rows; ++j)

@@ -90,6 +90,7 @@ const TypeOps* ops(DType t) {
 void matmul(const TypeOps& o, const WeightView& w, const float* x, int64_t n_tokens, float* y,
             ThreadPool* pool) {
   const size_t rb = row_bytes(w.type, w.cols);  // rejects a column count that is not whole blocks
+  if (matmul_panel(w, x, n_tokens, y, pool)) return;
   const size_t xs = (o.act_bytes(w.cols) + 63) & ~size_t{63};
   uint8_t* xq = t_act.get(xs * static_cast<size_t>(n_tokens));
   for (int64_t t = 0; t < n_tokens; ++t) o.quantize_act(x + t * w.cols, xq + t * xs, w.cols);

@@ -47,6 +47,13 @@ const TypeOps* k_ops(DType t);
 /// to the portable one: isa 0 portable, 1 AVX2, 2 AVX-512; nullptr where this build lacks it.
 const TypeOps* k_ops_isa(DType t, int isa);
 
+/// Token count from which matmul_panel takes Q4_K, Q5_K and Q6_K weights (a full panel).
+constexpr int64_t kPanelMinTokens = 16;
+/// Many tokens by a Q4_K, Q5_K or Q6_K weight with the tokens-in-lanes VNNI kernel; false, and
+/// nothing done, for another type, fewer than kPanelMinTokens tokens or a build without VNNI.
+bool matmul_panel(const WeightView& w, const float* x, int64_t n_tokens, float* y,
+                  ThreadPool* pool);
+
 /// y[t * w.rows + r] = dot(row r, x + t * w.cols) for a weight of a type with ops(): activations
 /// quantized once per token, rows split over the pool.
 void matmul(const TypeOps& o, const WeightView& w, const float* x, int64_t n_tokens, float* y,

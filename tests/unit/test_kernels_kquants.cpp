@@ -598,6 +598,56 @@ const DType kQuantizable[] = {DType::Q2_K, DType::Q3_K, DType::Q4_K,
 
 }  // namespace
 
+BOOST_AUTO_TEST_CASE(panel_matmul_matches_exact_dot_products) {
+  // From 16 tokens on, Q4_K, Q5_K and Q6_K go through the tokens-in-lanes panel kernel (VNNI
+  // builds): its integer sums per super-block are exact, so each output must be the exact dot
+  // product of the dequantized row with the token's decoded Q8_K activations up to f32 rounding,
+  // for token counts that fill panels partly, row counts that are not whole tiles, with and
+  // without a pool (which must not change a bit).
+  uint32_t seed = 700;
+  for (DType t : {DType::Q4_K, DType::Q5_K, DType::Q6_K}) {
+    const quant::TypeOps* o = quant::ops(t);
+    BOOST_REQUIRE(o != nullptr);
+    for (const Rows& r : {zoo_rows(t, 37), random_rows(t, 45, 512, seed++)}) {
+      const size_t rb = row_bytes(t, r.cols);
+      std::vector<float> row(static_cast<size_t>(r.cols));
+      std::vector<uint8_t> a(o->act_bytes(r.cols) + 64);
+      for (int n_tok : {16, 17, 40}) {
+        std::vector<float> x = gaussian(static_cast<size_t>(r.cols * n_tok), seed++);
+        const WeightView w{t, r.bytes.data(), r.rows, r.cols};
+        std::vector<float> y(static_cast<size_t>(r.rows * n_tok)), y_pool(y.size());
+        matmul(w, x.data(), n_tok, y.data(), nullptr);
+        ThreadPool pool(2);
+        matmul(w, x.data(), n_tok, y_pool.data(), &pool);
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__)
+        std::vector<float> y_direct(y.size());
+        BOOST_TEST(quant::matmul_panel(w, x.data(), n_tok, y_direct.data(), nullptr));
+        BOOST_TEST((y_direct == y));
+#endif
+        BOOST_TEST((y_pool == y));
+        for (int k = 0; k < n_tok; ++k) {
+          o->quantize_act(x.data() + k * r.cols, a.data(), r.cols);
+          const std::vector<double> xq = decode_q8k(a.data(), r.cols);
+          for (int64_t i = 0; i < r.rows; ++i) {
+            dequantize_row(t, r.bytes.data() + i * rb, row.data(), r.cols);
+            double exact = 0.0, mag = 0.0;
+            for (int64_t c = 0; c < r.cols; ++c) {
+              exact += row[c] * xq[c];
+              mag += std::fabs(row[c] * xq[c]);
+            }
+            BOOST_TEST_CONTEXT(dtype_name(t)
+                               << " tokens " << n_tok << " token " << k << " row " << i) {
+              BOOST_TEST(std::fabs(y[static_cast<size_t>(k * r.rows + i)] - exact) <=
+                         1e-5 * mag + 1e-6);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 BOOST_AUTO_TEST_CASE(quantizers_code_each_value_to_its_nearest_level) {
   std::vector<float> x = gaussian(256 * 16, 21);
   // Blocks with special structure: all zero, all equal positive, all negative, one outlier.

@@ -2,6 +2,7 @@
 // vocab 32000, 12 layers) for each weight dtype and several token counts; prints JSON lines.
 //
 // Run: bench_kernels [threads=2] [dtypes=f32,f16,bf16,q8_0,q4_0] [tokens=1,8,32,512]
+// (dtypes also takes q4_k, q5_k and q6_k)
 // Each "model" line is one whole pass (12 layers + output) over distinct weight buffers, as a
 // model step streams them, so caches hold no more than they would in a real step.
 #include <algorithm>
@@ -67,6 +68,9 @@ DType parse_type(const std::string& s) {
   if (s == "bf16") return DType::BF16;
   if (s == "q8_0") return DType::Q8_0;
   if (s == "q4_0") return DType::Q4_0;
+  if (s == "q4_k") return DType::Q4_K;
+  if (s == "q5_k") return DType::Q5_K;
+  if (s == "q6_k") return DType::Q6_K;
   std::fprintf(stderr, "unknown dtype %s\n", s.c_str());
   std::exit(2);
 }

@@ -882,54 +882,61 @@ KRow prep_krow(const uint8_t* row, int64_t nsb, uint8_t* s) {
   auto* mins = sc + nsb * 16;
   auto* d = reinterpret_cast<float*>(mins + nsb * 8);
   float* dmin = d + nsb;
-  const __m256i m4 = _mm256_set1_epi8(15);
+  const __m512i m4 = _mm512_set1_epi8(15);
   for (int64_t i = 0; i < nsb; ++i) {
     uint8_t* c = codes + i * 256;
     if constexpr (TY == DType::Q6_K) {
       const auto& b = reinterpret_cast<const BlockQ6K*>(row)[i];
-      const __m256i m3 = _mm256_set1_epi8(3);
-      for (int h = 0; h < 2; ++h) {
-        const __m256i qh = load32(b.qh + 32 * h);
-        for (int q4 = 0; q4 < 4; ++q4) {  // elements 128h + 32 q4 ..
-          const __m256i ql = load32(b.ql + 64 * h + 32 * (q4 & 1));
-          const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(ql, 4 * (q4 >> 1)), m4);
-          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * q4), m3);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 128 * h + 32 * q4),
-                              _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)));
-        }
+      const __m512i m3 = _mm512_set1_epi8(3);
+      for (int h = 0; h < 2; ++h) {  // elements 128h + 32q, q = 0..3 (see dotn_q6k_avx512)
+        const __m512i ql = load64(b.ql + 64 * h);
+        const __m512i qh = dup32(b.qh + 32 * h);
+        const __m512i u01 = _mm512_or_si512(
+            _mm512_and_si512(ql, m4),
+            _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, lanes(kH02)), m3), 4));
+        const __m512i u23 = _mm512_or_si512(
+            _mm512_and_si512(_mm512_srli_epi16(ql, 4), m4),
+            _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, lanes(kH46)), m3), 4));
+        _mm512_storeu_si512(c + 128 * h, u01);
+        _mm512_storeu_si512(c + 128 * h + 64, u23);
       }
-      for (int j = 0; j < 16; ++j) sc[i * 16 + j] = b.scales[j];
-      for (int j = 0; j < 8; ++j)
-        mins[i * 8 + j] = static_cast<int32_t>(
-            (static_cast<uint32_t>(static_cast<uint16_t>(b.scales[2 * j + 1])) << 16) |
-            static_cast<uint16_t>(b.scales[2 * j]));
+      const __m128i s8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b.scales));
+      _mm512_storeu_si512(sc + i * 16, _mm512_cvtepi8_epi32(s8));
+      // (sc_2j, sc_2j+1) as int16 pairs: the scales widened to int16 in order.
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(mins + i * 8), _mm256_cvtepi8_epi16(s8));
       d[i] = h2f(b.d);
       dmin[i] = 0.0f;
     } else {
       using B = std::conditional_t<TY == DType::Q4_K, BlockQ4K, BlockQ5K>;
       const auto& b = reinterpret_cast<const B*>(row)[i];
-      __m256i qh = _mm256_setzero_si256();
-      if constexpr (TY == DType::Q5_K) qh = load32(b.qh);
-      for (int h = 0; h < 4; ++h) {  // qs[32h..] holds elements 64h.. (low) and 64h + 32 (high)
-        const __m256i q = load32(b.qs + 32 * h);
-        __m256i lo = _mm256_and_si256(q, m4);
-        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      __m512i qh = _mm512_setzero_si512();
+      if constexpr (TY == DType::Q5_K) qh = dup32(b.qh);
+      for (int h = 0; h < 2; ++h) {  // qs[64h..]: elements 128h + {0, 64} (low), + {32, 96} (high)
+        const __m512i q = load64(b.qs + 64 * h);
+        __m512i lo = _mm512_and_si512(q, m4);
+        __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), m4);
         if constexpr (TY == DType::Q5_K) {
-          const __m256i one = _mm256_set1_epi8(1);
-          lo = _mm256_or_si256(
-              lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * h), one), 4));
-          hi = _mm256_or_si256(
-              hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * h + 1), one), 4));
+          const __m512i one = _mm512_set1_epi8(1);
+          const __m512i sel_lo = lanes(h == 0 ? kH02 : kH46);
+          const __m512i sel_hi = lanes(h == 0 ? kH13 : kH57);
+          lo = _mm512_or_si512(
+              lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sel_lo), one), 4));
+          hi = _mm512_or_si512(
+              hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, sel_hi), one), 4));
         }
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 64 * h), lo);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 64 * h + 32), hi);
+        uint8_t* o = c + 128 * h;
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o), _mm512_castsi512_si256(lo));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 32), _mm512_castsi512_si256(hi));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 64), _mm512_extracti64x4_epi64(lo, 1));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(o + 96), _mm512_extracti64x4_epi64(hi, 1));
       }
-      uint8_t s8[8], m8[8];
-      unpack_k4(b.scales, s8, m8);
-      for (int j = 0; j < 8; ++j) {
-        sc[i * 16 + j] = s8[j];
-        mins[i * 8 + j] = static_cast<int32_t>(m8[j] | (uint32_t{m8[j]} << 16));
-      }
+      alignas(8) uint8_t s8[8], m8[8];
+      unpack_k4_words(b.scales, s8, m8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(sc + i * 16),
+                          _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<__m128i*>(s8))));
+      const __m256i m32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<__m128i*>(m8)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(mins + i * 8),
+                          _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16)));  // (m_j, m_j)
       d[i] = h2f(b.d);
       dmin[i] = h2f(b.dmin);
     }
@@ -937,22 +944,20 @@ KRow prep_krow(const uint8_t* row, int64_t nsb, uint8_t* s) {
   return KRow{codes, sc, mins, d, dmin};
 }
 
-/// R rows x TT panels of 16 tokens; out[(r * TT + g) * 16 + lane].
+/// R rows x TT panels of 16 tokens; out[(r * TT + g) * 16 + lane]. The f32 sums stay in out
+/// (one update per super-block), so the registers hold the integer sums of more rows.
 template <DType TY, int R, int TT>
 void tile_kpanel(const KRow* rows, const uint8_t* panels, size_t panel_bytes, int64_t nsb,
                  float* out) {
   constexpr int kSub = TY == DType::Q6_K ? 16 : 32;  // elements per sub-block
   constexpr int kSubs = kSuper / kSub;
-  __m512 acc[R][TT];
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < TT; ++g) acc[r][g] = _mm512_setzero_ps();
+  for (int i = 0; i < R * TT; ++i) _mm512_storeu_ps(out + i * kPanelTokens, _mm512_setzero_ps());
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* ps = panels + sb * kPanelSuper;
-    __m512i si[R][TT];
+    __m512i si[R][TT], ai[R][TT];
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < TT; ++g) si[r][g] = _mm512_setzero_si512();
     for (int s = 0; s < kSubs; ++s) {
-      __m512i ai[R][TT];
       for (int r = 0; r < R; ++r)
         for (int g = 0; g < TT; ++g) ai[r][g] = _mm512_setzero_si512();
       for (int k = 0; k < kSub / 4; ++k) {
@@ -973,39 +978,39 @@ void tile_kpanel(const KRow* rows, const uint8_t* panels, size_t panel_bytes, in
       }
     }
     // The mins (Q4_K, Q5_K) or the scaled block sums (Q6_K): sum over j of pair j . bsum pair j.
-    __m512i mi[R][TT];
     for (int r = 0; r < R; ++r)
-      for (int g = 0; g < TT; ++g) mi[r][g] = _mm512_setzero_si512();
+      for (int g = 0; g < TT; ++g) ai[r][g] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
       __m512i bv[TT];
       for (int g = 0; g < TT; ++g)
         bv[g] = _mm512_load_si512(ps + g * panel_bytes + 64 * 64 + 64 + 64 * j);
       for (int r = 0; r < R; ++r) {
         const __m512i mw = _mm512_set1_epi32(rows[r].mins[sb * 8 + j]);
-        for (int g = 0; g < TT; ++g) mi[r][g] = _mm512_dpwssd_epi32(mi[r][g], bv[g], mw);
+        for (int g = 0; g < TT; ++g) ai[r][g] = _mm512_dpwssd_epi32(ai[r][g], bv[g], mw);
       }
     }
     for (int g = 0; g < TT; ++g) {
       const __m512 dx = _mm512_load_ps(ps + g * panel_bytes + 64 * 64);
       for (int r = 0; r < R; ++r) {
+        float* o = out + (r * TT + g) * kPanelTokens;
+        __m512 acc = _mm512_loadu_ps(o);
         if constexpr (TY == DType::Q6_K) {
-          const __m512i v = _mm512_sub_epi32(si[r][g], _mm512_slli_epi32(mi[r][g], 5));
-          acc[r][g] = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_set1_ps(rows[r].d[sb])),
-                                      _mm512_cvtepi32_ps(v), acc[r][g]);
+          const __m512i v = _mm512_sub_epi32(si[r][g], _mm512_slli_epi32(ai[r][g], 5));
+          acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_set1_ps(rows[r].d[sb])),
+                                _mm512_cvtepi32_ps(v), acc);
         } else {
-          acc[r][g] = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_set1_ps(rows[r].d[sb])),
-                                      _mm512_cvtepi32_ps(si[r][g]), acc[r][g]);
-          acc[r][g] = _mm512_fnmadd_ps(_mm512_mul_ps(dx, _mm512_set1_ps(rows[r].dmin[sb])),
-                                       _mm512_cvtepi32_ps(mi[r][g]), acc[r][g]);
+          acc = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_set1_ps(rows[r].d[sb])),
+                                _mm512_cvtepi32_ps(si[r][g]), acc);
+          acc = _mm512_fnmadd_ps(_mm512_mul_ps(dx, _mm512_set1_ps(rows[r].dmin[sb])),
+                                 _mm512_cvtepi32_ps(ai[r][g]), acc);
         }
+        _mm512_storeu_ps(o, acc);
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < TT; ++g) _mm512_storeu_ps(out + (r * TT + g) * kPanelTokens, acc[r][g]);
 }
 
-constexpr int kRowsK = 4;
+constexpr int kRowsK = 6;
 constexpr int kPanelsK = 2;
 
 /// Rows [r0, r1) of w against every panel; y[t * w.rows + r].

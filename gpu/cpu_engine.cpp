@@ -30,6 +30,11 @@ constexpr int64_t kDefaultSeqsOfContext = 4;
 // (much more when the machine is busy), about what this much work takes on one core, so tiny
 // models and tiny batches gain nothing from threads.
 constexpr int64_t kMinParallelMacs = int64_t{1} << 18;
+// Decode attention reads every cached key and value once per multiply-add pair, from memory
+// rather than cache, so a multiply-add there costs about as much as this many of a matmul's;
+// pool_for weighs attention's work by it. Measured on the 110M shape at batch 1 (context ~64):
+// single-threaded attention took 41 us per layer, about 16 times a matmul of as many MACs.
+constexpr int64_t kAttnMacCost = 16;
 // A sequence with at least this many new tokens attends as small matrix products (queries of a
 // tile against the gathered keys); fewer tokens use one dot product per key, which skips the
 // gather and so costs less for decode.
@@ -621,7 +626,7 @@ void CpuEngine::attention_fast(const std::vector<SeqStep>& batch, int layer) {
       }
     }
   };
-  kernels::ThreadPool* tp = pool_for(attn_macs_);
+  kernels::ThreadPool* tp = pool_for(attn_macs_ * kAttnMacCost);
   if (tp && n_units > 1) {
     // Through a reference wrapper, std::function stores no copy of the lambda: no allocation.
     tp->parallel_for(tp->size(), std::cref(work));

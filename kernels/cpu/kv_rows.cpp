@@ -1,6 +1,7 @@
 // KV-cache rows stored as F32, F16 or Q8_0: store, read back to f32, and the two products
 // attention needs (q . k and y += a v), converting in registers so a step allocates nothing.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -93,9 +94,41 @@ void kv_store_row(DType t, const float* src, void* dst, int64_t n) {
       for (; i < n; ++i) d[i] = f32_to_f16(src[i]);
       return;
     }
-    case DType::Q8_0:
+    case DType::Q8_0: {
+#if defined(SY_AVX512)
+      // quantize_row_q8_0 in registers: the same scale, the same products, rounded half away
+      // from zero as std::round does (truncate, then step out where the part cut off is >= 0.5).
+      if (n % kQK == 0) {
+        auto* b = static_cast<BlockQ8_0*>(dst);
+        for (int64_t i = 0; i < n / kQK; ++i) {
+          const __m512 x0 = _mm512_loadu_ps(src + i * kQK);
+          const __m512 x1 = _mm512_loadu_ps(src + i * kQK + 16);
+          const float amax =
+              _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+          const float d = amax / 127.0f;
+          const float id = d != 0.0f ? 1.0f / d : 0.0f;
+          b[i].d = f32_to_f16(d);
+          const __m512 vid = _mm512_set1_ps(id);
+          for (int h = 0; h < 2; ++h) {
+            const __m512 v = _mm512_mul_ps(h == 0 ? x0 : x1, vid);
+            const __m512 tr = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, tr)),
+                                                    _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+            const __m512 one = _mm512_castsi512_ps(
+                _mm512_or_si512(_mm512_castps_si512(_mm512_set1_ps(1.0f)),
+                                _mm512_and_si512(_mm512_castps_si512(v),
+                                                 _mm512_set1_epi32(INT32_MIN))));  // ±1
+            const __m512 r = _mm512_mask_add_ps(tr, up, tr, one);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(b[i].qs + 16 * h),
+                             _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(r)));
+          }
+        }
+        return;
+      }
+#endif
       quantize_row_q8_0(src, static_cast<BlockQ8_0*>(dst), n);
       return;
+    }
     default:
       bad_kv(t);
   }

@@ -135,6 +135,28 @@ BOOST_AUTO_TEST_CASE(row_kernels_match_plain_loops) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(q8_0_rows_round_ties_as_quantize_row) {
+  // A block whose largest magnitude is 127 has scale 1, so k + 0.5 lands exactly between two
+  // codes: the stored row must round it away from zero as quantize_row_q8_0 does (3, -3 for
+  // 2.5, -2.5), not to even, in the vector path too.
+  std::vector<float> x(64);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float mag = static_cast<float>(i % 32) * 3.0f + 0.5f;
+    x[i] = (i % 2 ? -1.0f : 1.0f) * std::min(mag, 126.5f);
+  }
+  x[5] = 127.0f;
+  x[40] = -127.0f;
+  std::vector<uint8_t> row(sy::kernels::row_bytes(DType::Q8_0, 64)), want(row.size());
+  sy::kernels::kv_store_row(DType::Q8_0, x.data(), row.data(), 64);
+  sy::kernels::quantize_row(DType::Q8_0, x.data(), want.data(), 64);
+  BOOST_TEST(row == want, boost::test_tools::per_element());
+  std::vector<float> back(x.size());
+  sy::kernels::kv_load_row(DType::Q8_0, row.data(), back.data(), 64);
+  BOOST_TEST(back[0] == 1.0f);   // 0.5 -> 1
+  BOOST_TEST(back[1] == -4.0f);  // -3.5 -> -4
+  BOOST_TEST(back[2] == 7.0f);   // 6.5 -> 7
+}
+
 // The f16 row kernels at head sizes the 16-wide loop does not cover: 8 is a small model's whole
 // head (the 8-wide step alone), 24 one step of each width, 13 an 8-wide step and a scalar tail,
 // 3 the scalar tail alone. Each must agree with plain loops over the values read back.
@@ -153,8 +175,7 @@ BOOST_AUTO_TEST_CASE(f16_rows_of_any_length) {
     BOOST_TEST(back == deq, boost::test_tools::per_element());
     double dot = 0;
     for (int64_t i = 0; i < n; ++i) dot += double{q[i]} * back[i];
-    BOOST_TEST(std::abs(sy::kernels::kv_dot(DType::F16, q.data(), row.data(), n) - dot) <
-               1e-5 * n);
+    BOOST_TEST(std::abs(sy::kernels::kv_dot(DType::F16, q.data(), row.data(), n) - dot) < 1e-5 * n);
     std::vector<float> y2 = y;
     sy::kernels::kv_axpy(DType::F16, -0.75f, row.data(), y2.data(), n);
     for (int64_t i = 0; i < n; ++i) BOOST_TEST(std::abs(y2[i] - (y[i] - 0.75f * back[i])) < 1e-5f);

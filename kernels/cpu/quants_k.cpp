@@ -224,7 +224,22 @@ size_t act_bytes_q8k(int64_t n) {
 void quantize_act_q8k(const float* x, void* dst, int64_t n) {
   auto* b = static_cast<BlockQ8K*>(dst);
   for (int64_t i = 0; i < n / kSuper; ++i, x += kSuper) {
+    // The first value of largest magnitude sets the scale.
     float amax = 0.0f, mx = 0.0f;
+#if defined(SY_AVX512)
+    __m512 am = _mm512_setzero_ps();
+    for (int j = 0; j < kSuper; j += 16)
+      am = _mm512_max_ps(am, _mm512_abs_ps(_mm512_loadu_ps(x + j)));
+    amax = _mm512_reduce_max_ps(am);
+    for (int j = 0; j < kSuper && amax > 0.0f; j += 16) {
+      const __mmask16 m = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_loadu_ps(x + j)),
+                                             _mm512_set1_ps(amax), _CMP_EQ_OQ);
+      if (m) {
+        mx = x[j + __builtin_ctz(m)];
+        break;
+      }
+    }
+#else
     for (int j = 0; j < kSuper; ++j) {
       const float a = std::fabs(x[j]);
       if (a > amax) {
@@ -232,11 +247,23 @@ void quantize_act_q8k(const float* x, void* dst, int64_t n) {
         mx = x[j];
       }
     }
+#endif
     if (amax == 0.0f) {
       std::memset(&b[i], 0, sizeof(BlockQ8K));
       continue;
     }
     const float iscale = -127.0f / mx;
+#if defined(SY_AVX512)
+    // cvtps rounds to nearest even in the default mode, as nearbyint; one vector is one bsum.
+    const __m512 vs = _mm512_set1_ps(iscale);
+    for (int g = 0; g < 16; ++g) {
+      const __m512i q =
+          _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(vs, _mm512_loadu_ps(x + 16 * g))),
+                           _mm512_set1_epi32(127));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(b[i].qs + 16 * g), _mm512_cvtsepi32_epi8(q));
+      b[i].bsums[g] = static_cast<int16_t>(_mm512_reduce_add_epi32(q));
+    }
+#else
     for (int j = 0; j < kSuper; ++j) {
       const int v = static_cast<int>(std::nearbyint(iscale * x[j]));
       b[i].qs[j] = static_cast<int8_t>(std::min(127, v));
@@ -246,6 +273,7 @@ void quantize_act_q8k(const float* x, void* dst, int64_t n) {
       for (int j = 0; j < 16; ++j) s += b[i].qs[g * 16 + j];
       b[i].bsums[g] = static_cast<int16_t>(s);
     }
+#endif
     b[i].d = 1.0f / iscale;
   }
 }

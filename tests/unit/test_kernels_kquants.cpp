@@ -286,6 +286,26 @@ BOOST_AUTO_TEST_CASE(activations_quantize_to_q8k) {
     }
   }
   BOOST_TEST(static_cast<int8_t>(a[kQ8KBytes + 4 + 300 - 256]) == -127);
+  // Two values of largest magnitude: the first (here negative) sets the scale; with a scale of
+  // exactly 1, halves round to even (2.5 -> 2, 3.5 -> 4, -2.5 -> -2).
+  std::vector<float> t(256, 0.0f);
+  t[3] = -127.0f;
+  t[10] = 127.0f;
+  t[20] = 2.5f;
+  t[21] = 3.5f;
+  t[22] = -2.5f;
+  o->quantize_act(t.data(), a.data(), 256);
+  float dt;
+  std::memcpy(&dt, a.data(), 4);
+  BOOST_TEST(dt == 1.0f);
+  BOOST_TEST(static_cast<int8_t>(a[4 + 3]) == -127);
+  BOOST_TEST(static_cast<int8_t>(a[4 + 10]) == 127);
+  BOOST_TEST(static_cast<int8_t>(a[4 + 20]) == 2);
+  BOOST_TEST(static_cast<int8_t>(a[4 + 21]) == 4);
+  BOOST_TEST(static_cast<int8_t>(a[4 + 22]) == -2);
+  int16_t bs1;
+  std::memcpy(&bs1, a.data() + 4 + 256 + 2, 2);
+  BOOST_TEST(bs1 == 4);  // codes 16..31: 2 + 4 - 2
   // An all-zero block quantizes to zeros, not NaN.
   std::vector<float> z(256, 0.0f);
   o->quantize_act(z.data(), a.data(), 256);

@@ -82,7 +82,7 @@ class CpuEngine final : public Engine {
   void forward_reference(const std::vector<SeqStep>& batch, StepOutput& out);
   void forward_fast(const std::vector<SeqStep>& batch, StepOutput& out);
   void attention_fast(const std::vector<SeqStep>& batch, int layer);
-  void attend_dot(const SeqStep& s, int32_t row0, int layer, int g, float* ws);
+  void attend_dot(const SeqStep& s, int32_t row0, int layer, int g0, int g1, float* ws);
   void attend_gemm(const SeqStep& s, int32_t row0, int layer, int g, int32_t i0, int32_t i1,
                    float* ws);
   // The (window, sinks) layer `layer` attends s with: the step's, or the layer's own window
@@ -149,13 +149,17 @@ class CpuEngine final : public Engine {
       for (int64_t o = 0; o < n; ++o) fn(j + o, slot + o);
     });
   }
-  // KV head g's cached key (value) of physical slot `slot` in layer `layer`; the slots of one
-  // head follow each other head_row_ bytes apart.
+  // KV head g's cached key (value) of physical slot `slot` in layer `layer`. Block-major: a
+  // block holds every head's rows of its slots, head after head, so the slots of one head in one
+  // block follow each other head_row_ bytes apart and a block's heads are one stretch.
+  int64_t kv_offset(int64_t g, int64_t slot) const {
+    return ((slot / bs_ * c_.n_kv_heads + g) * bs_ + slot % bs_) * head_row_;
+  }
   KvElem* k_head(int layer, int64_t g, int64_t slot) {
-    return k_base_[static_cast<size_t>(layer)] + (g * layer_slots(layer) + slot) * head_row_;
+    return k_base_[static_cast<size_t>(layer)] + kv_offset(g, slot);
   }
   KvElem* v_head(int layer, int64_t g, int64_t slot) {
-    return v_base_[static_cast<size_t>(layer)] + (g * layer_slots(layer) + slot) * head_row_;
+    return v_base_[static_cast<size_t>(layer)] + kv_offset(g, slot);
   }
   int64_t layer_slots(int layer) const { return in_window_group(layer) ? n_wslots_ : n_slots_; }
   // Writes the new token's K and V rows (kv_dim values each) into slot `slot` of layer `layer`,
@@ -185,10 +189,11 @@ class CpuEngine final : public Engine {
   int64_t head_row_;        // bytes of one KV head's key (or value) in one slot
   // Left uninitialised on purpose: pages are touched only when a slot is first written, so a
   // large default capacity costs address space, not memory.
-  // Each layer's keys: (n_kv_heads, n_slots, head_row_ bytes) of a full-attention layer,
-  // (n_kv_heads, n_wslots, head_row_) of a window-group layer, laid out one layer after the
-  // other; k_base_[l] is layer l's first. Head-major, so that attention over a run of slots
-  // reads one contiguous stretch per head instead of a short piece of every row.
+  // Each layer's keys: (blocks, n_kv_heads, block_size, head_row_ bytes), n_slots / block_size
+  // blocks in a full-attention layer and n_wslots / block_size in a window-group one, laid out
+  // one layer after the other; k_base_[l] is layer l's first. Within a block each head's slots
+  // are one run, so attention over a run of slots reads one contiguous stretch per head, and a
+  // decode task that takes several heads reads each block as one stretch.
   std::unique_ptr<KvElem[]> k_cache_;
   std::unique_ptr<KvElem[]> v_cache_;
   std::vector<KvElem*> k_base_, v_base_;  // (n_layers)
@@ -210,12 +215,13 @@ class CpuEngine final : public Engine {
   std::vector<int32_t> sink_pos_;  // (T)
   std::vector<int32_t> sink_idx_;  // (T)
   int32_t n_sink_rows_ = 0;
-  // One attention task: a KV head with its group of query heads, over every new token of a
-  // decoding sequence (dot path, gemm = false) or over query tokens [i0, i1) (tiled path,
-  // gemm = true).
+  // One attention task: KV heads [head, head + n_heads) with their groups of query heads over
+  // every new token of a decoding sequence (dot path, gemm = false), or one KV head over query
+  // tokens [i0, i1) (tiled path, gemm = true, n_heads = 1).
   struct AttnUnit {
     int32_t seq;
     int32_t head;
+    int32_t n_heads;
     int32_t i0;
     int32_t i1;
     bool gemm;
@@ -342,6 +348,14 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
   units_.clear();
   const int group = c_.n_heads / c_.n_kv_heads;
   const int64_t hd = c_.head_dim;
+  // KV heads per decode task: as many as leave about four tasks per thread, so that a large
+  // batch reads each cached block as one stretch (one task per sequence) and a small one still
+  // splits its heads over the threads.
+  int64_t n_dot = 0;
+  for (const SeqStep& s : batch) n_dot += s.n_tokens < kGemmMinTokens;
+  const int64_t n_workers = threads_ ? threads_->size() : 1;
+  const int dot_heads = static_cast<int>(
+      std::clamp<int64_t>(c_.n_kv_heads * n_dot / (4 * n_workers), 1, c_.n_kv_heads));
   for (size_t i = 0; i < batch.size(); ++i) {
     const SeqStep& s = batch[i];
     seq_row_[i] = row;
@@ -351,7 +365,7 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
       for (int32_t i0 = 0; i0 < s.n_tokens; i0 += kQueryTile) {
         const int32_t i1 = std::min(s.n_tokens, i0 + kQueryTile);
         for (int g = 0; g < c_.n_kv_heads; ++g)
-          units_.push_back({static_cast<int32_t>(i), g, i0, i1, true});
+          units_.push_back({static_cast<int32_t>(i), g, 1, i0, i1, true});
         // keys (nk, hd), values transposed (hd, nk), queries (rows, hd), scores (rows, nk),
         // output (rows, hd); nk: the tile's sinks plus its first token's window start up to its
         // last token
@@ -361,10 +375,12 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
         ws_floats_ = std::max(ws_floats_, 2 * nk * hd + 2 * rows * hd + rows * nk);
       }
     } else {
-      for (int g = 0; g < c_.n_kv_heads; ++g)
-        units_.push_back({static_cast<int32_t>(i), g, 0, s.n_tokens, false});
-      // one score row per query head of the group
-      ws_floats_ = std::max(ws_floats_, group * (int64_t{s.n_past} + s.n_tokens));
+      for (int g = 0; g < c_.n_kv_heads; g += dot_heads)
+        units_.push_back({static_cast<int32_t>(i), g, std::min(dot_heads, c_.n_kv_heads - g), 0,
+                          s.n_tokens, false});
+      // one score row per query head of the unit's groups
+      ws_floats_ =
+          std::max(ws_floats_, int64_t{dot_heads} * group * (int64_t{s.n_past} + s.n_tokens));
     }
     // Each query token scores and mixes about n_past + n_tokens / 2 slots (at most sinks +
     // window of them), twice head_dim each.
@@ -389,7 +405,6 @@ void CpuEngine::validate_and_plan(const std::vector<SeqStep>& batch, StepOutput&
     }
   }
   seq_row_[batch.size()] = row;
-  const int n_workers = threads_ ? threads_->size() : 1;
   // Rounded up to a cache line so that workers' slices never share one.
   ws_floats_ = (ws_floats_ + 15) / 16 * 16;
   grow(ws_, static_cast<size_t>(ws_floats_ * n_workers));
@@ -634,7 +649,7 @@ void CpuEngine::attention_fast(const std::vector<SeqStep>& batch, int layer) {
         if (a.gemm) {
           attend_gemm(s, row0, layer, a.head, a.i0, a.i1, ws);
         } else {
-          attend_dot(s, row0, layer, a.head, ws);
+          attend_dot(s, row0, layer, a.head, a.head + a.n_heads, ws);
         }
       }
     }
@@ -648,15 +663,15 @@ void CpuEngine::attention_fast(const std::vector<SeqStep>& batch, int layer) {
   }
 }
 
-// KV head g with its group of query heads, every new token of s: the group's scores against
-// each run of cached rows (every row read once for the whole group), a softmax per head, then
-// the group's outputs mixed from the same runs of values.
-void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int g, float* sc) {
+// KV heads [g0, g1) with their groups of query heads, every new token of s: the groups' scores
+// against each run of cached rows (every row read once for its group; a run's heads lie one
+// after the other in the block), a softmax per query head, then the outputs mixed from the same
+// runs of values.
+void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int g0, int g1, float* sc) {
   const int hd = c_.head_dim;
   const int group = c_.n_heads / c_.n_kv_heads;
-  const KvElem* kc = k_head(layer, g, 0);  // the group's keys and values, slot 0
-  const KvElem* vc = v_head(layer, g, 0);
-  const int64_t h0 = int64_t{g} * group;  // the group's first query head
+  const int nh = g1 - g0;
+  const int64_t h0 = int64_t{g0} * group;  // the first query head
   const float scale = c_.query_scale;
   const Reach at = reach(s, layer);
   const int32_t* tab = table_of(s, layer);
@@ -665,30 +680,34 @@ void CpuEngine::attend_dot(const SeqStep& s, int32_t row0, int layer, int g, flo
     const float* q = q_.data() + row * q_dim_ + h0 * hd;
     const int32_t si = sink_idx_[row];
     const float* qs = si >= 0 ? q_sink_.data() + si * q_dim_ + h0 * hd : q;
-    // Scores of sink slots [0, ns) then window slots [lo, t], packed as row hh of sc, n_keys
-    // apart.
+    // Scores of sink slots [0, ns) then window slots [lo, t], packed as row r (query head
+    // h0 + r) of sc, n_keys apart.
     const int64_t t = int64_t{s.n_past} + i;
     const Visible vis = visible(t, at.window, at.sinks);
     const int64_t ns = vis.n_sinks;
     const int64_t n_keys = ns + t - vis.lo + 1;
-    for_runs(tab, 0, ns, 0, [&](int64_t j, int64_t slot, int64_t n) {
-      kernels::kv_scores(kv_type_, qs, hd, group, kc + slot * head_row_, head_row_, n, hd, scale,
-                         sc + j, n_keys);
-    });
-    for_runs(tab, vis.lo, t + 1, ns, [&](int64_t j, int64_t slot, int64_t n) {
-      kernels::kv_scores(kv_type_, q, hd, group, kc + slot * head_row_, head_row_, n, hd, scale,
-                         sc + j, n_keys);
-    });
-    for (int hh = 0; hh < group; ++hh) {
-      float* sr = sc + hh * n_keys;
+    const auto scores = [&](const float* qq) {
+      return [&, qq](int64_t j, int64_t slot, int64_t n) {
+        for (int g = 0; g < nh; ++g)
+          kernels::kv_scores(kv_type_, qq + int64_t{g} * group * hd, hd, group,
+                             k_head(layer, g0 + g, slot), head_row_, n, hd, scale,
+                             sc + int64_t{g} * group * n_keys + j, n_keys);
+      };
+    };
+    for_runs(tab, 0, ns, 0, scores(qs));
+    for_runs(tab, vis.lo, t + 1, ns, scores(q));
+    for (int r = 0; r < nh * group; ++r) {
+      float* sr = sc + r * n_keys;
       if (c_.attn_softcap > 0.0f) kernels::softcap(sr, n_keys, c_.attn_softcap);
       kernels::softmax(sr, n_keys);
     }
     float* o = att_.data() + row * q_dim_ + h0 * hd;
-    std::fill(o, o + group * hd, 0.0f);
+    std::fill(o, o + int64_t{nh} * group * hd, 0.0f);
     const auto mix = [&](int64_t j, int64_t slot, int64_t n) {
-      kernels::kv_mix(kv_type_, sc + j, n_keys, group, vc + slot * head_row_, head_row_, n, hd, o,
-                      hd);
+      for (int g = 0; g < nh; ++g)
+        kernels::kv_mix(kv_type_, sc + int64_t{g} * group * n_keys + j, n_keys, group,
+                        v_head(layer, g0 + g, slot), head_row_, n, hd, o + int64_t{g} * group * hd,
+                        hd);
     };
     for_runs(tab, 0, ns, 0, mix);
     for_runs(tab, vis.lo, t + 1, ns, mix);
@@ -720,11 +739,9 @@ void CpuEngine::attend_gemm(const SeqStep& s, int32_t row0, int layer, int g, in
   float* O = S + rows * nk;         // (rows, hd)
 
   // O is written only by the last product, so its first row holds a value row while gathering.
-  const KvElem* kc = k_head(layer, g, 0);  // the group's keys and values, slot 0
-  const KvElem* vc = v_head(layer, g, 0);
   const auto gather = [&](int64_t j, int64_t slot) {
-    kernels::kv_load_row(kv_type_, kc + slot * head_row_, K + j * hd, hd);
-    kernels::kv_load_row(kv_type_, vc + slot * head_row_, O, hd);
+    kernels::kv_load_row(kv_type_, k_head(layer, g, slot), K + j * hd, hd);
+    kernels::kv_load_row(kv_type_, v_head(layer, g, slot), O, hd);
     for (int64_t d = 0; d < hd; ++d) Vt[d * nk + j] = O[d];
   };
   const int32_t* tab = table_of(s, layer);

@@ -303,6 +303,19 @@ inline __m512 scores16(const float* q, const uint8_t* k, int64_t stride, int64_t
     }
   } else {
     const int64_t nf = n & ~int64_t{15};
+    if (nf == n && n <= 128) {
+      // Heads of up to 128 in whole vectors: each row read start to end, into its own sum (the
+      // same per-row order as the loop below), which the prefetcher follows as one stream.
+      __m512 qv[8];
+      const int nc = static_cast<int>(n / 16);
+      for (int c = 0; c < nc; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+      for (int i = 0; i < 16; ++i) {
+        __m512 a = _mm512_setzero_ps();
+        for (int c = 0; c < nc; ++c) a = _mm512_fmadd_ps(kv16<T, false>(r[i], 16 * c, 0), qv[c], a);
+        acc[kHsumSrc[i]] = a;
+      }
+      return hsum16(acc);
+    }
     for (int64_t d = 0; d < nf; d += 16) {
       const __m512 qv = _mm512_loadu_ps(q + d);
 #pragma GCC unroll 16
@@ -376,6 +389,30 @@ void mix_avx512(const float* p, int64_t p_stride, int nq, const uint8_t* v, int6
       }
     } else {
       const int64_t nf = n & ~int64_t{15};
+      if (nf == n && n <= 128) {
+        // Heads of up to 128 in whole vectors: row after row, each read start to end (one
+        // forward stream), even and odd rows into two sets of sums.
+        const int nc = static_cast<int>(n / 16);
+        __m512 a[8], b[8];
+        for (int c = 0; c < nc; ++c)
+          a[c] = _mm512_loadu_ps(yh + 16 * c), b[c] = _mm512_setzero_ps();
+        int64_t j = 0;
+        for (; j + 2 <= rows; j += 2) {
+          const __m512 p0 = _mm512_set1_ps(ph[j]), p1 = _mm512_set1_ps(ph[j + 1]);
+          const uint8_t* r0 = v + j * stride;
+          for (int c = 0; c < nc; ++c)
+            a[c] = _mm512_fmadd_ps(p0, kv16<T, false>(r0, 16 * c, 0), a[c]);
+          for (int c = 0; c < nc; ++c)
+            b[c] = _mm512_fmadd_ps(p1, kv16<T, false>(r0 + stride, 16 * c, 0), b[c]);
+        }
+        if (j < rows) {
+          const __m512 p0 = _mm512_set1_ps(ph[j]);
+          for (int c = 0; c < nc; ++c)
+            a[c] = _mm512_fmadd_ps(p0, kv16<T, false>(v + j * stride, 16 * c, 0), a[c]);
+        }
+        for (int c = 0; c < nc; ++c) _mm512_storeu_ps(yh + 16 * c, _mm512_add_ps(a[c], b[c]));
+        continue;
+      }
       for (int64_t d = 0; d < nf; d += 16) mix16<T, false>(ph, v, stride, rows, d, 0, yh);
       if (nf < n)
         mix16<T, true>(ph, v, stride, rows, nf, static_cast<__mmask16>((1u << (n - nf)) - 1), yh);

@@ -190,7 +190,8 @@ BOOST_AUTO_TEST_CASE(group_kernels_match_row_kernels) {
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.0f, 1.5f);
   for (DType t : {DType::F32, DType::F16, DType::Q8_0}) {
-    for (int64_t n : {int64_t{64}, int64_t{128}, int64_t{8}, int64_t{72}, int64_t{3}}) {
+    for (int64_t n :
+         {int64_t{64}, int64_t{128}, int64_t{16}, int64_t{8}, int64_t{72}, int64_t{3}}) {
       if (t == DType::Q8_0 && n % 32) continue;
       const int64_t stride = static_cast<int64_t>(sy::kernels::row_bytes(t, 3 * n));
       for (int nq : {1, 3, 4}) {

@@ -1,7 +1,7 @@
 // Fast CPU kernels: threaded, SIMD versions of the ops in kernels.hpp, checked against ref.
 // matmul tiles R weight rows x T tokens so each weight load feeds T tokens; quantized weights
 // multiply Q8_0-quantized activations with integer dot products (AVX-512 VNNI or AVX2), for one
-// token with a kernel built for few vector ops per block (VBMI and GFNI), and from 16 tokens on
+// token with a kernel built for few vector ops per block (VBMI and GFNI), and from 8 tokens on
 // with a tokens-in-lanes VNNI kernel.
 #include <algorithm>
 #include <cmath>
@@ -1042,8 +1042,11 @@ void matmul_panel_rows(const WeightView& w, const uint8_t* panels, size_t panel_
   }
 }
 
-/// Token count from which the panel kernel takes over: below one full panel the lanes idle.
-constexpr int64_t kPanelMinTokens = 16;
+/// Token count from which the panel kernel takes over. A half-full panel (8 tokens, half the
+/// lanes idle) still beats the 4 x 4 tiles: 110M decode at batch 8, two alternating runs, Q8_0
+/// 356-381 -> 417-427 tokens/s and Q4_0 422-461 -> 477-550, at batch 12 Q8_0 403-485 -> 651-710
+/// and Q4_0 287-491 -> 688-779; at 4 and 6 tokens the tiles stay ahead.
+constexpr int64_t kPanelMinTokens = 8;
 #endif
 
 /// Splits rows over the pool in contiguous chunks that are whole multiples of `align` rows.

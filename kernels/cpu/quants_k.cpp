@@ -842,7 +842,7 @@ float dot_k23_avx512(const void* w, const void* a, int64_t n) {
 
 // ---- many tokens: tokens in lanes (AVX-512 VNNI) ----
 //
-// From kPanelTokens tokens on, Q4_K, Q5_K and Q6_K rows multiply packed panels of 16 tokens'
+// From kPanelMinTokens tokens on, Q4_K, Q5_K and Q6_K rows multiply packed panels of 16 tokens'
 // Q8_K activations, one token per int32 lane, as fast.cpp's Q4_0/Q8_0 panels do: each dword of
 // weight codes is broadcast and dpbusd adds its four products into all 16 tokens at once.
 // Integer sums per sub-block are scaled by the sub-block's integer scale and summed over the

@@ -448,9 +448,9 @@ BOOST_AUTO_TEST_CASE(dot_products_match_on_random_blocks) {
 }
 
 BOOST_AUTO_TEST_CASE(four_token_dot_products_equal_one_token_ones) {
-  // vec_dot_4 (prefill) unpacks a weight row once for four tokens; each output must be exactly
-  // vec_dot's for that token, and a matmul of 11 tokens (two groups of four and three single
-  // tokens) exactly the one-token products.
+  // vec_dot_4 unpacks a weight row once for four tokens; each output must be exactly vec_dot's
+  // for that token, and a matmul of 7 tokens (a group of four and three single tokens; from
+  // kPanelMinTokens on the panel kernel takes over) exactly the one-token products.
   int with4 = 0;
   uint32_t seed = 300;
   for (DType t : kKTypes) {
@@ -459,7 +459,8 @@ BOOST_AUTO_TEST_CASE(four_token_dot_products_equal_one_token_ones) {
     for (const Rows& r : {zoo_rows(t, 16), random_rows(t, 16, 768, seed++)}) {
       const size_t rb = row_bytes(t, r.cols);
       const size_t xs = (o->act_bytes(r.cols) + 63) & ~size_t{63};
-      constexpr int kTok = 11;
+      constexpr int kTok = 7;
+      static_assert(kTok < quant::kPanelMinTokens);
       std::vector<float> x = gaussian(static_cast<size_t>(r.cols * kTok), seed++);
       std::vector<uint8_t> a(xs * kTok + 64);
       uint8_t* a0 = a.data() + (64 - reinterpret_cast<uintptr_t>(a.data()) % 64) % 64;
@@ -619,7 +620,7 @@ const DType kQuantizable[] = {DType::Q2_K, DType::Q3_K, DType::Q4_K,
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(panel_matmul_matches_exact_dot_products) {
-  // From 16 tokens on, Q4_K, Q5_K and Q6_K go through the tokens-in-lanes panel kernel (VNNI
+  // From 8 tokens on, Q4_K, Q5_K and Q6_K go through the tokens-in-lanes panel kernel (VNNI
   // builds): its integer sums per super-block are exact, so each output must be the exact dot
   // product of the dequantized row with the token's decoded Q8_K activations up to f32 rounding,
   // for token counts that fill panels partly, row counts that are not whole tiles, with and
@@ -632,7 +633,7 @@ BOOST_AUTO_TEST_CASE(panel_matmul_matches_exact_dot_products) {
       const size_t rb = row_bytes(t, r.cols);
       std::vector<float> row(static_cast<size_t>(r.cols));
       std::vector<uint8_t> a(o->act_bytes(r.cols) + 64);
-      for (int n_tok : {16, 17, 40}) {
+      for (int n_tok : {8, 9, 16, 17, 40}) {
         std::vector<float> x = gaussian(static_cast<size_t>(r.cols * n_tok), seed++);
         const WeightView w{t, r.bytes.data(), r.rows, r.cols};
         std::vector<float> y(static_cast<size_t>(r.rows * n_tok)), y_pool(y.size());

@@ -1128,15 +1128,7 @@ namespace {
 template <class F>
 void for_stacked_rows(ThreadPool* pool, const WeightView* const* ws, int n, int64_t total,
                       int64_t align, const F& fn) {
-  for_rows(pool, total, align, [&](int64_t g0, int64_t g1) {
-    int64_t base = 0;
-    for (int i = 0; i < n && base < g1; ++i) {
-      const int64_t rows = ws[i]->rows;
-      const int64_t a = std::max(g0, base), b = std::min(g1, base + rows);
-      if (a < b) fn(i, a - base, b - base);
-      base += rows;
-    }
-  });
+  for_rows(pool, total, align, [&](int64_t g0, int64_t g1) { stacked_pieces(ws, n, g0, g1, fn); });
 }
 
 /// The weight types with a kernel in this file (the others go through quants.hpp or ref).
@@ -1166,6 +1158,12 @@ void matmul_many(const WeightView* const* ws, float* const* ys, int n, const flo
   for (int i = 0; i < n; ++i) {
     shared = shared && ws[i]->type == w0.type && ws[i]->cols == w0.cols;
     total += ws[i]->rows;
+  }
+  if (shared && !fast_type(w0.type)) {
+    if (const quant::TypeOps* o = quant::ops(w0.type)) {
+      quant::matmul_many(*o, ws, ys, n, x, n_tokens, pool);  // one quantization, one hand-off
+      return;
+    }
   }
   if (!shared || !fast_type(w0.type)) {
     for (int i = 0; i < n; ++i) {

@@ -87,35 +87,55 @@ const TypeOps* ops(DType t) {
   return k_ops(t);
 }
 
-void matmul(const TypeOps& o, const WeightView& w, const float* x, int64_t n_tokens, float* y,
-            ThreadPool* pool) {
-  const size_t rb = row_bytes(w.type, w.cols);  // rejects a column count that is not whole blocks
-  if (matmul_panel(w, x, n_tokens, y, pool)) return;
-  const size_t xs = (o.act_bytes(w.cols) + 63) & ~size_t{63};
+void matmul_many(const TypeOps& o, const WeightView* const* ws, float* const* ys, int n,
+                 const float* x, int64_t n_tokens, ThreadPool* pool) {
+  if (n <= 0 || n_tokens <= 0) return;
+  const int64_t cols = ws[0]->cols;
+  int64_t total = 0;
+  for (int i = 0; i < n; ++i) {
+    (void)row_bytes(ws[i]->type, ws[i]->cols);  // rejects a column count that is not whole blocks
+    total += ws[i]->rows;
+  }
+  if (total <= 0) return;
+  if (matmul_panel_many(ws, ys, n, x, n_tokens, pool)) return;
+  const size_t rb = row_bytes(ws[0]->type, cols);
+  const size_t xs = (o.act_bytes(cols) + 63) & ~size_t{63};
   uint8_t* xq = t_act.get(xs * static_cast<size_t>(n_tokens));
-  for (int64_t t = 0; t < n_tokens; ++t) o.quantize_act(x + t * w.cols, xq + t * xs, w.cols);
-  const auto* base = static_cast<const uint8_t*>(w.data);
+  for (int64_t t = 0; t < n_tokens; ++t) o.quantize_act(x + t * cols, xq + t * xs, cols);
   auto body = [&](int64_t g0, int64_t g1) {
-    const int64_t r1 = std::min(w.rows, g1 * kRowsPerTask);
-    float four[kDotTokens];
-    for (int64_t r = g0 * kRowsPerTask; r < r1; ++r) {
-      const uint8_t* row = base + static_cast<size_t>(r) * rb;
-      int64_t t = 0;
-      if (o.vec_dot_4) {
-        for (; t + kDotTokens <= n_tokens; t += kDotTokens) {
-          o.vec_dot_4(row, xq + t * xs, xs, four, w.cols);
-          for (int k = 0; k < kDotTokens; ++k) y[(t + k) * w.rows + r] = four[k];
-        }
-      }
-      for (; t < n_tokens; ++t) y[t * w.rows + r] = o.vec_dot(row, xq + t * xs, w.cols);
-    }
+    stacked_pieces(ws, n, g0 * kRowsPerTask, std::min(total, g1 * kRowsPerTask),
+                   [&](int i, int64_t r0, int64_t r1) {
+                     const WeightView& w = *ws[i];
+                     const auto* base = static_cast<const uint8_t*>(w.data);
+                     float* y = ys[i];
+                     float four[kDotTokens];
+                     for (int64_t r = r0; r < r1; ++r) {
+                       const uint8_t* row = base + static_cast<size_t>(r) * rb;
+                       int64_t t = 0;
+                       if (o.vec_dot_4) {
+                         for (; t + kDotTokens <= n_tokens; t += kDotTokens) {
+                           o.vec_dot_4(row, xq + t * xs, xs, four, cols);
+                           for (int k = 0; k < kDotTokens; ++k) y[(t + k) * w.rows + r] = four[k];
+                         }
+                       }
+                       for (; t < n_tokens; ++t)
+                         y[t * w.rows + r] = o.vec_dot(row, xq + t * xs, cols);
+                     }
+                   });
   };
-  const int64_t groups = (w.rows + kRowsPerTask - 1) / kRowsPerTask;
+  const int64_t groups = (total + kRowsPerTask - 1) / kRowsPerTask;
   if (pool == nullptr || pool->size() == 1 || groups == 1) {
     body(0, groups);
   } else {
     pool->parallel_for(groups, body);
   }
+}
+
+void matmul(const TypeOps& o, const WeightView& w, const float* x, int64_t n_tokens, float* y,
+            ThreadPool* pool) {
+  const WeightView* ws[1] = {&w};
+  float* ys[1] = {y};
+  matmul_many(o, ws, ys, 1, x, n_tokens, pool);
 }
 
 }  // namespace quant

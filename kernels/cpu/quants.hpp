@@ -5,6 +5,7 @@
 // (Q2_K..Q6_K, IQ4_XS) in kernels/cpu/quants_k.cpp; each file fills in its own TypeOps.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -47,6 +48,27 @@ const TypeOps* k_ops(DType t);
 /// to the portable one: isa 0 portable, 1 AVX2, 2 AVX-512; nullptr where this build lacks it.
 const TypeOps* k_ops_isa(DType t, int isa);
 
+}  // namespace sy::kernels::quant
+
+namespace sy::kernels {
+
+/// Calls fn(i, r0, r1) for the part of rows [a, b) of n matrices stacked one after the other
+/// (ws[0]'s rows first) that falls in matrix i, r0 and r1 local to it.
+template <class F>
+void stacked_pieces(const WeightView* const* ws, int n, int64_t a, int64_t b, const F& fn) {
+  int64_t base = 0;
+  for (int i = 0; i < n && base < b; ++i) {
+    const int64_t rows = ws[i]->rows;
+    const int64_t lo = std::max(a, base), hi = std::min(b, base + rows);
+    if (lo < hi) fn(i, lo - base, hi - base);
+    base += rows;
+  }
+}
+
+}  // namespace sy::kernels
+
+namespace sy::kernels::quant {
+
 /// Token count from which matmul_panel takes Q4_K, Q5_K and Q6_K weights (half a panel: Q4_K_M
 /// decode at batch 8, 315-435 -> 399-430 tokens/s, at batch 12 437-467 -> 633-743).
 constexpr int64_t kPanelMinTokens = 8;
@@ -54,10 +76,18 @@ constexpr int64_t kPanelMinTokens = 8;
 /// nothing done, for another type, fewer than kPanelMinTokens tokens or a build without VNNI.
 bool matmul_panel(const WeightView& w, const float* x, int64_t n_tokens, float* y,
                   ThreadPool* pool);
+/// matmul_panel of n matrices of one type and width by the same x (ys[i] = x . ws[i]^T): the
+/// panels are packed once and one hand-off splits the rows of all of them.
+bool matmul_panel_many(const WeightView* const* ws, float* const* ys, int n, const float* x,
+                       int64_t n_tokens, ThreadPool* pool);
 
 /// y[t * w.rows + r] = dot(row r, x + t * w.cols) for a weight of a type with ops(): activations
 /// quantized once per token, rows split over the pool.
 void matmul(const TypeOps& o, const WeightView& w, const float* x, int64_t n_tokens, float* y,
             ThreadPool* pool);
+/// matmul of n matrices of type o.type and one width by the same x: the activations are
+/// quantized once and one hand-off splits the rows of all of them (Q, K and V; gate and up).
+void matmul_many(const TypeOps& o, const WeightView* const* ws, float* const* ys, int n,
+                 const float* x, int64_t n_tokens, ThreadPool* pool);
 
 }  // namespace sy::kernels::quant

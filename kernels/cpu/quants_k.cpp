@@ -1507,13 +1507,14 @@ const TypeOps* k_ops_isa(DType t, int isa) {
   }
 }
 
-bool matmul_panel(const WeightView& w, const float* x, int64_t n_tokens, float* y,
-                  ThreadPool* pool) {
+bool matmul_panel_many(const WeightView* const* ws, float* const* ys, int n, const float* x,
+                       int64_t n_tokens, ThreadPool* pool) {
 #if defined(SY_VNNI512)
-  if (n_tokens < kPanelMinTokens || w.cols % kSuper != 0) return false;
+  const WeightView& w0 = *ws[0];
+  if (n <= 0 || n_tokens < kPanelMinTokens || w0.cols % kSuper != 0) return false;
   void (*rows_fn)(const WeightView&, const uint8_t*, size_t, int64_t, float*, int64_t, int64_t,
                   uint8_t*) = nullptr;
-  switch (w.type) {
+  switch (w0.type) {
     case DType::Q4_K:
       rows_fn = kpanel_rows<DType::Q4_K>;
       break;
@@ -1526,7 +1527,12 @@ bool matmul_panel(const WeightView& w, const float* x, int64_t n_tokens, float* 
     default:
       return false;
   }
-  const int64_t nsb = w.cols / kSuper;
+  int64_t total = 0;
+  for (int i = 0; i < n; ++i) {
+    if (ws[i]->type != w0.type || ws[i]->cols != w0.cols) return false;
+    total += ws[i]->rows;
+  }
+  const int64_t nsb = w0.cols / kSuper;
   const size_t panel_bytes = static_cast<size_t>(nsb) * kPanelSuper;
   const int64_t n_panels = (n_tokens + kPanelTokens - 1) / kPanelTokens;
   thread_local std::vector<uint8_t> t_panels;
@@ -1534,32 +1540,41 @@ bool matmul_panel(const WeightView& w, const float* x, int64_t n_tokens, float* 
   if (t_panels.size() < need) t_panels.resize(need);
   auto* panels = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(t_panels.data()) + 63) &
                                             ~uintptr_t{63});
-  const auto split = [&](int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
-    if (pool == nullptr || pool->size() == 1 || n == 1) {
-      fn(0, n);
+  const auto split = [&](int64_t count, const std::function<void(int64_t, int64_t)>& fn) {
+    if (pool == nullptr || pool->size() == 1 || count == 1) {
+      fn(0, count);
     } else {
-      pool->parallel_for(n, fn);
+      pool->parallel_for(count, fn);
     }
   };
   split(n_panels, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
-      pack_kpanel(x, w.cols, g * kPanelTokens, n_tokens, panels + g * panel_bytes);
+      pack_kpanel(x, w0.cols, g * kPanelTokens, n_tokens, panels + g * panel_bytes);
   });
-  const int64_t groups = (w.rows + kRowsK - 1) / kRowsK;
+  const int64_t groups = (total + kRowsK - 1) / kRowsK;
   split(groups, [&](int64_t g0, int64_t g1) {
     thread_local std::vector<uint8_t> t_rows;
     const size_t sz = kpanel_scratch(nsb) + 64;
     if (t_rows.size() < sz) t_rows.resize(sz);
     auto* scratch = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(t_rows.data()) + 63) &
                                                ~uintptr_t{63});
-    rows_fn(w, panels, panel_bytes, n_tokens, y, g0 * kRowsK, std::min(w.rows, g1 * kRowsK),
-            scratch);
+    stacked_pieces(ws, n, g0 * kRowsK, std::min(total, g1 * kRowsK),
+                   [&](int i, int64_t r0, int64_t r1) {
+                     rows_fn(*ws[i], panels, panel_bytes, n_tokens, ys[i], r0, r1, scratch);
+                   });
   });
   return true;
 #else
-  (void)w, (void)x, (void)n_tokens, (void)y, (void)pool;
+  (void)ws, (void)ys, (void)n, (void)x, (void)n_tokens, (void)pool;
   return false;
 #endif
+}
+
+bool matmul_panel(const WeightView& w, const float* x, int64_t n_tokens, float* y,
+                  ThreadPool* pool) {
+  const WeightView* ws[1] = {&w};
+  float* ys[1] = {y};
+  return matmul_panel_many(ws, ys, 1, x, n_tokens, pool);
 }
 
 }  // namespace sy::kernels::quant

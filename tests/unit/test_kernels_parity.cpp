@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <random>
@@ -134,16 +135,22 @@ BOOST_AUTO_TEST_CASE(matmul_all_dtypes_tokens_pools) {
 // boundary, row counts that are no multiple of a tile) must give each matrix exactly what its own
 // matmul gives; matrices of different types or widths fall back to one matmul each.
 BOOST_AUTO_TEST_CASE(matmul_many_equals_separate_matmuls) {
+  // Every fast dtype, and the K-quants (one quantization of the activations, or one set of
+  // panels from 8 tokens on, for all three matrices), whose rows must be whole super-blocks.
   ThreadPool pool(2);
   uint32_t seed = 900;
-  for (DType t : kAllTypes) {
-    for (int64_t nt : {1, 5, 16, 33}) {
-      const int64_t cols = 96;
+  std::vector<DType> types(std::begin(kAllTypes), std::end(kAllTypes));
+  types.insert(types.end(), {DType::Q4_K, DType::Q6_K});
+  for (DType t : types) {
+    const bool k_quant = t == DType::Q4_K || t == DType::Q6_K;
+    for (int64_t nt : {1, 5, 8, 16, 33}) {
+      const int64_t cols = k_quant ? 512 : 96;
       const Weights a = make_weights(t, 37, cols, ++seed);
       const Weights b = make_weights(t, 13, cols, ++seed);
       const Weights c = make_weights(t, 66, cols, ++seed);
-      const Weights other =
-          make_weights(t == DType::F32 ? DType::F16 : DType::F32, 9, cols, ++seed);
+      const DType other_t = k_quant ? (t == DType::Q4_K ? DType::Q6_K : DType::Q4_K)
+                                    : (t == DType::F32 ? DType::F16 : DType::F32);
+      const Weights other = make_weights(other_t, 9, cols, ++seed);
       const auto x = randn(static_cast<size_t>(nt * cols), ++seed);
       for (bool mixed : {false, true}) {
         const WeightView* ws[3] = {&a.view, mixed ? &other.view : &b.view, &c.view};

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.hpp"
+#include "kernels/cpu/matmul_parts.hpp"
 #include "kernels/cpu/quants.hpp"
 #include "kernels/cpu/simd.hpp"
 
@@ -17,31 +18,7 @@ namespace sy::kernels {
 
 namespace {
 
-// ---------------------------------------------------------------------------------------------
-// Scratch: grows to the largest size seen and is then reused, so steady state allocates nothing.
-
-struct Scratch {
-  std::vector<uint8_t> bytes;
-  uint8_t* get(size_t n) {
-    // 64 bytes of slack so the start can be aligned to a cache line / zmm register.
-    if (bytes.size() < n + 64) bytes.resize(n + 64);
-    auto p = reinterpret_cast<uintptr_t>(bytes.data());
-    return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t{63});
-  }
-};
-
 thread_local Scratch t_act;  // quantized activations, owned by the thread that calls matmul
-
-/// Runs fn over [0, n) on the pool, or inline without one.
-template <class F>
-void run(ThreadPool* pool, int64_t n, const F& fn) {
-  if (n <= 0) return;
-  if (pool == nullptr || pool->size() == 1 || n == 1) {
-    fn(int64_t{0}, n);
-    return;
-  }
-  pool->parallel_for(n, fn);
-}
 
 /// Asks for rows [r, r1) of a matrix (row stride rb) to be brought into L2 while the current
 /// tile computes. A tile reads its rows side by side, several streams at once, which the hardware
@@ -844,7 +821,6 @@ void matmul_quant_rows(const WeightView& w, const uint8_t* xq, size_t xs, int64_
 // activations stay signed. Q8_0 weights are signed, so the activations are stored biased
 // (+128, unsigned) and each block starts from -128 * sum(w) to cancel the bias.
 
-constexpr int kPanelTokens = 16;
 constexpr size_t kPanelBlock = 8 * 64 + 64 + 64;
 
 /// Packs tokens [t0, t0 + 16) (fewer at the end) of quantized activations into one panel.
@@ -1063,17 +1039,11 @@ void matmul_panel_rows(const WeightView& w, const uint8_t* panels, size_t panel_
         const uint8_t* pp = panels + p * panel_bytes;
         for (int j = 0; j < ntiles; ++j) {
           tile_panels<TY, kRowsP, kPanelsP>(np, rows + j * kRowsP, pp, panel_bytes, nb, out);
-          for (int i = 0; i < kRowsP; ++i)
-            for (int g = 0; g < np; ++g)
-              for (int l = 0; l < kPanelTokens; ++l)
-                ybuf[(g * kPanelTokens + l) * kChunk + j * kRowsP + i] =
-                    out[(i * np + g) * kPanelTokens + l];
+          gather_tile(out, kRowsP, np, j * kRowsP, kChunk, ybuf);
         }
         const int64_t t0 = p * kPanelTokens;
-        const int64_t nt = std::min<int64_t>(np * kPanelTokens, n_tokens - t0);
-        for (int64_t l = 0; l < nt; ++l)
-          std::memcpy(y + (t0 + l) * w.rows + rc, ybuf + l * kChunk,
-                      sizeof(float) * static_cast<size_t>(nrc));
+        store_chunk(ybuf, kChunk, std::min<int64_t>(np * kPanelTokens, n_tokens - t0), nrc,
+                    y + t0 * w.rows + rc, w.rows);
       }
     }
   }

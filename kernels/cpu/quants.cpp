@@ -3,7 +3,8 @@
 #include "kernels/cpu/quants.hpp"
 
 #include <algorithm>
-#include <vector>
+
+#include "kernels/cpu/matmul_parts.hpp"
 
 namespace sy::kernels {
 
@@ -70,14 +71,6 @@ namespace {
 // threads share a small matrix evenly.
 constexpr int64_t kRowsPerTask = 16;
 
-struct Scratch {
-  std::vector<uint8_t> bytes;
-  uint8_t* get(size_t n) {
-    if (bytes.size() < n + 64) bytes.resize(n + 64);
-    auto p = reinterpret_cast<uintptr_t>(bytes.data());
-    return reinterpret_cast<uint8_t*>((p + 63) & ~uintptr_t{63});
-  }
-};
 thread_local Scratch t_act;  // quantized activations of the calling thread's matmul
 
 }  // namespace
@@ -123,12 +116,7 @@ void matmul_many(const TypeOps& o, const WeightView* const* ws, float* const* ys
                      }
                    });
   };
-  const int64_t groups = (total + kRowsPerTask - 1) / kRowsPerTask;
-  if (pool == nullptr || pool->size() == 1 || groups == 1) {
-    body(0, groups);
-  } else {
-    pool->parallel_for(groups, body);
-  }
+  run(pool, (total + kRowsPerTask - 1) / kRowsPerTask, body);
 }
 
 void matmul(const TypeOps& o, const WeightView& w, const float* x, int64_t n_tokens, float* y,

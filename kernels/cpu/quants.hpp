@@ -5,7 +5,6 @@
 // (Q2_K..Q6_K, IQ4_XS) in kernels/cpu/quants_k.cpp; each file fills in its own TypeOps.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -47,27 +46,6 @@ const TypeOps* k_ops(DType t);
 /// k_ops with a chosen dot-product implementation, so tests can hold every compiled SIMD path
 /// to the portable one: isa 0 portable, 1 AVX2, 2 AVX-512; nullptr where this build lacks it.
 const TypeOps* k_ops_isa(DType t, int isa);
-
-}  // namespace sy::kernels::quant
-
-namespace sy::kernels {
-
-/// Calls fn(i, r0, r1) for the part of rows [a, b) of n matrices stacked one after the other
-/// (ws[0]'s rows first) that falls in matrix i, r0 and r1 local to it.
-template <class F>
-void stacked_pieces(const WeightView* const* ws, int n, int64_t a, int64_t b, const F& fn) {
-  int64_t base = 0;
-  for (int i = 0; i < n && base < b; ++i) {
-    const int64_t rows = ws[i]->rows;
-    const int64_t lo = std::max(a, base), hi = std::min(b, base + rows);
-    if (lo < hi) fn(i, lo - base, hi - base);
-    base += rows;
-  }
-}
-
-}  // namespace sy::kernels
-
-namespace sy::kernels::quant {
 
 /// Token count from which matmul_panel takes Q4_K, Q5_K and Q6_K weights (half a panel: Q4_K_M
 /// decode at batch 8, 315-435 -> 399-430 tokens/s, at batch 12 437-467 -> 633-743).

@@ -18,10 +18,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
-#include <functional>
 #include <type_traits>
-#include <vector>
 
+#include "kernels/cpu/matmul_parts.hpp"
 #include "kernels/cpu/quants.hpp"
 #include "kernels/cpu/simd.hpp"
 
@@ -858,7 +857,6 @@ float dot_k23_avx512(const void* w, const void* a, int64_t n) {
 // dmin as floats.
 #if defined(SY_VNNI512)
 
-constexpr int kPanelTokens = 16;
 constexpr size_t kPanelSuper = 64 * 64 + 64 + 8 * 64;
 
 /// Packs tokens [t0, t0 + 16) (fewer at the end: zero lanes) of x into one panel.
@@ -1049,8 +1047,7 @@ void kpanel_rows(const WeightView& w, const uint8_t* panels, size_t panel_bytes,
   const size_t rb = row_bytes(w.type, w.cols);
   const auto* base = static_cast<const uint8_t*>(w.data);
   const int64_t n_panels = (n_tokens + kPanelTokens - 1) / kPanelTokens;
-  // Rows go in chunks whose outputs are gathered in ybuf and written out as one run per token
-  // (y's token stride is often a multiple of 4 KiB; scattered stores there evict each other).
+  // Rows go in chunks whose outputs are gathered in ybuf (see matmul_parts.hpp).
   constexpr int kChunk = kRowsK * 8;
   constexpr int kChunkTokens = kPanelsK * kPanelTokens;
   const size_t per_row = krow_bytes(nsb);
@@ -1073,17 +1070,11 @@ void kpanel_rows(const WeightView& w, const uint8_t* panels, size_t panel_bytes,
         } else {
           tile_kpanel<TY, kRowsK, 1>(rows + j * kRowsK, pp, panel_bytes, nsb, out);
         }
-        for (int i = 0; i < kRowsK; ++i)
-          for (int g = 0; g < np; ++g)
-            for (int l = 0; l < kPanelTokens; ++l)
-              ybuf[(g * kPanelTokens + l) * kChunk + j * kRowsK + i] =
-                  out[(i * np + g) * kPanelTokens + l];
+        gather_tile(out, kRowsK, np, j * kRowsK, kChunk, ybuf);
       }
       const int64_t t0 = p * kPanelTokens;
-      const int64_t nt = std::min<int64_t>(np * kPanelTokens, n_tokens - t0);
-      for (int64_t l = 0; l < nt; ++l)
-        std::memcpy(y + (t0 + l) * w.rows + rc, ybuf + l * kChunk,
-                    sizeof(float) * static_cast<size_t>(nrc));
+      store_chunk(ybuf, kChunk, std::min<int64_t>(np * kPanelTokens, n_tokens - t0), nrc,
+                  y + t0 * w.rows + rc, w.rows);
     }
   }
 }
@@ -1535,29 +1526,16 @@ bool matmul_panel_many(const WeightView* const* ws, float* const* ys, int n, con
   const int64_t nsb = w0.cols / kSuper;
   const size_t panel_bytes = static_cast<size_t>(nsb) * kPanelSuper;
   const int64_t n_panels = (n_tokens + kPanelTokens - 1) / kPanelTokens;
-  thread_local std::vector<uint8_t> t_panels;
-  const size_t need = panel_bytes * static_cast<size_t>(n_panels) + 64;
-  if (t_panels.size() < need) t_panels.resize(need);
-  auto* panels = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(t_panels.data()) + 63) &
-                                            ~uintptr_t{63});
-  const auto split = [&](int64_t count, const std::function<void(int64_t, int64_t)>& fn) {
-    if (pool == nullptr || pool->size() == 1 || count == 1) {
-      fn(0, count);
-    } else {
-      pool->parallel_for(count, fn);
-    }
-  };
-  split(n_panels, [&](int64_t g0, int64_t g1) {
+  thread_local Scratch t_panels;  // the calling thread's panels
+  uint8_t* panels = t_panels.get(panel_bytes * static_cast<size_t>(n_panels));
+  run(pool, n_panels, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g)
       pack_kpanel(x, w0.cols, g * kPanelTokens, n_tokens, panels + g * panel_bytes);
   });
   const int64_t groups = (total + kRowsK - 1) / kRowsK;
-  split(groups, [&](int64_t g0, int64_t g1) {
-    thread_local std::vector<uint8_t> t_rows;
-    const size_t sz = kpanel_scratch(nsb) + 64;
-    if (t_rows.size() < sz) t_rows.resize(sz);
-    auto* scratch = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(t_rows.data()) + 63) &
-                                               ~uintptr_t{63});
+  run(pool, groups, [&](int64_t g0, int64_t g1) {
+    thread_local Scratch t_rows;  // each worker's unpacked rows and outputs
+    uint8_t* scratch = t_rows.get(kpanel_scratch(nsb));
     stacked_pieces(ws, n, g0 * kRowsK, std::min(total, g1 * kRowsK),
                    [&](int i, int64_t r0, int64_t r1) {
                      rows_fn(*ws[i], panels, panel_bytes, n_tokens, ys[i], r0, r1, scratch);

@@ -20,22 +20,6 @@ namespace {
 
 thread_local Scratch t_act;  // quantized activations, owned by the thread that calls matmul
 
-/// Asks for rows [r, r1) of a matrix (row stride rb) to be brought into L2 while the current
-/// tile computes. A tile reads its rows side by side, several streams at once, which the hardware
-/// prefetcher follows poorly (see gemv_float_rows); asked for ahead, they arrive in parallel.
-/// With f16 weights on the 110M shape this took 8 tokens from 61-78 to 87-103 GFLOP/s and 32
-/// tokens from 121-129 to 109-142 (median 122 -> 134), five alternating runs on two cores.
-inline void prefetch_rows(const uint8_t* base, size_t rb, int64_t r, int64_t r1) {
-#if defined(SY_AVX2) || defined(SY_AVX512)
-  if (r >= r1) return;
-  const char* p = reinterpret_cast<const char*>(base + r * rb);
-  const size_t n = static_cast<size_t>(r1 - r) * rb;
-  for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
-#else
-  (void)base, (void)rb, (void)r, (void)r1;
-#endif
-}
-
 inline float scalar_weight(DType t, const uint8_t* row, int64_t k) {
   switch (t) {
     case DType::F32: {
@@ -943,11 +927,12 @@ RowPrep prep_row(const uint8_t* row, int64_t nb, uint8_t* scratch) {
 /// R rows x TT panels of 16 tokens.
 template <DType TY, int R, int TT>
 void tile_panel(const RowPrep* rows, const uint8_t* panels, size_t panel_bytes, int64_t nb,
-                float* out) {
+                float* out, const SpreadPrefetch& pf) {
   __m512 acc[R][TT];
   for (int r = 0; r < R; ++r)
     for (int g = 0; g < TT; ++g) acc[r][g] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
+    pf.at(b);
     __m512i ai[R][TT];
     for (int r = 0; r < R; ++r) {
       for (int g = 0; g < TT; ++g) {
@@ -992,11 +977,11 @@ void tile_panel(const RowPrep* rows, const uint8_t* panels, size_t panel_bytes, 
 /// tile_panel for np (1..N) panels.
 template <DType TY, int R, int N>
 void tile_panels(int np, const RowPrep* rows, const uint8_t* panels, size_t panel_bytes, int64_t nb,
-                 float* out) {
+                 float* out, const SpreadPrefetch& pf) {
   if constexpr (N > 1) {
-    if (np < N) return tile_panels<TY, R, N - 1>(np, rows, panels, panel_bytes, nb, out);
+    if (np < N) return tile_panels<TY, R, N - 1>(np, rows, panels, panel_bytes, nb, out, pf);
   }
-  tile_panel<TY, R, N>(rows, panels, panel_bytes, nb, out);
+  tile_panel<TY, R, N>(rows, panels, panel_bytes, nb, out, pf);
 }
 
 constexpr int kRowsP = 6;
@@ -1005,48 +990,20 @@ constexpr int kPanelsP = 2;
 template <DType TY>
 void matmul_panel_rows(const WeightView& w, const uint8_t* panels, size_t panel_bytes,
                        int64_t n_tokens, float* y, int64_t r0, int64_t r1) {
-  const size_t rb = row_bytes(TY, w.cols);
   const int64_t nb = w.cols / kQK;
-  const auto* base = static_cast<const uint8_t*>(w.data);
-  const int64_t n_panels = (n_tokens + kPanelTokens - 1) / kPanelTokens;
-  // Rows are done in chunks whose outputs are gathered in ybuf and written out as contiguous runs
-  // per token: y's token stride (rows * 4 bytes) is often a multiple of 4 KiB, and scattered
-  // stores at that stride keep evicting each other from L1.
-  constexpr int kTiles = 8;
-  constexpr int kChunk = kRowsP * kTiles;
-  constexpr int kChunkTokens = kPanelsP * kPanelTokens;
-  thread_local Scratch t_prep;
   const size_t per_row = static_cast<size_t>(nb) * (kQK + 8);
-  uint8_t* prep = t_prep.get(per_row * kChunk + sizeof(float) * (kRowsP + kChunk) * kChunkTokens);
-  auto* out = reinterpret_cast<float*>(prep + per_row * kChunk);
-  float* ybuf = out + kRowsP * kChunkTokens;  // [token][row of chunk]
-  // Panels per block of tokens: their bytes stay within ~256 KiB of L2 while the rows stream by.
+  thread_local Scratch t_prep;
+  uint8_t* scratch = t_prep.get(panel_rows_scratch<kRowsP, kPanelsP>(per_row));
+  // Panels per pass: their bytes stay within ~256 KiB of L2 while the rows stream by.
   const int64_t pb = std::max<int64_t>(
       kPanelsP, static_cast<int64_t>(256 * 1024 / panel_bytes) / kPanelsP * kPanelsP);
-  for (int64_t p0 = 0; p0 < n_panels; p0 += pb) {
-    const int64_t p1 = std::min(n_panels, p0 + pb);
-    for (int64_t rc = r0; rc < r1; rc += kChunk) {
-      const int nrc = static_cast<int>(std::min<int64_t>(kChunk, r1 - rc));
-      const int ntiles = (nrc + kRowsP - 1) / kRowsP;
-      if (p0 == 0) prefetch_rows(base, rb, rc + kChunk, std::min(r1, rc + 2 * kChunk));
-      RowPrep rows[kChunk];
-      // Rows past the end repeat the last real row; their results are not stored.
-      for (int i = 0; i < ntiles * kRowsP; ++i)
-        rows[i] =
-            prep_row<TY>(base + std::min<int64_t>(rc + i, r1 - 1) * rb, nb, prep + per_row * i);
-      for (int64_t p = p0; p < p1; p += kPanelsP) {
-        const int np = static_cast<int>(std::min<int64_t>(kPanelsP, p1 - p));
-        const uint8_t* pp = panels + p * panel_bytes;
-        for (int j = 0; j < ntiles; ++j) {
-          tile_panels<TY, kRowsP, kPanelsP>(np, rows + j * kRowsP, pp, panel_bytes, nb, out);
-          gather_tile(out, kRowsP, np, j * kRowsP, kChunk, ybuf);
-        }
-        const int64_t t0 = p * kPanelTokens;
-        store_chunk(ybuf, kChunk, std::min<int64_t>(np * kPanelTokens, n_tokens - t0), nrc,
-                    y + t0 * w.rows + rc, w.rows);
-      }
-    }
-  }
+  panel_rows<kRowsP, kPanelsP, RowPrep>(
+      static_cast<const uint8_t*>(w.data), row_bytes(TY, w.cols), w.rows, r0, r1, panels,
+      panel_bytes, n_tokens, pb, nb, per_row, scratch, y,
+      [&](const uint8_t* row, uint8_t* to) { return prep_row<TY>(row, nb, to); },
+      [&](int np, const RowPrep* rows, const uint8_t* pp, float* out, const SpreadPrefetch& pf) {
+        tile_panels<TY, kRowsP, kPanelsP>(np, rows, pp, panel_bytes, nb, out, pf);
+      });
 }
 
 /// Token count from which the panel kernel takes over. A half-full panel (8 tokens, half the

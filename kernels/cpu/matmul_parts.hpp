@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.hpp"
+#include "kernels/cpu/simd.hpp"
 
 namespace sy::kernels {
 
@@ -48,6 +49,47 @@ void stacked_pieces(const WeightView* const* ws, int n, int64_t a, int64_t b, co
   }
 }
 
+/// Asks for rows [r, r1) of a matrix (row stride rb) to be brought into L2 while the current
+/// tile computes. A tile reads its rows side by side, several streams at once, which the hardware
+/// prefetcher follows poorly (see gemv_float_rows); asked for ahead, they arrive in parallel.
+/// With f16 weights on the 110M shape this took 8 tokens from 61-78 to 87-103 GFLOP/s and 32
+/// tokens from 121-129 to 109-142 (median 122 -> 134), five alternating runs on two cores.
+inline void prefetch_rows(const uint8_t* base, size_t rb, int64_t r, int64_t r1) {
+#if defined(SY_AVX2) || defined(SY_AVX512)
+  if (r >= r1) return;
+  const char* p = reinterpret_cast<const char*>(base + r * rb);
+  const size_t n = static_cast<size_t>(r1 - r) * rb;
+  for (size_t o = 0; o < n; o += 64) _mm_prefetch(p + o, _MM_HINT_T1);
+#else
+  (void)base, (void)rb, (void)r, (void)r1;
+#endif
+}
+
+/// Software prefetches (into L1) of bytes [0, bytes) from p, spread over the n steps of a
+/// kernel's loop: step i asks for its share of the lines. A few lines a step keep the requests
+/// within what the core has in flight, where asking for them all at once loses many.
+class SpreadPrefetch {
+ public:
+  SpreadPrefetch() = default;
+  SpreadPrefetch(const uint8_t* p, int64_t bytes, int64_t n)
+      : p_(reinterpret_cast<const char*>(p)),
+        bytes_(bytes),
+        step_(n > 0 ? (bytes / 64 + n) / n * 64 : 0) {}
+  void at(int64_t i) const {
+#if defined(SY_AVX2) || defined(SY_AVX512)
+    const int64_t end = std::min(bytes_, (i + 1) * step_);
+    for (int64_t o = i * step_; o < end; o += 64) _mm_prefetch(p_ + o, _MM_HINT_T0);
+#else
+    (void)i;
+#endif
+  }
+
+ private:
+  const char* p_ = nullptr;
+  int64_t bytes_ = 0;
+  int64_t step_ = 0;
+};
+
 // ---- the panel kernels' output ----
 // A panel kernel computes a tile of rows x (np panels of kPanelTokens tokens) into
 // out[(row * np + panel) * kPanelTokens + lane]. The tiles of a chunk of rows are gathered in
@@ -71,6 +113,87 @@ inline void gather_tile(const float* out, int rows, int np, int row0, int chunk,
 inline void store_chunk(const float* ybuf, int chunk, int64_t nt, int nrc, float* y, int64_t ys) {
   for (int64_t l = 0; l < nt; ++l)
     std::memcpy(y + l * ys, ybuf + l * chunk, sizeof(float) * static_cast<size_t>(nrc));
+}
+
+// ---- the panel kernels' row loop ----
+// Rows are done in chunks of kPanelChunkTiles tiles; each chunk's outputs are gathered in ybuf
+// and written out as one run per token (see above).
+
+constexpr int kPanelChunkTiles = 8;
+
+/// Scratch bytes panel_rows needs: a chunk of prepared rows (per_row bytes each), one tile's
+/// sums and ybuf.
+template <int R, int TT>
+constexpr size_t panel_rows_scratch(size_t per_row) {
+  return per_row * R * kPanelChunkTiles +
+         sizeof(float) * static_cast<size_t>(R + R * kPanelChunkTiles) * TT * kPanelTokens;
+}
+
+/// Rows [r0, r1) of a matrix (rows_total rows of rb bytes at base) against n_panels panels of
+/// panel_bytes, pb panels per pass, into y[token * rows_total + row]. prep(row bytes, scratch)
+/// unpacks a row into per_row bytes of scratch and returns its Row; tile(np, rows, panels, out,
+/// pf) computes R rows against np (1..TT) panels into out, calling pf.at(i) at each of its
+/// loop's tile_steps steps.
+template <int R, int TT, class Row, class Prep, class Tile>
+void panel_rows(const uint8_t* base, size_t rb, int64_t rows_total, int64_t r0, int64_t r1,
+                const uint8_t* panels, size_t panel_bytes, int64_t n_tokens, int64_t pb,
+                int64_t tile_steps, size_t per_row, uint8_t* scratch, float* y, const Prep& prep,
+                const Tile& tile) {
+  constexpr int kChunk = R * kPanelChunkTiles;
+  const int64_t n_panels = (n_tokens + kPanelTokens - 1) / kPanelTokens;
+  auto* out = reinterpret_cast<float*>(scratch + per_row * kChunk);
+  float* ybuf = out + R * TT * kPanelTokens;  // [token][row of chunk]
+  for (int64_t p0 = 0; p0 < n_panels; p0 += pb) {
+    const int64_t p1 = std::min(n_panels, p0 + pb);
+    for (int64_t rc = r0; rc < r1; rc += kChunk) {
+      const int nrc = static_cast<int>(std::min<int64_t>(kChunk, r1 - rc));
+      const int ntiles = (nrc + R - 1) / R;
+      if (p0 == 0) prefetch_rows(base, rb, rc + kChunk, std::min(r1, rc + 2 * kChunk));
+      Row rows[kChunk];
+      // Rows past the end repeat the last real row; their results are not stored.
+      const auto prep_tile = [&](int j, uint8_t* to) {
+        for (int i = 0; i < R; ++i)
+          rows[j * R + i] =
+              prep(base + std::min<int64_t>(rc + j * R + i, r1 - 1) * rb, to + per_row * i);
+      };
+      if (p1 - p0 <= TT) {
+        // One pass over the panels (up to TT * 16 tokens: decode). Each tile's rows are
+        // unpacked just before it into the same few KiB, which stay in L1, and the next tile's
+        // rows are asked for during this one. Unpacked a chunk at a time, the codes outgrow L1
+        // and go out to L2 and back. 110M matrices at 32 tokens, one thread: Q4_0 205-220 ->
+        // 235-260 GFLOP/s, Q8_0 193-201 -> 211-219.
+        const int np = static_cast<int>(p1 - p0);
+        const uint8_t* pp = panels + p0 * panel_bytes;
+        for (int j = 0; j < ntiles; ++j) {
+          prep_tile(j, scratch);
+          const int64_t next = rc + (j + 1) * R;
+          const SpreadPrefetch pf =
+              next < r1 ? SpreadPrefetch(base + next * rb,
+                                         std::min<int64_t>(R, r1 - next) * static_cast<int64_t>(rb),
+                                         tile_steps)
+                        : SpreadPrefetch();
+          tile(np, rows + j * R, pp, out, pf);
+          gather_tile(out, R, np, j * R, kChunk, ybuf);
+        }
+        const int64_t t0 = p0 * kPanelTokens;
+        store_chunk(ybuf, kChunk, std::min<int64_t>(np * kPanelTokens, n_tokens - t0), nrc,
+                    y + t0 * rows_total + rc, rows_total);
+        continue;
+      }
+      for (int j = 0; j < ntiles; ++j) prep_tile(j, scratch + per_row * R * j);
+      for (int64_t p = p0; p < p1; p += TT) {
+        const int np = static_cast<int>(std::min<int64_t>(TT, p1 - p));
+        const uint8_t* pp = panels + p * panel_bytes;
+        for (int j = 0; j < ntiles; ++j) {
+          tile(np, rows + j * R, pp, out, SpreadPrefetch());
+          gather_tile(out, R, np, j * R, kChunk, ybuf);
+        }
+        const int64_t t0 = p * kPanelTokens;
+        store_chunk(ybuf, kChunk, std::min<int64_t>(np * kPanelTokens, n_tokens - t0), nrc,
+                    y + t0 * rows_total + rc, rows_total);
+      }
+    }
+  }
 }
 
 }  // namespace sy::kernels

@@ -974,7 +974,7 @@ KRow prep_krow(const uint8_t* row, int64_t nsb, uint8_t* s) {
 /// (one update per super-block), so the registers hold the integer sums of more rows.
 template <DType TY, int R, int TT>
 void tile_kpanel(const KRow* rows, const uint8_t* panels, size_t panel_bytes, int64_t nsb,
-                 float* out) {
+                 float* out, const SpreadPrefetch& pf) {
   constexpr int kSub = TY == DType::Q6_K ? 16 : 32;  // elements per sub-block
   constexpr int kSubs = kSuper / kSub;
   for (int i = 0; i < R * TT; ++i) _mm512_storeu_ps(out + i * kPanelTokens, _mm512_setzero_ps());
@@ -984,6 +984,7 @@ void tile_kpanel(const KRow* rows, const uint8_t* panels, size_t panel_bytes, in
     for (int r = 0; r < R; ++r)
       for (int g = 0; g < TT; ++g) si[r][g] = _mm512_setzero_si512();
     for (int s = 0; s < kSubs; ++s) {
+      pf.at(sb * kSubs + s);
       for (int r = 0; r < R; ++r)
         for (int g = 0; g < TT; ++g) ai[r][g] = _mm512_setzero_si512();
       for (int k = 0; k < kSub / 4; ++k) {
@@ -1039,49 +1040,32 @@ void tile_kpanel(const KRow* rows, const uint8_t* panels, size_t panel_bytes, in
 constexpr int kRowsK = 6;
 constexpr int kPanelsK = 2;
 
+/// Sub-blocks of a super-block, the steps of tile_kpanel's loop.
+template <DType TY>
+constexpr int kSubsK = TY == DType::Q6_K ? 16 : 8;
+
 /// Rows [r0, r1) of w against every panel; y[t * w.rows + r].
 template <DType TY>
 void kpanel_rows(const WeightView& w, const uint8_t* panels, size_t panel_bytes, int64_t n_tokens,
                  float* y, int64_t r0, int64_t r1, uint8_t* scratch) {
   const int64_t nsb = w.cols / kSuper;
-  const size_t rb = row_bytes(w.type, w.cols);
-  const auto* base = static_cast<const uint8_t*>(w.data);
   const int64_t n_panels = (n_tokens + kPanelTokens - 1) / kPanelTokens;
-  // Rows go in chunks whose outputs are gathered in ybuf (see matmul_parts.hpp).
-  constexpr int kChunk = kRowsK * 8;
-  constexpr int kChunkTokens = kPanelsK * kPanelTokens;
-  const size_t per_row = krow_bytes(nsb);
-  auto* out = reinterpret_cast<float*>(scratch + per_row * kChunk);
-  float* ybuf = out + kRowsK * kChunkTokens;  // [token][row of chunk]
-  for (int64_t rc = r0; rc < r1; rc += kChunk) {
-    const int nrc = static_cast<int>(std::min<int64_t>(kChunk, r1 - rc));
-    const int ntiles = (nrc + kRowsK - 1) / kRowsK;
-    KRow rows[kChunk];
-    // Rows past the end repeat the last real row; their results are not stored.
-    for (int i = 0; i < ntiles * kRowsK; ++i)
-      rows[i] =
-          prep_krow<TY>(base + std::min<int64_t>(rc + i, r1 - 1) * rb, nsb, scratch + per_row * i);
-    for (int64_t p = 0; p < n_panels; p += kPanelsK) {
-      const int np = static_cast<int>(std::min<int64_t>(kPanelsK, n_panels - p));
-      const uint8_t* pp = panels + p * panel_bytes;
-      for (int j = 0; j < ntiles; ++j) {
+  panel_rows<kRowsK, kPanelsK, KRow>(
+      static_cast<const uint8_t*>(w.data), row_bytes(w.type, w.cols), w.rows, r0, r1, panels,
+      panel_bytes, n_tokens, n_panels, nsb * kSubsK<TY>, krow_bytes(nsb), scratch, y,
+      [&](const uint8_t* row, uint8_t* to) { return prep_krow<TY>(row, nsb, to); },
+      [&](int np, const KRow* rows, const uint8_t* pp, float* out, const SpreadPrefetch& pf) {
         if (np == kPanelsK) {
-          tile_kpanel<TY, kRowsK, kPanelsK>(rows + j * kRowsK, pp, panel_bytes, nsb, out);
+          tile_kpanel<TY, kRowsK, kPanelsK>(rows, pp, panel_bytes, nsb, out, pf);
         } else {
-          tile_kpanel<TY, kRowsK, 1>(rows + j * kRowsK, pp, panel_bytes, nsb, out);
+          tile_kpanel<TY, kRowsK, 1>(rows, pp, panel_bytes, nsb, out, pf);
         }
-        gather_tile(out, kRowsK, np, j * kRowsK, kChunk, ybuf);
-      }
-      const int64_t t0 = p * kPanelTokens;
-      store_chunk(ybuf, kChunk, std::min<int64_t>(np * kPanelTokens, n_tokens - t0), nrc,
-                  y + t0 * w.rows + rc, w.rows);
-    }
-  }
+      });
 }
 
 /// Scratch bytes kpanel_rows needs for rows of nsb super-blocks.
 size_t kpanel_scratch(int64_t nsb) {
-  return krow_bytes(nsb) * kRowsK * 8 + sizeof(float) * (kRowsK + kRowsK * 8) * kPanelsK * 16;
+  return panel_rows_scratch<kRowsK, kPanelsK>(krow_bytes(nsb));
 }
 
 #endif  // SY_VNNI512

@@ -20,9 +20,9 @@ struct BatchingConfig {
   // step buffers that the KV cache takes; the rest is for cuBLASLt, the CUDA context and
   // fragmentation (vLLM's gpu_memory_utilization, counted after the weights).
   double kv_gpu_fraction = 0.85;
-  // Element type of the CPU engine's cached keys and values (kernels::parse_kv_type): f16, as
-  // llama.cpp's default (half of f32's memory, logits within the golden tests' bounds), f32, or
-  // q8_0 (about a quarter of f32; head_dim a multiple of 32).
+  // Element type of the cached keys and values (kernels::parse_kv_type): f16, as llama.cpp's
+  // default (half of f32's memory, logits within the golden tests' bounds), f32, or q8_0 (about
+  // a quarter of f32; head_dim a multiple of 32; the CPU engine only, the CUDA engine refuses it).
   kernels::DType kv_dtype = kernels::DType::F16;
   int32_t step_delay_ms = 0;  // TEST ONLY: sleep before each step (slow executor)
   // KV-cache policy (policies/kv_policy.hpp format: full | sliding_window:W | sinks:S:W);

@@ -31,7 +31,7 @@ struct ExecutorSpec {
   int32_t block_size = 16;        ///< tokens per KV block; must equal the batcher's
   int32_t max_batch_tokens = 0;   ///< most new tokens in one step; 0: the engine default
   double kv_gpu_fraction = 0.85;  ///< cuda with n_blocks 0: share of free memory for KV
-  kernels::DType kv_type = kernels::DType::F16;  ///< cached K/V element type (CPU engine)
+  kernels::DType kv_type = kernels::DType::F16;  ///< cached K/V element type (cuda: F16, F32)
   int32_t step_delay_ms = 0;                     ///< TEST ONLY: sleep this long before every step
   int32_t null_token = 0;                        ///< the "null" backend's fixed token id
   int device = -1;                               ///< device index for a device backend; -1: CPU

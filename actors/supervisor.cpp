@@ -108,8 +108,9 @@ bool spawn_pair(Self* self) {
   if (st.cfg.n_blocks == 0)
     log(self, "executor on device " + std::to_string(spec.device) + ": " +
                   std::to_string(n_blocks) + " KV blocks of " +
-                  std::to_string(st.cfg.batching.kv_block_size) +
-                  " tokens (sized from the device's free memory)");
+                  std::to_string(st.cfg.batching.kv_block_size) + " tokens, K/V " +
+                  kernels::kv_type_name(st.cfg.batching.kv_dtype) +
+                  " (sized from the device's free memory)");
   BatcherExtras extras;
   extras.supervisor = SupervisorActor(self);
   extras.pair = p.id;

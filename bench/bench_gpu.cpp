@@ -7,11 +7,13 @@
 // the first is gone), so one run shows decode both ways. --quant-batches 1,8 (the default; empty:
 // none) adds decode rows with Q8_0 weights read by the quantized GEMV (quantized_decode, another
 // engine built last), and measures the bf16 rows of those batches too, to compare the two.
-// --tiny swaps in a toy shape (2 layers of dim 256, vocab 512) and small runs, options after it
-// still applying: a smoke run of every code path that the CUDA emulator finishes in a minute;
-// its figures mean nothing.
+// --kv-dtype f16|f32 picks the KV cache's element type (batching.kv_dtype; f16, the serving
+// default, unless given). --tiny swaps in a toy shape (2 layers of dim 256, vocab 512) and small
+// runs, options after it still applying: a smoke run of every code path that the CUDA emulator
+// finishes in a minute; its figures mean nothing.
 //   bench_gpu [--json PATH] [--tiny] [--layers N] [--ctx 1024] [--prompt 2048]
 //             [--batches 1,16,64,256] [--cuda-graphs] [--graph-batches 1,16] [--quant-batches 1,8]
+//             [--kv-dtype f16|f32]
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "gpu/cuda_engine.hpp"
+#include "kernels/cpu/kernels.hpp"
 #include "kernels/cuda/convert.cuh"
 #include "kernels/cuda/gemm.cuh"
 
@@ -109,12 +112,13 @@ struct DecodeRow {
 
 // Decode rows for each batch size: every sequence holds `ctx` cached tokens (random KV) and
 // decodes warm + iters tokens; the timed steps are the last iters. weight_read: the weight bytes
-// one step reads (for GB/s).
+// one step reads (for GB/s); kv_value_bytes: bytes of one cached value (2 for f16, 4 for f32).
 std::vector<DecodeRow> decode_rows(sy::CudaEngine& e, const std::vector<int>& batches, int ctx,
-                                   bool graphs, bool q8, double weight_read) {
+                                   bool graphs, bool q8, double weight_read,
+                                   double kv_value_bytes) {
   const sy::LlamaConfig& c = e.config();
   const int64_t kv_dim = int64_t{c.n_kv_heads} * c.head_dim;
-  const double kv_bytes_per_token = 2.0 * 2.0 * double(c.n_layers) * double(kv_dim);  // K+V, bf16
+  const double kv_bytes_per_token = 2.0 * kv_value_bytes * double(c.n_layers) * double(kv_dim);
   const int warm = kWarmSteps, iters = kTimedSteps;
   std::vector<DecodeRow> decode;
   for (int B : batches) {
@@ -170,6 +174,7 @@ int main(int argc, char** argv) {
   int layers = 32, ctx = 1024, prompt = 2048;
   std::vector<int> batches = {1, 16, 64, 256}, graph_batches, quant_batches = {1, 8};
   bool graphs = false, tiny = false;
+  sy::kernels::DType kv_type = sy::kernels::DType::F16;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const auto next = [&]() -> std::string {
@@ -201,11 +206,18 @@ int main(int argc, char** argv) {
       graph_batches = parse_list(next());
     else if (a == "--quant-batches")
       quant_batches = parse_list(next());
-    else {
+    else if (a == "--kv-dtype") {
+      const auto t = sy::kernels::parse_kv_type(next());
+      if (!t || *t == sy::kernels::DType::Q8_0) {
+        std::fprintf(stderr, "--kv-dtype: f16 or f32 (the CUDA engine has no q8_0 cache)\n");
+        return 2;
+      }
+      kv_type = *t;
+    } else {
       std::fprintf(stderr,
                    "usage: bench_gpu [--json PATH] [--tiny] [--layers N] [--ctx N] [--prompt N] "
                    "[--batches 1,16,...] [--cuda-graphs] [--graph-batches 1,16,...] "
-                   "[--quant-batches 1,8,...]\n");
+                   "[--quant-batches 1,8,...] [--kv-dtype f16|f32]\n");
       return 2;
     }
   }
@@ -268,6 +280,8 @@ int main(int argc, char** argv) {
   o.max_batch_tokens = std::max(prompt, max_batch);
   o.max_logit_rows = max_batch;
   o.cuda_graphs = graphs;
+  o.kv_type = kv_type;
+  const double kv_value_bytes = kv_type == sy::kernels::DType::F32 ? 4.0 : 2.0;
   if (tiny) {
     // Just the KV blocks the runs take (decode_rows: max_batch sequences of every decode step's
     // context; the prefill: one prompt): the default fraction of free memory would have
@@ -279,16 +293,17 @@ int main(int argc, char** argv) {
   const auto t_load = Clock::now();
   auto e = sy::make_cuda_engine_synthetic(c, o, 42);
   e->randomize_kv(7);
-  std::printf("%s model (%d layers): weights %.2f GB, KV cache %.2f GB, built in %.1f s\n",
+  std::printf("%s model (%d layers): weights %.2f GB, KV cache %.2f GB (%s), built in %.1f s\n",
               tiny ? "toy" : "8B-shaped", layers, e->weight_bytes() / 1e9, e->kv_bytes() / 1e9,
-              seconds_since(t_load));
+              sy::kernels::kv_type_name(kv_type), seconds_since(t_load));
 
   const size_t weight_bytes = e->weight_bytes();
   // What a bf16 decode step reads of the weights: all of them but the embedding table, of which
   // it reads one row per token (as for the Q8_0 rows below).
   const double bf16_read =
       static_cast<double>(weight_bytes) - 2.0 * static_cast<double>(c.n_vocab) * c.dim;
-  std::vector<DecodeRow> decode = decode_rows(*e, batches, ctx, graphs, false, bf16_read);
+  std::vector<DecodeRow> decode =
+      decode_rows(*e, batches, ctx, graphs, false, bf16_read, kv_value_bytes);
   // prefill: one prompt per step
   double prefill_s = 0, prefill_tflops = 0;
   {
@@ -325,7 +340,8 @@ int main(int argc, char** argv) {
     auto eg = sy::make_cuda_engine_synthetic(c, o, 42);
     eg->randomize_kv(7);
     std::printf("second engine, with CUDA graphs: built in %.1f s\n", seconds_since(t_graphs));
-    for (const DecodeRow& d : decode_rows(*eg, graph_batches, ctx, true, false, bf16_read))
+    for (const DecodeRow& d :
+         decode_rows(*eg, graph_batches, ctx, true, false, bf16_read, kv_value_bytes))
       decode.push_back(d);
   }
   // What a Q8_0 decode step reads of the weights: every layer matrix and the output matrix as
@@ -346,7 +362,8 @@ int main(int argc, char** argv) {
     eq->randomize_kv(7);
     std::printf("engine with Q8_0 decode weights: weights %.2f GB (bf16 + Q8_0), built in %.1f s\n",
                 eq->weight_bytes() / 1e9, seconds_since(t_q));
-    for (const DecodeRow& d : decode_rows(*eq, quant_batches, ctx, graphs, true, q8_read))
+    for (const DecodeRow& d :
+         decode_rows(*eq, quant_batches, ctx, graphs, true, q8_read, kv_value_bytes))
       decode.push_back(d);
   }
 
@@ -365,6 +382,7 @@ int main(int argc, char** argv) {
     f << "{\n  \"device\": \"" << prop.name << "\",\n  \"copy_bandwidth_gbs\": " << bw / 1e9
       << ",\n  \"gemm_bf16_tflops\": " << gemm / 1e12
       << ",\n  \"tiny\": " << (tiny ? "true" : "false") << ",\n  \"layers\": " << layers
+      << ",\n  \"kv_dtype\": \"" << sy::kernels::kv_type_name(kv_type) << "\""
       << ",\n  \"weight_bytes\": " << weight_bytes
       << ",\n  \"bf16_weight_read_bytes\": " << bf16_read
       << ",\n  \"q8_0_weight_read_bytes\": " << q8_read << ",\n  \"decode\": [";

@@ -9,7 +9,8 @@
 # BUILD_DIR (default build-gpucheck), JOBS (default: all cores), BENCH_ARGS (extra bench_gpu flags),
 # GRAPH_BATCHES (decode batches measured again with CUDA graphs, default 1,16; empty: none),
 # QUANT_BATCHES (decode batches measured again with Q8_0 weights read by the quantized GEMV,
-# default 1,8; empty: none).
+# default 1,8; empty: none), KV_DTYPE (bench_gpu's KV cache type, f16 as in serving or f32;
+# default f16).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -75,13 +76,14 @@ else
   status=1
 fi
 
-log "bench_gpu"
+kv_dtype=${KV_DTYPE:-f16}
+log "bench_gpu (KV cache $kv_dtype)"
 graph_batches=${GRAPH_BATCHES-1,16}
 quant_batches=${QUANT_BATCHES-1,8}
 # shellcheck disable=SC2086
 timeout 360 "$build/bench_gpu" ${out:+--json "$out/bench_gpu.json"} \
   ${graph_batches:+--graph-batches "$graph_batches"} --quant-batches "$quant_batches" \
-  ${BENCH_ARGS:-} 2>&1 \
+  --kv-dtype "$kv_dtype" ${BENCH_ARGS:-} 2>&1 \
   | tee /tmp/sy_bench_gpu.log ${out:+"$out/bench_gpu.log"}
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 if [ -n "$graph_batches" ]; then

@@ -118,10 +118,18 @@ add_dependencies(emu_it_test_golden emu_switchyard)
 add_test(NAME emu_it_test_golden COMMAND emu_it_test_golden WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
 set_tests_properties(emu_it_test_golden PROPERTIES LABELS emu TIMEOUT 1200 RUN_SERIAL TRUE)
 
-# A model whose KV cache cannot fit the (2 GiB) emulated device: the server names the problem and
-# exits 1 instead of saying "ready" with no executor.
-add_test(NAME emu_serve_kv_does_not_fit
-  COMMAND sh -c "out=$(\"$0\" serve --model \"$1\" --bind tcp://127.0.0.1:* --no-journal --kv-mb 4000 2>&1); rc=$?; echo \"$out\" | tr '\\n' ' '; echo \" exit=$rc\""
-    $<TARGET_FILE:emu_switchyard> ${SY_MODELS_DIR}/stories260K.gguf)
-set_tests_properties(emu_serve_kv_does_not_fit PROPERTIES LABELS emu TIMEOUT 120
-  PASS_REGULAR_EXPRESSION "switchyard: error: model does not fit[^\n]* exit=1")
+# The server on the emulated device with stories260K and `flags` (spliced into its command line),
+# whose CUDA engine cannot be built: it must print `switchyard: error: <error>...` and exit 1
+# instead of saying "ready" with no executor.
+function(sy_emu_serve_refused name flags error)
+  add_test(NAME ${name}
+    COMMAND sh -c "out=$(\"$0\" serve --model \"$1\" --bind tcp://127.0.0.1:* --no-journal ${flags} 2>&1); rc=$?; echo \"$out\" | tr '\\n' ' '; echo \" exit=$rc\""
+      $<TARGET_FILE:emu_switchyard> ${SY_MODELS_DIR}/stories260K.gguf)
+  set_tests_properties(${name} PROPERTIES LABELS emu TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "switchyard: error: ${error}[^\n]* exit=1")
+endfunction()
+# A KV cache that cannot fit the (2 GiB) emulated device.
+sy_emu_serve_refused(emu_serve_kv_does_not_fit "--kv-mb 4000" "model does not fit")
+# A cache type with no CUDA kernels (batching.kv_dtype q8_0).
+sy_emu_serve_refused(emu_serve_kv_dtype_q8_0_refused "--kv-dtype q8_0"
+  "cuda backend does not support batching.kv_dtype q8_0 yet")

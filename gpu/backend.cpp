@@ -78,6 +78,7 @@ std::unique_ptr<Engine> make_engine(Backend backend, std::shared_ptr<LlamaModel>
     // away (llama.cpp's convert scripts), so serving never silently rounds what it was given.
     const auto& layers = model->weights().layers;
     co.f32_weights = !layers.empty() && layers.front().wq.type == kernels::DType::F32;
+    co.kv_type = opts.kv_type;  // batching.kv_dtype; the CUDA engine refuses q8_0 by name
     co.block_size = opts.block_size;
     co.n_blocks = opts.n_blocks;
     co.kv_memory_fraction = kv_gpu_fraction;

@@ -176,6 +176,17 @@ cuda::SrcType src_type(kernels::DType t) {
                            std::to_string(static_cast<uint32_t>(t)) + ") yet");
 }
 
+// Whether the cache of CudaEngineOptions::kv_type holds half (F16, llama.cpp's default) or float
+// (F32) entries; q8_0, which the CPU engine also stores, has no CUDA kernels yet.
+bool half_cache(kernels::DType t) {
+  if (t == kernels::DType::F16) return true;
+  if (t == kernels::DType::F32) return false;
+  const char* name = kernels::kv_type_ok(t) ? kernels::kv_type_name(t) : kernels::dtype_name(t);
+  throw std::runtime_error(std::string("cuda backend does not support batching.kv_dtype ") +
+                           (name ? std::string(name) : std::to_string(static_cast<uint32_t>(t))) +
+                           " yet (use f16 or f32)");
+}
+
 template <class T>
 class CudaEngineImpl final : public CudaEngine {
  public:
@@ -262,14 +273,25 @@ class CudaEngineImpl final : public CudaEngine {
     return s.window > 0 && row_window(s) > 0 ? s.sinks : 0;
   }
   void forward();
+  // Layer l's part of forward() that touches the cache of C (float or half): the new keys and
+  // values (rows of qkv, rotated) into it, then attention of the decode rows and prefill tiles
+  // over it into att. qs: the sink queries, nullptr in a step without sinks.
+  template <class C>
+  void attend(int l, const float* qkv, const float* qs, T* att);
   // forward() (then the sampling kernel with `sample`), directly or through the CUDA graph of
   // the step's padded decode batch, captured on first use.
   void run(bool sample);
   void launch_sample();
   void drop_graphs();
   void ensure_logit_rows(int32_t rows);
-  T* kc(int l) const { return k_.template as<T>() + int64_t{l} * layer_slots_ * kv_dim_; }
-  T* vc(int l) const { return v_.template as<T>() + int64_t{l} * layer_slots_ * kv_dim_; }
+  template <class C>
+  C* kc(int l) const {
+    return k_.template as<C>() + int64_t{l} * layer_slots_ * kv_dim_;
+  }
+  template <class C>
+  C* vc(int l) const {
+    return v_.template as<C>() + int64_t{l} * layer_slots_ * kv_dim_;
+  }
 
   std::shared_ptr<LlamaModel> model_;
   LlamaConfig c_;
@@ -296,7 +318,9 @@ class CudaEngineImpl final : public CudaEngine {
   DevBuf qx_;                    // f32 (kGemvMaxTokens, max(dim, q_dim, ffn)) inputs of gemv_q
   const T* output_w_ = nullptr;  // output_ or tok_embd_ when the file ties them
   // KV cache
-  DevBuf k_, v_;  // (n_layers, n_slots, kv_dim) each
+  bool kv_half_ = true;  // entries are half (CudaEngineOptions::kv_type F16), else float
+  size_t kv_elem_ = 2;   // bytes of one entry
+  DevBuf k_, v_;         // (n_layers, n_slots, kv_dim) each
   // activations, (T, width) row-major
   DevBuf x_, tmp_;  // f32 (T, dim) residual stream, block output
   DevBuf xn_;       // T (T, dim) normed input
@@ -349,6 +373,8 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
       !(o_.kv_memory_fraction > 0.0 && o_.kv_memory_fraction <= 1.0)) {
     throw std::invalid_argument("cuda engine: bad CudaEngineOptions");
   }
+  kv_half_ = half_cache(o_.kv_type);
+  kv_elem_ = kv_half_ ? sizeof(half) : sizeof(float);
   if (c.n_kv_heads <= 0 || c.n_heads % c.n_kv_heads != 0 || c.head_dim > cuda::kMaxHeadDim ||
       c.rope_dim % 2 != 0 || c.rope_dim > c.head_dim || c.dim <= 0 || c.n_vocab <= 0) {
     throw std::invalid_argument(
@@ -516,7 +542,7 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
   ensure_logit_rows(std::min(o_.max_logit_rows, o_.max_batch_tokens));
 
   // KV pool: what is asked for, or a fraction of what is left.
-  const size_t per_block = sizeof(T) * static_cast<size_t>(bs_) * c.n_layers * kv_dim_ * 2;
+  const size_t per_block = kv_elem_ * static_cast<size_t>(bs_) * c.n_layers * kv_dim_ * 2;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   const int64_t fit = static_cast<int64_t>(static_cast<double>(free_b) * o_.kv_memory_fraction) /
                       static_cast<int64_t>(per_block);
@@ -543,8 +569,8 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
     pad_block_ = static_cast<int32_t>(n_blocks);
     layer_slots_ += bs_;
   }
-  k_.alloc(sizeof(T) * static_cast<size_t>(c.n_layers * layer_slots_ * kv_dim_), "K cache");
-  v_.alloc(sizeof(T) * static_cast<size_t>(c.n_layers * layer_slots_ * kv_dim_), "V cache");
+  k_.alloc(kv_elem_ * static_cast<size_t>(c.n_layers * layer_slots_ * kv_dim_), "K cache");
+  v_.alloc(kv_elem_ * static_cast<size_t>(c.n_layers * layer_slots_ * kv_dim_), "V cache");
 }
 
 template <class T>
@@ -628,8 +654,15 @@ void CudaEngineImpl<T>::synth_q8(QWeight& dst, T* w, int64_t rows, int64_t cols,
 template <class T>
 void CudaEngineImpl<T>::randomize_kv(uint64_t seed) {
   const int64_t n = int64_t{c_.n_layers} * layer_slots_ * kv_dim_;
-  CUDA_CHECK(cuda::fill_uniform<T>(k_.template as<T>(), n, 0.0f, 1.0f, seed, stream_));
-  CUDA_CHECK(cuda::fill_uniform<T>(v_.template as<T>(), n, 0.0f, 1.0f, seed + 1, stream_));
+  const auto fill = [&](auto* k, auto* v) {  // in the cache's element type
+    CUDA_CHECK(cuda::fill_uniform(k, n, 0.0f, 1.0f, seed, stream_));
+    CUDA_CHECK(cuda::fill_uniform(v, n, 0.0f, 1.0f, seed + 1, stream_));
+  };
+  if (kv_half_) {
+    fill(k_.template as<half>(), v_.template as<half>());
+  } else {
+    fill(k_.template as<float>(), v_.template as<float>());
+  }
   CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -930,32 +963,11 @@ void CudaEngineImpl<T>::forward() {
     }
     rope(qkv, qkv_dim_, c.n_heads, md + m_.pos);
     rope(qkv + q_dim_, qkv_dim_, c.n_kv_heads, md + m_.pos);
-    CUDA_CHECK(cuda::kv_store<T>(qkv, qkv_dim_, q_dim_, q_dim_ + kv_dim_, T_,
-                                 static_cast<int>(kv_dim_), md + m_.slot, kc(l), vc(l), st));
-    cuda::PagedKv<T> kv;
-    kv.k = kc(l);
-    kv.v = vc(l);
-    kv.block_tables = md + m_.bt;
-    kv.seq_bt_off = md + m_.bt_off;
-    kv.row_seq = md + m_.row_seq;
-    kv.row_nkeys = md + m_.nkeys;
-    kv.block_size = bs_;
-    kv.window = o_.sliding_window;
-    kv.row_window = md + m_.window;
-    if (static_cast<size_t>(l) < c.layer_window.size()) kv.layer_window = c.layer_window[l];
-    kv.scale = c.query_scale;  // 0 (a synthetic config): 1 / sqrt(head_dim)
-    kv.softcap = c.attn_softcap;
-    if (qs) {
-      kv.row_sinks = md + m_.sinks;
-      kv.q_sink = qs;
-      kv.q_sink_stride = q_dim_;
+    if (kv_half_) {
+      attend<half>(l, qkv, qs, att);
+    } else {
+      attend<float>(l, qkv, qs, att);
     }
-    CUDA_CHECK(cuda::attention_decode<T>(qkv, qkv_dim_, kv, md + m_.dec_rows, n_dec_, c.n_heads,
-                                         c.n_kv_heads, c.head_dim, n_splits_,
-                                         attn_ws_.template as<float>(), att, q_dim_, st));
-    CUDA_CHECK(cuda::attention_prefill<T>(qkv, qkv_dim_, kv, md + m_.tile_row0, md + m_.tile_len,
-                                          n_tiles_, c.n_heads, c.n_kv_heads, c.head_dim, att,
-                                          q_dim_, st, o_.tensor_core_attention));
     if (gemv) {
       const float* a = nullptr;
       if constexpr (std::is_same_v<T, float>) {
@@ -1006,6 +1018,40 @@ void CudaEngineImpl<T>::forward() {
   if (c.final_softcap > 0.0f) {
     CUDA_CHECK(cuda::softcap(logits, int64_t{n_out_} * c.n_vocab, c.final_softcap, st));
   }
+}
+
+template <class T>
+template <class C>
+void CudaEngineImpl<T>::attend(int l, const float* qkv, const float* qs, T* att) {
+  const LlamaConfig& c = c_;
+  const int32_t* md = md_;
+  cudaStream_t st = stream_;
+  CUDA_CHECK(cuda::kv_store<C>(qkv, qkv_dim_, q_dim_, q_dim_ + kv_dim_, n_tok_,
+                               static_cast<int>(kv_dim_), md + m_.slot, kc<C>(l), vc<C>(l), st));
+  cuda::PagedKv<C> kv;
+  kv.k = kc<C>(l);
+  kv.v = vc<C>(l);
+  kv.block_tables = md + m_.bt;
+  kv.seq_bt_off = md + m_.bt_off;
+  kv.row_seq = md + m_.row_seq;
+  kv.row_nkeys = md + m_.nkeys;
+  kv.block_size = bs_;
+  kv.window = o_.sliding_window;
+  kv.row_window = md + m_.window;
+  if (static_cast<size_t>(l) < c.layer_window.size()) kv.layer_window = c.layer_window[l];
+  kv.scale = c.query_scale;  // 0 (a synthetic config): 1 / sqrt(head_dim)
+  kv.softcap = c.attn_softcap;
+  if (qs) {
+    kv.row_sinks = md + m_.sinks;
+    kv.q_sink = qs;
+    kv.q_sink_stride = q_dim_;
+  }
+  CUDA_CHECK(cuda::attention_decode(qkv, qkv_dim_, kv, md + m_.dec_rows, n_dec_, c.n_heads,
+                                    c.n_kv_heads, c.head_dim, n_splits_,
+                                    attn_ws_.template as<float>(), att, q_dim_, st));
+  CUDA_CHECK(cuda::attention_prefill(qkv, qkv_dim_, kv, md + m_.tile_row0, md + m_.tile_len,
+                                     n_tiles_, c.n_heads, c.n_kv_heads, c.head_dim, att, q_dim_, st,
+                                     o_.tensor_core_attention));
 }
 
 template <class T>

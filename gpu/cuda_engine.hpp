@@ -23,10 +23,14 @@ struct CudaEngineOptions {
                                      // stays for cuBLASLt, the CUDA context and fragmentation
   int32_t max_batch_tokens = 4096;   // most new tokens in one step (sizes the scratch buffers)
   int32_t max_logit_rows = 256;      // rows of logits preallocated; a step needing more grows it
-  bool f32_weights = false;          // keep F32/F16 weights (and activations, KV) in f32 instead of
+  bool f32_weights = false;          // keep F32/F16 weights (and activations) in f32 instead of
                                      // bf16: slower, for exact parity with the CPU reference
-  int32_t sliding_window = 0;        // > 0: each token attends to at most this many latest slots
-  bool tensor_core_attention = true;  // bf16 prefill attention on tensor cores (else f32 math)
+  // Element type of the cached keys and values (batching.kv_dtype), whatever the weights' type:
+  // F16 (IEEE half, llama.cpp's default: half the memory of F32) or F32. Q8_0 is refused (the
+  // constructor throws std::runtime_error): no CUDA kernel reads it yet.
+  kernels::DType kv_type = kernels::DType::F16;
+  int32_t sliding_window = 0;         // > 0: each token attends to at most this many latest slots
+  bool tensor_core_attention = true;  // f16-cache prefill attention on tensor cores (else f32)
   bool cuda_graphs = false;  // replay pure decode steps (one new token per sequence, at most 256
                              // sequences, padded up to 1, 2, 4, ..., 256) as captured CUDA graphs:
                              // fewer launch gaps for small batches; other steps run as usual
@@ -68,7 +72,8 @@ class CudaEngine : public Engine {
 /// The CUDA backend for a loaded model. Weights are uploaded once: F32/F16/BF16 become bf16
 /// (f32 with f32_weights); quantized types (every kernels::DType, each tensor by its own type)
 /// are dequantized to bf16 (f32) at load, and also kept as blocks with quantized_decode. Throws std::runtime_error when there is no device, when the weights do
-/// not fit in free device memory, or when no room is left for a KV cache of one full step.
+/// not fit in free device memory, when no room is left for a KV cache of one full step, or for
+/// a kv_type other than F16 and F32.
 std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<LlamaModel> model,
                                          const CudaEngineOptions& opts);
 

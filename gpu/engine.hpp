@@ -87,7 +87,8 @@ struct EngineOptions {
   bool reference = false;        // plain-loop reference path (test oracle), single thread
   int32_t max_batch_tokens = 0;  // most new tokens in one step; 0: 4096
   // Element type of the cached keys and values: F16 (llama.cpp's default: half the memory of
-  // F32), F32 or Q8_0 (blocks of 32 with an f16 scale; head_dim a multiple of 32).
+  // F32), F32 or Q8_0 (blocks of 32 with an f16 scale; head_dim a multiple of 32; the CPU
+  // backend only: make_engine passes it to the CUDA engine, which refuses Q8_0).
   kernels::DType kv_type = kernels::DType::F16;
   // > 0: blocks of the window group, for a model whose layers are of two kinds
   // (ModelLimits::split_window() > 0): the windowed layers' K/V then live in a pool of their

@@ -9,8 +9,8 @@ namespace {
 constexpr int kWarps = 4;                   // keys of a range are dealt round-robin to the warps
 constexpr int kPerLane = kMaxHeadDim / 32;  // head_dim values each lane holds
 
-template <class T>
-__global__ void decode_partial_kernel(const float* q, int64_t q_stride, PagedKv<T> kv,
+template <class C>
+__global__ void decode_partial_kernel(const float* q, int64_t q_stride, PagedKv<C> kv,
                                       const int32_t* rows, int n_heads, int n_kv_heads, int hd,
                                       int n_splits, float scale, float* ws) {
   extern __shared__ float smem[];
@@ -53,8 +53,8 @@ __global__ void decode_partial_kernel(const float* q, int64_t q_stride, PagedKv<
     const int key = j < ns ? j : start + j - ns;
     const float* qbase = j < ns ? sqs : sq;
     const int64_t slot = int64_t{bt[key / kv.block_size]} * kv.block_size + key % kv.block_size;
-    const T* kp = kv.k + slot * kv_dim + int64_t{kvh} * hd;
-    const T* vp = kv.v + slot * kv_dim + int64_t{kvh} * hd;
+    const C* kp = kv.k + slot * kv_dim + int64_t{kvh} * hd;
+    const C* vp = kv.v + slot * kv_dim + int64_t{kvh} * hd;
     float kr[kPerLane], vr[kPerLane];
 #pragma unroll
     for (int u = 0; u < kPerLane; ++u) {
@@ -143,8 +143,8 @@ size_t attention_decode_workspace(int n_rows, int n_heads, int head_dim, int n_s
   return static_cast<size_t>(n_rows) * n_heads * n_splits * (head_dim + 2);
 }
 
-template <class T>
-cudaError_t attention_decode(const float* q, int64_t q_stride, const PagedKv<T>& kv,
+template <class C, class T>
+cudaError_t attention_decode(const float* q, int64_t q_stride, const PagedKv<C>& kv,
                              const int32_t* rows, int n_rows, int n_heads, int n_kv_heads,
                              int head_dim, int n_splits, float* workspace, T* out,
                              int64_t out_stride, cudaStream_t stream) {
@@ -160,13 +160,13 @@ cudaError_t attention_decode(const float* q, int64_t q_stride, const PagedKv<T>&
   if (smem > 48 * 1024) {
     // Above 48 KB a kernel must opt in to more dynamic shared memory.
     const cudaError_t e =
-        cudaFuncSetAttribute(decode_partial_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaFuncSetAttribute(decode_partial_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
   const float scale = score_scale(kv, head_dim);
   const dim3 grid(n_splits, n_kv_heads, n_rows);
-  decode_partial_kernel<T><<<grid, kWarps * 32, smem, stream>>>(
+  decode_partial_kernel<C><<<grid, kWarps * 32, smem, stream>>>(
       q, q_stride, kv, rows, n_heads, n_kv_heads, head_dim, n_splits, scale, workspace);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
@@ -175,11 +175,15 @@ cudaError_t attention_decode(const float* q, int64_t q_stride, const PagedKv<T>&
   return cudaGetLastError();
 }
 
-template cudaError_t attention_decode<float>(const float*, int64_t, const PagedKv<float>&,
-                                             const int32_t*, int, int, int, int, int, float*,
-                                             float*, int64_t, cudaStream_t);
-template cudaError_t attention_decode<bf16>(const float*, int64_t, const PagedKv<bf16>&,
-                                            const int32_t*, int, int, int, int, int, float*, bf16*,
-                                            int64_t, cudaStream_t);
+// Every (cache, output) pair the engine runs: f32 or f16 cache, f32 or bf16 activations.
+#define SY_ATTENTION_DECODE(C, T)                                                                  \
+  template cudaError_t attention_decode<C, T>(const float*, int64_t, const PagedKv<C>&,            \
+                                              const int32_t*, int, int, int, int, int, float*, T*, \
+                                              int64_t, cudaStream_t)
+SY_ATTENTION_DECODE(float, float);
+SY_ATTENTION_DECODE(float, bf16);
+SY_ATTENTION_DECODE(half, float);
+SY_ATTENTION_DECODE(half, bf16);
+#undef SY_ATTENTION_DECODE
 
 }  // namespace sy::cuda

@@ -19,9 +19,10 @@ size_t attention_decode_workspace(int n_rows, int n_heads, int head_dim, int n_s
 /// 1 / sqrt(hd), no cap, no layer window), written to out + t * out_stride + h * head_dim. q is f32 at
 /// q + t * q_stride + h * head_dim (already rotated); query head h reads KV head
 /// h / (n_heads / n_kv_heads). Each row's keys are cut into n_splits ranges handled by separate
-/// blocks; `workspace` holds their partial results (attention_decode_workspace floats).
-template <class T>
-cudaError_t attention_decode(const float* q, int64_t q_stride, const PagedKv<T>& kv,
+/// blocks; `workspace` holds their partial results (attention_decode_workspace floats). The cache
+/// holds C (float or half), the output is T (float or bf16: the activations' type).
+template <class C, class T>
+cudaError_t attention_decode(const float* q, int64_t q_stride, const PagedKv<C>& kv,
                              const int32_t* rows, int n_rows, int n_heads, int n_kv_heads,
                              int head_dim, int n_splits, float* workspace, T* out,
                              int64_t out_stride, cudaStream_t stream);

@@ -1,9 +1,9 @@
 // Tiled prefill attention: one block per (query tile, query head); key/value tiles staged in
 // shared memory, running max / sum per query row, output rescaled as the max grows. Two
-// versions: plain f32 arithmetic (any type, any head_dim) and, for bf16 caches with head_dim a
-// multiple of 16, the two tile products on tensor cores (wmma, f32 accumulation). With sinks a
-// tile makes two passes sharing one running softmax: the sink slots with the sink queries, then
-// the window slots with the ordinary queries.
+// versions: plain f32 arithmetic (any type, any head_dim) and, for 16-bit caches (half; bf16
+// would do too) with head_dim a multiple of 16, the two tile products on tensor cores (wmma, f32
+// accumulation). With sinks a tile makes two passes sharing one running softmax: the sink slots
+// with the sink queries, then the window slots with the ordinary queries.
 #include <mma.h>
 
 #include <type_traits>
@@ -24,8 +24,8 @@ size_t prefill_smem(int hd) {
                           size_t{kBQ} * kBK + size_t{kBQ} * hd + 3 * kBQ);
 }
 
-template <class T>
-__global__ void prefill_kernel(const float* q, int64_t q_stride, PagedKv<T> kv,
+template <class C, class T>
+__global__ void prefill_kernel(const float* q, int64_t q_stride, PagedKv<C> kv,
                                const int32_t* tile_row0, const int32_t* tile_len, int n_heads,
                                int n_kv_heads, int hd, float scale, T* out, int64_t out_stride) {
   extern __shared__ float smem[];
@@ -134,29 +134,34 @@ __global__ void prefill_kernel(const float* q, int64_t q_stride, PagedKv<T> kv,
   }
 }
 
-// ---- tensor-core version (bf16) ----
+// ---- tensor-core version (16-bit caches) ----
 
 namespace wmma = nvcuda::wmma;
 constexpr int kTcBK = 64;  // keys per tile: one 16-key column strip of scores per warp (4 warps)
 
+// Whether the tensor-core kernel takes caches of C: wmma multiplies 16-bit half or bf16 tiles.
+template <class C>
+constexpr bool kTensorCoreCache = std::is_same_v<C, half> || std::is_same_v<C, bf16>;
+
 size_t prefill_tc_smem(int hd) {
-  // Q, K, V tiles in bf16; scores f32 and probabilities bf16 (BQ, BK); O and the tile's P V in
+  // Q, K, V tiles in C; scores f32 and probabilities C (BQ, BK); O and the tile's P V in
   // f32 (BQ, hd); max / sum / rescale per row. Every part is a multiple of 32 bytes, as wmma
   // loads and stores require.
   return size_t{2} * (size_t{kBQ} * hd + 2 * size_t{kTcBK} * hd) + size_t{4} * kBQ * kTcBK +
          size_t{2} * kBQ * kTcBK + size_t{4} * 2 * size_t{kBQ} * hd + size_t{4} * 3 * kBQ;
 }
 
-__global__ void prefill_tc_kernel(const float* q, int64_t q_stride, PagedKv<bf16> kv,
+template <class C, class T>
+__global__ void prefill_tc_kernel(const float* q, int64_t q_stride, PagedKv<C> kv,
                                   const int32_t* tile_row0, const int32_t* tile_len, int n_heads,
-                                  int n_kv_heads, int hd, float scale, bf16* out,
-                                  int64_t out_stride) {
+                                  int n_kv_heads, int hd, float scale, T* out, int64_t out_stride) {
+  static_assert(kTensorCoreCache<C>);
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  bf16* sQ = reinterpret_cast<bf16*>(smem_raw);            // (BQ, hd)
-  bf16* sK = sQ + kBQ * hd;                                // (BK, hd)
-  bf16* sV = sK + kTcBK * hd;                              // (BK, hd)
+  C* sQ = reinterpret_cast<C*>(smem_raw);                  // (BQ, hd)
+  C* sK = sQ + kBQ * hd;                                   // (BK, hd)
+  C* sV = sK + kTcBK * hd;                                 // (BK, hd)
   float* sS = reinterpret_cast<float*>(sV + kTcBK * hd);   // (BQ, BK)
-  bf16* sP = reinterpret_cast<bf16*>(sS + kBQ * kTcBK);    // (BQ, BK)
+  C* sP = reinterpret_cast<C*>(sS + kBQ * kTcBK);          // (BQ, BK)
   float* sO = reinterpret_cast<float*>(sP + kBQ * kTcBK);  // (BQ, hd)
   float* sPV = sO + kBQ * hd;                              // (BQ, hd)
   float* sM = sPV + kBQ * hd;
@@ -189,8 +194,7 @@ __global__ void prefill_tc_kernel(const float* q, int64_t q_stride, PagedKv<bf16
     __syncthreads();  // the previous pass has finished reading sQ
     for (int e = threadIdx.x; e < kBQ * hd; e += blockDim.x) {
       const int r = e / hd, d = e % hd;
-      sQ[e] =
-          __float2bfloat16_rn(r < nr ? qsrc[(r0 + r) * qst + int64_t{h} * hd + d] * scale : 0.0f);
+      sQ[e] = dev::from_f<C>(r < nr ? qsrc[(r0 + r) * qst + int64_t{h} * hd + d] * scale : 0.0f);
     }
     const int kfrom = pass == 0 ? 0 : kstart, kto = pass == 0 ? ns_last : nk_last;
     for (int kb = kfrom; kb < kto; kb += kTcBK) {
@@ -216,8 +220,8 @@ __global__ void prefill_tc_kernel(const float* q, int64_t q_stride, PagedKv<bf16
         wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
         wmma::fill_fragment(acc, 0.0f);
         for (int k = 0; k < hd; k += 16) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> b;
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, C, wmma::row_major> a;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, C, wmma::col_major> b;
           wmma::load_matrix_sync(a, sQ + k, hd);
           wmma::load_matrix_sync(b, sK + warp * 16 * hd + k, hd);
           wmma::mma_sync(acc, a, b, acc);
@@ -247,7 +251,7 @@ __global__ void prefill_tc_kernel(const float* q, int64_t q_stride, PagedKv<bf16
 #pragma unroll
         for (int u = 0; u < 2; ++u) {
           const float p = m_new == -INFINITY ? 0.0f : expf(s[u] - m_new);
-          sP[r * kTcBK + lane + 32 * u] = __float2bfloat16_rn(p);
+          sP[r * kTcBK + lane + 32 * u] = dev::from_f<C>(p);
           sum += p;
         }
         sum = dev::warp_sum(sum);
@@ -266,8 +270,8 @@ __global__ void prefill_tc_kernel(const float* q, int64_t q_stride, PagedKv<bf16
         wmma::fill_fragment(acc, 0.0f);
 #pragma unroll
         for (int k = 0; k < kTcBK; k += 16) {
-          wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
-          wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> b;
+          wmma::fragment<wmma::matrix_a, 16, 16, 16, C, wmma::row_major> a;
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, C, wmma::row_major> b;
           wmma::load_matrix_sync(a, sP + k, kTcBK);
           wmma::load_matrix_sync(b, sV + k * hd + nt * 16, hd);
           wmma::mma_sync(acc, a, b, acc);
@@ -283,14 +287,14 @@ __global__ void prefill_tc_kernel(const float* q, int64_t q_stride, PagedKv<bf16
   __syncthreads();
   for (int e = threadIdx.x; e < nr * hd; e += blockDim.x) {
     const int r = e / hd, d = e % hd;
-    out[(r0 + r) * out_stride + int64_t{h} * hd + d] = __float2bfloat16_rn(sO[e] / sL[r]);
+    out[(r0 + r) * out_stride + int64_t{h} * hd + d] = dev::from_f<T>(sO[e] / sL[r]);
   }
 }
 
 }  // namespace
 
-template <class T>
-cudaError_t attention_prefill(const float* q, int64_t q_stride, const PagedKv<T>& kv,
+template <class C, class T>
+cudaError_t attention_prefill(const float* q, int64_t q_stride, const PagedKv<C>& kv,
                               const int32_t* tile_row0, const int32_t* tile_len, int n_tiles,
                               int n_heads, int n_kv_heads, int head_dim, T* out, int64_t out_stride,
                               cudaStream_t stream, bool tensor_cores) {
@@ -298,18 +302,19 @@ cudaError_t attention_prefill(const float* q, int64_t q_stride, const PagedKv<T>
   if (head_dim > 256 || n_kv_heads <= 0 || n_heads % n_kv_heads != 0) return cudaErrorInvalidValue;
   if (kv.row_sinks && !kv.q_sink) return cudaErrorInvalidValue;
   const float scale = score_scale(kv, head_dim);
-  if constexpr (std::is_same_v<T, bf16>) {
+  if constexpr (kTensorCoreCache<C>) {
     if (tensor_cores && head_dim % 16 == 0) {
       const size_t smem = prefill_tc_smem(head_dim);
       if (smem > 48 * 1024) {
-        const cudaError_t e = cudaFuncSetAttribute(
-            prefill_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        const cudaError_t e = cudaFuncSetAttribute(prefill_tc_kernel<C, T>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                   static_cast<int>(smem));
         if (e != cudaSuccess) return e;
       }
       const dim3 grid(n_tiles, n_heads);
-      prefill_tc_kernel<<<grid, kThreads, smem, stream>>>(q, q_stride, kv, tile_row0, tile_len,
-                                                          n_heads, n_kv_heads, head_dim, scale, out,
-                                                          out_stride);
+      prefill_tc_kernel<C, T><<<grid, kThreads, smem, stream>>>(q, q_stride, kv, tile_row0,
+                                                                tile_len, n_heads, n_kv_heads,
+                                                                head_dim, scale, out, out_stride);
       return cudaGetLastError();
     }
   }
@@ -317,20 +322,24 @@ cudaError_t attention_prefill(const float* q, int64_t q_stride, const PagedKv<T>
   if (smem > 48 * 1024) {
     // Above 48 KB a kernel must opt in to more dynamic shared memory.
     const cudaError_t e = cudaFuncSetAttribute(
-        prefill_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        prefill_kernel<C, T>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
   const dim3 grid(n_tiles, n_heads);
-  prefill_kernel<T><<<grid, kThreads, smem, stream>>>(q, q_stride, kv, tile_row0, tile_len, n_heads,
-                                                      n_kv_heads, head_dim, scale, out, out_stride);
+  prefill_kernel<C, T><<<grid, kThreads, smem, stream>>>(
+      q, q_stride, kv, tile_row0, tile_len, n_heads, n_kv_heads, head_dim, scale, out, out_stride);
   return cudaGetLastError();
 }
 
-template cudaError_t attention_prefill<float>(const float*, int64_t, const PagedKv<float>&,
-                                              const int32_t*, const int32_t*, int, int, int, int,
-                                              float*, int64_t, cudaStream_t, bool);
-template cudaError_t attention_prefill<bf16>(const float*, int64_t, const PagedKv<bf16>&,
-                                             const int32_t*, const int32_t*, int, int, int, int,
-                                             bf16*, int64_t, cudaStream_t, bool);
+// Every (cache, output) pair the engine runs: f32 or f16 cache, f32 or bf16 activations.
+#define SY_ATTENTION_PREFILL(C, T)                                                                 \
+  template cudaError_t attention_prefill<C, T>(const float*, int64_t, const PagedKv<C>&,           \
+                                               const int32_t*, const int32_t*, int, int, int, int, \
+                                               T*, int64_t, cudaStream_t, bool)
+SY_ATTENTION_PREFILL(float, float);
+SY_ATTENTION_PREFILL(float, bf16);
+SY_ATTENTION_PREFILL(half, float);
+SY_ATTENTION_PREFILL(half, bf16);
+#undef SY_ATTENTION_PREFILL
 
 }  // namespace sy::cuda

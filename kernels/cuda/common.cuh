@@ -1,5 +1,5 @@
-// Shared pieces of the CUDA kernels: the error-check macro, the bf16 type, and device helpers
-// (guarded so that host-only C++ files can include the launcher headers).
+// Shared pieces of the CUDA kernels: the error-check macro, the bf16 and half types, and device
+// helpers (guarded so that host-only C++ files can include the launcher headers).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,7 +12,8 @@
 
 namespace sy::cuda {
 
-/// Storage type of bf16 weights, activations and KV entries.
+/// Storage type of bf16 weights and activations. KV entries are float or `half` (IEEE binary16,
+/// cuda_fp16.h: llama.cpp's default cache type), chosen by CudaEngineOptions::kv_type.
 using bf16 = __nv_bfloat16;
 
 /// The CUDA error `e` as an exception naming the call site.
@@ -51,6 +52,9 @@ __device__ __forceinline__ float to_f(float x) {
 __device__ __forceinline__ float to_f(bf16 x) {
   return __bfloat162float(x);
 }
+__device__ __forceinline__ float to_f(half x) {
+  return __half2float(x);
+}
 template <class T>
 __device__ __forceinline__ T from_f(float x);
 template <>
@@ -60,6 +64,10 @@ __device__ __forceinline__ float from_f<float>(float x) {
 template <>
 __device__ __forceinline__ bf16 from_f<bf16>(float x) {
   return __float2bfloat16_rn(x);
+}
+template <>
+__device__ __forceinline__ half from_f<half>(float x) {
+  return __float2half(x);  // round to nearest even
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -175,5 +175,6 @@ template cudaError_t convert_rows<bf16>(SrcType, const void*, int64_t, int64_t, 
                                         cudaStream_t);
 template cudaError_t fill_uniform<float>(float*, int64_t, float, float, uint64_t, cudaStream_t);
 template cudaError_t fill_uniform<bf16>(bf16*, int64_t, float, float, uint64_t, cudaStream_t);
+template cudaError_t fill_uniform<half>(half*, int64_t, float, float, uint64_t, cudaStream_t);
 
 }  // namespace sy::cuda

@@ -59,7 +59,8 @@ template <class T>
 cudaError_t convert_rows(SrcType type, const void* src, int64_t n_rows, int64_t cols, T* dst,
                          cudaStream_t stream);
 
-/// dst[i] = offset + scale * u_i, u_i uniform in [-1, 1) from (seed, i): synthetic weights.
+/// dst[i] = offset + scale * u_i, u_i uniform in [-1, 1) from (seed, i): synthetic weights (float,
+/// bf16) and KV caches (float, half).
 template <class T>
 cudaError_t fill_uniform(T* dst, int64_t n, float offset, float scale, uint64_t seed,
                          cudaStream_t stream);

@@ -5,13 +5,14 @@
 
 namespace sy::cuda {
 
-/// One layer's paged cache plus the step's per-row metadata (all device pointers).
-/// Slot s of the sequence of row t lives at block block_tables[seq_bt_off[row_seq[t]] + s / bs]
-/// offset s % bs; an entry is kv_dim = n_kv_heads * head_dim values.
-template <class T>
+/// One layer's paged cache of C entries (float or half) plus the step's per-row metadata (all
+/// device pointers). Slot s of the sequence of row t lives at block
+/// block_tables[seq_bt_off[row_seq[t]] + s / bs] offset s % bs; an entry is
+/// kv_dim = n_kv_heads * head_dim values.
+template <class C>
 struct PagedKv {
-  const T* k = nullptr;                   // (n_slots, kv_dim)
-  const T* v = nullptr;                   // (n_slots, kv_dim)
+  const C* k = nullptr;                   // (n_slots, kv_dim)
+  const C* v = nullptr;                   // (n_slots, kv_dim)
   const int32_t* block_tables = nullptr;  // all sequences' tables, back to back
   const int32_t* seq_bt_off = nullptr;    // (n_seq) where each sequence's table starts
   const int32_t* row_seq = nullptr;       // (T) sequence of each query row
@@ -66,9 +67,10 @@ __host__ __device__ inline float score_scale(const PagedKv<T>& kv, int head_dim)
 #endif
 
 /// Writes the new keys and values: for row t, k_cache[slot[t]] = src[t * row_stride + k_off + :]
-/// and v_cache[slot[t]] = src[t * row_stride + v_off + :], kv_dim values each.
-template <class T>
+/// and v_cache[slot[t]] = src[t * row_stride + v_off + :], kv_dim values each, rounded once to C
+/// (float or half).
+template <class C>
 cudaError_t kv_store(const float* src, int64_t row_stride, int64_t k_off, int64_t v_off, int n_rows,
-                     int kv_dim, const int32_t* slot, T* k_cache, T* v_cache, cudaStream_t stream);
+                     int kv_dim, const int32_t* slot, C* k_cache, C* v_cache, cudaStream_t stream);
 
 }  // namespace sy::cuda

@@ -37,7 +37,7 @@ inline void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-/// A device array of n elements of U; all bytes 0xff at birth (NaN as f32 and as bf16), so an
+/// A device array of n elements of U; all bytes 0xff at birth (NaN as f32, bf16 and half), so an
 /// element a kernel forgets to write fails the comparison.
 template <class U>
 class DevArray {
@@ -89,6 +89,11 @@ inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) 
 /// and libm; bf16 results carry one rounding of 2^-9 relative, plus that of bf16 inputs.
 constexpr double kTolF32 = 1e-4;
 constexpr double kTolBf16 = 1e-2;
+/// f32 results of products whose inputs were rounded to half (11 significant bits: 2^-11 =
+/// 4.9e-4 relative each, an eighth of bf16's 2^-8), such as the tensor-core prefill's queries
+/// and probabilities: two such roundings (1.3e-4 to 3.8e-4 seen); queries rounded to bf16 instead
+/// showed 1e-3 to 3e-3.
+constexpr double kTolF16 = 1e-3;
 
 /// A fresh generator each run (seed printed, so that a failure can be replayed by hand).
 inline std::mt19937& rng() {
@@ -105,21 +110,33 @@ inline std::vector<float> randn(size_t n, float scale = 1.0f) {
   for (float& x : v) x = d(rng());
   return v;
 }
+/// A 16-bit float format's conversions on the host (round to nearest even): bf16 for weights and
+/// activations, IEEE half for KV caches.
+struct Bits16 {
+  uint16_t (*encode)(float);
+  float (*decode)(uint16_t);
+};
+inline constexpr Bits16 kBf16Bits{kernels::f32_to_bf16, kernels::bf16_to_f32};
+inline constexpr Bits16 kF16Bits{kernels::f32_to_f16, kernels::f16_to_f32};
+inline std::vector<uint16_t> to_bits(const std::vector<float>& v, Bits16 f) {
+  std::vector<uint16_t> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = f.encode(v[i]);
+  return o;
+}
+inline std::vector<float> from_bits(const std::vector<uint16_t>& v, Bits16 f) {
+  std::vector<float> o(v.size());
+  for (size_t i = 0; i < v.size(); ++i) o[i] = f.decode(v[i]);
+  return o;
+}
 /// Rounds to bf16 and back (the values a bf16 buffer can hold exactly).
 inline std::vector<float> round_bf16(const std::vector<float>& v) {
-  std::vector<float> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = kernels::bf16_to_f32(kernels::f32_to_bf16(v[i]));
-  return o;
+  return from_bits(to_bits(v, kBf16Bits), kBf16Bits);
 }
 inline std::vector<uint16_t> to_bf16_bits(const std::vector<float>& v) {
-  std::vector<uint16_t> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = kernels::f32_to_bf16(v[i]);
-  return o;
+  return to_bits(v, kBf16Bits);
 }
 inline std::vector<float> from_bf16_bits(const std::vector<uint16_t>& v) {
-  std::vector<float> o(v.size());
-  for (size_t i = 0; i < v.size(); ++i) o[i] = kernels::bf16_to_f32(v[i]);
-  return o;
+  return from_bits(v, kBf16Bits);
 }
 
 }  // namespace sy::gputest

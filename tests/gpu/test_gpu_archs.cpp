@@ -212,10 +212,11 @@ std::vector<int32_t> run_both(const std::shared_ptr<sy::Model>& model,
   sy::EngineOptions co;
   co.reference = true;
   co.n_blocks = 8;
-  co.kv_type = sy::kernels::DType::F32;  // as the CUDA engine's f32 mode keeps it
+  co.kv_type = sy::kernels::DType::F32;  // f32 caches on both sides: only summation order differs
   auto cpu = sy::make_cpu_engine(model, co);
   sy::CudaEngineOptions go;
   go.f32_weights = true;
+  go.kv_type = sy::kernels::DType::F32;
   go.n_blocks = 8;
   go.max_batch_tokens = 64;
   go.max_logit_rows = 4;

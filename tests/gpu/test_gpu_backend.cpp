@@ -1,7 +1,8 @@
 // The serving backend with a device present: auto resolves to cuda, make_engine builds the CUDA
-// engine the executors use (f32 for stories260K's F32 file), and its greedy step, which picks the
-// ids on the device, gives llama.cpp's ids for every reference prompt in one batch, the prompts
-// fed in chunks as a batcher would.
+// engine the executors use (f32 for stories260K's F32 file, the KV cache of
+// EngineOptions::kv_type), and its greedy step, which picks the ids on the device, gives
+// llama.cpp's ids for every reference prompt in one batch, the prompts fed in chunks as a batcher
+// would.
 #define BOOST_TEST_MODULE gpu_backend
 #include <boost/test/unit_test.hpp>
 #include <string>
@@ -22,6 +23,27 @@ BOOST_AUTO_TEST_CASE(auto_resolves_to_cuda_with_a_device) {
   BOOST_TEST((sy::resolve_backend(sy::Backend::cuda) == sy::Backend::cuda));
   BOOST_TEST((sy::resolve_backend(sy::Backend::cpu) == sy::Backend::cpu));
   BOOST_CHECK_THROW(sy::resolve_backend(static_cast<sy::Backend>(7)), std::invalid_argument);
+}
+
+// batching.kv_dtype reaches the CUDA engine: f32 entries take twice the bytes of f16 (the
+// default) ones, and q8_0, which only the CPU engine stores, stops the executor with its name.
+BOOST_AUTO_TEST_CASE(make_engine_passes_the_kv_type) {
+  sy::EngineOptions o;
+  o.n_blocks = 64;
+  const auto kv_bytes = [&](sy::kernels::DType t) {
+    o.kv_type = t;
+    const auto e = sy::make_engine(sy::Backend::cuda, sy::test::stories_model(), o, 0);
+    return dynamic_cast<const sy::CudaEngine&>(*e).kv_bytes();
+  };
+  const size_t f16 = kv_bytes(sy::kernels::DType::F16);
+  BOOST_TEST(f16 > 0u);
+  BOOST_TEST(kv_bytes(sy::kernels::DType::F32) == 2 * f16);
+  try {
+    kv_bytes(sy::kernels::DType::Q8_0);
+    BOOST_FAIL("q8_0 accepted");
+  } catch (const std::runtime_error& e) {
+    BOOST_TEST(std::string(e.what()).find("batching.kv_dtype q8_0") != std::string::npos, e.what());
+  }
 }
 
 BOOST_AUTO_TEST_CASE(greedy_steps_on_the_device_give_llamacpp_ids) {

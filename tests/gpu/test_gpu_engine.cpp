@@ -1,6 +1,7 @@
 // The CUDA engine on stories260K: greedy continuations equal llama.cpp's token ids (f32 weights,
 // alone and batched, prefill kernel and decode kernel), bf16 logits stay close to the CPU
-// engine's, on-device greedy sampling agrees with the logits, malformed batches are refused;
+// engine's, on-device greedy sampling agrees with the logits, malformed batches are refused, an
+// f16 KV cache (the default) gives the f32 cache's ids at half its bytes and q8_0 is refused;
 // on a random 15M-shaped model (head_dim 48: tensor-core prefill) logits match the CPU engine;
 // per-sequence windows and StreamingLLM sinks match the CPU engine; decode steps replayed as CUDA
 // graphs give the same ids as direct steps; the synthetic engine's random Q8_0 weights give the
@@ -68,6 +69,8 @@ std::vector<std::vector<int32_t>> greedy(sy::Engine& e, const std::vector<Case>&
       });
 }
 
+// f32 weights and the default f16 KV cache: llama.cpp's own cache type for the reference ids
+// (the CPU golden tests run with it too).
 sy::CudaEngineOptions f32_opts() {
   sy::CudaEngineOptions o;
   o.f32_weights = true;
@@ -187,6 +190,99 @@ BOOST_AUTO_TEST_CASE(kv_request_that_does_not_fit_is_a_clear_error) {
   }
 }
 
+namespace {
+
+// Logits of every token of `tokens` fed `chunk` at a time to one sequence (chunks of at most
+// 4 tokens take the decode kernel, longer ones the prefill kernel), under SeqStep::window and
+// sinks. With `release`, the blocks wholly before the window of a step's first token (after the
+// blocks holding a sink slot) are freed and marked -1 before the step.
+std::vector<float> logits_of(sy::Engine& e, const std::vector<int32_t>& tokens, int chunk,
+                             int32_t window = 0, int32_t sinks = 0, bool release = false) {
+  const size_t bs = static_cast<size_t>(e.block_size());
+  std::vector<int32_t> bt;
+  for (size_t i = 0; i * bs < tokens.size(); ++i) bt.push_back(*e.pool().alloc());
+  std::vector<float> all;
+  sy::StepOutput o;
+  for (size_t at = 0; at < tokens.size(); at += static_cast<size_t>(chunk)) {
+    if (release) {
+      for (size_t b = (static_cast<size_t>(sinks) + bs - 1) / bs; (b + 1) * bs + window <= at + 1;
+           ++b) {
+        if (bt[b] >= 0) e.pool().free(bt[b]);
+        bt[b] = -1;
+      }
+    }
+    sy::SeqStep s;
+    s.tokens = tokens.data() + at;
+    s.n_tokens = static_cast<int32_t>(std::min(tokens.size() - at, static_cast<size_t>(chunk)));
+    s.n_past = static_cast<int32_t>(at);
+    s.block_table = bt.data();
+    s.n_blocks = static_cast<int32_t>(bt.size());
+    s.all_logits = true;
+    s.window = window;
+    s.sinks = sinks;
+    e.step({s}, o);
+    all.insert(all.end(), o.logits.begin(), o.logits.end());
+  }
+  for (int32_t b : bt)
+    if (b >= 0) e.pool().free(b);
+  return all;
+}
+
+size_t kv_bytes_of(const sy::Engine& e) {
+  return dynamic_cast<const sy::CudaEngine&>(e).kv_bytes();
+}
+
+}  // namespace
+
+// batching.kv_dtype on the CUDA engine: f16 (the default) and f32 caches, under f32 and bf16
+// weights. The f16 cache takes exactly half the bytes, gives the f32 cache's greedy ids and its
+// logits within a few roundings of 2^-11; q8_0 is refused by name.
+BOOST_AUTO_TEST_CASE(kv_type_f16_against_f32) {
+  const auto cases = load_cases();
+  BOOST_TEST((sy::CudaEngineOptions{}.kv_type == sy::kernels::DType::F16));
+  const sy::LlamaConfig& c = stories()->config();
+  // a prompt and its 64-token continuation: 69 tokens, 5 blocks
+  std::vector<int32_t> p = cases[1].prompt;
+  p.insert(p.end(), cases[1].generated.begin(), cases[1].generated.end());
+  for (bool f32_weights : {true, false}) {
+    sy::CudaEngineOptions o = f32_opts();
+    o.f32_weights = f32_weights;
+    auto f16 = sy::make_cuda_engine(stories(), o);
+    o.kv_type = sy::kernels::DType::F32;
+    auto f32 = sy::make_cuda_engine(stories(), o);
+    // (layers, blocks, block size, kv_dim) entries of K and of V, 2 or 4 bytes each
+    const size_t entries = size_t(c.n_layers) * 512 * 16 * c.n_kv_heads * c.head_dim * 2;
+    BOOST_TEST(kv_bytes_of(*f16) == entries * 2);
+    BOOST_TEST(kv_bytes_of(*f32) == entries * 4);
+    // Each cached key and value is rounded once to half (2^-11 relative, 4.9e-4): with f32
+    // weights the scores and attention outputs move by about that much per layer, compounded
+    // over 5 layers (8e-4 seen), 3e-3 allowed. With bf16 weights the attention output is
+    // rounded to bf16, and a change of 2^-11 before it can flip that rounding (2^-8): 3.7e-3
+    // seen, 2e-2 allowed, as between the bf16 engine's two attention kernels. A wrong cache
+    // gives errors of order 1.
+    const double tol = f32_weights ? 3e-3 : 2e-2;
+    for (int chunk : {1 << 20, 1}) {
+      const double err = rel_err(logits_of(*f16, p, chunk), logits_of(*f32, p, chunk));
+      BOOST_TEST_MESSAGE("f32 weights " << f32_weights << ", chunk " << chunk
+                                        << ": f16 cache vs f32 cache rel_err " << err);
+      BOOST_TEST(err < tol, "f32 weights " << f32_weights << ", chunk " << chunk);
+      BOOST_TEST(err > 0.0, "f32 weights " << f32_weights << ", chunk " << chunk
+                                           << ": the two caches must differ");
+    }
+    BOOST_TEST(greedy(*f16, cases, 1 << 20) == greedy(*f32, cases, 1 << 20),
+               "f32 weights " << f32_weights);
+  }
+  sy::CudaEngineOptions o = f32_opts();
+  o.kv_type = sy::kernels::DType::Q8_0;
+  try {
+    sy::make_cuda_engine(stories(), o);
+    BOOST_FAIL("q8_0 accepted");
+  } catch (const std::runtime_error& e) {
+    BOOST_TEST(std::string(e.what()) ==
+               "cuda backend does not support batching.kv_dtype q8_0 yet (use f16 or f32)");
+  }
+}
+
 BOOST_AUTO_TEST_CASE(random_15m_model_matches_cpu_engine) {
   std::shared_ptr<sy::LlamaModel> model;
   {
@@ -226,7 +322,7 @@ BOOST_AUTO_TEST_CASE(random_15m_model_matches_cpu_engine) {
     for (int32_t b : bt) e.pool().free(b);
     return all;
   };
-  auto cpu = sy::make_cpu_engine(model, sy::EngineOptions{});
+  auto cpu = sy::make_cpu_engine(model, sy::EngineOptions{});  // an f16 cache, as the GPU's
   const std::vector<float> want = run(*cpu);
   sy::CudaEngineOptions o;
   o.n_blocks = 64;
@@ -237,9 +333,13 @@ BOOST_AUTO_TEST_CASE(random_15m_model_matches_cpu_engine) {
   const std::vector<float> tc = run(*sy::make_cuda_engine(model, o));
   o.tensor_core_attention = false;
   const std::vector<float> plain = run(*sy::make_cuda_engine(model, o));
-  // bf16 activations and KV entries: roundings of 2^-9, compounded over 6 layers
+  o.kv_type = sy::kernels::DType::F32;  // an f32 cache under bf16 activations
+  const std::vector<float> f32_kv = run(*sy::make_cuda_engine(model, o));
+  // bf16 activations: roundings of 2^-9, compounded over 6 layers; the f16 cache's 2^-11 and the
+  // tensor cores' half queries and probabilities add little to that
   BOOST_TEST(rel_err(plain, want) < 5e-2);
   BOOST_TEST(rel_err(tc, want) < 5e-2);
+  BOOST_TEST(rel_err(f32_kv, want) < 5e-2);
   BOOST_TEST(rel_err(tc, plain) < 2e-2);
 }
 
@@ -255,45 +355,16 @@ BOOST_AUTO_TEST_CASE(sequence_windows_match_cpu_engine) {
   sy::EngineOptions co;
   co.reference = true;
   co.block_size = 4;
-  co.kv_type = sy::kernels::DType::F32;  // the f32 cache of the CUDA engine's f32 mode
+  co.kv_type = sy::kernels::DType::F32;  // f32 caches on both sides: the 1e-3 bound below
   auto cpu = sy::make_cpu_engine(stories(), co);
   sy::CudaEngineOptions go = f32_opts();
+  go.kv_type = sy::kernels::DType::F32;
   go.block_size = 4;
   auto gpu = sy::make_cuda_engine(stories(), go);
-  const auto run = [&](sy::Engine& e, int32_t window, int32_t sinks, int chunk, bool release) {
-    std::vector<int32_t> bt;
-    for (size_t i = 0; i * 4 < p.size(); ++i) bt.push_back(*e.pool().alloc());
-    std::vector<float> logits;
-    sy::StepOutput o;
-    for (size_t at = 0; at < p.size(); at += static_cast<size_t>(chunk)) {
-      if (release) {
-        // blocks wholly before the window of the step's first token (slot `at`), after the
-        // blocks holding a sink slot
-        for (size_t b = (static_cast<size_t>(sinks) + 3) / 4; (b + 1) * 4 + window <= at + 1; ++b) {
-          if (bt[b] >= 0) e.pool().free(bt[b]);
-          bt[b] = -1;
-        }
-      }
-      sy::SeqStep s;
-      s.tokens = p.data() + at;
-      s.n_tokens = static_cast<int32_t>(std::min(p.size() - at, static_cast<size_t>(chunk)));
-      s.n_past = static_cast<int32_t>(at);
-      s.block_table = bt.data();
-      s.n_blocks = static_cast<int32_t>(bt.size());
-      s.all_logits = true;
-      s.window = window;
-      s.sinks = sinks;
-      e.step({s}, o);
-      logits.insert(logits.end(), o.logits.begin(), o.logits.end());
-    }
-    for (int32_t b : bt)
-      if (b >= 0) e.pool().free(b);
-    return logits;
-  };
   for (auto [w, ns] : {std::pair{16, 0}, {5, 0}, {16, 4}, {5, 9}, {12, 1}}) {
-    const auto want = run(*cpu, w, ns, 1 << 20, false);
+    const auto want = logits_of(*cpu, p, 1 << 20, w, ns);
     for (int chunk : {1 << 20, 1, 7}) {
-      const auto got = run(*gpu, w, ns, chunk, chunk == 1);
+      const auto got = logits_of(*gpu, p, chunk, w, ns, chunk == 1);
       BOOST_REQUIRE(got.size() == want.size());
       // f32 weights and cache on both sides: only summation order differs
       BOOST_TEST(rel_err(got, want) < 1e-3,

@@ -260,10 +260,14 @@ void matmul_float_rows(const WeightView& w, const float* x, int64_t n_tokens, fl
     int64_t r = r0;
     for (; r + kRowsF <= r1; r += kRowsF) {
       if (t0 == 0) prefetch_rows(base, rb, r + kRowsF, std::min(r1, r + 2 * kRowsF));
-      for (int64_t t = t0; t < t1; t += kTokF) {
-        const int nt = static_cast<int>(std::min<int64_t>(kTokF, t1 - t));
+      // The block's tokens in as few tiles as kTokF allows, of sizes that differ by at most
+      // one: 32 tokens as 6, 6, 5, 5, 5, 5 rather than five 6s and a 2, whose tile feeds each
+      // weight load to two tokens only.
+      for (int64_t t = t0, left = (t1 - t0 + kTokF - 1) / kTokF; t < t1; --left) {
+        const int nt = static_cast<int>((t1 - t + left - 1) / left);
         tile_float_tokens<TY, kRowsF>(nt, base + r * rb, rb, x + t * w.cols, w.cols,
                                       y + t * w.rows + r, w.rows);
+        t += nt;
       }
     }
     for (; r < r1; ++r) {

@@ -200,36 +200,29 @@ void panel_rows(const uint8_t* base, size_t rb, int64_t rows_total, int64_t r0, 
           rows[j * R + i] =
               prep(base + std::min<int64_t>(rc + j * R + i, r1 - 1) * rb, to + per_row * i);
       };
-      if (p1 - p0 <= TT) {
-        // One pass over the panels (up to TT * 16 tokens: decode). Each tile's rows are
-        // unpacked just before it into the same few KiB, which stay in L1, and the next tile's
-        // rows are asked for during this one. Unpacked a chunk at a time, the codes outgrow L1
-        // and go out to L2 and back. 110M matrices at 32 tokens, one thread: Q4_0 205-220 ->
-        // 235-260 GFLOP/s, Q8_0 193-201 -> 211-219.
-        const int np = static_cast<int>(p1 - p0);
-        const uint8_t* pp = panels + p0 * panel_bytes;
-        for (int j = 0; j < ntiles; ++j) {
-          prep_tile(j, scratch);
-          const int64_t next = rc + (j + 1) * R;
-          const SpreadPrefetch pf =
-              next < r1 ? SpreadPrefetch(base + next * rb,
-                                         std::min<int64_t>(R, r1 - next) * static_cast<int64_t>(rb),
-                                         tile_steps)
-                        : SpreadPrefetch();
-          tile(np, rows + j * R, pp, out, pf);
-          put_tile(out, R, np, j * R, kWidth, ybuf);
-        }
-        const int64_t t0 = p0 * kPanelTokens;
-        store_chunk(ybuf, kWidth, std::min<int64_t>(np * kPanelTokens, n_tokens - t0), nrc,
-                    y + t0 * rows_total + rc, rows_total);
-        continue;
-      }
-      for (int j = 0; j < ntiles; ++j) prep_tile(j, scratch + per_row * R * j);
+      // One pass over the panels (up to TT * 16 tokens: decode): each tile's rows are unpacked
+      // just before it into the same few KiB, which stay in L1, and the next tile's rows are
+      // asked for during this one. Unpacked a chunk at a time, the codes outgrow L1 and go out
+      // to L2 and back. 110M matrices at 32 tokens, one thread: Q4_0 205-220 -> 235-260
+      // GFLOP/s, Q8_0 193-201 -> 211-219. With more passes (prefill) the chunk is unpacked once
+      // for all of them.
+      const bool one_pass = p1 - p0 <= TT;
+      if (!one_pass)
+        for (int j = 0; j < ntiles; ++j) prep_tile(j, scratch + per_row * R * j);
       for (int64_t p = p0; p < p1; p += TT) {
         const int np = static_cast<int>(std::min<int64_t>(TT, p1 - p));
         const uint8_t* pp = panels + p * panel_bytes;
         for (int j = 0; j < ntiles; ++j) {
-          tile(np, rows + j * R, pp, out, SpreadPrefetch());
+          SpreadPrefetch pf;
+          if (one_pass) {
+            prep_tile(j, scratch);
+            const int64_t next = rc + (j + 1) * R;
+            if (next < r1)
+              pf = SpreadPrefetch(base + next * rb,
+                                  std::min<int64_t>(R, r1 - next) * static_cast<int64_t>(rb),
+                                  tile_steps);
+          }
+          tile(np, rows + j * R, pp, out, pf);
           put_tile(out, R, np, j * R, kWidth, ybuf);
         }
         const int64_t t0 = p * kPanelTokens;

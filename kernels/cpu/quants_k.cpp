@@ -970,13 +970,17 @@ KRow prep_krow(const uint8_t* row, int64_t nsb, uint8_t* s) {
   return KRow{codes, sc, mins, d, dmin};
 }
 
+/// Sub-blocks of a super-block (32 elements each; Q6_K: 16), the steps of tile_kpanel's loop.
+template <DType TY>
+constexpr int kSubsK = TY == DType::Q6_K ? 16 : 8;
+
 /// R rows x TT panels of 16 tokens; out[(r * TT + g) * 16 + lane]. The f32 sums stay in out
 /// (one update per super-block), so the registers hold the integer sums of more rows.
 template <DType TY, int R, int TT>
 void tile_kpanel(const KRow* rows, const uint8_t* panels, size_t panel_bytes, int64_t nsb,
                  float* out, const SpreadPrefetch& pf) {
-  constexpr int kSub = TY == DType::Q6_K ? 16 : 32;  // elements per sub-block
-  constexpr int kSubs = kSuper / kSub;
+  constexpr int kSubs = kSubsK<TY>;
+  constexpr int kSub = kSuper / kSubs;  // elements per sub-block
   for (int i = 0; i < R * TT; ++i) _mm512_storeu_ps(out + i * kPanelTokens, _mm512_setzero_ps());
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* ps = panels + sb * kPanelSuper;
@@ -1039,10 +1043,6 @@ void tile_kpanel(const KRow* rows, const uint8_t* panels, size_t panel_bytes, in
 
 constexpr int kRowsK = 6;
 constexpr int kPanelsK = 2;
-
-/// Sub-blocks of a super-block, the steps of tile_kpanel's loop.
-template <DType TY>
-constexpr int kSubsK = TY == DType::Q6_K ? 16 : 8;
 
 /// Rows [r0, r1) of w against every panel; y[t * w.rows + r].
 template <DType TY>

@@ -319,7 +319,6 @@ class CudaEngineImpl final : public CudaEngine {
   const T* output_w_ = nullptr;  // output_ or tok_embd_ when the file ties them
   // KV cache
   bool kv_half_ = true;  // entries are half (CudaEngineOptions::kv_type F16), else float
-  size_t kv_elem_ = 2;   // bytes of one entry
   DevBuf k_, v_;         // (n_layers, n_slots, kv_dim) each
   // activations, (T, width) row-major
   DevBuf x_, tmp_;  // f32 (T, dim) residual stream, block output
@@ -374,7 +373,7 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
     throw std::invalid_argument("cuda engine: bad CudaEngineOptions");
   }
   kv_half_ = half_cache(o_.kv_type);
-  kv_elem_ = kv_half_ ? sizeof(half) : sizeof(float);
+  const size_t kv_elem = kv_half_ ? sizeof(half) : sizeof(float);  // bytes of one entry
   if (c.n_kv_heads <= 0 || c.n_heads % c.n_kv_heads != 0 || c.head_dim > cuda::kMaxHeadDim ||
       c.rope_dim % 2 != 0 || c.rope_dim > c.head_dim || c.dim <= 0 || c.n_vocab <= 0) {
     throw std::invalid_argument(
@@ -542,7 +541,7 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
   ensure_logit_rows(std::min(o_.max_logit_rows, o_.max_batch_tokens));
 
   // KV pool: what is asked for, or a fraction of what is left.
-  const size_t per_block = kv_elem_ * static_cast<size_t>(bs_) * c.n_layers * kv_dim_ * 2;
+  const size_t per_block = kv_elem * static_cast<size_t>(bs_) * c.n_layers * kv_dim_ * 2;
   CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
   const int64_t fit = static_cast<int64_t>(static_cast<double>(free_b) * o_.kv_memory_fraction) /
                       static_cast<int64_t>(per_block);
@@ -569,8 +568,8 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
     pad_block_ = static_cast<int32_t>(n_blocks);
     layer_slots_ += bs_;
   }
-  k_.alloc(kv_elem_ * static_cast<size_t>(c.n_layers * layer_slots_ * kv_dim_), "K cache");
-  v_.alloc(kv_elem_ * static_cast<size_t>(c.n_layers * layer_slots_ * kv_dim_), "V cache");
+  k_.alloc(kv_elem * static_cast<size_t>(c.n_layers * layer_slots_ * kv_dim_), "K cache");
+  v_.alloc(kv_elem * static_cast<size_t>(c.n_layers * layer_slots_ * kv_dim_), "V cache");
 }
 
 template <class T>

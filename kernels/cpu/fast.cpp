@@ -603,8 +603,7 @@ void tile_one(const uint8_t* w, size_t rb, const uint8_t* xq, int64_t nb, float*
         if constexpr (TY == DType::Q8_0)
           _mm_prefetch(reinterpret_cast<const char*>(b + R * rb + 64), _MM_HINT_T0);
       }
-      if constexpr (R == 1)
-        _mm_prefetch(reinterpret_cast<const char*>(b + kOneAhead), _MM_HINT_T0);
+      if constexpr (R == 1) _mm_prefetch(reinterpret_cast<const char*>(b + kOneAhead), _MM_HINT_T0);
       head[r] = load_pair_head<TY, decltype(masked)::value>(b);
     }
     __m512 scale[R];

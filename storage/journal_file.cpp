@@ -68,6 +68,20 @@ void write_all(int fd, const std::string& path, const char* p, size_t n) {
   }
 }
 
+// write_all at a file offset (the journal's records end before its preallocated zeros).
+void pwrite_all(int fd, const std::string& path, const char* p, size_t n, uint64_t at) {
+  while (n > 0) {
+    ssize_t w = ::pwrite(fd, p, n, static_cast<off_t>(at));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fail_write(path, "write");
+    }
+    p += w;
+    at += static_cast<uint64_t>(w);
+    n -= static_cast<size_t>(w);
+  }
+}
+
 // Makes a rename or a creation in `dir` durable (the entry lives in the folder, not the file).
 void sync_dir(const std::string& file) {
   auto dir = std::filesystem::path(file).parent_path();
@@ -181,6 +195,12 @@ JournalScan scan_journal(const std::string& path) {
     s.warning += (s.warning.empty() ? "journal " + path + ": " : std::string("; ")) + w;
   };
   while (pos < data.size()) {
+    // Nothing but zeros to the end: space JournalFile preallocated and has not written yet.
+    if (data[pos] == 0 && std::all_of(data.begin() + static_cast<std::ptrdiff_t>(pos), data.end(),
+                                      [](char c) { return c == 0; })) {
+      s.zero_tail = data.size() - pos;
+      break;
+    }
     std::string why;
     if (size_t n = record_at(pos, false, &why)) {
       s.records.emplace_back(data.data() + pos + kFrameBytes, n - kFrameBytes);
@@ -223,11 +243,11 @@ JournalFile::JournalFile(const std::string& path, JournalScan& scan) : path_(pat
   try {
     scan = scan_journal(path);
     open_for_append();
-    if (scan.good_bytes < scan.file_bytes || scan.file_bytes < sizeof kHeader) {
+    if (scan.good_bytes + scan.zero_tail < scan.file_bytes || scan.file_bytes < sizeof kHeader) {
       // Cut the damaged tail (or a partial header) so that new records follow the last good one.
       uint64_t keep = scan.good_bytes;
       if (::ftruncate(fd_, static_cast<off_t>(keep)) != 0) fail(path_, "truncate");
-      size_ = synced_ = keep;
+      size_ = synced_ = allocated_ = keep;
       if (keep == 0) {
         buf_.assign(kHeader, sizeof kHeader);
         sync();
@@ -235,6 +255,8 @@ JournalFile::JournalFile(const std::string& path, JournalScan& scan) : path_(pat
       } else {
         ::fdatasync(fd_);
       }
+    } else {
+      size_ = synced_ = scan.good_bytes;  // new records go over the preallocated zeros
     }
   } catch (...) {
     // No destructor runs for a half-built object: release the lock here, or this process would
@@ -284,14 +306,30 @@ void JournalFile::lock() {
 }
 
 void JournalFile::open_for_append() {
-  // O_APPEND: every write lands at the end, also after a damaged tail was cut off.
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  // Writes go at size_ (pwrite): the end of the records, before any preallocated zeros.
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd_ < 0) fail(path_, "open");
   struct stat st {};
   if (::fstat(fd_, &st) != 0) fail(path_, "stat");
-  size_ = static_cast<uint64_t>(st.st_size);
+  size_ = allocated_ = static_cast<uint64_t>(st.st_size);
   synced_ = size_;  // what is there already is the baseline a failed sync cuts back to
-  if (::lseek(fd_, 0, SEEK_END) < 0) fail(path_, "seek");
+}
+
+// Grows the file ahead of the records in kPreallocBytes steps (zeros, read back as the end of
+// the journal): a record written inside the file's size changes no size on disk, so its
+// fdatasync need not commit the file system's metadata. A refusal leaves the write to find out
+// whether the record itself fits; a file system without fallocate is not asked again.
+void JournalFile::reserve(uint64_t end) {
+  if (!prealloc_ || end <= allocated_) return;
+  const uint64_t want = (end + kPreallocBytes - 1) / kPreallocBytes * kPreallocBytes;
+  if (::fallocate(fd_, 0, static_cast<off_t>(allocated_), static_cast<off_t>(want - allocated_)) ==
+      0) {
+    allocated_ = want;
+    return;
+  }
+  if (errno == EOPNOTSUPP || errno == ENOSYS) prealloc_ = false;
+  struct stat st {};
+  if (::fstat(fd_, &st) == 0) allocated_ = std::max(size_, static_cast<uint64_t>(st.st_size));
 }
 
 JournalFile::~JournalFile() {
@@ -328,6 +366,7 @@ void JournalFile::finish_cut() {
   if (!cut_pending_) return;
   if (::ftruncate(fd_, static_cast<off_t>(size_)) != 0) return;
   cut_pending_ = false;
+  allocated_ = size_;
   synced_ = std::min(synced_, size_);
 }
 
@@ -338,8 +377,9 @@ void JournalFile::flush() {
     buf_.clear();
     fail_write(path_, "cut back a refused write");
   }
+  reserve(size_ + buf_.size());
   try {
-    write_all(fd_, path_, buf_.data(), buf_.size());
+    pwrite_all(fd_, path_, buf_.data(), buf_.size(), size_);
   } catch (const JournalWriteError&) {
     buf_.clear();
     cut_back(size_);

@@ -33,6 +33,7 @@ struct JournalScan {
   uint64_t file_bytes = 0;      ///< the file's size
   uint64_t skipped_bytes = 0;   ///< damaged bytes skipped in the middle of the file
   uint64_t skipped_ranges = 0;  ///< how many damaged regions were skipped
+  uint64_t zero_tail = 0;       ///< zeros after the last record: preallocated, not damage
   std::string warning;          ///< non-empty: damage was found (what, where, what was lost)
 };
 
@@ -40,8 +41,9 @@ struct JournalScan {
 /// short, longer than kMaxRecordBytes, or fails its CRC is damage: the scan looks for the next
 /// offset that holds a good non-empty record (length that fits and a matching CRC) and goes on
 /// from there, reporting the skipped byte range in `warning`; when there is none, the rest is a
-/// damaged tail, reported and excluded from good_bytes. Throws std::runtime_error when the file
-/// exists but cannot be read, or its header is not a journal's.
+/// damaged tail, reported and excluded from good_bytes. Zeros from where a record would start to
+/// the end of the file are space the writer preallocated (zero_tail), not damage. Throws
+/// std::runtime_error when the file exists but cannot be read, or its header is not a journal's.
 JournalScan scan_journal(const std::string& path);
 
 /// A write or sync the file system refused (disk full, quota, I/O error). The file has been cut
@@ -60,6 +62,9 @@ class JournalFile {
   /// The largest record accepted: a length field above it can only be damage (a job with a
   /// context-sized prompt and its completion is far below a megabyte).
   static constexpr uint32_t kMaxRecordBytes = 64u << 20;
+  /// The file grows ahead of its records by this much at a time (zeros, see reserve()): one
+  /// size change, and one metadata commit, per few thousand records instead of per sync.
+  static constexpr uint64_t kPreallocBytes = 1u << 20;
 
   /// Takes an exclusive lock on PATH.lock (so that two servers never write one journal; the
   /// refusal names the holder's pid), then opens (creating it and its folders, mode 0700, if
@@ -82,7 +87,7 @@ class JournalFile {
   /// written since the last good sync may or may not be on disk: the file is cut back to that
   /// sync, so that what was never acknowledged is not replayed (JournalWriteError).
   void sync();
-  /// Bytes in the file, buffered ones included.
+  /// Bytes of records in the file, buffered ones included (not the preallocated zeros after).
   uint64_t size() const { return size_ + buf_.size(); }
   /// Number of fdatasync calls so far (group commit shows as far fewer syncs than records).
   uint64_t syncs() const { return syncs_; }
@@ -99,11 +104,14 @@ class JournalFile {
   void open_for_append();
   void lock();
   void cut_back(uint64_t offset);
+  void reserve(uint64_t end);
   void finish_cut();
   std::string path_;
   int fd_ = -1;
-  int lock_fd_ = -1;  // held (flock) for the object's life
-  uint64_t size_ = 0;
+  int lock_fd_ = -1;          // held (flock) for the object's life
+  uint64_t size_ = 0;         // where the records end (the next write goes there)
+  uint64_t allocated_ = 0;    // the file's size: size_ and preallocated zeros after it
+  bool prealloc_ = true;      // false once the file system said it has no fallocate
   uint64_t synced_ = 0;       // where the last good fdatasync left the file
   bool cut_pending_ = false;  // a cut back to size_ failed: retried before the next write
   uint64_t syncs_ = 0;

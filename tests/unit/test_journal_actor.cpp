@@ -139,7 +139,8 @@ struct Rig : test::TestSystem {
   R stats_of(const auto& who) {
     return test::probe_stats<R>(*this, who);
   }
-  uint64_t size() const { return std::filesystem::file_size(path); }
+  /// Where the journal's records end (its file goes on with preallocated zeros).
+  uint64_t size() const { return file->size(); }
   /// What a restart would find in the journal.
   JournalReplay replay_now() const {
     JournalReplay r;

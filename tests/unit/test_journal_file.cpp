@@ -25,13 +25,20 @@ std::vector<std::string> sample_records() {
   return {"first", "", binary, std::string(100000, 'x'), "last"};
 }
 
-// Writes the sample records through JournalFile and returns the path.
+// Writes the sample records through JournalFile and returns the path. The file ends where the
+// records do (the preallocated zeros after them are cut), so that the damage tests below cut and
+// flip the records' own bytes.
 std::string make_journal(const test::TempDir& dir) {
   std::string path = dir.file("j.journal");
-  JournalScan scan;
-  JournalFile f(path, scan);
-  for (auto& r : sample_records()) f.append(r);
-  f.sync();
+  uint64_t end = 0;
+  {
+    JournalScan scan;
+    JournalFile f(path, scan);
+    for (auto& r : sample_records()) f.append(r);
+    f.sync();
+    end = f.size();
+  }
+  std::filesystem::resize_file(path, end);
   return path;
 }
 
@@ -63,6 +70,64 @@ BOOST_AUTO_TEST_CASE(records_round_trip) {
   auto again = scan_journal(path);
   BOOST_REQUIRE(again.records.size() == sample_records().size() + 1);
   BOOST_TEST(again.records.back() == "after reopen");
+}
+
+BOOST_AUTO_TEST_CASE(the_file_grows_ahead_of_its_records_and_the_zeros_are_no_damage) {
+  test::TempDir dir("sy_jf_");
+  const std::string path = dir.file("j.journal");
+  uint64_t end = 0;
+  {
+    JournalScan scan;
+    JournalFile f(path, scan);
+    f.append("one");
+    f.sync();
+    end = f.size();
+  }
+  // One step of preallocation: the size on disk changes once per many records, not per sync.
+  BOOST_TEST(std::filesystem::file_size(path) == JournalFile::kPreallocBytes);
+  auto scan = scan_journal(path);
+  BOOST_TEST(scan.warning.empty(), scan.warning);
+  BOOST_TEST(scan.records == std::vector<std::string>{"one"});
+  BOOST_TEST(scan.good_bytes == end);
+  BOOST_TEST(scan.zero_tail == JournalFile::kPreallocBytes - end);
+  // Reopened, the journal writes over the zeros, right after its last record; the file grows by
+  // another step only when the records outgrow the first.
+  {
+    JournalScan s2;
+    JournalFile f(path, s2);
+    BOOST_TEST(s2.warning.empty(), s2.warning);
+    BOOST_TEST(f.size() == end);
+    f.append("two");
+    f.sync();
+    BOOST_TEST(std::filesystem::file_size(path) == JournalFile::kPreallocBytes);
+    f.append(std::string(JournalFile::kPreallocBytes, 'b'));
+    f.sync();
+    BOOST_TEST(std::filesystem::file_size(path) == 2 * JournalFile::kPreallocBytes);
+  }
+  auto again = scan_journal(path);
+  BOOST_TEST(again.warning.empty(), again.warning);
+  BOOST_REQUIRE(again.records.size() == 3u);
+  BOOST_TEST(again.records[1] == "two");
+  BOOST_TEST(again.good_bytes + again.zero_tail == again.file_bytes);
+}
+
+BOOST_AUTO_TEST_CASE(zeros_in_the_middle_are_not_the_end) {
+  // A zero-filled block with records after it (what a crashed file system can leave) does not
+  // end the scan: only zeros that run to the end of the file are the preallocated space.
+  test::TempDir dir("sy_jf_");
+  auto path = make_journal(dir);
+  auto data = sy::test::read_file(path);
+  const size_t second = journal_header().size() + 8 + sample_records()[0].size();
+  data.insert(second, std::string(4096, '\0'));
+  data.append(4096, '\0');
+  write_all(path, data);
+  auto scan = scan_journal(path);
+  BOOST_REQUIRE(!scan.records.empty());
+  BOOST_TEST(scan.records.front() == "first");
+  BOOST_TEST(scan.records.back() == "last");
+  BOOST_TEST(scan.records[scan.records.size() - 2] == sample_records()[3]);
+  BOOST_TEST(scan.zero_tail == 4096u);
+  BOOST_TEST(scan.good_bytes + scan.zero_tail == scan.file_bytes);
 }
 
 BOOST_AUTO_TEST_CASE(truncated_mid_record_tail_is_recovered_with_a_warning) {
@@ -220,7 +285,10 @@ BOOST_AUTO_TEST_CASE(empty_missing_and_partial_header_files) {
     JournalFile f(dir.file("empty"), s);
     BOOST_TEST(s.records.empty());
   }
-  BOOST_TEST(sy::test::read_file(dir.file("empty")) == std::string(journal_header()));
+  // The header, then the preallocated zeros.
+  const std::string written = sy::test::read_file(dir.file("empty"));
+  BOOST_TEST(written.substr(0, journal_header().size()) == std::string(journal_header()));
+  BOOST_TEST(written.find_first_not_of('\0', journal_header().size()) == std::string::npos);
   // A crash while writing the header: treated as empty, with a warning, and repaired.
   write_all(dir.file("partial"), std::string(journal_header().substr(0, 3)));
   JournalScan s;

@@ -25,13 +25,20 @@ namespace {
 constexpr char kHeader[8] = {'S', 'Y', 'J', 'R', 'N', 'L', '\0', '\1'};
 constexpr size_t kFrameBytes = 8;  // length + CRC
 
-std::array<uint32_t, 256> make_crc_table() {
-  std::array<uint32_t, 256> t{};
+// Slicing by 8: t[0] is the byte-at-a-time table; t[k][i] is the CRC of byte i followed by k
+// zero bytes, so eight bytes fold in with eight look-ups and no chain of shifts between them
+// (about five times the speed of byte at a time). Records are CRC'd when written and at every
+// offset the damage search tries, so this is the speed of recovering a damaged journal too.
+using CrcTables = std::array<std::array<uint32_t, 256>, 8>;
+CrcTables make_crc_tables() {
+  CrcTables t{};
   for (uint32_t i = 0; i < 256; ++i) {
     uint32_t c = i;
     for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[i] = c;
+    t[0][i] = c;
   }
+  for (int k = 1; k < 8; ++k)
+    for (uint32_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFF];
   return t;
 }
 
@@ -124,9 +131,16 @@ const char* to_string(FsyncPolicy p) {
 }
 
 uint32_t crc32(std::string_view data, uint32_t crc) {
-  static const auto table = make_crc_table();
+  static const CrcTables t = make_crc_tables();
   crc = ~crc;
-  for (unsigned char b : data) crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8);
+  const char* p = data.data();
+  size_t n = data.size();
+  for (; n >= 8; p += 8, n -= 8) {
+    const uint32_t a = get_u32(p) ^ crc, b = get_u32(p + 4);
+    crc = t[7][a & 0xFF] ^ t[6][(a >> 8) & 0xFF] ^ t[5][(a >> 16) & 0xFF] ^ t[4][a >> 24] ^
+          t[3][b & 0xFF] ^ t[2][(b >> 8) & 0xFF] ^ t[1][(b >> 16) & 0xFF] ^ t[0][b >> 24];
+  }
+  for (; n > 0; ++p, --n) crc = t[0][(crc ^ static_cast<unsigned char>(*p)) & 0xFF] ^ (crc >> 8);
   return ~crc;
 }
 

@@ -7,7 +7,7 @@
 #include <vector>
 #include <cstddef>
 
-#include "ingress/intake_meter.hpp"
+#include "core/intake_meter.hpp"
 
 namespace sy {
 
@@ -48,7 +48,7 @@ struct AdmissionConfig {
   std::string chat_template;
   std::string chat_template_source;  // where it came from (a name or a file), for the log
   // Wiring, not configuration: the gateway's meter of admission's mailbox
-  // (ingress/intake_meter.hpp), counted out here; nullptr where no gateway feeds this admission
+  // (core/intake_meter.hpp), counted out here; nullptr where no gateway feeds this admission
   // (tests).
   std::shared_ptr<IntakeMeter> intake;
 };

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "actors/admission_state.hpp"
-#include "ingress/codec.hpp"
+#include "core/wire.hpp"
 
 namespace sy::admission_detail {
 

@@ -20,7 +20,7 @@
 #include "actors/messages.hpp"
 #include "actors/outcomes.hpp"
 #include "actors/protocol.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "model/chat_template.hpp"
 #include "policies/quota.hpp"
 #include "policies/retry.hpp"

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "actors/admission_state.hpp"
-#include "ingress/codec.hpp"
+#include "core/wire.hpp"
 
 namespace sy {
 

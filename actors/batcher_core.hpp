@@ -17,7 +17,7 @@
 #include "actors/messages.hpp"
 #include "actors/outcomes.hpp"
 #include "gpu/kv_manager.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "model/stop_matcher.hpp"
 #include "policies/kv_policy.hpp"
 #include "policies/step_planner.hpp"

@@ -8,8 +8,8 @@
 
 #include "actors/admission.hpp"
 #include "actors/messages.hpp"
-#include "ingress/codec.hpp"
-#include "ingress/error_code.hpp"
+#include "core/wire.hpp"
+#include "core/error_code.hpp"
 #include "policies/kv_policy.hpp"
 
 namespace sy {

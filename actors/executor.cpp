@@ -14,7 +14,7 @@
 #include "actors/messages.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/engine.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "model/sampler.hpp"
 
 namespace sy {

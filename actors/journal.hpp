@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/journal_config.hpp"
+#include "storage/journal_config.hpp"
 #include "actors/messages.hpp"
 #include "actors/protocol.hpp"
 #include "storage/journal_replay.hpp"

@@ -1,7 +1,9 @@
 // The typed message protocol between Switchyard's actors (admission, router, batcher, executor,
-// egress) and the gateway thread. Every type is a plain inspectable value (no pointers, no
-// handles) so that it can cross CAF's network layer as well; register_message_types() adds them
-// all to an actor_system_config. Nothing here sees msgpack or ZeroMQ.
+// egress) and the doors. The job's own types live on the floor below (core/job.hpp); here they
+// become inspectable for CAF, beside the actors' own messages. Every type is a plain value (no
+// pointers, no handles) so that it can cross CAF's network layer as well;
+// register_message_types() adds them all to an actor_system_config. Nothing here sees msgpack or
+// ZeroMQ.
 #pragma once
 
 #include <caf/all.hpp>
@@ -11,26 +13,15 @@
 #include <vector>
 
 #include "actors/stats.hpp"
-#include "ingress/error_code.hpp"
-#include "ingress/protocol.hpp"
+#include "core/error_code.hpp"
+#include "core/job.hpp"
+#include "core/wire.hpp"
 #include "policies/kv_policy.hpp"
 
 namespace sy {
 
 // ---- result enums (each travels as its uint8_t value: CAF 0.17 serializes an enum through its
-// underlying type) ----
-
-/// Why a job's generation ended (DoneEvent::finish): the wire's finish_reason, same values.
-using FinishReason = wire::FinishReason;
-/// Where a job is in its life (StatusEvent::state): the wire's status_reply state, same values.
-using JobState = wire::JobState;
-
-/// How a job ended, as admission, the journal and metrics count it (JobOutcome::outcome).
-enum class Outcome : uint8_t {
-  done = 0,       ///< ran to its end (finish stop or length); `done` holds the result
-  error = 1,      ///< failed; `code` and `error` say why
-  cancelled = 2,  ///< cancelled (by its client or by shutdown); `done` has finish cancelled
-};
+// underlying type; Outcome, FinishReason and JobState are in core/job.hpp) ----
 
 /// The router's verdict on an enqueued job (EnqueueReply::result).
 enum class EnqueueResult : uint8_t {
@@ -39,7 +30,7 @@ enum class EnqueueResult : uint8_t {
   unknown_class = 2,  ///< the job's class_index names no configured class
 };
 
-// ---- the error enum across actors (ingress/error_code.hpp) as a CAF error category ----
+// ---- the error enum across actors (core/error_code.hpp) as a CAF error category ----
 
 /// The category atom of a caf::error that carries a sy::ErrorCode.
 inline constexpr caf::atom_value kErrorCategory = caf::atom("switchyard");
@@ -96,51 +87,13 @@ using watchdog_atom = caf::atom_constant<caf::atom("watchdog")>;
 using scale_atom = caf::atom_constant<caf::atom("scale")>;
 using journal_atom = caf::atom_constant<caf::atom("journal")>;
 
-/// Where replies for a job go: a DEALER client behind the ROUTER socket (by its identity), the
-/// pipeline results socket (PUSH), or the cluster node (a job fetched from NATS JetStream; the
-/// identity is the node's handle of that delivery, ingress/cluster_node.hpp).
-struct ClientRef {
-  enum Kind : uint8_t { router = 0, pipeline = 1, cluster = 2 };
-  uint8_t kind = router;
-  std::string identity;  // ZeroMQ routing id (router), delivery handle (cluster)
-  bool operator==(const ClientRef&) const = default;
-};
-/// Pipeline and cluster submits each used one PULL credit (the node fetches only what credit
-/// allows): admission gives it back for a submit it answers itself, the router counts it in.
-inline bool uses_pull_credit(const ClientRef& c) {
-  return c.kind == ClientRef::pipeline || c.kind == ClientRef::cluster;
-}
+// ---- the job and the requests of core/job.hpp, inspectable ----
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ClientRef& x) {
   return f(caf::meta::type_name("ClientRef"), x.kind, x.identity);
 }
 
-/// An admitted job as the router, batchers and executors see it: prompt already tokenized and
-/// checked against the context, sampling parameters validated, times in steady-clock µs.
-struct Job {
-  uint64_t uid = 0;  // server-unique, assigned at admission
-  std::string id;    // client job id; (tenant, id) is the job key
-  std::string tenant;
-  ClientRef client;
-  uint32_t class_index = 0;  // index into the configured priority classes
-  std::vector<int32_t> prompt;
-  uint32_t max_tokens = 16;
-  float temperature = 1.0f;
-  int32_t top_k = 0;
-  float top_p = 1.0f;
-  uint64_t seed = 0;
-  std::vector<std::string> stop;
-  bool ignore_eos = false;
-  bool stream = false;
-  uint32_t logprobs = 0;
-  int64_t arrival_us = 0;   // receipt at the gateway
-  int64_t deadline_us = 0;  // absolute; 0: none. Only bounds the wait before the job starts.
-  // Crash recovery (appended): set when an executor failure re-queued the job.
-  uint32_t attempt = 0;         // executor failures this job has been through
-  uint32_t streamed_ids = 0;    // completion ids its client already got (not streamed again)
-  uint64_t streamed_bytes = 0;  // completion text bytes its client already got
-  int64_t fault_us = 0;         // when the last failure struck (recovery time is measured from it)
-};
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Job& x) {
   return f(caf::meta::type_name("Job"), x.uid, x.id, x.tenant, x.client, x.class_index, x.prompt,
@@ -149,35 +102,6 @@ typename Inspector::result_type inspect(Inspector& f, Job& x) {
            x.fault_us);
 }
 
-/// A client request as decoded by the gateway (submit, cancel or status), before admission.
-/// Mirrors wire::Submit; `prompt_text` is used when `prompt_ids` is empty.
-struct SubmitRequest {
-  ClientRef client;
-  std::string id, tenant, token;
-  std::string prompt_text;
-  std::vector<int32_t> prompt_ids;
-  bool prompt_is_ids = false;
-  uint32_t max_tokens = 16;
-  double temperature = 1.0;
-  uint32_t top_k = 0;
-  double top_p = 1.0;
-  bool has_seed = false;
-  uint64_t seed = 0;
-  std::vector<std::string> stop;
-  bool ignore_eos = false;
-  std::string priority;
-  uint32_t deadline_ms = 0;
-  bool stream = false;
-  uint32_t logprobs = 0;
-  int64_t arrival_us = 0;
-  // A chat submit: roles[i] and contents[i] are message i, rendered by admission with the chat
-  // template (prompt_text and prompt_ids then stay empty).
-  std::vector<std::string> message_roles, message_contents;
-  bool parse_special = false;  // prompt_text's special-token text becomes control tokens
-  // Wire size of a request the gateway counted into its IntakeMeter (0: not counted); admission
-  // counts it out when it takes the request from its mailbox.
-  uint32_t metered_bytes = 0;
-};
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SubmitRequest& x) {
   return f(caf::meta::type_name("SubmitRequest"), x.client, x.id, x.tenant, x.token, x.prompt_text,
@@ -186,15 +110,6 @@ typename Inspector::result_type inspect(Inspector& f, SubmitRequest& x) {
            x.arrival_us, x.message_roles, x.message_contents, x.parse_special, x.metered_bytes);
 }
 
-/// cancel or status from a client (kind says which).
-struct KeyRequest {
-  enum Kind : uint8_t { cancel = 0, status = 1 };
-  uint8_t kind = cancel;
-  ClientRef client;
-  std::string id, tenant, token;
-  bool internal = false;       // raised by the server itself (client gone), not by a client
-  uint32_t metered_bytes = 0;  // as in SubmitRequest
-};
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, KeyRequest& x) {
   return f(caf::meta::type_name("KeyRequest"), x.kind, x.client, x.id, x.tenant, x.token,
@@ -266,57 +181,20 @@ typename Inspector::result_type inspect(Inspector& f, StepResult& x) {
   return f(caf::meta::type_name("StepResult"), x.step, x.seqs, x.error);
 }
 
-// ---- outbound events (to the egress actor, which encodes them for the gateway) ----
+// ---- outbound events (to the egress actor, which encodes them for the gateway) and the job's
+// outcome, of core/job.hpp, inspectable ----
 
-struct AcceptedEvent {
-  ClientRef to;
-  std::string id;
-  uint32_t queue_position = 0;  // jobs ahead of it, were no more to arrive
-  std::string tenant = {};      // every reply names its tenant (one connection may serve several)
-};
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, AcceptedEvent& x) {
   return f(caf::meta::type_name("AcceptedEvent"), x.to, x.id, x.queue_position, x.tenant);
 }
 
-/// A streamed chunk. logprobs: per id, the chosen token's logprob and its top-N (flattened:
-/// top_ids/top_logprobs hold n_top entries per id).
-struct TokensEvent {
-  ClientRef to;
-  uint64_t uid = 0;
-  std::string id;
-  uint32_t index = 0;
-  std::vector<int32_t> ids;
-  std::string text;
-  std::vector<float> logprob;
-  uint32_t n_top = 0;
-  std::vector<int32_t> top_ids;
-  std::vector<float> top_logprobs;
-  std::string tenant = {};
-};
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TokensEvent& x) {
   return f(caf::meta::type_name("TokensEvent"), x.to, x.uid, x.id, x.index, x.ids, x.text,
            x.logprob, x.n_top, x.top_ids, x.top_logprobs, x.tenant);
 }
 
-/// The end of a job.
-struct DoneEvent {
-  ClientRef to;
-  uint64_t uid = 0;
-  std::string id, tenant;
-  FinishReason finish = FinishReason::stop;
-  std::string text;          // full completion
-  std::vector<int32_t> ids;  // full completion ids
-  uint32_t prompt_tokens = 0, completion_tokens = 0;
-  uint32_t cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache
-  double queue_ms = 0, ttft_ms = 0, total_ms = 0;
-  // Full logprobs (non-streamed jobs that asked for them), flattened as in TokensEvent.
-  std::vector<float> logprob;
-  uint32_t n_top = 0;
-  std::vector<int32_t> top_ids;
-  std::vector<float> top_logprobs;
-};
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, DoneEvent& x) {
   return f(caf::meta::type_name("DoneEvent"), x.to, x.uid, x.id, x.tenant, x.finish, x.text, x.ids,
@@ -324,48 +202,18 @@ typename Inspector::result_type inspect(Inspector& f, DoneEvent& x) {
            x.logprob, x.n_top, x.top_ids, x.top_logprobs);
 }
 
-/// An error reply. retry_after_ms < 0: none.
-struct ErrorEvent {
-  ClientRef to;
-  uint64_t uid = 0;  // 0 when the job never got one
-  std::string id, tenant;
-  ErrorCode code = ErrorCode::bad_request;
-  std::string message;
-  int64_t retry_after_ms = -1;
-};
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ErrorEvent& x) {
   return f(caf::meta::type_name("ErrorEvent"), x.to, x.uid, x.id, x.tenant, x.code, x.message,
            x.retry_after_ms);
 }
 
-/// Reply to a status request.
-struct StatusEvent {
-  ClientRef to;
-  std::string id;
-  JobState state = JobState::queued;
-  uint32_t queue_position = 0;     // while queued: jobs ahead of it
-  uint32_t completion_tokens = 0;  // generated so far, while running too
-  std::string tenant = {};
-};
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StatusEvent& x) {
   return f(caf::meta::type_name("StatusEvent"), x.to, x.id, x.state, x.queue_position,
            x.completion_tokens, x.tenant);
 }
 
-/// How a job ended, reported to admission (quotas, dedup of job keys). `code` is set with
-/// Outcome::error (and is ErrorCode::cancelled with Outcome::cancelled; its value 0,
-/// bad_request, with Outcome::done). `done` holds the stored result for resubmissions.
-struct JobOutcome {
-  uint64_t uid = 0;
-  std::string id, tenant;
-  Outcome outcome = Outcome::done;
-  ErrorCode code = ErrorCode::bad_request;
-  uint32_t tokens_used = 0;  // prompt + completion: returned to the tenant's token bucket
-  DoneEvent done;
-  ErrorEvent error;
-};
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JobOutcome& x) {
   return f(caf::meta::type_name("JobOutcome"), x.uid, x.id, x.tenant, x.outcome, x.code,
@@ -430,29 +278,14 @@ typename Inspector::result_type inspect(Inspector& f, TenantWeights& x) {
 
 }  // namespace sy
 
-// ---- control plane (operator commands over the request endpoint) ----
+// ---- control plane (operator commands over the request endpoint; core/job.hpp) ----
 namespace sy {
 
-/// An operator command decoded by the gateway: `command` is "kv_policy" (args: policy text in
-/// parse_kv_policy's format) or "stats". Only the configured admin token may send one.
-struct ControlRequest {
-  ClientRef client;
-  std::string token;
-  std::string command;
-  std::string policy;  // kv_policy: "full", "sliding_window:W", "sinks:S:W"
-};
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ControlRequest& x) {
   return f(caf::meta::type_name("ControlRequest"), x.client, x.token, x.command, x.policy);
 }
 
-/// The answer to a ControlRequest: `result` is one JSON object (text) on success; on failure an
-/// ErrorEvent is sent instead.
-struct ControlEvent {
-  ClientRef to;
-  std::string command;
-  std::string result;
-};
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ControlEvent& x) {
   return f(caf::meta::type_name("ControlEvent"), x.to, x.command, x.result);
@@ -479,4 +312,3 @@ typename Inspector::result_type inspect(Inspector& f, PairFailure& x) {
 }
 
 }  // namespace sy
-

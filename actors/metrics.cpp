@@ -19,7 +19,7 @@
 #include <tuple>
 
 #include "actors/messages.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 
 namespace sy {
 namespace {

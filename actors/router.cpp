@@ -16,7 +16,7 @@
 #include "actors/messages.hpp"
 #include "actors/outcomes.hpp"
 #include "actors/router_state.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "policies/prefix_route.hpp"
 
 namespace sy {

@@ -19,7 +19,7 @@
 #include "actors/outcomes.hpp"
 #include "actors/protocol.hpp"
 #include "actors/router.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "policies/prefix_route.hpp"
 #include "policies/qos.hpp"
 #include "policies/retry.hpp"

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cli/args.hpp"
-#include "ingress/protocol.hpp"
+#include "core/wire.hpp"
 
 namespace sy::cli {
 

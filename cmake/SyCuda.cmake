@@ -29,7 +29,8 @@ function(sy_cuda_tests models_dir binary_dir)
   file(GLOB tests CONFIGURE_DEPENDS ${SY_ROOT}/tests/gpu/test_gpu_*.cpp)
   foreach(src ${tests})
     get_filename_component(name ${src} NAME_WE)
-    add_executable(${name} ${src})
+    # Each file is a suite named after it; tests/main.cpp is the runner's main.
+    add_executable(${name} ${src} ${SY_ROOT}/tests/main.cpp)
     sy_target(${name})
     target_compile_definitions(${name} PRIVATE BOOST_TEST_DYN_LINK
       SY_MODELS_DIR="${models_dir}" SY_BINARY_DIR="${binary_dir}")

@@ -38,20 +38,17 @@ target_compile_definitions(sy_engine_emu PUBLIC SWITCHYARD_HAVE_CUDA=1)
 target_link_libraries(sy_cuda_emu PUBLIC sy_engine_emu)
 target_link_libraries(sy_engine_emu PUBLIC sy_cuda_emu)
 
+# The GPU tests on the emulator, in one executable: entry emu_test_gpu_x runs suite test_gpu_x.
 file(GLOB _emu_tests CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/gpu/test_gpu_*.cpp)
+add_executable(emu_gpu_tests ${_emu_tests})
+sy_test_target(emu_gpu_tests)
+target_link_libraries(emu_gpu_tests PRIVATE sy_cuda_emu sy_engine_emu)
 foreach(src ${_emu_tests})
   get_filename_component(name ${src} NAME_WE)
-  set(name emu_${name})
-  add_executable(${name} ${src})
-  sy_target(${name})
-  target_compile_definitions(${name} PRIVATE BOOST_TEST_DYN_LINK
-    SY_MODELS_DIR="${SY_MODELS_DIR}" SY_BINARY_DIR="${PROJECT_BINARY_DIR}")
-  target_link_libraries(${name} PRIVATE sy_cuda_emu sy_engine_emu nlohmann_json::nlohmann_json
-    Boost::unit_test_framework)
   # Boost.Test's own signal handlers would hide the emulator's report of a bad access.
-  add_test(NAME ${name} COMMAND ${name} --catch_system_errors=no
+  add_test(NAME emu_${name} COMMAND emu_gpu_tests --run_test=${name} --catch_system_errors=no
     WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
-  set_tests_properties(${name} PROPERTIES LABELS emu TIMEOUT 1200)
+  set_tests_properties(emu_${name} PROPERTIES LABELS emu TIMEOUT 1200)
 endforeach()
 
 # The emulator's own tests: kernels with planted bugs it must catch.
@@ -61,14 +58,12 @@ add_custom_command(OUTPUT ${_emu_self}
   DEPENDS ${_emu}/selftest_kernels.cu ${_emu}/rewrite_cu.py
   COMMENT "CUDA emulator: rewriting tests/emu/selftest_kernels.cu")
 set_source_files_properties(${_emu_self} PROPERTIES COMPILE_DEFINITIONS "__CUDACC__")
-add_executable(emu_test_runtime ${_emu}/test_emu_runtime.cpp ${_emu_self})
-sy_target(emu_test_runtime)
-target_include_directories(emu_test_runtime PRIVATE ${_emu})
-target_compile_options(emu_test_runtime PRIVATE -Wno-unknown-pragmas)
-target_compile_definitions(emu_test_runtime PRIVATE BOOST_TEST_DYN_LINK)
-target_link_libraries(emu_test_runtime PRIVATE sy_cuda_emu Boost::unit_test_framework)
-add_test(NAME emu_test_runtime COMMAND emu_test_runtime --catch_system_errors=no
-  WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+target_sources(emu_gpu_tests PRIVATE ${_emu}/test_emu_runtime.cpp ${_emu_self})
+target_include_directories(emu_gpu_tests PRIVATE ${_emu})
+set_source_files_properties(${_emu_self} ${_emu}/test_emu_runtime.cpp PROPERTIES
+  COMPILE_OPTIONS -Wno-unknown-pragmas)
+add_test(NAME emu_test_runtime COMMAND emu_gpu_tests --run_test=test_emu_runtime
+  --catch_system_errors=no WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
 set_tests_properties(emu_test_runtime PROPERTIES LABELS emu)
 
 # The device check's benchmark on the emulator, at a toy shape (--tiny): a smoke run of its code
@@ -107,16 +102,11 @@ target_link_libraries(emu_switchyard PRIVATE sy_engine_emu sy_cuda_emu sy_server
   CLI11::CLI11 nlohmann_json::nlohmann_json)
 # Beside the real binary, where the integration tests look (SY_BINARY_DIR).
 set_target_properties(emu_switchyard PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR})
-add_executable(emu_it_test_golden ${PROJECT_SOURCE_DIR}/tests/integration/test_golden.cpp)
-sy_target(emu_it_test_golden)
-target_compile_definitions(emu_it_test_golden PRIVATE BOOST_TEST_DYN_LINK
-  SY_MODELS_DIR="${SY_MODELS_DIR}" SY_BINARY_DIR="${PROJECT_BINARY_DIR}"
-  SY_SOURCE_DIR="${PROJECT_SOURCE_DIR}" SY_SERVER_BINARY="emu_switchyard")
-target_link_libraries(emu_it_test_golden PRIVATE sy_client sy_engine nlohmann_json::nlohmann_json
-  Boost::unit_test_framework)
-add_dependencies(emu_it_test_golden emu_switchyard)
-add_test(NAME emu_it_test_golden COMMAND emu_it_test_golden WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
-set_tests_properties(emu_it_test_golden PROPERTIES LABELS emu TIMEOUT 1200 RUN_SERIAL TRUE)
+add_dependencies(integration_tests emu_switchyard)
+add_test(NAME emu_it_test_golden COMMAND integration_tests --run_test=test_golden
+  WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+set_tests_properties(emu_it_test_golden PROPERTIES LABELS emu TIMEOUT 1200 RUN_SERIAL TRUE
+  ENVIRONMENT SY_SERVER_BINARY=emu_switchyard)
 
 # The server on the emulated device with stories260K and `flags` (spliced into its command line),
 # whose CUDA engine cannot be built: it must print `switchyard: error: <error>...` and exit 1

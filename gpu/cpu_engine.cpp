@@ -283,7 +283,9 @@ CpuEngine::CpuEngine(std::shared_ptr<Model> model, const EngineOptions& opts)
   kv_dim_ = int64_t{c_.n_kv_heads} * c_.head_dim;
   kv_type_ = opts.kv_type;
   if (!kernels::kv_type_ok(kv_type_)) {
-    const char* name = kernels::dtype_name(kv_type_);
+    const char* name = kernels::dtype_known(static_cast<uint32_t>(kv_type_))
+                           ? kernels::dtype_name(kv_type_)
+                           : nullptr;
     throw std::invalid_argument(std::string("KV cache type ") + (name ? name : "?") +
                                 " is not one of f32, f16, q8_0");
   }

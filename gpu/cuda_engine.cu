@@ -151,12 +151,12 @@ class HostBuf {
   size_t bytes_ = 0;
 };
 
-cuda::SrcType src_type(kernels::DType t);
+kernels::DType device_type(kernels::DType t);
 
 // Every quantized type (not F32, F16, BF16): the types gemv_q reads straight from the file's
 // blocks.
 bool gemv_type(kernels::DType t) {
-  return cuda::gemv_q_supports(src_type(t));
+  return cuda::gemv_q_supports(device_type(t));
 }
 
 // Bytes of a weight as stored in the file.
@@ -164,13 +164,12 @@ size_t file_bytes(const kernels::WeightView& w) {
   return kernels::row_bytes(w.type, w.cols) * static_cast<size_t>(w.rows);
 }
 
-// The device's code of a file's tensor type: each tensor is mapped by its own type, so files
-// that mix types (Q4_K_M: Q4_K, Q6_K and f32 norms) convert tensor by tensor.
-cuda::SrcType src_type(kernels::DType t) {
-  // cuda::SrcType uses the GGUF codes, as kernels::DType does.
-  const auto s = static_cast<cuda::SrcType>(static_cast<uint32_t>(t));
-  if (kernels::dtype_known(static_cast<uint32_t>(t)) && cuda::block_elems(s) > 0) return s;
-  const char* name = kernels::dtype_name(t);
+// A file's tensor type, checked to be one the device converts: each tensor is mapped by its own
+// type, so files that mix types (Q4_K_M: Q4_K, Q6_K and f32 norms) convert tensor by tensor.
+kernels::DType device_type(kernels::DType t) {
+  const bool known = kernels::dtype_known(static_cast<uint32_t>(t));
+  if (known && cuda::convert_supports(t)) return t;
+  const char* name = known ? kernels::dtype_name(t) : nullptr;
   throw std::runtime_error(std::string("cuda backend does not support weight type ") +
                            (name ? name : "unknown") + " (" +
                            std::to_string(static_cast<uint32_t>(t)) + ") yet");
@@ -181,7 +180,8 @@ cuda::SrcType src_type(kernels::DType t) {
 bool half_cache(kernels::DType t) {
   if (t == kernels::DType::F16) return true;
   if (t == kernels::DType::F32) return false;
-  const char* name = kernels::kv_type_ok(t) ? kernels::kv_type_name(t) : kernels::dtype_name(t);
+  const char* name = kernels::kv_type_ok(t) ? kernels::kv_type_name(t) : nullptr;
+  if (!name && kernels::dtype_known(static_cast<uint32_t>(t))) name = kernels::dtype_name(t);
   throw std::runtime_error(std::string("cuda backend does not support batching.kv_dtype ") +
                            (name ? std::string(name) : std::to_string(static_cast<uint32_t>(t))) +
                            " yet (use f16 or f32)");
@@ -229,7 +229,7 @@ class CudaEngineImpl final : public CudaEngine {
   // they do not (Q4_K_M files give some layers a Q6_K attn_v next to Q4_K attn_q/attn_k).
   struct QWeight {
     struct Run {
-      cuda::SrcType type;
+      kernels::DType type;
       int64_t row0, rows;  // the run's rows of the matrix
       size_t offset;       // its first byte in buf
     };
@@ -587,7 +587,7 @@ void CudaEngineImpl<T>::upload(const kernels::WeightView& w, T* dst, DevBuf& sta
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     CUDA_CHECK(cudaMemcpyAsync(staging.template as<void>(), src + r * rb,
                                static_cast<size_t>(n) * rb, cudaMemcpyHostToDevice, stream_));
-    CUDA_CHECK(cuda::convert_rows<T>(src_type(w.type), staging.template as<void>(), n, w.cols,
+    CUDA_CHECK(cuda::convert_rows<T>(device_type(w.type), staging.template as<void>(), n, w.cols,
                                      dst + r * w.cols, stream_));
   }
 }
@@ -602,7 +602,7 @@ void CudaEngineImpl<T>::upload_quant(std::initializer_list<const kernels::Weight
   size_t at = 0;
   int64_t row = 0;
   for (const auto* w : parts) {
-    const cuda::SrcType t = src_type(w->type);
+    const kernels::DType t = device_type(w->type);
     if (!dst.runs.empty() && dst.runs.back().type == t) {
       dst.runs.back().rows += w->rows;
     } else {
@@ -641,12 +641,12 @@ void CudaEngineImpl<T>::synth(T* dst, int64_t rows, int64_t cols, uint64_t seed)
 template <class T>
 void CudaEngineImpl<T>::synth_q8(QWeight& dst, T* w, int64_t rows, int64_t cols, uint64_t seed,
                                  const char* what) {
-  dst.runs = {{cuda::SrcType::Q8_0, 0, rows, 0}};
+  dst.runs = {{kernels::DType::Q8_0, 0, rows, 0}};
   dst.buf.alloc(kernels::row_bytes(kernels::DType::Q8_0, cols) * static_cast<size_t>(rows), what);
   // The same spread as synth()'s bf16 weights.
   const float scale = std::sqrt(3.0f / static_cast<float>(cols));
   CUDA_CHECK(cuda::fill_q8_0(dst.buf.template as<void>(), rows, cols, scale, seed, stream_));
-  CUDA_CHECK(cuda::convert_rows<T>(cuda::SrcType::Q8_0, dst.buf.template as<void>(), rows, cols, w,
+  CUDA_CHECK(cuda::convert_rows<T>(kernels::DType::Q8_0, dst.buf.template as<void>(), rows, cols, w,
                                    stream_));
 }
 
@@ -972,7 +972,7 @@ void CudaEngineImpl<T>::forward() {
       if constexpr (std::is_same_v<T, float>) {
         a = att;
       } else {
-        CUDA_CHECK(cuda::convert_rows<float>(cuda::SrcType::BF16, att, T_, q_dim_, qx, st));
+        CUDA_CHECK(cuda::convert_rows<float>(kernels::DType::BF16, att, T_, q_dim_, qx, st));
         a = qx;
       }
       qgemv(L.qwo, dim, q_dim_, a, T_, tmp);

@@ -70,8 +70,9 @@ class CudaEngine : public Engine {
 };
 
 /// The CUDA backend for a loaded model. Weights are uploaded once: F32/F16/BF16 become bf16
-/// (f32 with f32_weights); quantized types (every kernels::DType, each tensor by its own type)
-/// are dequantized to bf16 (f32) at load, and also kept as blocks with quantized_decode. Throws std::runtime_error when there is no device, when the weights do
+/// (f32 with f32_weights); quantized types (every one with CPU kernels, kernels::dtype_known,
+/// each tensor by its own type) are dequantized to bf16 (f32) at load, and also kept as blocks
+/// with quantized_decode. Throws std::runtime_error when there is no device, when the weights do
 /// not fit in free device memory, when no room is left for a KV cache of one full step, or for
 /// a kv_type other than F16 and F32.
 std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<LlamaModel> model,

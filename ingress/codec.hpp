@@ -1,4 +1,4 @@
-// The wire codec: msgpack bytes ⇄ the structs of protocol.hpp, with hard limits at the edge.
+// The wire codec: msgpack bytes ⇄ the structs of core/wire.hpp, with hard limits at the edge.
 // msgpack stays inside codec.cpp; callers see only structs, strings and DecodeError.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <string_view>
 #include <variant>
 
-#include "ingress/protocol.hpp"
+#include "core/wire.hpp"
 
 namespace sy::wire {
 
@@ -64,12 +64,6 @@ std::string encode_server(const ServerMessage& m);
 
 /// Encodes a client message; optional fields at their default value are left out.
 std::string encode_client(const ClientMessage& m);
-
-/// Client-provided text as every error message echoes it (the codec's and the actors' alike):
-/// in single quotes, at most 64 bytes (then "..."), and every byte outside printable ASCII, and
-/// the quote and backslash themselves, written as \xNN, so that a message stays short, one line
-/// and unambiguous whatever the client sent.
-std::string quoted(std::string_view s);
 
 /// Converts a decode failure into the error reply the server sends for it.
 inline Error to_error(const DecodeError& e) {

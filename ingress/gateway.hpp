@@ -12,7 +12,7 @@
 
 #include "ingress/codec.hpp"
 #include "ingress/endpoint_config.hpp"
-#include "ingress/intake_meter.hpp"
+#include "core/intake_meter.hpp"
 #include "actors/protocol.hpp"
 #include "ingress/egress.hpp"
 

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "actors/messages.hpp"
-#include "ingress/protocol.hpp"
+#include "core/wire.hpp"
 
 namespace sy {
 

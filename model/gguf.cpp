@@ -54,62 +54,6 @@ bool valid_value_type(uint32_t t) {
   return t <= static_cast<uint32_t>(ValueType::FLOAT64);
 }
 
-// ggml's tensor types: name, elements and bytes per block (ggml-common.h's block structs; the
-// reader's own table, so this library needs no kernels). Retired numbers keep their name with
-// zero sizes: a file holding one is refused with the name.
-struct TypeRow {
-  const char* name;
-  int64_t elems;
-  int64_t bytes;
-};
-constexpr TypeRow kTypes[] = {
-    {"F32", 1, 4},         // 0
-    {"F16", 1, 2},         // 1
-    {"Q4_0", 32, 18},      // 2: f16 d, 16 bytes of nibbles
-    {"Q4_1", 32, 20},      // 3: f16 d, f16 m, 16 bytes of nibbles
-    {"Q4_2", 0, 0},        // 4: retired
-    {"Q4_3", 0, 0},        // 5: retired
-    {"Q5_0", 32, 22},      // 6: f16 d, 4 bytes of fifth bits, 16 bytes of nibbles
-    {"Q5_1", 32, 24},      // 7: f16 d, f16 m, fifth bits, nibbles
-    {"Q8_0", 32, 34},      // 8: f16 d, 32 int8
-    {"Q8_1", 32, 36},      // 9: f16 d, f16 s, 32 int8
-    {"Q2_K", 256, 84},     // 10: 16 scale bytes, 64 bytes of 2-bit codes, f16 d, f16 dmin
-    {"Q3_K", 256, 110},    // 11: 32 bytes high bits, 64 bytes 2-bit codes, 12 scale bytes, f16 d
-    {"Q4_K", 256, 144},    // 12: f16 d, f16 dmin, 12 scale bytes, 128 bytes of nibbles
-    {"Q5_K", 256, 176},    // 13: as Q4_K plus 32 bytes of fifth bits
-    {"Q6_K", 256, 210},    // 14: 128 bytes low nibbles, 64 bytes high bits, 16 int8 scales, f16 d
-    {"Q8_K", 256, 292},    // 15: f32 d, 256 int8, 16 int16 block sums
-    {"IQ2_XXS", 256, 66},  // 16: f16 d, 32 uint16
-    {"IQ2_XS", 256, 74},   // 17: f16 d, 32 uint16, 8 scale bytes
-    {"IQ3_XXS", 256, 98},  // 18: f16 d, 96 bytes
-    {"IQ1_S", 256, 50},    // 19: f16 d, 32 bytes, 8 uint16
-    {"IQ4_NL", 32, 18},    // 20: f16 d, 16 bytes of codebook indices
-    {"IQ3_S", 256, 110},   // 21: f16 d, 64 + 8 + 32 + 4 bytes
-    {"IQ2_S", 256, 82},    // 22: f16 d, 64 + 8 + 8 bytes
-    {"IQ4_XS", 256, 136},  // 23: f16 d, uint16 high scale bits, 4 low scale bytes, 128 bytes
-    {"I8", 1, 1},          // 24
-    {"I16", 1, 2},         // 25
-    {"I32", 1, 4},         // 26
-    {"I64", 1, 8},         // 27
-    {"F64", 1, 8},         // 28
-    {"IQ1_M", 256, 56},    // 29: 32 + 16 + 8 bytes
-    {"BF16", 1, 2},        // 30
-    {"Q4_0_4_4", 0, 0},    // 31: retired (repacked at load time by ggml now)
-    {"Q4_0_4_8", 0, 0},    // 32: retired
-    {"Q4_0_8_8", 0, 0},    // 33: retired
-    {"TQ1_0", 256, 54},    // 34: 48 + 4 bytes of ternary codes, f16 d
-    {"TQ2_0", 256, 66},    // 35: 64 bytes of 2-bit codes, f16 d
-    {"IQ4_NL_4_4", 0, 0},  // 36: retired
-    {"IQ4_NL_4_8", 0, 0},  // 37: retired
-    {"IQ4_NL_8_8", 0, 0},  // 38: retired
-    {"MXFP4", 32, 17},     // 39: e8m0 shared exponent, 16 bytes of fp4 codes
-};
-constexpr uint32_t kNumTypes = sizeof(kTypes) / sizeof(kTypes[0]);
-
-const TypeRow* type_row(uint32_t t) {
-  return t < kNumTypes ? &kTypes[t] : nullptr;
-}
-
 // Bounds-checked little-endian reader over the file bytes.
 class Cursor {
  public:
@@ -244,34 +188,14 @@ std::string hex32(uint32_t x) {
 
 // ---- type helpers ----
 
-const char* type_name(TensorType t) {
-  const TypeRow* r = type_row(static_cast<uint32_t>(t));
-  return r ? r->name : "unknown";
-}
-
 bool type_known(uint32_t t) {
-  const TypeRow* r = type_row(t);
-  return r != nullptr && r->elems > 0;
+  return kernels::dtype_block_bytes(static_cast<kernels::DType>(t)) > 0;
 }
 
 std::string type_label(uint32_t t) {
-  const TypeRow* r = type_row(t);
-  if (r == nullptr) return "unknown type " + std::to_string(t);
-  return std::string(r->name) + " (" + std::to_string(t) + ")";
-}
-
-int64_t block_elems(TensorType t) {
-  const auto u = static_cast<uint32_t>(t);
-  return type_known(u) ? kTypes[u].elems : 1;
-}
-
-int64_t block_bytes(TensorType t) {
-  const auto u = static_cast<uint32_t>(t);
-  return type_known(u) ? kTypes[u].bytes : 0;
-}
-
-int64_t row_bytes(TensorType t, int64_t n) {
-  return n / block_elems(t) * block_bytes(t);
+  const char* name = kernels::dtype_name(static_cast<kernels::DType>(t));
+  if (name == nullptr) return "unknown type " + std::to_string(t);
+  return std::string(name) + " (" + std::to_string(t) + ")";
 }
 
 // ---- Value accessors ----
@@ -450,20 +374,21 @@ void File::parse() {
       ti.dims.push_back(x);
     }
     const uint32_t type = c.read<uint32_t>("tensor type");
-    if (!type_row(type)) throw Error("tensor '" + ti.name + "' has " + type_label(type));
+    if (!kernels::dtype_name(static_cast<kernels::DType>(type)))
+      throw Error("tensor '" + ti.name + "' has " + type_label(type));
     if (!type_known(type))
       throw Error("tensor '" + ti.name + "' has type " + type_label(type) +
                   ", a layout ggml has retired; re-quantize the model");
-    ti.type = static_cast<TensorType>(type);
+    ti.type = static_cast<kernels::DType>(type);
     ti.offset = c.read<uint64_t>("tensor data offset");
-    const auto be = static_cast<uint64_t>(block_elems(ti.type));
+    const auto be = static_cast<uint64_t>(kernels::dtype_block_elems(ti.type));
     if (ti.dims[0] % be != 0)
       throw Error("tensor '" + ti.name + "': inner dimension " + std::to_string(ti.dims[0]) +
-                  " is not a multiple of the " + type_name(ti.type) + " block size " +
+                  " is not a multiple of the " + kernels::dtype_name(ti.type) + " block size " +
                   std::to_string(be));
     ti.n_elements = n_el;
     const uint64_t n_blocks = n_el / be;
-    const auto bb = static_cast<uint64_t>(block_bytes(ti.type));
+    const auto bb = static_cast<uint64_t>(kernels::dtype_block_bytes(ti.type));
     if (n_blocks > std::numeric_limits<uint64_t>::max() / bb)
       throw Error("tensor '" + ti.name + "': byte size overflows");
     ti.n_bytes = n_blocks * bb;
@@ -487,7 +412,7 @@ void File::parse() {
   const uint64_t data_size = size_ - data_start_;
   for (const TensorInfo& t : tensors_) {
     if (t.offset > data_size || t.n_bytes > data_size - t.offset)
-      throw Error("tensor '" + t.name + "' (" + type_name(t.type) + ", offset " +
+      throw Error("tensor '" + t.name + "' (" + kernels::dtype_name(t.type) + ", offset " +
                   std::to_string(t.offset) + ", size " + std::to_string(t.n_bytes) +
                   ") lies outside the file (data section holds " + std::to_string(data_size) +
                   " bytes): the file is truncated or corrupt");

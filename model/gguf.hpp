@@ -13,6 +13,8 @@
 #include <variant>
 #include <vector>
 
+#include "kernels/ggml_type.hpp"
+
 namespace sy::gguf {
 
 /// A malformed or unsupported GGUF file; what() says what is wrong.
@@ -38,58 +40,11 @@ enum class ValueType : uint32_t {
   FLOAT64 = 12,
 };
 
-/// Every tensor element type of ggml (its numbering, as in GGUF files), whether or not a kernel
-/// computes with it: the reader sizes all of them, so a loader can name the type it refuses.
-/// Numbers ggml has retired (4, 5, 31-33, 36-38) are not members.
-enum class TensorType : uint32_t {
-  F32 = 0,
-  F16 = 1,
-  Q4_0 = 2,
-  Q4_1 = 3,
-  Q5_0 = 6,
-  Q5_1 = 7,
-  Q8_0 = 8,
-  Q8_1 = 9,
-  Q2_K = 10,
-  Q3_K = 11,
-  Q4_K = 12,
-  Q5_K = 13,
-  Q6_K = 14,
-  Q8_K = 15,
-  IQ2_XXS = 16,
-  IQ2_XS = 17,
-  IQ3_XXS = 18,
-  IQ1_S = 19,
-  IQ4_NL = 20,
-  IQ3_S = 21,
-  IQ2_S = 22,
-  IQ4_XS = 23,
-  I8 = 24,
-  I16 = 25,
-  I32 = 26,
-  I64 = 27,
-  F64 = 28,
-  IQ1_M = 29,
-  BF16 = 30,
-  TQ1_0 = 34,
-  TQ2_0 = 35,
-  MXFP4 = 39,
-};
-
-/// ggml's name of a type as its enum spells it ("F32", "Q8_0", "Q6_K", "IQ4_XS"); retired
-/// numbers give their old name ("Q4_2"); "unknown" for a number ggml never had.
-const char* type_name(TensorType t);
-/// Whether t is a member of TensorType (a type this reader can size).
+/// Whether t is a member of kernels::DType (a type this reader can size); tensor types are
+/// kernels::DType, with names and block sizes from kernels/ggml_type.hpp.
 bool type_known(uint32_t t);
 /// "Q6_K (14)" for a ggml type, "unknown type 99" otherwise: how errors name a type.
 std::string type_label(uint32_t t);
-/// Elements per block (1 for float and integer types, 32 or 256 for block types); 1 for a
-/// number that is not a member.
-int64_t block_elems(TensorType t);
-/// Bytes per block as in ggml-common.h (F32 4, Q8_0 34, Q6_K 210, ...); 0 for a non-member.
-int64_t block_bytes(TensorType t);
-/// Bytes for n elements (n must be a multiple of block_elems).
-int64_t row_bytes(TensorType t, int64_t n);
 
 struct Value;
 /// A homogeneous array value.
@@ -113,7 +68,7 @@ struct Value {
 struct TensorInfo {
   std::string name;
   std::vector<uint64_t> dims;
-  TensorType type = TensorType::F32;
+  kernels::DType type = kernels::DType::F32;
   uint64_t offset = 0;  ///< relative to the start of the data section
   uint64_t n_elements = 0;
   uint64_t n_bytes = 0;
@@ -190,12 +145,13 @@ class Writer {
   void add_string_array(std::string key, const std::vector<std::string>& xs);
   void add_f32_array(std::string key, const std::vector<float>& xs);
   void add_i32_array(std::string key, const std::vector<int32_t>& xs);
-  /// dims innermost first; `bytes` must hold row_bytes(type, dims[0]) * (product of other dims).
-  void add_tensor(std::string name, TensorType type, std::vector<uint64_t> dims,
+  /// dims innermost first; `bytes` must hold kernels::dtype_row_bytes(type, dims[0]) * (product
+  /// of other dims).
+  void add_tensor(std::string name, kernels::DType type, std::vector<uint64_t> dims,
                   std::vector<uint8_t> bytes);
   /// A tensor whose bytes are produced only while writing (large random models never sit in
   /// memory whole): `fill(dst, n_bytes)` must write exactly the tensor's bytes.
-  void add_tensor(std::string name, TensorType type, std::vector<uint64_t> dims,
+  void add_tensor(std::string name, kernels::DType type, std::vector<uint64_t> dims,
                   std::function<void(uint8_t* dst, size_t n_bytes)> fill);
   /// Serializes the whole file to bytes.
   std::vector<uint8_t> bytes() const;
@@ -208,7 +164,7 @@ class Writer {
   std::vector<std::pair<std::string, Value>> kv_;
   struct PendingTensor {
     std::string name;
-    TensorType type;
+    kernels::DType type;
     std::vector<uint64_t> dims;
     std::vector<uint8_t> bytes;
     std::function<void(uint8_t*, size_t)> fill;  // used when bytes is empty

@@ -152,24 +152,25 @@ void Writer::add_i32_array(std::string key, const std::vector<int32_t>& xs) {
 }
 
 namespace {
-uint64_t tensor_bytes(const std::string& name, TensorType type, const std::vector<uint64_t>& dims) {
+uint64_t tensor_bytes(const std::string& name, kernels::DType type,
+                      const std::vector<uint64_t>& dims) {
   if (dims.empty() || dims.size() > 4)
     throw std::invalid_argument("gguf writer: tensor '" + name + "' needs 1 to 4 dims");
   if (!type_known(static_cast<uint32_t>(type)))
-    throw std::invalid_argument("gguf writer: tensor '" + name + "' has " +
-                                (type_name(type) == std::string("unknown") ? "" : "type ") +
-                                type_label(static_cast<uint32_t>(type)) +
-                                ", which has no block layout");
-  if (dims[0] % static_cast<uint64_t>(block_elems(type)) != 0)
+    throw std::invalid_argument(
+        "gguf writer: tensor '" + name + "' has " + (kernels::dtype_name(type) ? "type " : "") +
+        type_label(static_cast<uint32_t>(type)) + ", which has no block layout");
+  if (dims[0] % static_cast<uint64_t>(kernels::dtype_block_elems(type)) != 0)
     throw std::invalid_argument("gguf writer: tensor '" + name + "' inner dim not a multiple of " +
-                                std::to_string(block_elems(type)));
+                                std::to_string(kernels::dtype_block_elems(type)));
   uint64_t rows = 1;
   for (size_t i = 1; i < dims.size(); ++i) rows *= dims[i];
-  return static_cast<uint64_t>(row_bytes(type, static_cast<int64_t>(dims[0]))) * rows;
+  return static_cast<uint64_t>(kernels::dtype_row_bytes(type, static_cast<int64_t>(dims[0]))) *
+         rows;
 }
 }  // namespace
 
-void Writer::add_tensor(std::string name, TensorType type, std::vector<uint64_t> dims,
+void Writer::add_tensor(std::string name, kernels::DType type, std::vector<uint64_t> dims,
                         std::vector<uint8_t> bytes) {
   const uint64_t n = tensor_bytes(name, type, dims);
   if (bytes.size() != n)
@@ -178,7 +179,7 @@ void Writer::add_tensor(std::string name, TensorType type, std::vector<uint64_t>
   tensors_.push_back({std::move(name), type, std::move(dims), std::move(bytes), nullptr});
 }
 
-void Writer::add_tensor(std::string name, TensorType type, std::vector<uint64_t> dims,
+void Writer::add_tensor(std::string name, kernels::DType type, std::vector<uint64_t> dims,
                         std::function<void(uint8_t* dst, size_t n_bytes)> fill) {
   tensor_bytes(name, type, dims);  // validates
   if (!fill) throw std::invalid_argument("gguf writer: tensor '" + name + "' has no fill");
@@ -191,7 +192,7 @@ namespace {
 std::vector<uint8_t> header_bytes(uint64_t alignment,
                                   const std::vector<std::pair<std::string, Value>>& kv,
                                   const std::vector<std::string>& names,
-                                  const std::vector<TensorType>& types,
+                                  const std::vector<kernels::DType>& types,
                                   const std::vector<std::vector<uint64_t>>& dims,
                                   const std::vector<uint64_t>& offsets) {
   bool has_alignment_key = false;
@@ -236,7 +237,7 @@ void check_alignment(uint64_t a) {
 std::vector<uint8_t> Writer::bytes() const {
   check_alignment(alignment_);
   std::vector<std::string> names;
-  std::vector<TensorType> types;
+  std::vector<kernels::DType> types;
   std::vector<std::vector<uint64_t>> dims;
   std::vector<uint64_t> offsets, sizes;
   uint64_t off = 0;
@@ -264,7 +265,7 @@ std::vector<uint8_t> Writer::bytes() const {
 void Writer::write(const std::string& path) const {
   check_alignment(alignment_);
   std::vector<std::string> names;
-  std::vector<TensorType> types;
+  std::vector<kernels::DType> types;
   std::vector<std::vector<uint64_t>> dims;
   std::vector<uint64_t> offsets, sizes;
   uint64_t off = 0, largest = 0;

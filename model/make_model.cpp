@@ -41,28 +41,28 @@ enum class Mix { kPure, kQ4KM, kQ5KM };
 
 struct DTypeInfo {
   const char* name;
-  gguf::TensorType type;
+  kernels::DType type;
   uint32_t file_type;  // llama.cpp's llama_ftype for a file of this dtype
   Mix mix;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {"f32", gguf::TensorType::F32, 0, Mix::kPure},
-    {"f16", gguf::TensorType::F16, 1, Mix::kPure},
-    {"bf16", gguf::TensorType::BF16, 32, Mix::kPure},
-    {"q8_0", gguf::TensorType::Q8_0, 7, Mix::kPure},
-    {"q4_0", gguf::TensorType::Q4_0, 2, Mix::kPure},
-    {"q4_1", gguf::TensorType::Q4_1, 3, Mix::kPure},
-    {"q5_0", gguf::TensorType::Q5_0, 8, Mix::kPure},
-    {"q5_1", gguf::TensorType::Q5_1, 9, Mix::kPure},
-    {"iq4_nl", gguf::TensorType::IQ4_NL, 25, Mix::kPure},
-    {"q2_k", gguf::TensorType::Q2_K, 10, Mix::kPure},
-    {"q3_k", gguf::TensorType::Q3_K, 11, Mix::kPure},  // llama_ftype Q3_K_S
-    {"q4_k", gguf::TensorType::Q4_K, 14, Mix::kPure},  // Q4_K_S
-    {"q5_k", gguf::TensorType::Q5_K, 16, Mix::kPure},  // Q5_K_S
-    {"q6_k", gguf::TensorType::Q6_K, 18, Mix::kPure},
-    {"iq4_xs", gguf::TensorType::IQ4_XS, 30, Mix::kPure},
-    {"q4_k_m", gguf::TensorType::Q4_K, 15, Mix::kQ4KM},
-    {"q5_k_m", gguf::TensorType::Q5_K, 17, Mix::kQ5KM},
+    {"f32", kernels::DType::F32, 0, Mix::kPure},
+    {"f16", kernels::DType::F16, 1, Mix::kPure},
+    {"bf16", kernels::DType::BF16, 32, Mix::kPure},
+    {"q8_0", kernels::DType::Q8_0, 7, Mix::kPure},
+    {"q4_0", kernels::DType::Q4_0, 2, Mix::kPure},
+    {"q4_1", kernels::DType::Q4_1, 3, Mix::kPure},
+    {"q5_0", kernels::DType::Q5_0, 8, Mix::kPure},
+    {"q5_1", kernels::DType::Q5_1, 9, Mix::kPure},
+    {"iq4_nl", kernels::DType::IQ4_NL, 25, Mix::kPure},
+    {"q2_k", kernels::DType::Q2_K, 10, Mix::kPure},
+    {"q3_k", kernels::DType::Q3_K, 11, Mix::kPure},  // llama_ftype Q3_K_S
+    {"q4_k", kernels::DType::Q4_K, 14, Mix::kPure},  // Q4_K_S
+    {"q5_k", kernels::DType::Q5_K, 16, Mix::kPure},  // Q5_K_S
+    {"q6_k", kernels::DType::Q6_K, 18, Mix::kPure},
+    {"iq4_xs", kernels::DType::IQ4_XS, 30, Mix::kPure},
+    {"q4_k_m", kernels::DType::Q4_K, 15, Mix::kQ4KM},
+    {"q5_k_m", kernels::DType::Q5_K, 17, Mix::kQ5KM},
 };
 constexpr const char* kDTypeList =
     "f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_xs, "
@@ -87,9 +87,9 @@ bool use_more_bits(int layer, int n_layers) {
 }
 
 // The type llama.cpp falls back to for a row length that is not whole 256-element blocks.
-gguf::TensorType fallback(gguf::TensorType t, int64_t cols) {
-  using T = gguf::TensorType;
-  if (cols % gguf::block_elems(t) == 0) return t;
+kernels::DType fallback(kernels::DType t, int64_t cols) {
+  using T = kernels::DType;
+  if (cols % kernels::dtype_block_elems(t) == 0) return t;
   switch (t) {
     case T::Q2_K:
     case T::Q3_K:
@@ -108,7 +108,7 @@ gguf::TensorType fallback(gguf::TensorType t, int64_t cols) {
     default:
       break;
   }
-  return cols % gguf::block_elems(t) == 0 ? t : T::F16;
+  return cols % kernels::dtype_block_elems(t) == 0 ? t : T::F16;
 }
 
 // The architectures make-model writes, with llama.cpp's tensor layout for each.
@@ -164,12 +164,12 @@ int worker_count(int64_t rows) {
 
 // Fill callback for a (rows x cols) matrix of uniform values with standard deviation `stddev`,
 // encoded as `type`. Row r depends only on (seed, name, r): the thread count changes nothing.
-std::function<void(uint8_t*, size_t)> random_matrix(const std::string& name, gguf::TensorType type,
+std::function<void(uint8_t*, size_t)> random_matrix(const std::string& name, kernels::DType type,
                                                     int64_t rows, int64_t cols, float stddev,
                                                     uint64_t seed) {
   const uint64_t tensor_key = fnv1a(name) ^ (seed * 0x2545f4914f6cdd1dull);
   return [=](uint8_t* dst, size_t n_bytes) {
-    const auto rb = static_cast<size_t>(gguf::row_bytes(type, cols));
+    const size_t rb = kernels::row_bytes(type, cols);
     if (rb * static_cast<size_t>(rows) != n_bytes)
       throw std::logic_error("make-model: tensor size mismatch for " + name);
     // Uniform on [-a, a) has standard deviation a / sqrt(3).
@@ -184,7 +184,7 @@ std::function<void(uint8_t*, size_t)> random_matrix(const std::string& name, ggu
           const float u = static_cast<float>(splitmix64(state) >> 40) * (1.0f / 16777216.0f);
           x = (2.0f * u - 1.0f) * a;
         }
-        kernels::quantize_row(static_cast<kernels::DType>(type), row.data(), dst + r * rb, cols);
+        kernels::quantize_row(type, row.data(), dst + r * rb, cols);
       }
     };
     const int nt = worker_count(rows);
@@ -360,9 +360,9 @@ ModelShape model_shape(const std::string& name) {
   return s;
 }
 
-gguf::TensorType make_model_tensor_type(const std::string& dtype, const std::string& name,
-                                        int layer, int n_layers, int64_t cols, bool tied) {
-  using T = gguf::TensorType;
+kernels::DType make_model_tensor_type(const std::string& dtype, const std::string& name, int layer,
+                                      int n_layers, int64_t cols, bool tied) {
+  using T = kernels::DType;
   const DTypeInfo dt = dtype_info(dtype);
   T t = dt.type;
   if (dt.mix != Mix::kPure) {
@@ -401,7 +401,7 @@ void make_model(const MakeModelOptions& opts) {
   w.add_string("general.name", "switchyard-random-" + s.name + "-" + arch_part + dt.name);
   w.add_u32("general.file_type", dt.file_type);
   // ggml's quantization format version of the block layouts (2 is the current one).
-  if (gguf::block_elems(dt.type) > 1) w.add_u32("general.quantization_version", 2);
+  if (kernels::dtype_block_elems(dt.type) > 1) w.add_u32("general.quantization_version", 2);
 
   const int n_vocab = opts.vocab_from.empty() ? s.n_vocab : copy_vocab(w, opts.vocab_from);
   if (opts.vocab_from.empty()) add_builtin_vocab(w, n_vocab);
@@ -437,17 +437,16 @@ void make_model(const MakeModelOptions& opts) {
   struct Planned {
     std::string name;
     Kind kind;
-    gguf::TensorType type;
+    kernels::DType type;
     int64_t rows, cols;  // vectors: one row
   };
   std::vector<Planned> planned;
   auto matrix = [&](const std::string& name, int layer, int64_t rows, int64_t cols) {
-    const gguf::TensorType t = make_model_tensor_type(dt.name, name, layer, s.n_layers, cols, tied);
-    const auto k = static_cast<kernels::DType>(t);
-    const bool direct = t == gguf::TensorType::F32 || t == gguf::TensorType::F16 ||
-                        t == gguf::TensorType::BF16 || t == gguf::TensorType::Q8_0 ||
-                        t == gguf::TensorType::Q4_0;
-    const kernels::quant::TypeOps* o = direct ? nullptr : kernels::quant::ops(k);
+    const kernels::DType t = make_model_tensor_type(dt.name, name, layer, s.n_layers, cols, tied);
+    const bool direct = t == kernels::DType::F32 || t == kernels::DType::F16 ||
+                        t == kernels::DType::BF16 || t == kernels::DType::Q8_0 ||
+                        t == kernels::DType::Q4_0;
+    const kernels::quant::TypeOps* o = direct ? nullptr : kernels::quant::ops(t);
     if (!direct && (o == nullptr || o->quantize == nullptr)) {
       throw std::invalid_argument("make-model: dtype " + std::string(dt.name) + " stores '" + name +
                                   "' as " + gguf::type_label(static_cast<uint32_t>(t)) +
@@ -457,10 +456,10 @@ void make_model(const MakeModelOptions& opts) {
   };
   // Norm vectors and biases stay f32 whatever the dtype: llama.cpp requires that.
   auto norm = [&](const std::string& name, int64_t n) {
-    planned.push_back({name, Kind::kNorm, gguf::TensorType::F32, 1, n});
+    planned.push_back({name, Kind::kNorm, kernels::DType::F32, 1, n});
   };
   auto bias = [&](const std::string& name, int64_t n) {
-    planned.push_back({name, Kind::kBias, gguf::TensorType::F32, 1, n});
+    planned.push_back({name, Kind::kBias, kernels::DType::F32, 1, n});
   };
 
   matrix("token_embd.weight", -1, n_vocab, s.dim);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/ggml_type.hpp"
 #include "model/gguf.hpp"
 
 namespace sy {
@@ -53,8 +54,8 @@ void make_model(const MakeModelOptions& opts);
 /// llama.cpp's fallback where cols is not a multiple of the type's block size (Q2_K, Q3_K,
 /// IQ4_XS -> IQ4_NL; Q4_K -> Q5_0; Q5_K -> Q5_1; Q6_K -> Q8_0; F16 where not even 32 divides
 /// it). Throws std::invalid_argument for an unknown dtype.
-gguf::TensorType make_model_tensor_type(const std::string& dtype, const std::string& name,
-                                        int layer, int n_layers, int64_t cols, bool tied = false);
+kernels::DType make_model_tensor_type(const std::string& dtype, const std::string& name, int layer,
+                                      int n_layers, int64_t cols, bool tied = false);
 
 /// The dtype names make-model accepts, comma-separated (for usage and error texts).
 const char* make_model_dtypes();

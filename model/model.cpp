@@ -6,7 +6,6 @@
 #include <string>
 #include <utility>
 
-#include "kernels/cpu/quants.hpp"
 #include "model/arch.hpp"
 
 namespace sy {
@@ -50,30 +49,6 @@ std::string shape_str(const std::vector<uint64_t>& dims) {
   return s + "]";
 }
 
-// "Q6_K (14)": the kernels' name of a type they know, else the reader's ("IQ2_XXS (16)",
-// "unknown type 99"), so that an error never shows a bare number.
-std::string type_str(uint32_t t) {
-  const char* n =
-      kernels::dtype_known(t) ? kernels::dtype_name(static_cast<kernels::DType>(t)) : nullptr;
-  return n ? std::string(n) + " (" + std::to_string(t) + ")" : gguf::type_label(t);
-}
-
-// Whether this build's kernels can read rows of type t.
-bool type_supported(uint32_t t) {
-  if (!kernels::dtype_known(t)) return false;
-  const auto d = static_cast<kernels::DType>(t);
-  switch (d) {
-    case kernels::DType::F32:
-    case kernels::DType::F16:
-    case kernels::DType::BF16:
-    case kernels::DType::Q4_0:
-    case kernels::DType::Q8_0:
-      return true;
-    default:
-      return kernels::quant::ops(d) != nullptr;
-  }
-}
-
 const gguf::TensorInfo& require_tensor(const gguf::File& f, const std::string& name,
                                        std::vector<uint64_t> expected) {
   const gguf::TensorInfo* t = f.tensor(name);
@@ -83,8 +58,8 @@ const gguf::TensorInfo& require_tensor(const gguf::File& f, const std::string& n
          shape_str(expected));
   }
   const auto type = static_cast<uint32_t>(t->type);
-  if (!type_supported(type)) {
-    fail("tensor '" + name + "' has type " + type_str(type) +
+  if (!kernels::dtype_known(type)) {
+    fail("tensor '" + name + "' has type " + gguf::type_label(type) +
          ", which this build does not support");
   }
   return *t;
@@ -306,13 +281,12 @@ void ArchLoader::read_rope_scaling(bool allow_llama3) {
 kernels::WeightView ArchLoader::matrix(const std::string& name, int64_t rows, int64_t cols) const {
   const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
   const gguf::TensorInfo& t = require_tensor(file_, name, {u(cols), u(rows)});
-  const auto dt = static_cast<kernels::DType>(t.type);
-  if (cols % kernels::dtype_block_elems(dt) != 0) {
-    fail("tensor '" + name + "' of type " + type_str(static_cast<uint32_t>(t.type)) + " has " +
-         std::to_string(cols) + " columns, not a multiple of its block size");
+  if (cols % kernels::dtype_block_elems(t.type) != 0) {
+    fail("tensor '" + name + "' of type " + gguf::type_label(static_cast<uint32_t>(t.type)) +
+         " has " + std::to_string(cols) + " columns, not a multiple of its block size");
   }
   kernels::WeightView w;
-  w.type = dt;
+  w.type = t.type;
   w.data = file_.data(t);
   w.rows = rows;
   w.cols = cols;
@@ -321,14 +295,13 @@ kernels::WeightView ArchLoader::matrix(const std::string& name, int64_t rows, in
 
 const float* ArchLoader::vec(const std::string& name, int64_t n) {
   const gguf::TensorInfo& t = require_tensor(file_, name, {static_cast<uint64_t>(n)});
-  if (t.type == gguf::TensorType::F32) return reinterpret_cast<const float*>(file_.data(t));
-  const auto dt = static_cast<kernels::DType>(t.type);
-  if (n % kernels::dtype_block_elems(dt) != 0) {
-    fail("tensor '" + name + "' of type " + type_str(static_cast<uint32_t>(t.type)) +
+  if (t.type == kernels::DType::F32) return reinterpret_cast<const float*>(file_.data(t));
+  if (n % kernels::dtype_block_elems(t.type) != 0) {
+    fail("tensor '" + name + "' of type " + gguf::type_label(static_cast<uint32_t>(t.type)) +
          " has a partial block");
   }
   owned_->emplace_back(static_cast<size_t>(n));
-  kernels::dequantize_row(dt, file_.data(t), owned_->back().data(), n);
+  kernels::dequantize_row(t.type, file_.data(t), owned_->back().data(), n);
   return owned_->back().data();
 }
 

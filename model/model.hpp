@@ -110,11 +110,11 @@ struct ModelLimits {
   int64_t kv_bytes_per_token(kernels::DType t = kernels::DType::F16) const {
     return 2 * int64_t{n_layers} * kv_row_bytes(t);
   }
-  /// Bytes of one cached K (or V) row of one layer in `t`.
+  /// Bytes of one cached K (or V) row of one layer in `t` (kernels::row_bytes; a partial last
+  /// block counts whole).
   int64_t kv_row_bytes(kernels::DType t = kernels::DType::F16) const {
-    return t == kernels::DType::Q8_0  ? (kv_dim + 31) / 32 * 34
-           : t == kernels::DType::F32 ? kv_dim * 4
-                                      : kv_dim * 2;
+    const int64_t be = kernels::dtype_block_elems(t);
+    return static_cast<int64_t>(kernels::row_bytes(t, (kv_dim + be - 1) / be * be));
   }
   std::vector<int32_t> layer_window;  // ModelConfig::layer_window
 

@@ -10,7 +10,7 @@
 #include "actors/admission_config.hpp"
 #include "actors/batcher_config.hpp"
 #include "actors/executor_config.hpp"
-#include "actors/journal_config.hpp"
+#include "storage/journal_config.hpp"
 #include "actors/log.hpp"
 #include "actors/metrics_config.hpp"
 #include "actors/router_config.hpp"

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "actors/journal_config.hpp"
-#include "actors/messages.hpp"
+#include "core/job.hpp"
+#include "storage/journal_config.hpp"
 
 namespace sy {
 

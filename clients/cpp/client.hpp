@@ -16,7 +16,7 @@
 #include <zmq.hpp>
 
 #include "ingress/codec.hpp"
-#include "ingress/protocol.hpp"
+#include "core/wire.hpp"
 
 namespace sy::client {
 

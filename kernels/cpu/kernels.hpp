@@ -11,34 +11,14 @@
 #include <optional>
 #include <string_view>
 
+#include "kernels/ggml_type.hpp"
+
 namespace sy::kernels {
 
-/// Element types of weight rows; the numbering is ggml's, as in GGUF files. The block-quantized
-/// types other than Q8_0 and Q4_0 are implemented in kernels/cpu/quants.hpp.
-enum class DType : uint32_t {
-  F32 = 0,
-  F16 = 1,
-  Q4_0 = 2,
-  Q4_1 = 3,
-  Q5_0 = 6,
-  Q5_1 = 7,
-  Q8_0 = 8,
-  Q2_K = 10,
-  Q3_K = 11,
-  Q4_K = 12,
-  Q5_K = 13,
-  Q6_K = 14,
-  IQ4_NL = 20,
-  IQ4_XS = 23,
-  BF16 = 30,
-};
-
-/// ggml's name of a type ("Q6_K"), or nullptr for a number that is not a DType above.
-const char* dtype_name(DType t);
-/// Whether t is one of the DTypes above (a value read from a file may be anything).
+/// Whether t is a type the CPU kernels compute with: F32, F16, BF16, Q8_0, Q4_0 and the types of
+/// kernels/cpu/quants.hpp (a value read from a file may be anything). Other DTypes have names and
+/// sizes (ggml_type.hpp) but no kernels: row_bytes and friends throw for them.
 bool dtype_known(uint32_t t);
-/// Elements per block of t (1 for float types).
-int64_t dtype_block_elems(DType t);
 
 constexpr int kQK = 32;  ///< elements per Q8_0 / Q4_0 block
 
@@ -53,14 +33,16 @@ struct BlockQ4_0 {
   uint16_t d;  // f16 bits
   uint8_t qs[kQK / 2];
 };
-static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ4_0) == 18);
+static_assert(sizeof(BlockQ8_0) == dtype_block_bytes(DType::Q8_0) &&
+              sizeof(BlockQ4_0) == dtype_block_bytes(DType::Q4_0));
 
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);  ///< round to nearest even
 float bf16_to_f32(uint16_t h);
 uint16_t f32_to_bf16(float f);  ///< round to nearest even
 
-/// Bytes taken by a row of n elements (n a multiple of kQK for quantized types).
+/// Bytes taken by a row of n elements: dtype_row_bytes, checked. Throws std::invalid_argument
+/// naming the type when n is not a multiple of the block size or t has no kernels (dtype_known).
 size_t row_bytes(DType t, int64_t n);
 
 /// A row-major weight matrix of `rows` output features by `cols` input features, as stored in a
@@ -72,12 +54,12 @@ struct WeightView {
   int64_t cols = 0;
 };
 
-/// Converts one row (n elements) of any DType to f32.
+/// Converts one row (n elements) of any dtype_known type to f32.
 void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 /// Quantizes n floats (n a multiple of kQK) as llama.cpp's reference quantizers do.
 void quantize_row_q8_0(const float* src, BlockQ8_0* dst, int64_t n);
 void quantize_row_q4_0(const float* src, BlockQ4_0* dst, int64_t n);
-/// Converts n floats to `t` (any DType) into dst (row_bytes(t, n) bytes).
+/// Converts n floats to `t` (any dtype_known type) into dst (row_bytes(t, n) bytes).
 void quantize_row(DType t, const float* src, void* dst, int64_t n);
 
 /// KV-cache rows (kv_rows.cpp): n values stored as F32, F16 or Q8_0 (n a multiple of kQK for

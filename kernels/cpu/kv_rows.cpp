@@ -15,7 +15,7 @@ namespace sy::kernels {
 namespace {
 
 [[noreturn]] void bad_kv(DType t) {
-  const char* name = dtype_name(t);
+  const char* name = dtype_known(static_cast<uint32_t>(t)) ? dtype_name(t) : nullptr;
   throw std::invalid_argument(std::string("KV rows cannot be stored as ") +
                               (name ? name : "an unknown type") + " (expected F32, F16 or Q8_0)");
 }

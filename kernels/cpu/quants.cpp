@@ -1,5 +1,6 @@
-// Dispatch for the block-quantized types of quants.hpp: type names, the per-type table, and the
-// generic matmul (activations quantized once per token, weight rows split over the pool).
+// Dispatch for the block-quantized types of quants.hpp: which types have kernels, the per-type
+// table, and the generic matmul (activations quantized once per token, weight rows split over
+// the pool).
 #include "kernels/cpu/quants.hpp"
 
 #include <algorithm>
@@ -8,60 +9,18 @@
 
 namespace sy::kernels {
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::F32:
-      return "F32";
-    case DType::F16:
-      return "F16";
-    case DType::Q4_0:
-      return "Q4_0";
-    case DType::Q4_1:
-      return "Q4_1";
-    case DType::Q5_0:
-      return "Q5_0";
-    case DType::Q5_1:
-      return "Q5_1";
-    case DType::Q8_0:
-      return "Q8_0";
-    case DType::Q2_K:
-      return "Q2_K";
-    case DType::Q3_K:
-      return "Q3_K";
-    case DType::Q4_K:
-      return "Q4_K";
-    case DType::Q5_K:
-      return "Q5_K";
-    case DType::Q6_K:
-      return "Q6_K";
-    case DType::IQ4_NL:
-      return "IQ4_NL";
-    case DType::IQ4_XS:
-      return "IQ4_XS";
-    case DType::BF16:
-      return "BF16";
-  }
-  return nullptr;
-}
-
 bool dtype_known(uint32_t t) {
-  return dtype_name(static_cast<DType>(t)) != nullptr;
-}
-
-int64_t dtype_block_elems(DType t) {
-  switch (t) {
+  const auto d = static_cast<DType>(t);
+  switch (d) {
     case DType::F32:
     case DType::F16:
     case DType::BF16:
-      return 1;
     case DType::Q4_0:
     case DType::Q8_0:
-      return kQK;
+      return true;
     default:
-      break;
+      return quant::ops(d) != nullptr;
   }
-  const quant::TypeOps* o = quant::ops(t);
-  return o ? o->block_elems : 1;
 }
 
 namespace quant {

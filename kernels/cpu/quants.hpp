@@ -18,10 +18,8 @@ constexpr int kDotTokens = 4;
 /// How a type's fast dot product wants the activations quantized (llama.cpp's vec_dot_type):
 /// once per token per matmul into act_bytes(n) bytes, then reused by every weight row.
 struct TypeOps {
-  DType type;
-  int32_t block_elems;  // elements per block (32 or 256)
-  int32_t block_bytes;  // bytes per block, as in ggml-common.h
-  /// Plain-loop conversion of n elements (n a multiple of block_elems) to f32; the reference.
+  DType type;  // its block size: dtype_block_elems and dtype_block_bytes (ggml_type.hpp)
+  /// Plain-loop conversion of n elements (n a multiple of the block size) to f32; the reference.
   void (*dequantize)(const void* src, float* dst, int64_t n);
   /// Own quantizer writing ggml's layout (files load in llama.cpp); nullptr where there is none.
   void (*quantize)(const float* src, void* dst, int64_t n);

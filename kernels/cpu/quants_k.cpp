@@ -69,9 +69,13 @@ struct BlockQ8K {
   int8_t qs[kSuper];
   int16_t bsums[16];
 };
-static_assert(sizeof(BlockQ2K) == 84 && sizeof(BlockQ3K) == 110 && sizeof(BlockQ4K) == 144 &&
-              sizeof(BlockQ5K) == 176 && sizeof(BlockQ6K) == 210 && sizeof(BlockIQ4XS) == 136 &&
-              sizeof(BlockQ8K) == 292);
+static_assert(sizeof(BlockQ2K) == dtype_block_bytes(DType::Q2_K) &&
+              sizeof(BlockQ3K) == dtype_block_bytes(DType::Q3_K) &&
+              sizeof(BlockQ4K) == dtype_block_bytes(DType::Q4_K) &&
+              sizeof(BlockQ5K) == dtype_block_bytes(DType::Q5_K) &&
+              sizeof(BlockQ6K) == dtype_block_bytes(DType::Q6_K) &&
+              sizeof(BlockIQ4XS) == dtype_block_bytes(DType::IQ4_XS) &&
+              sizeof(BlockQ8K) == dtype_block_bytes(DType::Q8_K));
 
 /// IQ4_NL's non-linear codebook (ggml's kvalues_iq4nl), shared by IQ4_XS.
 alignas(16) constexpr int8_t kIQ4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
@@ -1417,18 +1421,14 @@ template <auto Q2, auto Q3, auto Q4, auto Q5, auto Q6, auto IQ4, auto Q4x4 = nul
           auto Q5x4 = nullptr, auto Q6x4 = nullptr>
 struct Table {
   static constexpr TypeOps ops[] = {
-      {DType::Q2_K, kSuper, sizeof(BlockQ2K), deq_q2k, quant_q2k, act_bytes_q8k, quantize_act_q8k,
-       Q2, nullptr},
-      {DType::Q3_K, kSuper, sizeof(BlockQ3K), deq_q3k, quant_q3k, act_bytes_q8k, quantize_act_q8k,
-       Q3, nullptr},
-      {DType::Q4_K, kSuper, sizeof(BlockQ4K), deq_k4<BlockQ4K, q4k_code>, quant_q4k, act_bytes_q8k,
-       quantize_act_q8k, Q4, Q4x4},
-      {DType::Q5_K, kSuper, sizeof(BlockQ5K), deq_k4<BlockQ5K, q5k_code>, quant_q5k, act_bytes_q8k,
-       quantize_act_q8k, Q5, Q5x4},
-      {DType::Q6_K, kSuper, sizeof(BlockQ6K), deq_q6k, quant_q6k, act_bytes_q8k, quantize_act_q8k,
-       Q6, Q6x4},
-      {DType::IQ4_XS, kSuper, sizeof(BlockIQ4XS), deq_iq4xs, quant_iq4xs, act_bytes_q8k,
-       quantize_act_q8k, IQ4, nullptr},
+      {DType::Q2_K, deq_q2k, quant_q2k, act_bytes_q8k, quantize_act_q8k, Q2, nullptr},
+      {DType::Q3_K, deq_q3k, quant_q3k, act_bytes_q8k, quantize_act_q8k, Q3, nullptr},
+      {DType::Q4_K, deq_k4<BlockQ4K, q4k_code>, quant_q4k, act_bytes_q8k, quantize_act_q8k, Q4,
+       Q4x4},
+      {DType::Q5_K, deq_k4<BlockQ5K, q5k_code>, quant_q5k, act_bytes_q8k, quantize_act_q8k, Q5,
+       Q5x4},
+      {DType::Q6_K, deq_q6k, quant_q6k, act_bytes_q8k, quantize_act_q8k, Q6, Q6x4},
+      {DType::IQ4_XS, deq_iq4xs, quant_iq4xs, act_bytes_q8k, quantize_act_q8k, IQ4, nullptr},
   };
 };
 

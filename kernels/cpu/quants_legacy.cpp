@@ -29,6 +29,10 @@ constexpr int kBytesQ4_1 = 20;
 constexpr int kBytesQ5_0 = 22;
 constexpr int kBytesQ5_1 = 24;
 constexpr int kBytesIq4nl = 18;
+static_assert(kBytesQ4_1 == dtype_block_bytes(DType::Q4_1) &&
+              kBytesQ5_0 == dtype_block_bytes(DType::Q5_0) &&
+              kBytesQ5_1 == dtype_block_bytes(DType::Q5_1) &&
+              kBytesIq4nl == dtype_block_bytes(DType::IQ4_NL));
 
 // IQ4_NL's 16 levels (ggml's kvalues_iq4nl): denser near zero, where most weights lie.
 constexpr int8_t kIq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
@@ -466,41 +470,16 @@ float vec_dot(const void* w_row, const void* act, int64_t n) {
 #endif
 }
 
-const TypeOps kQ4_1 = {DType::Q4_1,
-                       kB,
-                       kBytesQ4_1,
-                       dequantize<Q4_1T>,
-                       quantize_min<15, kBytesQ4_1, false>,
-                       act_bytes<true>,
-                       quantize_act<true>,
-                       vec_dot<Q4_1T>,
+const TypeOps kQ4_1 = {DType::Q4_1,     dequantize<Q4_1T>,  quantize_min<15, kBytesQ4_1, false>,
+                       act_bytes<true>, quantize_act<true>, vec_dot<Q4_1T>,
                        nullptr};
-const TypeOps kQ5_0 = {DType::Q5_0,
-                       kB,
-                       kBytesQ5_0,
-                       dequantize<Q5_0T>,
-                       quantize_q5_0,
-                       act_bytes<false>,
-                       quantize_act<false>,
-                       vec_dot<Q5_0T>,
+const TypeOps kQ5_0 = {DType::Q5_0,         dequantize<Q5_0T>, quantize_q5_0, act_bytes<false>,
+                       quantize_act<false>, vec_dot<Q5_0T>,    nullptr};
+const TypeOps kQ5_1 = {DType::Q5_1,     dequantize<Q5_1T>,  quantize_min<31, kBytesQ5_1, true>,
+                       act_bytes<true>, quantize_act<true>, vec_dot<Q5_1T>,
                        nullptr};
-const TypeOps kQ5_1 = {DType::Q5_1,
-                       kB,
-                       kBytesQ5_1,
-                       dequantize<Q5_1T>,
-                       quantize_min<31, kBytesQ5_1, true>,
-                       act_bytes<true>,
-                       quantize_act<true>,
-                       vec_dot<Q5_1T>,
-                       nullptr};
-const TypeOps kOpsIq4nl = {DType::IQ4_NL,
-                           kB,
-                           kBytesIq4nl,
-                           dequantize<Iq4nlT>,
-                           quantize_iq4_nl,
-                           act_bytes<false>,
-                           quantize_act<false>,
-                           vec_dot<Iq4nlT>,
+const TypeOps kOpsIq4nl = {DType::IQ4_NL,    dequantize<Iq4nlT>,  quantize_iq4_nl,
+                           act_bytes<false>, quantize_act<false>, vec_dot<Iq4nlT>,
                            nullptr};
 
 }  // namespace

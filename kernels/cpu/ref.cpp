@@ -34,7 +34,7 @@ void check_blocked(DType t, int64_t n) {
 }
 
 [[noreturn]] void unsupported(DType t) {
-  const char* name = dtype_name(t);
+  const char* name = dtype_known(static_cast<uint32_t>(t)) ? dtype_name(t) : nullptr;
   throw std::invalid_argument(std::string("kernels: unsupported dtype ") +
                               (name ? name : "unknown") + " (" +
                               std::to_string(static_cast<uint32_t>(t)) + ")");
@@ -96,28 +96,24 @@ uint16_t f32_to_bf16(float f) {
 size_t row_bytes(DType t, int64_t n) {
   switch (t) {
     case DType::F32:
-      return static_cast<size_t>(n) * 4;
     case DType::F16:
     case DType::BF16:
-      return static_cast<size_t>(n) * 2;
+      break;
     case DType::Q8_0:
-      check_blocked(t, n);
-      return static_cast<size_t>(n / kQK) * sizeof(BlockQ8_0);
     case DType::Q4_0:
       check_blocked(t, n);
-      return static_cast<size_t>(n / kQK) * sizeof(BlockQ4_0);
-    default:
       break;
-  }
-  if (const quant::TypeOps* o = quant::ops(t)) {
-    if (n % o->block_elems != 0) {
-      throw std::invalid_argument("kernels: row of " + std::to_string(n) + " elements of type " +
-                                  dtype_name(t) + " is not a multiple of the block size " +
-                                  std::to_string(o->block_elems));
+    default: {
+      if (quant::ops(t) == nullptr) unsupported(t);
+      const int64_t be = dtype_block_elems(t);
+      if (n % be != 0) {
+        throw std::invalid_argument("kernels: row of " + std::to_string(n) + " elements of type " +
+                                    dtype_name(t) + " is not a multiple of the block size " +
+                                    std::to_string(be));
+      }
     }
-    return static_cast<size_t>(n / o->block_elems) * static_cast<size_t>(o->block_bytes);
   }
-  unsupported(t);
+  return static_cast<size_t>(dtype_row_bytes(t, n));
 }
 
 void dequantize_row(DType t, const void* src, float* dst, int64_t n) {

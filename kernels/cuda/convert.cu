@@ -21,13 +21,13 @@ __device__ float f16_bits(const uint8_t* p) {
 
 // F32, F16 and BF16 elements.
 template <class T>
-__global__ void convert_kernel(SrcType type, const uint8_t* src, int64_t n, T* dst) {
+__global__ void convert_kernel(kernels::DType type, const uint8_t* src, int64_t n, T* dst) {
   for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
        k += int64_t{gridDim.x} * blockDim.x) {
     float v = 0.0f;
-    if (type == SrcType::F32) {
+    if (type == kernels::DType::F32) {
       v = reinterpret_cast<const float*>(src)[k];
-    } else if (type == SrcType::F16) {
+    } else if (type == kernels::DType::F16) {
       v = f16_bits(src + 2 * k);
     } else {
       const unsigned short b = static_cast<unsigned short>(src[2 * k] | (src[2 * k + 1] << 8));
@@ -110,45 +110,46 @@ cudaError_t launch_dequant(const void* src, int64_t n, int64_t cols, T* dst, cud
 }  // namespace
 
 template <class T>
-cudaError_t convert_rows(SrcType type, const void* src, int64_t n_rows, int64_t cols, T* dst,
+cudaError_t convert_rows(kernels::DType type, const void* src, int64_t n_rows, int64_t cols, T* dst,
                          cudaStream_t stream) {
-  const int64_t be = block_elems(type);
-  if (be == 0 || cols % be != 0) return cudaErrorInvalidValue;
+  if (!convert_supports(type) || cols % kernels::dtype_block_elems(type) != 0)
+    return cudaErrorInvalidValue;
   const int64_t n = n_rows * cols;
   if (n <= 0) return cudaSuccess;
   switch (type) {
-    case SrcType::F32:
-    case SrcType::F16:
-    case SrcType::BF16:
+    case kernels::DType::F32:
+    case kernels::DType::F16:
+    case kernels::DType::BF16:
       convert_kernel<T>
           <<<blocks_for(n), kThreads, 0, stream>>>(type, static_cast<const uint8_t*>(src), n, dst);
       return cudaGetLastError();
-    case SrcType::Q8_0:
+    case kernels::DType::Q8_0:
       return launch_dequant<dq::Q8_0>(src, n, cols, dst, stream);
-    case SrcType::Q4_0:
+    case kernels::DType::Q4_0:
       return launch_dequant<dq::Q4_0>(src, n, cols, dst, stream);
-    case SrcType::Q4_1:
+    case kernels::DType::Q4_1:
       return launch_dequant<dq::Q4_1>(src, n, cols, dst, stream);
-    case SrcType::Q5_0:
+    case kernels::DType::Q5_0:
       return launch_dequant<dq::Q5_0>(src, n, cols, dst, stream);
-    case SrcType::Q5_1:
+    case kernels::DType::Q5_1:
       return launch_dequant<dq::Q5_1>(src, n, cols, dst, stream);
-    case SrcType::IQ4_NL:
+    case kernels::DType::IQ4_NL:
       return launch_dequant<dq::IQ4_NL>(src, n, cols, dst, stream);
-    case SrcType::Q2_K:
+    case kernels::DType::Q2_K:
       return launch_dequant<dq::Q2_K>(src, n, cols, dst, stream);
-    case SrcType::Q3_K:
+    case kernels::DType::Q3_K:
       return launch_dequant<dq::Q3_K>(src, n, cols, dst, stream);
-    case SrcType::Q4_K:
+    case kernels::DType::Q4_K:
       return launch_dequant<dq::Q4_K>(src, n, cols, dst, stream);
-    case SrcType::Q5_K:
+    case kernels::DType::Q5_K:
       return launch_dequant<dq::Q5_K>(src, n, cols, dst, stream);
-    case SrcType::Q6_K:
+    case kernels::DType::Q6_K:
       return launch_dequant<dq::Q6_K>(src, n, cols, dst, stream);
-    case SrcType::IQ4_XS:
+    case kernels::DType::IQ4_XS:
       return launch_dequant<dq::IQ4_XS>(src, n, cols, dst, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
-  return cudaErrorInvalidValue;
 }
 
 template <class T>
@@ -169,9 +170,9 @@ cudaError_t fill_q8_0(void* dst, int64_t rows, int64_t cols, float scale, uint64
   return cudaGetLastError();
 }
 
-template cudaError_t convert_rows<float>(SrcType, const void*, int64_t, int64_t, float*,
+template cudaError_t convert_rows<float>(kernels::DType, const void*, int64_t, int64_t, float*,
                                          cudaStream_t);
-template cudaError_t convert_rows<bf16>(SrcType, const void*, int64_t, int64_t, bf16*,
+template cudaError_t convert_rows<bf16>(kernels::DType, const void*, int64_t, int64_t, bf16*,
                                         cudaStream_t);
 template cudaError_t fill_uniform<float>(float*, int64_t, float, float, uint64_t, cudaStream_t);
 template cudaError_t fill_uniform<bf16>(bf16*, int64_t, float, float, uint64_t, cudaStream_t);

@@ -84,38 +84,38 @@ cudaError_t launch(const void* w, int64_t rows, int64_t cols, const float* x, in
 
 }  // namespace
 
-cudaError_t gemv_q(SrcType type, const void* w, int64_t rows, int64_t cols, const float* x,
+cudaError_t gemv_q(kernels::DType type, const void* w, int64_t rows, int64_t cols, const float* x,
                    int n_tokens, float* y, cudaStream_t stream, int64_t ldy) {
   if (ldy == 0) ldy = rows;
-  if (!gemv_q_supports(type) || cols % block_elems(type) != 0 || ldy < rows ||
+  if (!gemv_q_supports(type) || cols % kernels::dtype_block_elems(type) != 0 || ldy < rows ||
       n_tokens > kGemvMaxTokens || reinterpret_cast<uintptr_t>(x) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
   if (rows <= 0 || n_tokens <= 0) return cudaSuccess;
   switch (type) {
-    case SrcType::Q8_0:
+    case kernels::DType::Q8_0:
       return launch<dq::Q8_0>(w, rows, cols, x, n_tokens, y, ldy, stream);
-    case SrcType::Q4_0:
+    case kernels::DType::Q4_0:
       return launch<dq::Q4_0>(w, rows, cols, x, n_tokens, y, ldy, stream);
-    case SrcType::Q4_1:
+    case kernels::DType::Q4_1:
       return launch<dq::Q4_1>(w, rows, cols, x, n_tokens, y, ldy, stream);
-    case SrcType::Q5_0:
+    case kernels::DType::Q5_0:
       return launch<dq::Q5_0>(w, rows, cols, x, n_tokens, y, ldy, stream);
-    case SrcType::Q5_1:
+    case kernels::DType::Q5_1:
       return launch<dq::Q5_1>(w, rows, cols, x, n_tokens, y, ldy, stream);
-    case SrcType::IQ4_NL:
+    case kernels::DType::IQ4_NL:
       return launch<dq::IQ4_NL>(w, rows, cols, x, n_tokens, y, ldy, stream);
-    case SrcType::Q2_K:
+    case kernels::DType::Q2_K:
       return launch<dq::Q2_K>(w, rows, cols, x, n_tokens, y, ldy, stream);
-    case SrcType::Q3_K:
+    case kernels::DType::Q3_K:
       return launch<dq::Q3_K>(w, rows, cols, x, n_tokens, y, ldy, stream);
-    case SrcType::Q4_K:
+    case kernels::DType::Q4_K:
       return launch<dq::Q4_K>(w, rows, cols, x, n_tokens, y, ldy, stream);
-    case SrcType::Q5_K:
+    case kernels::DType::Q5_K:
       return launch<dq::Q5_K>(w, rows, cols, x, n_tokens, y, ldy, stream);
-    case SrcType::Q6_K:
+    case kernels::DType::Q6_K:
       return launch<dq::Q6_K>(w, rows, cols, x, n_tokens, y, ldy, stream);
-    case SrcType::IQ4_XS:
+    case kernels::DType::IQ4_XS:
       return launch<dq::IQ4_XS>(w, rows, cols, x, n_tokens, y, ldy, stream);
     default:
       return cudaErrorInvalidValue;

@@ -1,7 +1,6 @@
 // The CUDA emulator's own checks: each finds the bug it is there to find (a missing barrier, a
 // read before synchronizing, host code touching device memory, a deadlock, a misaligned tile,
 // too much shared memory, a wrong cuBLASLt layout), and correct code runs as on a device.
-#define BOOST_TEST_MODULE emu_runtime
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <sys/wait.h>
@@ -13,6 +12,8 @@
 #include <vector>
 
 #include "selftest_kernels.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_emu_runtime)
 
 namespace {
 
@@ -265,3 +266,5 @@ BOOST_AUTO_TEST_CASE(a_misaligned_wmma_tile_is_refused) {
 }
 
 }  // namespace
+
+BOOST_AUTO_TEST_SUITE_END()  // test_emu_runtime

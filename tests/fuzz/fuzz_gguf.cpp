@@ -36,8 +36,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const uint8_t* p = f.data(t);
       // first and last byte: ASan reports any tensor the reader let past its bounds
       sink = sink + p[0] + p[t.n_bytes - 1] + (f.tensor(t.name) == &t);
-      sink =
-          sink + static_cast<size_t>(sy::gguf::row_bytes(t.type, static_cast<int64_t>(t.dims[0])));
+      sink = sink + static_cast<size_t>(
+                        sy::kernels::dtype_row_bytes(t.type, static_cast<int64_t>(t.dims[0])));
     }
     (void)sink;
   } catch (const sy::gguf::Error&) {

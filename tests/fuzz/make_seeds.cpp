@@ -8,6 +8,7 @@
 #include "model/gguf.hpp"
 
 using namespace sy::gguf;
+using sy::kernels::DType;
 
 namespace {
 
@@ -62,19 +63,19 @@ int main(int argc, char** argv) {
 
   Writer tensors;
   tensors.add_string("general.architecture", "llama");
-  tensors.add_tensor("f32", TensorType::F32, {4, 2}, std::vector<uint8_t>(32, 1));
-  tensors.add_tensor("f16", TensorType::F16, {3}, std::vector<uint8_t>(6, 2));
-  tensors.add_tensor("bf16", TensorType::BF16, {2, 1, 1, 2}, std::vector<uint8_t>(8, 3));
-  tensors.add_tensor("q8_0", TensorType::Q8_0, {32, 2}, std::vector<uint8_t>(68, 4));
-  tensors.add_tensor("q4_0", TensorType::Q4_0, {64}, std::vector<uint8_t>(36, 5));
+  tensors.add_tensor("f32", DType::F32, {4, 2}, std::vector<uint8_t>(32, 1));
+  tensors.add_tensor("f16", DType::F16, {3}, std::vector<uint8_t>(6, 2));
+  tensors.add_tensor("bf16", DType::BF16, {2, 1, 1, 2}, std::vector<uint8_t>(8, 3));
+  tensors.add_tensor("q8_0", DType::Q8_0, {32, 2}, std::vector<uint8_t>(68, 4));
+  tensors.add_tensor("q4_0", DType::Q4_0, {64}, std::vector<uint8_t>(36, 5));
   auto b = tensors.bytes();
   save(dir, "tensors_v3.gguf", b);
   b[4] = 2;  // same layout, version 2
   save(dir, "tensors_v2.gguf", b);
 
   Writer aligned(64);
-  aligned.add_tensor("a", TensorType::F32, {1}, std::vector<uint8_t>(4, 6));
-  aligned.add_tensor("b", TensorType::F16, {1, 3}, std::vector<uint8_t>(6, 7));
+  aligned.add_tensor("a", DType::F32, {1}, std::vector<uint8_t>(4, 6));
+  aligned.add_tensor("b", DType::F16, {1, 3}, std::vector<uint8_t>(6, 7));
   save(dir, "aligned64.gguf", aligned.bytes());
   save(dir, "empty.gguf", Writer().bytes());
   return 0;

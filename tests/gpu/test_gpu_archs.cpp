@@ -4,7 +4,6 @@
 // gemma2 and phi3 files plus a make-model qwen3 file run through the CUDA engine (f32 weights):
 // logits of a prefill and the decode steps after it against the CPU reference engine's, greedy
 // ids against llama.cpp's (NAME.json).
-#define BOOST_TEST_MODULE gpu_archs
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -23,6 +22,8 @@
 #include "model/make_model.hpp"
 #include "tests/gpu/gpu_test.hpp"
 #include "tests/support/temp_dir.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_gpu_archs)
 
 using namespace sy::gputest;
 namespace ref = sy::kernels::ref;
@@ -388,3 +389,5 @@ BOOST_AUTO_TEST_CASE(qwen2_q8_0_quantized_decode_matches_bf16) {
   BOOST_TEST_MESSAGE("qwen2 q8_0: normwise gap of quantized decode to bf16 " << worst);
   BOOST_TEST(worst < kBf16LogitTol);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_gpu_archs

@@ -3,7 +3,6 @@
 // EngineOptions::kv_type), and its greedy step, which picks the ids on the device, gives
 // llama.cpp's ids for every reference prompt in one batch, the prompts fed in chunks as a batcher
 // would.
-#define BOOST_TEST_MODULE gpu_backend
 #include <boost/test/unit_test.hpp>
 #include <string>
 
@@ -11,6 +10,8 @@
 #include "tests/gpu/gpu_test.hpp"
 #include "tests/support/reference.hpp"
 #include "tests/support/stories.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_gpu_backend)
 
 using namespace sy::gputest;
 
@@ -73,3 +74,5 @@ BOOST_AUTO_TEST_CASE(greedy_steps_on_the_device_give_llamacpp_ids) {
   }
   BOOST_TEST(e->pool().n_used() == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_gpu_backend

@@ -6,7 +6,6 @@
 // per-sequence windows and StreamingLLM sinks match the CPU engine; decode steps replayed as CUDA
 // graphs give the same ids as direct steps; the synthetic engine's random Q8_0 weights give the
 // same logits through gemv_q as through their dequantized copies.
-#define BOOST_TEST_MODULE gpu_engine
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -18,6 +17,8 @@
 #include "tests/support/reference.hpp"
 #include "tests/support/stories.hpp"
 #include "tests/support/temp_dir.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_gpu_engine)
 
 using namespace sy::gputest;
 
@@ -633,3 +634,5 @@ BOOST_AUTO_TEST_CASE(synthetic_q8_gemv_agrees_with_dequantized_copies) {
     }
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_gpu_engine

@@ -1,6 +1,5 @@
 // Parity of every CUDA kernel with the CPU reference (kernels::ref or a plain loop here): fresh
 // random inputs each run, outputs poisoned with NaN before the launch, error bounds by dtype.
-#define BOOST_TEST_MODULE gpu_kernels
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <limits>
@@ -21,6 +20,8 @@
 #include "kernels/cuda/sample.cuh"
 #include "kernels/cuda/swiglu.cuh"
 #include "tests/gpu/gpu_test.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_gpu_kernels)
 
 using namespace sy::gputest;
 namespace ref = sy::kernels::ref;
@@ -513,9 +514,8 @@ BOOST_AUTO_TEST_CASE(convert_every_type) {
     DevArray<uint8_t> dq(q);
     DevArray<float> of(want.size());
     DevArray<uint16_t> ob(want.size());
-    const auto st = static_cast<sy::cuda::SrcType>(static_cast<uint32_t>(t));
-    check(sy::cuda::convert_rows<float>(st, dq.get(), rows, cols, of.get(), nullptr), "f32");
-    check(sy::cuda::convert_rows<bf16>(st, dq.get(), rows, cols, ob.as<bf16>(), nullptr), "bf16");
+    check(sy::cuda::convert_rows<float>(t, dq.get(), rows, cols, of.get(), nullptr), "f32");
+    check(sy::cuda::convert_rows<bf16>(t, dq.get(), rows, cols, ob.as<bf16>(), nullptr), "bf16");
     BOOST_TEST(rel_err(of.download(), want) == 0.0, "type " << static_cast<int>(t));
     BOOST_TEST(rel_err(from_bf16_bits(ob.download()), want) < kTolBf16);
   }
@@ -539,9 +539,7 @@ BOOST_AUTO_TEST_CASE(gemv_quantized) {
       }
       DevArray<uint8_t> dq(q);
       DevArray<float> dx(x), dy(want.size());
-      check(sy::cuda::gemv_q(static_cast<sy::cuda::SrcType>(static_cast<uint32_t>(t)), dq.get(),
-                             rows, cols, dx.get(), n, dy.get(), nullptr),
-            "gemv_q");
+      check(sy::cuda::gemv_q(t, dq.get(), rows, cols, dx.get(), n, dy.get(), nullptr), "gemv_q");
       BOOST_TEST(rel_err(dy.download(), want) < kTolF32);
     }
   }
@@ -696,3 +694,5 @@ BOOST_AUTO_TEST_CASE(sample_frequencies_follow_softmax) {
   }
   for (int i = 0; i < V; ++i) BOOST_TEST(std::fabs(count[i] / double(rows) - probs[i]) < 0.02);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_gpu_kernels

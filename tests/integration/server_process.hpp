@@ -34,11 +34,12 @@
 
 namespace sy::it {
 
-#ifndef SY_SERVER_BINARY
-#define SY_SERVER_BINARY "switchyard"  // emu_it_* tests run emu_switchyard (tests/emu)
-#endif
-/// The server binary and the shared models.
-inline const std::string kBinary = std::string(SY_BINARY_DIR) + "/" + SY_SERVER_BINARY;
+/// The server binary (the build's `switchyard`; CTest sets SY_SERVER_BINARY=emu_switchyard for
+/// the emu_it_* entries, which run the same suites against the emulated GPU, tests/emu) and the
+/// shared models.
+inline const std::string kBinary =
+    std::string(SY_BINARY_DIR) + "/" +
+    (std::getenv("SY_SERVER_BINARY") ? std::getenv("SY_SERVER_BINARY") : "switchyard");
 inline const std::string kStories = std::string(SY_MODELS_DIR) + "/stories260K.gguf";
 
 /// A temp folder for config files and outputs; removed at destruction.

@@ -1,12 +1,13 @@
 // Must-show 3 (abort, as vLLM tests it): 21 streamed jobs of 200 tokens on stories260K, one
 // cancelled after its first chunk; the other 20 finish with exactly 200 tokens, the cancelled one
 // ends with finish_reason "cancelled" well before 200, and its KV blocks are back in the pool.
-#define BOOST_TEST_MODULE it_abort
 #include <boost/test/unit_test.hpp>
 #include <map>
 
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_abort)
 
 using namespace std::chrono_literals;
 
@@ -72,3 +73,5 @@ BOOST_AUTO_TEST_CASE(cancel_one_of_21_streams) {
   BOOST_TEST(st["active_jobs"] == 0);
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_abort

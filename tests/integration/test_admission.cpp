@@ -1,10 +1,11 @@
 // Admission and QoS through the real server with a YAML config: tenants and tokens from the file,
 // strict priority between classes, and a resubmitted job key never running twice.
-#define BOOST_TEST_MODULE it_admission
 #include <boost/test/unit_test.hpp>
 
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_admission)
 
 using namespace std::chrono_literals;
 
@@ -104,3 +105,5 @@ BOOST_AUTO_TEST_CASE(resubmitted_key_never_runs_twice) {
   BOOST_TEST(srv.stats()["dispatched"] == before["dispatched"] + 1);
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_admission

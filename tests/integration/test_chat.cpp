@@ -4,13 +4,14 @@
 // file's end-of-turn token; `switchyard submit` JSONL lines and the Python client carry
 // `messages`; `parse_special`; and a missing, unparsable or refusing template, or a submit with
 // both `prompt` and `messages`, gets its clear error while the server stays up.
-#define BOOST_TEST_MODULE it_chat
 #include <boost/test/unit_test.hpp>
 #include <msgpack.hpp>
 
 #include "clients/cpp/client.hpp"
 #include "model/gguf.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_chat)
 
 using namespace std::chrono_literals;
 using sy::wire::ChatMessage;
@@ -457,3 +458,5 @@ BOOST_AUTO_TEST_CASE(submit_jsonl_python_client_and_parse_special) {
              ids_of(nlohmann::json::parse(tk1.out).at("ids")).size());
   BOOST_TEST(b.done->usage.prompt_tokens < a.done->usage.prompt_tokens);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_chat

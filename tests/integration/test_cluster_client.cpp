@@ -3,7 +3,6 @@
 // Nats-Msg-Id and reply header; duplicates are reported; a full jobs stream is "overloaded"
 // (ClusterOverloaded, exit status 3); results come back on the reply subject and from
 // SWITCHYARD_RESULTS; cancels reach switchyard.cancel. The test plays the node with NatsLink.
-#define BOOST_TEST_MODULE it_cluster_client
 #include <nats/nats.h>
 
 #include <boost/test/unit_test.hpp>
@@ -14,6 +13,8 @@
 #include "ingress/nats_link.hpp"
 #include "tests/integration/server_process.hpp"
 #include "tests/support/nats_server.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_cluster_client)
 
 using namespace sy;
 using std::chrono::milliseconds;
@@ -483,3 +484,5 @@ BOOST_AUTO_TEST_CASE(cli_overload_while_waiting_exits_3_after_the_published_jobs
   BOOST_TEST(result_lines(out).size() == 1u);
   BOOST_TEST(n->fetch(0, 5, 300).empty());  // nothing past the limit was stored
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_cluster_client

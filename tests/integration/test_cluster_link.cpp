@@ -2,7 +2,6 @@
 // consumers, duplicate publishes dropped by Nats-Msg-Id, fetching no more than asked, acks,
 // redelivery of a dead link's jobs to another, the stream limit as "overloaded", results with
 // their ids, differing settings reported by name, and reconnects counted.
-#define BOOST_TEST_MODULE cluster_link
 #include <nats/nats.h>
 
 #include <boost/test/unit_test.hpp>
@@ -11,6 +10,8 @@
 
 #include "ingress/nats_link.hpp"
 #include "tests/support/nats_server.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_cluster_link)
 
 using namespace sy;
 using namespace sy::cluster;
@@ -225,3 +226,5 @@ BOOST_AUTO_TEST_CASE(reconnects_are_counted_and_work_resumes) {
   BOOST_TEST(got[0].data == "b1");
   BOOST_TEST(link->ack(got[0]));
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_cluster_link

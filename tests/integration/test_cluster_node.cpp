@@ -3,7 +3,6 @@
 // of a running and of a queued job; a producer's reply subject with the stream chunks; three nodes
 // with one killed by SIGKILL and a fourth started mid-run; interactive jobs overtaking queued
 // batch jobs across two saturated nodes.
-#define BOOST_TEST_MODULE cluster_node
 #include <nats/nats.h>
 
 #include <boost/test/unit_test.hpp>
@@ -17,6 +16,8 @@
 #include "ingress/nats_link.hpp"
 #include "tests/integration/server_process.hpp"
 #include "tests/support/nats_server.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_cluster_node)
 
 using namespace sy;
 using namespace std::chrono_literals;
@@ -589,3 +590,5 @@ BOOST_AUTO_TEST_CASE(a_key_published_again_within_the_duplicate_window_runs_once
   BOOST_TEST(eventually([&] { return metric(*node, "switchyard_cluster_acked_total") == 2; }));
   BOOST_TEST(node->stop() == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_cluster_node

@@ -1,7 +1,6 @@
 // Operator commands through the real server: the admin token, policy text errors, stats, KV-policy
 // swaps by command (`control` messages and the `switchyard ctl` binary), and swaps under load —
 // by command and by KV-usage watermark — losing and failing no job (issue 5, must show 5).
-#define BOOST_TEST_MODULE it_control
 #include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <map>
@@ -11,6 +10,8 @@
 #include "clients/cpp/client.hpp"
 #include "model/llama.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_control)
 
 using namespace std::chrono_literals;
 using JsonValue = nlohmann::json;
@@ -311,3 +312,5 @@ BOOST_AUTO_TEST_CASE(swap_under_load) {
     BOOST_TEST(srv.stop(SIGTERM) == 0);
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_control

@@ -3,7 +3,6 @@
 // exactly once with llama.cpp's reference output, streamed ones without a repeated chunk.
 // Also a batcher that itself throws: the router runs its jobs again (streamed ones in flight end
 // with engine_dead, since their text cannot be resumed), and nothing is lost.
-#define BOOST_TEST_MODULE it_crash
 #include <boost/test/unit_test.hpp>
 #include <map>
 #include <string>
@@ -12,6 +11,8 @@
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
 #include "tests/support/reference.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_crash)
 
 using namespace std::chrono_literals;
 
@@ -137,3 +138,5 @@ BOOST_AUTO_TEST_CASE(hung_executor) {
 BOOST_AUTO_TEST_CASE(throwing_batcher) {
   run_with_fault({"--test-fault-batcher-throw-after", "12"}, "batcher throw", Fault::batcher);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_crash

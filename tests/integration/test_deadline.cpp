@@ -1,12 +1,13 @@
 // Must-show 7 (deadlines): a job with deadline_ms = 50 behind a long queue gets
 // `deadline_exceeded` and is never prefilled: no chunk of it ever streams and the router never
 // dispatches it to a batcher (dispatched counts only the other jobs).
-#define BOOST_TEST_MODULE it_deadline
 #include <boost/test/unit_test.hpp>
 #include <map>
 
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_deadline)
 
 using namespace std::chrono_literals;
 
@@ -57,3 +58,5 @@ BOOST_AUTO_TEST_CASE(deadline_behind_a_long_queue) {
   BOOST_TEST(st["dispatched"] == 4);  // long, q0..q2: never the late one
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_deadline

@@ -1,12 +1,13 @@
 // A client that vanishes mid-stream: the server's next chunk to it cannot be delivered
 // (ZMQ_ROUTER_MANDATORY), so the job is cancelled and its KV blocks come back; other clients
 // are not disturbed.
-#define BOOST_TEST_MODULE it_disconnect
 #include <boost/test/unit_test.hpp>
 #include <memory>
 
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_disconnect)
 
 using namespace std::chrono_literals;
 
@@ -57,3 +58,5 @@ BOOST_AUTO_TEST_CASE(vanished_client_cancels_its_job) {
              boost::test_tools::per_element());
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_disconnect

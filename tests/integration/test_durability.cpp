@@ -3,7 +3,6 @@
 // at the journal's end, and a new server on the same journal delivers every result; how many
 // were delivered twice is reported. Also: jobs/s with fsync always against batch, and a replayed
 // job whose deadline passed while the server was down.
-#define BOOST_TEST_MODULE it_durability
 #include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <fstream>
@@ -12,6 +11,8 @@
 
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_durability)
 
 using namespace std::chrono_literals;
 
@@ -282,3 +283,5 @@ BOOST_AUTO_TEST_CASE(a_replayed_job_whose_deadline_passed_while_down_is_not_run)
   BOOST_TEST(st2["journal_replayed"] == 2);
   BOOST_TEST(srv->stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_durability

@@ -1,6 +1,5 @@
 // Must-show 1: a step load (idle -> saturation -> idle) on the real server makes the supervisor
 // add executors from min to max and retire them back to min afterwards; no job is lost or fails.
-#define BOOST_TEST_MODULE it_elastic
 #include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <map>
@@ -8,6 +7,8 @@
 
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_elastic)
 
 using namespace std::chrono_literals;
 
@@ -146,3 +147,5 @@ BOOST_AUTO_TEST_CASE(step_load_scales_up_and_back_down) {
                                    << st["scale_downs"] << "; executors every 100 ms: " << shape);
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_elastic

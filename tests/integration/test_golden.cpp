@@ -1,12 +1,13 @@
 // Must-show 8: greedy output through the real server equals llama.cpp's token ids for the prompts
 // of reference-llamacpp.json, streamed and not, one at a time and all at once; and the server
 // exits 0 on SIGTERM.
-#define BOOST_TEST_MODULE it_golden
 #include <boost/test/unit_test.hpp>
 
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
 #include "tests/support/reference.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_golden)
 
 using namespace std::chrono_literals;
 
@@ -175,3 +176,5 @@ BOOST_AUTO_TEST_CASE(sigterm_stops_within_grace_when_a_job_runs_longer) {
   // 20 s is far beyond 300 ms of grace yet far below the job's 50 s.
   BOOST_TEST(srv.stop(SIGTERM, std::chrono::seconds(20)) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_golden

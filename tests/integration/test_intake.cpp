@@ -4,7 +4,6 @@
 // so that a dead peer's buffers are freed; and a connection past endpoints.max_connections is
 // closed as it comes, so that peers stalled mid-frame pin at most max_connections frames (the
 // descriptor limit is raised to fit the caps).
-#define BOOST_TEST_MODULE it_intake
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -27,6 +26,8 @@
 #include "ingress/codec.hpp"
 #include "raw_peer.hpp"
 #include "server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_intake)
 
 using namespace std::chrono_literals;
 using sy::it::RawPeer;
@@ -342,3 +343,5 @@ BOOST_AUTO_TEST_CASE(the_descriptor_limit_is_raised_to_fit_the_caps) {
   text << err.rdbuf();
   BOOST_TEST(text.str().find("open file limit") == std::string::npos, text.str());
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_intake

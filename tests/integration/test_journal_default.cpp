@@ -1,7 +1,6 @@
 // The journal with zero configuration: two servers on one host with fixed addresses and one state
 // folder each get a journal of their own, survive kill -9 and replay exactly their own jobs; a
 // server pointed at a journal in use is refused; a wildcard port gets no default journal.
-#define BOOST_TEST_MODULE it_journal_default
 #include <sys/stat.h>
 
 #include <boost/test/unit_test.hpp>
@@ -14,6 +13,8 @@
 
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_journal_default)
 
 using namespace std::chrono_literals;
 
@@ -226,3 +227,5 @@ BOOST_AUTO_TEST_CASE(a_wildcard_port_gets_no_default_journal_and_says_why) {
   BOOST_TEST(srv.stats()["journal_accepted"] == 0);
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_journal_default

@@ -3,7 +3,6 @@
 // after a restart either), nothing torn is left mid-file, the server's memory stays flat, the
 // pipeline input resumes, and a restart (kill -9, then a start on a full disk) loses no accepted
 // job. The disk is a small tmpfs mounted for the test (root only: skipped elsewhere).
-#define BOOST_TEST_MODULE it_journal_full_disk
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/mount.h>
@@ -22,6 +21,8 @@
 #include "clients/cpp/client.hpp"
 #include "storage/journal_file.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_journal_full_disk)
 
 using namespace std::chrono_literals;
 
@@ -342,3 +343,5 @@ BOOST_AUTO_TEST_CASE(a_full_journal_disk_loses_nothing_and_leaks_nothing,
   BOOST_TEST(scan.good_bytes == scan.file_bytes);
   for (const auto& r : scan.records) BOOST_TEST(r.find("full-") == std::string::npos);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_journal_full_disk

@@ -3,7 +3,6 @@
 // layers' blocks given back (batching.layer_window_kv release, the default), and its greedy ids
 // equal llama.cpp's and those of one pool for all layers (keep); the log and /metrics show the
 // window group.
-#define BOOST_TEST_MODULE it_layer_windows
 #include <boost/test/unit_test.hpp>
 #include <fstream>
 #include <map>
@@ -13,6 +12,8 @@
 #include <nlohmann/json.hpp>
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_layer_windows)
 
 using namespace std::chrono_literals;
 
@@ -144,3 +145,5 @@ BOOST_AUTO_TEST_CASE(gemma2_past_the_window_with_released_window_blocks) {
   for (size_t i = 0; i < got["keep"].size(); ++i)
     BOOST_TEST(got["release"][i] == got["keep"][i], boost::test_tools::per_element());
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_layer_windows

@@ -1,13 +1,14 @@
 // Must-show 4: malformed input over a real socket — random bytes, truncated msgpack, a 4 GiB array
 // header, nesting depth 1000, wrong field types, an oversized frame — each gets its error (the
 // oversized frame: a disconnect), the server stays up, and the next valid job succeeds.
-#define BOOST_TEST_MODULE it_malformed
 #include <boost/test/unit_test.hpp>
 #include <random>
 
 #include "clients/cpp/client.hpp"
 #include "ingress/codec.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_malformed)
 
 using namespace std::chrono_literals;
 
@@ -150,3 +151,5 @@ BOOST_AUTO_TEST_CASE(every_malformed_message_gets_its_error_and_the_server_stays
   BOOST_TEST(st["decode_errors"] >= 57);
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_malformed

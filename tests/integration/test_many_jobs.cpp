@@ -1,6 +1,5 @@
 // Must-show 1: 10,000 jobs from 4 concurrent clients with ignore_eos through the real server:
 // every job returns exactly its max_tokens tokens; none lost, none answered twice.
-#define BOOST_TEST_MODULE it_many_jobs
 #include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <map>
@@ -10,6 +9,8 @@
 
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_many_jobs)
 
 using namespace std::chrono_literals;
 
@@ -157,3 +158,5 @@ BOOST_AUTO_TEST_CASE(stories260k_jobs_return_exactly_max_tokens) {
   }
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_many_jobs

@@ -2,7 +2,6 @@
 // names (open-tenant mode) leave a capped number of /metrics series, and many long results leave
 // a result cache bounded by bytes. The server's VmRSS is read from /proc before and after.
 // SY_MEMORY_BOUNDS_JOBS=50000 runs the full-size measurement by hand (the default is smaller).
-#define BOOST_TEST_MODULE it_memory_bounds
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -21,6 +20,8 @@
 
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_memory_bounds)
 
 using namespace std::chrono_literals;
 
@@ -219,3 +220,5 @@ BOOST_AUTO_TEST_CASE(long_results_leave_a_cache_bounded_by_bytes) {
   BOOST_TEST(srv.stats().at("admitted") == admitted + 1);
   BOOST_TEST(srv.stop() == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_memory_bounds

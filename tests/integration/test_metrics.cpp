@@ -2,7 +2,6 @@
 // two classes go through `switchyard serve`, then /metrics is parsed by Debian's
 // python3-prometheus-client parser and its counters must agree with what was sent; after an
 // executor fault, the supervisor's figures on /metrics agree with its own stats.
-#define BOOST_TEST_MODULE it_metrics
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -22,6 +21,8 @@
 
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_metrics)
 
 using namespace std::chrono_literals;
 
@@ -451,3 +452,5 @@ BOOST_AUTO_TEST_CASE(flag_and_off_by_default) {
   BOOST_TEST(run.out.find(first.metrics_endpoint()) != std::string::npos, run.out);
   BOOST_TEST(first.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_metrics

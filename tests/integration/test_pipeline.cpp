@@ -2,7 +2,6 @@
 // whose queue holds 100 and whose executor is slowed (TEST ONLY flag). All 5,000 results reach the
 // sink, none is refused, the queue never holds more than its limit, and the server's peak
 // resident memory (VmHWM) is reported.
-#define BOOST_TEST_MODULE it_pipeline
 #include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <set>
@@ -11,6 +10,8 @@
 #include "clients/cpp/client.hpp"
 #include "ingress/codec.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_pipeline)
 
 using namespace std::chrono_literals;
 
@@ -120,3 +121,5 @@ executors:
   BOOST_TEST(hwm - start_rss < 20 * 1024);
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_pipeline

@@ -2,12 +2,13 @@
 // is not streamed come in its done (request endpoint and pipeline), status while a job runs,
 // max_tokens clamped to the context, attaching to a running job, resubmitting an ended key,
 // tenants on one connection, one escaping rule, and who hears about a cancel.
-#define BOOST_TEST_MODULE it_protocol_rules
 #include <boost/test/unit_test.hpp>
 
 #include "clients/cpp/client.hpp"
 #include "model/llama.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_protocol_rules)
 
 using namespace std::chrono_literals;
 using namespace sy;
@@ -321,3 +322,5 @@ BOOST_AUTO_TEST_CASE(client_bytes_in_error_messages_are_escaped_one_way) {
   BOOST_TEST(r.error->message == "unknown priority class 'no\\x01such\\x27class'");
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_protocol_rules

@@ -7,12 +7,13 @@
 // and run (we wait for a streamed chunk of each, so they are surely out of the queue). Each then
 // needs 40 steps of >= 50 ms, so none ends — and no credit returns — while the next 10 arrive
 // within milliseconds: the first 8 of those fill the class queue (limit 8), the last 2 find it full.
-#define BOOST_TEST_MODULE it_queue_bound
 #include <boost/test/unit_test.hpp>
 #include <set>
 
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_queue_bound)
 
 using namespace std::chrono_literals;
 
@@ -90,3 +91,5 @@ executors:
   BOOST_TEST(st["overloaded"] == 2);
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_queue_bound

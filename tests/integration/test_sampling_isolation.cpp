@@ -3,7 +3,6 @@
 // job ends with llama.cpp's exact greedy ids; each "b" job is refused at the edge by name, ends
 // with its own error, or finishes; the server counts no executor failure, counts each NaN job as
 // one sequence failure (stats and /metrics), and stays up.
-#define BOOST_TEST_MODULE it_sampling_isolation
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -21,6 +20,8 @@
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
 #include "tests/support/reference.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_sampling_isolation)
 
 using namespace std::chrono_literals;
 using sy::ErrorCode;
@@ -263,3 +264,5 @@ BOOST_AUTO_TEST_CASE(pathological_sampling_never_touches_the_neighbours) {
              static_cast<int64_t>(nan_jobs));
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_sampling_isolation

@@ -3,7 +3,6 @@
 // end), and tenant isolation (another tenant's job can be neither cancelled nor seen; a wrong
 // token or an unknown tenant is refused with `unauthorized` before anything is queued), and the
 // CURVE client allow-list (ZAP): listed keys get results, unlisted ones are refused and counted.
-#define BOOST_TEST_MODULE it_security
 #include <sys/stat.h>
 
 #include <boost/test/unit_test.hpp>
@@ -16,6 +15,8 @@
 #include "ingress/codec.hpp"
 #include "ingress/curve.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_security)
 
 using namespace std::chrono_literals;
 using sy::ErrorCode;
@@ -510,3 +511,5 @@ BOOST_AUTO_TEST_CASE(tenants_cannot_reach_each_others_jobs) {
   BOOST_TEST(s["admitted"] == 2);  // job-b and job-b2 only
   BOOST_TEST(server.stop() == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_security

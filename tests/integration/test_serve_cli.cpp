@@ -1,11 +1,12 @@
 // `switchyard serve` as a command: flags override the config file, a bad config file or flag is
 // refused with a message naming it (exit 1 / 2), a busy address is an error, not a hang.
-#define BOOST_TEST_MODULE it_serve_cli
 #include <boost/test/unit_test.hpp>
 
 #include "clients/cpp/client.hpp"
 #include "gpu/backend.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_serve_cli)
 
 using namespace std::chrono_literals;
 
@@ -133,3 +134,5 @@ BOOST_AUTO_TEST_CASE(log_level_and_format) {
   BOOST_TEST(r.status == 2, r.out);
   BOOST_TEST(r.out.find("--log-format must be text or json") != std::string::npos, r.out);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_serve_cli

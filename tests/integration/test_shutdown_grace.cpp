@@ -2,7 +2,6 @@
 // every new submit at once with `unavailable` (on the request endpoint and on the pipeline
 // results socket), still answers status and cancel for the jobs that are finishing, and those
 // jobs end with their `done`.
-#define BOOST_TEST_MODULE it_shutdown_grace
 #include <boost/test/unit_test.hpp>
 #include <map>
 #include <set>
@@ -11,6 +10,8 @@
 #include "clients/cpp/client.hpp"
 #include "ingress/codec.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_shutdown_grace)
 
 using namespace std::chrono_literals;
 using sy::ErrorCode;
@@ -170,3 +171,5 @@ executors:
   // With nothing left to run the server exits well inside its grace, cleanly.
   BOOST_TEST(srv.stop(SIGTERM, 60s) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_shutdown_grace

@@ -2,7 +2,6 @@
 // start of a large frame) and stall are disconnected by the server's heartbeat and handshake
 // timeouts (endpoints.heartbeat_*, handshake_timeout_ms), which frees the frame buffer they pin;
 // well-behaved idle clients stay connected.
-#define BOOST_TEST_MODULE it_stalled_peers
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -16,6 +15,8 @@
 #include "clients/cpp/client.hpp"
 #include "tests/integration/raw_peer.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_stalled_peers)
 
 using namespace std::chrono_literals;
 using sy::it::RawPeer;
@@ -149,3 +150,5 @@ BOOST_AUTO_TEST_CASE(peers_that_flood_and_reset_do_not_kill_the_server) {
   }
   BOOST_TEST(srv.alive());
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_stalled_peers

@@ -1,11 +1,12 @@
 // `switchyard submit` against the real server: a JSONL batch runs to completion with one result
 // line per job; an interrupted output (some lines plus a torn one) resumes without rerunning the
 // jobs already there; a bad input line is refused before anything is sent.
-#define BOOST_TEST_MODULE it_submit_cmd
 #include <boost/test/unit_test.hpp>
 #include <set>
 
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_submit_cmd)
 
 namespace {
 
@@ -92,3 +93,5 @@ BOOST_AUTO_TEST_CASE(bad_input_line_is_named) {
   BOOST_TEST(r.status == 2);
   BOOST_TEST(r.out.find("submit needs --input") != std::string::npos, r.out);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_submit_cmd

@@ -2,7 +2,6 @@
 // null backend) and a real nats-server -js: a JSONL batch runs to completion with the same
 // result lines as over ZeroMQ, a streamed job's chunks come to the reply subject, every result
 // is stored in SWITCHYARD_RESULTS, and a cancel stops a running job.
-#define BOOST_TEST_MODULE it_submit_nats
 #include <nats/nats.h>
 
 #include <boost/test/unit_test.hpp>
@@ -11,6 +10,8 @@
 #include "clients/cpp/cluster_client.hpp"
 #include "tests/integration/server_process.hpp"
 #include "tests/support/nats_server.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_submit_nats)
 
 using namespace sy;
 using std::chrono::milliseconds;
@@ -139,3 +140,5 @@ BOOST_AUTO_TEST_CASE(streamed_chunks_reach_the_reply_subject_and_cancel_stops_a_
   }
   BOOST_TEST(node.stop(SIGTERM) == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_submit_nats

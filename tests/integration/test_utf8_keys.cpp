@@ -1,13 +1,14 @@
 // Job keys that are not UTF-8, against the real server: a submit, cancel or status whose `id` or
 // `tenant` is malformed UTF-8 is refused with bad_request on the request endpoint and on the
 // pipeline, the reply carries none of those bytes, nothing runs, and valid jobs around it do.
-#define BOOST_TEST_MODULE it_utf8_keys
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <string>
 
 #include "clients/cpp/client.hpp"
 #include "tests/integration/server_process.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_utf8_keys)
 
 using namespace std::chrono_literals;
 
@@ -101,3 +102,5 @@ BOOST_AUTO_TEST_CASE(malformed_keys_are_refused_on_both_endpoints) {
   BOOST_TEST(srv.stats().at("admitted") == 2);  // j\xc3\xb6 and p2 only
   BOOST_TEST(srv.stop() == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_utf8_keys

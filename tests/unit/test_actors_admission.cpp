@@ -1,6 +1,5 @@
 // Admission actor tests on CAF's deterministic test_coordinator, with the real router behind it:
 // authentication, quotas, prompt checks, job-key deduplication, status and cancellation.
-#define BOOST_TEST_MODULE actors_admission
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
@@ -9,12 +8,14 @@
 #include "actors/admission.hpp"
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "model/llama.hpp"
 #include "tests/support/stats_probe.hpp"
 #include "tests/support/enum_print.hpp"
 #include "tests/support/stand_in.hpp"
 #include "tests/support/test_system.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_actors_admission)
 
 using namespace sy;
 
@@ -491,3 +492,5 @@ BOOST_AUTO_TEST_CASE(internal_cancel_needs_no_token_and_gets_no_reply) {
   rig.sched->run();
   BOOST_CHECK(rig.t->errors.empty());
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_admission

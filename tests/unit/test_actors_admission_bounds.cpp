@@ -1,7 +1,6 @@
 // Memory bounds of the admission and metrics actors: idle unknown tenants are forgotten (by age
 // and beyond a count), configured ones never; the result cache is bounded by bytes as well as by
 // count, oldest first; the metrics actor folds tenant labels beyond its cap into "_other".
-#define BOOST_TEST_MODULE actors_admission_bounds
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
@@ -13,11 +12,13 @@
 #include "actors/messages.hpp"
 #include "actors/metrics.hpp"
 #include "actors/router.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "tests/support/stats_probe.hpp"
 #include "tests/support/enum_print.hpp"
 #include "tests/support/stand_in.hpp"
 #include "tests/support/test_system.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_actors_admission_bounds)
 
 using namespace sy;
 using namespace std::chrono_literals;
@@ -295,3 +296,5 @@ BOOST_AUTO_TEST_CASE(tenant_labels_beyond_the_cap_are_folded_into_other) {
   caf::anon_send_exit(probe, caf::exit_reason::user_shutdown);
   ts.sched->run();
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_admission_bounds

@@ -1,7 +1,6 @@
 // Batcher + executor actors in a real actor system: greedy output equals llama.cpp's golden ids
 // (streamed, not streamed, concurrent, under KV preemption), cancellation, stop strings,
 // max_tokens, chunked prefill plans, executor failure, and the null backend.
-#define BOOST_TEST_MODULE actors_batcher
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <chrono>
@@ -14,11 +13,13 @@
 #include "actors/batcher.hpp"
 #include "actors/executor.hpp"
 #include "actors/messages.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "model/llama.hpp"
 #include "tests/support/batcher_rig.hpp"
 #include "tests/support/enum_print.hpp"
 #include "tests/support/reference.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_actors_batcher)
 
 using namespace sy;
 using namespace sy::test;
@@ -515,3 +516,5 @@ BOOST_AUTO_TEST_CASE(waiting_higher_class_evicts_lower_running_job) {
   BOOST_TEST(st.preemptions >= 1);
   BOOST_TEST(st.blocks_used == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_batcher

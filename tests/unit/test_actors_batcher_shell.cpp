@@ -1,7 +1,6 @@
 // The batcher shell on the deterministic test scheduler with a stand-in executor that finishes
 // steps, throws, answers with a failed step, or never answers (the watchdog then fires when the
 // test moves the clock past step_timeout_ms). No real threads, no sleeps.
-#define BOOST_TEST_MODULE actors_batcher_shell
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <chrono>
@@ -12,11 +11,13 @@
 
 #include "actors/batcher.hpp"
 #include "actors/messages.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "tests/support/executor_stub.hpp"
 #include "tests/support/stand_in.hpp"
 #include "tests/support/enum_print.hpp"
 #include "tests/support/test_system.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_actors_batcher_shell)
 
 using namespace sy;
 
@@ -292,3 +293,5 @@ BOOST_AUTO_TEST_CASE(scale_down_finishes_the_jobs_then_exits) {
   BOOST_TEST(rig.rec.credit == 4u);  // no credit while scaling down
   BOOST_TEST(rig.rec.batcher_down);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_batcher_shell

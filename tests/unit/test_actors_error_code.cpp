@@ -1,7 +1,6 @@
 // The error enum that crosses actor boundaries: its values are the wire codes of
 // docs/protocol.md, a caf::error made from it renders the wire name, and both it and the result
 // enums of the actor messages survive CAF's binary serializer.
-#define BOOST_TEST_MODULE actors_error_code
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <fstream>
@@ -10,9 +9,11 @@
 #include <vector>
 
 #include "actors/messages.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "tests/support/enum_print.hpp"
 #include "tests/support/test_system.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_actors_error_code)
 
 using namespace sy;
 
@@ -168,3 +169,5 @@ BOOST_AUTO_TEST_CASE(the_message_enums_survive_the_binary_serializer) {
   BOOST_TEST(q2.position == 3u);
   BOOST_TEST(q2.retry_after_ms == 250);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_error_code

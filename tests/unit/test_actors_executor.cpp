@@ -1,7 +1,6 @@
 // The executor actor on its own: one step of the CPU engine gives llama.cpp's first greedy token,
 // samplers live until released, a sequence that fails (malformed, bad sampling state, NaN logits)
 // fails alone while a malformed batch fails the step, and the null backend's output.
-#define BOOST_TEST_MODULE actors_executor
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <chrono>
@@ -12,10 +11,12 @@
 
 #include "actors/executor.hpp"
 #include "actors/messages.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "model/llama.hpp"
 #include "tests/support/enum_print.hpp"
 #include "tests/support/reference.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_actors_executor)
 
 using namespace sy;
 
@@ -254,3 +255,5 @@ BOOST_AUTO_TEST_CASE(null_backend_returns_its_fixed_token) {
   BOOST_TEST(r.seqs[0].top_ids.size() == 2u);
   BOOST_TEST(r.seqs[0].top_logprobs.size() == 2u);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_executor

@@ -1,40 +1,31 @@
 // The gateway and egress with real sockets on loopback and a real actor system: a test actor
 // stands in for admission, records what the gateway decoded and answers through the egress.
-#define BOOST_TEST_MODULE actors_gateway
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <condition_variable>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 #include <thread>
 
 #include "actors/control.hpp"
 #include "actors/messages.hpp"
-#include <nlohmann/json.hpp>
 #include "clients/cpp/client.hpp"
 #include "ingress/codec.hpp"
 #include "ingress/egress.hpp"
 #include "ingress/gateway.hpp"
+#include "tests/support/enum_print.hpp"
 #include "tests/support/stand_in.hpp"
 
 // Printers for Boost.Test messages (found by argument-dependent lookup).
 namespace sy {
-std::ostream& operator<<(std::ostream& o, ErrorCode c) {
-  return o << to_string(c);
-}
-std::ostream& operator<<(std::ostream& o, const ClientRef& c) {
+inline std::ostream& operator<<(std::ostream& o, const ClientRef& c) {
   return o << int(c.kind) << ":" << c.identity.size() << "B";
 }
-namespace wire {
-std::ostream& operator<<(std::ostream& o, FinishReason r) {
-  return o << to_string(r);
-}
-std::ostream& operator<<(std::ostream& o, JobState s) {
-  return o << to_string(s);
-}
-}  // namespace wire
 }  // namespace sy
+
+BOOST_AUTO_TEST_SUITE(test_actors_gateway)
 
 using namespace std::chrono_literals;
 using sy::client::Client;
@@ -904,3 +895,5 @@ BOOST_AUTO_TEST_CASE(egress_encodes_control_replies_and_cached_tokens) {
   BOOST_TEST(std::get<sy::wire::Done>(std::get<sy::wire::ServerMessage>(dd)).usage.cached_tokens ==
              32u);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_gateway

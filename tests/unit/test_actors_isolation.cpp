@@ -1,7 +1,6 @@
 // A job that fails on its own in the engine step (sampling state the sampler refuses, NaN
 // logits) ends alone with its own error; the jobs it shares steps with finish with their exact
 // greedy output, and nothing counts as an executor failure. Batcher + real CPU executor.
-#define BOOST_TEST_MODULE actors_isolation
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <string>
@@ -10,11 +9,13 @@
 #include "actors/batcher.hpp"
 #include "actors/executor.hpp"
 #include "actors/messages.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "model/llama.hpp"
 #include "tests/support/batcher_rig.hpp"
 #include "tests/support/enum_print.hpp"
 #include "tests/support/reference.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_actors_isolation)
 
 using namespace sy;
 using namespace sy::test;
@@ -118,3 +119,5 @@ BOOST_AUTO_TEST_CASE(failing_jobs_end_alone_and_their_neighbours_stay_exact) {
   rig.drain();
   BOOST_TEST(rig.stats<ExecutorStats>(rig.executor).samplers == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_isolation

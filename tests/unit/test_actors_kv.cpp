@@ -1,7 +1,6 @@
 // KV-cache policies and prefix reuse in the batcher, with a real CPU executor: memory held under a
 // sliding window over 8,192 tokens, windows wider than the sequence equal full attention, swaps by
 // command and by watermark, and prefix reuse that changes no output even while blocks are evicted.
-#define BOOST_TEST_MODULE actors_kv
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <map>
@@ -13,6 +12,8 @@
 #include "tests/support/batcher_rig.hpp"
 #include "tests/support/reference.hpp"
 #include "tests/support/temp_dir.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_actors_kv)
 
 using namespace sy;
 using namespace sy::test;
@@ -287,3 +288,5 @@ BOOST_AUTO_TEST_CASE(pressure_watermarks_swap_and_swap_back) {
   BOOST_TEST(st.kv_policy == "full");
   BOOST_TEST(st.blocks_used == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_kv

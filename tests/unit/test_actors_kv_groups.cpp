@@ -3,13 +3,14 @@
 // window needs while the full-attention group grows with the sequence, greedy output equals that
 // of one group for all layers (batching.layer_window_kv keep), both pools are accounted for at
 // admission, and every block goes back when the jobs end.
-#define BOOST_TEST_MODULE actors_kv_groups
 #include <boost/test/unit_test.hpp>
 #include <string>
 #include <vector>
 
 #include "policies/kv_policy.hpp"
 #include "tests/support/batcher_rig.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_actors_kv_groups)
 
 using namespace sy;
 using namespace sy::test;
@@ -227,3 +228,5 @@ BOOST_AUTO_TEST_CASE(pressure_onto_narrow_sinks_recomputes_the_window_group) {
   BOOST_TEST(s.preemptions == 1);
   BOOST_TEST(s.window_blocks_used == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_kv_groups

@@ -1,6 +1,5 @@
 // The log module (actors/log.hpp): the level filter, the text line shape that operators and tests
 // grep for, and the JSON-lines format (valid JSON with ts, level, msg).
-#define BOOST_TEST_MODULE actors_log
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +10,8 @@
 
 #include "actors/log.hpp"
 #include "actors/messages.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_actors_log)
 
 namespace {
 
@@ -124,3 +125,5 @@ BOOST_AUTO_TEST_CASE(names_parse) {
   BOOST_TEST((sylog::parse_format("json") == sylog::Format::json));
   BOOST_TEST(!sylog::parse_format("yaml"));
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_log

@@ -1,6 +1,5 @@
 // Router actor tests on CAF's deterministic test_coordinator: strict priority, weighted fairness,
 // deadline expiry, full queues, cancellation and pipeline backpressure, as message traces.
-#define BOOST_TEST_MODULE actors_router
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
@@ -11,11 +10,13 @@
 
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "tests/support/stats_probe.hpp"
 #include "tests/support/enum_print.hpp"
 #include "tests/support/stand_in.hpp"
 #include "tests/support/test_system.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_actors_router)
 
 using namespace sy;
 
@@ -589,3 +590,5 @@ BOOST_AUTO_TEST_CASE(held_pipeline_job_expires_and_cancels_too) {
   rig.sched->run();
   BOOST_CHECK_EQUAL(rig.t->runs.size(), 1u);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_router

@@ -1,6 +1,5 @@
 // Router prefix-aware dispatch on CAF's deterministic test_coordinator: two batcher doubles with
 // chosen credit, jobs sharing prompt blocks, the slack rule, the switch, and retirement.
-#define BOOST_TEST_MODULE actors_router_affinity
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <caf/scheduler/test_coordinator.hpp>
@@ -13,6 +12,8 @@
 #include "tests/support/stand_in.hpp"
 #include "tests/support/stats_probe.hpp"
 #include "tests/support/test_system.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_actors_router_affinity)
 
 using namespace sy;
 
@@ -182,3 +183,5 @@ BOOST_AUTO_TEST_CASE(retired_batcher_index_is_dropped) {
   BOOST_TEST(rig.stats().batchers == 1);
   BOOST_TEST(rig.run(prompt(1, 3 * kBlock, 11, 4)) == 'B');
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_router_affinity

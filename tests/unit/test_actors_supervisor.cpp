@@ -1,7 +1,6 @@
 // The supervisor with a real router and real executors: a crashed or hung executor is replaced and
 // its jobs finish elsewhere with the same greedy output, streamed without duplicates; the retry
 // limit ends jobs with engine_dead; load makes pairs rise to max and idleness brings them back.
-#define BOOST_TEST_MODULE actors_supervisor
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <chrono>
@@ -14,10 +13,12 @@
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
 #include "actors/supervisor.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "model/llama.hpp"
 #include "tests/support/batcher_rig.hpp"
 #include "tests/support/enum_print.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_actors_supervisor)
 
 using namespace sy;
 using sy::test::kWait;
@@ -355,3 +356,5 @@ BOOST_AUTO_TEST_CASE(an_executor_that_cannot_be_built_is_reported_not_fatal) {
       .receive([&](SupervisorStats& s) { st = std::move(s); }, [&](caf::error&) {});
   BOOST_TEST(st.executors == 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_supervisor

@@ -2,7 +2,6 @@
 // executors that hold or finish steps as the test says. Scale-up waits for upscale_delay_ms and
 // scale-down for downscale_delay_ms on the actor clock, which only the test moves; a crashed
 // executor's pair is replaced and its jobs run again. No sleeps, no real threads.
-#define BOOST_TEST_MODULE actors_supervisor_shell
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <chrono>
@@ -17,6 +16,8 @@
 #include "tests/support/stand_in.hpp"
 #include "tests/support/stats_probe.hpp"
 #include "tests/support/test_system.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_actors_supervisor_shell)
 
 using namespace sy;
 using namespace std::chrono_literals;
@@ -178,3 +179,5 @@ BOOST_AUTO_TEST_CASE(a_crashed_executor_is_replaced_and_its_jobs_run_again) {
   // Recovery is measured on the actor clock, which did not move: exactly 0 ms.
   BOOST_CHECK_EQUAL(s.recovery_ms_last, 0);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_actors_supervisor_shell

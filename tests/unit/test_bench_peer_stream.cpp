@@ -1,12 +1,13 @@
 // bench_loadgen's reading of a llama-server /completion stream (bench/peer_stream.hpp): HTTP/1.1
 // framing (chunked and Content-Length), server-sent events and the chunk fields, on byte strings.
-#define BOOST_TEST_MODULE bench_peer_stream
 #include <boost/test/unit_test.hpp>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "bench/peer_stream.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_bench_peer_stream)
 
 using namespace sy::bench;
 
@@ -195,3 +196,5 @@ BOOST_AUTO_TEST_CASE(request_body_is_greedy_with_exact_length) {
   BOOST_TEST(!j.contains("top_k"));  // sampled: the peer's own sampler chain
   BOOST_TEST(!j.contains("samplers"));
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_bench_peer_stream

@@ -2,7 +2,6 @@
 // Hugging Face renders chat templates) on the published templates and on one that exercises the
 // rest of the supported language; the marks of message bytes; tokenizing a rendered prompt; and
 // the errors for templates the renderer cannot handle.
-#define BOOST_TEST_MODULE chat_template
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +20,8 @@
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
 #include "model/unicode_cats.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_chat_template)
 
 using namespace sy;
 using chat::Message;
@@ -436,3 +437,5 @@ BOOST_AUTO_TEST_CASE(hostile_templates_end_in_template_errors) {
   BOOST_TEST(rendered + refused == 4000);
   BOOST_TEST(rendered > 100);  // the mix makes some valid templates, not only syntax errors
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_chat_template

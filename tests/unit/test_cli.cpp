@@ -1,11 +1,12 @@
 // The `switchyard` command end to end: runs the real binary and checks its JSON and errors.
-#define BOOST_TEST_MODULE cli
 #include <sys/wait.h>
 
 #include <array>
 #include <boost/test/unit_test.hpp>
 #include <cstdio>
 #include <string>
+
+BOOST_AUTO_TEST_SUITE(test_cli)
 
 namespace {
 
@@ -140,3 +141,5 @@ BOOST_AUTO_TEST_CASE(options_take_both_spellings_and_repeat) {
   BOOST_TEST(a.status == 0, a.out);
   BOOST_TEST(a.out == "{\"ids\": [1, 403, 407, 261, 378]}\n");
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_cli

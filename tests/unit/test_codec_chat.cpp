@@ -1,7 +1,6 @@
 // Codec rules of chat submits: `messages` in place of `prompt` (exactly one of the two), each
 // message's role and content, the limits on them, and `parse_special` (text prompts only); the
 // byte dump of docs/protocol.md.
-#define BOOST_TEST_MODULE codec_chat
 #include <boost/test/unit_test.hpp>
 #include <cstdio>
 #include <functional>
@@ -11,6 +10,8 @@
 
 #include "ingress/codec.hpp"
 #include "tests/support/msgpack_msg.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_codec_chat)
 
 using namespace sy::wire;
 using namespace sy::test;
@@ -192,3 +193,5 @@ BOOST_AUTO_TEST_CASE(parse_special_is_for_text_prompts) {
   // false is the default and fine with anything.
   BOOST_TEST(error_of(chat().set("parse_special", B(false)).bytes()) == "accepted");
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_codec_chat

@@ -1,6 +1,5 @@
 // Codec tests for hostile and broken input: random bytes, truncation, huge headers, deep nesting,
 // wrong field types, missing fields, out-of-range values — each refused with a message naming it.
-#define BOOST_TEST_MODULE codec_malformed
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +16,8 @@
 
 #include "ingress/codec.hpp"
 #include "tests/support/msgpack_msg.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_codec_malformed)
 
 using namespace sy::wire;
 using namespace sy::test;
@@ -490,3 +491,5 @@ BOOST_AUTO_TEST_CASE(control_reply_and_cached_tokens_are_checked_client_side) {
   BOOST_TEST(std::get<DecodeError>(bad3).message ==
              "usage.cached_tokens -4 out of range [0, 4294967295]");
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_codec_malformed

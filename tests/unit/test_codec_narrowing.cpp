@@ -1,6 +1,5 @@
 // Sampling parameters are checked as the sampler will hold them (32-bit floats, int32), not only
 // as sent: a value that is valid as a double but not once narrowed is refused by name.
-#define BOOST_TEST_MODULE codec_narrowing
 #include <boost/test/unit_test.hpp>
 #include <cstdint>
 #include <limits>
@@ -9,6 +8,8 @@
 #include <variant>
 
 #include "ingress/codec.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_codec_narrowing)
 
 using namespace sy::wire;
 
@@ -125,3 +126,5 @@ BOOST_AUTO_TEST_CASE(integer_parameters_stay_inside_the_sampler_types) {
   BOOST_TEST(names(refusal(with_uint("logprobs", 21)), "logprobs"));
   BOOST_TEST(names(refusal(with_uint("max_tokens", uint64_t{1} << 32)), "max_tokens"));
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_codec_narrowing

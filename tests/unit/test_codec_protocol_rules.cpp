@@ -1,13 +1,14 @@
 // Codec rules of docs/protocol.md that replies must follow: every job reply names its tenant, a
 // non-streamed done carries the logprobs, client text is echoed one way only (wire::quoted), and
 // the byte dumps of those messages in the document.
-#define BOOST_TEST_MODULE codec_protocol_rules
 #include <boost/test/unit_test.hpp>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "ingress/codec.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_codec_protocol_rules)
 
 using namespace sy::wire;
 
@@ -133,3 +134,5 @@ BOOST_AUTO_TEST_CASE(documented_byte_examples_of_replies) {
              "655f6d7300a7747466745f6d7301a8746f74616c5f6d7302a86c6f6770726f62739182a76c6f6770726f"
              "62cabe800000a3746f709292cd02d7cabe800000920bcabfc00000");
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_codec_protocol_rules

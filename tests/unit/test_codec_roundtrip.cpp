@@ -1,12 +1,13 @@
 // Codec tests for well-formed traffic: every message type round-trips through encode/decode,
 // defaults are left out and restored, and the byte-level examples of docs/protocol.md hold.
-#define BOOST_TEST_MODULE codec_roundtrip
 #include <boost/test/unit_test.hpp>
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "ingress/codec.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_codec_roundtrip)
 
 using namespace sy::wire;
 
@@ -284,3 +285,5 @@ BOOST_AUTO_TEST_CASE(documented_byte_examples) {
       "677061636b3a206172726179206f66203432393439363732393520656c656d656e7473206578636565647320"
       "6c696d697420313331303732");
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_codec_roundtrip

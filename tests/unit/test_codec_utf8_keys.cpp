@@ -1,11 +1,12 @@
 // Job keys must be UTF-8: an `id` or `tenant` that is not is refused with bad_request in submit,
 // cancel and status, and the refusal neither echoes the bytes raw nor carries them as its id.
-#define BOOST_TEST_MODULE codec_utf8_keys
 #include <boost/test/unit_test.hpp>
 #include <string>
 #include <vector>
 
 #include "ingress/codec.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_codec_utf8_keys)
 
 using namespace sy::wire;
 
@@ -107,3 +108,5 @@ BOOST_AUTO_TEST_CASE(invalid_id_in_cancel_and_status_is_refused) {
     BOOST_CHECK(e.id.empty());
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_codec_utf8_keys

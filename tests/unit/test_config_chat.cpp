@@ -1,12 +1,13 @@
 // The `chat_template` config key: a built-in name kept as it is, a template file read from the
 // config file's folder when relative, and a non-string value refused naming the key.
-#define BOOST_TEST_MODULE config_chat
 #include <boost/test/unit_test.hpp>
 #include <filesystem>
 #include <string>
 
 #include "server/config.hpp"
 #include "tests/support/temp_dir.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_config_chat)
 
 namespace fs = std::filesystem;
 
@@ -37,3 +38,5 @@ BOOST_AUTO_TEST_CASE(chat_template_key) {
     BOOST_TEST(m.find(bad) != std::string::npos, m);
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_config_chat

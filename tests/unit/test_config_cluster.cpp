@@ -1,12 +1,13 @@
 // The `cluster` config section onto ClusterConfig: every key read, one URL or a list, the bounds
 // named in errors, unknown keys refused, and class names checked as subject tokens once a NATS
 // server is named.
-#define BOOST_TEST_MODULE config_cluster
 #include <boost/test/unit_test.hpp>
 #include <string>
 
 #include "server/config.hpp"
 #include "tests/support/temp_dir.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_config_cluster)
 
 namespace {
 
@@ -111,3 +112,5 @@ BOOST_AUTO_TEST_CASE(class_names_must_be_subject_tokens_in_a_cluster) {
                   "(switchyard.jobs.fast.lane): it contains '.'",
              e);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_config_cluster

@@ -1,6 +1,5 @@
 // CURVE configuration and key files: the YAML keys (paths relative to the config file), the
 // public/secret check, and the key-file reader's errors, each naming the file.
-#define BOOST_TEST_MODULE config_curve
 #include <sys/stat.h>
 
 #include <boost/test/unit_test.hpp>
@@ -9,6 +8,8 @@
 #include "server/config.hpp"
 #include "ingress/gateway.hpp"
 #include "tests/support/temp_dir.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_config_curve)
 
 namespace {
 
@@ -104,3 +105,5 @@ BOOST_AUTO_TEST_CASE(gateway_checks_the_pair_at_construction) {
   ep.curve_secret_key = d.file("missing.key");
   BOOST_TEST(throws_with([&] { sy::Gateway g2(ep); }, "missing.key': cannot open"));
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_config_curve

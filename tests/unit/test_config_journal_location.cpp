@@ -1,6 +1,5 @@
 // journal_location(): where a server keeps its journal by default (one folder per bind address
 // under the state folder), when it keeps none (off, wildcard port, no state folder) and why.
-#define BOOST_TEST_MODULE config_journal_location
 #include <boost/test/unit_test.hpp>
 #include <filesystem>
 #include <set>
@@ -8,6 +7,8 @@
 #include <vector>
 
 #include "server/config.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_config_journal_location)
 
 namespace {
 
@@ -119,3 +120,5 @@ BOOST_AUTO_TEST_CASE(a_relative_ipc_path_is_read_from_the_working_folder) {
   BOOST_TEST(slug_of("ipc://sy.sock") == slug_of("ipc://" + cwd + "/sy.sock"));
   BOOST_TEST(slug_of("ipc://sub/../sy.sock") == slug_of("ipc://" + cwd + "/sy.sock"));
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_config_journal_location

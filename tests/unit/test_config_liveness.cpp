@@ -1,12 +1,13 @@
 // The connection-liveness keys of the endpoints section: defaults (handshake limit on,
 // heartbeats off, connections capped), values read, and out-of-range values refused with the key
 // named.
-#define BOOST_TEST_MODULE config_liveness
 #include <boost/test/unit_test.hpp>
 #include <string>
 
 #include "server/config.hpp"
 #include "tests/support/temp_dir.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_config_liveness)
 
 namespace {
 
@@ -93,3 +94,5 @@ BOOST_AUTO_TEST_CASE(out_of_range_values_are_refused_by_name) {
   err = load("endpoints:\n  heartbeat_ivl_ms: 1.5\n", cfg);
   BOOST_TEST(err.find("expected an integer") != std::string::npos, err);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_config_liveness

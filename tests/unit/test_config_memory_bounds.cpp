@@ -1,11 +1,12 @@
 // The memory-bound keys of the config: result_cache_bytes, tenant_idle_ms, max_idle_tenants and
 // metrics.max_tenant_labels are read, range-checked, and the journal takes the cache's byte bound.
-#define BOOST_TEST_MODULE config_memory_bounds
 #include <boost/test/unit_test.hpp>
 #include <string>
 
 #include "server/config.hpp"
 #include "tests/support/temp_dir.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_config_memory_bounds)
 
 namespace {
 
@@ -68,3 +69,5 @@ BOOST_AUTO_TEST_CASE(out_of_range_values_name_the_key) {
     }
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_config_memory_bounds

@@ -1,6 +1,5 @@
 // The YAML config loader: every section read, defaults kept for absent keys, finalize_config's
 // default classes, and errors that name the file, the key and the problem.
-#define BOOST_TEST_MODULE config_yaml
 #include <boost/test/unit_test.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -9,6 +8,8 @@
 
 #include "server/config.hpp"
 #include "tests/support/temp_dir.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_config_yaml)
 
 namespace fs = std::filesystem;
 
@@ -254,3 +255,5 @@ BOOST_AUTO_TEST_CASE(example_config_loads) {
   sy::finalize_config(c);
   BOOST_TEST(c.router.classes.size() >= 2u);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_config_yaml

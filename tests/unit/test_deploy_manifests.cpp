@@ -2,7 +2,6 @@
 // keys Kubernetes requires, the objects refer to each other consistently (selectors and labels,
 // ports, volumes, Services, the HPA's target), the nodes' ConfigMap loads with the server's own
 // config loader, and the ports and paths it names are the ones the probes and args use.
-#define BOOST_TEST_MODULE deploy_manifests
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
@@ -14,6 +13,8 @@
 #include <set>
 
 #include "server/config.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_deploy_manifests)
 
 namespace fs = std::filesystem;
 
@@ -325,3 +326,5 @@ BOOST_AUTO_TEST_CASE(kustomization_lists_every_top_level_manifest) {
   // keda/ is the alternative to hpa.yaml: not listed.
   BOOST_TEST(listed == files);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_deploy_manifests

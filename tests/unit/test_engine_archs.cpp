@@ -2,7 +2,6 @@
 // (tests/python/forward_ref.py): a random-weight qwen3 model (per-head q/k RMSNorm before NEOX
 // RoPE, head_dim != dim / n_heads). Also what the loader refuses, and what the description
 // tells a backend that runs only the plain llama block.
-#define BOOST_TEST_MODULE engine_archs
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstdio>
@@ -14,6 +13,8 @@
 #include <vector>
 
 #include "gpu/engine.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_engine_archs)
 
 namespace gguf = sy::gguf;
 
@@ -89,12 +90,13 @@ gguf::Writer build(const Spec& s) {
     std::vector<float> v(n);
     for (float& x : v) x = nd(rng);
     if (name == s.zero_q8_1) {
-      const auto rb = gguf::row_bytes(gguf::TensorType::Q8_1, static_cast<int64_t>(dims[0]));
-      w.add_tensor(name, gguf::TensorType::Q8_1, dims,
+      const auto rb =
+          sy::kernels::dtype_row_bytes(sy::kernels::DType::Q8_1, static_cast<int64_t>(dims[0]));
+      w.add_tensor(name, sy::kernels::DType::Q8_1, dims,
                    std::vector<uint8_t>(static_cast<size_t>(rb) * (n / dims[0])));
       return;
     }
-    w.add_tensor(name, gguf::TensorType::F32, dims, f32_bytes(v));
+    w.add_tensor(name, sy::kernels::DType::F32, dims, f32_bytes(v));
   };
   const uint64_t q = kHeads * kHeadDim, kv = kKvHeads * kHeadDim;
   tensor("token_embd.weight", {kDim, kVocab}, false);
@@ -376,3 +378,5 @@ BOOST_AUTO_TEST_CASE(tensor_of_a_type_without_kernels_is_refused_by_name) {
   expect_error(s, {"tensor 'blk.1.ffn_up.weight' has type Q8_1 (9), which this build does not "
                    "support"});
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_engine_archs

@@ -1,7 +1,6 @@
 // Golden tests of the CPU engine: greedy continuations of stories260K equal llama.cpp's token ids
 // (alone, batched, chunked prefill, staggered arrivals; fast and reference paths), and the fast
 // path agrees with the reference path on logits.
-#define BOOST_TEST_MODULE engine_golden
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -12,6 +11,8 @@
 #include "gpu/engine.hpp"
 #include "tests/support/reference.hpp"
 #include "tests/support/stories.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_engine_golden)
 
 namespace {
 
@@ -318,3 +319,5 @@ BOOST_AUTO_TEST_CASE(explicit_positions) {
     }
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_engine_golden

@@ -1,7 +1,6 @@
 // The KV cache's element type (EngineOptions::kv_type, batching.kv_dtype): f32, f16 (the
 // default) and q8_0 rows; their sizes, the row kernels against plain loops, the accuracy each
 // costs next to f32, the two CPU paths under each, and the refusals.
-#define BOOST_TEST_MODULE engine_kv_dtype
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <random>
@@ -11,6 +10,8 @@
 #include "gpu/engine.hpp"
 #include "model/model.hpp"
 #include "tests/support/stories.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_engine_kv_dtype)
 
 using sy::kernels::DType;
 
@@ -281,3 +282,5 @@ BOOST_AUTO_TEST_CASE(q8_0_needs_whole_blocks_per_head) {
   BOOST_TEST(!sy::kernels::parse_kv_type("bf16"));
   BOOST_TEST(!sy::kernels::parse_kv_type("F16"));
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_engine_kv_dtype

@@ -2,7 +2,6 @@
 // two kinds (zoo gemma2: a window of 16 on even layers) keeps the windowed layers' K/V in a pool
 // of its own, whose blocks behind the window are given back, and computes the same logits as
 // with one pool for all layers; the checks on the second block table; the per-group sizes.
-#define BOOST_TEST_MODULE engine_kv_groups
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -14,6 +13,8 @@
 #include "gpu/backend.hpp"
 #include "gpu/engine.hpp"
 #include "policies/kv_policy.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_engine_kv_groups)
 
 namespace {
 
@@ -277,3 +278,5 @@ BOOST_AUTO_TEST_CASE(window_layers_read_the_window_table) {
   for (int32_t v = 0; v < out.n_vocab; ++v)
     BOOST_TEST(out.row(0)[v] == own[static_cast<size_t>(v)]);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_engine_kv_groups

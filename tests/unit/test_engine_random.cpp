@@ -1,7 +1,6 @@
 // Fast path against reference path on random-weight models from make-model, one per weight dtype
 // (f32, f16, bf16, q8_0, q4_0): logits agree within the dtype's bound, and f32 greedy tokens are
 // identical.
-#define BOOST_TEST_MODULE engine_random
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -13,6 +12,8 @@
 #include "gpu/engine.hpp"
 #include "model/make_model.hpp"
 #include "tests/support/temp_dir.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_engine_random)
 
 namespace {
 
@@ -133,3 +134,5 @@ BOOST_AUTO_TEST_CASE(fast_matches_reference_for_every_dtype) {
     }
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_engine_random

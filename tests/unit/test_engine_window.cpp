@@ -3,7 +3,6 @@
 // that is handed only the window's blocks, the effect of sinks, long generation past the trained
 // context, the rules for released (-1) block-table entries, and windows deep into a long-context
 // model made with make-model --ctx. Reference and fast paths.
-#define BOOST_TEST_MODULE engine_window
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -19,6 +18,8 @@
 #include "tests/support/reference.hpp"
 #include "tests/support/stories.hpp"
 #include "tests/support/temp_dir.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_engine_window)
 
 namespace {
 
@@ -382,3 +383,5 @@ BOOST_AUTO_TEST_CASE(long_context_model_from_make_model_ctx) {
   }
   BOOST_TEST(worst < 1e-3f);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_engine_window

@@ -1,7 +1,6 @@
 // The model zoo (../shared/models/zoo): every architecture and quantization loads and matches
 // llama.cpp's NAME.json as the zoo's README says, on the fast path and on the reference path:
 // greedy ids (up to a near-tie), teacher-forced top-1 and top-5 log-probabilities.
-#define BOOST_TEST_MODULE engine_zoo
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -13,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 #include "gpu/engine.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_engine_zoo)
 
 namespace {
 
@@ -369,3 +370,5 @@ BOOST_AUTO_TEST_CASE(zoo_fast_path_agrees_with_reference_path) {
     BOOST_TEST(worst < kFastVsReference, "zoo-" << zf.name);
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_engine_zoo

@@ -1,6 +1,5 @@
 // Generation driver tests on stories260K: llama.cpp's greedy continuations, batch and chunking
 // independence, stop strings, length limits, streaming deltas, seeded sampling and KV accounting.
-#define BOOST_TEST_MODULE generator
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <memory>
@@ -12,6 +11,8 @@
 #include "gpu/generator.hpp"
 #include "model/llama.hpp"
 #include "tests/support/reference.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_generator)
 
 using namespace sy;
 
@@ -285,3 +286,5 @@ BOOST_AUTO_TEST_CASE(a_small_pool_refuses_a_batch_it_cannot_hold) {
 }
 
 BOOST_AUTO_TEST_SUITE_END()
+
+BOOST_AUTO_TEST_SUITE_END()  // test_generator

@@ -1,6 +1,5 @@
 // Malformed GGUF files: each test builds a good file with the writer, breaks one thing by byte
 // surgery and checks that the reader throws gguf::Error whose message names the problem.
-#define BOOST_TEST_MODULE gguf_errors
 #include <boost/test/unit_test.hpp>
 #include <cstring>
 #include <fstream>
@@ -8,7 +7,10 @@
 
 #include "model/gguf.hpp"
 
+BOOST_AUTO_TEST_SUITE(test_gguf_errors)
+
 using namespace sy::gguf;
+using sy::kernels::DType;
 using Bytes = std::vector<uint8_t>;
 
 namespace {
@@ -19,8 +21,8 @@ Bytes good_file() {
   w.add_string("general.architecture", "llama");
   w.add_u32("llama.block_count", 2);
   w.add_string_array("tokenizer.ggml.tokens", {"a", "b", "c"});
-  w.add_tensor("t_emb", TensorType::F32, {4, 2}, Bytes(32, 1));
-  w.add_tensor("t_q8", TensorType::Q8_0, {32, 2}, Bytes(68, 2));
+  w.add_tensor("t_emb", DType::F32, {4, 2}, Bytes(32, 1));
+  w.add_tensor("t_q8", DType::Q8_0, {32, 2}, Bytes(68, 2));
   return w.bytes();
 }
 
@@ -161,8 +163,8 @@ BOOST_AUTO_TEST_CASE(truncated_k_quant_tensor) {
   // A file cut inside its last K-quant tensor: the error names the tensor and its type.
   Writer w;
   w.add_string("general.architecture", "llama");
-  w.add_tensor("blk.0.ffn_norm.weight", TensorType::F32, {256}, Bytes(1024, 0));
-  w.add_tensor("blk.0.ffn_down.weight", TensorType::Q6_K, {512, 4}, Bytes(2 * 210 * 4, 7));
+  w.add_tensor("blk.0.ffn_norm.weight", DType::F32, {256}, Bytes(1024, 0));
+  w.add_tensor("blk.0.ffn_down.weight", DType::Q6_K, {512, 4}, Bytes(2 * 210 * 4, 7));
   const Bytes full = w.bytes();
   const File f = File::from_memory(full.data(), full.size());
   const TensorInfo* t = f.tensor("blk.0.ffn_down.weight");
@@ -225,7 +227,7 @@ BOOST_AUTO_TEST_CASE(bad_alignment) {
   for (uint32_t a : {0u, 3u, 48u}) {
     Writer w;
     w.add_u32("general.alignment", a);
-    w.add_tensor("t", TensorType::F32, {8}, Bytes(32));
+    w.add_tensor("t", DType::F32, {8}, Bytes(32));
     const Bytes b = w.bytes();
     expect_error(b, {"general.alignment", "power of two"});
   }
@@ -246,8 +248,8 @@ BOOST_AUTO_TEST_CASE(duplicate_key) {
 
 BOOST_AUTO_TEST_CASE(duplicate_tensor) {
   Writer w;
-  w.add_tensor("t", TensorType::F32, {8}, Bytes(32));
-  w.add_tensor("t", TensorType::F32, {8}, Bytes(32));
+  w.add_tensor("t", DType::F32, {8}, Bytes(32));
+  w.add_tensor("t", DType::F32, {8}, Bytes(32));
   const Bytes b = w.bytes();
   expect_error(b, {"duplicate tensor name 't'"});
 }
@@ -298,3 +300,5 @@ BOOST_AUTO_TEST_CASE(deep_nesting) {
   const Bytes b = w.bytes();
   expect_error(b, {"'deep'", "nested deeper"});
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_gguf_errors

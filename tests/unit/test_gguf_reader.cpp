@@ -1,5 +1,4 @@
 // GGUF reader against real files: the trained stories260K model and the vocabulary-only files.
-#define BOOST_TEST_MODULE gguf_reader
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstring>
@@ -9,7 +8,10 @@
 
 #include "model/gguf.hpp"
 
+BOOST_AUTO_TEST_SUITE(test_gguf_reader)
+
 using namespace sy::gguf;
+using sy::kernels::DType;
 
 namespace {
 const std::string kModels = SY_MODELS_DIR;
@@ -77,7 +79,7 @@ BOOST_AUTO_TEST_CASE(stories_tensors) {
   const TensorInfo* emb = f.tensor("token_embd.weight");
   BOOST_REQUIRE(emb);
   BOOST_TEST((emb->dims == std::vector<uint64_t>{64, 512}));
-  BOOST_TEST((emb->type == TensorType::F32));
+  BOOST_TEST((emb->type == DType::F32));
   BOOST_TEST(emb->n_elements == 64u * 512u);
   BOOST_TEST(emb->n_bytes == 64u * 512u * 4u);
   const TensorInfo* down = f.tensor("blk.4.ffn_down.weight");
@@ -172,11 +174,12 @@ BOOST_AUTO_TEST_CASE(missing_and_odd_paths) {
 }
 
 BOOST_AUTO_TEST_CASE(type_helpers) {
-  BOOST_TEST(std::string(type_name(TensorType::Q4_0)) == "Q4_0");
-  BOOST_TEST(std::string(type_name(TensorType::BF16)) == "BF16");
-  BOOST_TEST(std::string(type_name(TensorType::Q6_K)) == "Q6_K");
-  BOOST_TEST(std::string(type_name(TensorType::IQ4_XS)) == "IQ4_XS");
-  BOOST_TEST(std::string(type_name(static_cast<TensorType>(99))) == "unknown");
+  BOOST_TEST(std::string(dtype_name(DType::Q4_0)) == "Q4_0");
+  BOOST_TEST(std::string(dtype_name(DType::BF16)) == "BF16");
+  BOOST_TEST(std::string(dtype_name(DType::Q6_K)) == "Q6_K");
+  BOOST_TEST(std::string(dtype_name(DType::IQ4_XS)) == "IQ4_XS");
+  BOOST_TEST(std::string(dtype_name(static_cast<DType>(4))) == "Q4_2");  // retired
+  BOOST_TEST(!dtype_name(static_cast<DType>(99)));
   BOOST_TEST(type_label(14) == "Q6_K (14)");
   BOOST_TEST(type_label(20) == "IQ4_NL (20)");
   BOOST_TEST(type_label(99) == "unknown type 99");
@@ -185,55 +188,55 @@ BOOST_AUTO_TEST_CASE(type_helpers) {
   BOOST_TEST(!type_known(4));   // retired Q4_2
   BOOST_TEST(!type_known(33));  // retired Q4_0_8_8
   BOOST_TEST(!type_known(40));
-  BOOST_TEST(block_elems(TensorType::F16) == 1);
-  BOOST_TEST(block_elems(TensorType::Q8_0) == 32);
-  BOOST_TEST(block_bytes(TensorType::F32) == 4);
-  BOOST_TEST(block_bytes(TensorType::F16) == 2);
-  BOOST_TEST(block_bytes(TensorType::BF16) == 2);
-  BOOST_TEST(block_bytes(TensorType::Q8_0) == 34);
-  BOOST_TEST(block_bytes(TensorType::Q4_0) == 18);
-  BOOST_TEST(row_bytes(TensorType::Q4_0, 4096) == 128 * 18);
-  BOOST_TEST(row_bytes(TensorType::Q8_0, 64) == 68);
-  BOOST_TEST(row_bytes(TensorType::BF16, 7) == 14);
+  BOOST_TEST(dtype_block_elems(DType::F16) == 1);
+  BOOST_TEST(dtype_block_elems(DType::Q8_0) == 32);
+  BOOST_TEST(dtype_block_bytes(DType::F32) == 4);
+  BOOST_TEST(dtype_block_bytes(DType::F16) == 2);
+  BOOST_TEST(dtype_block_bytes(DType::BF16) == 2);
+  BOOST_TEST(dtype_block_bytes(DType::Q8_0) == 34);
+  BOOST_TEST(dtype_block_bytes(DType::Q4_0) == 18);
+  BOOST_TEST(dtype_row_bytes(DType::Q4_0, 4096) == 128 * 18);
+  BOOST_TEST(dtype_row_bytes(DType::Q8_0, 64) == 68);
+  BOOST_TEST(dtype_row_bytes(DType::BF16, 7) == 14);
 }
 
 BOOST_AUTO_TEST_CASE(every_ggml_type_sizes) {
   // Block sizes of ggml-common.h's block structs: elements, bytes.
   struct Row {
-    TensorType t;
+    DType t;
     int64_t elems, bytes;
   };
   const Row rows[] = {
-      {TensorType::Q4_1, 32, 20},     {TensorType::Q5_0, 32, 22},
-      {TensorType::Q5_1, 32, 24},     {TensorType::Q8_1, 32, 36},
-      {TensorType::Q2_K, 256, 84},    {TensorType::Q3_K, 256, 110},
-      {TensorType::Q4_K, 256, 144},   {TensorType::Q5_K, 256, 176},
-      {TensorType::Q6_K, 256, 210},   {TensorType::Q8_K, 256, 292},
-      {TensorType::IQ2_XXS, 256, 66}, {TensorType::IQ2_XS, 256, 74},
-      {TensorType::IQ3_XXS, 256, 98}, {TensorType::IQ1_S, 256, 50},
-      {TensorType::IQ4_NL, 32, 18},   {TensorType::IQ3_S, 256, 110},
-      {TensorType::IQ2_S, 256, 82},   {TensorType::IQ4_XS, 256, 136},
-      {TensorType::I8, 1, 1},         {TensorType::I16, 1, 2},
-      {TensorType::I32, 1, 4},        {TensorType::I64, 1, 8},
-      {TensorType::F64, 1, 8},        {TensorType::IQ1_M, 256, 56},
-      {TensorType::TQ1_0, 256, 54},   {TensorType::TQ2_0, 256, 66},
-      {TensorType::MXFP4, 32, 17},
+      {DType::Q4_1, 32, 20},     {DType::Q5_0, 32, 22},
+      {DType::Q5_1, 32, 24},     {DType::Q8_1, 32, 36},
+      {DType::Q2_K, 256, 84},    {DType::Q3_K, 256, 110},
+      {DType::Q4_K, 256, 144},   {DType::Q5_K, 256, 176},
+      {DType::Q6_K, 256, 210},   {DType::Q8_K, 256, 292},
+      {DType::IQ2_XXS, 256, 66}, {DType::IQ2_XS, 256, 74},
+      {DType::IQ3_XXS, 256, 98}, {DType::IQ1_S, 256, 50},
+      {DType::IQ4_NL, 32, 18},   {DType::IQ3_S, 256, 110},
+      {DType::IQ2_S, 256, 82},   {DType::IQ4_XS, 256, 136},
+      {DType::I8, 1, 1},         {DType::I16, 1, 2},
+      {DType::I32, 1, 4},        {DType::I64, 1, 8},
+      {DType::F64, 1, 8},        {DType::IQ1_M, 256, 56},
+      {DType::TQ1_0, 256, 54},   {DType::TQ2_0, 256, 66},
+      {DType::MXFP4, 32, 17},
   };
   for (const Row& r : rows) {
-    BOOST_TEST(block_elems(r.t) == r.elems, type_name(r.t));
-    BOOST_TEST(block_bytes(r.t) == r.bytes, type_name(r.t));
+    BOOST_TEST(dtype_block_elems(r.t) == r.elems, dtype_name(r.t));
+    BOOST_TEST(dtype_block_bytes(r.t) == r.bytes, dtype_name(r.t));
   }
   // Every known type writes and reads back with its size, computed or not.
   Writer w;
   int n = 0;
   for (uint32_t t = 0; t < 64; ++t) {
     if (!type_known(t)) continue;
-    const auto tt = static_cast<TensorType>(t);
-    const auto be = static_cast<uint64_t>(block_elems(tt));
+    const auto tt = static_cast<DType>(t);
+    const auto be = static_cast<uint64_t>(dtype_block_elems(tt));
     std::string name = "t";
     name += std::to_string(t);
     w.add_tensor(name, tt, {2 * be, 3},
-                 std::vector<uint8_t>(static_cast<size_t>(row_bytes(tt, 2 * be) * 3), 1));
+                 std::vector<uint8_t>(static_cast<size_t>(dtype_row_bytes(tt, 2 * be) * 3), 1));
     ++n;
   }
   BOOST_TEST(n == 32);  // 40 numbers, 8 of them retired
@@ -241,9 +244,8 @@ BOOST_AUTO_TEST_CASE(every_ggml_type_sizes) {
   const File f = File::from_memory(b.data(), b.size());
   BOOST_REQUIRE(f.tensors().size() == static_cast<size_t>(n));
   for (const TensorInfo& ti : f.tensors()) {
-    BOOST_TEST(
-        ti.n_bytes == static_cast<uint64_t>(row_bytes(ti.type, 2 * block_elems(ti.type))) * 3,
-        ti.name);
+    const int64_t be = dtype_block_elems(ti.type);
+    BOOST_TEST(ti.n_bytes == static_cast<uint64_t>(dtype_row_bytes(ti.type, 2 * be)) * 3, ti.name);
     BOOST_TEST(ti.name.substr(1) == std::to_string(static_cast<uint32_t>(ti.type)));
   }
 }
@@ -258,17 +260,19 @@ BOOST_AUTO_TEST_CASE(every_zoo_file_reads) {
         "zoo-llama3-iq4_nl", "zoo-llama3-iq4_xs", "zoo-qwen2-q4_k_m", "zoo-qwen2-q8_0"}) {
     const File f = File::open(zoo + name + ".gguf");
     BOOST_TEST(!f.tensors().empty(), name);
-    for (const TensorInfo& ti : f.tensors()) seen.insert(type_name(ti.type));
+    for (const TensorInfo& ti : f.tensors()) seen.insert(dtype_name(ti.type));
   }
   for (const char* t : {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL",
                         "IQ4_XS", "Q8_0", "F32"})
     BOOST_TEST(seen.count(t) == 1u, t);
   // Q4_K_M mixes types: Q4_K for most matrices, Q6_K for the output and some attn_v / ffn_down.
   const File m = File::open(zoo + "zoo-llama3-q4_k_m.gguf");
-  BOOST_TEST(std::string(type_name(m.tensor("output.weight")->type)) == "Q6_K");
-  BOOST_TEST(std::string(type_name(m.tensor("blk.0.attn_q.weight")->type)) == "Q4_K");
-  BOOST_TEST(std::string(type_name(m.tensor("blk.0.ffn_down.weight")->type)) == "Q4_K");
+  BOOST_TEST(std::string(dtype_name(m.tensor("output.weight")->type)) == "Q6_K");
+  BOOST_TEST(std::string(dtype_name(m.tensor("blk.0.attn_q.weight")->type)) == "Q4_K");
+  BOOST_TEST(std::string(dtype_name(m.tensor("blk.0.ffn_down.weight")->type)) == "Q4_K");
   BOOST_TEST(m.tensor("blk.0.ffn_down.weight")->n_bytes == 768u / 256 * 144 * 256);
-  BOOST_TEST(std::string(type_name(m.tensor("blk.3.ffn_down.weight")->type)) == "Q6_K");
+  BOOST_TEST(std::string(dtype_name(m.tensor("blk.3.ffn_down.weight")->type)) == "Q6_K");
   BOOST_TEST(m.tensor("blk.3.ffn_down.weight")->n_bytes == 768u / 256 * 210 * 256);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_gguf_reader

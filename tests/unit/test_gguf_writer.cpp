@@ -1,6 +1,5 @@
 // GGUF writer round trips: every metadata type (nested arrays too), every tensor type, both
 // add_tensor overloads, alignment, and bytes() agreeing with write().
-#define BOOST_TEST_MODULE gguf_writer
 #include <boost/test/unit_test.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -11,7 +10,10 @@
 #include "model/gguf.hpp"
 #include "tests/support/temp_dir.hpp"
 
+BOOST_AUTO_TEST_SUITE(test_gguf_writer)
+
 using namespace sy::gguf;
+using sy::kernels::DType;
 
 namespace {
 
@@ -72,11 +74,11 @@ Writer sample_writer(uint64_t alignment) {
                                                    make(ValueType::UINT16, uint64_t{2})}),
                          array(ValueType::STRING, {make(ValueType::STRING, std::string("x"))}),
                          array(ValueType::FLOAT64, {})}));
-  w.add_tensor("f32", TensorType::F32, {3, 2}, pattern(24, 1));
-  w.add_tensor("f16", TensorType::F16, {5}, pattern(10, 2));
-  w.add_tensor("bf16", TensorType::BF16, {2, 3, 2}, pattern(24, 3));
-  w.add_tensor("q8_0", TensorType::Q8_0, {64, 3}, pattern(34 * 2 * 3, 4));
-  w.add_tensor("q4_0", TensorType::Q4_0, {32, 1, 1, 2}, [](uint8_t* dst, size_t n) {
+  w.add_tensor("f32", DType::F32, {3, 2}, pattern(24, 1));
+  w.add_tensor("f16", DType::F16, {5}, pattern(10, 2));
+  w.add_tensor("bf16", DType::BF16, {2, 3, 2}, pattern(24, 3));
+  w.add_tensor("q8_0", DType::Q8_0, {64, 3}, pattern(34 * 2 * 3, 4));
+  w.add_tensor("q4_0", DType::Q4_0, {32, 1, 1, 2}, [](uint8_t* dst, size_t n) {
     BOOST_REQUIRE(n == 36u);
     auto p = pattern(n, 5);
     std::memcpy(dst, p.data(), n);
@@ -118,16 +120,16 @@ void check_sample(const File& f, uint64_t alignment, uint32_t version = 3) {
 
   struct Expect {
     const char* name;
-    TensorType type;
+    DType type;
     std::vector<uint64_t> dims;
     size_t n;
     uint8_t seed;
   };
-  const Expect ex[] = {{"f32", TensorType::F32, {3, 2}, 24, 1},
-                       {"f16", TensorType::F16, {5}, 10, 2},
-                       {"bf16", TensorType::BF16, {2, 3, 2}, 24, 3},
-                       {"q8_0", TensorType::Q8_0, {64, 3}, 204, 4},
-                       {"q4_0", TensorType::Q4_0, {32, 1, 1, 2}, 36, 5}};
+  const Expect ex[] = {{"f32", DType::F32, {3, 2}, 24, 1},
+                       {"f16", DType::F16, {5}, 10, 2},
+                       {"bf16", DType::BF16, {2, 3, 2}, 24, 3},
+                       {"q8_0", DType::Q8_0, {64, 3}, 204, 4},
+                       {"q4_0", DType::Q4_0, {32, 1, 1, 2}, 36, 5}};
   BOOST_REQUIRE(f.tensors().size() == 5u);
   for (const Expect& e : ex) {
     const TensorInfo* t = f.tensor(e.name);
@@ -186,23 +188,23 @@ BOOST_AUTO_TEST_CASE(empty_file_and_metadata_only) {
 
 BOOST_AUTO_TEST_CASE(writer_rejects_bad_input) {
   Writer w;
-  BOOST_CHECK_THROW(w.add_tensor("x", TensorType::F32, {4}, std::vector<uint8_t>(15)),
+  BOOST_CHECK_THROW(w.add_tensor("x", DType::F32, {4}, std::vector<uint8_t>(15)),
                     std::invalid_argument);
-  BOOST_CHECK_THROW(w.add_tensor("x", TensorType::Q8_0, {16}, std::vector<uint8_t>(17)),
+  BOOST_CHECK_THROW(w.add_tensor("x", DType::Q8_0, {16}, std::vector<uint8_t>(17)),
                     std::invalid_argument);
-  BOOST_CHECK_THROW(w.add_tensor("x", TensorType::F32, {}, std::vector<uint8_t>()),
+  BOOST_CHECK_THROW(w.add_tensor("x", DType::F32, {}, std::vector<uint8_t>()),
                     std::invalid_argument);
-  BOOST_CHECK_THROW(w.add_tensor("x", TensorType::F32, {1, 1, 1, 1, 1}, std::vector<uint8_t>(4)),
+  BOOST_CHECK_THROW(w.add_tensor("x", DType::F32, {1, 1, 1, 1, 1}, std::vector<uint8_t>(4)),
                     std::invalid_argument);
   BOOST_CHECK_THROW(Writer(3).bytes(), std::invalid_argument);
   // types without a block layout are named, never shown as a bare number
   BOOST_CHECK_EXCEPTION(
-      w.add_tensor("x", static_cast<TensorType>(4), {32}, std::vector<uint8_t>(18)),
+      w.add_tensor("x", static_cast<DType>(4), {32}, std::vector<uint8_t>(18)),
       std::invalid_argument, [](const std::invalid_argument& e) {
         return std::string(e.what()).find("tensor 'x' has type Q4_2 (4)") != std::string::npos;
       });
   BOOST_CHECK_EXCEPTION(
-      w.add_tensor("x", static_cast<TensorType>(99), {32}, std::vector<uint8_t>(18)),
+      w.add_tensor("x", static_cast<DType>(99), {32}, std::vector<uint8_t>(18)),
       std::invalid_argument, [](const std::invalid_argument& e) {
         return std::string(e.what()).find("tensor 'x' has unknown type 99") != std::string::npos;
       });
@@ -210,8 +212,10 @@ BOOST_AUTO_TEST_CASE(writer_rejects_bad_input) {
   BOOST_CHECK_THROW(Writer().write(d.path() + "/no/such/dir/x.gguf"), std::runtime_error);
   // a failing fill leaves no file behind
   Writer bad;
-  bad.add_tensor("x", TensorType::F32, {4},
+  bad.add_tensor("x", DType::F32, {4},
                  [](uint8_t*, size_t) { throw std::runtime_error("boom"); });
   BOOST_CHECK_THROW(bad.write(d.path() + "/bad.gguf"), std::runtime_error);
   BOOST_TEST(std::filesystem::is_empty(d.path()));
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_gguf_writer

@@ -3,7 +3,6 @@
 // PULL credit and leaves no record; a finished job's done waits for its result record; write
 // errors are counted and the failing state ends with the next good write. The full disk is this
 // process's file-size limit (RLIMIT_FSIZE): writes past it fail, as on a full file system.
-#define BOOST_TEST_MODULE journal_actor
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -19,7 +18,7 @@
 #include "actors/journal.hpp"
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "storage/journal_file.hpp"
 #include "tests/support/enum_print.hpp"
 #include "tests/support/full_disk.hpp"
@@ -27,6 +26,8 @@
 #include "tests/support/stats_probe.hpp"
 #include "tests/support/temp_dir.hpp"
 #include "tests/support/test_system.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_journal_actor)
 
 using namespace sy;
 
@@ -241,3 +242,5 @@ BOOST_AUTO_TEST_CASE(a_done_waits_for_its_result_record_while_the_disk_is_full) 
   BOOST_REQUIRE_EQUAL(replay.results.size(), 1u);
   BOOST_TEST(replay.results[0].id == "a");
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_journal_actor

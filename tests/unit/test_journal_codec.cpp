@@ -1,12 +1,13 @@
 // The journal's record codec (storage/journal_codec): every field of each record round-trips, the
 // records are maps of exactly the named fields (what docs/durability.md lists), an older record
 // without some fields decodes with their defaults, and a damaged payload is refused by name.
-#define BOOST_TEST_MODULE journal_codec
 #include <boost/test/unit_test.hpp>
 #include <msgpack.hpp>
 #include <set>
 
 #include "storage/journal_codec.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_journal_codec)
 
 using namespace sy;
 
@@ -174,3 +175,5 @@ BOOST_AUTO_TEST_CASE(older_records_and_damage) {
   BOOST_TEST(refused(std::string(odd.data(), odd.size()), "unknown record kind"));
   BOOST_TEST(journal::decode(journal::encode_delivered(9)).uid == 9u);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_journal_codec

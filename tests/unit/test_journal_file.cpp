@@ -1,6 +1,5 @@
 // The journal file format: framing round trip, recovery of a truncated or corrupt tail (with a
 // warning), empty and foreign files, the exclusive lock, compaction, and the fsync policies.
-#define BOOST_TEST_MODULE journal_file
 #include <unistd.h>
 
 #include <boost/test/unit_test.hpp>
@@ -10,6 +9,8 @@
 
 #include "storage/journal_file.hpp"
 #include "tests/support/temp_dir.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_journal_file)
 
 using namespace sy;
 
@@ -438,3 +439,5 @@ BOOST_AUTO_TEST_CASE(fsync_policies_parse_and_group_commit_syncs_less) {
   BOOST_TEST_MESSAGE("records/s: always " << per_s[0] << ", batch(" << group << ") " << per_s[1]
                                           << ", never " << per_s[2]);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_journal_file

@@ -3,7 +3,6 @@
 // written leaves no PATH.tmp. The full disk is this process's file-size limit (RLIMIT_FSIZE),
 // which refuses writes past it with EFBIG and takes a partial prefix of a write across it, as a
 // full file system does with ENOSPC.
-#define BOOST_TEST_MODULE journal_full_disk
 #include <signal.h>
 #include <sys/resource.h>
 
@@ -16,6 +15,8 @@
 #include "storage/journal_file.hpp"
 #include "tests/support/full_disk.hpp"
 #include "tests/support/temp_dir.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_journal_full_disk)
 
 using namespace sy;
 
@@ -183,3 +184,5 @@ BOOST_AUTO_TEST_CASE(a_restart_on_a_full_disk_starts_on_the_journal_as_it_is) {
   BOOST_TEST(again.pending.size() == 1u);
   BOOST_TEST(again.warning.empty(), again.warning);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_journal_full_disk

@@ -1,6 +1,5 @@
 // The journal's records and replay: what a restarted server runs again, remembers and delivers
 // again, and that the compacted journal replays to the same state.
-#define BOOST_TEST_MODULE journal_replay
 #include <boost/test/unit_test.hpp>
 #include <cstdlib>
 
@@ -8,6 +7,8 @@
 #include "storage/journal_file.hpp"
 #include "tests/support/enum_print.hpp"
 #include "tests/support/temp_dir.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_journal_replay)
 
 using namespace sy;
 
@@ -248,3 +249,5 @@ BOOST_AUTO_TEST_CASE(open_journal_recovers_replays_and_compacts_a_file) {
   BOOST_TEST(scan.warning.empty());
   BOOST_TEST(scan.records.size() == 3u);  // accept b, result a, delivered a
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_journal_replay

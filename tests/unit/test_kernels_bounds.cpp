@@ -2,7 +2,6 @@
 // any over-read faults. The batch-1 kernels load a pair of blocks 64 bytes at a time, more than
 // a Q4_0 pair holds; shapes cover odd block counts (a scalar tail block), row counts that are not
 // a multiple of the 4-row tile, and 1 to 5 tokens.
-#define BOOST_TEST_MODULE kernels_bounds
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -15,6 +14,8 @@
 
 #include "kernels/cpu/kernels.hpp"
 #include "tests/support/random_data.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_kernels_bounds)
 
 using namespace sy::kernels;
 
@@ -92,3 +93,5 @@ BOOST_AUTO_TEST_CASE(matmul_reads_nothing_past_the_last_row) {
     }
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_kernels_bounds

@@ -1,5 +1,4 @@
 // Tests of the element conversions (f16, bf16) and the Q8_0 / Q4_0 quantizers in kernels.hpp.
-#define BOOST_TEST_MODULE kernels_convert
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstring>
@@ -12,6 +11,8 @@
 #endif
 
 #include "kernels/cpu/kernels.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_kernels_convert)
 
 using namespace sy::kernels;
 
@@ -114,6 +115,14 @@ BOOST_AUTO_TEST_CASE(row_bytes_values) {
   BOOST_TEST(row_bytes(DType::Q8_0, 64) == 68u);
   BOOST_TEST(row_bytes(DType::Q4_0, 64) == 36u);
   BOOST_CHECK_THROW(row_bytes(DType::Q8_0, 33), std::invalid_argument);
+  // a ggml type the reader sizes but no kernel computes with
+  BOOST_TEST(dtype_known(30));  // BF16
+  BOOST_TEST(!dtype_known(9));  // Q8_1
+  BOOST_TEST(dtype_row_bytes(DType::Q8_1, 64) == 72);
+  BOOST_CHECK_EXCEPTION(row_bytes(DType::Q8_1, 64), std::invalid_argument,
+                        [](const std::invalid_argument& e) {
+                          return std::string(e.what()) == "kernels: unsupported dtype unknown (9)";
+                        });
 }
 
 BOOST_AUTO_TEST_CASE(q8_0_known_block) {
@@ -199,3 +208,5 @@ BOOST_AUTO_TEST_CASE(quantize_round_trip_bounds) {
     }
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_kernels_convert

@@ -1,7 +1,6 @@
 // Tests of the K-quants (Q2_K..Q6_K, IQ4_XS): block sizes, dequantization of llama.cpp-quantized
 // zoo files against the f32 weights they were made from, Q8_K activations, the SIMD and portable
 // dot products, and the quantizers' layout and error bound.
-#define BOOST_TEST_MODULE kernels_kquants
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstring>
@@ -14,6 +13,8 @@
 
 #include "kernels/cpu/kernels.hpp"
 #include "kernels/cpu/quants.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_kernels_kquants)
 
 using namespace sy::kernels;
 
@@ -731,3 +732,5 @@ BOOST_AUTO_TEST_CASE(quantizers_compare_with_llama_quantize_on_zoo_weights) {
     }
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_kernels_kquants

@@ -1,7 +1,6 @@
 // The legacy block types Q4_1, Q5_0, Q5_1 and IQ4_NL: block sizes, dequantization of the blocks
 // llama-quantize wrote into the zoo files against the f32 weights they came from, the fast
 // matmul against the reference, and this project's quantizers.
-#define BOOST_TEST_MODULE kernels_legacy
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -13,6 +12,8 @@
 #include "kernels/cpu/kernels.hpp"
 #include "kernels/cpu/quants.hpp"
 #include "model/gguf.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_kernels_legacy)
 
 using namespace sy::kernels;
 namespace gguf = sy::gguf;
@@ -95,7 +96,7 @@ struct ZooTensor {
 ZooTensor zoo_tensor(const gguf::File& ff, const gguf::File& qf, const gguf::TensorInfo& qt) {
   const gguf::TensorInfo* ft = ff.tensor(qt.name);
   BOOST_REQUIRE_MESSAGE(ft != nullptr, qt.name);
-  BOOST_REQUIRE(ft->type == gguf::TensorType::F32);
+  BOOST_REQUIRE(ft->type == DType::F32);
   BOOST_REQUIRE(ft->dims == qt.dims);
   ZooTensor z;
   z.cols = static_cast<int64_t>(qt.dims[0]);
@@ -112,8 +113,7 @@ BOOST_AUTO_TEST_CASE(block_sizes) {
   for (const TypeCase& c : kCases) {
     const quant::TypeOps* o = quant::ops(c.type);
     BOOST_REQUIRE_MESSAGE(o != nullptr, dtype_name(c.type));
-    BOOST_TEST(o->block_elems == 32);
-    BOOST_TEST(static_cast<size_t>(o->block_bytes) == c.block_bytes);
+    BOOST_TEST(static_cast<size_t>(dtype_block_bytes(c.type)) == c.block_bytes);
     BOOST_TEST(row_bytes(c.type, 32) == c.block_bytes);
     BOOST_TEST(row_bytes(c.type, 4096) == 128 * c.block_bytes);
     BOOST_TEST(dtype_block_elems(c.type) == 32);
@@ -179,7 +179,7 @@ BOOST_AUTO_TEST_CASE(zoo_blocks_match_the_f32_weights) {
     int n_tensors = 0;
     double worst = 0;
     for (const gguf::TensorInfo& qt : qf.tensors()) {
-      if (static_cast<DType>(qt.type) != c.type) continue;
+      if (qt.type != c.type) continue;
       ++n_tensors;
       const ZooTensor z = zoo_tensor(ff, qf, qt);
       const std::vector<float> y = dequant(c.type, z.q, z.rows, z.cols);
@@ -349,7 +349,7 @@ BOOST_AUTO_TEST_CASE(fast_matmul_vs_reference_zoo_weights) {
     const gguf::File qf = gguf::File::open(kZoo + "zoo-llama3-" + c.zoo + ".gguf");
     const gguf::TensorInfo* t = qf.tensor("blk.1.ffn_down.weight");
     BOOST_REQUIRE(t != nullptr);
-    BOOST_REQUIRE(static_cast<DType>(t->type) == c.type);
+    BOOST_REQUIRE(t->type == c.type);
     for (int64_t n_tok : {1, 2, 7})
       check_matmul(c.type, qf.data(*t), static_cast<int64_t>(t->dims[1]),
                    static_cast<int64_t>(t->dims[0]), n_tok, n_tok == 7 ? &pool : nullptr, "zoo");
@@ -370,3 +370,5 @@ BOOST_AUTO_TEST_CASE(fast_matmul_vs_reference_odd_shapes) {
     for (int64_t n_tok : {1, 3, 5}) check_matmul(c.type, q.data(), rows, cols, n_tok, &pool, "own");
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_kernels_legacy

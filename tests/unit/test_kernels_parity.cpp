@@ -1,6 +1,5 @@
 // Parity of the fast kernels with the reference ones: every op, every weight dtype, several token
 // counts, odd shapes, and thread pools of 1 to 3 threads.
-#define BOOST_TEST_MODULE kernels_parity
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -12,6 +11,8 @@
 
 #include "kernels/cpu/kernels.hpp"
 #include "tests/support/random_data.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_kernels_parity)
 
 using namespace sy::kernels;
 
@@ -258,3 +259,5 @@ BOOST_AUTO_TEST_CASE(softmax_swiglu_parity) {
     BOOST_TEST(rel_err(gg, gw) <= 1e-6, "swiglu n " << n);
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_kernels_parity

@@ -1,6 +1,5 @@
 // ThreadPool: every index is covered exactly once, repeated calls work, errors come back, and
 // a held-up worker's share is taken by the calling thread.
-#define BOOST_TEST_MODULE kernels_pool
 #include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <chrono>
@@ -11,6 +10,8 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_kernels_pool)
 
 using namespace sy::kernels;
 
@@ -86,3 +87,5 @@ BOOST_AUTO_TEST_CASE(caller_takes_over_the_chunks_of_a_held_up_worker) {
   BOOST_TEST(worker_items < n / 2);
   BOOST_TEST(done_elsewhere == n - worker_items);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_kernels_pool

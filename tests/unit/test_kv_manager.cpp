@@ -1,6 +1,5 @@
 // KvManager: block tables over the pools, trimming under a KV policy (and the window group's own
 // window), prefix reuse and publishing through the prefix cache, the fit check.
-#define BOOST_TEST_MODULE kv_manager
 #include <boost/test/unit_test.hpp>
 #include <numeric>
 #include <stdexcept>
@@ -8,6 +7,8 @@
 #include <vector>
 
 #include "gpu/kv_manager.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_kv_manager)
 
 using sy::KvManager;
 using sy::KvTables;
@@ -182,3 +183,5 @@ BOOST_AUTO_TEST_CASE(two_groups_need_a_layer_window) {
                                  "of two kinds";
                         });
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_kv_manager

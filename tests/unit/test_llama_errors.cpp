@@ -1,6 +1,5 @@
 // Loading errors of llama-family files (wrong architecture, missing or mis-shaped tensors,
 // missing hyperparameters) and the engine's refusal of malformed batches.
-#define BOOST_TEST_MODULE llama_errors
 #include <boost/test/unit_test.hpp>
 #include <cstring>
 #include <functional>
@@ -11,6 +10,8 @@
 #include <vector>
 
 #include "gpu/engine.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_llama_errors)
 
 namespace {
 
@@ -23,26 +24,26 @@ struct Tweaks {
   std::set<std::string> drop_keys;
   std::set<std::string> drop_tensors;
   std::map<std::string, std::vector<uint64_t>> reshape;
-  std::map<std::string, gguf::TensorType> retype;
+  std::map<std::string, sy::kernels::DType> retype;
   std::map<std::string, uint32_t> extra_u32;
   bool with_output = true;
 };
 
 constexpr int kDim = 8, kLayers = 2, kHeads = 2, kKvHeads = 1, kHeadDim = 4, kFfn = 12, kVocab = 6;
 
-std::vector<uint8_t> tensor_bytes(gguf::TensorType type, const std::vector<uint64_t>& dims,
+std::vector<uint8_t> tensor_bytes(sy::kernels::DType type, const std::vector<uint64_t>& dims,
                                   std::mt19937& rng) {
   uint64_t n = 1;
   for (uint64_t d : dims) n *= d;
   std::uniform_real_distribution<float> u(-0.5f, 0.5f);
   std::vector<float> v(n);
   for (float& x : v) x = u(rng);
-  std::vector<uint8_t> out(static_cast<size_t>(
-      gguf::row_bytes(type, static_cast<int64_t>(dims[0])) * static_cast<int64_t>(n / dims[0])));
-  const size_t rb = static_cast<size_t>(gguf::row_bytes(type, static_cast<int64_t>(dims[0])));
+  const size_t rb =
+      static_cast<size_t>(sy::kernels::dtype_row_bytes(type, static_cast<int64_t>(dims[0])));
+  std::vector<uint8_t> out(rb * static_cast<size_t>(n / dims[0]));
   for (uint64_t r = 0; r < n / dims[0]; ++r) {
-    sy::kernels::quantize_row(static_cast<sy::kernels::DType>(type), v.data() + r * dims[0],
-                              out.data() + r * rb, static_cast<int64_t>(dims[0]));
+    sy::kernels::quantize_row(type, v.data() + r * dims[0], out.data() + r * rb,
+                              static_cast<int64_t>(dims[0]));
   }
   return out;
 }
@@ -77,7 +78,7 @@ std::vector<uint8_t> build(const Tweaks& tw = {}) {
   const auto tensor = [&](const std::string& name, std::vector<uint64_t> dims) {
     if (tw.drop_tensors.count(name)) return;
     if (auto it = tw.reshape.find(name); it != tw.reshape.end()) dims = it->second;
-    gguf::TensorType type = gguf::TensorType::F32;
+    sy::kernels::DType type = sy::kernels::DType::F32;
     if (auto it = tw.retype.find(name); it != tw.retype.end()) type = it->second;
     w.add_tensor(name, type, dims, tensor_bytes(type, dims, rng));
   };
@@ -155,7 +156,7 @@ BOOST_AUTO_TEST_CASE(tied_output_uses_token_embedding) {
 
 BOOST_AUTO_TEST_CASE(f16_norms_are_converted) {
   Tweaks tw;
-  tw.retype["blk.0.attn_norm.weight"] = gguf::TensorType::F16;
+  tw.retype["blk.0.attn_norm.weight"] = sy::kernels::DType::F16;
   const auto bytes = build(tw);
   auto m = load(bytes);
   const gguf::TensorInfo* t = m->file().tensor("blk.0.attn_norm.weight");
@@ -339,3 +340,5 @@ BOOST_AUTO_TEST_CASE(block_pool_hands_out_and_takes_back) {
   BOOST_CHECK_THROW(p.free(3), std::logic_error);
   BOOST_TEST(*p.alloc() == 1);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_llama_errors

@@ -1,6 +1,5 @@
 // make-model: every dtype writes a file the reader accepts with the expected tensors, types,
 // hyperparameters and vocabulary; weights are deterministic in the seed and sensibly scaled.
-#define BOOST_TEST_MODULE makemodel
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstring>
@@ -14,8 +13,10 @@
 #include "model/make_model.hpp"
 #include "tests/support/temp_dir.hpp"
 
+BOOST_AUTO_TEST_SUITE(test_makemodel)
+
 using namespace sy;
-using gguf::TensorType;
+using kernels::DType;
 
 namespace {
 
@@ -39,8 +40,8 @@ std::string make(const TempDir& d, const std::string& shape, const std::string& 
 std::vector<float> row_f32(const gguf::File& f, const gguf::TensorInfo& t, int64_t r) {
   const int64_t cols = static_cast<int64_t>(t.dims[0]);
   std::vector<float> out(static_cast<size_t>(cols));
-  const uint8_t* p = f.data(t) + r * gguf::row_bytes(t.type, cols);
-  kernels::dequantize_row(static_cast<kernels::DType>(t.type), p, out.data(), cols);
+  const uint8_t* p = f.data(t) + r * kernels::row_bytes(t.type, cols);
+  kernels::dequantize_row(t.type, p, out.data(), cols);
   return out;
 }
 
@@ -55,11 +56,11 @@ const std::string kModels = SY_MODELS_DIR;
 
 BOOST_AUTO_TEST_CASE(tiny_every_dtype) {
   TempDir d;
-  const std::pair<const char*, TensorType> dtypes[] = {{"f32", TensorType::F32},
-                                                       {"f16", TensorType::F16},
-                                                       {"bf16", TensorType::BF16},
-                                                       {"q8_0", TensorType::Q8_0},
-                                                       {"q4_0", TensorType::Q4_0}};
+  const std::pair<const char*, DType> dtypes[] = {{"f32", DType::F32},
+                                                  {"f16", DType::F16},
+                                                  {"bf16", DType::BF16},
+                                                  {"q8_0", DType::Q8_0},
+                                                  {"q4_0", DType::Q4_0}};
   for (const auto& [name, type] : dtypes) {
     BOOST_TEST_CONTEXT("dtype " << name) {
       const gguf::File f = gguf::File::open(make(d, "tiny", name));
@@ -94,7 +95,7 @@ BOOST_AUTO_TEST_CASE(tiny_every_dtype) {
         const gguf::TensorInfo* t = f.tensor(w.n);
         BOOST_REQUIRE_MESSAGE(t, w.n);
         BOOST_TEST(t->dims == w.dims);
-        BOOST_TEST((t->type == (w.norm ? TensorType::F32 : type)), w.n);
+        BOOST_TEST((t->type == (w.norm ? DType::F32 : type)), w.n);
       }
       // norms are exactly 1
       const auto norm = row_f32(f, *f.tensor("output_norm.weight"), 0);
@@ -199,7 +200,7 @@ BOOST_AUTO_TEST_CASE(shape_15M_has_untied_output) {
   const gguf::TensorInfo* out = f.tensor("output.weight");
   BOOST_REQUIRE(out);
   BOOST_TEST((out->dims == std::vector<uint64_t>{288, 32000}));
-  BOOST_TEST((out->type == TensorType::Q8_0));
+  BOOST_TEST((out->type == DType::Q8_0));
   BOOST_TEST((f.tensor("blk.5.attn_k.weight")->dims == std::vector<uint64_t>{288, 288}));
   BOOST_TEST(*f.get_int("llama.attention.head_count") == 6);
   BOOST_TEST(*f.get_int("llama.rope.dimension_count") == 48);
@@ -284,3 +285,5 @@ BOOST_AUTO_TEST_CASE(bad_options) {
   BOOST_CHECK_THROW(make_model(o), std::invalid_argument);
   BOOST_TEST(!std::filesystem::exists(d.path() + "/x.gguf"));
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_makemodel

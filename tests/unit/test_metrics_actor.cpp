@@ -2,7 +2,6 @@
 // counters by class, tenant and outcome, latency histograms, gauges gathered at scrape time,
 // counters that survive a dead batcher, the supervisor's figures and per-executor series, /ready,
 // and the HTTP routes over a real loopback socket.
-#define BOOST_TEST_MODULE metrics_actor
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -17,9 +16,11 @@
 #include "actors/messages.hpp"
 #include "actors/metrics.hpp"
 #include "tests/support/stand_in.hpp"
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 #include "server/metrics.hpp"
 #include "tests/support/enum_print.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_metrics_actor)
 
 using namespace sy;
 using namespace std::chrono_literals;
@@ -331,3 +332,5 @@ BOOST_AUTO_TEST_CASE(http_routes) {
   BOOST_CHECK_THROW(MetricsEndpoint(sys, m, "nonsense").start(), std::exception);
   test::stop_all(executor, batcher, m);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_metrics_actor

@@ -2,7 +2,6 @@
 // reply (control_stats_json), the SIGUSR1 line (ServerSnapshot::to_json) and /metrics (the
 // metrics actor, asked by stand-ins answering the records). Also the field-by-field sum over
 // batchers and the records' CAF serialization (what crosses to a remote node).
-#define BOOST_TEST_MODULE metrics_stats
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <chrono>
@@ -16,6 +15,8 @@
 #include "tests/support/stand_in.hpp"
 #include "actors/stats.hpp"
 #include "server/server.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_metrics_stats)
 
 using namespace sy;
 using namespace std::chrono_literals;
@@ -269,3 +270,5 @@ BOOST_AUTO_TEST_CASE(records_cross_caf_serialization) {
   // A record also prints through CAF (messages in logs and test failures).
   BOOST_TEST(caf::deep_to_string(r.b0).find("sliding_window:1") != std::string::npos);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_metrics_stats

@@ -2,7 +2,6 @@
 // label escaping, number formatting, family headers and histograms (cumulative buckets with
 // inclusive bounds, +Inf equal to _count, _sum), so that a library upgrade that changed any of it
 // fails here rather than in a scraper.
-#define BOOST_TEST_MODULE metrics_text
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -17,6 +16,8 @@
 #include <vector>
 
 #include "actors/metrics.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_metrics_text)
 
 namespace pm = prometheus;
 
@@ -114,3 +115,5 @@ BOOST_AUTO_TEST_CASE(empty_histogram) {
 BOOST_AUTO_TEST_CASE(content_type_is_the_text_format) {
   BOOST_TEST(std::string(sy::prom::kContentType).rfind("text/plain; version=0.0.4", 0) == 0u);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_metrics_text

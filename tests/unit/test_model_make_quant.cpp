@@ -3,7 +3,6 @@
 // every tensor follows llama.cpp's rules (checked against llama-quantize's zoo files), the
 // architectures use llama.cpp's keys and tensor names (checked against the zoo), and where this
 // build computes the types and architecture, greedy output is stable.
-#define BOOST_TEST_MODULE model_make_quant
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -20,8 +19,10 @@
 #include "model/model.hpp"
 #include "tests/support/temp_dir.hpp"
 
+BOOST_AUTO_TEST_SUITE(test_model_make_quant)
+
 using namespace sy;
-using gguf::TensorType;
+using kernels::DType;
 
 namespace {
 
@@ -59,37 +60,37 @@ std::string make(const std::string& arch, const std::string& dtype) {
 // 0.030, IQ4_NL 0.065, Q2_K 0.299, Q3_K 0.142, Q4_K 0.062, Q5_K 0.030, Q6_K 0.0146; bounds are
 // those plus about 15 %. IQ4_XS (not measured: no quantizer yet when written) gets IQ4_NL's
 // codebook error plus a margin for its 6-bit sub-block scales.
-double rms_bound(TensorType t) {
+double rms_bound(DType t) {
   switch (t) {
-    case TensorType::F32:
+    case DType::F32:
       return 0.0;
-    case TensorType::F16:
+    case DType::F16:
       return 5e-4;  // 11-bit significand: 2^-12 relative per element at most
-    case TensorType::BF16:
+    case DType::BF16:
       return 4e-3;  // 8-bit significand: 2^-9
-    case TensorType::Q8_0:
+    case DType::Q8_0:
       return 0.0045;
-    case TensorType::Q4_0:
+    case DType::Q4_0:
       return 0.075;
-    case TensorType::Q4_1:
+    case DType::Q4_1:
       return 0.07;
-    case TensorType::Q5_0:
+    case DType::Q5_0:
       return 0.036;
-    case TensorType::Q5_1:
+    case DType::Q5_1:
       return 0.034;
-    case TensorType::IQ4_NL:
+    case DType::IQ4_NL:
       return 0.075;
-    case TensorType::Q2_K:
+    case DType::Q2_K:
       return 0.34;
-    case TensorType::Q3_K:
+    case DType::Q3_K:
       return 0.165;
-    case TensorType::Q4_K:
+    case DType::Q4_K:
       return 0.072;
-    case TensorType::Q5_K:
+    case DType::Q5_K:
       return 0.035;
-    case TensorType::Q6_K:
+    case DType::Q6_K:
       return 0.017;
-    case TensorType::IQ4_XS:
+    case DType::IQ4_XS:
       return 0.085;
     default:
       return -1.0;
@@ -97,24 +98,24 @@ double rms_bound(TensorType t) {
 }
 
 // Whether this build can quantize and compute with t.
-bool computes(TensorType t) {
+bool computes(DType t) {
   switch (t) {
-    case TensorType::F32:
-    case TensorType::F16:
-    case TensorType::BF16:
-    case TensorType::Q8_0:
-    case TensorType::Q4_0:
+    case DType::F32:
+    case DType::F16:
+    case DType::BF16:
+    case DType::Q8_0:
+    case DType::Q4_0:
       return true;
     default: {
-      const kernels::quant::TypeOps* o = kernels::quant::ops(static_cast<kernels::DType>(t));
+      const kernels::quant::TypeOps* o = kernels::quant::ops(t);
       return o != nullptr && o->quantize != nullptr;
     }
   }
 }
 
 // The types make-model picks for every matrix of `arch` at the mini shape with `dtype`.
-std::set<TensorType> planned_types(const std::string& dtype) {
-  std::set<TensorType> out;
+std::set<DType> planned_types(const std::string& dtype) {
+  std::set<DType> out;
   // mini: rows of 256 (dim) and 768 (FFN) elements; the rule depends on name and layer only.
   for (const char* name : {"token_embd.weight", "output.weight"})
     out.insert(make_model_tensor_type(dtype, name, -1, 4, 256));
@@ -129,7 +130,7 @@ std::set<TensorType> planned_types(const std::string& dtype) {
 }
 
 bool buildable(const std::string& dtype) {
-  for (TensorType t : planned_types(dtype))
+  for (DType t : planned_types(dtype))
     if (!computes(t)) return false;
   return true;
 }
@@ -138,10 +139,9 @@ std::vector<float> dequant(const gguf::File& f, const gguf::TensorInfo& t) {
   const auto cols = static_cast<int64_t>(t.dims[0]);
   const auto rows = static_cast<int64_t>(t.n_elements) / cols;
   std::vector<float> out(t.n_elements);
-  const auto rb = static_cast<size_t>(gguf::row_bytes(t.type, cols));
+  const size_t rb = kernels::row_bytes(t.type, cols);
   for (int64_t r = 0; r < rows; ++r)
-    kernels::dequantize_row(static_cast<kernels::DType>(t.type), f.data(t) + r * rb,
-                            out.data() + r * cols, cols);
+    kernels::dequantize_row(t.type, f.data(t) + r * rb, out.data() + r * cols, cols);
   return out;
 }
 
@@ -210,9 +210,10 @@ BOOST_AUTO_TEST_CASE(tensor_types_follow_llama_quantize) {
       if (t.dims.size() != 2) continue;
       int layer = -1;
       if (t.name.rfind("blk.", 0) == 0) layer = std::stoi(t.name.substr(4));
-      const TensorType want =
+      const DType want =
           make_model_tensor_type(mix, t.name, layer, 4, static_cast<int64_t>(t.dims[0]));
-      BOOST_TEST(gguf::type_name(want) == gguf::type_name(t.type), file << " " << t.name);
+      BOOST_TEST(std::string(kernels::dtype_name(want)) == kernels::dtype_name(t.type),
+                 file << " " << t.name);
       ++n;
     }
     BOOST_TEST(n == 30);
@@ -221,26 +222,26 @@ BOOST_AUTO_TEST_CASE(tensor_types_follow_llama_quantize) {
   // third between), tied output, fused QKV, and the fallback for rows not of 256.
   std::vector<int> more;
   for (int l = 0; l < 32; ++l)
-    if (make_model_tensor_type("q4_k_m", "blk.x.attn_v.weight", l, 32, 4096) == TensorType::Q6_K)
+    if (make_model_tensor_type("q4_k_m", "blk.x.attn_v.weight", l, 32, 4096) == DType::Q6_K)
       more.push_back(l);
   BOOST_TEST(more == (std::vector<int>{0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30, 31}),
              boost::test_tools::per_element());
-  BOOST_TEST(gguf::type_name(make_model_tensor_type("q4_k_m", "token_embd.weight", -1, 4, 256)) ==
-             std::string("Q4_K"));
-  BOOST_TEST(gguf::type_name(make_model_tensor_type("q4_k_m", "token_embd.weight", -1, 4, 256,
-                                                    true)) == std::string("Q6_K"));
-  BOOST_TEST(gguf::type_name(make_model_tensor_type("q4_k_m", "blk.0.attn_qkv.weight", 0, 4,
-                                                    256)) == std::string("Q5_K"));
-  BOOST_TEST(gguf::type_name(make_model_tensor_type("q5_k_m", "blk.0.attn_qkv.weight", 0, 4,
-                                                    256)) == std::string("Q6_K"));
+  BOOST_TEST(kernels::dtype_name(make_model_tensor_type("q4_k_m", "token_embd.weight", -1, 4,
+                                                        256)) == std::string("Q4_K"));
+  BOOST_TEST(kernels::dtype_name(make_model_tensor_type("q4_k_m", "token_embd.weight", -1, 4, 256,
+                                                        true)) == std::string("Q6_K"));
+  BOOST_TEST(kernels::dtype_name(make_model_tensor_type("q4_k_m", "blk.0.attn_qkv.weight", 0, 4,
+                                                        256)) == std::string("Q5_K"));
+  BOOST_TEST(kernels::dtype_name(make_model_tensor_type("q5_k_m", "blk.0.attn_qkv.weight", 0, 4,
+                                                        256)) == std::string("Q6_K"));
   const std::pair<const char*, const char*> fallbacks[] = {
       {"q2_k", "IQ4_NL"}, {"q3_k", "IQ4_NL"}, {"iq4_xs", "IQ4_NL"}, {"q4_k", "Q5_0"},
       {"q5_k", "Q5_1"},   {"q6_k", "Q8_0"},   {"q4_k_m", "Q5_0"},   {"q5_0", "Q5_0"}};
   for (const auto& [dtype, want] : fallbacks)
-    BOOST_TEST(gguf::type_name(make_model_tensor_type(dtype, "blk.0.attn_q.weight", 0, 4, 288)) ==
-                   std::string(want),
+    BOOST_TEST(kernels::dtype_name(make_model_tensor_type(dtype, "blk.0.attn_q.weight", 0, 4,
+                                                          288)) == std::string(want),
                dtype);
-  BOOST_TEST(gguf::type_name(make_model_tensor_type("q4_k_m", "output.weight", -1, 4, 288)) ==
+  BOOST_TEST(kernels::dtype_name(make_model_tensor_type("q4_k_m", "output.weight", -1, 4, 288)) ==
              std::string("Q8_0"));  // Q6_K's fallback
   BOOST_CHECK_THROW(make_model_tensor_type("q7_k", "output.weight", -1, 4, 256),
                     std::invalid_argument);
@@ -273,14 +274,13 @@ BOOST_AUTO_TEST_CASE(every_dtype_round_trips) {
         BOOST_REQUIRE(s != nullptr);
         BOOST_TEST(t.dims == s->dims, boost::test_tools::per_element());
         if (t.dims.size() == 1) {
-          BOOST_TEST(gguf::type_name(t.type) == std::string("F32"), t.name);
+          BOOST_TEST(kernels::dtype_name(t.type) == std::string("F32"), t.name);
           continue;
         }
         int layer = -1;
         if (t.name.rfind("blk.", 0) == 0) layer = std::stoi(t.name.substr(4));
-        BOOST_TEST(gguf::type_name(t.type) ==
-                       gguf::type_name(make_model_tensor_type(dtype, t.name, layer, 4,
-                                                              static_cast<int64_t>(t.dims[0]))),
+        BOOST_TEST((t.type == make_model_tensor_type(dtype, t.name, layer, 4,
+                                                     static_cast<int64_t>(t.dims[0]))),
                    t.name);
         const std::vector<float> x = dequant(src, *s), y = dequant(f, t);
         double e = 0, n = 0;
@@ -289,7 +289,7 @@ BOOST_AUTO_TEST_CASE(every_dtype_round_trips) {
           n += double{x[i]} * x[i];
         }
         const double rel = std::sqrt(e / n);
-        const std::string tn = gguf::type_name(t.type);
+        const std::string tn = kernels::dtype_name(t.type);
         worst[tn] = std::max(worst[tn], rel);
         BOOST_TEST(rel <= rms_bound(t.type), t.name << " " << tn << " rel rms " << rel);
       }
@@ -420,3 +420,5 @@ BOOST_AUTO_TEST_CASE(greedy_output_is_stable) {
   BOOST_TEST(checked >= 5);                      // the legacy types on llama at least
   BOOST_TEST(compared >= checked * kSteps / 2);  // most steps are not near-ties
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_model_make_quant

@@ -1,10 +1,11 @@
 // Table-driven tests of policy::decide_autoscale (elastic pairs) and policy::executor_slots.
-#define BOOST_TEST_MODULE policies_autoscale
 #include <boost/test/unit_test.hpp>
 #include <string>
 #include <vector>
 
 #include "policies/autoscale.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_policies_autoscale)
 
 using namespace sy::policy;
 
@@ -117,3 +118,5 @@ BOOST_AUTO_TEST_CASE(slots_follow_devices) {
   BOOST_TEST(executor_slots(true, 0, 2).size() == 2u);   // a device backend without devices: CPU
   BOOST_TEST(executor_slots(false, 0, 0).size() == 1u);  // at least one
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_policies_autoscale

@@ -1,6 +1,5 @@
 // KV policy tests: text format round trips and errors, attention sets, block release and the
 // most blocks held (cross-checked by brute force against slot_needed), horizons, hysteresis.
-#define BOOST_TEST_MODULE policies_kv
 #include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
@@ -9,6 +8,8 @@
 #include <vector>
 
 #include "policies/kv_policy.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_policies_kv)
 
 using namespace sy::policy;
 
@@ -290,3 +291,5 @@ BOOST_AUTO_TEST_CASE(layer_policy_is_the_narrower_window) {
   BOOST_TEST(to_string(layer_policy(sk_narrow, 0)) == to_string(sk_narrow));
   BOOST_TEST(to_string(layer_policy(full, 0)) == to_string(full));
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_policies_kv

@@ -1,6 +1,5 @@
 // Prefix-aware dispatch policy: block chain hashing, the bounded LRU hash index and the
 // choice among batchers, table-driven.
-#define BOOST_TEST_MODULE policies_prefix_route
 #include <boost/test/unit_test.hpp>
 #include <cstdint>
 #include <set>
@@ -8,6 +7,8 @@
 #include <vector>
 
 #include "policies/prefix_route.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_policies_prefix_route)
 
 using namespace sy::policy;
 
@@ -166,3 +167,5 @@ BOOST_AUTO_TEST_CASE(choose_table) {
   }
   BOOST_CHECK_THROW(choose(std::vector<RouteCandidate>{}, 8), std::invalid_argument);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_policies_prefix_route

@@ -1,6 +1,5 @@
 // FairQueue tests: strict priority between ranks, weighted fairness between tenants and between
 // classes of one rank, FIFO per tenant, no banked credit, bounded queues, cancellation, expiry.
-#define BOOST_TEST_MODULE policies_qos
 #include <boost/test/unit_test.hpp>
 #include <cstdint>
 #include <map>
@@ -10,6 +9,8 @@
 #include <vector>
 
 #include "policies/qos.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_policies_qos)
 
 using namespace sy::policy;
 
@@ -265,3 +266,5 @@ BOOST_AUTO_TEST_CASE(invalid_configurations_throw) {
   BOOST_CHECK_THROW(FairQueue({{"a", 0, 1, 0, 0}}), std::invalid_argument);
   BOOST_CHECK_THROW(FairQueue({{"a", 0, 1, 1, -5}}), std::invalid_argument);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_policies_qos

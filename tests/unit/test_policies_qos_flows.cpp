@@ -1,10 +1,11 @@
 // The fair queue's memory under endless new tenant names: empty flows kept for their tags are
 // bounded, while a tenant's recent service still counts when it returns soon.
-#define BOOST_TEST_MODULE policies_qos_flows
 #include <boost/test/unit_test.hpp>
 #include <string>
 
 #include "policies/qos.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_policies_qos_flows)
 
 using sy::policy::FairQueue;
 using sy::policy::QueuedJob;
@@ -50,3 +51,5 @@ BOOST_AUTO_TEST_CASE(a_tenant_served_just_before_still_waits_its_turn) {
   BOOST_REQUIRE(first);
   BOOST_TEST(first->job.tenant == "b");
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_policies_qos_flows

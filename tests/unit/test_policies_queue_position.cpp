@@ -1,13 +1,14 @@
 // FairQueue::ahead_of, the queue_position of accepted and status_reply: for every queued job it
 // must equal the number of jobs pop() hands out before it, whatever the mix of ranks, class
 // weights, tenant weights and costs.
-#define BOOST_TEST_MODULE policies_queue_position
 #include <boost/test/unit_test.hpp>
 #include <cstdint>
 #include <map>
 #include <vector>
 
 #include "policies/qos.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_policies_queue_position)
 
 using namespace sy::policy;
 
@@ -68,3 +69,5 @@ BOOST_AUTO_TEST_CASE(ahead_of_an_unknown_job_is_nothing) {
   q.pop();
   BOOST_CHECK(!q.ahead_of(7).has_value());
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_policies_queue_position

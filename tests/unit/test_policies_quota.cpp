@@ -1,10 +1,11 @@
 // Quota tests: token bucket refill, burst cap, debt for jobs larger than the burst, wait times,
 // jobs-in-flight limits, and the combined tenant decision. All times are explicit.
-#define BOOST_TEST_MODULE policies_quota
 #include <boost/test/unit_test.hpp>
 #include <vector>
 
 #include "policies/quota.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_policies_quota)
 
 using namespace sy::policy;
 
@@ -108,3 +109,5 @@ BOOST_AUTO_TEST_CASE(tenant_quota_decisions) {
   BOOST_TEST(q.bucket().level(0) == 60);
   BOOST_TEST((q.admit(100, 400).verdict == QuotaDecision::admit));
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_policies_quota

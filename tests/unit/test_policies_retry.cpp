@@ -1,5 +1,4 @@
 // retry_after tests: the estimate and its bounds, and the drain-rate EWMA over explicit time.
-#define BOOST_TEST_MODULE policies_retry
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <limits>
@@ -7,6 +6,8 @@
 #include <vector>
 
 #include "policies/retry.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_policies_retry)
 
 using namespace sy::policy;
 
@@ -82,3 +83,5 @@ BOOST_AUTO_TEST_CASE(drain_rate_follows_a_change_and_decays_when_stalled) {
   for (std::int64_t t = 1000; t <= 5000; t += 500) a.jobs_per_s(t);
   BOOST_TEST(std::abs(*a.jobs_per_s(5000) - *b.jobs_per_s(5000)) < 1e-9);
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_policies_retry

@@ -1,12 +1,13 @@
 // policy::plan_step table-tested: the step's token budget split (decodes first, then prefill
 // chunks), admission in priority order, preemption victims (highest class_index, then latest
 // arrival), prefix blocks in the block count, and a job that does not fit even alone.
-#define BOOST_TEST_MODULE policies_step_planner
 #include <boost/test/unit_test.hpp>
 #include <string>
 #include <vector>
 
 #include "policies/step_planner.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_policies_step_planner)
 
 using namespace sy::policy;
 
@@ -244,3 +245,5 @@ BOOST_AUTO_TEST_CASE(zero_limits_still_move_a_token) {
   const PlanOutput out = plan_step(in);
   BOOST_TEST(trace(out) == "admit:1 wait:2 alloc:1:1 plan:1:1");
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_policies_step_planner

@@ -1,6 +1,5 @@
 // PrefixBlockPool tests: sharing, reuse after release, LRU eviction order, refused publishes,
 // release errors, caching off, hash quality, and a randomized check against a reference model.
-#define BOOST_TEST_MODULE prefix_pool
 #include <algorithm>
 #include <bit>
 #include <boost/test/unit_test.hpp>
@@ -14,6 +13,8 @@
 #include <vector>
 
 #include "gpu/prefix_pool.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_prefix_pool)
 
 using sy::PrefixBlockPool;
 
@@ -438,3 +439,5 @@ BOOST_AUTO_TEST_CASE(randomized_against_reference_model) {
     BOOST_TEST(pool.n_held() == 0);
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_prefix_pool

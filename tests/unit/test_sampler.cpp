@@ -1,7 +1,6 @@
 // Sampler tests: greedy and its ties, seeded determinism, top-k / top-p filtering, the shape of
 // the sampled distribution, reported log-probabilities, parameter validation and logits that
 // give no distribution (NaN, +inf, all masked).
-#define BOOST_TEST_MODULE sampler
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <random>
@@ -10,6 +9,8 @@
 #include <vector>
 
 #include "model/sampler.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_sampler)
 
 using sy::Sampler;
 using sy::SamplingParams;
@@ -292,3 +293,5 @@ BOOST_AUTO_TEST_CASE(logits_without_a_distribution_are_refused_not_sampled) {
     }
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_sampler

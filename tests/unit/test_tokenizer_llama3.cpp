@@ -1,7 +1,6 @@
 // Byte-level BPE pre-split rules (Llama 3 "llama-bpe", GPT-2, llama.cpp's "default") checked
 // word by word, and Llama-3 vocabulary behaviour (whole-word tokens, BOS, end tokens, detokenize
 // with clean_spaces) on a byte-level vocabulary written in the test.
-#define BOOST_TEST_MODULE tokenizer_llama3
 #include <boost/test/unit_test.hpp>
 #include <string>
 #include <vector>
@@ -9,6 +8,8 @@
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
 #include "model/unicode_cats.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_tokenizer_llama3)
 
 namespace {
 
@@ -397,3 +398,5 @@ BOOST_AUTO_TEST_CASE(spm_detokenize_keeps_spaces) {
   // A BOS that stays prints nothing but still uses up the one-space strip, as in llama.cpp.
   BOOST_TEST(t->detokenize({1, 3, 4}, false) == " a ,");
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_tokenizer_llama3

@@ -4,7 +4,6 @@
 // list here must be the same, word for word. Qwen2 has no published test vocabulary, so this is
 // its check; it also separates rules whose vocabulary vectors agree (deepseek-llm and
 // deepseek-coder tokenize those vectors alike).
-#define BOOST_TEST_MODULE tokenizer_presplit
 #include <boost/test/unit_test.hpp>
 #include <cstdio>
 #include <map>
@@ -13,6 +12,8 @@
 #include <vector>
 
 #include "model/tokenizer.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_tokenizer_presplit)
 
 namespace {
 
@@ -140,3 +141,5 @@ BOOST_AUTO_TEST_CASE(pinned_differences) {
   BOOST_TEST(split(Tokenizer::PreSplit::DeepseekLlm, "Ա աբ  ") == (W{"Ա", " աբ", "  "}),
              boost::test_tools::per_element());
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_tokenizer_presplit

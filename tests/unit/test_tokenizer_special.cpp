@@ -1,7 +1,6 @@
 // Special tokens on real vocabularies: control-token text in user input stays text unless
 // parse_special is asked for (the library default and `switchyard tokenize` without
 // --parse-special), and the end-of-generation ids each vocabulary declares or names.
-#define BOOST_TEST_MODULE tokenizer_special
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -13,6 +12,8 @@
 
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_tokenizer_special)
 
 namespace {
 
@@ -116,3 +117,5 @@ BOOST_AUTO_TEST_CASE(cli_tokenize_parse_special) {
   BOOST_TEST(st2 == 0, parsed);
   BOOST_TEST(parsed == "{\"ids\": [64, 50256, 65]}\n");
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_tokenizer_special

@@ -1,11 +1,12 @@
 // StopMatcher, find_stop and held_back: where a completion is cut, what is held back from
 // streaming, and UTF-8 characters split across tokens.
-#define BOOST_TEST_MODULE stop_matcher
 #include <boost/test/unit_test.hpp>
 #include <string>
 #include <vector>
 
 #include "model/stop_matcher.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_tokenizer_stop_matcher)
 
 using sy::find_stop;
 using sy::held_back;
@@ -106,3 +107,5 @@ BOOST_AUTO_TEST_CASE(cut_never_drops_streamed_bytes) {
   BOOST_TEST(m.push("c", false, 2));
   BOOST_TEST(m.text() == "ab");
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_tokenizer_stop_matcher

@@ -1,6 +1,5 @@
 // Tokenizer checks on the stories260K vocabulary (SPM, 512 tokens) against llama.cpp's reference
 // ids, decode round trips on both test vocabularies, special-token handling and Utf8Stream.
-#define BOOST_TEST_MODULE tokenizer_stories
 #include <boost/test/unit_test.hpp>
 #include <chrono>
 #include <iostream>
@@ -10,6 +9,8 @@
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
 #include "tests/support/reference.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_tokenizer_stories)
 
 namespace {
 
@@ -194,3 +195,5 @@ BOOST_AUTO_TEST_CASE(long_inputs) {
     BOOST_CHECK_EQUAL(t->decode(ids2, spm), word);
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_tokenizer_stories

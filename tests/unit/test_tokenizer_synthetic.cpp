@@ -1,6 +1,5 @@
 // Tokenizer behaviour on small vocabularies written in the test: score-driven SPM merging,
 // metadata flags (add_bos_token, eot), user-defined tokens, and errors for unusable metadata.
-#define BOOST_TEST_MODULE tokenizer_synthetic
 #include <boost/test/unit_test.hpp>
 #include <cstdio>
 #include <string>
@@ -9,6 +8,8 @@
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
 #include "model/unicode_cats.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_tokenizer_synthetic)
 
 namespace {
 
@@ -206,3 +207,5 @@ BOOST_AUTO_TEST_CASE(unicode_classes_and_lenient_utf8) {
   for (uint32_t cp : {0x41u, 0xE9u, 0x20ACu, 0x1F999u}) sy::append_utf8(back, cp);
   BOOST_CHECK_EQUAL(back, "A\xC3\xA9\xE2\x82\xAC\xF0\x9F\xA6\x99");
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_tokenizer_synthetic

@@ -2,7 +2,6 @@
 // listing the directory, must give exactly the expected ids for every case, tokenized as
 // test-tokenizer-0 does (no BOS/EOS, special tokens parsed). A vocabulary this build cannot
 // load (say, an unsupported pre-tokenizer) fails its case; nothing is skipped.
-#define BOOST_TEST_MODULE tokenizer_vocab
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +15,8 @@
 
 #include "model/gguf.hpp"
 #include "model/tokenizer.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_tokenizer_vocab)
 
 namespace {
 
@@ -182,3 +183,5 @@ BOOST_AUTO_TEST_CASE(decode_round_trips) {
     }
   }
 }
+
+BOOST_AUTO_TEST_SUITE_END()  // test_tokenizer_vocab

@@ -1,5 +1,5 @@
-// A minimal stand-in for the part of Boost.Test that tests/gpu uses (test cases, BOOST_TEST with
-// an optional message, REQUIRE, CHECK_THROW, FAIL, a global fixture), so that the GPU tests also
+// A minimal stand-in for the part of Boost.Test that tests/gpu uses (suites, test cases, BOOST_TEST
+// with an optional message, REQUIRE, CHECK_THROW, FAIL, a global fixture), so that the GPU tests also
 // build on device machines without Boost. Only bench/gpu_standalone puts it on the include path,
 // and only when Boost.Test is not found.
 #pragma once
@@ -66,6 +66,10 @@ inline std::ostream& operator<<(std::ostream& o, const per_element&) {
   static ::sy_test_shim::Register SY_SHIM_CAT(sy_shim_reg_, name)(#name, name); \
   static void name()
 
+// A suite is a namespace here (as in Boost.Test); the runner runs every case it holds.
+#define BOOST_AUTO_TEST_SUITE(name) namespace name {
+#define BOOST_AUTO_TEST_SUITE_END() }
+
 #define BOOST_TEST_GLOBAL_FIXTURE(F) \
   static ::sy_test_shim::RegisterFixture<F> SY_SHIM_CAT(sy_shim_fix_, __LINE__)
 
@@ -113,7 +117,9 @@ inline std::ostream& operator<<(std::ostream& o, const per_element&) {
     std::printf("%s\n", sy_shim_os.str().c_str()); \
   } while (0)
 
-/// Runs every test case; exit status 0 when all checks held, 201 otherwise (as Boost.Test).
+#ifdef BOOST_TEST_MODULE
+/// Runs every test case; exit status 0 when all checks held, 201 otherwise (as Boost.Test). Only
+/// the file that defines BOOST_TEST_MODULE (tests/main.cpp) gets it, as with Boost.Test.
 int main() {
   for (auto& f : ::sy_test_shim::fixtures()) f();
   int failed_cases = 0;
@@ -133,3 +139,4 @@ int main() {
               ::sy_test_shim::cases().size(), ::sy_test_shim::failures());
   return failed_cases == 0 ? 0 : 201;
 }
+#endif  // BOOST_TEST_MODULE

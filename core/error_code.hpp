@@ -1,5 +1,5 @@
 // The one error enum of Switchyard: the values that cross actor boundaries and the wire ("code" of
-// an `error` message). Header-only, no dependencies, so actors and policies can share it.
+// an `error` message). Header-only, no dependencies: every layer shares it (core/, the floor).
 #pragma once
 
 #include <array>

@@ -1,6 +1,6 @@
 // Wire protocol v1 as plain C++ structs: what clients send (submit, cancel, status, ping, control)
-// and what the server answers. The msgpack encoding lives in codec.hpp; docs/protocol.md is the
-// reference.
+// and what the server answers; the floor every layer stands on. The msgpack encoding lives in
+// ingress/codec.hpp; docs/protocol.md is the reference.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include <variant>
 #include <vector>
 
-#include "ingress/error_code.hpp"
+#include "core/error_code.hpp"
 
 namespace sy::wire {
 
@@ -210,5 +210,11 @@ struct ControlReply {
 
 /// Any message the server may send.
 using ServerMessage = std::variant<Accepted, Tokens, Done, Error, Pong, StatusReply, ControlReply>;
+
+/// Client-provided text as every error message echoes it (the codec's and the actors' alike):
+/// in single quotes, at most 64 bytes (then "..."), and every byte outside printable ASCII, and
+/// the quote and backslash themselves, written as \xNN, so that a message stays short, one line
+/// and unambiguous whatever the client sent.
+std::string quoted(std::string_view s);
 
 }  // namespace sy::wire

@@ -1,0 +1,203 @@
+// The job and what becomes of it, as every layer past the wire sees it: the admitted job, the
+// requests the doors decode, the events sent back to clients and the outcome admission and the
+// journal keep. Plain values (no CAF, ZeroMQ or msgpack); actors/messages.hpp makes them
+// inspectable for CAF, storage/journal_codec.hpp writes them to the journal.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/error_code.hpp"
+#include "core/wire.hpp"
+
+namespace sy {
+
+/// Why a job's generation ended (DoneEvent::finish): the wire's finish_reason, same values.
+using FinishReason = wire::FinishReason;
+
+/// Where a job is in its life (StatusEvent::state): the wire's status_reply state, same values.
+using JobState = wire::JobState;
+
+/// How a job ended, as admission, the journal and metrics count it (JobOutcome::outcome).
+enum class Outcome : uint8_t {
+  done = 0,       ///< ran to its end (finish stop or length); `done` holds the result
+  error = 1,      ///< failed; `code` and `error` say why
+  cancelled = 2,  ///< cancelled (by its client or by shutdown); `done` has finish cancelled
+};
+
+/// Where replies for a job go: a DEALER client behind the ROUTER socket (by its identity), the
+/// pipeline results socket (PUSH), or the cluster node (a job fetched from NATS JetStream; the
+/// identity is the node's handle of that delivery, ingress/cluster_node.hpp).
+struct ClientRef {
+  enum Kind : uint8_t { router = 0, pipeline = 1, cluster = 2 };
+  uint8_t kind = router;
+  std::string identity;  // ZeroMQ routing id (router), delivery handle (cluster)
+  bool operator==(const ClientRef&) const = default;
+};
+
+/// Pipeline and cluster submits each used one PULL credit (the node fetches only what credit
+/// allows): admission gives it back for a submit it answers itself, the router counts it in.
+inline bool uses_pull_credit(const ClientRef& c) {
+  return c.kind == ClientRef::pipeline || c.kind == ClientRef::cluster;
+}
+
+/// An admitted job as the router, batchers and executors see it: prompt already tokenized and
+/// checked against the context, sampling parameters validated, times in steady-clock µs.
+struct Job {
+  uint64_t uid = 0;  // server-unique, assigned at admission
+  std::string id;    // client job id; (tenant, id) is the job key
+  std::string tenant;
+  ClientRef client;
+  uint32_t class_index = 0;  // index into the configured priority classes
+  std::vector<int32_t> prompt;
+  uint32_t max_tokens = 16;
+  float temperature = 1.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  bool stream = false;
+  uint32_t logprobs = 0;
+  int64_t arrival_us = 0;   // receipt at the gateway
+  int64_t deadline_us = 0;  // absolute; 0: none. Only bounds the wait before the job starts.
+  // Crash recovery (appended): set when an executor failure re-queued the job.
+  uint32_t attempt = 0;         // executor failures this job has been through
+  uint32_t streamed_ids = 0;    // completion ids its client already got (not streamed again)
+  uint64_t streamed_bytes = 0;  // completion text bytes its client already got
+  int64_t fault_us = 0;         // when the last failure struck (recovery time is measured from it)
+};
+
+/// A client request as decoded by the gateway (submit, cancel or status), before admission.
+/// Mirrors wire::Submit; `prompt_text` is used when `prompt_ids` is empty.
+struct SubmitRequest {
+  ClientRef client;
+  std::string id, tenant, token;
+  std::string prompt_text;
+  std::vector<int32_t> prompt_ids;
+  bool prompt_is_ids = false;
+  uint32_t max_tokens = 16;
+  double temperature = 1.0;
+  uint32_t top_k = 0;
+  double top_p = 1.0;
+  bool has_seed = false;
+  uint64_t seed = 0;
+  std::vector<std::string> stop;
+  bool ignore_eos = false;
+  std::string priority;
+  uint32_t deadline_ms = 0;
+  bool stream = false;
+  uint32_t logprobs = 0;
+  int64_t arrival_us = 0;
+  // A chat submit: roles[i] and contents[i] are message i, rendered by admission with the chat
+  // template (prompt_text and prompt_ids then stay empty).
+  std::vector<std::string> message_roles, message_contents;
+  bool parse_special = false;  // prompt_text's special-token text becomes control tokens
+  // Wire size of a request the gateway counted into its IntakeMeter (0: not counted); admission
+  // counts it out when it takes the request from its mailbox.
+  uint32_t metered_bytes = 0;
+};
+
+/// cancel or status from a client (kind says which).
+struct KeyRequest {
+  enum Kind : uint8_t { cancel = 0, status = 1 };
+  uint8_t kind = cancel;
+  ClientRef client;
+  std::string id, tenant, token;
+  bool internal = false;       // raised by the server itself (client gone), not by a client
+  uint32_t metered_bytes = 0;  // as in SubmitRequest
+};
+
+struct AcceptedEvent {
+  ClientRef to;
+  std::string id;
+  uint32_t queue_position = 0;  // jobs ahead of it, were no more to arrive
+  std::string tenant = {};      // every reply names its tenant (one connection may serve several)
+};
+
+/// A streamed chunk. logprobs: per id, the chosen token's logprob and its top-N (flattened:
+/// top_ids/top_logprobs hold n_top entries per id).
+struct TokensEvent {
+  ClientRef to;
+  uint64_t uid = 0;
+  std::string id;
+  uint32_t index = 0;
+  std::vector<int32_t> ids;
+  std::string text;
+  std::vector<float> logprob;
+  uint32_t n_top = 0;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+  std::string tenant = {};
+};
+
+/// The end of a job.
+struct DoneEvent {
+  ClientRef to;
+  uint64_t uid = 0;
+  std::string id, tenant;
+  FinishReason finish = FinishReason::stop;
+  std::string text;          // full completion
+  std::vector<int32_t> ids;  // full completion ids
+  uint32_t prompt_tokens = 0, completion_tokens = 0;
+  uint32_t cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache
+  double queue_ms = 0, ttft_ms = 0, total_ms = 0;
+  // Full logprobs (non-streamed jobs that asked for them), flattened as in TokensEvent.
+  std::vector<float> logprob;
+  uint32_t n_top = 0;
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+
+/// An error reply. retry_after_ms < 0: none.
+struct ErrorEvent {
+  ClientRef to;
+  uint64_t uid = 0;  // 0 when the job never got one
+  std::string id, tenant;
+  ErrorCode code = ErrorCode::bad_request;
+  std::string message;
+  int64_t retry_after_ms = -1;
+};
+
+/// Reply to a status request.
+struct StatusEvent {
+  ClientRef to;
+  std::string id;
+  JobState state = JobState::queued;
+  uint32_t queue_position = 0;     // while queued: jobs ahead of it
+  uint32_t completion_tokens = 0;  // generated so far, while running too
+  std::string tenant = {};
+};
+
+/// How a job ended, reported to admission (quotas, dedup of job keys). `code` is set with
+/// Outcome::error (and is ErrorCode::cancelled with Outcome::cancelled; its value 0,
+/// bad_request, with Outcome::done). `done` holds the stored result for resubmissions.
+struct JobOutcome {
+  uint64_t uid = 0;
+  std::string id, tenant;
+  Outcome outcome = Outcome::done;
+  ErrorCode code = ErrorCode::bad_request;
+  uint32_t tokens_used = 0;  // prompt + completion: returned to the tenant's token bucket
+  DoneEvent done;
+  ErrorEvent error;
+};
+
+/// An operator command decoded by the gateway: `command` is "kv_policy" (args: policy text in
+/// parse_kv_policy's format) or "stats". Only the configured admin token may send one.
+struct ControlRequest {
+  ClientRef client;
+  std::string token;
+  std::string command;
+  std::string policy;  // kv_policy: "full", "sliding_window:W", "sinks:S:W"
+};
+
+/// The answer to a ControlRequest: `result` is one JSON object (text) on success; on failure an
+/// ErrorEvent is sent instead.
+struct ControlEvent {
+  ClientRef to;
+  std::string command;
+  std::string result;
+};
+
+}  // namespace sy

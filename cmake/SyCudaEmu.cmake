@@ -63,9 +63,8 @@ add_custom_command(OUTPUT ${_emu_self}
 set_source_files_properties(${_emu_self} PROPERTIES COMPILE_DEFINITIONS "__CUDACC__")
 target_sources(emu_gpu_tests PRIVATE ${_emu}/test_emu_runtime.cpp ${_emu_self})
 target_include_directories(emu_gpu_tests PRIVATE ${_emu})
-# These two see the emulator's CUDA headers (and __CUDACC__) before Boost: no precompiled header.
 set_source_files_properties(${_emu_self} ${_emu}/test_emu_runtime.cpp PROPERTIES
-  COMPILE_OPTIONS -Wno-unknown-pragmas SKIP_PRECOMPILE_HEADERS ON)
+  COMPILE_OPTIONS -Wno-unknown-pragmas)
 add_test(NAME emu_test_runtime COMMAND emu_gpu_tests --run_test=test_emu_runtime
   --catch_system_errors=no WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
 set_tests_properties(emu_test_runtime PROPERTIES LABELS emu)

@@ -16,8 +16,7 @@ namespace sy::test {
 
 /// stories260K from SY_MODELS_DIR, loaded on first use.
 inline std::shared_ptr<LlamaModel> stories_model() {
-  static std::shared_ptr<LlamaModel> m =
-      LlamaModel::load(std::string(SY_MODELS_DIR) + "/stories260K.gguf");
+  static std::shared_ptr<LlamaModel> m = LlamaModel::load(SY_MODELS_DIR "/stories260K.gguf");
   return m;
 }
 

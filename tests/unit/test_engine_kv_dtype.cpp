@@ -18,7 +18,7 @@ using sy::kernels::DType;
 namespace {
 
 std::shared_ptr<sy::Model> zoo_llama3() {
-  static auto m = sy::Model::load(std::string(SY_MODELS_DIR) + "/zoo/zoo-llama3-f32.gguf");
+  static auto m = sy::Model::load(SY_MODELS_DIR "/zoo/zoo-llama3-f32.gguf");
   return m;
 }
 

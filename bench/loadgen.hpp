@@ -167,6 +167,16 @@ inline const char* kWords[] = {"once",  "upon", "a",   "time",  "there", "was", 
                                "park",  "with", "her", "dog",   "one",   "day",  "saw",    "big",
                                "red",   "ball", "and", "happy", "sun",   "tree", "went",   "home"};
 
+/// The load generator's client sockets on one ZeroMQ context, polled together, and the limits
+/// their replies are decoded under (a non-streamed done carries the whole completion).
+struct ClientSockets {
+  ClientSockets(const std::string& endpoint, int n);
+  zmq::context_t ctx{1};
+  std::vector<std::unique_ptr<sy::client::Client>> clients;
+  std::vector<zmq::pollitem_t> items;  // clients[k]'s socket is items[k]
+  sy::wire::DecodeLimits limits;
+};
+
 class Runner {
  public:
   Runner(const Options& o, const std::string& endpoint, int vocab);
@@ -189,11 +199,8 @@ class Runner {
   const Options& o_;
   int vocab_;
   std::mt19937_64 rng_;
-  zmq::context_t ctx_{1};
-  std::vector<std::unique_ptr<sy::client::Client>> clients_;
-  std::vector<zmq::pollitem_t> items_;
+  ClientSockets net_;
   std::discrete_distribution<uint32_t> pick_mix_;
-  sy::wire::DecodeLimits limits_;
   std::string tag_;
   size_t base_ = 0, next_base_ = 0;
   const std::vector<sy::bench::PeerRequest>* workload_ = nullptr;

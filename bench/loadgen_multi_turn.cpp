@@ -39,13 +39,10 @@ struct Turn {
 class MultiTurn {
  public:
   MultiTurn(const Options& o, const std::string& endpoint, int vocab)
-      : o_(o), vocab_(vocab), rng_(o.seed) {
-    const int n_sockets = std::min<int>(o.sockets, static_cast<int>(o.multi_turn));
-    for (int i = 0; i < n_sockets; ++i)
-      clients_.push_back(std::make_unique<sy::client::Client>(ctx_, endpoint));
-    for (auto& c : clients_) items_.push_back({c->socket().handle(), 0, ZMQ_POLLIN, 0});
-    limits_.max_message_bytes = 64u << 20;
-    limits_.max_string_bytes = 64u << 20;
+      : o_(o),
+        vocab_(vocab),
+        rng_(o.seed),
+        net_(endpoint, std::min<int>(o.sockets, static_cast<int>(o.multi_turn))) {
     tag_ = "mt" + std::to_string(std::random_device{}() % 1000000) + "-" +
            std::to_string(getpid()) + "-";
   }
@@ -106,7 +103,7 @@ class MultiTurn {
       t.turn = c.turn;
       inflight.emplace(s.id, ci);
       t.t_submit = now_ns();
-      clients_[ci % clients_.size()]->submit(s);
+      net_.clients[ci % net_.clients.size()]->submit(s);
     };
     int64_t last_msg = now_ns();
     for (;;) {
@@ -122,7 +119,7 @@ class MultiTurn {
         send(ci);
       }
       if (inflight.empty()) break;
-      int n = zmq::poll(items_.data(), items_.size(), std::chrono::milliseconds(100));
+      int n = zmq::poll(net_.items.data(), net_.items.size(), std::chrono::milliseconds(100));
       int64_t now = now_ns();
       if (n == 0) {
         if (now - last_msg > static_cast<int64_t>(o_.timeout_s * 1e9)) {
@@ -132,12 +129,12 @@ class MultiTurn {
         continue;
       }
       last_msg = now;
-      for (size_t k = 0; k < items_.size(); ++k) {
-        if (!(items_[k].revents & ZMQ_POLLIN)) continue;
+      for (size_t k = 0; k < net_.items.size(); ++k) {
+        if (!(net_.items[k].revents & ZMQ_POLLIN)) continue;
         zmq::message_t msg;
-        while (clients_[k]->socket().recv(msg, zmq::recv_flags::dontwait)) {
+        while (net_.clients[k]->socket().recv(msg, zmq::recv_flags::dontwait)) {
           const int64_t t = now_ns();
-          auto dec = sy::wire::decode_server(msg.data(), msg.size(), limits_);
+          auto dec = sy::wire::decode_server(msg.data(), msg.size(), net_.limits);
           if (auto* e = std::get_if<sy::wire::DecodeError>(&dec))
             throw std::runtime_error("undecodable server message: " + e->message);
           const auto& m = std::get<sy::wire::ServerMessage>(dec);
@@ -199,10 +196,7 @@ class MultiTurn {
   const Options& o_;
   int vocab_;
   std::mt19937_64 rng_;
-  zmq::context_t ctx_{1};
-  std::vector<std::unique_ptr<sy::client::Client>> clients_;
-  std::vector<zmq::pollitem_t> items_;
-  sy::wire::DecodeLimits limits_;
+  ClientSockets net_;
   std::string tag_;
 };
 

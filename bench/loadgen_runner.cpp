@@ -24,16 +24,19 @@ int64_t now_ns() {
       .count();
 }
 
+ClientSockets::ClientSockets(const std::string& endpoint, int n) {
+  for (int i = 0; i < n; ++i)
+    clients.push_back(std::make_unique<sy::client::Client>(ctx, endpoint));
+  for (auto& c : clients) items.push_back({c->socket().handle(), 0, ZMQ_POLLIN, 0});
+  limits.max_message_bytes = 64u << 20;  // a non-streamed done carries the whole completion
+  limits.max_string_bytes = 64u << 20;
+}
+
 Runner::Runner(const Options& o, const std::string& endpoint, int vocab)
-    : o_(o), vocab_(vocab), rng_(o.seed) {
-  for (int i = 0; i < o.sockets; ++i)
-    clients_.push_back(std::make_unique<sy::client::Client>(ctx_, endpoint));
-  for (auto& c : clients_) items_.push_back({c->socket().handle(), 0, ZMQ_POLLIN, 0});
+    : o_(o), vocab_(vocab), rng_(o.seed), net_(endpoint, o.sockets) {
   std::vector<double> w;
   for (auto& m : o.mix) w.push_back(m.weight);
   pick_mix_ = std::discrete_distribution<uint32_t>(w.begin(), w.end());
-  limits_.max_message_bytes = 64u << 20;  // a non-streamed done carries the whole completion
-  limits_.max_string_bytes = 64u << 20;
   // Job ids must not collide with keys an external server remembers from earlier runs.
   tag_ = "lg" + std::to_string(std::random_device{}() % 1000000) + "-" + std::to_string(getpid()) +
          "-";
@@ -41,7 +44,7 @@ Runner::Runner(const Options& o, const std::string& endpoint, int vocab)
 
 std::vector<double> Runner::ping_rtt_ms(int n) {
   std::vector<double> out;
-  auto& c = *clients_[0];
+  auto& c = *net_.clients[0];
   for (int i = 0; i < n; ++i) {
     int64_t t = now_ns();
     // A second is far beyond any round trip on loopback: no answer means no server.
@@ -79,7 +82,7 @@ RunData Runner::run(const Phase& ph) {
       // Duration runs count from the end of the warm-up.
       if (ph.duration_s > 0) end_issue = now + static_cast<int64_t>(ph.duration_s * 1e9);
     }
-    auto& c = *clients_[idx % clients_.size()];
+    auto& c = *net_.clients[idx % net_.clients.size()];
     auto s = make_submit(idx, j.mix);
     j.t_submit = now_ns();
     c.submit(s);
@@ -103,7 +106,7 @@ RunData Runner::run(const Phase& ph) {
       while (inflight < static_cast<uint64_t>(ph.concurrency) && can_issue(now)) issue(now);
     }
     if (inflight == 0 && !can_issue(now)) break;
-    int n = zmq::poll(items_.data(), items_.size(), std::chrono::milliseconds(timeout_ms));
+    int n = zmq::poll(net_.items.data(), net_.items.size(), std::chrono::milliseconds(timeout_ms));
     now = now_ns();
     if (n == 0) {
       if (inflight > 0 && now - last_msg > static_cast<int64_t>(o_.timeout_s * 1e9)) {
@@ -113,13 +116,13 @@ RunData Runner::run(const Phase& ph) {
       continue;
     }
     last_msg = now;
-    for (size_t k = 0; k < items_.size(); ++k) {
-      if (!(items_[k].revents & ZMQ_POLLIN)) continue;
-      auto& sock = clients_[k]->socket();
+    for (size_t k = 0; k < net_.items.size(); ++k) {
+      if (!(net_.items[k].revents & ZMQ_POLLIN)) continue;
+      auto& sock = net_.clients[k]->socket();
       zmq::message_t msg;
       while (sock.recv(msg, zmq::recv_flags::dontwait)) {
         int64_t t = now_ns();
-        auto dec = sy::wire::decode_server(msg.data(), msg.size(), limits_);
+        auto dec = sy::wire::decode_server(msg.data(), msg.size(), net_.limits);
         if (auto* e = std::get_if<sy::wire::DecodeError>(&dec))
           throw std::runtime_error("undecodable server message: " + e->message);
         if (handle(d, std::get<sy::wire::ServerMessage>(dec), t)) --inflight;

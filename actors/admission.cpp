@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "actors/admission_state.hpp"
+#include "actors/constraint_support.hpp"
 #include "actors/journal.hpp"
 #include "actors/log.hpp"
 #include "actors/messages.hpp"
@@ -66,6 +67,92 @@ using namespace admission_detail;
 /// A request the gateway counted into the intake meter has left the mailbox.
 void taken_from_mailbox(Self* self, uint32_t metered_bytes) {
   if (metered_bytes > 0 && self->state.cfg.intake) self->state.cfg.intake->take(metered_bytes);
+}
+
+/// The sampling controls and the constraint of a request, checked against the model: the edge
+/// checked their ranges and sizes; the token ids and the constraint's meaning need the vocabulary.
+std::optional<std::string> check_generation(Self* self, const SubmitRequest& req) {
+  auto& st = self->state;
+  const SamplingControls& c = req.controls;
+  if (!(c.min_p >= 0.0f && c.min_p <= 1.0f)) return std::string("min_p must be in [0, 1]");
+  if (!(c.presence_penalty >= -2.0f && c.presence_penalty <= 2.0f))
+    return std::string("presence_penalty must be in [-2, 2]");
+  if (!(c.frequency_penalty >= -2.0f && c.frequency_penalty <= 2.0f))
+    return std::string("frequency_penalty must be in [-2, 2]");
+  if (!(c.repetition_penalty > 0.0f && c.repetition_penalty <= 10.0f))
+    return std::string("repetition_penalty must be in (0, 10]");
+  if (c.repeat_last_n < -1) return std::string("repeat_last_n must be >= -1");
+  const LlamaModel* model = st.model.get();
+  const int32_t n_vocab = model ? model->limits().n_vocab : 0;
+  for (const auto& [id, bias] : c.logit_bias) {
+    if (id < 0 || (n_vocab > 0 && id >= n_vocab))
+      return "logit_bias token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+             std::to_string(n_vocab) + ")";
+    if (!(bias >= -100.0f && bias <= 100.0f))
+      return "logit_bias of token " + std::to_string(id) + " must be in [-100, 100]";
+  }
+  if (req.constraint.empty()) return std::nullopt;
+  if (req.ignore_eos)
+    return std::string("ignore_eos and a constraint exclude each other: the constraint decides "
+                       "where the output may end");
+  if (!model)
+    return std::string(constraint_kind_name(req.constraint.kind)) +
+           ": a constraint needs a model's vocabulary (this server runs without a model)";
+  if (!st.cfg.constraints) st.cfg.constraints = make_constraint_support(*model);
+  std::string why = check_constraint(*st.cfg.constraints, req.constraint);
+  if (why.empty()) return std::nullopt;
+  return why;
+}
+
+/// Several samples, prompt log-probabilities and a score request's continuations: checked
+/// (the edge checked their ranges already; these hold for requests that came another way) and
+/// copied into `job`, continuation text tokenized without BOS as text appended to the prompt.
+std::optional<std::string> build_samples(Self* self, const SubmitRequest& req, Job& job) {
+  auto& st = self->state;
+  if (req.n < 1 || req.n > 16) return "n " + std::to_string(req.n) + " out of range [1, 16]";
+  if (req.prompt_logprobs < -1 || req.prompt_logprobs > 20)
+    return "prompt_logprobs " + std::to_string(req.prompt_logprobs) + " out of range [0, 20]";
+  job.n = req.n;
+  job.prompt_logprobs = req.prompt_logprobs;
+  if (!req.score) return std::nullopt;
+  if (req.cont_text.empty() || req.cont_text.size() > 64 ||
+      req.cont_ids.size() != req.cont_text.size())
+    return std::string("continuations must have 1 to 64 entries");
+  const LlamaModel* model = st.model.get();
+  const int32_t n_vocab = model ? model->limits().n_vocab : 0;
+  std::size_t longest = 0;
+  for (std::size_t i = 0; i < req.cont_text.size(); ++i) {
+    std::vector<int32_t> ids = req.cont_ids[i];
+    if (ids.empty()) {
+      // No BOS: the text continues the prompt. An SPM vocabulary still puts its dummy-prefix
+      // space in front, as at the start of any text (docs/protocol.md, `score`).
+      if (model)
+        ids = model->tokenizer().encode(req.cont_text[i], false, false);
+      else
+        for (unsigned char c : req.cont_text[i]) ids.push_back(c);
+    }
+    if (ids.empty()) return "continuation at index " + std::to_string(i) + " has no tokens";
+    for (int32_t id : ids)
+      if (id < 0 || (n_vocab > 0 && id >= n_vocab))
+        return "continuation at index " + std::to_string(i) + ": token id " + std::to_string(id) +
+               " is outside the vocabulary [0, " + std::to_string(n_vocab) + ")";
+    longest = std::max(longest, ids.size());
+    job.continuations.push_back(std::move(ids));
+  }
+  const std::size_t ctx =
+      model ? static_cast<std::size_t>(std::max(0, model->limits().ctx_len)) : 0;
+  if (ctx > 0 && job.prompt.size() + longest > ctx)
+    return "prompt (" + std::to_string(job.prompt.size()) +
+           " tokens) and its longest continuation (" + std::to_string(longest) +
+           " tokens) exceed the model's context length " + std::to_string(ctx);
+  // Nothing is generated: max_tokens stands for the tokens a continuation adds (the batcher's
+  // fit check) and the quota counts them all.
+  job.max_tokens = static_cast<uint32_t>(longest);
+  job.temperature = 0.0f;
+  job.logprobs = 0;
+  job.stream = false;
+  job.stop.clear();
+  return std::nullopt;
 }
 
 /// Turns the request into a Job, or returns the bad_request message.
@@ -154,7 +241,22 @@ std::optional<std::string> build_job(Self* self, const SubmitRequest& req, Job& 
   job.ignore_eos = req.ignore_eos;
   job.stream = req.stream;
   job.logprobs = req.logprobs;
+  if (auto bad = check_generation(self, req)) return bad;
+  job.controls = req.controls;
+  job.constraint = req.constraint;
+  if (auto bad = build_samples(self, req, job)) return bad;
   return std::nullopt;
+}
+
+/// The tokens a job may cost: the prompt once, then every sample's max_tokens, or every
+/// continuation's tokens.
+uint32_t job_cost(const Job& job) {
+  std::size_t c = job.prompt.size();
+  if (job.is_score())
+    for (const auto& k : job.continuations) c += k.size();
+  else
+    c += std::size_t{job.n} * job.max_tokens;
+  return static_cast<uint32_t>(std::min<std::size_t>(c, UINT32_MAX));
 }
 
 /// Hands an admitted job to the router; its "full" answer undoes the admission.
@@ -293,7 +395,7 @@ void submit(Self* self, SubmitRequest& req) {
   }
   const int64_t now_us = clock_us(self);
   const int64_t now_ms = now_us / 1000;
-  const auto cost = static_cast<uint32_t>(job.prompt.size() + job.max_tokens);
+  const uint32_t cost = job_cost(job);
   auto verdict = tenant->quota.admit(cost, now_ms);
   if (verdict.verdict != policy::QuotaDecision::admit) {
     ++st.rate_limited;

@@ -11,6 +11,8 @@
 
 namespace sy {
 
+struct ConstraintSupport;
+
 /// One configured tenant (config `tenants`): its token, fair-share weight and quotas.
 struct TenantConfig {
   std::string name;
@@ -51,6 +53,9 @@ struct AdmissionConfig {
   // (core/intake_meter.hpp), counted out here; nullptr where no gateway feeds this admission
   // (tests).
   std::shared_ptr<IntakeMeter> intake;
+  // Wiring: the vocabulary index and compiled constraints shared with the executors
+  // (actors/constraint_support.hpp); nullptr: admission makes its own at the first constraint.
+  std::shared_ptr<ConstraintSupport> constraints;
 };
 
 }  // namespace sy

@@ -12,6 +12,20 @@ namespace sy::admission_detail {
 
 namespace {
 
+/// The samples, prompt log-probabilities and scores of a done, as allocated.
+std::size_t samples_bytes(const DoneEvent& d) {
+  std::size_t n =
+      d.choices.capacity() * sizeof(ChoiceResult) + d.scores.capacity() * sizeof(ScoreResult) +
+      d.prompt_ids.capacity() * sizeof(int32_t) + d.prompt_logprob.capacity() * sizeof(float) +
+      d.prompt_top_ids.capacity() * sizeof(int32_t) +
+      d.prompt_top_logprobs.capacity() * sizeof(float);
+  for (const ChoiceResult& c : d.choices)
+    n += c.text.capacity() + c.ids.capacity() * sizeof(int32_t) +
+         c.logprob.capacity() * sizeof(float) + c.top_ids.capacity() * sizeof(int32_t) +
+         c.top_logprobs.capacity() * sizeof(float);
+  return n;
+}
+
 /// What an ended record costs the result cache: its strings and arrays as allocated, the key
 /// (held twice: the map and the eviction order) and a fixed share for the structures around it.
 std::size_t record_bytes(const std::string& key, const Record& r) {
@@ -23,7 +37,8 @@ std::size_t record_bytes(const std::string& key, const Record& r) {
          d.to.identity.capacity() + d.text.capacity() + d.ids.capacity() * sizeof(int32_t) +
          d.logprob.capacity() * sizeof(float) + d.top_ids.capacity() * sizeof(int32_t) +
          d.top_logprobs.capacity() * sizeof(float) + r.error.id.capacity() +
-         r.error.tenant.capacity() + r.error.message.capacity() + r.error.to.identity.capacity();
+         r.error.tenant.capacity() + r.error.message.capacity() + r.error.to.identity.capacity() +
+         samples_bytes(d);
 }
 
 }  // namespace

@@ -161,8 +161,11 @@ void Batcher::on_run(Job& job, const policy::KvPolicy& pol) {
   s->job = std::move(job);
   Seq* p = s.get();
   seqs_.emplace(p->job.uid, std::move(s));
+  start_group(*p);
   if (const std::string why = check(*p); !why.empty()) {
     fail(*p, ErrorCode::bad_request, why);
+  } else if (p->grouped && p->feed_end() == 0) {
+    fork_group(*p);  // a one-token prompt: nothing to share, each member feeds it itself
   } else {
     waiting_.insert(p);
   }
@@ -171,13 +174,20 @@ void Batcher::on_run(Job& job, const policy::KvPolicy& pol) {
 
 uint32_t Batcher::generated(uint64_t uid) const {
   auto it = seqs_.find(uid);
-  return it == seqs_.end() ? 0 : static_cast<uint32_t>(std::max(0, it->second->n_generated()));
+  if (it == seqs_.end()) return 0;
+  const Seq& s = *it->second;
+  if (!s.grouped) return static_cast<uint32_t>(std::max(0, s.n_generated()));
+  int64_t n = s.member_tokens;
+  for (const Seq* m : s.members) n += m->samples ? std::max(0, m->n_generated()) : 0;
+  return static_cast<uint32_t>(n);
 }
 
 void Batcher::on_cancel(uint64_t uid) {
   Seq* s = find(uid);
-  if (!s) return;  // ended already, or never here
-  if (s->in_step)
+  if (!s || s->leader) return;  // ended already, or never here; members end with their job
+  if (s->forked)
+    cancel_group(*s);
+  else if (s->in_step)
     s->cancelled = true;  // ends when the step in flight returns
   else
     finish(*s, FinishReason::cancelled);
@@ -221,6 +231,9 @@ BatcherStats Batcher::stats() const {
   s.executor_failures = n(life_ == Lifecycle::failed ? 1 : 0);
   s.requeued = requeued_;
   s.seq_failures = seq_failures_;
+  s.prompt_fed_tokens = prompt_fed_;
+  s.forked_seqs = forked_;
+  s.kv_block_copies = block_copies_;
   return s;
 }
 
@@ -241,7 +254,7 @@ policy::PlanSeq Batcher::plan_seq_of(const Seq& s) const {
   p.uid = s.job.uid;
   p.class_index = s.job.class_index;
   p.arrival_us = s.job.arrival_us;
-  p.n_tokens = static_cast<int32_t>(s.tokens.size());
+  p.n_tokens = s.feed_end();
   p.n_cached = s.kv.n_past;
   p.table = static_cast<int32_t>(s.kv.blocks.size());
   p.wtable = static_cast<int32_t>(s.kv.wblocks.size());
@@ -271,22 +284,74 @@ policy::PlanOutput Batcher::plan_round() {
     kv_.trim(s->kv);  // up to date already; the snapshot must not count a releasable block
     in.running.push_back(plan_seq_of(*s));
     // Only a sequence less important than some waiting job can be preempted by admission.
-    if (!waiting_.empty() && before(*waiting_.begin(), s))
-      in.running.back().prefix = kv_.peek_prefix(s->kv, s->tokens);
+    if (!waiting_.empty() && before(*waiting_.begin(), s)) in.running.back().prefix = peek(*s);
   }
   size_t reach = static_cast<size_t>(cfg_.max_sequences) + 1;
   for (Seq* s : waiting_) {
     in.waiting.push_back(plan_seq_of(*s));
     if (reach > 0) {
       --reach;
-      in.waiting.back().prefix = kv_.peek_prefix(s->kv, s->tokens);
+      in.waiting.back().prefix = peek(*s);
     }
   }
   return policy::plan_step(in);
 }
 
+// A sequence that still wants log-probabilities of positions takes nothing from the prefix cache:
+// the cached blocks would skip the rows those come from. One that holds its last token back
+// (a group's leader, a scorer) looks up only what it feeds.
+void Batcher::reuse(Seq& s) {
+  if (s.wants_lp()) return;
+  if (!s.hold_last) return kv_.reuse_prefix(s.kv, s.tokens);
+  const std::vector<int32_t> fed(s.tokens.begin(), s.tokens.begin() + s.feed_end());
+  kv_.reuse_prefix(s.kv, fed);
+}
+
+std::vector<int32_t> Batcher::peek(const Seq& s) const {
+  if (s.wants_lp()) return {};
+  if (!s.hold_last) return kv_.peek_prefix(s.kv, s.tokens);
+  const std::vector<int32_t> fed(s.tokens.begin(), s.tokens.begin() + s.feed_end());
+  return kv_.peek_prefix(s.kv, fed);
+}
+
+// The log-probabilities a step of `s` can give: the row of slot t is the distribution of the
+// token at position t + 1.
+void Batcher::fill_targets(const Seq& s, SeqPlan& p) const {
+  if (!s.wants_lp()) return;
+  const int32_t next = s.lp_from + static_cast<int32_t>(s.lp.size());
+  bool any = false;
+  p.targets.assign(p.tokens.size(), -1);
+  for (size_t j = 0; j < p.tokens.size(); ++j) {
+    const int32_t q = p.n_past + static_cast<int32_t>(j) + 1;
+    if (q < next || q >= s.lp_to) continue;
+    p.targets[j] = s.tokens[static_cast<size_t>(q)];
+    any = true;
+  }
+  if (!any) p.targets.clear();
+  p.target_top = s.lp_n_top;
+}
+
+// Takes the log-probabilities a step of `s` over slots [from_slot, from_slot + n_fed) returned,
+// in the order fill_targets asked for them (fewer from an executor without them: padded).
+void Batcher::take_targets(Seq& s, const SeqResult& r, int32_t from_slot, int32_t n_fed) {
+  size_t k = 0;
+  for (int32_t j = 0; j < n_fed; ++j) {
+    const int32_t q = from_slot + j + 1;
+    if (q != s.lp_from + static_cast<int32_t>(s.lp.size()) || q >= s.lp_to) continue;
+    const bool have = k < r.target_logprobs.size();
+    s.lp.push_back(have ? r.target_logprobs[k] : 0.0f);
+    for (uint32_t t = 0; t < s.lp_n_top; ++t) {
+      const size_t at = k * s.lp_n_top + t;
+      const bool top = at < r.target_top_ids.size() && at < r.target_top_logprobs.size();
+      s.lp_top_ids.push_back(top ? r.target_top_ids[at] : 0);
+      s.lp_top.push_back(top ? r.target_top_logprobs[at] : -1e30f);
+    }
+    ++k;
+  }
+}
+
 void Batcher::admit(Seq& s) {
-  kv_.reuse_prefix(s.kv, s.tokens);
+  reuse(s);
   waiting_.erase(&s);
   // Counted when the job starts (an attempt that had to wait gave its blocks back).
   if (s.cached_tokens < 0) s.cached_tokens = std::min(s.kv.n_past, s.n_prompt);
@@ -312,13 +377,15 @@ void Batcher::preempt(Seq& s) {
 }
 
 bool Batcher::apply(const policy::PlanAction& a) {
-  Seq& s = *find(a.uid);
+  Seq* found = find(a.uid);
+  if (!found) return true;  // ended by an earlier action (a sample failing ends its group)
+  Seq& s = *found;
   switch (a.kind) {
     case policy::PlanAction::admit:
       admit(s);
       break;
     case policy::PlanAction::wait:
-      kv_.reuse_prefix(s.kv, s.tokens);
+      reuse(s);
       kv_.free(s.kv);  // its shared prefix stays cached for when it starts
       break;
     case policy::PlanAction::preempt:
@@ -386,6 +453,13 @@ void Batcher::schedule() {
 void Batcher::send_step() {
   StepPlan plan;
   plan.step = ++steps_;
+  for (const KvBlockCopyPlan& c : pending_copies_) {
+    plan.copy_from.push_back(c.src);
+    plan.copy_to.push_back(c.dst);
+    plan.copy_window.push_back(c.window ? 1 : 0);
+  }
+  block_copies_ += static_cast<int64_t>(pending_copies_.size());
+  pending_copies_.clear();
   plan.seqs.reserve(planned_.size());
   const int64_t t = now();
   for (Seq* s : planned_) {
@@ -396,7 +470,8 @@ void Batcher::send_step() {
     p.n_past = s->kv.n_past;
     p.block_table = s->kv.blocks;
     if (kv_.split()) p.window_table = s->kv.wblocks;
-    p.sample = s->kv.n_past + s->step_tokens == static_cast<int32_t>(s->tokens.size());
+    p.sample = s->samples && s->kv.n_past + s->step_tokens == s->feed_end();
+    prompt_fed_ += std::max(0, std::min(s->kv.n_past + s->step_tokens, s->n_prompt) - s->kv.n_past);
     p.reset = !s->started;
     s->started = true;
     p.temperature = s->job.temperature;
@@ -404,6 +479,13 @@ void Batcher::send_step() {
     p.top_p = s->job.top_p;
     p.seed = s->job.seed;
     p.logprobs = s->job.logprobs;
+    if (p.reset && (s->job.controls.any() || !s->job.constraint.empty())) {
+      p.n_prompt = s->n_prompt;
+      p.prior.assign(s->tokens.begin(), s->tokens.begin() + s->kv.n_past);
+      p.controls = s->job.controls;
+      p.constraint = s->job.constraint;
+    }
+    fill_targets(*s, p);
     p.window = policy::step_window(s->kv.policy);
     p.sinks = policy::step_sinks(s->kv.policy);
     if (!s->first_sched_us) s->first_sched_us = t;
@@ -431,17 +513,23 @@ void Batcher::on_result(StepResult& r) {
                              std::to_string(extras_.test_fault_throw_after) + " steps");
   if (life_ == Lifecycle::failed) return;  // a late answer of an executor already given up on
   step_sent_us_.reset();
-  std::vector<Seq*> members;
-  members.swap(planned_);
+  // By uid: ending one member of a group may end its group's other members of this step.
+  std::vector<uint64_t> members;
+  for (Seq* s : planned_) members.push_back(s->job.uid);
+  planned_.clear();
   if (!r.error.empty()) {
-    for (Seq* s : members) {
+    for (uint64_t uid : members) {
+      Seq* s = find(uid);
+      if (!s) continue;
       s->in_step = false;
       fail(*s, ErrorCode::engine_dead, r.error);
     }
   } else {
     std::unordered_map<uint64_t, const SeqResult*> sampled;
     for (const SeqResult& x : r.seqs) sampled.emplace(x.uid, &x);
-    for (Seq* s : members) {
+    for (uint64_t uid : members) {
+      Seq* s = find(uid);
+      if (!s) continue;
       s->in_step = false;
       auto it = sampled.find(s->job.uid);
       if (it != sampled.end() && !it->second->error.empty()) {
@@ -461,15 +549,26 @@ void Batcher::on_result(StepResult& r) {
         fail(*s, code, it->second->error);
         continue;
       }
+      const int32_t from_slot = s->kv.n_past;
+      const int32_t n_fed = s->step_tokens;
       s->kv.n_past += s->step_tokens;
       s->step_tokens = 0;
       kv_.publish(s->kv, s->tokens);
       kv_.trim(s->kv);
+      if (it != sampled.end() && s->wants_lp()) take_targets(*s, *it->second, from_slot, n_fed);
       if (s->cancelled) {
         finish(*s, FinishReason::cancelled);
         continue;
       }
-      if (it != sampled.end()) accept(*s, *it->second);
+      if (!s->samples) {
+        if (s->kv.n_past < s->feed_end()) continue;
+        if (s->leader)
+          end_member(*s, FinishReason::stop);  // a continuation scored
+        else
+          fork_group(*s);  // the shared prompt is in: the samples start
+        continue;
+      }
+      if (it != sampled.end() && s->kv.n_past == s->feed_end()) accept(*s, *it->second);
     }
   }
   check_pressure();

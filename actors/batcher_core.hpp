@@ -53,9 +53,37 @@ struct Seq {
   std::vector<float> top_lps;
   int64_t first_sched_us = 0, first_token_us = 0;
   bool recovery_reported = false;  // a re-queued job told the supervisor it runs again
+  // Samples of one prompt (Job::n > 1) and score requests: the job's own Seq leads the group.
+  // It prefills the prompt but its last token, then forks one member per sample (continuation)
+  // whose tables share its blocks; each member feeds the last prompt token itself (its first
+  // token is its own sampler's) and ends into the leader, which ends the job with them all.
+  Seq* leader = nullptr;              // a member: its group's leader
+  uint32_t choice = 0;                // a member: its sample (continuation) index
+  bool grouped = false;               // the leader of a group
+  bool forked = false;                // a leader whose members run
+  bool group_cancelled = false;       // a leader: the job was cancelled
+  std::vector<Seq*> members;          // a forked leader: members not ended yet
+  std::vector<ChoiceResult> choices;  // a leader: its samples, as they end
+  std::vector<ScoreResult> scores;    // a leader of a score request
+  int64_t member_tokens = 0;          // a leader: tokens its members generated (scored)
+  bool samples = true;     // samples a token after its last fed token (not a leader or scorer)
+  bool hold_last = false;  // its last token is not fed (a leader; a score member)
+  // Teacher-forced log-probabilities of positions [lp_from, lp_to) of `tokens` (prompt_logprobs;
+  // a score member's continuation); lp* hold those computed so far, from lp_from on.
+  int32_t lp_from = 0, lp_to = 0;
+  uint32_t lp_n_top = 0;
+  std::vector<float> lp;
+  std::vector<int32_t> lp_top_ids;
+  std::vector<float> lp_top;
 
   int32_t n_generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
-  int32_t remaining() const { return static_cast<int32_t>(tokens.size()) - kv.n_past; }
+  /// Tokens the KV cache must hold to go on: every token, but the last where it is held back.
+  int32_t feed_end() const { return static_cast<int32_t>(tokens.size()) - (hold_last ? 1 : 0); }
+  int32_t remaining() const { return feed_end() - kv.n_past; }
+  /// Positions whose log-probability is still to come.
+  bool wants_lp() const { return lp_from + static_cast<int32_t>(lp.size()) < lp_to; }
+  /// The job this sequence serves (a member's is its leader's).
+  const Job& owner() const { return leader ? leader->job : job; }
   // Scheduling priority: lower is more important (class first, then earlier arrival).
   std::tuple<uint32_t, int64_t, uint64_t> key() const {
     return {job.class_index, job.arrival_us, job.uid};
@@ -93,6 +121,10 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   policy::PlanSeq plan_seq_of(const Seq& s) const;
   bool apply(const policy::PlanAction& a);  // false: the round must be planned again
   void admit(Seq& s);
+  void reuse(Seq& s);
+  std::vector<int32_t> peek(const Seq& s) const;
+  void fill_targets(const Seq& s, SeqPlan& p) const;
+  void take_targets(Seq& s, const SeqResult& r, int32_t from_slot, int32_t n_fed);
   void preempt(Seq& s);
   void send_step();
   void on_result(StepResult& r);
@@ -108,6 +140,14 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   void fail(Seq& s, ErrorCode code, const std::string& message);
   void end_job(Seq& s);
   void drop(Seq& s);
+  // batcher_samples.cpp: groups of samples and score requests.
+  void start_group(Seq& s);
+  void fork_group(Seq& g);
+  void end_member(Seq& m, FinishReason finish);
+  void remove_member(Seq& m);
+  void drop_members(Seq& g);
+  void cancel_group(Seq& g);
+  void group_done(Seq& g, DoneEvent& d) const;
 
   // batcher_lifecycle.cpp: policies, scale down, failure.
   std::string refuse(const policy::KvPolicy& p) const;
@@ -163,6 +203,11 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   bool router_released_ = false;  // the router acknowledged that it dispatches nothing more here
   int64_t requeued_ = 0;
   int64_t seq_failures_ = 0;  // jobs the executor failed alone (the rest of their step went on)
+  // Forked members get uids of their own (the executor's samplers and the planner key by uid),
+  // far above admission's job uids so that the two never meet.
+  uint64_t next_member_uid_ = uint64_t{1} << 62;
+  std::vector<KvBlockCopyPlan> pending_copies_;  // copy-on-write for the next step
+  int64_t prompt_fed_ = 0, forked_ = 0, block_copies_ = 0;
 };
 
 }  // namespace batcher_detail

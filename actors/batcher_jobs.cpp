@@ -17,6 +17,7 @@ double ms_between(int64_t from_us, int64_t to_us) {
 
 // Removes a job that goes elsewhere (re-queued): no outcome, no credit.
 void Batcher::drop(Seq& s) {
+  drop_members(s);
   kv_.free(s.kv);
   erase_from(running_, &s);
   if (!s.running) waiting_.erase(&s);
@@ -26,6 +27,7 @@ void Batcher::drop(Seq& s) {
 
 // Removes an ended job everywhere and returns its credit.
 void Batcher::end_job(Seq& s) {
+  drop_members(s);
   kv_.free(s.kv);
   erase_from(running_, &s);
   if (!s.running) waiting_.erase(&s);
@@ -58,10 +60,20 @@ DoneEvent Batcher::done_event(Seq& s, FinishReason finish) {
     d.top_ids = s.top_ids;
     d.top_logprobs = s.top_lps;
   }
+  if (s.job.prompt_logprobs >= 0 && s.lp_to > s.lp_from) {
+    d.prompt_ids.assign(s.tokens.begin() + s.lp_from,
+                        s.tokens.begin() + s.lp_from + static_cast<int32_t>(s.lp.size()));
+    d.prompt_logprob = s.lp;
+    d.prompt_n_top = s.lp_n_top;
+    d.prompt_top_ids = s.lp_top_ids;
+    d.prompt_top_logprobs = s.lp_top;
+  }
+  if (s.grouped) group_done(s, d);
   return d;
 }
 
 void Batcher::finish(Seq& s, FinishReason finish) {
+  if (s.leader) return end_member(s, finish);
   DoneEvent d = done_event(s, finish);
   JobOutcome o = make_outcome(d);
   o.tokens_used = d.prompt_tokens + d.completion_tokens;
@@ -74,6 +86,13 @@ void Batcher::finish(Seq& s, FinishReason finish) {
     d.n_top = 0;
     d.top_ids.clear();
     d.top_logprobs.clear();
+    for (ChoiceResult& c : d.choices) {
+      c.text.clear();
+      c.ids.clear();
+      c.logprob.clear();
+      c.top_ids.clear();
+      c.top_logprobs.clear();
+    }
   }
   if (egress_) self_->send(egress_, out_atom::value, std::move(d));
   if (admission_) self_->send(admission_, finished_atom::value, std::move(o));
@@ -81,6 +100,7 @@ void Batcher::finish(Seq& s, FinishReason finish) {
 }
 
 void Batcher::fail(Seq& s, ErrorCode code, const std::string& message) {
+  if (s.leader) return fail(*s.leader, code, message);  // one sample failing fails its job
   ErrorEvent e = make_error_event(s.job, code, message);
   JobOutcome o = make_outcome(e);
   o.tokens_used = static_cast<uint32_t>(s.tokens.size());
@@ -108,7 +128,8 @@ void Batcher::emit(Seq& s, int32_t id, size_t upto) {
   }
   if (id < 0 && t.text.empty()) return;
   t.to = s.job.client;
-  t.uid = s.job.uid;
+  t.uid = s.owner().uid;
+  t.choice = s.choice;
   t.id = s.job.id;
   t.tenant = s.job.tenant;
   t.index = s.sent_ids;

@@ -112,7 +112,10 @@ void Batcher::on_executor_failure(const std::string& why, int64_t fault_us) {
   planned_.clear();
   const int64_t detected = now();
   std::vector<Seq*> all;
-  for (auto& [uid, sp] : seqs_) all.push_back(sp.get());
+  // Jobs only: a group's members go with their leader (which runs the group again from its
+  // prompt; their chunks are not tracked apart, so a streamed group starts its chunks again).
+  for (auto& [uid, sp] : seqs_)
+    if (!sp->leader) all.push_back(sp.get());
   std::sort(all.begin(), all.end(), before);
   std::vector<Job> back;
   uint32_t failed = 0;
@@ -125,7 +128,7 @@ void Batcher::on_executor_failure(const std::string& why, int64_t fault_us) {
     }
     Job j = s->job;
     // Only a job that reached the failed executor used up an attempt.
-    if (s->started) ++j.attempt;
+    if (s->started || s->forked) ++j.attempt;
     if (j.stream && j.client.kind != ClientRef::pipeline) {
       j.streamed_ids = std::max(j.streamed_ids, s->sent_ids);
       j.streamed_bytes = std::max<uint64_t>(j.streamed_bytes, s->emitted);

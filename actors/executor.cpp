@@ -11,7 +11,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "actors/constraint_support.hpp"
 #include "actors/messages.hpp"
+#include "actors/target_logprobs.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/engine.hpp"
 #include "core/error_code.hpp"
@@ -21,10 +23,21 @@ namespace sy {
 
 namespace {
 
+// One sequence's sampling state: its sampler and, for a job with penalties or a constraint, the
+// tokens recorded so far (positions [0, n_seen)) in the sampler's history and the matcher.
+struct SeqSampling {
+  explicit SeqSampling(const SamplingParams& p) : sampler(p) {}
+  Sampler sampler;
+  std::unique_ptr<SeqConstraint> constraint;  // null: free text
+  bool tracks = false;                        // records the sequence's tokens
+  int32_t n_prompt = 0;
+  int32_t n_seen = 0;
+};
+
 struct ExecutorState {
   ExecutorSpec spec;
   std::unique_ptr<Engine> engine;  // null for the "null" backend
-  std::unordered_map<uint64_t, Sampler> samplers;
+  std::unordered_map<uint64_t, SeqSampling> samplers;
   std::vector<SeqStep> batch;  // reused across steps: no per-step allocation once warm
   std::vector<size_t> rows;    // batch entry -> index into the plan
   std::vector<int32_t> positions;
@@ -39,6 +52,16 @@ struct ExecutorState {
   std::unordered_set<uint64_t> poisoned;
   // TEST ONLY (hang fault): promises never delivered, kept so that no reply is ever sent.
   std::vector<caf::typed_response_promise<StepResult>> held;
+
+  // The vocabulary index and compiled constraints: the server's shared ones (spec), or made here
+  // at the first constrained job.
+  ConstraintSupport& constraints() {
+    if (!spec.constraints) {
+      if (!spec.model) throw std::invalid_argument("constraints need a model (none is loaded)");
+      spec.constraints = make_constraint_support(*spec.model);
+    }
+    return *spec.constraints;
+  }
 };
 
 SamplingParams params_of(const SeqPlan& p) {
@@ -48,15 +71,40 @@ SamplingParams params_of(const SeqPlan& p) {
   sp.top_p = p.top_p;
   sp.seed = p.seed;
   sp.n_logprobs = static_cast<int>(p.logprobs);
+  sp.controls = p.controls;
   return sp;
 }
 
-// The sampler of a planned sequence, made (or remade on reset) as the plan says.
-Sampler& sampler_for(ExecutorState& st, const SeqPlan& p) {
+// Records token `id` at sequence position `pos` (once per position: a recomputed sequence feeds
+// its tokens again) in the penalty history and, past the prompt, in the constraint's matcher.
+void record(SeqSampling& s, int32_t pos, int32_t id) {
+  if (pos < s.n_seen) return;
+  s.n_seen = pos + 1;
+  const bool output = pos >= s.n_prompt;
+  s.sampler.accept(id, output);
+  if (output && s.constraint) s.constraint->advance(id);
+}
+
+// The sampling state of a planned sequence, made (or remade on reset) as the plan says, with the
+// plan's tokens recorded. Throws std::invalid_argument for parameters the sampler refuses and
+// std::logic_error for a fed token the constraint does not allow.
+SeqSampling& sampling_for(ExecutorState& st, const SeqPlan& p) {
   auto it = st.samplers.find(p.uid);
-  if (it != st.samplers.end() && !p.reset) return it->second;
-  if (it != st.samplers.end()) st.samplers.erase(it);
-  return st.samplers.emplace(p.uid, Sampler(params_of(p))).first->second;
+  if (it == st.samplers.end() || p.reset) {
+    if (it != st.samplers.end()) st.samplers.erase(it);
+    SeqSampling s(params_of(p));
+    s.tracks = !p.prior.empty() || p.n_prompt > 0 || p.controls.any() || !p.constraint.empty();
+    s.n_prompt = p.n_prompt;
+    if (!p.constraint.empty()) s.constraint = make_seq_constraint(st.constraints(), p.constraint);
+    it = st.samplers.emplace(p.uid, std::move(s)).first;
+    for (size_t i = 0; i < p.prior.size(); ++i)
+      record(it->second, static_cast<int32_t>(i), p.prior[i]);
+  }
+  SeqSampling& s = it->second;
+  if (s.tracks)
+    for (size_t i = 0; i < p.tokens.size(); ++i)
+      record(s, p.n_past + static_cast<int32_t>(i), p.tokens[i]);
+  return s;
 }
 
 void fill_top(ExecutorState& st, const SeqPlan& p, SeqResult& r) {
@@ -83,21 +131,62 @@ bool poisoned(ExecutorState& st, const SeqPlan& p) {
   return st.poisoned.count(p.uid) > 0;
 }
 
+// SeqPlan::targets: the log-probability of each target token at its row of batch entry j (the
+// step ran with all_logits for it), with the plan's top entries, into r. A row that is not
+// finite ends the sequence alone, as a sampled one would.
+void targets_of(ExecutorState& st, const SeqPlan& p, size_t j, size_t i, SeqResult& r) {
+  const int32_t n_vocab = st.engine->config().n_vocab;
+  std::vector<int32_t> scratch;
+  for (size_t k = 0; k < p.targets.size(); ++k) {
+    const int32_t t = p.targets[k];
+    if (t < 0) continue;
+    if (t >= n_vocab) {
+      fail_seq(st, i, ErrorCode::internal, "target token id " + std::to_string(t) +
+                                               " outside the vocabulary [0, " +
+                                               std::to_string(n_vocab) + ")");
+      return;
+    }
+    const float lp = target_logprob(st.out.row(j, static_cast<int32_t>(k)), n_vocab, t,
+                                    p.target_top, r.target_top_ids, r.target_top_logprobs, scratch);
+    if (std::isnan(lp)) {
+      fail_seq(st, i, ErrorCode::internal,
+               "the engine gave this job no usable distribution at a prompt position (the "
+               "logits are not finite); the job was stopped, the others of its step went on");
+      return;
+    }
+    r.target_logprobs.push_back(lp);
+  }
+}
+
 void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
   const size_t n = plan.seqs.size();
+  // Copy-on-write of the blocks forked sequences shared, before this step writes any of them.
+  if (!plan.copy_from.empty()) {
+    std::vector<KvBlockCopy> copies;
+    for (size_t i = 0; i < plan.copy_from.size() && i < plan.copy_to.size(); ++i)
+      copies.push_back({plan.copy_from[i], plan.copy_to[i],
+                        i < plan.copy_window.size() && plan.copy_window[i] != 0});
+    st.engine->copy_blocks(copies);
+  }
   st.failed.assign(n, std::string());
   st.failed_code.assign(n, ErrorCode{});
   // Samplers are made before the step so that a sequence with bad sampling parameters is left
   // out of it before any KV slot is written. The parameters are the client's (checked at the
   // edge already; a value the sampler still refuses is the client's to change): bad_request.
-  std::vector<Sampler*> samplers(n, nullptr);
+  // A sequence that records its tokens (penalties, a constraint) sees every chunk it is fed.
+  std::vector<SeqSampling*> samplers(n, nullptr);
   for (size_t i = 0; i < n; ++i) {
     const SeqPlan& p = plan.seqs[i];
-    if (!p.sample && !p.reset) continue;
+    if (!p.sample && !p.reset) {
+      auto it = st.samplers.find(p.uid);
+      if (it == st.samplers.end() || !it->second.tracks) continue;
+    }
     try {
-      samplers[i] = &sampler_for(st, p);
+      samplers[i] = &sampling_for(st, p);
     } catch (const std::invalid_argument& e) {
       fail_seq(st, i, ErrorCode::bad_request, e.what());
+    } catch (const std::exception& e) {
+      fail_seq(st, i, ErrorCode::internal, e.what());
     }
   }
   std::vector<uint8_t> nan_rows(n, 0);
@@ -126,6 +215,7 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
       s.n_blocks = static_cast<int32_t>(p.block_table.size());
       s.window = p.window;
       s.sinks = p.sinks;
+      s.all_logits = !p.targets.empty();  // teacher-forced log-probabilities read every row
       if (!p.window_table.empty()) {
         s.window_table = p.window_table.data();
         s.n_window_blocks = static_cast<int32_t>(p.window_table.size());
@@ -139,7 +229,10 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
     bool greedy = !any_nan;
     for (size_t i : rows) {
       const SeqPlan& p = plan.seqs[i];
-      greedy = greedy && (!p.sample || (p.temperature <= 0.0f && p.logprobs == 0));
+      // (Bias, penalties and constraints change the logits first: those sample on the host.)
+      greedy = greedy && p.targets.empty();  // (every row's logits go to the host for those)
+      greedy = greedy && (!p.sample || (p.temperature <= 0.0f && p.logprobs == 0 &&
+                                        samplers[i] && !samplers[i]->tracks));
     }
     try {
       if (greedy && st.engine->step_greedy(st.batch, st.ids)) {
@@ -158,7 +251,8 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
   for (size_t j = 0; j < rows.size(); ++j) {
     const size_t i = rows[j];
     const SeqPlan& p = plan.seqs[i];
-    if (!p.sample) continue;
+    if (!p.targets.empty() && !greedy_done) targets_of(st, p, j, i, sampled[i]);
+    if (!p.sample || !st.failed[i].empty()) continue;
     SeqResult& r = sampled[i];
     if (greedy_done) {
       r.token = st.ids[j];
@@ -185,8 +279,9 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
     // the client's doing (its parameters passed): internal, naming the cause.
     try {
       st.top.clear();
-      r.token =
-          samplers[i]->sample(st.out.row(j), n_vocab, p.logprobs ? &st.top : nullptr, &r.logprob);
+      SeqSampling& s = *samplers[i];
+      r.token = s.sampler.sample(st.out.row(j), n_vocab, p.logprobs ? &st.top : nullptr,
+                                 &r.logprob, s.constraint.get());
       fill_top(st, p, r);
     } catch (const SamplingError& e) {
       fail_seq(st, i, ErrorCode::internal,
@@ -204,7 +299,7 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
       r.code = st.failed_code[i];
       r.error = st.failed[i];
       res.seqs.push_back(std::move(r));
-    } else if (p.sample) {
+    } else if (p.sample || !p.targets.empty()) {
       sampled[i].uid = p.uid;
       res.seqs.push_back(std::move(sampled[i]));
     }
@@ -252,7 +347,8 @@ ExecutorActor::behavior_type executor_actor(ExecutorActor::pointer self, std::sh
           else
             run_null(*st, plan, res);
           ++st->steps;
-          for (const SeqResult& r : res.seqs) st->tokens += r.error.empty() ? 1 : 0;
+          for (const SeqResult& r : res.seqs)
+            st->tokens += r.error.empty() && r.token >= 0 ? 1 : 0;  // (targets alone: no token)
         } catch (const std::exception& e) {
           res.seqs.clear();
           res.error = std::string("executor step failed: ") + e.what();

@@ -14,6 +14,7 @@
 namespace sy {
 
 class Model;
+struct ConstraintSupport;
 using LlamaModel = Model;  // model/model.hpp
 
 /// How to build an executor.
@@ -44,6 +45,9 @@ struct ExecutorSpec {
   /// TEST ONLY: a sequence whose first planned chunk (reset set) feeds this token id gets NaN
   /// logits at every sampled step, so that its job fails alone; -1: never.
   int32_t test_nan_logits_token = -1;
+  /// The vocabulary index and compiled constraints shared with admission; null: the executor
+  /// makes its own at the first constrained job.
+  std::shared_ptr<ConstraintSupport> constraints;
 };
 
 /// Spawns a detached executor. It handles

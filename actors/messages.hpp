@@ -95,11 +95,22 @@ typename Inspector::result_type inspect(Inspector& f, ClientRef& x) {
 }
 
 template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, SamplingControls& x) {
+  return f(caf::meta::type_name("SamplingControls"), x.min_p, x.presence_penalty,
+           x.frequency_penalty, x.repetition_penalty, x.repeat_last_n, x.logit_bias);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Constraint& x) {
+  return f(caf::meta::type_name("Constraint"), x.kind, x.source, x.options);
+}
+
+template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, Job& x) {
   return f(caf::meta::type_name("Job"), x.uid, x.id, x.tenant, x.client, x.class_index, x.prompt,
            x.max_tokens, x.temperature, x.top_k, x.top_p, x.seed, x.stop, x.ignore_eos, x.stream,
            x.logprobs, x.arrival_us, x.deadline_us, x.attempt, x.streamed_ids, x.streamed_bytes,
-           x.fault_us);
+           x.fault_us, x.controls, x.constraint, x.n, x.prompt_logprobs, x.continuations);
 }
 
 template <class Inspector>
@@ -107,7 +118,8 @@ typename Inspector::result_type inspect(Inspector& f, SubmitRequest& x) {
   return f(caf::meta::type_name("SubmitRequest"), x.client, x.id, x.tenant, x.token, x.prompt_text,
            x.prompt_ids, x.prompt_is_ids, x.max_tokens, x.temperature, x.top_k, x.top_p, x.has_seed,
            x.seed, x.stop, x.ignore_eos, x.priority, x.deadline_ms, x.stream, x.logprobs,
-           x.arrival_us, x.message_roles, x.message_contents, x.parse_special, x.metered_bytes);
+           x.arrival_us, x.message_roles, x.message_contents, x.parse_special, x.metered_bytes,
+           x.controls, x.constraint, x.n, x.prompt_logprobs, x.score, x.cont_text, x.cont_ids);
 }
 
 template <class Inspector>
@@ -136,21 +148,39 @@ struct SeqPlan {
   // SeqStep::window_table: the window group's block table where the executor's engine splits
   // its KV cache into two layer groups; empty otherwise.
   std::vector<int32_t> window_table;
+  // With reset, for a job with penalties or a constraint: how many of its tokens are prompt
+  // (the rest were generated), and its tokens before n_past, which this plan does not feed (a
+  // prefix-cache hit, or a recomputed sequence's cached part), so that the executor rebuilds the
+  // penalty history and the constraint's state from every token of the sequence.
+  int32_t n_prompt = 0;
+  std::vector<int32_t> prior;
+  SamplingControls controls;  // with reset
+  Constraint constraint;      // with reset
+  // Teacher-forced log-probabilities (prompt_logprobs, scoring): targets[i] >= 0 asks for the
+  // log-probability of that token at the row of tokens[i] (the token that follows it in the
+  // sequence), with the top `target_top` tokens there; -1 asks nothing. Needs every row's logits.
+  std::vector<int32_t> targets;
+  uint32_t target_top = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SeqPlan& x) {
   return f(caf::meta::type_name("SeqPlan"), x.uid, x.tokens, x.n_past, x.block_table, x.sample,
            x.reset, x.temperature, x.top_k, x.top_p, x.seed, x.logprobs, x.window, x.sinks,
-           x.window_table);
+           x.window_table, x.n_prompt, x.prior, x.controls, x.constraint, x.targets, x.target_top);
 }
 
 struct StepPlan {
   uint64_t step = 0;
   std::vector<SeqPlan> seqs;
+  // KV blocks to copy before the step (copy-on-write of a shared, partly filled block when
+  // samples of one prompt fork): block copy_from[i] into copy_to[i], of the window group's pool
+  // where copy_window[i] is 1.
+  std::vector<int32_t> copy_from, copy_to;
+  std::vector<uint8_t> copy_window;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepPlan& x) {
-  return f(caf::meta::type_name("StepPlan"), x.step, x.seqs);
+  return f(caf::meta::type_name("StepPlan"), x.step, x.seqs, x.copy_from, x.copy_to, x.copy_window);
 }
 
 /// A sampled token (only for SeqPlans with sample = true), with logprobs when asked; or, with
@@ -164,11 +194,17 @@ struct SeqResult {
   std::vector<float> top_logprobs;
   ErrorCode code = ErrorCode::bad_request;  // with `error`: the code the job ends with
   std::string error = {};                   // non-empty: this sequence failed (no token)
+  // SeqPlan::targets: one log-probability per target asked, in order, and target_top top
+  // entries each. A sequence with targets gets a SeqResult even when it does not sample
+  // (token -1 then).
+  std::vector<float> target_logprobs = {};
+  std::vector<int32_t> target_top_ids = {};
+  std::vector<float> target_top_logprobs = {};
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SeqResult& x) {
   return f(caf::meta::type_name("SeqResult"), x.uid, x.token, x.logprob, x.top_ids, x.top_logprobs,
-           x.code, x.error);
+           x.code, x.error, x.target_logprobs, x.target_top_ids, x.target_top_logprobs);
 }
 
 struct StepResult {
@@ -192,14 +228,26 @@ typename Inspector::result_type inspect(Inspector& f, AcceptedEvent& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TokensEvent& x) {
   return f(caf::meta::type_name("TokensEvent"), x.to, x.uid, x.id, x.index, x.ids, x.text,
-           x.logprob, x.n_top, x.top_ids, x.top_logprobs, x.tenant);
+           x.logprob, x.n_top, x.top_ids, x.top_logprobs, x.tenant, x.choice);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ChoiceResult& x) {
+  return f(caf::meta::type_name("ChoiceResult"), x.index, x.finish, x.text, x.ids, x.logprob,
+           x.top_ids, x.top_logprobs);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ScoreResult& x) {
+  return f(caf::meta::type_name("ScoreResult"), x.index, x.logprob, x.tokens);
 }
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, DoneEvent& x) {
   return f(caf::meta::type_name("DoneEvent"), x.to, x.uid, x.id, x.tenant, x.finish, x.text, x.ids,
            x.prompt_tokens, x.completion_tokens, x.cached_tokens, x.queue_ms, x.ttft_ms, x.total_ms,
-           x.logprob, x.n_top, x.top_ids, x.top_logprobs);
+           x.logprob, x.n_top, x.top_ids, x.top_logprobs, x.choices, x.prompt_ids, x.prompt_logprob,
+           x.prompt_n_top, x.prompt_top_ids, x.prompt_top_logprobs, x.scores);
 }
 
 template <class Inspector>

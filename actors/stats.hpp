@@ -161,6 +161,9 @@ struct BatcherStats {
   int64_t executor_failures = 0;        ///< 1 once its executor failed, else 0
   int64_t requeued = 0;                 ///< jobs it sent back after its executor failed
   int64_t seq_failures = 0;             ///< sequences ended alone with their own error
+  int64_t prompt_fed_tokens = 0;        ///< prompt tokens fed to the engine (fed_tokens' part)
+  int64_t forked_seqs = 0;              ///< samples and continuations forked from a prompt
+  int64_t kv_block_copies = 0;          ///< KV blocks copied on write by forked sequences
 
   template <class S, class F>
   static decltype(auto) fields(S& s, F&& f) {
@@ -190,7 +193,9 @@ struct BatcherStats {
              field("finished", s.finished), field("ongoing", s.ongoing),
              field("idle_since_us", s.idle_since_us, stats_fields::kInstant),
              field("retiring", s.retiring), field("executor_failures", s.executor_failures),
-             field("requeued", s.requeued), field("seq_failures", s.seq_failures, kSummary));
+             field("requeued", s.requeued), field("seq_failures", s.seq_failures, kSummary),
+             field("prompt_fed_tokens", s.prompt_fed_tokens), field("forked_seqs", s.forked_seqs),
+             field("kv_block_copies", s.kv_block_copies));
   }
 };
 

@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <iostream>
 #include <string>
 
@@ -14,6 +16,7 @@
 #include "cli/keygen.hpp"
 #include "cli/serve.hpp"
 #include "cli/submit.hpp"
+#include "constraints/filter.hpp"
 #include "gpu/engine.hpp"
 #include "gpu/generator.hpp"
 #include "model/gguf.hpp"
@@ -36,7 +39,10 @@ constexpr const char* kUsageHead =
     "commands:\n";
 constexpr const char* kGenerateUsage =
     "  generate    --model FILE --prompt TEXT -n N [--temperature T --top-k K --top-p P\n"
-    "              --seed S --logprobs N --stop STR --ignore-eos --threads N --json]\n";
+    "              --min-p P --presence-penalty X --frequency-penalty X --repeat-penalty X\n"
+    "              --repeat-last-n N --seed S --logprobs N --stop STR --ignore-eos --threads N\n"
+    "              --json] [one constraint: --grammar-file FILE (GBNF), --json-schema-file\n"
+    "              FILE, --regex RE, --choice STR (repeatable)]. -n is the most tokens\n";
 constexpr const char* kTokenizeUsage =
     "  tokenize    --model FILE --text TEXT [--no-bos] [--parse-special] [--json]\n";
 constexpr const char* kMakeModelUsage =
@@ -112,7 +118,36 @@ int cmd_generate(const Args& a) {
   req.sampling.top_p = static_cast<float>(a.real("top-p", 1.0));
   req.sampling.seed = static_cast<uint64_t>(a.integer("seed", 0));
   req.sampling.n_logprobs = static_cast<int>(a.integer("logprobs", 0));
+  req.sampling.controls.min_p = static_cast<float>(a.real("min-p", 0.0));
+  req.sampling.controls.presence_penalty = static_cast<float>(a.real("presence-penalty", 0.0));
+  req.sampling.controls.frequency_penalty = static_cast<float>(a.real("frequency-penalty", 0.0));
+  req.sampling.controls.repetition_penalty = static_cast<float>(a.real("repeat-penalty", 1.0));
+  req.sampling.controls.repeat_last_n = static_cast<int32_t>(a.integer("repeat-last-n", 64));
   sy::Sampler check(req.sampling);  // throws std::invalid_argument naming a bad field
+  // The constraint, read before the model load so that a missing file costs nothing.
+  sy::Constraint constraint;
+  const auto take = [&](const char* flag, uint8_t kind, std::string source) {
+    if (!constraint.empty())
+      throw UsageError(std::string("--") + flag + ": give one of --grammar-file, "
+                       "--json-schema-file, --regex, --choice");
+    constraint.kind = kind;
+    constraint.source = std::move(source);
+  };
+  const auto read_file = [](const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw UsageError("cannot read " + path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  };
+  if (a.has("grammar-file")) take("grammar-file", sy::Constraint::grammar, read_file(a.str("grammar-file")));
+  if (a.has("json-schema-file"))
+    take("json-schema-file", sy::Constraint::json_schema, read_file(a.str("json-schema-file")));
+  if (a.has("regex")) take("regex", sy::Constraint::regex, a.str("regex"));
+  if (!a.all("choice").empty()) {
+    take("choice", sy::Constraint::choices, "");
+    constraint.options = a.all("choice");
+  }
   req.stop = a.all("stop");
   req.ignore_eos = a.has("ignore-eos");
   sy::GenOptions go;
@@ -128,6 +163,12 @@ int cmd_generate(const Args& a) {
   int64_t need = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
   eo.n_blocks = static_cast<int32_t>((need + eo.block_size - 1) / eo.block_size) + 1;
   auto engine = sy::make_cpu_engine(model, eo);
+  if (!constraint.empty()) {
+    sy::constraints::ConstraintCache cache(1);
+    // ConstraintError (a std::invalid_argument) names what is wrong with the constraint.
+    req.constraint = cache.get(
+        constraint, sy::constraints::vocabulary_of(model->tokenizer(), engine->config().n_vocab));
+  }
 
   bool json = a.has("json");
   sy::TokenCallback stream;
@@ -183,7 +224,8 @@ int main(int argc, char** argv) {
       {"generate",
        kGenerateUsage,
        {"model", "prompt", "n", "temperature", "top-k", "top-p", "seed", "logprobs", "stop",
-        "threads", "prefill-chunk"},
+        "threads", "prefill-chunk", "min-p", "presence-penalty", "frequency-penalty",
+        "repeat-penalty", "repeat-last-n", "grammar-file", "json-schema-file", "regex", "choice"},
        {"json", "ignore-eos", "no-bos"},
        false,
        cmd_generate},

@@ -3,6 +3,7 @@
 // With --nats the jobs go to a cluster's JetStream queue instead (submit_nats.cpp).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <deque>
@@ -30,8 +31,14 @@ const char* const kSubmitUsage =
     "              template renders them), \"parse_special\" (a text prompt's special-token\n"
     "              text becomes control tokens), \"max_tokens\": N, \"temperature\", \"top_k\",\n"
     "              \"top_p\", \"seed\", \"stop\", \"ignore_eos\", \"priority\", \"deadline_ms\",\n"
-    "              \"tenant\"}. Ids already in the\n"
-    "              output are skipped (resumable); overloaded jobs are retried.\n"
+    "              \"tenant\", \"logprobs\", \"min_p\", \"presence_penalty\",\n"
+    "              \"frequency_penalty\", \"repetition_penalty\", \"repeat_last_n\",\n"
+    "              \"logit_bias\", one of \"grammar\", \"json_schema\", \"regex\",\n"
+    "              \"choices\", \"n\" (samples; results get \"choices\"),\n"
+    "              \"prompt_logprobs\", \"continuations\" (a score request: [text or\n"
+    "              ids, ...]; results get \"scores\"), and \"meta\" (yours; not sent)}.\n"
+    "              Other keys are refused. Ids already in the output are skipped\n"
+    "              (resumable); overloaded jobs are retried.\n"
     "              --server-key: the server's CURVE public key file (PREFIX.pub);\n"
     "              [--client-key FILE]: this client's secret key (PREFIX.key) for a server\n"
     "              that admits only listed client keys.\n"
@@ -163,8 +170,69 @@ Line parse_job(size_t n, const std::string& text, const std::string& tenant,
       s.deadline_ms = static_cast<uint32_t>(get_uint(n, v, "deadline_ms", UINT32_MAX));
     } else if (k == "logprobs") {
       s.logprobs = static_cast<uint32_t>(get_uint(n, v, "logprobs", UINT32_MAX));
+    } else if (k == "min_p") {
+      s.controls.min_p = static_cast<float>(get_num(n, v, "min_p"));
+    } else if (k == "presence_penalty") {
+      s.controls.presence_penalty = static_cast<float>(get_num(n, v, "presence_penalty"));
+    } else if (k == "frequency_penalty") {
+      s.controls.frequency_penalty = static_cast<float>(get_num(n, v, "frequency_penalty"));
+    } else if (k == "repetition_penalty") {
+      s.controls.repetition_penalty = static_cast<float>(get_num(n, v, "repetition_penalty"));
+    } else if (k == "repeat_last_n") {
+      if (!v.is_number_integer() || v.get<int64_t>() < -1 || v.get<int64_t>() > INT32_MAX)
+        bad_line(n, "'repeat_last_n' must be an integer in [-1, 2147483647]");
+      s.controls.repeat_last_n = static_cast<int32_t>(v.get<int64_t>());
+    } else if (k == "logit_bias") {
+      if (!v.is_object()) bad_line(n, "'logit_bias' must be an object of token id -> bias");
+      for (const auto& [id, b] : v.items()) {
+        if (id.empty() || id.size() > 10 || id.find_first_not_of("0123456789") != std::string::npos ||
+            std::stoll(id) > INT32_MAX)
+          bad_line(n, "'logit_bias' key '" + id + "' is not a token id");
+        s.controls.logit_bias.emplace_back(static_cast<int32_t>(std::stoll(id)),
+                                           static_cast<float>(get_num(n, b, "logit_bias")));
+      }
+      std::sort(s.controls.logit_bias.begin(), s.controls.logit_bias.end());
+    } else if (k == "grammar" || k == "regex" || k == "json_schema" || k == "choices") {
+      if (!s.constraint.empty())
+        bad_line(n, "'grammar', 'json_schema', 'regex' and 'choices' exclude each other");
+      if (k == "grammar") {
+        s.constraint = {Constraint::grammar, get_str(n, v, "grammar"), {}};
+      } else if (k == "regex") {
+        s.constraint = {Constraint::regex, get_str(n, v, "regex"), {}};
+      } else if (k == "json_schema") {
+        // A schema object is sent as its JSON text; a string is taken as that text already.
+        s.constraint = {Constraint::json_schema, v.is_string() ? v.get<std::string>() : v.dump(),
+                        {}};
+      } else {
+        if (!v.is_array()) bad_line(n, "'choices' must be an array of strings");
+        s.constraint.kind = Constraint::choices;
+        for (const auto& e : v) s.constraint.options.push_back(get_str(n, e, "choices"));
+      }
+    } else if (k == "n") {
+      s.n = static_cast<uint32_t>(get_uint(n, v, "n", UINT32_MAX));
+    } else if (k == "prompt_logprobs") {
+      s.prompt_logprobs = static_cast<uint32_t>(get_uint(n, v, "prompt_logprobs", UINT32_MAX));
+    } else if (k == "continuations") {
+      if (!v.is_array()) bad_line(n, "'continuations' must be an array of strings or id arrays");
+      s.score = true;
+      for (const auto& e : v) {
+        if (e.is_string()) {
+          s.continuations.emplace_back(e.get<std::string>());
+        } else if (e.is_array()) {
+          std::vector<int32_t> ids;
+          for (const auto& x : e)
+            ids.push_back(static_cast<int32_t>(get_uint(n, x, "continuations", INT32_MAX)));
+          s.continuations.emplace_back(std::move(ids));
+        } else {
+          bad_line(n, "'continuations' entries must be strings or arrays of token ids");
+        }
+      }
+    } else if (k != "meta") {
+      // "meta" is the caller's own bookkeeping and travels no further; any other key is
+      // refused, so that a misspelt or unsupported field is never silently dropped.
+      bad_line(n, "unknown field '" + k + "' (the fields of a job line are listed by "
+                  "`switchyard help`; put your own data under \"meta\")");
     }
-    // Other keys are the caller's own bookkeeping and travel no further.
   }
   if (s.id.empty()) bad_line(n, "missing 'id'");
   if (j.contains("prompt") && j.contains("messages"))
@@ -221,6 +289,20 @@ std::string done_line(const wire::Done& d) {
   j["timings"] = {{"queue_ms", d.timings.queue_ms},
                   {"ttft_ms", d.timings.ttft_ms},
                   {"total_ms", d.timings.total_ms}};
+  // Present only when the job asked for them, so that a plain job's line is unchanged.
+  for (const wire::Choice& c : d.choices)
+    j["choices"].push_back({{"index", c.index},
+                            {"text", c.text},
+                            {"ids", c.ids},
+                            {"finish_reason", wire::to_string(c.finish_reason)}});
+  for (const wire::PromptLogprob& p : d.prompt_logprobs) {
+    Json e = {{"id", p.id}, {"logprob", p.logprob}};
+    for (const wire::TopLogprob& t : p.top) e["top"].push_back({t.id, t.logprob});
+    j["prompt_logprobs"].push_back(std::move(e));
+  }
+  for (const wire::Score& sc : d.scores)
+    j["scores"].push_back(
+        {{"index", sc.index}, {"logprob", sc.logprob}, {"mean", sc.mean}, {"tokens", sc.tokens}});
   return json_dump(j);
 }
 

@@ -19,6 +19,9 @@ struct Limits {
   std::size_t max_rules = 4096;              // grammar rules after conversion and repetition
   std::size_t max_elements = 256 * 1024;     // grammar elements (automaton states) in all
   std::size_t max_choices = 1024;            // entries of a choices constraint
+  // Parse stacks alive at once while matching: an ambiguous grammar can double them per byte,
+  // so the matcher refuses to go on past this rather than spend unbounded time and memory.
+  std::size_t max_stacks = 1024;
 };
 
 }  // namespace sy::constraints

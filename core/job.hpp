@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error_code.hpp"
+#include "core/generation.hpp"
 #include "core/wire.hpp"
 
 namespace sy {
@@ -67,6 +68,15 @@ struct Job {
   uint32_t streamed_ids = 0;    // completion ids its client already got (not streamed again)
   uint64_t streamed_bytes = 0;  // completion text bytes its client already got
   int64_t fault_us = 0;         // when the last failure struck (recovery time is measured from it)
+  // Generation options (appended): sampling controls and the output constraint.
+  SamplingControls controls;
+  Constraint constraint;
+  // Samples, prompt log-probabilities and scoring (appended).
+  uint32_t n = 1;                // samples of the prompt sharing its KV (1: a plain job)
+  int32_t prompt_logprobs = -1;  // top-N per prompt position after the first; -1: none
+  // A score request: the continuations' token ids, each scored after the prompt (no sampling).
+  std::vector<std::vector<int32_t>> continuations;
+  bool is_score() const { return !continuations.empty(); }
 };
 
 /// A client request as decoded by the gateway (submit, cancel or status), before admission.
@@ -93,7 +103,16 @@ struct SubmitRequest {
   // A chat submit: roles[i] and contents[i] are message i, rendered by admission with the chat
   // template (prompt_text and prompt_ids then stay empty).
   std::vector<std::string> message_roles, message_contents;
-  bool parse_special = false;  // prompt_text's special-token text becomes control tokens
+  bool parse_special = false;    // prompt_text's special-token text becomes control tokens
+  SamplingControls controls;     // min_p, penalties, logit bias
+  Constraint constraint;         // the output's constraint (compiled and checked by admission)
+  uint32_t n = 1;                // samples of the prompt
+  int32_t prompt_logprobs = -1;  // top-N per prompt position after the first; -1: none
+  // A score request: continuation i is cont_ids[i] when not empty, else the text cont_text[i]
+  // (tokenized by admission without BOS, as text appended to the prompt).
+  bool score = false;
+  std::vector<std::string> cont_text;
+  std::vector<std::vector<int32_t>> cont_ids;
   // Wire size of a request the gateway counted into its IntakeMeter (0: not counted); admission
   // counts it out when it takes the request from its mailbox.
   uint32_t metered_bytes = 0;
@@ -130,6 +149,25 @@ struct TokensEvent {
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;
   std::string tenant = {};
+  uint32_t choice = 0;  // the sample (a job with n > 1)
+};
+
+/// One sample of a job with n > 1, as DoneEvent carries it for a single sample.
+struct ChoiceResult {
+  uint32_t index = 0;
+  FinishReason finish = FinishReason::stop;
+  std::string text;
+  std::vector<int32_t> ids;
+  std::vector<float> logprob;  // flattened as in TokensEvent (n_top of the job per id)
+  std::vector<int32_t> top_ids;
+  std::vector<float> top_logprobs;
+};
+
+/// One continuation's score: the summed log-probability of its `tokens` tokens.
+struct ScoreResult {
+  uint32_t index = 0;
+  double logprob = 0.0;
+  uint32_t tokens = 0;
 };
 
 /// The end of a job.
@@ -148,6 +186,16 @@ struct DoneEvent {
   uint32_t n_top = 0;
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;
+  // A job with n > 1: its samples (text, ids and logprobs above stay empty then).
+  std::vector<ChoiceResult> choices;
+  // prompt_logprobs: per prompt position after the first, its token, that token's logprob and
+  // the top prompt_n_top (flattened).
+  std::vector<int32_t> prompt_ids;
+  std::vector<float> prompt_logprob;
+  uint32_t prompt_n_top = 0;
+  std::vector<int32_t> prompt_top_ids;
+  std::vector<float> prompt_top_logprobs;
+  std::vector<ScoreResult> scores;  // a score request
 };
 
 /// An error reply. retry_after_ms < 0: none.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error_code.hpp"
+#include "core/generation.hpp"
 
 namespace sy::wire {
 
@@ -51,6 +52,22 @@ struct Submit {
   /// A text prompt's special-token text ("<|im_start|>") becomes control tokens; false: it is
   /// plain text. Only with a text `prompt`.
   bool parse_special = false;
+  /// min_p, presence/frequency/repetition penalties, repeat_last_n, logit_bias (defaults: off).
+  SamplingControls controls;
+  /// At most one of `grammar`, `json_schema`, `regex`, `choices` (none: free text). A
+  /// json_schema sent as a map travels here as its JSON text.
+  Constraint constraint;
+  /// Samples of the prompt, [1, 16]: they share the prompt's KV and each has its own sampler
+  /// (seed + sample index). 1: the job's `done` is the single-sample one.
+  std::uint32_t n = 1;
+  /// Top-N log-probabilities, N in [0, 20], for every prompt position after the first (the
+  /// actual token's always); absent: none.
+  std::optional<std::uint32_t> prompt_logprobs;
+  /// A `score` message (type "score") travels as a Submit with `score` set: prompt (or messages),
+  /// key, priority and deadline_ms; every continuation (text, appended to the prompt without
+  /// BOS, or token ids) gets its summed log-probability. Empty unless `score`.
+  bool score = false;
+  std::vector<std::variant<std::string, std::vector<std::int32_t>>> continuations;
 
   bool prompt_is_tokens() const { return prompt.index() == 1; }
   bool has_messages() const { return !messages.empty(); }
@@ -120,11 +137,12 @@ struct TokenLogprobs {
 /// A streamed chunk of generated tokens.
 struct Tokens {
   std::string id;
-  std::uint32_t index = 0;  ///< position of ids[0] among the completion tokens
+  std::uint32_t index = 0;  ///< position of ids[0] among the completion tokens (of its sample)
   std::vector<std::int32_t> ids;
   std::string text;                     ///< text delta these tokens add (may be "" mid-UTF-8)
   std::vector<TokenLogprobs> logprobs;  ///< one per id when logprobs > 0, else empty
   std::string tenant = {};              ///< the job's tenant
+  std::uint32_t choice = 0;             ///< the sample these tokens belong to (a job with n > 1)
   bool operator==(const Tokens&) const = default;
 };
 
@@ -152,6 +170,33 @@ struct Timings {
   bool operator==(const Timings&) const = default;
 };
 
+/// One sample of a job with n > 1 (Done::choices), as a single-sample `done` would carry it.
+struct Choice {
+  std::uint32_t index = 0;
+  FinishReason finish_reason = FinishReason::stop;
+  std::string text;                     ///< "" for streamed ROUTER jobs (the chunks carried it)
+  std::vector<std::int32_t> ids;        ///< empty for streamed ROUTER jobs
+  std::vector<TokenLogprobs> logprobs;  ///< as Done::logprobs
+  bool operator==(const Choice&) const = default;
+};
+
+/// The log-probability of one prompt token given the tokens before it (Done::prompt_logprobs).
+struct PromptLogprob {
+  std::int32_t id = 0;          ///< the prompt's token at this position
+  float logprob = 0.0f;         ///< its log-probability
+  std::vector<TopLogprob> top;  ///< the N most likely tokens there, most likely first
+  bool operator==(const PromptLogprob&) const = default;
+};
+
+/// One continuation's score (Done::scores of a `score` request).
+struct Score {
+  std::uint32_t index = 0;   ///< the continuation's index in the request
+  double logprob = 0.0;      ///< summed log-probability of its tokens after the prompt
+  double mean = 0.0;         ///< logprob / tokens
+  std::uint32_t tokens = 0;  ///< its token count
+  bool operator==(const Score&) const = default;
+};
+
 /// The last message of a job that ran (or was cancelled after it was accepted).
 struct Done {
   std::string id;
@@ -164,6 +209,9 @@ struct Done {
   /// One per completion id when the job asked for logprobs and was not streamed on the request
   /// endpoint (a streamed job's chunks carried them); else empty.
   std::vector<TokenLogprobs> logprobs = {};
+  std::vector<Choice> choices = {};                 ///< n > 1: one per sample, by index
+  std::vector<PromptLogprob> prompt_logprobs = {};  ///< with prompt_logprobs: positions 1..
+  std::vector<Score> scores = {};                   ///< a `score` request: one per continuation
   bool operator==(const Done&) const = default;
 };
 

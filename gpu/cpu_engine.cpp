@@ -76,6 +76,21 @@ class CpuEngine final : public Engine {
   BlockPool* window_pool() override { return wpool_.get(); }
   size_t kv_bytes() const override { return 2 * static_cast<size_t>(kv_cache_bytes_); }
   void step(const std::vector<SeqStep>& batch, StepOutput& out) override;
+  void copy_blocks(const std::vector<KvBlockCopy>& copies) override {
+    validate_copies(copies, pool_.n_total(), wpool_ ? wpool_->n_total() : 0);
+    // Block-major cache: one block of one layer is one stretch of every head's slots.
+    const int64_t block_bytes = int64_t{c_.n_kv_heads} * bs_ * head_row_;
+    for (const KvBlockCopy& cp : copies) {
+      for (int l = 0; l < c_.n_layers; ++l) {
+        if (in_window_group(l) != cp.window) continue;
+        const int64_t from = kv_offset(0, int64_t{cp.src} * bs_);
+        const int64_t to = kv_offset(0, int64_t{cp.dst} * bs_);
+        const auto layer = static_cast<size_t>(l);
+        std::memcpy(k_base_[layer] + to, k_base_[layer] + from, static_cast<size_t>(block_bytes));
+        std::memcpy(v_base_[layer] + to, v_base_[layer] + from, static_cast<size_t>(block_bytes));
+      }
+    }
+  }
 
  private:
   void validate_and_plan(const std::vector<SeqStep>& batch, StepOutput& out);

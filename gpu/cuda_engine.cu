@@ -219,6 +219,7 @@ class CudaEngineImpl final : public CudaEngine {
   }
   void step_sample(const std::vector<SeqStep>& batch, const std::vector<SampleControl>& controls,
                    std::vector<int32_t>& tokens) override;
+  void copy_blocks(const std::vector<KvBlockCopy>& copies) override;
   void randomize_kv(uint64_t seed) override;
   size_t weight_bytes() const override { return weight_bytes_; }
   size_t kv_bytes() const override { return k_.bytes() + v_.bytes(); }
@@ -648,6 +649,29 @@ void CudaEngineImpl<T>::synth_q8(QWeight& dst, T* w, int64_t rows, int64_t cols,
   CUDA_CHECK(cuda::fill_q8_0(dst.buf.template as<void>(), rows, cols, scale, seed, stream_));
   CUDA_CHECK(cuda::convert_rows<T>(kernels::DType::Q8_0, dst.buf.template as<void>(), rows, cols, w,
                                    stream_));
+}
+
+template <class T>
+void CudaEngineImpl<T>::copy_blocks(const std::vector<KvBlockCopy>& copies) {
+  // One cache for every layer (no window group on this backend).
+  validate_copies(copies, pool_->n_total(), 0);
+  if (copies.empty()) return;
+  // (n_layers, layer_slots, kv_dim): a block is one run of bs_ slots in each layer, so each copy
+  // is one strided 2-D copy of n_layers rows per cache, on the step stream, ahead of the step
+  // that reads it.
+  const size_t elem = kv_half_ ? sizeof(half) : sizeof(float);
+  const size_t width = elem * static_cast<size_t>(bs_) * static_cast<size_t>(kv_dim_);
+  const size_t pitch = elem * static_cast<size_t>(layer_slots_) * static_cast<size_t>(kv_dim_);
+  for (const KvBlockCopy& cp : copies) {
+    const size_t from = width * static_cast<size_t>(cp.src);
+    const size_t to = width * static_cast<size_t>(cp.dst);
+    for (DevBuf* buf : {&k_, &v_}) {
+      uint8_t* base = buf->template as<uint8_t>();
+      CUDA_CHECK(cudaMemcpy2DAsync(base + to, pitch, base + from, pitch, width,
+                                   static_cast<size_t>(c_.n_layers), cudaMemcpyDeviceToDevice,
+                                   stream_));
+    }
+  }
 }
 
 template <class T>

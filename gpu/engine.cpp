@@ -18,6 +18,22 @@ const float* StepOutput::row(size_t seq, int32_t k) const {
          (static_cast<size_t>(offset[seq]) + static_cast<size_t>(k)) * static_cast<size_t>(n_vocab);
 }
 
+void validate_copies(const std::vector<KvBlockCopy>& copies, int32_t n_blocks,
+                     int32_t n_window_blocks) {
+  for (size_t i = 0; i < copies.size(); ++i) {
+    const KvBlockCopy& c = copies[i];
+    const int32_t n = c.window ? n_window_blocks : n_blocks;
+    const std::string what = "KV block copy " + std::to_string(i) + " (" + std::to_string(c.src) +
+                             " -> " + std::to_string(c.dst) + (c.window ? ", window group" : "") +
+                             ")";
+    if (c.window && n_window_blocks <= 0)
+      throw std::invalid_argument(what + ": this engine has no window group");
+    if (c.src < 0 || c.src >= n || c.dst < 0 || c.dst >= n)
+      throw std::invalid_argument(what + ": block id outside [0, " + std::to_string(n) + ")");
+    if (c.src == c.dst) throw std::invalid_argument(what + ": a block copied onto itself");
+  }
+}
+
 int64_t validate_batch(const std::vector<SeqStep>& batch, const BatchLimits& lim) {
   const auto bad = [](size_t i, const std::string& what) {
     throw BadSequence(i, "step: sequence " + std::to_string(i) + ": " + what);

@@ -80,6 +80,14 @@ class BadSequence : public std::invalid_argument {
   size_t seq;
 };
 
+/// One KV block copy (Engine::copy_blocks): block `src` into block `dst` of the same pool, the
+/// window group's where `window` (an engine that splits its cache), else pool()'s.
+struct KvBlockCopy {
+  int32_t src = 0;
+  int32_t dst = 0;
+  bool window = false;
+};
+
 struct EngineOptions {
   int n_threads = 0;             // 0: hardware concurrency
   int32_t block_size = 16;       // tokens per KV block
@@ -113,6 +121,14 @@ class Engine {
   /// token id out of range, ...), checked before any KV slot is written: BadSequence where one
   /// sequence alone is at fault. One step at a time.
   virtual void step(const std::vector<SeqStep>& batch, StepOutput& out) = 0;
+  /// Copies whole KV blocks (the keys and values of every layer of the block's group, every
+  /// slot), in order, before the next step reads them: copy-on-write of a partly filled block
+  /// that sequences forked from one prompt share, before one of them writes into it. Throws
+  /// std::invalid_argument, copying nothing, for an id outside its pool or a window copy on an
+  /// engine with one group.
+  virtual void copy_blocks(const std::vector<KvBlockCopy>& copies) {
+    if (!copies.empty()) throw std::invalid_argument("this engine cannot copy KV blocks");
+  }
   /// A step whose next tokens are picked greedily where the logits are, so that only the ids
   /// (one per sequence, ties to the lowest id, as Sampler) come back. Returns false, doing
   /// nothing, on a backend without it (the CPU engine: its logits are already in host memory).
@@ -143,6 +159,12 @@ struct BatchLimits {
 /// a negative position), or std::invalid_argument for a batch over max_tokens. Returns the
 /// number of new tokens.
 int64_t validate_batch(const std::vector<SeqStep>& batch, const BatchLimits& lim);
+
+/// The checks of Engine::copy_blocks shared by every backend: throws std::invalid_argument for
+/// an id outside [0, n_blocks) (of its group: [0, n_window_blocks) for a window copy, refused
+/// when that is 0) or a block copied onto itself.
+void validate_copies(const std::vector<KvBlockCopy>& copies, int32_t n_blocks,
+                     int32_t n_window_blocks);
 
 /// The parts of m's description beyond the plain llama block (NORM RoPE without frequency
 /// factors or scaling, no biases, no q/k norms, pre-norms only, SiLU, no soft-caps, embedding

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "constraints/filter.hpp"
 #include "model/stop_matcher.hpp"
 #include "model/tokenizer.hpp"
 
@@ -27,9 +28,14 @@ struct Seq {
   bool done = false;
   StopMatcher text;    // complete characters so far, cut at a stop string when one is found
   size_t emitted = 0;  // bytes of the text already passed to the callback
+  std::unique_ptr<constraints::MatcherFilter> filter;  // the request's constraint, if any
 
   Seq(size_t i, const GenRequest& r, GenResult& out)
-      : index(i), req(&r), res(&out), sampler(r.sampling), text(r.stop) {}
+      : index(i), req(&r), res(&out), sampler(r.sampling), text(r.stop) {
+    for (int32_t id : r.prompt) sampler.accept(id, false);
+    if (r.constraint)
+      filter = std::make_unique<constraints::MatcherFilter>(constraints::Matcher(r.constraint));
+  }
 };
 
 // Returns every block a sequence holds to the pool.
@@ -67,6 +73,10 @@ std::vector<GenResult> generate(Engine& engine, const std::vector<GenRequest>& r
         throw std::invalid_argument(where(i) + "prompt token id " + std::to_string(id) +
                                     " outside the vocabulary [0, " + std::to_string(cfg.n_vocab) +
                                     ")");
+    if (r.constraint && r.ignore_eos)
+      throw std::invalid_argument(where(i) +
+                                  "ignore_eos and a constraint exclude each other: the "
+                                  "constraint decides where the output may end");
     const int64_t total = static_cast<int64_t>(r.prompt.size()) + r.max_tokens;
     if (total > cfg.ctx_len)
       throw std::invalid_argument(where(i) + "prompt (" + std::to_string(r.prompt.size()) +
@@ -124,6 +134,8 @@ std::vector<GenResult> generate(Engine& engine, const std::vector<GenRequest>& r
   auto accept = [&](Seq& s, int32_t id, float lp) {
     const GenRequest& r = *s.req;
     GenResult& res = *s.res;
+    s.sampler.accept(id, true);
+    if (s.filter) s.filter->advance(id);
     if (!r.ignore_eos && tok.is_eog(id)) {
       s.text.end(s.emitted);
       if (s.text.text().size() > s.emitted) emit(s, -1, s.text.text().size());
@@ -189,7 +201,7 @@ std::vector<GenResult> generate(Engine& engine, const std::vector<GenRequest>& r
       s.n_past += s.step_tokens;
       if (s.n_past < static_cast<int32_t>(s.req->prompt.size())) continue;  // prompt not done
       float lp = 0.0f;
-      const int32_t id = s.sampler.sample(out.row(j), cfg.n_vocab, &top, &lp);
+      const int32_t id = s.sampler.sample(out.row(j), cfg.n_vocab, &top, &lp, s.filter.get());
       accept(s, id, lp);
     }
   }

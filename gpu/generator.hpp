@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "constraints/matcher.hpp"
 #include "gpu/engine.hpp"
 #include "model/sampler.hpp"
 
@@ -22,6 +23,9 @@ struct GenRequest {
   int max_tokens = 16;            // >= 1; prompt + max_tokens must fit the model context
   std::vector<std::string> stop;  // stop strings: the text ends before the first one found
   bool ignore_eos = false;        // keep going past end-of-generation tokens
+  // The output's constraint, compiled against this engine's vocabulary (constraints/filter.hpp
+  // vocabulary_of); null: free text. End of generation comes only where it accepts the text.
+  std::shared_ptr<const constraints::Compiled> constraint;
 };
 
 /// What a request produced. An end-of-generation token that stops a request is not part of

@@ -141,6 +141,56 @@ void KvManager::publish(KvTables& t, const std::vector<int32_t>& tokens) {
   }
 }
 
+KvTables KvManager::fork(const KvTables& t) {
+  KvTables f = t;
+  for (int32_t b : f.blocks)
+    if (b >= 0) pool_.share(b);
+  for (int32_t b : f.wblocks)
+    if (b >= 0) wpool_.share(b);
+  return f;
+}
+
+bool KvManager::copy_on_write(KvTables& t, int32_t slot, std::vector<KvBlockCopyPlan>& copies) {
+  const auto b = static_cast<size_t>(slot / bs_);
+  const bool shared =
+      (b < t.blocks.size() && t.blocks[b] >= 0 && pool_.ref_count(t.blocks[b]) > 1) ||
+      (split_ && b < t.wblocks.size() && t.wblocks[b] >= 0 && wpool_.ref_count(t.wblocks[b]) > 1);
+  if (!shared) return false;
+  // Both groups' blocks of that index, or neither: a fork writes the slot in every layer.
+  const bool need_full = b < t.blocks.size() && t.blocks[b] >= 0;
+  const bool need_win = split_ && b < t.wblocks.size() && t.wblocks[b] >= 0;
+  if ((need_full && pool_.n_free() < 1) || (need_win && wpool_.n_free() < 1)) {
+    // No room for a copy: keep the slots before the shared block, compute its tokens again.
+    for (size_t i = b; i < t.blocks.size(); ++i)
+      if (t.blocks[i] >= 0) pool_.release(t.blocks[i]);
+    if (t.blocks.size() > b) t.blocks.resize(b);
+    for (size_t i = b; i < t.wblocks.size(); ++i)
+      if (t.wblocks[i] >= 0) wpool_.release(t.wblocks[i]);
+    if (t.wblocks.size() > b) t.wblocks.resize(b);
+    if (t.hashes.size() > b) t.hashes.resize(b);
+    t.n_past = std::min<int32_t>(t.n_past, static_cast<int32_t>(b) * bs_);
+    return false;
+  }
+  bool copied = false;
+  if (need_full && pool_.ref_count(t.blocks[b]) > 1) {
+    const int32_t dst = *pool_.alloc();
+    copies.push_back({t.blocks[b], dst, false});
+    pool_.release(t.blocks[b]);
+    t.blocks[b] = dst;
+    peak_ = std::max<int64_t>(peak_, pool_.n_held());
+    copied = true;
+  }
+  if (need_win && wpool_.ref_count(t.wblocks[b]) > 1) {
+    const int32_t dst = *wpool_.alloc();
+    copies.push_back({t.wblocks[b], dst, true});
+    wpool_.release(t.wblocks[b]);
+    t.wblocks[b] = dst;
+    wpeak_ = std::max<int64_t>(wpeak_, wpool_.n_held());
+    copied = true;
+  }
+  return copied;
+}
+
 bool KvManager::grow(KvTables& t, bool window) {
   PrefixBlockPool& pool = window ? wpool_ : pool_;
   const std::optional<int32_t> b = pool.alloc();

@@ -24,6 +24,13 @@ struct KvTables {
   int32_t wheld() const;  ///< window-group blocks held
 };
 
+/// A block copy the engine must make before the next step (KvManager::copy_on_write).
+struct KvBlockCopyPlan {
+  int32_t src = 0;
+  int32_t dst = 0;
+  bool window = false;  ///< of the window group's pool
+};
+
 /// The block pools of one executor and the rules for a sequence's tables in them.
 class KvManager {
  public:
@@ -69,6 +76,17 @@ class KvManager {
   /// One fresh block appended to a table (`window`: the window group's); false when that group
   /// has no block to give.
   bool grow(KvTables& t, bool window);
+
+  /// A sequence forked from `t` (samples of one prompt, a score's continuations): the same
+  /// tables, each held block with one more reference, so that the forks share the KV computed so
+  /// far.
+  KvTables fork(const KvTables& t);
+  /// Copy-on-write before `t` writes slot `slot`: when the block holding it is shared with
+  /// another sequence, a fresh block takes its place in `t` and the copy to make (old -> new) is
+  /// appended to `copies` (for Engine::copy_blocks, before the step that writes). Where no fresh
+  /// block is left, `t` gives the shared block back and keeps only the slots before it (n_past
+  /// lowered: those tokens are computed again). Returns whether a copy was added.
+  bool copy_on_write(KvTables& t, int32_t slot, std::vector<KvBlockCopyPlan>& copies);
 
   const PrefixBlockPool& pool() const { return pool_; }
   const PrefixBlockPool& window_pool() const { return wpool_; }

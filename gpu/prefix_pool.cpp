@@ -39,6 +39,12 @@ std::optional<int32_t> PrefixBlockPool::alloc() {
   return id;
 }
 
+void PrefixBlockPool::share(int32_t id) {
+  if (id < 0 || id >= n_total_ || blocks_[static_cast<size_t>(id)].refs <= 0)
+    throw std::logic_error("PrefixBlockPool::share: block " + std::to_string(id) + " is not held");
+  ++blocks_[static_cast<size_t>(id)].refs;
+}
+
 void PrefixBlockPool::release(int32_t id) {
   if (id < 0 || id >= n_total_)
     throw std::logic_error("PrefixBlockPool::release: block " + std::to_string(id) +

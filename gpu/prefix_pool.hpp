@@ -22,6 +22,9 @@ class PrefixBlockPool {
   /// A block for fresh content (count 1): from the free list, else by evicting the least recently
   /// used cached block (it is unpublished); nullopt when every block is held.
   std::optional<int32_t> alloc();
+  /// One more reference to held block `id` (a sequence forked from another shares its blocks).
+  /// Throws std::logic_error for a block not held.
+  void share(int32_t id);
   /// Drops one reference. At zero a published block becomes cached (most recently used), an
   /// unpublished one goes back to the free list. Throws std::logic_error for a block not held.
   void release(int32_t id);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <iterator>
 #include <limits>
 #include <msgpack.hpp>
@@ -434,6 +435,16 @@ class Fields {
     return o->via.boolean;
   }
 
+  // Refuses a key outside `known`: a client that asks for something this server does not do
+  // (a field of a newer version, a misspelling) hears so instead of getting a result without it.
+  template <class Known>
+  void only(const Known& known, std::string_view type) const {
+    for (const auto& e : entries_)
+      if (std::find(std::begin(known), std::end(known), e.first) == std::end(known))
+        reject("unknown field " + quote(where_ + std::string(e.first)) + " in a " +
+               std::string(type) + " (docs/protocol.md lists the fields this server knows)");
+  }
+
   const msgpack::object* typed(std::string_view key, msgpack::type::object_type t, const char* what,
                                bool required) const {
     const msgpack::object* o = required ? &need(key) : get(key);
@@ -548,10 +559,202 @@ void read_key(const Fields& f, const DecodeLimits& lim, std::string& id, std::st
   token = f.str("token", lim.max_token_bytes, false);
 }
 
-Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
-  Submit s;
-  read_key(f, lim, s.id, s.tenant, s.token);
+// Every field a submit may carry; any other is refused (Fields::only).
+constexpr std::string_view kSubmitFields[] = {
+    "v", "type", "id", "tenant", "token", "prompt", "messages", "max_tokens", "temperature",
+    "top_k", "top_p", "seed", "stop", "ignore_eos", "priority", "deadline_ms", "stream",
+    "logprobs", "parse_special", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "repeat_last_n", "logit_bias", "grammar", "json_schema", "regex",
+    "choices", "n", "prompt_logprobs"};
 
+// Every field a score request may carry.
+constexpr std::string_view kScoreFields[] = {"v",        "type",     "id",          "tenant",
+                                             "token",    "prompt",   "messages",    "parse_special",
+                                             "priority", "deadline_ms", "continuations"};
+
+// Samples of one prompt in one job: each holds its own KV past the shared prompt, so the bound
+// keeps one job's memory within what a handful of ordinary jobs take.
+constexpr std::uint64_t kMaxSamples = 16;
+// Continuations of one score request: scored in one batched step, so bounded like a batch.
+constexpr std::uint32_t kMaxContinuations = 64;
+
+// A float field of the sampler, checked as the 32-bit float it becomes (see as_float below).
+float float_field(const Fields& f, std::string_view key, double def, double lo, double hi,
+                  bool lo_open = false) {
+  const double v = f.number(key, def, lo, hi, lo_open);
+  const float x = static_cast<float>(v);
+  if (!std::isfinite(x) || (lo_open ? !(x > lo) : !(x >= lo)) || x > hi)
+    reject(std::string(key) + " " + num(v) + " out of range once narrowed to a 32-bit float");
+  return x;
+}
+
+// min_p, the penalties and logit_bias, with OpenAI's ranges (vLLM's for the ones OpenAI lacks).
+void decode_controls(const Fields& f, const DecodeLimits& lim, SamplingControls& c) {
+  c.min_p = float_field(f, "min_p", 0.0, 0.0, 1.0);
+  c.presence_penalty = float_field(f, "presence_penalty", 0.0, -2.0, 2.0);
+  c.frequency_penalty = float_field(f, "frequency_penalty", 0.0, -2.0, 2.0);
+  // (0, 10]: 1 is off; llama.cpp and vLLM accept any positive value, but beyond 10 a penalised
+  // token is as good as banned, which logit_bias says more plainly.
+  c.repetition_penalty = float_field(f, "repetition_penalty", 1.0, 0.0, 10.0, true);
+  if (const msgpack::object* o = f.get("repeat_last_n")) {
+    if (o->type == msgpack::type::NEGATIVE_INTEGER) {
+      if (o->via.i64 != -1) reject("repeat_last_n " + num(std::int64_t{o->via.i64}) +
+                                   " out of range [-1, " + num(kMaxTokenId) + "] (-1: every token)");
+      c.repeat_last_n = -1;
+    } else {
+      c.repeat_last_n =
+          static_cast<std::int32_t>(Fields::uint_value(*o, "repeat_last_n", 0, kMaxTokenId));
+    }
+  }
+  const msgpack::object* lb = f.typed("logit_bias", msgpack::type::MAP, "a map", false);
+  if (!lb) return;
+  if (lb->via.map.size > lim.max_logit_bias)
+    reject("logit_bias has " + num(std::uint64_t{lb->via.map.size}) + " entries, limit " +
+           num(std::uint64_t{lim.max_logit_bias}));
+  for (std::uint32_t i = 0; i < lb->via.map.size; ++i) {
+    const msgpack::object& k = lb->via.map.ptr[i].key;
+    std::uint64_t id = 0;
+    // JSON producers (OpenAI's format) can only send the ids as strings: "1234" is accepted too.
+    if (k.type == msgpack::type::POSITIVE_INTEGER) {
+      id = k.via.u64;
+    } else if (k.type == msgpack::type::STR) {
+      const std::string_view t = str_of(k);
+      if (t.empty() || t.size() > 10 ||
+          !std::all_of(t.begin(), t.end(), [](char ch) { return ch >= '0' && ch <= '9'; }))
+        reject("logit_bias key " + quote(std::string(t)) + " is not a token id");
+      id = std::stoull(std::string(t));
+    } else {
+      reject(std::string("logit_bias keys must be token ids, got ") + type_name(k));
+    }
+    if (id > kMaxTokenId)
+      reject("logit_bias token id " + num(id) + " out of range [0, " + num(kMaxTokenId) + "]");
+    const double b = Fields::number_value(lb->via.map.ptr[i].val,
+                                          "logit_bias." + num(id), -100.0, 100.0, false);
+    c.logit_bias.emplace_back(static_cast<std::int32_t>(id), static_cast<float>(b));
+  }
+  std::sort(c.logit_bias.begin(), c.logit_bias.end());
+  for (std::size_t i = 1; i < c.logit_bias.size(); ++i)
+    if (c.logit_bias[i].first == c.logit_bias[i - 1].first)
+      reject("logit_bias names token id " + num(std::int64_t{c.logit_bias[i].first}) + " twice");
+}
+
+// A msgpack value as JSON text (a json_schema sent as a map). Binary and ext values have no JSON
+// form and are refused; map keys must be strings.
+void to_json(const msgpack::object& o, std::string& out, const std::string& at) {
+  switch (o.type) {
+    case msgpack::type::NIL: out += "null"; return;
+    case msgpack::type::BOOLEAN: out += o.via.boolean ? "true" : "false"; return;
+    case msgpack::type::POSITIVE_INTEGER: out += std::to_string(o.via.u64); return;
+    case msgpack::type::NEGATIVE_INTEGER: out += std::to_string(o.via.i64); return;
+    case msgpack::type::FLOAT32:
+    case msgpack::type::FLOAT64: {
+      if (!std::isfinite(o.via.f64)) reject("json_schema" + at + ": a number is not finite");
+      char buf[40];
+      std::snprintf(buf, sizeof buf, "%.17g", o.via.f64);
+      out += buf;
+      return;
+    }
+    case msgpack::type::STR: {
+      const std::string_view t = str_of(o);
+      if (invalid_utf8_at(t) != std::string_view::npos)
+        reject("json_schema" + at + ": a string is not valid UTF-8");
+      out += '"';
+      for (unsigned char ch : t) {
+        if (ch == '"' || ch == '\\') {
+          out += '\\';
+          out += static_cast<char>(ch);
+        } else if (ch < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", ch);
+          out += buf;
+        } else {
+          out += static_cast<char>(ch);
+        }
+      }
+      out += '"';
+      return;
+    }
+    case msgpack::type::ARRAY:
+      out += '[';
+      for (std::uint32_t i = 0; i < o.via.array.size; ++i) {
+        if (i) out += ',';
+        to_json(o.via.array.ptr[i], out, at + "/" + num(std::uint64_t{i}));
+      }
+      out += ']';
+      return;
+    case msgpack::type::MAP:
+      out += '{';
+      for (std::uint32_t i = 0; i < o.via.map.size; ++i) {
+        const msgpack::object& k = o.via.map.ptr[i].key;
+        if (k.type != msgpack::type::STR)
+          reject("json_schema" + at + ": map keys must be strings, got " + type_name(k));
+        if (i) out += ',';
+        to_json(k, out, at);
+        out += ':';
+        to_json(o.via.map.ptr[i].val, out, at + "/" + std::string(str_of(k)));
+      }
+      out += '}';
+      return;
+    default:
+      reject("json_schema" + at + ": a " + type_name(o) + " value has no JSON form");
+  }
+}
+
+// The one constraint of a submit (grammar, json_schema, regex or choices). Only its form and
+// size are checked here; admission compiles it and refuses what does not compile.
+void decode_constraint(const Fields& f, const DecodeLimits& lim, Constraint& c) {
+  static constexpr std::string_view kinds[] = {"grammar", "json_schema", "regex", "choices"};
+  std::string given;
+  for (std::string_view k : kinds)
+    if (f.get(k)) given += (given.empty() ? "" : ", ") + std::string(k);
+  if (given.find(',') != std::string::npos)
+    reject("fields " + given + " exclude each other: a job takes one constraint");
+  const auto text = [&](std::string_view key, std::uint8_t kind) {
+    if (!f.get(key)) return false;
+    c.kind = kind;
+    c.source = f.str(key, lim.max_constraint_bytes, true, false);
+    return true;
+  };
+  if (text("grammar", Constraint::grammar) || text("regex", Constraint::regex)) return;
+  if (const msgpack::object* js = f.get("json_schema")) {
+    c.kind = Constraint::json_schema;
+    if (js->type == msgpack::type::STR) {
+      c.source = f.str("json_schema", lim.max_constraint_bytes, true, false);
+    } else if (js->type == msgpack::type::MAP || js->type == msgpack::type::BOOLEAN) {
+      to_json(*js, c.source, "");
+      if (c.source.size() > lim.max_constraint_bytes)
+        reject("field 'json_schema' has " + num(std::uint64_t{c.source.size()}) +
+               " bytes as JSON, limit " + num(std::uint64_t{lim.max_constraint_bytes}));
+    } else {
+      reject(std::string("field 'json_schema' must be a map or a string of JSON, got ") +
+             type_name(*js));
+    }
+    return;
+  }
+  if (const msgpack::object* ch = f.typed("choices", msgpack::type::ARRAY, "an array", false)) {
+    c.kind = Constraint::choices;
+    if (ch->via.array.size == 0) reject("field 'choices' must not be empty");
+    if (ch->via.array.size > lim.max_choices)
+      reject("choices has " + num(std::uint64_t{ch->via.array.size}) + " entries, limit " +
+             num(std::uint64_t{lim.max_choices}));
+    std::size_t bytes = 0;
+    for (std::uint32_t i = 0; i < ch->via.array.size; ++i) {
+      const msgpack::object& e = ch->via.array.ptr[i];
+      if (e.type != msgpack::type::STR)
+        reject("choice at index " + num(std::uint64_t{i}) + " must be a string, got " +
+               type_name(e));
+      bytes += e.via.str.size;
+      if (bytes > lim.max_constraint_bytes)
+        reject("choices have more than " + num(std::uint64_t{lim.max_constraint_bytes}) +
+               " bytes in all");
+      c.options.emplace_back(str_of(e));
+    }
+  }
+}
+
+// The prompt of a submit or score: `prompt` (text or ids) or `messages`. Returns whether it was
+// `messages`.
+bool decode_prompt(const Fields& f, const DecodeLimits& lim, Submit& s) {
   const msgpack::object* msgs = f.get("messages");
   if (msgs && f.get("prompt"))
     reject("fields 'prompt' and 'messages' exclude each other: send one of them");
@@ -572,6 +775,7 @@ Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
       ChatMessage m;
       m.role = mf.str("role", lim.max_name_bytes, true, false);
       m.content = mf.str("content", lim.max_prompt_bytes, true, true);
+      mf.only(std::initializer_list<std::string_view>{"role", "content"}, "message");
       bytes += m.role.size() + m.content.size();
       s.messages.push_back(std::move(m));
     }
@@ -596,6 +800,21 @@ Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
     reject(std::string("field 'prompt' must be a string or an array of token ids, got ") +
            type_name(p));
   }
+  return msgs != nullptr;
+}
+
+// parse_special only goes with a text prompt.
+void check_parse_special(const Submit& s, bool msgs) {
+  if (s.parse_special && (msgs || s.prompt_is_tokens()))
+    reject(std::string("field 'parse_special' applies to a text 'prompt' only (") +
+           (msgs ? "a chat template's control tokens are always parsed, message text never is)"
+                 : "token ids are used as given)"));
+}
+
+Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
+  Submit s;
+  read_key(f, lim, s.id, s.tenant, s.token);
+  const bool msgs = decode_prompt(f, lim, s);
 
   s.max_tokens = static_cast<std::uint32_t>(f.uint("max_tokens", 16, 1, lim.max_new_tokens));
   // The sampler takes temperature and top_p as 32-bit floats: each is checked again as that
@@ -652,10 +871,56 @@ Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
   s.stream = f.boolean("stream", false);
   s.logprobs = static_cast<std::uint32_t>(f.uint("logprobs", 0, 0, lim.max_logprobs));
   s.parse_special = f.boolean("parse_special", false);
-  if (s.parse_special && (msgs || s.prompt_is_tokens()))
-    reject(std::string("field 'parse_special' applies to a text 'prompt' only (") +
-           (msgs ? "a chat template's control tokens are always parsed, message text never is)"
-                 : "token ids are used as given)"));
+  decode_controls(f, lim, s.controls);
+  decode_constraint(f, lim, s.constraint);
+  s.n = static_cast<std::uint32_t>(f.uint("n", 1, 1, kMaxSamples));
+  if (f.get("prompt_logprobs"))
+    s.prompt_logprobs =
+        static_cast<std::uint32_t>(f.uint("prompt_logprobs", 0, 0, lim.max_logprobs));
+  f.only(kSubmitFields, "submit");
+  check_parse_special(s, msgs);
+  return s;
+}
+
+// A score request: a prompt and the continuations to score after it.
+Submit decode_score(const Fields& f, const DecodeLimits& lim) {
+  Submit s;
+  s.score = true;
+  read_key(f, lim, s.id, s.tenant, s.token);
+  const bool msgs = decode_prompt(f, lim, s);
+  s.parse_special = f.boolean("parse_special", false);
+  s.priority = f.str("priority", lim.max_name_bytes, false);
+  s.deadline_ms = static_cast<std::uint32_t>(f.uint("deadline_ms", 0, 0, lim.max_deadline_ms));
+  const msgpack::object* c = f.typed("continuations", msgpack::type::ARRAY, "an array", true);
+  const std::uint32_t n = c->via.array.size;
+  if (n == 0) reject("field 'continuations' must not be empty");
+  if (n > kMaxContinuations)
+    reject("continuations has " + num(std::uint64_t{n}) + " entries, limit " +
+           num(std::uint64_t{kMaxContinuations}));
+  std::size_t bytes = 0, ids = 0;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const msgpack::object& e = c->via.array.ptr[i];
+    const std::string at = "continuation at index " + num(std::uint64_t{i});
+    if (e.type == msgpack::type::STR) {
+      if (e.via.str.size == 0) reject(at + " must not be empty");
+      bytes += e.via.str.size;
+      s.continuations.emplace_back(std::string(str_of(e)));
+    } else if (e.type == msgpack::type::ARRAY) {
+      if (e.via.array.size == 0) reject(at + " must not be empty");
+      ids += e.via.array.size;
+      s.continuations.emplace_back(token_ids(e, "continuations." + num(std::uint64_t{i})));
+    } else {
+      reject(at + " must be a string or an array of token ids, got " + type_name(e));
+    }
+  }
+  if (bytes > lim.max_prompt_bytes)
+    reject("continuations have " + num(std::uint64_t{bytes}) + " bytes of text, limit " +
+           num(std::uint64_t{lim.max_prompt_bytes}));
+  if (ids > lim.max_prompt_tokens)
+    reject("continuations have " + num(std::uint64_t{ids}) + " token ids, limit " +
+           num(std::uint64_t{lim.max_prompt_tokens}));
+  f.only(kScoreFields, "score");
+  check_parse_special(s, msgs);
   return s;
 }
 
@@ -691,18 +956,29 @@ ClientMessage decode_client_object(const msgpack::object& root, const DecodeLimi
 
   const std::string_view type = message_type(f);
   if (type == "submit") return decode_submit(f, lim);
+  if (type == "score") return decode_score(f, lim);
   if (type == "cancel") {
     Cancel c;
     read_key(f, lim, c.id, c.tenant, c.token);
+    f.only(std::initializer_list<std::string_view>{"v", "type", "id", "tenant", "token"}, "cancel");
     return c;
   }
   if (type == "status") {
     Status s;
     read_key(f, lim, s.id, s.tenant, s.token);
+    f.only(std::initializer_list<std::string_view>{"v", "type", "id", "tenant", "token"}, "status");
     return s;
   }
-  if (type == "ping") return Ping{f.uint("seq", 0, 0, kU64)};
-  if (type == "control") return decode_control(f, lim);
+  if (type == "ping") {
+    Ping p{f.uint("seq", 0, 0, kU64)};
+    f.only(std::initializer_list<std::string_view>{"v", "type", "seq"}, "ping");
+    return p;
+  }
+  if (type == "control") {
+    Control c = decode_control(f, lim);
+    f.only(std::initializer_list<std::string_view>{"v", "type", "token", "command", "policy"}, "control");
+    return c;
+  }
   reject("unknown message type " + quote(type));
 }
 
@@ -737,6 +1013,64 @@ std::vector<TokenLogprobs> decode_logprobs(const msgpack::object& arr) {
   return out;
 }
 
+// A done's `choices`: one map per sample.
+std::vector<Choice> decode_choices(const msgpack::object& arr, const DecodeLimits& lim) {
+  std::vector<Choice> out;
+  for (std::uint32_t i = 0; i < arr.via.array.size; ++i) {
+    const msgpack::object& e = arr.via.array.ptr[i];
+    const std::string at = "choices." + num(std::uint64_t{i});
+    if (e.type != msgpack::type::MAP) reject("field '" + at + "' must be a map, got " + type_name(e));
+    const Fields f(e, at + ".");
+    Choice c;
+    c.index = static_cast<std::uint32_t>(f.uint("index", 0, 0, kU32));
+    const std::string fr = f.str("finish_reason", lim.max_name_bytes, true);
+    const auto reason = finish_reason_from_string(fr);
+    if (!reason) reject("unknown finish_reason " + quote(fr));
+    c.finish_reason = *reason;
+    c.text = f.str("text", lim.max_string_bytes, false);
+    if (const msgpack::object* ids = f.typed("ids", msgpack::type::ARRAY, "an array", false))
+      c.ids = token_ids(*ids, at + ".ids");
+    if (const msgpack::object* lp = f.typed("logprobs", msgpack::type::ARRAY, "an array", false))
+      c.logprobs = decode_logprobs(*lp);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// A done's `prompt_logprobs`: {"id", "logprob", "top"} per prompt position after the first.
+std::vector<PromptLogprob> decode_prompt_logprobs(const msgpack::object& arr) {
+  std::vector<PromptLogprob> out;
+  const std::vector<TokenLogprobs> lps = decode_logprobs(arr);
+  for (std::uint32_t i = 0; i < arr.via.array.size; ++i) {
+    const Fields f(arr.via.array.ptr[i], "prompt_logprobs." + num(std::uint64_t{i}) + ".");
+    PromptLogprob p;
+    p.id = static_cast<std::int32_t>(f.uint("id", 0, 0, kMaxTokenId, true));
+    p.logprob = lps[i].logprob;
+    p.top = lps[i].top;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// A done's `scores`: one map per continuation.
+std::vector<Score> decode_scores(const msgpack::object& arr) {
+  std::vector<Score> out;
+  const double inf = std::numeric_limits<double>::infinity();
+  for (std::uint32_t i = 0; i < arr.via.array.size; ++i) {
+    const msgpack::object& e = arr.via.array.ptr[i];
+    const std::string at = "scores." + num(std::uint64_t{i});
+    if (e.type != msgpack::type::MAP) reject("field '" + at + "' must be a map, got " + type_name(e));
+    const Fields f(e, at + ".");
+    Score sc;
+    sc.index = static_cast<std::uint32_t>(f.uint("index", 0, 0, kU32));
+    sc.logprob = f.number("logprob", 0.0, -inf, 0.0, false, true);
+    sc.mean = f.number("mean", 0.0, -inf, 0.0, false, true);
+    sc.tokens = static_cast<std::uint32_t>(f.uint("tokens", 0, 0, kU32, true));
+    out.push_back(sc);
+  }
+  return out;
+}
+
 ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimits& lim,
                                    DecodeError& partial) {
   if (root.type != msgpack::type::MAP)
@@ -765,6 +1099,7 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
     if (const msgpack::object* lp = f.typed("logprobs", msgpack::type::ARRAY, "an array", false))
       t.logprobs = decode_logprobs(*lp);
     t.tenant = f.str("tenant", lim.max_name_bytes, false);
+    t.choice = static_cast<std::uint32_t>(f.uint("choice", 0, 0, kU32));
     return t;
   }
   if (type == "done") {
@@ -793,6 +1128,13 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
     }
     if (const msgpack::object* lp = f.typed("logprobs", msgpack::type::ARRAY, "an array", false))
       d.logprobs = decode_logprobs(*lp);
+    if (const msgpack::object* cs = f.typed("choices", msgpack::type::ARRAY, "an array", false))
+      d.choices = decode_choices(*cs, lim);
+    if (const msgpack::object* pl =
+            f.typed("prompt_logprobs", msgpack::type::ARRAY, "an array", false))
+      d.prompt_logprobs = decode_prompt_logprobs(*pl);
+    if (const msgpack::object* sc = f.typed("scores", msgpack::type::ARRAY, "an array", false))
+      d.scores = decode_scores(*sc);
     return d;
   }
   if (type == "error") {
@@ -943,6 +1285,7 @@ struct ServerEncoder {
     m.ids("ids", t.ids);
     m.str("text", t.text);
     if (!t.logprobs.empty()) m.raw("logprobs", encode_logprobs(t.logprobs));
+    if (t.choice != 0) m.uint("choice", t.choice);
     return m.finish();
   }
   std::string operator()(const Done& d) const {
@@ -965,6 +1308,53 @@ struct ServerEncoder {
     t.number("total_ms", d.timings.total_ms);
     m.raw("timings", t.finish());
     if (!d.logprobs.empty()) m.raw("logprobs", encode_logprobs(d.logprobs));
+    if (!d.choices.empty()) {
+      StringSink arr;
+      Packer(arr).pack_array(static_cast<std::uint32_t>(d.choices.size()));
+      for (const Choice& c : d.choices) {
+        MapOut cm;
+        cm.uint("index", c.index);
+        cm.str("finish_reason", to_string(c.finish_reason));
+        cm.str("text", c.text);
+        if (!c.ids.empty()) cm.ids("ids", c.ids);
+        if (!c.logprobs.empty()) cm.raw("logprobs", encode_logprobs(c.logprobs));
+        arr.s += cm.finish();
+      }
+      m.raw("choices", arr.s);
+    }
+    if (!d.prompt_logprobs.empty()) {
+      StringSink arr;
+      Packer(arr).pack_array(static_cast<std::uint32_t>(d.prompt_logprobs.size()));
+      for (const PromptLogprob& p : d.prompt_logprobs) {
+        MapOut pm;
+        pm.key("id").pack_int32(p.id);
+        pm.key("logprob").pack_float(p.logprob);
+        if (!p.top.empty()) {
+          Packer& tp = pm.key("top");
+          tp.pack_array(static_cast<std::uint32_t>(p.top.size()));
+          for (const TopLogprob& tl : p.top) {
+            tp.pack_array(2);
+            tp.pack_int32(tl.id);
+            tp.pack_float(tl.logprob);
+          }
+        }
+        arr.s += pm.finish();
+      }
+      m.raw("prompt_logprobs", arr.s);
+    }
+    if (!d.scores.empty()) {
+      StringSink arr;
+      Packer(arr).pack_array(static_cast<std::uint32_t>(d.scores.size()));
+      for (const Score& sc : d.scores) {
+        MapOut sm;
+        sm.uint("index", sc.index);
+        sm.number("logprob", sc.logprob);  // float64: sums of many tokens keep their digits
+        sm.number("mean", sc.mean);
+        sm.uint("tokens", sc.tokens);
+        arr.s += sm.finish();
+      }
+      m.raw("scores", arr.s);
+    }
     return m.finish();
   }
   std::string operator()(const Error& e) const {
@@ -1012,7 +1402,7 @@ void encode_key(MapOut& m, const std::string& id, const std::string& tenant,
 struct ClientEncoder {
   std::string operator()(const Submit& s) const {
     MapOut m;
-    m.head("submit");
+    m.head(s.score ? "score" : "submit");
     encode_key(m, s.id, s.tenant, s.token);
     if (s.has_messages()) {
       Packer& p = m.key("messages");
@@ -1028,6 +1418,23 @@ struct ClientEncoder {
       m.str("prompt", *text);
     } else {
       m.ids("prompt", std::get<std::vector<std::int32_t>>(s.prompt));
+    }
+    if (s.score) {
+      if (s.parse_special) m.boolean("parse_special", true);
+      if (!s.priority.empty()) m.str("priority", s.priority);
+      if (s.deadline_ms != 0) m.uint("deadline_ms", s.deadline_ms);
+      Packer& p = m.key("continuations");
+      p.pack_array(static_cast<std::uint32_t>(s.continuations.size()));
+      for (const auto& c : s.continuations) {
+        if (const auto* text = std::get_if<std::string>(&c)) {
+          pack_str(p, *text);
+        } else {
+          const auto& ids = std::get<std::vector<std::int32_t>>(c);
+          p.pack_array(static_cast<std::uint32_t>(ids.size()));
+          for (std::int32_t id : ids) p.pack_int32(id);
+        }
+      }
+      return m.finish();
     }
     if (s.max_tokens != 16) m.uint("max_tokens", s.max_tokens);
     if (s.temperature != 1.0) m.number("temperature", s.temperature);
@@ -1045,6 +1452,30 @@ struct ClientEncoder {
     if (s.stream) m.boolean("stream", true);
     if (s.logprobs != 0) m.uint("logprobs", s.logprobs);
     if (s.parse_special) m.boolean("parse_special", true);
+    const SamplingControls& c = s.controls;
+    if (c.min_p != 0.0f) m.number("min_p", c.min_p);
+    if (c.presence_penalty != 0.0f) m.number("presence_penalty", c.presence_penalty);
+    if (c.frequency_penalty != 0.0f) m.number("frequency_penalty", c.frequency_penalty);
+    if (c.repetition_penalty != 1.0f) m.number("repetition_penalty", c.repetition_penalty);
+    if (c.repeat_last_n != 64) m.key("repeat_last_n").pack_int64(c.repeat_last_n);
+    if (!c.logit_bias.empty()) {
+      Packer& p = m.key("logit_bias");
+      p.pack_map(static_cast<std::uint32_t>(c.logit_bias.size()));
+      for (const auto& [id, bias] : c.logit_bias) {
+        p.pack_int32(id);
+        p.pack_double(bias);
+      }
+    }
+    const Constraint& k = s.constraint;
+    if (k.kind == Constraint::choices) {
+      Packer& p = m.key("choices");
+      p.pack_array(static_cast<std::uint32_t>(k.options.size()));
+      for (const std::string& x : k.options) pack_str(p, x);
+    } else if (k.kind != Constraint::none) {
+      m.str(constraint_kind_name(k.kind), k.source);
+    }
+    if (s.n != 1) m.uint("n", s.n);
+    if (s.prompt_logprobs) m.uint("prompt_logprobs", *s.prompt_logprobs);
     return m.finish();
   }
   std::string operator()(const Cancel& c) const {

@@ -17,12 +17,15 @@ namespace sy::wire {
 struct DecodeLimits {
   /// Whole message; the gateway also sets ZMQ_MAXMSGSIZE to this so larger frames never arrive.
   std::size_t max_message_bytes = 1u << 20;
-  /// Container nesting; v1 messages nest at most 5 deep (tokens → logprobs → entry → top → pair).
-  std::size_t max_depth = 16;
+  /// Container nesting; v1 messages nest at most 5 deep (tokens → logprobs → entry → top → pair)
+  /// outside a json_schema sent as a map, which may nest as deep as this allows (deeper schemas
+  /// travel as JSON text).
+  std::size_t max_depth = 32;
   /// Elements of any one array; above max_prompt_tokens so an oversized prompt is named as such.
   std::size_t max_array = 1u << 17;
-  /// Entries of any one map; v1 maps have at most 17 keys, the rest is room for newer fields.
-  std::size_t max_map = 64;
+  /// Entries of any one map: a logit_bias map has up to max_logit_bias of them; other maps far
+  /// fewer (a submit has at most 31 keys).
+  std::size_t max_map = 1024;
   /// Bytes of any one str/bin/ext value.
   std::size_t max_string_bytes = 1u << 20;
 
@@ -34,6 +37,11 @@ struct DecodeLimits {
   std::size_t max_stop = 16;                   ///< stop strings per job
   std::size_t max_stop_bytes = 256;            ///< bytes per stop string
   std::uint32_t max_logprobs = 20;             ///< upper end of logprobs
+  std::size_t max_logit_bias = 1024;           ///< entries of logit_bias (OpenAI's bound)
+  /// Bytes of a constraint's text (grammar, regex, a json_schema's JSON text, all choices);
+  /// constraints/error.hpp's Limits bound what it compiles to.
+  std::size_t max_constraint_bytes = 64u << 10;
+  std::size_t max_choices = 1024;  ///< entries of `choices`
   std::uint32_t max_deadline_ms = 86'400'000;  ///< one day: longer is a mistake, not a deadline
   std::size_t max_id_bytes = 128;              ///< job id
   std::size_t max_name_bytes = 64;             ///< tenant and priority class names

@@ -46,6 +46,7 @@ OutMessage encode_event(const TokensEvent& e) {
   t.text = sanitize_utf8(e.text);  // wire text is a msgpack str: always valid UTF-8
   t.logprobs = unflatten(e.logprob, e.n_top, e.top_ids, e.top_logprobs);
   t.tenant = e.tenant;
+  t.choice = e.choice;
   return make(e.to, e.id, e.tenant, false, t);
 }
 
@@ -61,6 +62,27 @@ OutMessage encode_event(const DoneEvent& e) {
   // Present only for jobs that asked for logprobs and were not streamed (the batcher clears
   // them for a streamed job on the request endpoint: its chunks carried them).
   d.logprobs = unflatten(e.logprob, e.n_top, e.top_ids, e.top_logprobs);
+  for (const ChoiceResult& c : e.choices) {
+    wire::Choice w;
+    w.index = c.index;
+    w.finish_reason = c.finish <= FinishReason::cancelled ? c.finish : FinishReason::stop;
+    w.text = sanitize_utf8(c.text);
+    w.ids = c.ids;
+    w.logprobs = unflatten(c.logprob, e.n_top, c.top_ids, c.top_logprobs);
+    d.choices.push_back(std::move(w));
+  }
+  const std::vector<wire::TokenLogprobs> plp =
+      unflatten(e.prompt_logprob, e.prompt_n_top, e.prompt_top_ids, e.prompt_top_logprobs);
+  for (size_t i = 0; i < plp.size(); ++i) {
+    wire::PromptLogprob p;
+    p.id = i < e.prompt_ids.size() ? e.prompt_ids[i] : 0;
+    p.logprob = plp[i].logprob;
+    p.top = plp[i].top;
+    d.prompt_logprobs.push_back(std::move(p));
+  }
+  for (const ScoreResult& r : e.scores)
+    d.scores.push_back(
+        {r.index, r.logprob, r.tokens ? r.logprob / static_cast<double>(r.tokens) : 0.0, r.tokens});
   return make(e.to, e.id, e.tenant, true, d);
 }
 

@@ -33,6 +33,20 @@ SubmitRequest to_request(wire::Submit&& s, ClientRef client) {
   // Pipeline results carry only done/error: streaming makes no sense there.
   r.stream = r.client.kind != ClientRef::pipeline && s.stream;
   r.logprobs = s.logprobs;
+  r.controls = std::move(s.controls);
+  r.constraint = std::move(s.constraint);
+  r.n = s.n;
+  r.prompt_logprobs = s.prompt_logprobs ? static_cast<int32_t>(*s.prompt_logprobs) : -1;
+  r.score = s.score;
+  for (auto& c : s.continuations) {
+    if (auto* text = std::get_if<std::string>(&c)) {
+      r.cont_text.push_back(std::move(*text));
+      r.cont_ids.emplace_back();
+    } else {
+      r.cont_text.emplace_back();
+      r.cont_ids.push_back(std::move(std::get<std::vector<int32_t>>(c)));
+    }
+  }
   r.arrival_us = now_us();
   return r;
 }

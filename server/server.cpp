@@ -16,6 +16,7 @@
 #include "actors/admission.hpp"
 #include "actors/batcher.hpp"
 #include "actors/control.hpp"
+#include "actors/constraint_support.hpp"
 #include "actors/executor.hpp"
 #include "actors/journal.hpp"
 #include "actors/log.hpp"
@@ -118,6 +119,11 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   go.intake = std::make_shared<IntakeMeter>();
   AdmissionConfig admission_cfg = c.admission;
   admission_cfg.intake = go.intake;
+  // One vocabulary index and one cache of compiled constraints: admission compiles a job's
+  // constraint to check it, and its executor then finds it compiled.
+  std::shared_ptr<ConstraintSupport> constraints;
+  if (d.model) constraints = make_constraint_support(*d.model);
+  admission_cfg.constraints = constraints;
   d.gateway = std::make_shared<Gateway>(c.endpoints, go);
 
   d.node = make_cluster_node(c, go.limits);
@@ -219,6 +225,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   sc.batching = c.batching;
   sc.executor.backend = c.executors.backend;
   sc.executor.model = d.model;
+  sc.executor.constraints = constraints;
   sc.executor.threads = threads;
   sc.executor.n_blocks = n_blocks;
   sc.executor.kv_gpu_fraction = c.batching.kv_gpu_fraction;

@@ -28,6 +28,29 @@ void job_fields(V& v, J& j) {
   v("ignore_eos", j.ignore_eos);
   v("stream", j.stream);
   v("logprobs", j.logprobs);
+  v("controls", j.controls);
+  v("constraint", j.constraint);
+  v("n", j.n);
+  v("prompt_logprobs", j.prompt_logprobs);
+  v("continuations", j.continuations);
+}
+
+template <class V, class C>
+void choice_fields(V& v, C& c) {
+  v("index", c.index);
+  v("finish", c.finish);
+  v("text", c.text);
+  v("ids", c.ids);
+  v("logprob", c.logprob);
+  v("top_ids", c.top_ids);
+  v("top_logprobs", c.top_logprobs);
+}
+
+template <class V, class S>
+void score_fields(V& v, S& s) {
+  v("index", s.index);
+  v("logprob", s.logprob);
+  v("tokens", s.tokens);
 }
 
 template <class V, class D>
@@ -49,6 +72,13 @@ void done_fields(V& v, D& d) {
   v("n_top", d.n_top);
   v("top_ids", d.top_ids);
   v("top_logprobs", d.top_logprobs);
+  v("choices", d.choices);
+  v("prompt_ids", d.prompt_ids);
+  v("prompt_logprob", d.prompt_logprob);
+  v("prompt_n_top", d.prompt_n_top);
+  v("prompt_top_ids", d.prompt_top_ids);
+  v("prompt_top_logprobs", d.prompt_top_logprobs);
+  v("scores", d.scores);
 }
 
 template <class V, class E>
@@ -102,7 +132,36 @@ struct Writer {
     p.pack(static_cast<uint8_t>(c.kind));
     p.pack(c.identity);
   }
+  void put(const SamplingControls& c) {
+    p.pack_array(6);
+    p.pack(c.min_p);
+    p.pack(c.presence_penalty);
+    p.pack(c.frequency_penalty);
+    p.pack(c.repetition_penalty);
+    p.pack(c.repeat_last_n);
+    p.pack_array(static_cast<uint32_t>(c.logit_bias.size()));
+    for (const auto& [id, bias] : c.logit_bias) {
+      p.pack_array(2);
+      p.pack(id);
+      p.pack(bias);
+    }
+  }
+  void put(const Constraint& c) {
+    p.pack_array(3);
+    p.pack(c.kind);
+    p.pack(c.source);
+    p.pack(c.options);
+  }
   void put(const DoneEvent& d) { map(d, [](auto& v, auto& r) { done_fields(v, r); }); }
+  void put(const ChoiceResult& c) { map(c, [](auto& v, auto& r) { choice_fields(v, r); }); }
+  void put(const ScoreResult& s) { map(s, [](auto& v, auto& r) { score_fields(v, r); }); }
+  template <class T>
+  void put(const std::vector<T>& xs)
+    requires(std::is_same_v<T, ChoiceResult> || std::is_same_v<T, ScoreResult>)
+  {
+    p.pack_array(static_cast<uint32_t>(xs.size()));
+    for (const T& x : xs) put(x);
+  }
   void put(const ErrorEvent& e) { map(e, [](auto& v, auto& r) { error_fields(v, r); }); }
   template <class T>
   void put(const T& value) {
@@ -150,6 +209,31 @@ struct Reader {
     get(v.via.array.ptr[0], out.kind);
     v.via.array.ptr[1].convert(out.identity);
   }
+  static void get(const msgpack::object& v, SamplingControls& out) {
+    if (v.type != msgpack::type::ARRAY || v.via.array.size != 6)
+      throw std::runtime_error("bad controls field");
+    const msgpack::object* a = v.via.array.ptr;
+    a[0].convert(out.min_p);
+    a[1].convert(out.presence_penalty);
+    a[2].convert(out.frequency_penalty);
+    a[3].convert(out.repetition_penalty);
+    a[4].convert(out.repeat_last_n);
+    if (a[5].type != msgpack::type::ARRAY) throw std::runtime_error("bad logit_bias field");
+    for (uint32_t i = 0; i < a[5].via.array.size; ++i) {
+      const msgpack::object& e = a[5].via.array.ptr[i];
+      if (e.type != msgpack::type::ARRAY || e.via.array.size != 2)
+        throw std::runtime_error("bad logit_bias entry");
+      out.logit_bias.emplace_back(e.via.array.ptr[0].as<int32_t>(),
+                                  e.via.array.ptr[1].as<float>());
+    }
+  }
+  static void get(const msgpack::object& v, Constraint& out) {
+    if (v.type != msgpack::type::ARRAY || v.via.array.size != 3)
+      throw std::runtime_error("bad constraint field");
+    v.via.array.ptr[0].convert(out.kind);
+    v.via.array.ptr[1].convert(out.source);
+    v.via.array.ptr[2].convert(out.options);
+  }
   static void get(const msgpack::object& v, DoneEvent& out) {
     Reader r(v);
     done_fields(r, out);
@@ -157,6 +241,22 @@ struct Reader {
   static void get(const msgpack::object& v, ErrorEvent& out) {
     Reader r(v);
     error_fields(r, out);
+  }
+  static void get(const msgpack::object& v, ChoiceResult& out) {
+    Reader r(v);
+    choice_fields(r, out);
+  }
+  static void get(const msgpack::object& v, ScoreResult& out) {
+    Reader r(v);
+    score_fields(r, out);
+  }
+  template <class T>
+  static void get(const msgpack::object& v, std::vector<T>& out)
+    requires(std::is_same_v<T, ChoiceResult> || std::is_same_v<T, ScoreResult>)
+  {
+    if (v.type != msgpack::type::ARRAY) throw std::runtime_error("bad list field");
+    out.resize(v.via.array.size);
+    for (uint32_t i = 0; i < v.via.array.size; ++i) get(v.via.array.ptr[i], out[i]);
   }
   template <class T>
   static void get(const msgpack::object& v, T& out) {

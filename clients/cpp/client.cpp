@@ -168,9 +168,17 @@ bool add_to_result(Result& r, wire::ServerMessage&& m) {
   if (auto* a = std::get_if<wire::Accepted>(&m)) {
     r.accepted = *a;
   } else if (auto* t = std::get_if<wire::Tokens>(&m)) {
-    r.ids.insert(r.ids.end(), t->ids.begin(), t->ids.end());
-    r.text += t->text;
-    r.logprobs.insert(r.logprobs.end(), t->logprobs.begin(), t->logprobs.end());
+    if (r.choices.size() <= t->choice) r.choices.resize(t->choice + std::size_t{1});
+    wire::Choice& c = r.choices[t->choice];
+    c.index = t->choice;
+    c.ids.insert(c.ids.end(), t->ids.begin(), t->ids.end());
+    c.text += t->text;
+    c.logprobs.insert(c.logprobs.end(), t->logprobs.begin(), t->logprobs.end());
+    if (t->choice == 0) {
+      r.ids.insert(r.ids.end(), t->ids.begin(), t->ids.end());
+      r.text += t->text;
+      r.logprobs.insert(r.logprobs.end(), t->logprobs.begin(), t->logprobs.end());
+    }
     r.chunks.push_back(std::move(*t));
   } else if (auto* d = std::get_if<wire::Done>(&m)) {
     // A streamed job's done has no text/ids (the chunks carried them).
@@ -179,6 +187,25 @@ bool add_to_result(Result& r, wire::ServerMessage&& m) {
       r.text = d->text;
     }
     if (!d->logprobs.empty()) r.logprobs = d->logprobs;
+    if (d->choices.empty()) {
+      r.choices.clear();  // one sample: its chunks are the job's own
+    } else {
+      r.ids.clear();  // several samples: each is in choices, the job's own fields stay empty
+      r.text.clear();
+      r.logprobs.clear();
+      if (r.choices.size() < d->choices.size()) r.choices.resize(d->choices.size());
+      for (const wire::Choice& c : d->choices) {
+        if (c.index >= r.choices.size()) continue;
+        wire::Choice& into = r.choices[c.index];
+        into.index = c.index;
+        into.finish_reason = c.finish_reason;
+        if (!c.ids.empty() || !c.text.empty()) {
+          into.ids = c.ids;
+          into.text = c.text;
+        }
+        if (!c.logprobs.empty()) into.logprobs = c.logprobs;
+      }
+    }
     r.done = std::move(*d);
     return true;
   } else if (auto* e = std::get_if<wire::Error>(&m)) {

@@ -34,6 +34,20 @@ inline wire::Submit chat_submit(std::string id, std::string tenant,
   return s;
 }
 
+/// A `score` request: each continuation (text, tokenized without BOS as text after the prompt;
+/// or token ids) gets its summed log-probability after `prompt`, in Result::done->scores.
+inline wire::Submit score_request(
+    std::string id, std::string tenant, std::variant<std::string, std::vector<std::int32_t>> prompt,
+    std::vector<std::variant<std::string, std::vector<std::int32_t>>> continuations) {
+  wire::Submit s;
+  s.score = true;
+  s.id = std::move(id);
+  s.tenant = std::move(tenant);
+  s.prompt = std::move(prompt);
+  s.continuations = std::move(continuations);
+  return s;
+}
+
 struct ClientError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -46,6 +60,8 @@ struct Result {
   std::string text;                  ///< completion text: done.text, or the chunks' text
   /// Per completion id when the job asked for logprobs: done.logprobs, or the chunks' logprobs.
   std::vector<wire::TokenLogprobs> logprobs;
+  /// A job with n > 1: each sample, by index, from its streamed chunks and the done's choices.
+  std::vector<wire::Choice> choices;
   std::optional<wire::Done> done;    ///< set when the job finished
   std::optional<wire::Error> error;  ///< set when it failed
   bool timed_out = false;            ///< neither came before the timeout

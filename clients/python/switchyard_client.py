@@ -42,6 +42,16 @@ _SUBMIT_OPTIONS = {
     "stream": bool,
     "logprobs": int,
     "parse_special": bool,
+    "n": int,
+    "prompt_logprobs": int,
+}
+
+# score options (docs/protocol.md, "score"): the prompt and continuations are arguments.
+_SCORE_OPTIONS = {
+    "token": str,
+    "priority": str,
+    "deadline_ms": int,
+    "parse_special": bool,
 }
 
 # Server messages are trusted more than client ones, but a non-streamed `done` carries a whole
@@ -134,6 +144,35 @@ def submit_message(job_id, tenant, prompt=None, messages=None, **options):
     return msg
 
 
+def score_message(job_id, tenant, continuations, prompt=None, messages=None, **options):
+    """Builds a `score` message: each continuation (a str, tokenized without BOS as text after the
+    prompt, or a list of token ids) gets its summed log-probability after the prompt (or
+    messages), in the done's `scores`."""
+    msg = submit_message(job_id, tenant, prompt, messages)
+    msg["type"] = "score"
+    if not isinstance(continuations, (list, tuple)):
+        raise TypeError("continuations must be a list of str or of token id lists")
+    out = []
+    for i, c in enumerate(continuations):
+        if isinstance(c, str):
+            out.append(c)
+        elif isinstance(c, (list, tuple)):
+            out.append([int(t) for t in c])
+        else:
+            raise TypeError("continuations[%d] must be a str or a list of token ids" % i)
+    msg["continuations"] = out
+    for key, value in options.items():
+        if key not in _SCORE_OPTIONS:
+            raise TypeError("unknown score option %r" % key)
+        if value is None:
+            continue
+        if not isinstance(value, _SCORE_OPTIONS[key]) or (
+                isinstance(value, bool) and _SCORE_OPTIONS[key] is int):
+            raise TypeError("score option %r has the wrong type %s" % (key, type(value).__name__))
+        msg[key] = value
+    return msg
+
+
 def encode(msg):
     """msgpack bytes of a message dict (str keys and values as msgpack str)."""
     return msgpack.packb(msg, use_bin_type=True)
@@ -162,6 +201,8 @@ class Result:
         self.ids = []
         self.text = ""
         self.logprobs = []  # per completion id when asked for: done's, or the chunks'
+        self.choices = {}  # n > 1: sample index -> {"ids", "text", "logprobs", "finish_reason"}
+        self.scores = []  # a score request: the done's scores
         self.done = None
         self.error = None
         self.timed_out = False
@@ -225,6 +266,15 @@ class Client(_Connection):
         max_tokens, temperature, stream, ...)."""
         self._sock.send(encode(submit_message(job_id, tenant, prompt, **options)))
 
+    def score(self, job_id, tenant, continuations, prompt=None, **options):
+        """Sends a score request (messages= instead of prompt; token, priority, deadline_ms)."""
+        self._sock.send(encode(score_message(job_id, tenant, continuations, prompt, **options)))
+
+    def run_score(self, job_id, tenant, continuations, prompt=None, timeout_ms=60000, **options):
+        """Sends a score request and waits for its done (Result.scores) or error."""
+        self.score(job_id, tenant, continuations, prompt, **options)
+        return self.wait(job_id, timeout_ms, tenant)
+
     def cancel(self, job_id, tenant, token=""):
         """Cancels a queued or running job."""
         self.send({"type": "cancel", "id": job_id, "tenant": tenant, "token": token})
@@ -273,15 +323,35 @@ class Client(_Connection):
                 r.accepted = m
             elif kind == "tokens":
                 r.chunks.append(m)
-                r.ids.extend(m.get("ids", []))
-                r.text += m.get("text", "")
-                r.logprobs.extend(m.get("logprobs", []))
+                c = r.choices.setdefault(m.get("choice", 0),
+                                         {"ids": [], "text": "", "logprobs": []})
+                c["ids"].extend(m.get("ids", []))
+                c["text"] += m.get("text", "")
+                c["logprobs"].extend(m.get("logprobs", []))
+                if m.get("choice", 0) == 0:
+                    r.ids.extend(m.get("ids", []))
+                    r.text += m.get("text", "")
+                    r.logprobs.extend(m.get("logprobs", []))
             elif kind == "done":
                 if m.get("ids") or m.get("text"):
                     r.ids = list(m.get("ids", []))
                     r.text = m.get("text", "")
                 if m.get("logprobs"):
                     r.logprobs = list(m["logprobs"])
+                if m.get("choices"):
+                    r.ids, r.text, r.logprobs = [], "", []
+                    for ch in m["choices"]:
+                        c = r.choices.setdefault(ch["index"],
+                                                 {"ids": [], "text": "", "logprobs": []})
+                        c["finish_reason"] = ch.get("finish_reason")
+                        if ch.get("ids") or ch.get("text"):
+                            c["ids"] = list(ch.get("ids", []))
+                            c["text"] = ch.get("text", "")
+                        if ch.get("logprobs"):
+                            c["logprobs"] = list(ch["logprobs"])
+                else:
+                    r.choices = {}
+                r.scores = list(m.get("scores", []))
                 r.done = m
                 return r
             elif kind == "error":

@@ -44,7 +44,7 @@ BOOST_AUTO_TEST_CASE(batch_runs_and_resumes) {
   std::string jobs;
   for (int i = 0; i < 300; ++i)
     jobs += "{\"id\": \"j" + std::to_string(i) + "\", \"prompt\": [1, 2, 3], \"max_tokens\": 5, " +
-            "\"ignore_eos\": true, \"note\": \"ignored\"}\n";
+            "\"ignore_eos\": true, \"meta\": {\"note\": \"not sent\"}}\n";
   std::string in = dir.write("jobs.jsonl", jobs);
   std::string out = dir.path() + "/results.jsonl";
   std::string common = "submit --input " + in + " --output " + out + " --server " + srv.endpoint();

@@ -23,7 +23,7 @@ MSGPACK = ('<msgpack', '"msgpack')
 CUDA = ('<cuda', '<cublas', '<curand', '<nccl', '"cuda_runtime')
 
 PROJECT = ('core', 'model', 'kernels', 'gpu', 'policies', 'storage', 'actors', 'ingress',
-           'server', 'clients', 'cli', 'bench', 'tests', 'examples')
+           'server', 'clients', 'cli', 'bench', 'tests', 'examples', 'constraints')
 
 # (name, folders it applies to, forbidden project folders, forbidden header prefixes)
 RULES = [
@@ -37,8 +37,12 @@ RULES = [
     ('policies/ are plain value types: no CAF, ZeroMQ or CUDA',
      ('policies',), ('actors', 'ingress', 'server', 'storage', 'gpu'), (CAF,) + ZMQ + CUDA),
     ('nothing outside gpu/ and kernels/ sees CUDA',
-     ('core', 'model', 'policies', 'storage', 'actors', 'ingress', 'server', 'clients', 'cli'),
+     ('core', 'model', 'policies', 'storage', 'actors', 'ingress', 'server', 'clients', 'cli',
+      'constraints'),
      (), CUDA + ('"kernels/cuda/', '"gpu/cuda_')),
+    ('constraints/ are plain code: no actors, engines, doors, CAF, ZeroMQ, msgpack or CUDA',
+     ('constraints',), ('actors', 'gpu', 'ingress', 'server', 'storage', 'policies', 'kernels'),
+     (CAF,) + ZMQ + MSGPACK + CUDA),
     ('kernels/ have no model, engine or actor knowledge',
      ('kernels',), ('model', 'gpu', 'actors', 'ingress', 'server', 'storage', 'policies'),
      (CAF,) + ZMQ + MSGPACK),
@@ -94,6 +98,8 @@ def planted():
         ('kernels/cpu/fast.cpp', '#include "model/model.hpp"'),
         ('actors/executor.cpp', '#include <cuda_runtime.h>'),
         ('server/server.cpp', '#include "gpu/cuda_engine.hpp"'),
+        ('constraints/matcher.cpp', '#include "actors/executor.hpp"'),
+        ('constraints/gbnf.cpp', '#include <msgpack.hpp>'),
     ]
     clean = {
         'core/job.hpp': '#include <string>\n#include "core/wire.hpp"\n',
@@ -101,6 +107,7 @@ def planted():
         'actors/admission.cpp': '#include <caf/all.hpp>\n#include "storage/journal_file.hpp"\n',
         'ingress/gateway.cpp': '#include <zmq.hpp>\n#include "actors/messages.hpp"\n',
         'kernels/cpu/fast.cpp': '#include "kernels/cpu/kernels.hpp"\n',
+        'constraints/filter.cpp': '#include "model/sampler.hpp"\n#include "core/generation.hpp"\n',
     }
     failures = 0
     with tempfile.TemporaryDirectory(prefix='sy_layout_') as tmp:

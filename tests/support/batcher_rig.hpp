@@ -39,8 +39,10 @@ inline std::shared_ptr<LlamaModel> stories() {
 
 // What the stand-in router/egress/admission saw for one job.
 struct Seen {
-  std::vector<int32_t> stream_ids;
-  std::string stream_text;
+  std::vector<int32_t> stream_ids;  // choice 0's (a plain job's)
+  std::string stream_text;          // choice 0's
+  std::map<uint32_t, std::vector<int32_t>> choice_ids;  // every choice's streamed ids
+  std::map<uint32_t, std::string> choice_text;
   bool contiguous = true;
   uint32_t stream_n_top = 0;
   bool stream_logprob_shape = true;  // every chunk: one logprob and n_top alternatives per id
@@ -118,9 +120,14 @@ struct Rig {
         },
         [&](out_atom, const TokensEvent& t) {
           Seen& s = seen[t.uid];
-          if (t.index != s.stream_ids.size()) s.contiguous = false;
-          s.stream_ids.insert(s.stream_ids.end(), t.ids.begin(), t.ids.end());
-          s.stream_text += t.text;
+          std::vector<int32_t>& ids = s.choice_ids[t.choice];
+          if (t.index != ids.size()) s.contiguous = false;
+          ids.insert(ids.end(), t.ids.begin(), t.ids.end());
+          s.choice_text[t.choice] += t.text;
+          if (t.choice == 0) {
+            s.stream_ids.insert(s.stream_ids.end(), t.ids.begin(), t.ids.end());
+            s.stream_text += t.text;
+          }
           s.stream_n_top = t.n_top;
           if (t.logprob.size() != (t.n_top ? t.ids.size() : 0) ||
               t.top_ids.size() != t.n_top * t.ids.size() ||

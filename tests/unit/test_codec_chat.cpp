@@ -140,12 +140,16 @@ BOOST_AUTO_TEST_CASE(message_fields_are_checked) {
                                  p.pack("a");
                                })
                           .bytes()) == "field 'messages.0.role' must be a string, got integer");
-  // An empty content is a message too (an assistant turn to continue, say); unknown keys in a
-  // message are ignored like unknown keys anywhere.
+  // An empty content is a message too (an assistant turn to continue, say); an unknown key in a
+  // message is refused like unknown keys anywhere.
+  BOOST_TEST(error_of(chat().set("messages", Msgs({{{"role", "user"}, {"content", ""}}})).bytes()) ==
+             "accepted");
   BOOST_TEST(
       error_of(chat()
                    .set("messages", Msgs({{{"role", "user"}, {"content", ""}, {"name", "bob"}}}))
-                   .bytes()) == "accepted");
+                   .bytes()) ==
+      "unknown field 'messages.0.name' in a message (docs/protocol.md lists the fields this server "
+      "knows)");
   BOOST_TEST(
       error_of(chat()
                    .set("messages", Msgs({{{"role", std::string(65, 'r')}, {"content", "a"}}}))

@@ -69,7 +69,8 @@ BOOST_AUTO_TEST_CASE(accept_round_trips_every_field) {
   const std::set<std::string> want = {"deadline_wall_us", "t", "uid", "id", "tenant", "client",
                                       "class_index", "prompt", "max_tokens", "temperature",
                                       "top_k", "top_p", "seed", "stop", "ignore_eos", "stream",
-                                      "logprobs"};
+                                      "logprobs", "controls", "constraint", "n",
+                                      "prompt_logprobs", "continuations"};
   BOOST_TEST(keys_of(rec) == want);
   // No deadline: no field (0 means none).
   auto plain = journal::encode_accept(j, 0);

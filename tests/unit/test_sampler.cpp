@@ -294,4 +294,162 @@ BOOST_AUTO_TEST_CASE(logits_without_a_distribution_are_refused_not_sampled) {
   }
 }
 
+// ---- sampling controls and filters ----
+
+namespace {
+
+// A filter allowing the ids of a set; counts its calls so a test can see which path ran.
+struct SetFilter : sy::TokenFilter {
+  std::vector<bool> ok;
+  int allows_calls = 0, mask_calls = 0;
+  explicit SetFilter(std::vector<bool> allowed) : ok(std::move(allowed)) {}
+  bool allows(int32_t id) override {
+    ++allows_calls;
+    return ok[static_cast<size_t>(id)];
+  }
+  void mask(float* logits, int32_t n) override {
+    ++mask_calls;
+    for (int32_t i = 0; i < n; ++i)
+      if (!ok[static_cast<size_t>(i)]) logits[i] = -INFINITY;
+  }
+};
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(logit_bias_moves_the_greedy_choice) {
+  std::vector<float> l = {1.0f, 3.0f, 2.0f};
+  SamplingParams p;
+  p.controls.logit_bias = {{2, 1.5f}};
+  Sampler s(p);
+  float lp = 0.0f;
+  std::vector<TokenLogprob> top;
+  p.n_logprobs = 1;
+  Sampler with_top(p);
+  BOOST_TEST(s.sample(l.data(), 3) == 2);  // 2 + 1.5 > 3
+  // The reported log-probabilities stay the model's own: token 1 is still the most likely.
+  BOOST_TEST(with_top.sample(l.data(), 3, &top, &lp) == 2);
+  BOOST_REQUIRE(top.size() == 1u);
+  BOOST_TEST(top[0].id == 1);
+  // -100 bans a token; every token banned is an error, not an arbitrary pick.
+  SamplingParams ban;
+  ban.controls.logit_bias = {{1, -100.0f}};
+  Sampler b(ban);
+  BOOST_TEST(b.sample(l.data(), 3) == 2);
+  std::vector<float> one = {0.0f};
+  SamplingParams all;
+  all.controls.logit_bias = {{0, -100.0f}};
+  Sampler a(all);
+  BOOST_TEST(a.sample(one.data(), 1) == 0);  // -100 leaves a finite logit: still drawable
+}
+
+BOOST_AUTO_TEST_CASE(penalties_follow_their_definitions) {
+  // presence: once per token in the output; frequency: per occurrence; prompt tokens do not count.
+  std::vector<float> l = {2.0f, 1.9f, 0.0f};
+  SamplingParams p;
+  p.controls.presence_penalty = 0.5f;
+  Sampler s(p);
+  s.accept(0, false);  // prompt: no penalty
+  BOOST_TEST(s.sample(l.data(), 3) == 0);
+  s.accept(0, true);  // output: 2.0 - 0.5 = 1.5 < 1.9
+  BOOST_TEST(s.sample(l.data(), 3) == 1);
+
+  SamplingParams f;
+  f.controls.frequency_penalty = 0.06f;
+  Sampler fs(f);
+  fs.accept(0, true);
+  BOOST_TEST(fs.sample(l.data(), 3) == 0);  // 2.0 - 0.06 = 1.94 > 1.9
+  fs.accept(0, true);
+  BOOST_TEST(fs.sample(l.data(), 3) == 1);  // 2.0 - 0.12 = 1.88 < 1.9
+
+  // repetition (llama.cpp): divide a positive logit, multiply a negative one; over the last
+  // repeat_last_n tokens of prompt and output.
+  std::vector<float> r = {2.0f, 1.5f, -1.0f, -1.2f};
+  SamplingParams rp;
+  rp.controls.repetition_penalty = 2.0f;
+  rp.controls.repeat_last_n = 2;
+  Sampler rs(rp);
+  rs.accept(0, false);  // 2.0 / 2 = 1.0 < 1.5
+  BOOST_TEST(rs.sample(r.data(), 4) == 1);
+  rs.accept(1, true);  // 1.5 / 2 = 0.75: token 0 (1.0) wins again
+  BOOST_TEST(rs.sample(r.data(), 4) == 0);
+  rs.accept(3, true);  // the window of 2 now holds 1 and 3: token 0 is free again
+  BOOST_TEST(rs.sample(r.data(), 4) == 0);
+  std::vector<float> neg = {-1.0f, -1.5f};
+  SamplingParams np;
+  np.controls.repetition_penalty = 2.0f;
+  Sampler ns(np);
+  ns.accept(0, true);  // -1 * 2 = -2 < -1.5
+  BOOST_TEST(ns.sample(neg.data(), 2) == 1);
+}
+
+BOOST_AUTO_TEST_CASE(min_p_keeps_tokens_near_the_top) {
+  // Probabilities 0.5, 0.3, 0.2 (logits their logs): min_p 0.5 keeps those at >= 0.25.
+  std::vector<float> l = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  SamplingParams p = temp(1.0f, 7);
+  p.controls.min_p = 0.5f;
+  std::vector<int> count(3, 0);
+  for (int32_t id : draw(p, l, 4000)) ++count[static_cast<size_t>(id)];
+  BOOST_TEST(count[2] == 0);
+  // The two kept, renormalised: 0.625 and 0.375 (4000 draws: 3 sigma is about 0.023).
+  BOOST_TEST(std::abs(count[0] / 4000.0 - 0.625) < 0.03);
+}
+
+BOOST_AUTO_TEST_CASE(a_filter_keeps_an_allowed_greedy_pick_and_replaces_a_refused_one) {
+  std::vector<float> l = {0.0f, 5.0f, 4.0f, 3.0f};
+  SetFilter all({true, true, true, true});
+  Sampler s(SamplingParams{});
+  BOOST_TEST(s.sample(l.data(), 4, nullptr, nullptr, &all) == 1);
+  BOOST_TEST(all.mask_calls == 0);  // the drawn token was allowed: no mask made
+  SetFilter no1({true, false, true, true});
+  BOOST_TEST(s.sample(l.data(), 4, nullptr, nullptr, &no1) == 2);
+  BOOST_TEST(no1.mask_calls == 1);
+  SetFilter none({false, false, false, false});
+  BOOST_CHECK_THROW(s.sample(l.data(), 4, nullptr, nullptr, &none), sy::SamplingError);
+}
+
+BOOST_AUTO_TEST_CASE(a_filtered_draw_is_the_allowed_part_of_the_distribution) {
+  // Temperature alone: check first, mask on refusal. The result must be the distribution
+  // restricted to the allowed tokens: p(1) : p(3) = e^2 : e^0 whatever the refused mass.
+  std::vector<float> l = {3.0f, 2.0f, 2.5f, 0.0f};
+  SetFilter f({false, true, false, true});
+  Sampler s(temp(1.0f, 11));
+  int n1 = 0, n3 = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const int32_t id = s.sample(l.data(), 4, nullptr, nullptr, &f);
+    BOOST_REQUIRE((id == 1 || id == 3));
+    (id == 1 ? n1 : n3)++;
+  }
+  const double want = std::exp(2.0) / (std::exp(2.0) + 1.0);  // 0.881
+  BOOST_TEST(std::abs(n1 / 20000.0 - want) < 0.01);  // 3 sigma is about 0.007
+  BOOST_TEST(n3 > 0);
+  // With top-k the mask comes first: top-2 of the allowed tokens, not of all.
+  SetFilter g({false, true, false, true});
+  Sampler k(temp(1.0f, 5, 2));
+  int seen3 = 0;
+  for (int i = 0; i < 2000; ++i) seen3 += k.sample(l.data(), 4, nullptr, nullptr, &g) == 3;
+  BOOST_TEST(seen3 > 0);  // top-2 of all tokens (0 and 2) would leave nothing allowed
+  BOOST_TEST(g.allows_calls == 0);
+}
+
+BOOST_AUTO_TEST_CASE(controls_are_validated) {
+  SamplingParams p;
+  p.controls.min_p = 1.5f;
+  BOOST_TEST(rejects(p, "min_p"));
+  p = {};
+  p.controls.presence_penalty = 2.5f;
+  BOOST_TEST(rejects(p, "presence_penalty"));
+  p = {};
+  p.controls.frequency_penalty = NAN;
+  BOOST_TEST(rejects(p, "frequency_penalty"));
+  p = {};
+  p.controls.repetition_penalty = 0.0f;
+  BOOST_TEST(rejects(p, "repetition_penalty"));
+  p = {};
+  p.controls.repeat_last_n = -2;
+  BOOST_TEST(rejects(p, "repeat_last_n"));
+  p = {};
+  p.controls.logit_bias = {{3, 101.0f}};
+  BOOST_TEST(rejects(p, "logit_bias"));
+}
+
 BOOST_AUTO_TEST_SUITE_END()  // test_sampler

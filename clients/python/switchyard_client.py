@@ -44,6 +44,17 @@ _SUBMIT_OPTIONS = {
     "parse_special": bool,
     "n": int,
     "prompt_logprobs": int,
+    "min_p": (int, float),
+    "presence_penalty": (int, float),
+    "frequency_penalty": (int, float),
+    "repetition_penalty": (int, float),
+    "repeat_last_n": int,
+    "logit_bias": dict,  # token id -> bias
+    # one constraint at most (docs/constraints.md)
+    "grammar": str,
+    "json_schema": (dict, str, bool),  # a schema, or its JSON text
+    "regex": str,
+    "choices": (list, tuple),
 }
 
 # score options (docs/protocol.md, "score"): the prompt and continuations are arguments.

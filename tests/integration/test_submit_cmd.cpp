@@ -2,6 +2,7 @@
 // line per job; an interrupted output (some lines plus a torn one) resumes without rerunning the
 // jobs already there; a bad input line is refused before anything is sent.
 #include <boost/test/unit_test.hpp>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "tests/integration/server_process.hpp"
@@ -89,9 +90,47 @@ BOOST_AUTO_TEST_CASE(bad_input_line_is_named) {
   BOOST_TEST(r.status == 2, r.out);
   BOOST_TEST(r.out.find("input line 2: 'max_tokens' must be an integer") != std::string::npos,
              r.out);
+  // An unknown key is refused by name (a misspelt field never silently drops out).
+  in = dir.write("typo.jsonl", "{\"id\": \"a\", \"prompt\": \"x\", \"temprature\": 0}\n");
+  r = run("submit --input " + in + " --output " + dir.path() + "/o.jsonl --server tcp://127.0.0.1:1");
+  BOOST_TEST(r.status == 2, r.out);
+  BOOST_TEST(r.out.find("input line 1: unknown field 'temprature'") != std::string::npos, r.out);
   r = run("submit --output x");
   BOOST_TEST(r.status == 2);
   BOOST_TEST(r.out.find("submit needs --input") != std::string::npos, r.out);
+}
+
+// Constraints and sampling controls travel in a job line: the results satisfy the constraints.
+BOOST_AUTO_TEST_CASE(constrained_lines_run) {
+  sy::it::TempDir dir;
+  sy::it::ServerProcess srv({"--model", sy::it::kStories, "--threads", "1"});
+  const std::string in = dir.write(
+      "c.jsonl",
+      "{\"id\": \"choice\", \"prompt\": \"Lily\", \"choices\": [\" ran\", \" sat down\"], "
+      "\"temperature\": 1, \"seed\": 3, \"meta\": {\"row\": 1}}\n"
+      "{\"id\": \"schema\", \"prompt\": \"Lily\", \"max_tokens\": 60, \"json_schema\": "
+      "{\"type\": \"object\", \"properties\": {\"age\": {\"type\": \"integer\", \"minimum\": 1, "
+      "\"maximum\": 9}}, \"required\": [\"age\"], \"additionalProperties\": false}, "
+      "\"min_p\": 0.05, \"presence_penalty\": 0.5, \"frequency_penalty\": 0.1, "
+      "\"repetition_penalty\": 1.1, \"repeat_last_n\": 16, \"logit_bias\": {\"2\": -100}}\n");
+  const std::string out = dir.path() + "/r.jsonl";
+  auto r = run("submit --input " + in + " --output " + out + " --server " + srv.endpoint());
+  BOOST_TEST(r.status == 0, r.out);
+  const auto got = lines(out);
+  BOOST_REQUIRE(got.size() == 2u);
+  for (const auto& line : got) {
+    const auto j = nlohmann::json::parse(line);
+    BOOST_TEST_CONTEXT(line) {
+      BOOST_REQUIRE(j.contains("text"));
+      const std::string text = j["text"].get<std::string>();
+      if (j["id"] == "choice") BOOST_TEST((text == " ran" || text == " sat down"));
+      if (j["id"] == "schema" && j["finish_reason"] == "stop") {
+        const auto v = nlohmann::json::parse(text);
+        BOOST_TEST(v["age"].get<int>() >= 1);
+        BOOST_TEST(v["age"].get<int>() <= 9);
+      }
+    }
+  }
 }
 
 BOOST_AUTO_TEST_SUITE_END()  // test_submit_cmd

@@ -42,7 +42,8 @@ constexpr const char* kGenerateUsage =
     "              --min-p P --presence-penalty X --frequency-penalty X --repeat-penalty X\n"
     "              --repeat-last-n N --seed S --logprobs N --stop STR --ignore-eos --threads N\n"
     "              --json] [one constraint: --grammar-file FILE (GBNF), --json-schema-file\n"
-    "              FILE, --regex RE, --choice STR (repeatable)]. -n is the most tokens\n";
+    "              FILE, --regex RE, --choice STR (repeatable)] [--samples N (1-16, seeds\n"
+    "              S..S+N-1; --json gives \"choices\")]. -n is the most tokens per sample\n";
 constexpr const char* kTokenizeUsage =
     "  tokenize    --model FILE --text TEXT [--no-bos] [--parse-special] [--json]\n";
 constexpr const char* kMakeModelUsage =
@@ -153,6 +154,8 @@ int cmd_generate(const Args& a) {
   sy::GenOptions go;
   go.prefill_chunk = static_cast<int>(a.integer("prefill-chunk", 512));
   if (go.prefill_chunk < 1) throw UsageError("--prefill-chunk must be at least 1");
+  const long long samples = a.integer("samples", 1);
+  if (samples < 1 || samples > 16) throw UsageError("--samples must be in [1, 16]");
   if (a.str("prompt", "").empty()) throw UsageError("the prompt is empty: pass --prompt TEXT");
 
   std::string path = a.has("model") ? a.str("model") : demo_model_path();
@@ -161,7 +164,7 @@ int cmd_generate(const Args& a) {
 
   // Enough KV blocks for this one request (prompt + output), rounded up to whole blocks.
   int64_t need = static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
-  eo.n_blocks = static_cast<int32_t>((need + eo.block_size - 1) / eo.block_size) + 1;
+  eo.n_blocks = static_cast<int32_t>(samples * ((need + eo.block_size - 1) / eo.block_size) + 1);
   auto engine = sy::make_cpu_engine(model, eo);
   if (!constraint.empty()) {
     sy::constraints::ConstraintCache cache(1);
@@ -176,11 +179,21 @@ int cmd_generate(const Args& a) {
     std::cout << a.str("prompt", "") << std::flush;
     stream = [](size_t, int32_t, std::string_view delta) { std::cout << delta << std::flush; };
   }
+  // --samples N: N samples of the prompt, sample i seeded with seed + i, run as one batch (this
+  // offline tool prefills each; the server shares the prompt's KV between samples).
+  std::vector<sy::GenRequest> reqs(static_cast<size_t>(samples), req);
+  for (size_t i = 0; i < reqs.size(); ++i) reqs[i].sampling.seed = req.sampling.seed + i;
+  if (samples > 1) stream = {};
   auto t0 = std::chrono::steady_clock::now();
-  auto results = sy::generate(*engine, {req}, go, stream);
+  auto results = sy::generate(*engine, reqs, go, stream);
   double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const auto& r = results.at(0);
 
+  if (!json && samples > 1) {
+    for (size_t i = 0; i < results.size(); ++i)
+      std::cout << "\n[" << i << "] " << a.str("prompt", "") << results[i].text << "\n";
+    return 0;
+  }
   if (!json) {
     std::cout << "\n";
     std::cerr << "switchyard: " << r.tokens.size() << " tokens in " << secs << " s ("
@@ -188,20 +201,34 @@ int cmd_generate(const Args& a) {
               << "\n";
     return 0;
   }
+  const auto one = [&](const sy::GenResult& g, Json& out) {
+    out["token_ids"] = g.tokens;
+    out["text"] = g.text;
+    out["finish_reason"] = g.finish_reason;
+    if (req.sampling.n_logprobs > 0) {
+      Json steps = Json::array();
+      for (const auto& step : g.logprobs) {
+        Json alts = Json::array();
+        for (const auto& alt : step)
+          alts.push_back({{"id", alt.id}, {"logprob", static_cast<double>(alt.logprob)}});
+        steps.push_back(std::move(alts));
+      }
+      out["logprobs"] = std::move(steps);
+    }
+  };
   Json out;
   out["prompt_token_ids"] = req.prompt;
-  out["token_ids"] = r.tokens;
-  out["text"] = r.text;
-  out["finish_reason"] = r.finish_reason;
-  if (req.sampling.n_logprobs > 0) {
-    Json steps = Json::array();
-    for (const auto& step : r.logprobs) {
-      Json alts = Json::array();
-      for (const auto& alt : step)
-        alts.push_back({{"id", alt.id}, {"logprob", static_cast<double>(alt.logprob)}});
-      steps.push_back(std::move(alts));
+  if (samples == 1) {
+    one(r, out);
+  } else {
+    Json choices = Json::array();
+    for (size_t i = 0; i < results.size(); ++i) {
+      Json c;
+      c["index"] = i;
+      one(results[i], c);
+      choices.push_back(std::move(c));
     }
-    out["logprobs"] = std::move(steps);
+    out["choices"] = std::move(choices);
   }
   std::cout << json_dump(out, JsonLayout::spaced) << std::endl;
   return 0;
@@ -225,7 +252,8 @@ int main(int argc, char** argv) {
        kGenerateUsage,
        {"model", "prompt", "n", "temperature", "top-k", "top-p", "seed", "logprobs", "stop",
         "threads", "prefill-chunk", "min-p", "presence-penalty", "frequency-penalty",
-        "repeat-penalty", "repeat-last-n", "grammar-file", "json-schema-file", "regex", "choice"},
+        "repeat-penalty", "repeat-last-n", "grammar-file", "json-schema-file", "regex", "choice",
+        "samples"},
        {"json", "ignore-eos", "no-bos"},
        false,
        cmd_generate},

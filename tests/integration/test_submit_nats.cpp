@@ -141,4 +141,32 @@ BOOST_AUTO_TEST_CASE(streamed_chunks_reach_the_reply_subject_and_cancel_stops_a_
   BOOST_TEST(node.stop(SIGTERM) == 0);
 }
 
+// The cluster path carries constraints and sampling controls like the ZeroMQ door: a node runs
+// them, and a constraint the node cannot compile comes back as bad_request on the reply subject.
+BOOST_AUTO_TEST_CASE(constrained_jobs_run_through_the_cluster) {
+  test::NatsServer ns;
+  it::ServerProcess node({"--model", it::kStories, "--threads", "1", "--nats", ns.url()});
+  wait_for_jobs_stream(ns);
+  client::ClusterClient cc(options(ns));
+  wire::Submit s;
+  s.id = "c1";
+  s.tenant = "acme";
+  s.prompt = std::string("Lily");
+  s.max_tokens = 20;
+  s.seed = 5;
+  s.controls.presence_penalty = 0.5f;
+  s.constraint.kind = Constraint::choices;
+  s.constraint.options = {" ran", " sat down"};
+  auto r = cc.run(s, milliseconds(30000));
+  BOOST_REQUIRE(r.ok());
+  BOOST_TEST((r.text == " ran" || r.text == " sat down"), r.text);
+  s.id = "c2";
+  s.constraint = {Constraint::regex, "(a)\\1", {}};
+  r = cc.run(s, milliseconds(30000));
+  BOOST_REQUIRE(r.error.has_value());
+  BOOST_TEST((r.error->code == ErrorCode::bad_request));
+  BOOST_TEST(r.error->message.find("back-reference") != std::string::npos, r.error->message);
+  BOOST_TEST(node.stop(SIGTERM) == 0);
+}
+
 BOOST_AUTO_TEST_SUITE_END()  // test_submit_nats

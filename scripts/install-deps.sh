@@ -17,6 +17,7 @@ packages=(
   python3-numpy                     # independent forward passes that check the architectures
   python3-regex                     # reference for the BPE pre-tokenizer patterns
   python3-jinja2                    # reference renderer for the chat templates
+  python3-jsonschema                # independent validator of constrained JSON output
 )
 
 missing=()

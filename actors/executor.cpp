@@ -287,6 +287,9 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
       fail_seq(st, i, ErrorCode::internal,
                std::string("the engine gave this job no usable next-token distribution (") +
                    e.what() + "); the job was stopped, the others of its step went on");
+    } catch (const constraints::ConstraintError& e) {
+      // The client's constraint outgrew a run-time bound (max_stacks: an ambiguous grammar).
+      fail_seq(st, i, ErrorCode::bad_request, std::string("constraint: ") + e.what());
     } catch (const std::exception& e) {
       fail_seq(st, i, ErrorCode::internal, std::string("sampling failed: ") + e.what());
     }

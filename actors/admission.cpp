@@ -248,17 +248,6 @@ std::optional<std::string> build_job(Self* self, const SubmitRequest& req, Job& 
   return std::nullopt;
 }
 
-/// The tokens a job may cost: the prompt once, then every sample's max_tokens, or every
-/// continuation's tokens.
-uint32_t job_cost(const Job& job) {
-  std::size_t c = job.prompt.size();
-  if (job.is_score())
-    for (const auto& k : job.continuations) c += k.size();
-  else
-    c += std::size_t{job.n} * job.max_tokens;
-  return static_cast<uint32_t>(std::min<std::size_t>(c, UINT32_MAX));
-}
-
 /// Hands an admitted job to the router; its "full" answer undoes the admission.
 void enqueue(Self* self, const std::string& key, Job job) {
   auto& st = self->state;
@@ -395,7 +384,7 @@ void submit(Self* self, SubmitRequest& req) {
   }
   const int64_t now_us = clock_us(self);
   const int64_t now_ms = now_us / 1000;
-  const uint32_t cost = job_cost(job);
+  const uint32_t cost = job_token_cost(job);
   auto verdict = tenant->quota.admit(cost, now_ms);
   if (verdict.verdict != policy::QuotaDecision::admit) {
     ++st.rate_limited;

@@ -47,8 +47,7 @@ policy::PushResult push_queue(Self* self, Job& job, int64_t enqueued_ms) {
   q.handle = job.uid;
   q.tenant = job.tenant;
   q.tenant_weight = weight_of(st, job.tenant);
-  q.cost = static_cast<uint32_t>(std::min<std::size_t>(job.prompt.size() + job.max_tokens,
-                                                       std::numeric_limits<uint32_t>::max()));
+  q.cost = job_token_cost(job);
   q.enqueued_ms = enqueued_ms;
   q.deadline_ms = deadline_ms_of(job);
   auto r = st.queue->push(job.class_index, std::move(q));

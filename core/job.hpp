@@ -79,6 +79,17 @@ struct Job {
   bool is_score() const { return !continuations.empty(); }
 };
 
+/// The tokens a job may cost (quotas, fair queuing): its prompt once, then every sample's
+/// max_tokens, or for a score request every continuation's tokens.
+inline uint32_t job_token_cost(const Job& job) {
+  uint64_t c = job.prompt.size();
+  if (job.is_score())
+    for (const auto& k : job.continuations) c += k.size();
+  else
+    c += uint64_t{job.n} * job.max_tokens;
+  return c > UINT32_MAX ? UINT32_MAX : static_cast<uint32_t>(c);
+}
+
 /// A client request as decoded by the gateway (submit, cancel or status), before admission.
 /// Mirrors wire::Submit; `prompt_text` is used when `prompt_ids` is empty.
 struct SubmitRequest {

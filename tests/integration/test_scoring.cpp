@@ -4,6 +4,9 @@
 // back as choices with the prompt counted once; bad values are refused naming the field.
 #include <boost/test/unit_test.hpp>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 
 #include "clients/cpp/client.hpp"
@@ -171,6 +174,63 @@ BOOST_AUTO_TEST_CASE(bad_values_are_refused_naming_the_field) {
           "continuation at index 0: token id 99999 is outside the vocabulary");
   refused(sy::client::score_request("b7", "scoring", prompt, {}),
           "field 'continuations' must not be empty");
+}
+
+// The Python client and `switchyard submit` (JSONL) speak the same fields.
+BOOST_AUTO_TEST_CASE(python_client_and_submit_command) {
+  sy::it::ServerProcess srv({"--model", sy::it::kStories, "--threads", "1"});
+  sy::client::Client cl(srv.endpoint());
+  BOOST_REQUIRE(cl.ping_wait(10s));
+  const sy::test::ReferenceCase c = sy::test::reference_cases(32).front();
+  sy::it::TempDir dir;
+  const std::string py = dir.write(
+      "client.py",
+      "import sys\nsys.path.insert(0, '" + std::string(SY_SOURCE_DIR) +
+          "/clients/python')\n"
+          "from switchyard_client import Client\n"
+          "with Client(sys.argv[1]) as c:\n"
+          "    r = c.run('py1', 'py', [1, 403, 407, 261, 378], max_tokens=4, temperature=0, n=2,\n"
+          "              prompt_logprobs=1)\n"
+          "    print(len(r.choices), r.choices[0]['ids'] == r.choices[1]['ids'],\n"
+          "          len(r.done['prompt_logprobs']), len(r.done['prompt_logprobs'][0]['top']))\n"
+          "    s = c.run_score('py2', 'py', [[432, 383], 'there'], prompt=[1, 403, 407, 261, "
+          "378])\n"
+          "    print(len(s.scores), s.scores[0]['tokens'], s.scores[0]['logprob'] < 0)\n");
+  FILE* p = ::popen(("/usr/bin/python3 " + py + " " + srv.endpoint() + " 2>&1").c_str(), "r");
+  BOOST_REQUIRE(p);
+  char buf[4096];
+  std::string out;
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  BOOST_TEST(::pclose(p) == 0, out);
+  BOOST_TEST(out == "2 True 4 1\n2 2 True\n");
+
+  const std::string in = dir.write(
+      "jobs.jsonl",
+      "{\"id\": \"a\", \"prompt\": [1, 403, 407, 261, 378], \"max_tokens\": 4, "
+      "\"temperature\": 0, \"n\": 3}\n"
+      "{\"id\": \"b\", \"prompt\": [1, 403, 407, 261, 378], \"continuations\": [[432, 383]]}\n");
+  auto r = sy::it::run_binary("submit --input " + in + " --output " + dir.path() +
+                              "/out.jsonl --server " + srv.endpoint());
+  BOOST_TEST(r.status == 0, r.out);
+  std::ifstream f(dir.path() + "/out.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("id") == "a") {
+      BOOST_TEST(j.at("choices").size() == 3u);
+      BOOST_TEST(j.at("choices")[2].at("ids").size() == 4u);
+      BOOST_TEST(j.at("usage").at("completion_tokens") == 12);
+    } else {
+      BOOST_TEST(j.at("scores").size() == 1u);
+      BOOST_TEST(j.at("scores")[0].at("tokens") == 2);
+      const double want = c.top1_logprobs[0] + c.top1_logprobs[1];
+      BOOST_TEST(std::abs(j.at("scores")[0].at("logprob").get<double>() - want) < 2e-3);
+    }
+    ++lines;
+  }
+  BOOST_TEST(lines == 2);
 }
 
 BOOST_AUTO_TEST_SUITE_END()

@@ -25,7 +25,8 @@ std::string check_constraint(ConstraintSupport& support, const Constraint& c) {
   }
 }
 
-std::unique_ptr<SeqConstraint> make_seq_constraint(ConstraintSupport& support, const Constraint& c) {
+std::unique_ptr<SeqConstraint> make_seq_constraint(ConstraintSupport& support,
+                                                   const Constraint& c) {
   auto compiled = support.cache->get(c, support.vocab, support.limits);
   if (!compiled) throw std::invalid_argument("make_seq_constraint: the job has no constraint");
   return std::make_unique<SeqConstraint>(constraints::Matcher(std::move(compiled)));

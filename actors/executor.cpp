@@ -14,9 +14,9 @@
 #include "actors/constraint_support.hpp"
 #include "actors/messages.hpp"
 #include "actors/target_logprobs.hpp"
+#include "core/error_code.hpp"
 #include "gpu/backend.hpp"
 #include "gpu/engine.hpp"
-#include "core/error_code.hpp"
 #include "model/sampler.hpp"
 
 namespace sy {
@@ -141,9 +141,9 @@ void targets_of(ExecutorState& st, const SeqPlan& p, size_t j, size_t i, SeqResu
     const int32_t t = p.targets[k];
     if (t < 0) continue;
     if (t >= n_vocab) {
-      fail_seq(st, i, ErrorCode::internal, "target token id " + std::to_string(t) +
-                                               " outside the vocabulary [0, " +
-                                               std::to_string(n_vocab) + ")");
+      fail_seq(st, i, ErrorCode::internal,
+               "target token id " + std::to_string(t) + " outside the vocabulary [0, " +
+                   std::to_string(n_vocab) + ")");
       return;
     }
     const float lp = target_logprob(st.out.row(j, static_cast<int32_t>(k)), n_vocab, t,
@@ -231,8 +231,8 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
       const SeqPlan& p = plan.seqs[i];
       // (Bias, penalties and constraints change the logits first: those sample on the host.)
       greedy = greedy && p.targets.empty();  // (every row's logits go to the host for those)
-      greedy = greedy && (!p.sample || (p.temperature <= 0.0f && p.logprobs == 0 &&
-                                        samplers[i] && !samplers[i]->tracks));
+      greedy = greedy && (!p.sample || (p.temperature <= 0.0f && p.logprobs == 0 && samplers[i] &&
+                                        !samplers[i]->tracks));
     }
     try {
       if (greedy && st.engine->step_greedy(st.batch, st.ids)) {
@@ -280,8 +280,8 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
     try {
       st.top.clear();
       SeqSampling& s = *samplers[i];
-      r.token = s.sampler.sample(st.out.row(j), n_vocab, p.logprobs ? &st.top : nullptr,
-                                 &r.logprob, s.constraint.get());
+      r.token = s.sampler.sample(st.out.row(j), n_vocab, p.logprobs ? &st.top : nullptr, &r.logprob,
+                                 s.constraint.get());
       fill_top(st, p, r);
     } catch (const SamplingError& e) {
       fail_seq(st, i, ErrorCode::internal,
@@ -324,7 +324,8 @@ void run_null(ExecutorState& st, const StepPlan& plan, StepResult& res) {
   }
 }
 
-ExecutorActor::behavior_type executor_actor(ExecutorActor::pointer self, std::shared_ptr<ExecutorState> st) {
+ExecutorActor::behavior_type executor_actor(ExecutorActor::pointer self,
+                                            std::shared_ptr<ExecutorState> st) {
   return {
       [self, st](step_atom, const StepPlan& plan) -> caf::result<StepResult> {
         const auto& spec = st->spec;

@@ -37,11 +37,11 @@
 
 #include "constraints/filter.hpp"
 #include "constraints/grammar.hpp"
+#include "constraints/matcher.hpp"
 #include "gpu/engine.hpp"
 #include "gpu/generator.hpp"
-#include "model/llama.hpp"
-#include "constraints/matcher.hpp"
 #include "model/gguf.hpp"
+#include "model/llama.hpp"
 #include "model/tokenizer.hpp"
 
 using namespace sy::constraints;
@@ -358,7 +358,8 @@ nlohmann::json decode_ratio(const std::string& path, int steps, int rounds, int 
       size_t tokens = 0;
       for (size_t i = static_cast<size_t>(constrained); i < res.size(); ++i)
         tokens += res[i].tokens.size();
-      const double per_job = static_cast<double>(tokens) / static_cast<double>(16 - constrained) / secs;
+      const double per_job =
+          static_cast<double>(tokens) / static_cast<double>(16 - constrained) / secs;
       (constrained ? free_mixed : free_all).push_back(per_job);
     }
   }

@@ -4,8 +4,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
-#include <sstream>
 #include <iostream>
+#include <sstream>
 #include <string>
 
 #include "cli/args.hpp"
@@ -129,7 +129,8 @@ int cmd_generate(const Args& a) {
   sy::Constraint constraint;
   const auto take = [&](const char* flag, uint8_t kind, std::string source) {
     if (!constraint.empty())
-      throw UsageError(std::string("--") + flag + ": give one of --grammar-file, "
+      throw UsageError(std::string("--") + flag +
+                       ": give one of --grammar-file, "
                        "--json-schema-file, --regex, --choice");
     constraint.kind = kind;
     constraint.source = std::move(source);
@@ -141,7 +142,8 @@ int cmd_generate(const Args& a) {
     ss << f.rdbuf();
     return ss.str();
   };
-  if (a.has("grammar-file")) take("grammar-file", sy::Constraint::grammar, read_file(a.str("grammar-file")));
+  if (a.has("grammar-file"))
+    take("grammar-file", sy::Constraint::grammar, read_file(a.str("grammar-file")));
   if (a.has("json-schema-file"))
     take("json-schema-file", sy::Constraint::json_schema, read_file(a.str("json-schema-file")));
   if (a.has("regex")) take("regex", sy::Constraint::regex, a.str("regex"));
@@ -250,9 +252,26 @@ int main(int argc, char** argv) {
        sy::cli::kRenderChatFlags, false, sy::cli::cmd_render_chat},
       {"generate",
        kGenerateUsage,
-       {"model", "prompt", "n", "temperature", "top-k", "top-p", "seed", "logprobs", "stop",
-        "threads", "prefill-chunk", "min-p", "presence-penalty", "frequency-penalty",
-        "repeat-penalty", "repeat-last-n", "grammar-file", "json-schema-file", "regex", "choice",
+       {"model",
+        "prompt",
+        "n",
+        "temperature",
+        "top-k",
+        "top-p",
+        "seed",
+        "logprobs",
+        "stop",
+        "threads",
+        "prefill-chunk",
+        "min-p",
+        "presence-penalty",
+        "frequency-penalty",
+        "repeat-penalty",
+        "repeat-last-n",
+        "grammar-file",
+        "json-schema-file",
+        "regex",
+        "choice",
         "samples"},
        {"json", "ignore-eos", "no-bos"},
        false,

@@ -1,6 +1,8 @@
 // `switchyard submit`: runs an offline batch of JSONL jobs through a running server with the C++
 // client library: a bounded in-flight window, progress on stderr, resumable output, a summary.
 // With --nats the jobs go to a cluster's JetStream queue instead (submit_nats.cpp).
+#include "cli/submit.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,7 +20,6 @@
 
 #include "cli/json.hpp"
 #include "cli/serve.hpp"
-#include "cli/submit.hpp"
 #include "clients/cpp/client.hpp"
 
 namespace sy::cli {
@@ -49,9 +50,9 @@ const char* const kSubmitUsage =
     "              --output needed); [--cancel ID] (repeatable) publishes cancels of\n"
     "              --tenant's jobs. Exit status 3: the cluster is overloaded (its jobs\n"
     "              stream is full; the jobs after the refused one were not published).\n";
-const std::vector<std::string> kSubmitOptions = {
-    "input",    "output",     "server",     "window", "tenant",     "token",
-    "priority", "server-key", "client-key", "nats",   "timeout-ms", "cancel"};
+const std::vector<std::string> kSubmitOptions = {"input",      "output", "server",     "window",
+                                                 "tenant",     "token",  "priority",   "server-key",
+                                                 "client-key", "nats",   "timeout-ms", "cancel"};
 const std::vector<std::string> kSubmitFlags = {"no-wait"};
 
 namespace {
@@ -185,8 +186,8 @@ Line parse_job(size_t n, const std::string& text, const std::string& tenant,
     } else if (k == "logit_bias") {
       if (!v.is_object()) bad_line(n, "'logit_bias' must be an object of token id -> bias");
       for (const auto& [id, b] : v.items()) {
-        if (id.empty() || id.size() > 10 || id.find_first_not_of("0123456789") != std::string::npos ||
-            std::stoll(id) > INT32_MAX)
+        if (id.empty() || id.size() > 10 ||
+            id.find_first_not_of("0123456789") != std::string::npos || std::stoll(id) > INT32_MAX)
           bad_line(n, "'logit_bias' key '" + id + "' is not a token id");
         s.controls.logit_bias.emplace_back(static_cast<int32_t>(std::stoll(id)),
                                            static_cast<float>(get_num(n, b, "logit_bias")));
@@ -201,8 +202,8 @@ Line parse_job(size_t n, const std::string& text, const std::string& tenant,
         s.constraint = {Constraint::regex, get_str(n, v, "regex"), {}};
       } else if (k == "json_schema") {
         // A schema object is sent as its JSON text; a string is taken as that text already.
-        s.constraint = {Constraint::json_schema, v.is_string() ? v.get<std::string>() : v.dump(),
-                        {}};
+        s.constraint = {
+            Constraint::json_schema, v.is_string() ? v.get<std::string>() : v.dump(), {}};
       } else {
         if (!v.is_array()) bad_line(n, "'choices' must be an array of strings");
         s.constraint.kind = Constraint::choices;
@@ -230,8 +231,9 @@ Line parse_job(size_t n, const std::string& text, const std::string& tenant,
     } else if (k != "meta") {
       // "meta" is the caller's own bookkeeping and travels no further; any other key is
       // refused, so that a misspelt or unsupported field is never silently dropped.
-      bad_line(n, "unknown field '" + k + "' (the fields of a job line are listed by "
-                  "`switchyard help`; put your own data under \"meta\")");
+      bad_line(n, "unknown field '" + k +
+                      "' (the fields of a job line are listed by "
+                      "`switchyard help`; put your own data under \"meta\")");
     }
   }
   if (s.id.empty()) bad_line(n, "missing 'id'");
@@ -326,8 +328,8 @@ std::string duration(double s) {
   return buf;
 }
 
-std::string progress_text(size_t finished, size_t total, double secs, uint64_t tokens,
-                          double rate, size_t left, bool final, size_t in_flight, size_t failed) {
+std::string progress_text(size_t finished, size_t total, double secs, uint64_t tokens, double rate,
+                          size_t left, bool final, size_t in_flight, size_t failed) {
   double eta = rate > 0 ? left / rate : -1;
   int width = 30, fill = total ? static_cast<int>(width * finished / total) : width;
   char line[256];

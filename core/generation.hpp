@@ -25,11 +25,16 @@ struct Constraint {
 /// The wire name of a constraint kind ("grammar", "json_schema", "regex", "choices"; "" for none).
 inline const char* constraint_kind_name(uint8_t kind) {
   switch (kind) {
-    case Constraint::grammar: return "grammar";
-    case Constraint::json_schema: return "json_schema";
-    case Constraint::regex: return "regex";
-    case Constraint::choices: return "choices";
-    default: return "";
+    case Constraint::grammar:
+      return "grammar";
+    case Constraint::json_schema:
+      return "json_schema";
+    case Constraint::regex:
+      return "regex";
+    case Constraint::choices:
+      return "choices";
+    default:
+      return "";
   }
 }
 

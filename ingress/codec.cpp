@@ -560,17 +560,42 @@ void read_key(const Fields& f, const DecodeLimits& lim, std::string& id, std::st
 }
 
 // Every field a submit may carry; any other is refused (Fields::only).
-constexpr std::string_view kSubmitFields[] = {
-    "v", "type", "id", "tenant", "token", "prompt", "messages", "max_tokens", "temperature",
-    "top_k", "top_p", "seed", "stop", "ignore_eos", "priority", "deadline_ms", "stream",
-    "logprobs", "parse_special", "min_p", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "repeat_last_n", "logit_bias", "grammar", "json_schema", "regex",
-    "choices", "n", "prompt_logprobs"};
+constexpr std::string_view kSubmitFields[] = {"v",
+                                              "type",
+                                              "id",
+                                              "tenant",
+                                              "token",
+                                              "prompt",
+                                              "messages",
+                                              "max_tokens",
+                                              "temperature",
+                                              "top_k",
+                                              "top_p",
+                                              "seed",
+                                              "stop",
+                                              "ignore_eos",
+                                              "priority",
+                                              "deadline_ms",
+                                              "stream",
+                                              "logprobs",
+                                              "parse_special",
+                                              "min_p",
+                                              "presence_penalty",
+                                              "frequency_penalty",
+                                              "repetition_penalty",
+                                              "repeat_last_n",
+                                              "logit_bias",
+                                              "grammar",
+                                              "json_schema",
+                                              "regex",
+                                              "choices",
+                                              "n",
+                                              "prompt_logprobs"};
 
 // Every field a score request may carry.
-constexpr std::string_view kScoreFields[] = {"v",        "type",     "id",          "tenant",
-                                             "token",    "prompt",   "messages",    "parse_special",
-                                             "priority", "deadline_ms", "continuations"};
+constexpr std::string_view kScoreFields[] = {
+    "v",        "type",          "id",       "tenant",      "token",        "prompt",
+    "messages", "parse_special", "priority", "deadline_ms", "continuations"};
 
 // Samples of one prompt in one job: each holds its own KV past the shared prompt, so the bound
 // keeps one job's memory within what a handful of ordinary jobs take.
@@ -598,8 +623,9 @@ void decode_controls(const Fields& f, const DecodeLimits& lim, SamplingControls&
   c.repetition_penalty = float_field(f, "repetition_penalty", 1.0, 0.0, 10.0, true);
   if (const msgpack::object* o = f.get("repeat_last_n")) {
     if (o->type == msgpack::type::NEGATIVE_INTEGER) {
-      if (o->via.i64 != -1) reject("repeat_last_n " + num(std::int64_t{o->via.i64}) +
-                                   " out of range [-1, " + num(kMaxTokenId) + "] (-1: every token)");
+      if (o->via.i64 != -1)
+        reject("repeat_last_n " + num(std::int64_t{o->via.i64}) + " out of range [-1, " +
+               num(kMaxTokenId) + "] (-1: every token)");
       c.repeat_last_n = -1;
     } else {
       c.repeat_last_n =
@@ -628,8 +654,8 @@ void decode_controls(const Fields& f, const DecodeLimits& lim, SamplingControls&
     }
     if (id > kMaxTokenId)
       reject("logit_bias token id " + num(id) + " out of range [0, " + num(kMaxTokenId) + "]");
-    const double b = Fields::number_value(lb->via.map.ptr[i].val,
-                                          "logit_bias." + num(id), -100.0, 100.0, false);
+    const double b =
+        Fields::number_value(lb->via.map.ptr[i].val, "logit_bias." + num(id), -100.0, 100.0, false);
     c.logit_bias.emplace_back(static_cast<std::int32_t>(id), static_cast<float>(b));
   }
   std::sort(c.logit_bias.begin(), c.logit_bias.end());
@@ -642,10 +668,18 @@ void decode_controls(const Fields& f, const DecodeLimits& lim, SamplingControls&
 // form and are refused; map keys must be strings.
 void to_json(const msgpack::object& o, std::string& out, const std::string& at) {
   switch (o.type) {
-    case msgpack::type::NIL: out += "null"; return;
-    case msgpack::type::BOOLEAN: out += o.via.boolean ? "true" : "false"; return;
-    case msgpack::type::POSITIVE_INTEGER: out += std::to_string(o.via.u64); return;
-    case msgpack::type::NEGATIVE_INTEGER: out += std::to_string(o.via.i64); return;
+    case msgpack::type::NIL:
+      out += "null";
+      return;
+    case msgpack::type::BOOLEAN:
+      out += o.via.boolean ? "true" : "false";
+      return;
+    case msgpack::type::POSITIVE_INTEGER:
+      out += std::to_string(o.via.u64);
+      return;
+    case msgpack::type::NEGATIVE_INTEGER:
+      out += std::to_string(o.via.i64);
+      return;
     case msgpack::type::FLOAT32:
     case msgpack::type::FLOAT64: {
       if (!std::isfinite(o.via.f64)) reject("json_schema" + at + ": a number is not finite");
@@ -976,7 +1010,8 @@ ClientMessage decode_client_object(const msgpack::object& root, const DecodeLimi
   }
   if (type == "control") {
     Control c = decode_control(f, lim);
-    f.only(std::initializer_list<std::string_view>{"v", "type", "token", "command", "policy"}, "control");
+    f.only(std::initializer_list<std::string_view>{"v", "type", "token", "command", "policy"},
+           "control");
     return c;
   }
   reject("unknown message type " + quote(type));
@@ -1019,7 +1054,8 @@ std::vector<Choice> decode_choices(const msgpack::object& arr, const DecodeLimit
   for (std::uint32_t i = 0; i < arr.via.array.size; ++i) {
     const msgpack::object& e = arr.via.array.ptr[i];
     const std::string at = "choices." + num(std::uint64_t{i});
-    if (e.type != msgpack::type::MAP) reject("field '" + at + "' must be a map, got " + type_name(e));
+    if (e.type != msgpack::type::MAP)
+      reject("field '" + at + "' must be a map, got " + type_name(e));
     const Fields f(e, at + ".");
     Choice c;
     c.index = static_cast<std::uint32_t>(f.uint("index", 0, 0, kU32));
@@ -1059,7 +1095,8 @@ std::vector<Score> decode_scores(const msgpack::object& arr) {
   for (std::uint32_t i = 0; i < arr.via.array.size; ++i) {
     const msgpack::object& e = arr.via.array.ptr[i];
     const std::string at = "scores." + num(std::uint64_t{i});
-    if (e.type != msgpack::type::MAP) reject("field '" + at + "' must be a map, got " + type_name(e));
+    if (e.type != msgpack::type::MAP)
+      reject("field '" + at + "' must be a map, got " + type_name(e));
     const Fields f(e, at + ".");
     Score sc;
     sc.index = static_cast<std::uint32_t>(f.uint("index", 0, 0, kU32));

@@ -18,7 +18,7 @@ struct SamplingParams {
   int top_k = 0;             // 0: off
   float top_p = 1.0f;        // 1: off
   uint64_t seed = 0;
-  int n_logprobs = 0;  // top-N logprobs to report per generated token
+  int n_logprobs = 0;         // top-N logprobs to report per generated token
   SamplingControls controls;  // min_p, penalties, logit bias (defaults: off)
 };
 

@@ -94,8 +94,8 @@ BOOST_AUTO_TEST_CASE(each_kind_ends_in_text_that_satisfies_it) {
 BOOST_AUTO_TEST_CASE(bad_constraints_are_refused_at_the_edge_and_hurt_no_one) {
   const auto cases = sy::test::reference_cases(64);
   BOOST_REQUIRE(!cases.empty());
-  sy::it::ServerProcess srv({"--model", sy::it::kStories, "--threads", "1", "--step-delay-ms",
-                             "10"});
+  sy::it::ServerProcess srv(
+      {"--model", sy::it::kStories, "--threads", "1", "--step-delay-ms", "10"});
   sy::client::Client c(srv.endpoint());
   BOOST_REQUIRE(c.ping_wait(10s));
   // A greedy reference job running beside the refusals.
@@ -122,8 +122,8 @@ BOOST_AUTO_TEST_CASE(bad_constraints_are_refused_at_the_edge_and_hurt_no_one) {
       {"undefined", of(Constraint::grammar, "root ::= \"a\" missing-rule"), "missing-rule"},
       {"no-root", of(Constraint::grammar, "start ::= \"a\""), "root"},
       {"left-recursive", of(Constraint::grammar, "root ::= root \"a\" | \"a\""), "recursi"},
-      {"schema-keyword",
-       of(Constraint::json_schema, R"({"type": "array", "uniqueItems": true})"), "uniqueItems"},
+      {"schema-keyword", of(Constraint::json_schema, R"({"type": "array", "uniqueItems": true})"),
+       "uniqueItems"},
       {"schema-json", of(Constraint::json_schema, "{\"type\": "), "json_schema"},
       {"schema-remote-ref", of(Constraint::json_schema, R"({"$ref": "http://x/s.json"})"), "$ref"},
       {"backref", of(Constraint::regex, "(a)\\1"), "back-reference"},

@@ -112,18 +112,19 @@ BOOST_AUTO_TEST_CASE(constraints_decode_in_each_form) {
   Submit t = submit_of(submit().set("json_schema", S("{\"type\": \"integer\"}")).bytes());
   BOOST_TEST(t.constraint.kind == Constraint::json_schema);
   BOOST_TEST(t.constraint.source == "{\"type\": \"integer\"}");
-  Submit m = submit_of(submit()
-                           .set("json_schema",
-                                Map({{S("type"), S("object")},
-                                     {S("properties"),
-                                      Map({{S("a\"b"), Map({{S("maximum"), F(2.5)}})}})},
-                                     {S("required"), Strs({"a\"b"})},
-                                     {S("additionalProperties"), B(false)}}))
-                           .bytes());
+  Submit m =
+      submit_of(submit()
+                    .set("json_schema",
+                         Map({{S("type"), S("object")},
+                              {S("properties"), Map({{S("a\"b"), Map({{S("maximum"), F(2.5)}})}})},
+                              {S("required"), Strs({"a\"b"})},
+                              {S("additionalProperties"), B(false)}}))
+                    .bytes());
   BOOST_TEST(m.constraint.source ==
              "{\"type\":\"object\",\"properties\":{\"a\\\"b\":{\"maximum\":2.5}},"
              "\"required\":[\"a\\\"b\"],\"additionalProperties\":false}");
-  for (const Submit& s : {g, r, c, t, m}) BOOST_TEST((submit_of(encode_client(ClientMessage{s})) == s));
+  for (const Submit& s : {g, r, c, t, m})
+    BOOST_TEST((submit_of(encode_client(ClientMessage{s})) == s));
 }
 
 BOOST_AUTO_TEST_CASE(constraint_form_errors_are_named) {
@@ -135,16 +136,16 @@ BOOST_AUTO_TEST_CASE(constraint_form_errors_are_named) {
              "field 'regex' has 65537 bytes, limit 65536");
   BOOST_TEST(err(submit().set("choices", Strs({}))) == "field 'choices' must not be empty");
   BOOST_TEST(err(submit().set("choices", Value([](Packer& p) {
-    p.pack_array(1);
-    p.pack(3);
-  }))) == "choice at index 0 must be a string, got integer");
+                                p.pack_array(1);
+                                p.pack(3);
+                              }))) == "choice at index 0 must be a string, got integer");
   BOOST_TEST(err(submit().set("json_schema", U(3))) ==
              "field 'json_schema' must be a map or a string of JSON, got integer");
   BOOST_TEST(err(submit().set("json_schema", Map({{S("x"), Value([](Packer& p) {
-                                                      const char b[2] = {1, 2};
-                                                      p.pack_bin(2);
-                                                      p.pack_bin_body(b, 2);
-                                                    })}}))) ==
+                                                     const char b[2] = {1, 2};
+                                                     p.pack_bin(2);
+                                                     p.pack_bin_body(b, 2);
+                                                   })}}))) ==
              "json_schema/x: a binary value has no JSON form");
 }
 
@@ -155,8 +156,9 @@ BOOST_AUTO_TEST_CASE(unknown_fields_are_refused_by_name) {
   Msg cancel;
   cancel.set("v", U(1)).set("type", S("cancel")).set("id", S("j")).set("tenant", S("t"));
   BOOST_TEST(error_of(cancel.bytes()) == "");
-  BOOST_TEST(error_of(cancel.set("reason", S("x")).bytes()).find("unknown field 'reason' in a "
-                                                                  "cancel") == 0);
+  BOOST_TEST(error_of(cancel.set("reason", S("x")).bytes())
+                 .find("unknown field 'reason' in a "
+                       "cancel") == 0);
   Msg ping;
   ping.set("v", U(1)).set("type", S("ping")).set("sq", U(1));
   BOOST_TEST(error_of(ping.bytes()).find("unknown field 'sq' in a ping") == 0);

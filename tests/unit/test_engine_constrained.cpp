@@ -138,8 +138,8 @@ int run_model(std::shared_ptr<sy::LlamaModel> model, const std::string& tag, std
   BOOST_TEST_MESSAGE(tag << ": " << stopped << " outputs ended where their constraint accepts");
   // Some outputs must be complete, or the validator checks nothing.
   BOOST_TEST(stopped > 0);
-  const std::string cmd = "python3 " SY_SOURCE_DIR "/tests/python/check_constrained.py " + path +
-                          " 2>&1";
+  const std::string cmd =
+      "python3 " SY_SOURCE_DIR "/tests/python/check_constrained.py " + path + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   BOOST_REQUIRE(p);
   char buf[4096];
@@ -180,9 +180,9 @@ BOOST_AUTO_TEST_CASE(greedy_output_unchanged_where_the_constraint_allows_it) {
   auto vocab = sy::constraints::vocabulary_of(model->tokenizer(), model->config().n_vocab);
   sy::constraints::ConstraintCache cache;
   // Printable ASCII of any length: the whole free output is allowed as it goes.
-  for (const Constraint& c : {of(Constraint::regex, "[ -~]*"),
-                              of(Constraint::grammar, "root ::= [^\\n]*"),
-                              of(Constraint::regex, "[ -~]{0,400}")}) {
+  for (const Constraint& c :
+       {of(Constraint::regex, "[ -~]*"), of(Constraint::grammar, "root ::= [^\\n]*"),
+        of(Constraint::regex, "[ -~]{0,400}")}) {
     sy::GenRequest r = free_req;
     r.constraint = cache.get(c, vocab);
     const sy::GenResult got = sy::generate(*engine, {r}).at(0);

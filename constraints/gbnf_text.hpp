@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "constraints/error.hpp"
+#include "model/unicode_cats.hpp"
 
 namespace sy::constraints::detail {
 
@@ -24,24 +25,8 @@ inline constexpr uint32_t kUnbounded = UINT32_MAX;  // the upper count of `*`, `
 
 // ---- UTF-8 ----
 
-/// Appends the UTF-8 bytes of code point `cp` (at most kMaxCodePoint).
-inline void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
+/// Appends the UTF-8 bytes of code point `cp` (the tokenizer's encoder: model/unicode_cats.hpp).
+using sy::append_utf8;
 
 /// The UTF-8 bytes of one code point.
 inline std::string utf8(uint32_t cp) {

@@ -425,11 +425,8 @@ int main(int argc, char** argv) {
     for (const std::string vocab_name : {"llama-spm", "deepseek-llm"}) {
       const auto file = sy::gguf::File::open(dir + "/ggml-vocab-" + vocab_name + ".gguf");
       const auto tok = sy::Tokenizer::from_gguf(file);
-      std::vector<std::string> pieces(static_cast<std::size_t>(tok->n_vocab()));
-      for (int32_t i = 0; i < tok->n_vocab(); ++i)
-        pieces[static_cast<std::size_t>(i)] = tok->token_to_piece(i);
       const auto t0 = Clock::now();
-      const auto vocab = std::make_shared<Vocabulary>(std::move(pieces), tok->eog_ids());
+      const auto vocab = sy::constraints::vocabulary_of(*tok, tok->n_vocab());
       nlohmann::json v;
       v["vocab"] = vocab_name;
       v["n_vocab"] = vocab->size();

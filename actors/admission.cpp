@@ -58,6 +58,50 @@ void drop_pending(Self* self, const std::string& key, uint64_t uid, ErrorCode co
     send_error(self, c, rec.done.id, rec.tenant, code, message, retry_after_ms, uid);
 }
 
+
+std::optional<std::string> check_controls(Self* self, const SamplingControls& c) {
+  if (!(c.min_p >= 0.0f && c.min_p <= 1.0f)) return std::string("min_p must be in [0, 1]");
+  if (!(c.presence_penalty >= -2.0f && c.presence_penalty <= 2.0f))
+    return std::string("presence_penalty must be in [-2, 2]");
+  if (!(c.frequency_penalty >= -2.0f && c.frequency_penalty <= 2.0f))
+    return std::string("frequency_penalty must be in [-2, 2]");
+  if (!(c.repetition_penalty > 0.0f && c.repetition_penalty <= 10.0f))
+    return std::string("repetition_penalty must be in (0, 10]");
+  if (c.repeat_last_n < -1) return std::string("repeat_last_n must be >= -1");
+  const LlamaModel* model = self->state.model.get();
+  const int32_t n_vocab = model ? model->limits().n_vocab : 0;
+  for (const auto& [id, bias] : c.logit_bias) {
+    if (id < 0 || (n_vocab > 0 && id >= n_vocab))
+      return "logit_bias token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+             std::to_string(n_vocab) + ")";
+    if (!(bias >= -100.0f && bias <= 100.0f))
+      return "logit_bias of token " + std::to_string(id) + " must be in [-100, 100]";
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> render_messages(Self* self, const std::vector<chat::Message>& msgs,
+                                           std::vector<int32_t>& out) {
+  auto& st = self->state;
+  const LlamaModel* model = st.model.get();
+  if (!model) return std::string("messages need a model with a chat template (none is loaded)");
+  if (!st.chat) return st.chat_error;
+  const Tokenizer& tok = model->tokenizer();
+  chat::RenderOptions opts;
+  if (tok.bos() >= 0) opts.bos_token = tok.token_text(tok.bos());
+  if (tok.eos() >= 0) opts.eos_token = tok.token_text(tok.eos());
+  try {
+    out = (*st.chat_tokens)(st.chat->render(msgs, opts));
+  } catch (const chat::TemplateRaised& e) {
+    return "the chat template refused the messages: " + wire::quoted(e.what());
+  } catch (const chat::TemplateError& e) {
+    return std::string("the chat template cannot render these messages: ") + e.what();
+  } catch (const std::exception& e) {  // a renderer bug must not take the server down
+    return std::string("the chat template cannot render these messages: ") + e.what();
+  }
+  return std::nullopt;
+}
+
 }  // namespace admission_detail
 
 namespace {
@@ -73,24 +117,8 @@ void taken_from_mailbox(Self* self, uint32_t metered_bytes) {
 /// checked their ranges and sizes; the token ids and the constraint's meaning need the vocabulary.
 std::optional<std::string> check_generation(Self* self, const SubmitRequest& req) {
   auto& st = self->state;
-  const SamplingControls& c = req.controls;
-  if (!(c.min_p >= 0.0f && c.min_p <= 1.0f)) return std::string("min_p must be in [0, 1]");
-  if (!(c.presence_penalty >= -2.0f && c.presence_penalty <= 2.0f))
-    return std::string("presence_penalty must be in [-2, 2]");
-  if (!(c.frequency_penalty >= -2.0f && c.frequency_penalty <= 2.0f))
-    return std::string("frequency_penalty must be in [-2, 2]");
-  if (!(c.repetition_penalty > 0.0f && c.repetition_penalty <= 10.0f))
-    return std::string("repetition_penalty must be in (0, 10]");
-  if (c.repeat_last_n < -1) return std::string("repeat_last_n must be >= -1");
+  if (auto bad = check_controls(self, req.controls)) return bad;
   const LlamaModel* model = st.model.get();
-  const int32_t n_vocab = model ? model->limits().n_vocab : 0;
-  for (const auto& [id, bias] : c.logit_bias) {
-    if (id < 0 || (n_vocab > 0 && id >= n_vocab))
-      return "logit_bias token id " + std::to_string(id) + " is outside the vocabulary [0, " +
-             std::to_string(n_vocab) + ")";
-    if (!(bias >= -100.0f && bias <= 100.0f))
-      return "logit_bias of token " + std::to_string(id) + " must be in [-100, 100]";
-  }
   if (req.constraint.empty()) return std::nullopt;
   if (req.ignore_eos)
     return std::string("ignore_eos and a constraint exclude each other: the constraint decides "
@@ -176,25 +204,11 @@ std::optional<std::string> build_job(Self* self, const SubmitRequest& req, Job& 
   if (!req.message_roles.empty()) {
     if (req.message_roles.size() != req.message_contents.size())
       return std::string("messages: every message needs a role and a content");
-    if (!model) return std::string("messages need a model with a chat template (none is loaded)");
-    if (!st.chat) return st.chat_error;
     std::vector<chat::Message> msgs;
     msgs.reserve(req.message_roles.size());
     for (std::size_t i = 0; i < req.message_roles.size(); ++i)
       msgs.push_back({req.message_roles[i], req.message_contents[i]});
-    const Tokenizer& tok = model->tokenizer();
-    chat::RenderOptions opts;
-    if (tok.bos() >= 0) opts.bos_token = tok.token_text(tok.bos());
-    if (tok.eos() >= 0) opts.eos_token = tok.token_text(tok.eos());
-    try {
-      job.prompt = (*st.chat_tokens)(st.chat->render(msgs, opts));
-    } catch (const chat::TemplateRaised& e) {
-      return "the chat template refused the messages: " + wire::quoted(e.what());
-    } catch (const chat::TemplateError& e) {
-      return std::string("the chat template cannot render these messages: ") + e.what();
-    } catch (const std::exception& e) {  // a renderer bug must not take the server down
-      return std::string("the chat template cannot render these messages: ") + e.what();
-    }
+    if (auto bad = render_messages(self, msgs, job.prompt)) return bad;
   } else if (req.prompt_is_ids || !req.prompt_ids.empty()) {
     int n_vocab = model ? model->limits().n_vocab : 0;
     for (auto id : req.prompt_ids)
@@ -248,7 +262,12 @@ std::optional<std::string> build_job(Self* self, const SubmitRequest& req, Job& 
   return std::nullopt;
 }
 
-/// Hands an admitted job to the router; its "full" answer undoes the admission.
+}  // namespace
+
+namespace admission_detail {
+
+/// Hands an admitted job to the router; its "full" answer undoes the admission. A program goes to
+/// the program manager instead, which sends its steps to the router.
 void enqueue(Self* self, const std::string& key, Job job) {
   auto& st = self->state;
   const uint64_t uid = job.uid;
@@ -256,6 +275,12 @@ void enqueue(Self* self, const std::string& key, Job job) {
   if (auto i = st.records.find(key); i != st.records.end() && i->second.uid == uid) {
     cancel = i->second.cancel_pending;
     i->second.cancel_pending = false;
+    if (job.is_program()) i->second.pending = false;
+  }
+  if (job.is_program()) {
+    program_start(self, key, std::move(job));
+    if (cancel) program_cancel(self, uid);
+    return;
   }
   self->request(st.router, caf::infinite, enqueue_atom::value, std::move(job))
       .then(
@@ -282,6 +307,10 @@ void enqueue(Self* self, const std::string& key, Job job) {
   // Cancelled while it was being journaled: the cancel reaches the router after the job.
   if (cancel) self->send(st.router, cancel_atom::value, uid);
 }
+
+}  // namespace admission_detail
+
+namespace {
 
 /// The retry hint of a job refused because the journal cannot write: the journal tries its held
 /// writes every 200 ms, and a full disk usually takes an operator seconds to free, so a client
@@ -377,14 +406,16 @@ void submit(Self* self, SubmitRequest& req) {
     return return_pull_credit(self, req.client);
   }
   Job job;
-  if (auto bad = build_job(self, req, job)) {
+  uint32_t cost = 0;
+  if (auto bad = req.program.empty() ? build_job(self, req, job)
+                                     : build_program(self, req, job, cost)) {
     ++st.bad_request;
     send_error(self, req.client, req.id, req.tenant, ErrorCode::bad_request, *bad);
     return return_pull_credit(self, req.client);
   }
   const int64_t now_us = clock_us(self);
   const int64_t now_ms = now_us / 1000;
-  const uint32_t cost = job_token_cost(job);
+  if (!job.is_program()) cost = job_token_cost(job);
   auto verdict = tenant->quota.admit(cost, now_ms);
   if (verdict.verdict != policy::QuotaDecision::admit) {
     ++st.rate_limited;
@@ -543,7 +574,15 @@ AdmissionActor::behavior_type admission_actor(Self* self, AdmissionConfig cfg,
         key_request(self, k);
         settle_tenant(self, k.tenant);
       },
-      [self](finished_atom, JobOutcome& o) { finished(self, o); },
+      [self](finished_atom, JobOutcome& o) {
+        if (!program_step_ended(self, o)) finished(self, o);
+      },
+      [self](tool_atom, ToolResultRequest& r) {
+        taken_from_mailbox(self, r.metered_bytes);
+        program_tool_result(self, r);
+        settle_tenant(self, r.tenant);
+      },
+      [self](tool_atom, uint64_t uid) { program_timer(self, uid); },
       [self](drain_atom) {
         self->state.draining = true;
         self->state.operator_drain = false;
@@ -557,8 +596,11 @@ AdmissionActor::behavior_type admission_actor(Self* self, AdmissionConfig cfg,
       // Shutdown after the grace period (server/server.cpp): every live job is cancelled, so
       // queued ones never run and running ones end within a step with done finish=cancelled.
       [self](cancel_atom, drain_atom) {
-        for (auto& [uid, key] : self->state.live)
-          if (self->state.router) self->send(self->state.router, cancel_atom::value, uid);
+        std::vector<uint64_t> uids;
+        for (auto& [uid, key] : self->state.live) uids.push_back(uid);
+        for (uint64_t uid : uids)
+          if (!program_cancel(self, uid) && self->state.router)
+            self->send(self->state.router, cancel_atom::value, uid);
       },
       [self](stats_atom) { return stats(self); },
   };

@@ -29,6 +29,9 @@ struct AdmissionConfig {
   std::vector<TenantConfig> tenants;
   uint32_t max_prompt_tokens = 0;  // 0 = the model context
   uint32_t max_output_tokens = 4096;
+  /// Programs running at once (docs/programs.md): each holds its walk and its context here, so
+  /// the count is bounded; a program beyond it is refused (bad_request, retry later).
+  std::size_t max_programs = 4096;
   size_t result_cache = 100000;  // finished job keys remembered for resubmission
   // ...and their bytes at most (completion text and ids, logprobs, keys): a count alone lets
   // long completions take gigabytes (100,000 of 4,096 tokens are ~1.9 GB). Oldest go first.

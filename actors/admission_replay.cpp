@@ -13,6 +13,15 @@ namespace sy::admission_detail {
 void replay_next(Self* self) {
   auto& st = self->state;
   if (st.replay_busy || st.replay.empty() || !st.router) return;
+  // Programs resume here, from their journaled steps; their step jobs meet the router's queues.
+  while (!st.replay.empty() && st.replay.front().is_program()) {
+    Job p = std::move(st.replay.front());
+    st.replay.pop_front();
+    ++st.replayed;
+    const std::string key = job_key(p.tenant, p.id);
+    enqueue(self, key, std::move(p));
+  }
+  if (st.replay.empty()) return;
   st.replay_busy = true;
   const Job& job = st.replay.front();
   const uint64_t uid = job.uid;

@@ -142,6 +142,7 @@ void key_request(Self* self, KeyRequest& k) {
   }
   Record& rec = i->second;
   if (k.kind == KeyRequest::cancel) {
+    if (rec.live && program_cancel(self, rec.uid)) return;
     // (A cluster job is never journaled: it went to the router at once.)
     if (rec.live && st.journal && !rec.journaled && rec.pending &&
         rec.client.kind != ClientRef::cluster)
@@ -156,6 +157,7 @@ void key_request(Self* self, KeyRequest& k) {
   s.tenant = k.tenant;
   // Still being journaled: not at the router yet, so queued with nothing known ahead of it.
   const bool not_enqueued = rec.live && st.journal && !rec.journaled;
+  if (rec.live && program_status(self, rec.uid, s)) return;
   if (!rec.live || !st.router || not_enqueued) {
     s.state = rec.live ? JobState::queued : rec.state;
     s.completion_tokens = rec.done.completion_tokens;

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <list>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,6 +25,7 @@
 #include "model/chat_template.hpp"
 #include "policies/quota.hpp"
 #include "policies/retry.hpp"
+#include "programs/program.hpp"
 
 namespace sy::admission_detail {
 
@@ -64,6 +66,33 @@ struct Ended {
   std::size_t bytes = 0;
 };
 
+/// A step job of a running program: what it runs for the walk.
+struct StepJob {
+  uint64_t program = 0;  // the program's uid
+  programs::Action::Kind kind = programs::Action::Kind::gen;
+  std::string path, name;
+  std::vector<std::string> choices;  // select
+  programs::Step::Method method = programs::Step::token_length_normalized;
+};
+
+/// A program the manager runs (admission_programs.cpp): its job, its walk, its steps in flight.
+struct ProgramState {
+  Job job;  // the program job: key, client, class, the gen defaults, program_done
+  std::string key;
+  std::shared_ptr<const programs::Program> program;
+  programs::Run run;
+  std::vector<uint64_t> steps;              // step jobs in flight (uids)
+  std::deque<Job> deferred;                 // step jobs a full queue refused, retried
+  // Tool waits: path -> (deadline in steady µs, the step's variable name).
+  std::map<std::string, std::pair<int64_t, std::string>> tools;
+  bool first_dispatched = false;            // the first step job went out (carries the deadline)
+  bool timed = false;                       // queue_ms/ttft_ms taken from the first step's done
+  bool timer_armed = false;
+  uint32_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+  double queue_ms = 0, ttft_ms = 0;
+  explicit ProgramState(std::shared_ptr<const programs::Program> p) : program(p), run(p) {}
+};
+
 struct AdmissionState {
   AdmissionConfig cfg;
   std::vector<policy::PriorityClass> classes;
@@ -91,6 +120,15 @@ struct AdmissionState {
   std::optional<policy::DrainRate> drain;
   policy::RetryConfig retry;
   uint64_t next_uid = 1;
+  // Programs (admission_programs.cpp): the running ones by uid, and their step jobs by uid. Step
+  // uids live far above job uids (which the journal keeps and replays) and are never journaled.
+  std::unordered_map<uint64_t, std::unique_ptr<ProgramState>> programs;
+  std::unordered_map<uint64_t, StepJob> step_jobs;
+  uint64_t next_step_uid = uint64_t{1} << 61;  // below the batchers' sample uids (2^62 up)
+  uint64_t programs_started = 0, programs_resumed = 0, programs_done = 0, programs_failed = 0,
+           programs_cancelled = 0, program_steps = 0, program_steps_restored = 0,
+           program_prompt_tokens = 0, program_cached_tokens = 0, program_completion_tokens = 0,
+           program_tool_calls = 0, program_tool_timeouts = 0;
   bool draining = false;
   bool operator_drain = false;  // draining by `ctl drain` (else: shutdown)
   uint64_t submitted = 0, admitted = 0, unauthorized = 0, rate_limited = 0, overloaded = 0,
@@ -152,5 +190,34 @@ void replay_next(Self* self);
 
 /// Takes over what the journal held at start (see spawn_admission with a journal).
 void restore(Self* self, const JournalReplay& replay);
+
+/// Hands an admitted job to the router (a program to the program manager).
+void enqueue(Self* self, const std::string& key, Job job);
+
+/// A chat conversation rendered with the model's template and tokenized, or why it cannot be.
+std::optional<std::string> render_messages(Self* self, const std::vector<chat::Message>& msgs,
+                                           std::vector<int32_t>& out);
+
+/// The sampling controls of a request, checked (ranges, logit_bias ids against the vocabulary).
+std::optional<std::string> check_controls(Self* self, const SamplingControls& c);
+
+// ---- the program manager (admission_programs.cpp, docs/programs.md) ----
+
+/// Checks a program submit and fills the program job (its steps, inputs and gen defaults);
+/// `cost` is what it may take from the tenant's token bucket. Returns the bad_request message.
+std::optional<std::string> build_program(Self* self, const SubmitRequest& req, Job& job,
+                                         uint32_t& cost);
+/// Starts an admitted (journaled, or replayed) program: `accepted`, then its first steps.
+void program_start(Self* self, const std::string& key, Job job);
+/// A job's end: true when it was a program's step job (then handled here).
+bool program_step_ended(Self* self, JobOutcome& o);
+/// Cancels a running program by its uid; false when no program has it.
+bool program_cancel(Self* self, uint64_t uid);
+/// A status request for a program: true when `uid` is one (answered here).
+bool program_status(Self* self, uint64_t uid, StatusEvent s);
+/// A tool's result from a client.
+void program_tool_result(Self* self, ToolResultRequest& r);
+/// A program's timer: tool waits past their time, step jobs a full queue refused.
+void program_timer(Self* self, uint64_t uid);
 
 }  // namespace sy::admission_detail

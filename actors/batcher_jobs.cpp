@@ -94,7 +94,8 @@ void Batcher::finish(Seq& s, FinishReason finish) {
       c.top_logprobs.clear();
     }
   }
-  if (egress_) self_->send(egress_, out_atom::value, std::move(d));
+  // A program's step job ends in its program (admission), which answers the client.
+  if (egress_ && !s.job.is_step()) self_->send(egress_, out_atom::value, std::move(d));
   if (admission_) self_->send(admission_, finished_atom::value, std::move(o));
   end_job(s);
 }
@@ -104,7 +105,7 @@ void Batcher::fail(Seq& s, ErrorCode code, const std::string& message) {
   ErrorEvent e = make_error_event(s.job, code, message);
   JobOutcome o = make_outcome(e);
   o.tokens_used = static_cast<uint32_t>(s.tokens.size());
-  if (egress_) self_->send(egress_, out_atom::value, std::move(e));
+  if (egress_ && !s.job.is_step()) self_->send(egress_, out_atom::value, std::move(e));
   if (admission_) self_->send(admission_, finished_atom::value, std::move(o));
   end_job(s);
 }
@@ -130,6 +131,7 @@ void Batcher::emit(Seq& s, int32_t id, size_t upto) {
   t.to = s.job.client;
   t.uid = s.owner().uid;
   t.choice = s.choice;
+  t.step = s.job.step;
   t.id = s.job.id;
   t.tenant = s.job.tenant;
   t.index = s.sent_ids;

@@ -2,6 +2,8 @@
 // result and delivered records (storage/journal_codec) over storage/journal_file.
 #include "actors/journal.hpp"
 
+#include "storage/journal_codec.hpp"
+
 #include <algorithm>
 #include <caf/all.hpp>
 #include <chrono>
@@ -55,6 +57,7 @@ using Terminal = std::variant<DoneEvent, ErrorEvent>;
 struct LiveJob {
   std::string record;  // its accept record, for compaction
   ClientRef client;
+  std::vector<std::string> steps;  // a program's step records, for compaction
 };
 
 /// A result kept for compaction (the same ones admission keeps for resubmissions).
@@ -103,6 +106,7 @@ struct JournalState {
   // held meanwhile. Bounded by the live jobs: no job is accepted while the journal fails.
   std::deque<PendingResult> unwritten;
   bool commit_armed = false, marks_armed = false, retry_armed = false;
+  bool steps_unsynced = false;  // step records appended since the last group commit
   std::deque<std::pair<int64_t, uint64_t>> forwarded;  // pipeline results handed to egress
   std::unordered_map<uint64_t, KeptResult> kept;
   std::deque<uint64_t> kept_order;
@@ -289,7 +293,8 @@ void retry_unwritten(Self* self) {
 // The group commit: one fdatasync for everything appended since the last one.
 void commit(Self* self) {
   auto& st = self->state;
-  if (st.acks.empty() && st.committing.empty()) return;
+  if (st.acks.empty() && st.committing.empty() && !st.steps_unsynced) return;
+  st.steps_unsynced = false;
   auto acks = std::move(st.acks);
   st.acks.clear();
   auto results = std::move(st.committing);
@@ -323,7 +328,10 @@ void compact_if_due(Self* self) {
   const uint64_t size = st.file->size();
   if (size < static_cast<uint64_t>(st.cfg.compact_bytes)) return;
   uint64_t needed = 0;
-  for (auto& [uid, j] : st.live) needed += j.record.size() + 8;
+  for (auto& [uid, j] : st.live) {
+    needed += j.record.size() + 8;
+    for (const auto& r : j.steps) needed += r.size() + 8;
+  }
   for (auto& [uid, r] : st.kept) needed += r.record.size() + 8;
   // Only when most of the file is dead: rewriting costs as much as the live part.
   if (needed * 2 > size) return;
@@ -331,7 +339,10 @@ void compact_if_due(Self* self) {
   for (auto& [uid, j] : st.live) accepts.emplace_back(uid, &j.record);
   std::sort(accepts.begin(), accepts.end());
   std::vector<std::string> records;
-  for (auto& [uid, r] : accepts) records.push_back(*r);
+  for (auto& [uid, r] : accepts) {
+    records.push_back(*r);
+    for (const auto& s : st.live[uid].steps) records.push_back(s);
+  }
   for (auto uid : st.kept_order) {
     auto it = st.kept.find(uid);
     if (it == st.kept.end()) continue;
@@ -408,7 +419,7 @@ caf::result<uint8_t> accept(Self* self, const Job& job) {
     ++st.refused;
     return refusal(st.last_errno);
   }
-  st.live[job.uid] = LiveJob{std::move(rec), job.client};
+  st.live[job.uid] = LiveJob{std::move(rec), job.client, {}};
   if (st.policy != FsyncPolicy::batch) {
     ++st.accepted;
     return uint8_t{0};
@@ -417,6 +428,21 @@ caf::result<uint8_t> accept(Self* self, const Job& job) {
   st.acks.push_back(PendingAck{job.uid, rp});
   arm_commit(self);
   return rp;
+}
+
+// A program's finished step: appended (no reply; durable with the next group commit). A record
+// that cannot be written only means the step runs again after a crash.
+void step(Self* self, const ProgramStep& s) {
+  auto& st = self->state;
+  auto it = st.live.find(s.uid);
+  if (it == st.live.end()) return;  // not journaled, or already ended
+  std::string rec = journal::encode_step(s);
+  if (!st.unwritten.empty() || !put(self, rec)) return;
+  it->second.steps.push_back(std::move(rec));
+  if (st.policy == FsyncPolicy::batch) {
+    st.steps_unsynced = true;
+    arm_commit(self);
+  }
 }
 
 void end(Self* self, const JobOutcome& o) {
@@ -493,7 +519,7 @@ JournalActor::behavior_type journal_actor(Self* self, JournalConfig cfg,
   st.keep = keep;
   st.replayed_pending = replay.pending.size();
   st.replayed_results = replay.results.size();
-  for (auto& j : replay.pending) st.live[j.uid] = LiveJob{encode_accept(j), j.client};
+  for (auto& j : replay.pending) st.live[j.uid] = LiveJob{encode_accept(j), j.client, {}};
   // The compacted file holds exactly these results (in this order): mirror it for compaction.
   std::unordered_set<uint64_t> redeliver;
   for (auto& o : replay.redeliver) redeliver.insert(o.uid);
@@ -524,6 +550,9 @@ JournalActor::behavior_type journal_actor(Self* self, JournalConfig cfg,
   return {
       [self](journal_atom, const Job& job) { return accept(self, job); },
       [self](journal_atom, const JobOutcome& o) { end(self, o); },
+      [self](journal_atom, const ProgramStep& s) { step(self, s); },
+      [self](out_atom, StepEvent& e) { forward(self, std::move(e)); },
+      [self](out_atom, ToolCallEvent& e) { forward(self, std::move(e)); },
       [self](out_atom, DoneEvent& e) {
         auto uid = e.uid;
         terminal(self, Terminal{std::move(e)}, uid);

@@ -58,6 +58,10 @@ void register_message_types(caf::actor_system_config& cfg) {
   cfg.add_message_type<ErrorEvent>("ErrorEvent");
   cfg.add_message_type<StatusEvent>("StatusEvent");
   cfg.add_message_type<JobOutcome>("JobOutcome");
+  cfg.add_message_type<StepEvent>("StepEvent");
+  cfg.add_message_type<ToolCallEvent>("ToolCallEvent");
+  cfg.add_message_type<ProgramStep>("ProgramStep");
+  cfg.add_message_type<ToolResultRequest>("ToolResultRequest");
   cfg.add_message_type<EnqueueReply>("EnqueueReply");
   cfg.add_message_type<JobStatus>("JobStatus");
   cfg.add_message_type<std::vector<uint64_t>>("std::vector<uint64_t>");

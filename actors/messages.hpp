@@ -86,6 +86,7 @@ using recovered_atom = caf::atom_constant<caf::atom("recovered")>;
 using watchdog_atom = caf::atom_constant<caf::atom("watchdog")>;
 using scale_atom = caf::atom_constant<caf::atom("scale")>;
 using journal_atom = caf::atom_constant<caf::atom("journal")>;
+using tool_atom = caf::atom_constant<caf::atom("tool")>;
 
 // ---- the job and the requests of core/job.hpp, inspectable ----
 
@@ -110,7 +111,8 @@ typename Inspector::result_type inspect(Inspector& f, Job& x) {
   return f(caf::meta::type_name("Job"), x.uid, x.id, x.tenant, x.client, x.class_index, x.prompt,
            x.max_tokens, x.temperature, x.top_k, x.top_p, x.seed, x.stop, x.ignore_eos, x.stream,
            x.logprobs, x.arrival_us, x.deadline_us, x.attempt, x.streamed_ids, x.streamed_bytes,
-           x.fault_us, x.controls, x.constraint, x.n, x.prompt_logprobs, x.continuations);
+           x.fault_us, x.controls, x.constraint, x.n, x.prompt_logprobs, x.continuations,
+           x.program, x.inputs, x.program_done, x.program_uid, x.step);
 }
 
 template <class Inspector>
@@ -119,7 +121,19 @@ typename Inspector::result_type inspect(Inspector& f, SubmitRequest& x) {
            x.prompt_ids, x.prompt_is_ids, x.max_tokens, x.temperature, x.top_k, x.top_p, x.has_seed,
            x.seed, x.stop, x.ignore_eos, x.priority, x.deadline_ms, x.stream, x.logprobs,
            x.arrival_us, x.message_roles, x.message_contents, x.parse_special, x.metered_bytes,
-           x.controls, x.constraint, x.n, x.prompt_logprobs, x.score, x.cont_text, x.cont_ids);
+           x.controls, x.constraint, x.n, x.prompt_logprobs, x.score, x.cont_text, x.cont_ids,
+           x.program, x.inputs);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ProgramStep& x) {
+  return f(caf::meta::type_name("ProgramStep"), x.uid, x.path, x.output);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ToolResultRequest& x) {
+  return f(caf::meta::type_name("ToolResultRequest"), x.client, x.id, x.tenant, x.token, x.call,
+           x.content, x.metered_bytes);
 }
 
 template <class Inspector>
@@ -228,7 +242,7 @@ typename Inspector::result_type inspect(Inspector& f, AcceptedEvent& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, TokensEvent& x) {
   return f(caf::meta::type_name("TokensEvent"), x.to, x.uid, x.id, x.index, x.ids, x.text,
-           x.logprob, x.n_top, x.top_ids, x.top_logprobs, x.tenant, x.choice);
+           x.logprob, x.n_top, x.top_ids, x.top_logprobs, x.tenant, x.choice, x.step);
 }
 
 template <class Inspector>
@@ -242,12 +256,31 @@ typename Inspector::result_type inspect(Inspector& f, ScoreResult& x) {
   return f(caf::meta::type_name("ScoreResult"), x.index, x.logprob, x.tokens);
 }
 
+namespace wire {  // found by argument-dependent lookup for wire::Var
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, Var& x) {
+  return f(caf::meta::type_name("Var"), x.name, x.values, x.list);
+}
+}  // namespace wire
+
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, DoneEvent& x) {
   return f(caf::meta::type_name("DoneEvent"), x.to, x.uid, x.id, x.tenant, x.finish, x.text, x.ids,
            x.prompt_tokens, x.completion_tokens, x.cached_tokens, x.queue_ms, x.ttft_ms, x.total_ms,
            x.logprob, x.n_top, x.top_ids, x.top_logprobs, x.choices, x.prompt_ids, x.prompt_logprob,
-           x.prompt_n_top, x.prompt_top_ids, x.prompt_top_logprobs, x.scores);
+           x.prompt_n_top, x.prompt_top_ids, x.prompt_top_logprobs, x.scores, x.vars, x.steps);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, StepEvent& x) {
+  return f(caf::meta::type_name("StepEvent"), x.to, x.uid, x.id, x.tenant, x.step, x.name, x.kind,
+           x.output);
+}
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, ToolCallEvent& x) {
+  return f(caf::meta::type_name("ToolCallEvent"), x.to, x.uid, x.id, x.tenant, x.call, x.name,
+           x.arguments);
 }
 
 template <class Inspector>

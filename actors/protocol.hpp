@@ -30,6 +30,8 @@ using EgressActor = caf::typed_actor<
     reacts_to<out_atom, ErrorEvent>,
     reacts_to<out_atom, StatusEvent>,
     reacts_to<out_atom, ControlEvent>,
+    reacts_to<out_atom, StepEvent>,
+    reacts_to<out_atom, ToolCallEvent>,
     reacts_to<pull_atom, uint32_t>>;
 
 /// The journal actor (actors/journal.hpp) stands in front of egress, so its interface extends
@@ -38,6 +40,7 @@ using EgressActor = caf::typed_actor<
 using JournalActor = EgressActor::extend<
     replies_to<journal_atom, Job>::with<uint8_t>,  // the accept record is durable
     reacts_to<journal_atom, JobOutcome>,           // a journaled job's end
+    reacts_to<journal_atom, ProgramStep>,           // a journaled program's finished step
     reacts_to<tick_atom>,                          // self: group commit
     reacts_to<tick_atom, uint8_t>,                 // self: retry and delivery marks
     replies_to<stats_atom>::with<JournalStats>>;
@@ -72,6 +75,8 @@ using AdmissionActor = caf::typed_actor<
     reacts_to<submit_atom, SubmitRequest>,  // from the gateway
     reacts_to<cancel_atom, KeyRequest>,
     reacts_to<status_atom, KeyRequest>,
+    reacts_to<tool_atom, ToolResultRequest>,  // a program's tool result, from the gateway
+    reacts_to<tool_atom, uint64_t>,         // self: a program's timer (tool wait, retry)
     reacts_to<finished_atom, JobOutcome>,   // from batchers and the router
     reacts_to<drain_atom>,                  // shutdown
     reacts_to<drain_atom, bool>,            // the operator's drain / resume

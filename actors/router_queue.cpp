@@ -107,7 +107,8 @@ void report(Self* self, JobOutcome o) {
 void fail_job(Self* self, const Job& job, ErrorCode code, std::string message) {
   ErrorEvent e = make_error_event(job, code, std::move(message));
   JobOutcome o = make_outcome(e);
-  send_out(self, std::move(e));
+  // A program's step job: its program (in admission) answers the client, not the step.
+  if (!job.is_step()) send_out(self, std::move(e));
   report(self, std::move(o));
 }
 
@@ -244,6 +245,7 @@ EnqueueReply enqueue(Self* self, Job job) {
   acc.id = job.id;
   acc.tenant = job.tenant;
   const uint64_t uid = job.uid;
+  const bool step = job.is_step();  // a program's step: its program was accepted, not the step
   if (pipeline && (st.queue->full(ci) || !st.overflow[ci].empty()) &&
       st.overflow_total < st.opts.pipeline_overflow_cap) {
     // Pipelines wait instead of being refused: the gateway read this before its credit ran out.
@@ -269,7 +271,7 @@ EnqueueReply enqueue(Self* self, Job job) {
     position = jobs_ahead(st, uid).value_or(position);
     acc.queue_position = position;
     // Sent before any dispatch so that it reaches egress ahead of the job's first chunk.
-    if (acc.to.kind == ClientRef::router) send_out(self, std::move(acc));
+    if (acc.to.kind == ClientRef::router && !step) send_out(self, std::move(acc));
     dispatch(self);
     return {EnqueueResult::accepted, position, -1};
   }
@@ -321,7 +323,7 @@ void cancel(Self* self, uint64_t uid) {
   if (job->arrival_us > 0)
     d.queue_ms = d.total_ms = std::max<int64_t>(0, now_us - job->arrival_us) / 1000.0;
   JobOutcome o = make_outcome(d);
-  send_out(self, std::move(d));
+  if (!job->is_step()) send_out(self, std::move(d));
   report(self, std::move(o));
   dispatch(self);
 }

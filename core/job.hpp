@@ -77,6 +77,18 @@ struct Job {
   // A score request: the continuations' token ids, each scored after the prompt (no sampling).
   std::vector<std::vector<int32_t>> continuations;
   bool is_score() const { return !continuations.empty(); }
+  // Programs (appended; docs/programs.md). A program job: `program` holds its steps (JSON text),
+  // `inputs` its named inputs, `program_done` the outputs of its finished steps (path, output),
+  // restored from the journal; the sampling fields above are its gen steps' defaults and the
+  // prompt stays empty. A step job (a gen or select of a program, run by the router and
+  // batchers like any job): `program_uid` is its program's uid and `step` the step's path.
+  std::string program;
+  std::vector<std::pair<std::string, std::string>> inputs;
+  std::vector<std::pair<std::string, std::string>> program_done;
+  uint64_t program_uid = 0;
+  std::string step;
+  bool is_program() const { return !program.empty(); }
+  bool is_step() const { return program_uid != 0; }
 };
 
 /// The tokens a job may cost (quotas, fair queuing): its prompt once, then every sample's
@@ -124,9 +136,28 @@ struct SubmitRequest {
   bool score = false;
   std::vector<std::string> cont_text;
   std::vector<std::vector<int32_t>> cont_ids;
+  // A program (docs/programs.md): its steps as JSON text and its inputs; prompt fields stay empty.
+  std::string program;
+  std::vector<std::pair<std::string, std::string>> inputs;
   // Wire size of a request the gateway counted into its IntakeMeter (0: not counted); admission
   // counts it out when it takes the request from its mailbox.
   uint32_t metered_bytes = 0;
+};
+
+/// A program step's output, journaled once the step finished (docs/programs.md).
+struct ProgramStep {
+  uint64_t uid = 0;  // the program's
+  std::string path;  // the step's path
+  std::string output;
+};
+
+/// A tool's result for a program waiting in a tool step (wire::ToolResult), from any client of
+/// the tenant.
+struct ToolResultRequest {
+  ClientRef client;
+  std::string id, tenant, token;
+  std::string call, content;
+  uint32_t metered_bytes = 0;  // as in SubmitRequest
 };
 
 /// cancel or status from a client (kind says which).
@@ -161,6 +192,7 @@ struct TokensEvent {
   std::vector<float> top_logprobs;
   std::string tenant = {};
   uint32_t choice = 0;  // the sample (a job with n > 1)
+  std::string step = {};  // a program's step job: the step's path
 };
 
 /// One sample of a job with n > 1, as DoneEvent carries it for a single sample.
@@ -207,6 +239,25 @@ struct DoneEvent {
   std::vector<int32_t> prompt_top_ids;
   std::vector<float> prompt_top_logprobs;
   std::vector<ScoreResult> scores;  // a score request
+  // A program: its inputs and variables (wire::Var) and the steps that ran.
+  std::vector<wire::Var> vars;
+  uint32_t steps = 0;
+};
+
+/// A program's step finished (wire::Step).
+struct StepEvent {
+  ClientRef to;
+  uint64_t uid = 0;  // the program's
+  std::string id, tenant;
+  std::string step, name, kind, output;
+};
+
+/// A program's tool step asks for a tool's result (wire::ToolCall).
+struct ToolCallEvent {
+  ClientRef to;
+  uint64_t uid = 0;  // the program's
+  std::string id, tenant;
+  std::string call, name, arguments;
 };
 
 /// An error reply. retry_after_ms < 0: none.

@@ -68,7 +68,12 @@ struct Submit {
   /// BOS, or token ids) gets its summed log-probability. Empty unless `score`.
   bool score = false;
   std::vector<std::variant<std::string, std::vector<std::int32_t>>> continuations;
+  /// A program (docs/programs.md) in place of `prompt`/`messages`: its steps as JSON text (the
+  /// wire's `program` array, converted by the codec) and its named inputs. "" : a plain job.
+  std::string program;
+  std::vector<std::pair<std::string, std::string>> inputs;
 
+  bool is_program() const { return !program.empty(); }
   bool prompt_is_tokens() const { return prompt.index() == 1; }
   bool has_messages() const { return !messages.empty(); }
   bool operator==(const Submit&) const = default;
@@ -107,8 +112,19 @@ struct Control {
 /// The control commands this protocol version knows.
 inline constexpr std::string_view kControlCommands[] = {"kv_policy", "stats", "drain", "resume"};
 
+/// The result of a program's `tool` step (docs/programs.md), from any client of the tenant: the
+/// program (id, tenant) waiting in step `call` goes on with `content` appended.
+struct ToolResult {
+  std::string id;
+  std::string tenant;
+  std::string token;
+  std::string call;     ///< the tool_call's `call` (the step's path)
+  std::string content;  ///< the tool's output, appended to the program's context as plain text
+  bool operator==(const ToolResult&) const = default;
+};
+
 /// Any message a client may send.
-using ClientMessage = std::variant<Submit, Cancel, Status, Ping, Control>;
+using ClientMessage = std::variant<Submit, Cancel, Status, Ping, Control, ToolResult>;
 
 // ---- server → client ----------------------------------------------------------------------------
 
@@ -143,6 +159,7 @@ struct Tokens {
   std::vector<TokenLogprobs> logprobs;  ///< one per id when logprobs > 0, else empty
   std::string tenant = {};              ///< the job's tenant
   std::uint32_t choice = 0;             ///< the sample these tokens belong to (a job with n > 1)
+  std::string step = {};                ///< a program's tokens: the path of the step making them
   bool operator==(const Tokens&) const = default;
 };
 
@@ -197,6 +214,37 @@ struct Score {
   bool operator==(const Score&) const = default;
 };
 
+/// A program variable in a program's `done` (Done::vars): a step's output, an input, or a
+/// join's list (`list` true: every branch's value in branch order).
+struct Var {
+  std::string name;
+  std::vector<std::string> values;  ///< one value unless `list`
+  bool list = false;
+  bool operator==(const Var&) const = default;
+};
+
+/// A program's step finished (docs/programs.md): its path, variable name and output.
+struct Step {
+  std::string id;
+  std::string tenant;
+  std::string step;    ///< the step's path ("3", "2.1.0": indices through forks' branches)
+  std::string name;    ///< its variable name ("" for a step without one)
+  std::string kind;    ///< "gen", "select" or "tool"
+  std::string output;  ///< the generated text, the chosen choice or the tool's result
+  bool operator==(const Step&) const = default;
+};
+
+/// A program's `tool` step asks its client (or the pipeline sink) to run a tool and answer with
+/// a ToolResult naming `call`.
+struct ToolCall {
+  std::string id;
+  std::string tenant;
+  std::string call;       ///< the step's path: the ToolResult names it
+  std::string name;       ///< the tool's name
+  std::string arguments;  ///< the arguments text (usually JSON from a constrained gen)
+  bool operator==(const ToolCall&) const = default;
+};
+
 /// The last message of a job that ran (or was cancelled after it was accepted).
 struct Done {
   std::string id;
@@ -212,6 +260,8 @@ struct Done {
   std::vector<Choice> choices = {};                 ///< n > 1: one per sample, by index
   std::vector<PromptLogprob> prompt_logprobs = {};  ///< with prompt_logprobs: positions 1..
   std::vector<Score> scores = {};                   ///< a `score` request: one per continuation
+  std::vector<Var> vars = {};  ///< a program: its inputs and every variable, in definition order
+  std::uint32_t steps = 0;     ///< a program: the steps that ran (gen, select and tool)
   bool operator==(const Done&) const = default;
 };
 
@@ -257,7 +307,8 @@ struct ControlReply {
 };
 
 /// Any message the server may send.
-using ServerMessage = std::variant<Accepted, Tokens, Done, Error, Pong, StatusReply, ControlReply>;
+using ServerMessage =
+    std::variant<Accepted, Tokens, Done, Error, Pong, StatusReply, ControlReply, Step, ToolCall>;
 
 /// Client-provided text as every error message echoes it (the codec's and the actors' alike):
 /// in single quotes, at most 64 bytes (then "..."), and every byte outside printable ASCII, and

@@ -11,6 +11,7 @@
 #include <iterator>
 #include <limits>
 #include <msgpack.hpp>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 namespace sy::wire {
@@ -590,7 +591,9 @@ constexpr std::string_view kSubmitFields[] = {"v",
                                               "regex",
                                               "choices",
                                               "n",
-                                              "prompt_logprobs"};
+                                              "prompt_logprobs",
+                                              "program",
+                                              "inputs"};
 
 // Every field a score request may carry.
 constexpr std::string_view kScoreFields[] = {
@@ -666,7 +669,9 @@ void decode_controls(const Fields& f, const DecodeLimits& lim, SamplingControls&
 
 // A msgpack value as JSON text (a json_schema sent as a map). Binary and ext values have no JSON
 // form and are refused; map keys must be strings.
-void to_json(const msgpack::object& o, std::string& out, const std::string& at) {
+void to_json(const msgpack::object& o, std::string& out, const std::string& at,
+             std::string_view label = "json_schema") {
+  const std::string what(label);
   switch (o.type) {
     case msgpack::type::NIL:
       out += "null";
@@ -682,7 +687,7 @@ void to_json(const msgpack::object& o, std::string& out, const std::string& at) 
       return;
     case msgpack::type::FLOAT32:
     case msgpack::type::FLOAT64: {
-      if (!std::isfinite(o.via.f64)) reject("json_schema" + at + ": a number is not finite");
+      if (!std::isfinite(o.via.f64)) reject(what + at + ": a number is not finite");
       char buf[40];
       std::snprintf(buf, sizeof buf, "%.17g", o.via.f64);
       out += buf;
@@ -691,7 +696,7 @@ void to_json(const msgpack::object& o, std::string& out, const std::string& at) 
     case msgpack::type::STR: {
       const std::string_view t = str_of(o);
       if (invalid_utf8_at(t) != std::string_view::npos)
-        reject("json_schema" + at + ": a string is not valid UTF-8");
+        reject(what + at + ": a string is not valid UTF-8");
       out += '"';
       for (unsigned char ch : t) {
         if (ch == '"' || ch == '\\') {
@@ -712,7 +717,7 @@ void to_json(const msgpack::object& o, std::string& out, const std::string& at) 
       out += '[';
       for (std::uint32_t i = 0; i < o.via.array.size; ++i) {
         if (i) out += ',';
-        to_json(o.via.array.ptr[i], out, at + "/" + num(std::uint64_t{i}));
+        to_json(o.via.array.ptr[i], out, at + "/" + num(std::uint64_t{i}), label);
       }
       out += ']';
       return;
@@ -721,16 +726,16 @@ void to_json(const msgpack::object& o, std::string& out, const std::string& at) 
       for (std::uint32_t i = 0; i < o.via.map.size; ++i) {
         const msgpack::object& k = o.via.map.ptr[i].key;
         if (k.type != msgpack::type::STR)
-          reject("json_schema" + at + ": map keys must be strings, got " + type_name(k));
+          reject(what + at + ": map keys must be strings, got " + type_name(k));
         if (i) out += ',';
-        to_json(k, out, at);
+        to_json(k, out, at, label);
         out += ':';
-        to_json(o.via.map.ptr[i].val, out, at + "/" + std::string(str_of(k)));
+        to_json(o.via.map.ptr[i].val, out, at + "/" + std::string(str_of(k)), label);
       }
       out += '}';
       return;
     default:
-      reject("json_schema" + at + ": a " + type_name(o) + " value has no JSON form");
+      reject(what + at + ": a " + type_name(o) + " value has no JSON form");
   }
 }
 
@@ -845,10 +850,51 @@ void check_parse_special(const Submit& s, bool msgs) {
                  : "token ids are used as given)"));
 }
 
+// A program submit's `program` (kept as JSON text: admission parses and checks its steps,
+// programs/program.hpp) and `inputs`; the fields that belong to a single generation are refused
+// beside it (docs/programs.md).
+void decode_program(const Fields& f, const DecodeLimits& lim, Submit& s) {
+  for (std::string_view k : {"prompt", "messages"})
+    if (f.get(k))
+      reject("fields 'program' and " + quote(k) + " exclude each other: a program's steps make its "
+             "context");
+  for (std::string_view k : {"n", "logprobs", "prompt_logprobs", "ignore_eos", "parse_special",
+                             "grammar", "json_schema", "regex", "choices"})
+    if (f.get(k))
+      reject("field " + quote(k) + " does not go with 'program' (docs/programs.md: a constraint "
+             "belongs to a gen step)");
+  const msgpack::object* p = f.typed("program", msgpack::type::ARRAY, "an array of steps", true);
+  if (p->via.array.size == 0) reject("field 'program' must not be empty");
+  to_json(*p, s.program, "", "program");
+  if (s.program.size() > lim.max_message_bytes)
+    reject("field 'program' has " + num(std::uint64_t{s.program.size()}) + " bytes as JSON");
+  if (const msgpack::object* in = f.typed("inputs", msgpack::type::MAP, "a map", false)) {
+    for (std::uint32_t i = 0; i < in->via.map.size; ++i) {
+      const auto& kv = in->via.map.ptr[i];
+      if (kv.key.type != msgpack::type::STR)
+        reject(std::string("inputs: names must be strings, got ") + type_name(kv.key));
+      const std::string name(str_of(kv.key));
+      if (kv.val.type != msgpack::type::STR)
+        reject("input " + quote(name) + " must be a string, got " + type_name(kv.val));
+      const std::string value(str_of(kv.val));
+      if (invalid_utf8_at(name) != std::string_view::npos ||
+          invalid_utf8_at(value) != std::string_view::npos)
+        reject("input " + quote(name) + " is not valid UTF-8");
+      s.inputs.emplace_back(name, value);
+    }
+  }
+}
+
 Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
   Submit s;
   read_key(f, lim, s.id, s.tenant, s.token);
-  const bool msgs = decode_prompt(f, lim, s);
+  bool msgs = false;
+  if (f.get("program"))
+    decode_program(f, lim, s);
+  else if (f.get("inputs"))
+    reject("field 'inputs' goes with 'program' only");
+  else
+    msgs = decode_prompt(f, lim, s);
 
   s.max_tokens = static_cast<std::uint32_t>(f.uint("max_tokens", 16, 1, lim.max_new_tokens));
   // The sampler takes temperature and top_p as 32-bit floats: each is checked again as that
@@ -1008,6 +1054,17 @@ ClientMessage decode_client_object(const msgpack::object& root, const DecodeLimi
     f.only(std::initializer_list<std::string_view>{"v", "type", "seq"}, "ping");
     return p;
   }
+  if (type == "tool_result") {
+    ToolResult t;
+    read_key(f, lim, t.id, t.tenant, t.token);
+    t.call = f.str("call", lim.max_id_bytes, true, false);
+    t.content = f.str("content", lim.max_prompt_bytes, true);
+    need_utf8(f, "content", t.content);
+    f.only(std::initializer_list<std::string_view>{"v", "type", "id", "tenant", "token", "call",
+                                                   "content"},
+           "tool_result");
+    return t;
+  }
   if (type == "control") {
     Control c = decode_control(f, lim);
     f.only(std::initializer_list<std::string_view>{"v", "type", "token", "command", "policy"},
@@ -1137,6 +1194,7 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
       t.logprobs = decode_logprobs(*lp);
     t.tenant = f.str("tenant", lim.max_name_bytes, false);
     t.choice = static_cast<std::uint32_t>(f.uint("choice", 0, 0, kU32));
+    t.step = f.str("step", lim.max_id_bytes, false);
     return t;
   }
   if (type == "done") {
@@ -1172,6 +1230,28 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
       d.prompt_logprobs = decode_prompt_logprobs(*pl);
     if (const msgpack::object* sc = f.typed("scores", msgpack::type::ARRAY, "an array", false))
       d.scores = decode_scores(*sc);
+    if (const msgpack::object* vs = f.typed("vars", msgpack::type::MAP, "a map", false)) {
+      for (std::uint32_t i = 0; i < vs->via.map.size; ++i) {
+        const auto& kv = vs->via.map.ptr[i];
+        if (kv.key.type != msgpack::type::STR) reject("vars: names must be strings");
+        Var v;
+        v.name = std::string(str_of(kv.key));
+        if (kv.val.type == msgpack::type::STR) {
+          v.values.emplace_back(str_of(kv.val));
+        } else if (kv.val.type == msgpack::type::ARRAY) {
+          v.list = true;
+          for (std::uint32_t k = 0; k < kv.val.via.array.size; ++k) {
+            const msgpack::object& e = kv.val.via.array.ptr[k];
+            if (e.type != msgpack::type::STR) reject("vars." + v.name + ": items must be strings");
+            v.values.emplace_back(str_of(e));
+          }
+        } else {
+          reject("vars." + v.name + " must be a string or an array of strings");
+        }
+        d.vars.push_back(std::move(v));
+      }
+    }
+    d.steps = static_cast<std::uint32_t>(f.uint("steps", 0, 0, kU32));
     return d;
   }
   if (type == "error") {
@@ -1198,6 +1278,25 @@ ServerMessage decode_server_object(const msgpack::object& root, const DecodeLimi
     s.completion_tokens = static_cast<std::uint32_t>(f.uint("completion_tokens", 0, 0, kU32));
     s.tenant = f.str("tenant", lim.max_name_bytes, false);
     return s;
+  }
+  if (type == "step") {
+    Step s;
+    s.id = f.str("id", lim.max_id_bytes, true, false);
+    s.tenant = f.str("tenant", lim.max_name_bytes, false);
+    s.step = f.str("step", lim.max_id_bytes, true, false);
+    s.name = f.str("name", lim.max_name_bytes, false);
+    s.kind = f.str("kind", lim.max_name_bytes, false);
+    s.output = f.str("output", lim.max_string_bytes, false);
+    return s;
+  }
+  if (type == "tool_call") {
+    ToolCall t;
+    t.id = f.str("id", lim.max_id_bytes, true, false);
+    t.tenant = f.str("tenant", lim.max_name_bytes, false);
+    t.call = f.str("call", lim.max_id_bytes, true, false);
+    t.name = f.str("name", lim.max_name_bytes, false);
+    t.arguments = f.str("arguments", lim.max_string_bytes, false);
+    return t;
   }
   if (type == "control_reply") {
     ControlReply c;
@@ -1323,6 +1422,7 @@ struct ServerEncoder {
     m.str("text", t.text);
     if (!t.logprobs.empty()) m.raw("logprobs", encode_logprobs(t.logprobs));
     if (t.choice != 0) m.uint("choice", t.choice);
+    if (!t.step.empty()) m.str("step", t.step);
     return m.finish();
   }
   std::string operator()(const Done& d) const {
@@ -1392,6 +1492,41 @@ struct ServerEncoder {
       }
       m.raw("scores", arr.s);
     }
+    if (!d.vars.empty()) {
+      Packer& p = m.key("vars");
+      p.pack_map(static_cast<std::uint32_t>(d.vars.size()));
+      for (const Var& v : d.vars) {
+        pack_str(p, v.name);
+        if (v.list) {
+          p.pack_array(static_cast<std::uint32_t>(v.values.size()));
+          for (const std::string& x : v.values) pack_str(p, x);
+        } else {
+          pack_str(p, v.values.empty() ? std::string_view() : std::string_view(v.values[0]));
+        }
+      }
+    }
+    if (d.steps != 0) m.uint("steps", d.steps);
+    return m.finish();
+  }
+  std::string operator()(const Step& s) const {
+    MapOut m;
+    m.head("step");
+    m.str("id", s.id);
+    if (!s.tenant.empty()) m.str("tenant", s.tenant);
+    m.str("step", s.step);
+    m.str("name", s.name);
+    m.str("kind", s.kind);
+    m.str("output", s.output);
+    return m.finish();
+  }
+  std::string operator()(const ToolCall& t) const {
+    MapOut m;
+    m.head("tool_call");
+    m.str("id", t.id);
+    if (!t.tenant.empty()) m.str("tenant", t.tenant);
+    m.str("call", t.call);
+    m.str("name", t.name);
+    m.str("arguments", t.arguments);
     return m.finish();
   }
   std::string operator()(const Error& e) const {
@@ -1441,7 +1576,19 @@ struct ClientEncoder {
     MapOut m;
     m.head(s.score ? "score" : "submit");
     encode_key(m, s.id, s.tenant, s.token);
-    if (s.has_messages()) {
+    if (s.is_program()) {
+      // The steps travel as msgpack, not as JSON text: the server reads a map like any other.
+      const auto bytes = nlohmann::json::to_msgpack(nlohmann::json::parse(s.program));
+      m.raw("program", std::string(bytes.begin(), bytes.end()));
+      if (!s.inputs.empty()) {
+        Packer& p = m.key("inputs");
+        p.pack_map(static_cast<std::uint32_t>(s.inputs.size()));
+        for (const auto& [k, v] : s.inputs) {
+          pack_str(p, k);
+          pack_str(p, v);
+        }
+      }
+    } else if (s.has_messages()) {
       Packer& p = m.key("messages");
       p.pack_array(static_cast<std::uint32_t>(s.messages.size()));
       for (const ChatMessage& x : s.messages) {
@@ -1531,6 +1678,14 @@ struct ClientEncoder {
     MapOut m;
     m.head("ping");
     if (p.seq != 0) m.uint("seq", p.seq);
+    return m.finish();
+  }
+  std::string operator()(const ToolResult& t) const {
+    MapOut m;
+    m.head("tool_result");
+    encode_key(m, t.id, t.tenant, t.token);
+    m.str("call", t.call);
+    m.str("content", t.content);
     return m.finish();
   }
   std::string operator()(const Control& c) const {

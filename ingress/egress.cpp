@@ -47,6 +47,7 @@ OutMessage encode_event(const TokensEvent& e) {
   t.logprobs = unflatten(e.logprob, e.n_top, e.top_ids, e.top_logprobs);
   t.tenant = e.tenant;
   t.choice = e.choice;
+  t.step = e.step;
   return make(e.to, e.id, e.tenant, false, t);
 }
 
@@ -83,6 +84,10 @@ OutMessage encode_event(const DoneEvent& e) {
   for (const ScoreResult& r : e.scores)
     d.scores.push_back(
         {r.index, r.logprob, r.tokens ? r.logprob / static_cast<double>(r.tokens) : 0.0, r.tokens});
+  d.vars = e.vars;
+  for (wire::Var& v : d.vars)
+    for (std::string& x : v.values) x = sanitize_utf8(x);
+  d.steps = e.steps;
   return make(e.to, e.id, e.tenant, true, d);
 }
 
@@ -106,6 +111,16 @@ OutMessage encode_event(const StatusEvent& e) {
   s.completion_tokens = e.completion_tokens;
   s.tenant = e.tenant;
   return make(e.to, e.id, e.tenant, false, s);
+}
+
+OutMessage encode_event(const StepEvent& e) {
+  return make(e.to, e.id, e.tenant, false,
+              wire::Step{e.id, e.tenant, e.step, e.name, e.kind, sanitize_utf8(e.output)});
+}
+
+OutMessage encode_event(const ToolCallEvent& e) {
+  return make(e.to, e.id, e.tenant, false,
+              wire::ToolCall{e.id, e.tenant, e.call, e.name, sanitize_utf8(e.arguments)});
 }
 
 OutMessage encode_event(const ControlEvent& e) {
@@ -132,6 +147,14 @@ EgressActor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox)
         },
         [=](out_atom, const ControlEvent& e) {
           if (to_router(e.to)) outbox->post(encode_event(e));
+        },
+        // Step events go to request clients only; a tool call also to the pipeline's sink,
+        // whose tool worker answers it on the request endpoint (docs/programs.md).
+        [=](out_atom, const StepEvent& e) {
+          if (to_router(e.to)) outbox->post(encode_event(e));
+        },
+        [=](out_atom, const ToolCallEvent& e) {
+          if (to_router(e.to) || e.to.kind == ClientRef::pipeline) outbox->post(encode_event(e));
         },
         [=](pull_atom, uint32_t n) { outbox->add_pull_credit(n); },
     };

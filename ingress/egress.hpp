@@ -45,5 +45,7 @@ OutMessage encode_event(const DoneEvent& e);
 OutMessage encode_event(const ErrorEvent& e);
 OutMessage encode_event(const StatusEvent& e);
 OutMessage encode_event(const ControlEvent& e);
+OutMessage encode_event(const StepEvent& e);
+OutMessage encode_event(const ToolCallEvent& e);
 
 }  // namespace sy

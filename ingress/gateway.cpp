@@ -527,6 +527,7 @@ struct Gateway::Impl {
                                     [&](wire::Submit& sub) { on_submit(from, sub, size); },
                                     [&](wire::Cancel& x) { on_cancel(from, x, size); },
                                     [&](wire::Status& st) { on_status(from, st, size); },
+                                    [&](wire::ToolResult& t) { on_tool_result(from, t, size); },
                                 },
                                 msg);
                    },
@@ -613,6 +614,27 @@ struct Gateway::Impl {
   }
 
   // A cancel or status for admission (`size`: its wire size, for the intake meter).
+  // A tool's result for a waiting program: from any client, the pipeline's tool workers included.
+  void on_tool_result(const ClientRef& from, wire::ToolResult& t, size_t size) {
+    auto adm = get_admission();
+    if (!adm) {
+      reply_error(from, {ErrorCode::unavailable, "server is starting", t.id, t.tenant});
+      return;
+    }
+    ToolResultRequest r;
+    r.client = from;
+    if (from.kind != ClientRef::pipeline) {
+      if (intake_full(from, t.id, t.tenant)) return;
+      r.metered_bytes = meter_in(size);
+    }
+    r.id = std::move(t.id);
+    r.tenant = std::move(t.tenant);
+    r.token = std::move(t.token);
+    r.call = std::move(t.call);
+    r.content = std::move(t.content);
+    caf::anon_send(adm, tool_atom::value, std::move(r));
+  }
+
   void key_request(KeyRequest kr, size_t size) {
     auto adm = get_admission();
     if (!adm) {

@@ -47,6 +47,8 @@ SubmitRequest to_request(wire::Submit&& s, ClientRef client) {
       r.cont_ids.push_back(std::move(std::get<std::vector<int32_t>>(c)));
     }
   }
+  r.program = std::move(s.program);
+  r.inputs = std::move(s.inputs);
   r.arrival_us = now_us();
   return r;
 }

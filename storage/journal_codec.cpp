@@ -33,6 +33,9 @@ void job_fields(V& v, J& j) {
   v("n", j.n);
   v("prompt_logprobs", j.prompt_logprobs);
   v("continuations", j.continuations);
+  v("program", j.program);
+  v("inputs", j.inputs);
+  v("program_done", j.program_done);
 }
 
 template <class V, class C>
@@ -79,6 +82,8 @@ void done_fields(V& v, D& d) {
   v("prompt_top_ids", d.prompt_top_ids);
   v("prompt_top_logprobs", d.prompt_top_logprobs);
   v("scores", d.scores);
+  v("vars", d.vars);
+  v("steps", d.steps);
 }
 
 template <class V, class E>
@@ -163,6 +168,15 @@ struct Writer {
     for (const T& x : xs) put(x);
   }
   void put(const ErrorEvent& e) { map(e, [](auto& v, auto& r) { error_fields(v, r); }); }
+  void put(const std::vector<wire::Var>& vs) {
+    p.pack_array(static_cast<uint32_t>(vs.size()));
+    for (const wire::Var& x : vs) {
+      p.pack_array(3);
+      p.pack(x.name);
+      p.pack(x.values);
+      p.pack(x.list);
+    }
+  }
   template <class T>
   void put(const T& value) {
     if constexpr (std::is_enum_v<T>)
@@ -238,6 +252,18 @@ struct Reader {
     Reader r(v);
     done_fields(r, out);
   }
+  static void get(const msgpack::object& v, std::vector<wire::Var>& out) {
+    if (v.type != msgpack::type::ARRAY) throw std::runtime_error("bad vars field");
+    out.resize(v.via.array.size);
+    for (uint32_t i = 0; i < v.via.array.size; ++i) {
+      const msgpack::object& e = v.via.array.ptr[i];
+      if (e.type != msgpack::type::ARRAY || e.via.array.size != 3)
+        throw std::runtime_error("bad var entry");
+      e.via.array.ptr[0].convert(out[i].name);
+      e.via.array.ptr[1].convert(out[i].values);
+      e.via.array.ptr[2].convert(out[i].list);
+    }
+  }
   static void get(const msgpack::object& v, ErrorEvent& out) {
     Reader r(v);
     error_fields(r, out);
@@ -310,6 +336,17 @@ std::string encode_delivered(uint64_t uid) {
   return text_of(buf);
 }
 
+std::string encode_step(const ProgramStep& s) {
+  msgpack::sbuffer buf;
+  Packer p(buf);
+  Writer w{p};
+  p.pack_map(4);
+  put_head(w, RecordKind::step, s.uid);
+  w("path", s.path);
+  w("output", s.output);
+  return text_of(buf);
+}
+
 Record decode(const std::string& payload) {
   auto oh = msgpack::unpack(payload.data(), payload.size());
   Reader f(oh.get());
@@ -334,6 +371,11 @@ Record decode(const std::string& payload) {
       break;
     case RecordKind::delivered:
       d.kind = RecordKind::delivered;
+      break;
+    case RecordKind::step:
+      d.kind = RecordKind::step;
+      f("path", d.path);
+      f("output", d.output);
       break;
     default:
       throw std::runtime_error("unknown record kind");

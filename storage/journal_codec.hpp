@@ -11,7 +11,7 @@
 namespace sy::journal {
 
 /// The `t` field of every record.
-enum class RecordKind : char { accept = 'A', result = 'R', delivered = 'D' };
+enum class RecordKind : char { accept = 'A', result = 'R', delivered = 'D', step = 'S' };
 
 /// One decoded record: `job` for accept records, `outcome` for result records.
 struct Record {
@@ -20,6 +20,7 @@ struct Record {
   Job job;
   int64_t deadline_wall_us = 0;  ///< accept: the job's deadline in wall-clock µs; 0: none
   JobOutcome outcome;
+  std::string path, output;  ///< step: a program step's path and output
 };
 
 /// An accept record for `job`. Its steady-clock times mean nothing after a restart, so they are
@@ -27,6 +28,8 @@ struct Record {
 std::string encode_accept(const Job& job, int64_t deadline_wall_us);
 /// A result record; only the event that ended the job (its error, else its done) is kept.
 std::string encode_result(const JobOutcome& outcome);
+/// A program step's output (its program's uid, the step's path).
+std::string encode_step(const ProgramStep& step);
 /// A delivered mark: the job's pipeline result reached the results socket.
 std::string encode_delivered(uint64_t uid);
 

@@ -48,6 +48,15 @@ void replay_records(const std::vector<std::string>& records, std::size_t keep_re
     if (d.kind == journal::RecordKind::accept) {
       d.job.deadline_us = d.deadline_wall_us;  // converted below, once per pending job
       accepted[d.uid] = std::move(d.job);
+    } else if (d.kind == journal::RecordKind::step) {
+      // A program's finished step: kept with its accept (a step is recorded once; a second
+      // record of a path, written by no version, would be ignored).
+      auto it = accepted.find(d.uid);
+      if (it == accepted.end()) continue;
+      auto& done = it->second.program_done;
+      const bool seen = std::any_of(done.begin(), done.end(),
+                                    [&](const auto& x) { return x.first == d.path; });
+      if (!seen) done.emplace_back(std::move(d.path), std::move(d.output));
     } else if (d.kind == journal::RecordKind::result) {
       if (result_at.count(d.uid)) continue;  // the first result of a job is the one delivered
       result_at[d.uid] = results.size();

@@ -23,7 +23,7 @@ MSGPACK = ('<msgpack', '"msgpack')
 CUDA = ('<cuda', '<cublas', '<curand', '<nccl', '"cuda_runtime')
 
 PROJECT = ('core', 'model', 'kernels', 'gpu', 'policies', 'storage', 'actors', 'ingress',
-           'server', 'clients', 'cli', 'bench', 'tests', 'examples', 'constraints')
+           'server', 'clients', 'cli', 'bench', 'tests', 'examples', 'constraints', 'programs')
 
 # (name, folders it applies to, forbidden project folders, forbidden header prefixes)
 RULES = [
@@ -38,10 +38,13 @@ RULES = [
      ('policies',), ('actors', 'ingress', 'server', 'storage', 'gpu'), (CAF,) + ZMQ + CUDA),
     ('nothing outside gpu/ and kernels/ sees CUDA',
      ('core', 'model', 'policies', 'storage', 'actors', 'ingress', 'server', 'clients', 'cli',
-      'constraints'),
+      'constraints', 'programs'),
      (), CUDA + ('"kernels/cuda/', '"gpu/cuda_')),
     ('constraints/ are plain code: no actors, engines, doors, CAF, ZeroMQ, msgpack or CUDA',
      ('constraints',), ('actors', 'gpu', 'ingress', 'server', 'storage', 'policies', 'kernels'),
+     (CAF,) + ZMQ + MSGPACK + CUDA),
+    ('programs/ are plain code: no actors, model, engines, doors, CAF, ZeroMQ, msgpack or CUDA',
+     ('programs',), ('actors', 'model', 'gpu', 'ingress', 'server', 'storage', 'kernels'),
      (CAF,) + ZMQ + MSGPACK + CUDA),
     ('kernels/ have no model, engine or actor knowledge',
      ('kernels',), ('model', 'gpu', 'actors', 'ingress', 'server', 'storage', 'policies'),
@@ -100,6 +103,13 @@ def planted():
         ('server/server.cpp', '#include "gpu/cuda_engine.hpp"'),
         ('constraints/matcher.cpp', '#include "actors/executor.hpp"'),
         ('constraints/gbnf.cpp', '#include <msgpack.hpp>'),
+        ('programs/program.cpp', '#include "actors/admission.hpp"'),
+        ('programs/program.cpp', '#include "model/tokenizer.hpp"'),
+        ('programs/run.cpp', '#include "storage/journal_file.hpp"'),
+        ('programs/program.hpp', '#include <caf/all.hpp>'),
+        ('programs/run.cpp', '#include <zmq.hpp>'),
+        ('programs/program.cpp', '#include <msgpack.hpp>'),
+        ('programs/run.cpp', '#include <cuda_runtime.h>'),
     ]
     clean = {
         'core/job.hpp': '#include <string>\n#include "core/wire.hpp"\n',
@@ -108,6 +118,8 @@ def planted():
         'ingress/gateway.cpp': '#include <zmq.hpp>\n#include "actors/messages.hpp"\n',
         'kernels/cpu/fast.cpp': '#include "kernels/cpu/kernels.hpp"\n',
         'constraints/filter.cpp': '#include "model/sampler.hpp"\n#include "core/generation.hpp"\n',
+        'programs/program.cpp': ('#include <nlohmann/json.hpp>\n#include "core/generation.hpp"\n'
+                                 '#include "programs/template.hpp"\n'),
     }
     failures = 0
     with tempfile.TemporaryDirectory(prefix='sy_layout_') as tmp:

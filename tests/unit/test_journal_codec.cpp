@@ -44,6 +44,24 @@ Job sample_job() {
 
 }  // namespace
 
+// A program's accept keeps its steps, inputs and finished steps; a step record its path and output.
+BOOST_AUTO_TEST_CASE(program_accept_and_step_records_round_trip) {
+  Job j = sample_job();
+  j.prompt.clear();
+  j.program = R"([{"type":"text","text":"Hi {{who}}"},{"type":"gen","name":"a"}])";
+  j.inputs = {{"who", "you"}, {"x", "é"}};
+  j.program_done = {{"1", "output of a"}};
+  auto d = journal::decode(journal::encode_accept(j, 0));
+  BOOST_TEST(d.job.program == j.program);
+  BOOST_TEST((d.job.inputs == j.inputs));
+  BOOST_TEST((d.job.program_done == j.program_done));
+  auto s = journal::decode(journal::encode_step(ProgramStep{41, "2.1.0", "text\n"}));
+  BOOST_TEST(static_cast<char>(s.kind) == 'S');
+  BOOST_TEST(s.uid == 41u);
+  BOOST_TEST(s.path == "2.1.0");
+  BOOST_TEST(s.output == "text\n");
+}
+
 BOOST_AUTO_TEST_CASE(accept_round_trips_every_field) {
   Job j = sample_job();
   auto rec = journal::encode_accept(j, 1700000000000000);
@@ -70,7 +88,8 @@ BOOST_AUTO_TEST_CASE(accept_round_trips_every_field) {
                                       "class_index", "prompt", "max_tokens", "temperature",
                                       "top_k", "top_p", "seed", "stop", "ignore_eos", "stream",
                                       "logprobs", "controls", "constraint", "n",
-                                      "prompt_logprobs", "continuations"};
+                                      "prompt_logprobs", "continuations", "program", "inputs",
+                                      "program_done"};
   BOOST_TEST(keys_of(rec) == want);
   // No deadline: no field (0 means none).
   auto plain = journal::encode_accept(j, 0);

@@ -484,6 +484,19 @@ AdmissionStats stats(Self* self) {
   s.tenants_forgotten = n(st.tenants_forgotten);
   s.replayed = n(st.replayed);
   s.restored = n(st.restored);
+  s.programs_started = n(st.programs_started);
+  s.programs_resumed = n(st.programs_resumed);
+  s.programs_done = n(st.programs_done);
+  s.programs_failed = n(st.programs_failed);
+  s.programs_cancelled = n(st.programs_cancelled);
+  s.programs_active = n(st.programs.size());
+  s.program_steps = n(st.program_steps);
+  s.program_steps_restored = n(st.program_steps_restored);
+  s.program_prompt_tokens = n(st.program_prompt_tokens);
+  s.program_cached_tokens = n(st.program_cached_tokens);
+  s.program_completion_tokens = n(st.program_completion_tokens);
+  s.program_tool_calls = n(st.program_tool_calls);
+  s.program_tool_timeouts = n(st.program_tool_timeouts);
   return s;
 }
 

@@ -135,6 +135,7 @@ void end_program(Self* self, uint64_t uid, JobOutcome o) {
   // A pipeline or cluster program held its PULL credit while it ran (its steps did not).
   return_pull_credit(self, p->job.client);
   o.tokens_used = p->prompt_tokens + p->completion_tokens;
+  o.program = true;
   finished(self, o);
 }
 

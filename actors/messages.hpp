@@ -298,7 +298,7 @@ typename Inspector::result_type inspect(Inspector& f, StatusEvent& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, JobOutcome& x) {
   return f(caf::meta::type_name("JobOutcome"), x.uid, x.id, x.tenant, x.outcome, x.code,
-           x.tokens_used, x.done, x.error);
+           x.tokens_used, x.done, x.error, x.program);
 }
 
 /// The router's answer to (enqueue_atom, Job): `position` is the jobs ahead of it (accepted),

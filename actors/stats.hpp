@@ -62,6 +62,15 @@ struct AdmissionStats {
   int64_t tenants_forgotten = 0;  ///< idle open-mode tenants dropped from the table
   int64_t replayed = 0;           ///< jobs of the previous run re-queued from the journal
   int64_t restored = 0;           ///< results of the previous run kept for resubmits
+  // Programs (docs/programs.md): started (resumed ones too), ended by outcome, running now.
+  int64_t programs_started = 0, programs_resumed = 0, programs_done = 0, programs_failed = 0,
+          programs_cancelled = 0, programs_active = 0;
+  int64_t program_steps = 0;           ///< gen, select and tool steps finished
+  int64_t program_steps_restored = 0;  ///< steps a resumed program took from the journal
+  int64_t program_prompt_tokens = 0;   ///< prompt tokens of program steps
+  int64_t program_cached_tokens = 0;   ///< of those, reused from the prefix cache
+  int64_t program_completion_tokens = 0;
+  int64_t program_tool_calls = 0, program_tool_timeouts = 0;
 
   template <class S, class F>
   static decltype(auto) fields(S& s, F&& f) {
@@ -76,7 +85,19 @@ struct AdmissionStats {
              field("active_jobs", s.active, kSummary), field("remembered", s.remembered),
              field("remembered_bytes", s.remembered_bytes), field("tenants", s.tenants),
              field("tenants_idle", s.tenants_idle), field("tenants_forgotten", s.tenants_forgotten),
-             field("replayed", s.replayed), field("restored", s.restored));
+             field("replayed", s.replayed), field("restored", s.restored),
+             field("programs_started", s.programs_started),
+             field("programs_resumed", s.programs_resumed), field("programs_done", s.programs_done),
+             field("programs_failed", s.programs_failed),
+             field("programs_cancelled", s.programs_cancelled),
+             field("programs_active", s.programs_active, kSummary),
+             field("program_steps", s.program_steps),
+             field("program_steps_restored", s.program_steps_restored),
+             field("program_prompt_tokens", s.program_prompt_tokens),
+             field("program_cached_tokens", s.program_cached_tokens),
+             field("program_completion_tokens", s.program_completion_tokens),
+             field("program_tool_calls", s.program_tool_calls),
+             field("program_tool_timeouts", s.program_tool_timeouts));
   }
 };
 

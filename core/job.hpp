@@ -291,6 +291,7 @@ struct JobOutcome {
   uint32_t tokens_used = 0;  // prompt + completion: returned to the tenant's token bucket
   DoneEvent done;
   ErrorEvent error;
+  bool program = false;  // a program's end (metrics count its latency apart from jobs')
 };
 
 /// An operator command decoded by the gateway: `command` is "kv_policy" (args: policy text in

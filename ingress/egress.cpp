@@ -119,8 +119,10 @@ OutMessage encode_event(const StepEvent& e) {
 }
 
 OutMessage encode_event(const ToolCallEvent& e) {
-  return make(e.to, e.id, e.tenant, false,
-              wire::ToolCall{e.id, e.tenant, e.call, e.name, sanitize_utf8(e.arguments)});
+  OutMessage m = make(e.to, e.id, e.tenant, false,
+                      wire::ToolCall{e.id, e.tenant, e.call, e.name, sanitize_utf8(e.arguments)});
+  m.to_sink = true;
+  return m;
 }
 
 OutMessage encode_event(const ControlEvent& e) {

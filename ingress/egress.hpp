@@ -20,6 +20,8 @@ struct OutMessage {
   std::string tenant;     ///< "" when the event did not carry it (the gateway fills it in)
   bool terminal = false;  ///< done or error: the job's last message
   std::string bytes;      ///< one msgpack server message
+  /// Not terminal, yet for the results socket too: a program's tool_call (docs/programs.md).
+  bool to_sink = false;
 };
 
 /// Where the egress actor delivers; implemented by Gateway (thread-safe), or by a test double.

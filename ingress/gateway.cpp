@@ -368,7 +368,7 @@ struct Gateway::Impl {
 
   void deliver(OutMessage&& m) {
     if (m.to.kind == ClientRef::pipeline) {
-      if (!push || !m.terminal) {
+      if (!push || !(m.terminal || m.to_sink)) {
         c.dropped++;
         return;
       }

@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "actors/journal.hpp"
+#include "storage/journal_codec.hpp"
 #include "storage/journal_file.hpp"
 #include "tests/support/enum_print.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -77,6 +78,39 @@ JobOutcome failed(const Job& j) {
 }
 
 }  // namespace
+
+// A program's step records fold into its pending job (each path once, the first record wins), the
+// compacted journal carries them in the accept record, and an ended program leaves none.
+BOOST_AUTO_TEST_CASE(program_steps_fold_into_the_pending_program) {
+  Job p = job(7, "prog", ClientRef::pipeline);
+  p.prompt.clear();
+  p.program = R"([{"type":"gen","name":"a"},{"type":"gen","name":"b"}])";
+  p.inputs = {{"q", "why"}};
+  Job ended = job(8, "prog2", ClientRef::pipeline);
+  ended.program = p.program;
+  const std::vector<std::string> recs = {
+      encode_accept(p),
+      journal::encode_step(ProgramStep{7, "0", "first"}),
+      encode_accept(ended),
+      journal::encode_step(ProgramStep{8, "0", "x"}),
+      encode_result(done(ended, "x")),
+      journal::encode_step(ProgramStep{7, "0", "again"}),  // a second record of a path
+      journal::encode_step(ProgramStep{9, "0", "orphan"}),  // no accept: ignored
+      journal::encode_step(ProgramStep{7, "1", "second"})};
+  JournalReplay r;
+  std::vector<std::string> compacted;
+  replay_records(recs, 10, r, compacted);
+  BOOST_REQUIRE_EQUAL(r.pending.size(), 1u);
+  const std::vector<std::pair<std::string, std::string>> want = {{"0", "first"}, {"1", "second"}};
+  BOOST_TEST((r.pending[0].program_done == want));
+  BOOST_TEST(r.pending[0].program == p.program);
+  BOOST_TEST((r.pending[0].inputs == p.inputs));
+  JournalReplay again;
+  std::vector<std::string> compacted2;
+  replay_records(compacted, 10, again, compacted2);
+  BOOST_REQUIRE_EQUAL(again.pending.size(), 1u);
+  BOOST_TEST((again.pending[0].program_done == want));
+}
 
 BOOST_AUTO_TEST_CASE(an_accepted_job_without_result_is_pending_with_every_field) {
   Job a = job(5, "a", ClientRef::pipeline);

@@ -132,6 +132,8 @@ void end_program(Self* self, uint64_t uid, JobOutcome o) {
     st.step_jobs.erase(s);
     if (st.router) self->send(st.router, cancel_atom::value, s);
   }
+  // The batchers let its pinned context go (cached, no longer held).
+  if (st.router && p->first_dispatched) self->send(st.router, release_atom::value, uid);
   // A pipeline or cluster program held its PULL credit while it ran (its steps did not).
   return_pull_credit(self, p->job.client);
   o.tokens_used = p->prompt_tokens + p->completion_tokens;

@@ -104,6 +104,7 @@ BatcherActor::behavior_type Batcher::mode(policy::KvPolicy p) {
   return {
       [b, p](run_atom, Job& job) { b->on_run(job, p); },
       [b](cancel_atom, uint64_t uid) { b->on_cancel(uid); },
+      [b](release_atom, uint64_t program) { b->unpin(program); },
       [b](status_atom, uint64_t uid) -> uint32_t { return b->generated(uid); },
       [b](stats_atom) -> BatcherStats { return b->stats(); },
       [b](kvpolicy_atom, const policy::KvPolicy& np) -> std::string { return b->on_swap(np); },
@@ -207,6 +208,7 @@ BatcherStats Batcher::stats() const {
   s.blocks_free = n(pool.n_free());
   s.blocks_total = n(pool.n_total());
   s.blocks_cached = n(pool.n_cached());
+  s.blocks_pinned = n(pinned_blocks_);
   s.blocks_used_peak = kv_.peak();
   s.window_blocks_used = n(split ? wpool.n_held() : 0);
   s.window_blocks_free = n(split ? wpool.n_free() : 0);
@@ -271,6 +273,10 @@ policy::PlanSeq Batcher::plan_seq_of(const Seq& s) const {
 // waiting jobs it can reach (each one it passes starts, so at most max_sequences + 1 of them),
 // and the running ones it may preempt (one may start again in the same round).
 policy::PlanOutput Batcher::plan_round() {
+  // Programs' pinned contexts give way when jobs wait and the pool runs low (below a quarter
+  // free): they are recomputed (or found cached) when their programs go on.
+  if (!pins_.empty() && !waiting_.empty() && kv_.pool().n_free() < kv_.pool().n_total() / 4)
+    trim_pins(0);
   policy::PlanInput in;
   in.free_blocks = kv_.pool().n_free();
   in.free_wblocks = kv_.split() ? kv_.window_pool().n_free() : 0;
@@ -363,6 +369,7 @@ void Batcher::admit(Seq& s) {
 
 // Takes a sequence out of the batch: blocks freed, recomputed from its tokens when resumed.
 void Batcher::preempt(Seq& s) {
+  trim_pins(0);  // pinned program contexts go before a running sequence loses its blocks
   if (!s.kv.blocks.empty()) ++preemptions_;
   kv_.free(s.kv);
   if (s.in_step) {  // planned in the step being built: take it out again

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <caf/all.hpp>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <set>
@@ -149,6 +150,11 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   void cancel_group(Seq& g);
   void group_done(Seq& g, DoneEvent& d) const;
 
+  // batcher_jobs.cpp: programs' contexts kept between their steps (docs/programs.md).
+  void pin(Seq& s);
+  void unpin(uint64_t program);
+  void trim_pins(int64_t max_blocks);
+
   // batcher_lifecycle.cpp: policies, scale down, failure.
   std::string refuse(const policy::KvPolicy& p) const;
   std::string on_swap(const policy::KvPolicy& np);
@@ -207,6 +213,16 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   // far above admission's job uids so that the two never meet.
   uint64_t next_member_uid_ = uint64_t{1} << 62;
   std::vector<KvBlockCopyPlan> pending_copies_;  // copy-on-write for the next step
+  // A program's context stays referenced between its steps: the tables of its latest step jobs
+  // (one per branch it runs), oldest first, until the program ends (release_atom) or the pool
+  // needs the blocks. `blocks` counts each table's blocks (shared ones more than once).
+  struct Pin {
+    uint64_t program = 0;
+    KvTables kv;
+    int64_t blocks = 0;
+  };
+  std::deque<Pin> pins_;
+  int64_t pinned_blocks_ = 0;
   int64_t prompt_fed_ = 0, forked_ = 0, block_copies_ = 0;
 };
 

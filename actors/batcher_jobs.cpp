@@ -72,8 +72,70 @@ DoneEvent Batcher::done_event(Seq& s, FinishReason finish) {
   return d;
 }
 
+// A program's step job ended: its tables stay referenced for the program's next step (the prefix
+// cache alone would let them be evicted while the program waits for a tool or a sibling branch).
+// A table whose blocks a newer one of the program covers (its chain of block hashes a prefix of
+// the newer one's) is let go; a program keeps at most kMaxPinsPerProgram (a fork's branches).
+void Batcher::pin(Seq& s) {
+  // A fork's branches at most (docs/programs.md: 16): each keeps its context.
+  constexpr std::size_t kMaxPinsPerProgram = 16;
+  const uint64_t program = s.job.program_uid;
+  std::size_t of_program = 0;
+  for (auto it = pins_.begin(); it != pins_.end();) {
+    const auto& h = it->kv.hashes;
+    const bool covered = it->program == program && h.size() <= s.kv.hashes.size() &&
+                         std::equal(h.begin(), h.end(), s.kv.hashes.begin());
+    if (covered) {
+      pinned_blocks_ -= it->blocks;
+      kv_.free(it->kv);
+      it = pins_.erase(it);
+      continue;
+    }
+    if (it->program == program) ++of_program;
+    ++it;
+  }
+  if (of_program >= kMaxPinsPerProgram) {
+    auto oldest = std::find_if(pins_.begin(), pins_.end(),
+                               [&](const Pin& p) { return p.program == program; });
+    pinned_blocks_ -= oldest->blocks;
+    kv_.free(oldest->kv);
+    pins_.erase(oldest);
+  }
+  Pin p;
+  p.program = program;
+  p.blocks = s.kv.held() + s.kv.wheld();
+  p.kv = std::move(s.kv);
+  s.kv = KvTables{};
+  pinned_blocks_ += p.blocks;
+  pins_.push_back(std::move(p));
+  // Pins never hold more than a quarter of the pool: the rest is for running sequences and the
+  // prefix cache; the oldest go first.
+  trim_pins(kv_.pool().n_total() / 4);
+}
+
+void Batcher::unpin(uint64_t program) {
+  for (auto it = pins_.begin(); it != pins_.end();) {
+    if (it->program != program) {
+      ++it;
+      continue;
+    }
+    pinned_blocks_ -= it->blocks;
+    kv_.free(it->kv);  // published blocks stay cached for prefix reuse until evicted
+    it = pins_.erase(it);
+  }
+}
+
+void Batcher::trim_pins(int64_t max_blocks) {
+  while (!pins_.empty() && pinned_blocks_ > max_blocks) {
+    pinned_blocks_ -= pins_.front().blocks;
+    kv_.free(pins_.front().kv);
+    pins_.pop_front();
+  }
+}
+
 void Batcher::finish(Seq& s, FinishReason finish) {
   if (s.leader) return end_member(s, finish);
+  if (s.job.is_step() && !s.grouped && finish != FinishReason::cancelled) pin(s);
   DoneEvent d = done_event(s, finish);
   JobOutcome o = make_outcome(d);
   o.tokens_used = d.prompt_tokens + d.completion_tokens;

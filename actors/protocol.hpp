@@ -55,6 +55,7 @@ using ExecutorActor = caf::typed_actor<
 using BatcherActor = caf::typed_actor<
     reacts_to<run_atom, Job>,                                        // from the router
     reacts_to<cancel_atom, uint64_t>,
+    reacts_to<release_atom, uint64_t>,                               // a program ended: unpin
     replies_to<status_atom, uint64_t>::with<uint32_t>,               // tokens so far
     replies_to<stats_atom>::with<BatcherStats>,
     replies_to<kvpolicy_atom, policy::KvPolicy>::with<std::string>,  // "" swapped, else why
@@ -90,6 +91,7 @@ using RouterActor = caf::typed_actor<
     replies_to<enqueue_atom, Job>::with<EnqueueReply>,       // from admission
     reacts_to<credit_atom, BatcherActor, uint32_t>,          // a batcher takes n more
     reacts_to<cancel_atom, uint64_t>,
+    reacts_to<release_atom, uint64_t>,                       // a program ended: to every batcher
     reacts_to<finished_atom, std::vector<uint64_t>>,         // a batcher ended these jobs
     reacts_to<requeue_atom, std::vector<Job>>,               // a failed executor's jobs
     replies_to<retire_atom, BatcherActor>::with<uint32_t>,   // credit revoked

@@ -240,6 +240,9 @@ RouterActor::behavior_type router_actor(Self* self, RouterConfig cfg, EgressActo
         dispatch(self);
       },
       [self](cancel_atom, uint64_t uid) { cancel(self, uid); },
+      [self](release_atom, uint64_t program) {
+        for (auto& b : self->state.batchers) self->send(b.handle, release_atom::value, program);
+      },
       [self](finished_atom, const std::vector<uint64_t>& uids) {
         for (uint64_t uid : uids) forget_running(self->state, uid);
       },

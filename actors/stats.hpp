@@ -158,6 +158,7 @@ struct BatcherStats {
   int64_t blocks_free = 0;              ///< KV blocks free
   int64_t blocks_total = 0;             ///< KV blocks in the pool
   int64_t blocks_cached = 0;            ///< unreferenced blocks kept for prefix reuse
+  int64_t blocks_pinned = 0;            ///< blocks programs' contexts hold between steps
   int64_t blocks_used_peak = 0;         ///< most blocks held at once
   int64_t window_blocks_used = 0;       ///< window-group blocks held (0 with one group)
   int64_t window_blocks_free = 0;       ///< window-group blocks free
@@ -195,6 +196,7 @@ struct BatcherStats {
              field("blocks_used", s.blocks_used, kSummary | kPerBatcher),
              field("blocks_free", s.blocks_free), field("blocks_total", s.blocks_total, kSummary),
              field("blocks_cached", s.blocks_cached, kSummary | kPerBatcher),
+             field("blocks_pinned", s.blocks_pinned),
              field("blocks_used_peak", s.blocks_used_peak, kPerBatcher),
              field("window_blocks_used", s.window_blocks_used, kPerBatcher),
              field("window_blocks_free", s.window_blocks_free),

@@ -405,6 +405,16 @@ void submit(Self* self, SubmitRequest& req) {
     }
     return return_pull_credit(self, req.client);
   }
+  if (!req.program.empty() && st.programs.size() >= st.cfg.max_programs) {
+    // Each running program holds its walk here: beyond the bound it waits at the client. A
+    // program takes seconds, so a second is the retry hint's order.
+    ++st.overloaded;
+    send_error(self, req.client, req.id, req.tenant, ErrorCode::overloaded,
+               "the server runs " + std::to_string(st.programs.size()) +
+                   " programs, its limit (admission.max_programs)",
+               1000);
+    return return_pull_credit(self, req.client);
+  }
   Job job;
   uint32_t cost = 0;
   if (auto bad = req.program.empty() ? build_job(self, req, job)

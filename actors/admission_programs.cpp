@@ -389,9 +389,6 @@ std::optional<std::string> build_program(Self* self, const SubmitRequest& req, J
     return std::string("temperature must be a finite number >= 0");
   if (!(req.top_p > 0 && req.top_p <= 1)) return std::string("top_p must be in (0, 1]");
   if (auto bad = check_controls(self, req.controls)) return bad;
-  if (st.programs.size() >= st.cfg.max_programs)
-    return "the server runs " + std::to_string(st.programs.size()) +
-           " programs, its limit (max_programs): retry later";
   programs::GenDefaults defaults = defaults_of(req);
   programs::Program prog;
   try {

@@ -214,7 +214,8 @@ void load_tenants(const Ctx& c, const std::string& key, const YAML::Node& n,
 void load_admission(const Ctx& c, const YAML::Node& n, AdmissionConfig& a) {
   each(c, "admission", n,
        {"allow_anonymous", "tenants", "max_prompt_tokens", "max_output_tokens", "result_cache",
-        "result_cache_bytes", "tenant_idle_ms", "max_idle_tenants", "admin_token"},
+        "result_cache_bytes", "tenant_idle_ms", "max_idle_tenants", "admin_token",
+        "max_programs"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "allow_anonymous")
            a.allow_anonymous = get_bool(c, key, v);
@@ -224,6 +225,8 @@ void load_admission(const Ctx& c, const YAML::Node& n, AdmissionConfig& a) {
            a.max_prompt_tokens = static_cast<uint32_t>(get_int(c, key, v, 0, kU32));
          else if (k == "max_output_tokens")
            a.max_output_tokens = static_cast<uint32_t>(get_int(c, key, v, 1, kU32));
+         else if (k == "max_programs")
+           a.max_programs = static_cast<size_t>(get_int(c, key, v, 1, kI64));
          else if (k == "result_cache")
            a.result_cache = static_cast<size_t>(get_int(c, key, v, 0, kI64));
          else if (k == "result_cache_bytes")

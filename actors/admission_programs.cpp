@@ -314,6 +314,7 @@ void advance(Self* self, uint64_t uid) {
     sj.name = a.name;
     sj.choices = a.choices;
     if (a.step) sj.method = a.step->method;
+    sj.arrival_us = job.arrival_us;
     st.step_jobs[job.uid] = std::move(sj);
     p->steps.push_back(job.uid);
     send_step(self, uid, std::move(job));
@@ -479,10 +480,18 @@ bool program_step_ended(Self* self, JobOutcome& o) {
   st.program_prompt_tokens += d.prompt_tokens;
   st.program_cached_tokens += d.cached_tokens;
   st.program_completion_tokens += d.completion_tokens;
-  if (!p->timed) {
-    p->timed = true;
+  // The program's queue time is its first step's; its first token is the first step that made
+  // one (a select or a prefill makes none), measured from the program's arrival.
+  if (!p->timed_queue) {
+    p->timed_queue = true;
     p->queue_ms = d.queue_ms;
-    p->ttft_ms = d.ttft_ms;
+  }
+  if (!p->timed && d.ttft_ms > 0 && sj.kind == Action::Kind::gen) {
+    p->timed = true;
+    const int64_t first_token_us = sj.arrival_us + static_cast<int64_t>(d.ttft_ms * 1000.0);
+    p->ttft_ms = p->job.arrival_us > 0
+                     ? static_cast<double>(first_token_us - p->job.arrival_us) / 1000.0
+                     : d.ttft_ms;
   }
   if (o.outcome == Outcome::cancelled || d.finish == FinishReason::cancelled) {
     // Cancelled under the program (shutdown): the program ends cancelled with what it has.

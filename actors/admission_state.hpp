@@ -73,6 +73,7 @@ struct StepJob {
   std::string path, name;
   std::vector<std::string> choices;  // select
   programs::Step::Method method = programs::Step::token_length_normalized;
+  int64_t arrival_us = 0;  // the step job's arrival (its queue and first-token times count from it)
 };
 
 /// A program the manager runs (admission_programs.cpp): its job, its walk, its steps in flight.
@@ -86,7 +87,8 @@ struct ProgramState {
   // Tool waits: path -> (deadline in steady µs, the step's variable name).
   std::map<std::string, std::pair<int64_t, std::string>> tools;
   bool first_dispatched = false;            // the first step job went out (carries the deadline)
-  bool timed = false;                       // queue_ms/ttft_ms taken from the first step's done
+  bool timed_queue = false;                 // queue_ms taken from the first step's done
+  bool timed = false;                       // ttft_ms taken from the first gen that made a token
   bool timer_armed = false;
   uint32_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
   double queue_ms = 0, ttft_ms = 0;

@@ -38,6 +38,13 @@ const char* const kSubmitUsage =
     "              \"choices\", \"n\" (samples; results get \"choices\"),\n"
     "              \"prompt_logprobs\", \"continuations\" (a score request: [text or\n"
     "              ids, ...]; results get \"scores\"), and \"meta\" (yours; not sent)}.\n"
+    "              A program (docs/programs.md) replaces \"prompt\": \"program\": [steps]\n"
+    "              and \"inputs\": {\"name\": \"text\", ...}; the sampling keys are its gen\n"
+    "              steps' defaults; its result line adds \"vars\" and \"steps\". submit\n"
+    "              runs no tools: a tool step's call is written as a line {\"id\",\n"
+    "              \"tool_call\": {\"call\", \"name\", \"arguments\"}} and the program waits\n"
+    "              for a tool_result from another client (with the tenant's token), or\n"
+    "              fails with deadline_exceeded after the step's tool_timeout_ms.\n"
     "              Other keys are refused. Ids already in the output are skipped\n"
     "              (resumable); overloaded jobs are retried.\n"
     "              --server-key: the server's CURVE public key file (PREFIX.pub);\n"
@@ -228,6 +235,15 @@ Line parse_job(size_t n, const std::string& text, const std::string& tenant,
           bad_line(n, "'continuations' entries must be strings or arrays of token ids");
         }
       }
+    } else if (k == "program") {
+      // Sent as its JSON text: the server checks the steps (docs/programs.md), so that this
+      // command never lags behind the step types it knows.
+      if (!v.is_array() || v.empty()) bad_line(n, "'program' must be a non-empty array of steps");
+      s.program = v.dump();
+    } else if (k == "inputs") {
+      if (!v.is_object()) bad_line(n, "'inputs' must be an object of name -> text");
+      for (const auto& [name, value] : v.items())
+        s.inputs.emplace_back(name, get_str(n, value, ("inputs." + name).c_str()));
     } else if (k != "meta") {
       // "meta" is the caller's own bookkeeping and travels no further; any other key is
       // refused, so that a misspelt or unsupported field is never silently dropped.
@@ -237,15 +253,28 @@ Line parse_job(size_t n, const std::string& text, const std::string& tenant,
     }
   }
   if (s.id.empty()) bad_line(n, "missing 'id'");
+  if (j.contains("program")) {
+    // What belongs to one generation has no meaning for a whole program; the server refuses
+    // these too, this names the line.
+    for (const char* k : {"prompt", "messages", "continuations", "n", "logprobs", "prompt_logprobs",
+                          "ignore_eos", "parse_special"})
+      if (j.contains(k)) bad_line(n, std::string("'program' and '") + k + "' exclude each other");
+    for (const char* k : {"grammar", "json_schema", "regex", "choices"})
+      if (j.contains(k))
+        bad_line(n, std::string("'") + k + "' does not go with 'program': a constraint belongs " +
+                        "to a gen step");
+    return l;
+  }
+  if (j.contains("inputs")) bad_line(n, "'inputs' goes with 'program' only");
   if (j.contains("prompt") && j.contains("messages"))
     bad_line(n, "'prompt' and 'messages' exclude each other: give one of them");
   if (!j.contains("prompt") && !j.contains("messages"))
-    bad_line(n, "missing 'prompt' (or 'messages')");
+    bad_line(n, "missing 'prompt' (or 'messages', or 'program')");
   return l;
 }
 
-// Ids already in the output. A torn last line (an interrupted run) is cut off so that the file
-// stays one JSON object per line.
+// Ids already in the output (a result or an error; a program's tool_call line is no result). A
+// torn last line (an interrupted run) is cut off so that the file stays one JSON object per line.
 std::unordered_set<std::string> done_ids(const std::string& path) {
   std::unordered_set<std::string> ids;
   if (!std::filesystem::exists(path)) return ids;
@@ -269,13 +298,23 @@ std::unordered_set<std::string> done_ids(const std::string& path) {
     if (line.empty()) continue;
     try {
       auto j = Json::parse(line);
-      if (auto id = j.find("id"); j.is_object() && id != j.end() && id->is_string())
+      if (!j.is_object() || j.contains("tool_call")) continue;
+      if (auto id = j.find("id"); id != j.end() && id->is_string())
         ids.insert(id->get<std::string>());
     } catch (const Json::exception&) {
       // A line we cannot read names no id: that job simply runs again.
     }
   }
   return ids;
+}
+
+// A program's tool call as a line of the output: {"id", "tool_call": {"call", "name",
+// "arguments"}}. It is no result: done_ids skips it, so a rerun still runs the program.
+std::string tool_call_line(const wire::ToolCall& c) {
+  Json j;
+  j["id"] = c.id;
+  j["tool_call"] = {{"call", c.call}, {"name", c.name}, {"arguments", c.arguments}};
+  return json_dump(j);
 }
 
 }  // namespace
@@ -305,6 +344,18 @@ std::string done_line(const wire::Done& d) {
   for (const wire::Score& sc : d.scores)
     j["scores"].push_back(
         {{"index", sc.index}, {"logprob", sc.logprob}, {"mean", sc.mean}, {"tokens", sc.tokens}});
+  // A program's: every input and variable (a join's list as an array), and the steps that ran.
+  if (d.steps > 0 || !d.vars.empty()) {
+    Json vars = Json::object();
+    for (const wire::Var& v : d.vars) {
+      if (v.list)
+        vars[v.name] = v.values;
+      else
+        vars[v.name] = v.values.empty() ? std::string() : v.values.front();
+    }
+    j["vars"] = std::move(vars);
+    j["steps"] = d.steps;
+  }
   return json_dump(j);
 }
 
@@ -471,6 +522,10 @@ int cmd_submit(const Args& a) {
       tokens += d->usage.completion_tokens;
       out << done_line(*d) << '\n';
       ++done;
+    } else if (auto* c = std::get_if<wire::ToolCall>(&*m)) {
+      // Written for whoever runs the tool; the program stays in flight until it is answered
+      // (by another client) or its tool step times out.
+      if (in_flight.count(c->id)) out << tool_call_line(*c) << '\n';
     } else if (auto* e = std::get_if<wire::Error>(&*m)) {
       auto it = in_flight.find(e->id);
       if (it == in_flight.end()) {

@@ -124,9 +124,44 @@ Result Client::wait(const std::string& id, milliseconds timeout, const std::stri
       pending_, [this](milliseconds t) { return recv(t); }, id, timeout, tenant);
 }
 
+void Client::tool_result(const wire::ToolCall& call, std::string content,
+                         const std::string& token) {
+  send(wire::ToolResult{call.id, call.tenant, token, call.call, std::move(content)});
+}
+
+Result Client::run_program(const wire::Submit& s, const ToolHandler& tools, milliseconds timeout) {
+  submit(s);
+  return collect_job(
+      pending_, [this](milliseconds t) { return recv(t); }, s.id, timeout, s.tenant,
+      [&](const wire::ToolCall& c) {
+        if (!tools) return;
+        if (auto content = tools(c)) {
+          wire::ToolCall named = c;
+          // A tool_call names the program's tenant; an older server might leave it out.
+          if (named.tenant.empty()) named.tenant = s.tenant;
+          tool_result(named, std::move(*content), s.token);
+        }
+      });
+}
+
+const wire::Var* Result::var(std::string_view name) const {
+  if (!done) return nullptr;
+  for (const wire::Var& v : done->vars)
+    if (v.name == name) return &v;
+  return nullptr;
+}
+
+std::string Result::step_text(std::string_view path) const {
+  std::string text;
+  for (const wire::Tokens& t : chunks)
+    if (t.step == path) text += t.text;
+  return text;
+}
+
 Result collect_job(std::deque<wire::ServerMessage>& pending,
                    const std::function<std::optional<wire::ServerMessage>(milliseconds)>& recv,
-                   const std::string& id, milliseconds timeout, const std::string& tenant) {
+                   const std::string& id, milliseconds timeout, const std::string& tenant,
+                   const std::function<void(const wire::ToolCall&)>& on_tool_call) {
   Result r;
   // Replies name their tenant: one connection may run the same id for two tenants.
   auto is_mine = [&](const wire::ServerMessage& m) {
@@ -160,13 +195,18 @@ Result collect_job(std::deque<wire::ServerMessage>& pending,
         continue;
       }
     }
+    const bool tool_call = std::holds_alternative<wire::ToolCall>(*m);
     if (add_to_result(r, std::move(*m))) return r;
+    if (tool_call && on_tool_call) on_tool_call(r.tool_calls.back());
   }
 }
 
 bool add_to_result(Result& r, wire::ServerMessage&& m) {
   if (auto* a = std::get_if<wire::Accepted>(&m)) {
     r.accepted = *a;
+  } else if (auto* t = std::get_if<wire::Tokens>(&m); t && !t->step.empty()) {
+    // A program's chunk belongs to one of its steps, not to the program's own result.
+    r.chunks.push_back(std::move(*t));
   } else if (auto* t = std::get_if<wire::Tokens>(&m)) {
     if (r.choices.size() <= t->choice) r.choices.resize(t->choice + std::size_t{1});
     wire::Choice& c = r.choices[t->choice];
@@ -185,6 +225,13 @@ bool add_to_result(Result& r, wire::ServerMessage&& m) {
     if (!d->ids.empty() || !d->text.empty()) {
       r.ids = d->ids;
       r.text = d->text;
+    } else if (!r.steps.empty()) {
+      // A program's text is its last top-level step's output, which its step event carried.
+      for (auto it = r.steps.rbegin(); it != r.steps.rend(); ++it)
+        if (it->step.find('.') == std::string::npos) {
+          r.text = it->output;
+          break;
+        }
     }
     if (!d->logprobs.empty()) r.logprobs = d->logprobs;
     if (d->choices.empty()) {
@@ -211,6 +258,10 @@ bool add_to_result(Result& r, wire::ServerMessage&& m) {
   } else if (auto* e = std::get_if<wire::Error>(&m)) {
     r.error = std::move(*e);
     return true;
+  } else if (auto* st = std::get_if<wire::Step>(&m)) {
+    r.steps.push_back(std::move(*st));
+  } else if (auto* tc = std::get_if<wire::ToolCall>(&m)) {
+    r.tool_calls.push_back(std::move(*tc));
   }
   // status replies for this id are not part of the job's stream: ignored here
   return false;
@@ -327,14 +378,17 @@ std::string describe(const wire::ServerMessage& m) {
         if constexpr (std::is_same_v<T, wire::Accepted>) {
           o << "accepted " << x.id << " queue_position=" << x.queue_position;
         } else if constexpr (std::is_same_v<T, wire::Tokens>) {
-          o << "tokens " << x.id << " index=" << x.index << " n=" << x.ids.size()
-            << " text=" << x.text;
+          o << "tokens " << x.id;
+          if (!x.step.empty()) o << " step=" << x.step;
+          o << " index=" << x.index << " n=" << x.ids.size() << " text=" << x.text;
         } else if constexpr (std::is_same_v<T, wire::Done>) {
           o << "done " << x.id << " finish=" << wire::to_string(x.finish_reason)
             << " prompt_tokens=" << x.usage.prompt_tokens
             << " completion_tokens=" << x.usage.completion_tokens
             << " cached_tokens=" << x.usage.cached_tokens << " ttft_ms=" << x.timings.ttft_ms
-            << " total_ms=" << x.timings.total_ms << " text=" << x.text;
+            << " total_ms=" << x.timings.total_ms;
+          if (x.steps > 0) o << " steps=" << x.steps << " vars=" << x.vars.size();
+          o << " text=" << x.text;
         } else if constexpr (std::is_same_v<T, wire::Error>) {
           o << "error " << x.id << " " << to_string(x.code) << ": " << x.message;
           if (x.retry_after_ms) o << " retry_after_ms=" << *x.retry_after_ms;
@@ -342,7 +396,15 @@ std::string describe(const wire::ServerMessage& m) {
           o << "pong " << x.seq;
         } else if constexpr (std::is_same_v<T, wire::ControlReply>) {
           o << "control_reply " << x.command << " " << x.result;
+        } else if constexpr (std::is_same_v<T, wire::Step>) {
+          o << "step " << x.id << " " << x.step << " " << x.kind;
+          if (!x.name.empty()) o << " '" << x.name << "'";
+          o << " output=" << x.output;
+        } else if constexpr (std::is_same_v<T, wire::ToolCall>) {
+          o << "tool_call " << x.id << " call=" << x.call << " name=" << x.name
+            << " arguments=" << x.arguments;
         } else {
+          static_assert(std::is_same_v<T, wire::StatusReply>, "a server message describe() lacks");
           o << "status " << x.id << " " << wire::to_string(x.state)
             << " queue_position=" << x.queue_position
             << " completion_tokens=" << x.completion_tokens;

@@ -1,6 +1,7 @@
 // The C++ client library of Switchyard (no CAF): a DEALER client for the request endpoint, a
 // Pusher for the pipeline input and a Sink for the pipeline results. Speaks docs/protocol.md.
-// A job is a wire::Submit: a `prompt` (text or token ids) or chat `messages` (chat_submit).
+// A job is a wire::Submit: a `prompt` (text or token ids), chat `messages` (chat_submit) or a
+// program (program_submit, docs/programs.md).
 #pragma once
 
 #include <chrono>
@@ -11,18 +12,18 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 #include <zmq.hpp>
 
-#include "ingress/codec.hpp"
 #include "core/wire.hpp"
+#include "ingress/codec.hpp"
 
 namespace sy::client {
 
 using std::chrono::milliseconds;
 
-/// Thrown when the server sends bytes this client cannot decode, or a send fails.
 /// A submit of a conversation, which the server renders with the model's chat template (message
 /// text never becomes control tokens); set max_tokens, temperature, ... on it as on any submit.
 inline wire::Submit chat_submit(std::string id, std::string tenant,
@@ -48,6 +49,21 @@ inline wire::Submit score_request(
   return s;
 }
 
+/// A program (docs/programs.md): `program_json` is the JSON array of its steps as text (e.g.
+/// `[{"type":"text","text":"Q: {{q}}\nA:"},{"type":"gen","name":"a","max_tokens":32}]`), sent
+/// as the wire's `program` array; `inputs` fill its `{{name}}` templates. The submit's sampling
+/// fields are the defaults of every gen step; `stream` streams every gen step's tokens.
+inline wire::Submit program_submit(std::string id, std::string tenant, std::string program_json,
+                                   std::vector<std::pair<std::string, std::string>> inputs = {}) {
+  wire::Submit s;
+  s.id = std::move(id);
+  s.tenant = std::move(tenant);
+  s.program = std::move(program_json);
+  s.inputs = std::move(inputs);
+  return s;
+}
+
+/// Thrown when the server sends bytes this client cannot decode, or a send fails.
 struct ClientError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -65,9 +81,23 @@ struct Result {
   std::optional<wire::Done> done;    ///< set when the job finished
   std::optional<wire::Error> error;  ///< set when it failed
   bool timed_out = false;            ///< neither came before the timeout
+  /// A program: its `step` events, in arrival order (its streamed chunks, which name their step,
+  /// are in `chunks` only: `text`, `ids` and `choices` stay the program's result).
+  std::vector<wire::Step> steps;
+  /// A program: the `tool_call` events it sent, in arrival order (answered or not).
+  std::vector<wire::ToolCall> tool_calls;
   /// True when the job finished with done.
   bool ok() const { return done.has_value(); }
+  /// A program's variable `name` from its done (an input, a step's output, a join's list);
+  /// null when absent or not done.
+  const wire::Var* var(std::string_view name) const;
+  /// The text a program's streamed chunks gave step `path` ("2.1.0").
+  std::string step_text(std::string_view path) const;
 };
+
+/// Answers a program's tool_call: the tool's output, or nullopt to leave the call to another
+/// client (the program then waits up to the tool step's tool_timeout_ms).
+using ToolHandler = std::function<std::optional<std::string>(const wire::ToolCall&)>;
 
 /// The answer to a control command (Client::control).
 struct ControlResult {
@@ -124,6 +154,9 @@ class Client {
   void status(const std::string& id, const std::string& tenant, const std::string& token = "");
   /// Sends a ping.
   void ping(std::uint64_t seq = 0) { send(wire::Ping{seq}); }
+  /// Answers a program's tool_call with the tool's output (`token`: the tenant's token). The
+  /// server replies only when it refuses it (an error not_found naming the program's id).
+  void tool_result(const wire::ToolCall& call, std::string content, const std::string& token = "");
 
   /// The next server message (first those set aside by run/ping_wait), or nullopt after
   /// `timeout`. Throws ClientError on undecodable bytes.
@@ -137,6 +170,11 @@ class Client {
   /// messages naming that tenant (or none) count as the job's.
   Result wait(const std::string& id, milliseconds timeout = milliseconds(60000),
               const std::string& tenant = "");
+  /// Submits a program and waits for its done or error as run() does, answering each of its
+  /// tool_calls with `tools` (a ToolResult with s.token) as it arrives; steps and tool calls are
+  /// collected in the Result.
+  Result run_program(const wire::Submit& s, const ToolHandler& tools,
+                     milliseconds timeout = milliseconds(60000));
   /// Sends an operator command ("kv_policy" with `policy`, or "stats") with the admin `token` and
   /// waits up to `timeout` in all for its control_reply or for an error without a job id. Replies
   /// carry no id, so keep one command in flight per Client; other messages are kept for next().
@@ -201,17 +239,20 @@ class Sink {
   zmq::socket_t sock_;
 };
 
-/// Adds one message of a job to its Result (accepted, a streamed chunk, done or error); true
-/// when it ended the job (done or error). Status replies change nothing.
+/// Adds one message of a job to its Result (accepted, a streamed chunk, a program's step or
+/// tool_call, done or error); true when it ended the job (done or error). Status replies change
+/// nothing.
 bool add_to_result(Result& r, wire::ServerMessage&& m);
 
 /// Collects job `id`'s messages (of `tenant`; "" = any) into a Result until its done or error:
 /// first those set aside in `pending`, then what `recv` gives; others' messages are set aside
-/// in `pending` for later. timed_out when `recv` gives nothing within `timeout`.
+/// in `pending` for later. timed_out when `recv` gives nothing within `timeout`. `on_tool_call`,
+/// when set, sees each of the job's tool_calls as it is added (to answer it).
 Result collect_job(
     std::deque<wire::ServerMessage>& pending,
     const std::function<std::optional<wire::ServerMessage>(std::chrono::milliseconds)>& recv,
-    const std::string& id, std::chrono::milliseconds timeout, const std::string& tenant);
+    const std::string& id, std::chrono::milliseconds timeout, const std::string& tenant,
+    const std::function<void(const wire::ToolCall&)>& on_tool_call = {});
 
 /// The job id a server message refers to ("" for pong and id-less errors).
 std::string message_id(const wire::ServerMessage& m);

@@ -196,7 +196,7 @@ struct BatcherStats {
              field("blocks_used", s.blocks_used, kSummary | kPerBatcher),
              field("blocks_free", s.blocks_free), field("blocks_total", s.blocks_total, kSummary),
              field("blocks_cached", s.blocks_cached, kSummary | kPerBatcher),
-             field("blocks_pinned", s.blocks_pinned),
+             field("blocks_pinned", s.blocks_pinned, kSummary),
              field("blocks_used_peak", s.blocks_used_peak, kPerBatcher),
              field("window_blocks_used", s.window_blocks_used, kPerBatcher),
              field("window_blocks_free", s.window_blocks_free),

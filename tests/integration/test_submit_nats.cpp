@@ -169,4 +169,41 @@ BOOST_AUTO_TEST_CASE(constrained_jobs_run_through_the_cluster) {
   BOOST_TEST(node.stop(SIGTERM) == 0);
 }
 
+// A program is one JetStream message run whole by the node (docs/cluster.md): its result carries
+// every variable, and a tool step, which has no door back on a node, is refused before it runs.
+BOOST_AUTO_TEST_CASE(a_program_runs_whole_on_a_node) {
+  test::NatsServer ns;
+  it::ServerProcess node({"--model", it::kStories, "--threads", "1", "--nats", ns.url()});
+  wait_for_jobs_stream(ns);
+  client::ClusterClient cc(options(ns));
+  const std::string steps = R"([{"type":"text","text":"Once upon a time, {{who}}"},
+    {"type":"gen","name":"a","max_tokens":8,"temperature":0},
+    {"type":"select","name":"m","choices":[" happy"," sad"]},
+    {"type":"fork","n":2,"steps":[{"type":"gen","name":"d","max_tokens":4,"temperature":0.8}]},
+    {"type":"join","mode":"list","name":"ds","var":"d"}])";
+  wire::Submit s = client::program_submit("p1", "acme", steps, {{"who", "Lily"}});
+  auto r = cc.run(s, milliseconds(30000));
+  BOOST_REQUIRE(r.ok());
+  BOOST_REQUIRE(r.done.has_value());
+  BOOST_TEST(r.done->steps == 4u);  // gen, select, two branch gens
+  const wire::Var* a = r.var("a");
+  BOOST_REQUIRE(a != nullptr);
+  BOOST_TEST(!a->values.at(0).empty());
+  const wire::Var* m = r.var("m");
+  BOOST_REQUIRE(m != nullptr);
+  BOOST_TEST((m->values.at(0) == " happy" || m->values.at(0) == " sad"));
+  const wire::Var* ds = r.var("ds");
+  BOOST_REQUIRE(ds != nullptr);
+  BOOST_TEST(ds->list);
+  BOOST_TEST(ds->values.size() == 2u);
+  wire::Submit t = client::program_submit(
+      "p2", "acme", R"([{"type":"text","text":"x"},{"type":"tool","name":"r","tool":"search"}])",
+      {});
+  r = cc.run(t, milliseconds(30000));
+  BOOST_REQUIRE(r.error.has_value());
+  BOOST_TEST((r.error->code == ErrorCode::bad_request));
+  BOOST_TEST(r.error->message.find("step 1 (tool 'r')") != std::string::npos, r.error->message);
+  BOOST_TEST(node.stop(SIGTERM) == 0);
+}
+
 BOOST_AUTO_TEST_SUITE_END()  // test_submit_nats

@@ -162,7 +162,7 @@ BOOST_AUTO_TEST_CASE(ctl_stats_sigusr1_and_metrics_show_the_same_fields) {
                              BOOST_TEST(dump.at(name).get<int64_t>() == v);
                            }
                          });
-  BOOST_TEST(n == 5 + 7 + 9 + 7);  // admission, router, batchers, edge
+  BOOST_TEST(n == 5 + 7 + 10 + 7);  // admission, router, batchers, edge
   // The supervisor's and the journal's in the dump only (the control actor asks neither).
   BOOST_TEST(dump.at("executors").get<int64_t>() == 2);
   BOOST_TEST(dump.at("requeued").get<int64_t>() == 26);  // the supervisor's, not a batcher's

@@ -16,8 +16,8 @@
 #include "actors/messages.hpp"
 #include "actors/outcomes.hpp"
 #include "actors/router.hpp"
-#include "core/wire.hpp"
 #include "core/error_code.hpp"
+#include "core/wire.hpp"
 #include "model/chat_template.hpp"
 #include "model/llama.hpp"
 #include "policies/quota.hpp"
@@ -57,7 +57,6 @@ void drop_pending(Self* self, const std::string& key, uint64_t uid, ErrorCode co
   for (auto& c : rec.attached)
     send_error(self, c, rec.done.id, rec.tenant, code, message, retry_after_ms, uid);
 }
-
 
 std::optional<std::string> check_controls(Self* self, const SamplingControls& c) {
   if (!(c.min_p >= 0.0f && c.min_p <= 1.0f)) return std::string("min_p must be in [0, 1]");
@@ -121,8 +120,9 @@ std::optional<std::string> check_generation(Self* self, const SubmitRequest& req
   const LlamaModel* model = st.model.get();
   if (req.constraint.empty()) return std::nullopt;
   if (req.ignore_eos)
-    return std::string("ignore_eos and a constraint exclude each other: the constraint decides "
-                       "where the output may end");
+    return std::string(
+        "ignore_eos and a constraint exclude each other: the constraint decides "
+        "where the output may end");
   if (!model)
     return std::string(constraint_kind_name(req.constraint.kind)) +
            ": a constraint needs a model's vocabulary (this server runs without a model)";
@@ -417,8 +417,8 @@ void submit(Self* self, SubmitRequest& req) {
   }
   Job job;
   uint32_t cost = 0;
-  if (auto bad = req.program.empty() ? build_job(self, req, job)
-                                     : build_program(self, req, job, cost)) {
+  if (auto bad =
+          req.program.empty() ? build_job(self, req, job) : build_program(self, req, job, cost)) {
     ++st.bad_request;
     send_error(self, req.client, req.id, req.tenant, ErrorCode::bad_request, *bad);
     return return_pull_credit(self, req.client);
@@ -537,13 +537,10 @@ void load_chat_template(AdmissionState& st) {
   }
 }
 
-AdmissionActor::behavior_type admission_actor(Self* self, AdmissionConfig cfg,
-                                              std::vector<policy::PriorityClass> classes,
-                                              std::size_t default_class,
-                                              std::shared_ptr<const LlamaModel> model,
-                                              RouterActor router, EgressActor egress,
-                                              JournalActor journal,
-                                              std::shared_ptr<const JournalReplay> replay) {
+AdmissionActor::behavior_type admission_actor(
+    Self* self, AdmissionConfig cfg, std::vector<policy::PriorityClass> classes,
+    std::size_t default_class, std::shared_ptr<const LlamaModel> model, RouterActor router,
+    EgressActor egress, JournalActor journal, std::shared_ptr<const JournalReplay> replay) {
   auto& st = self->state;
   auto now_ms = clock_us(self) / 1000;
   st.anonymous = cfg.tenants.empty() && cfg.allow_anonymous;
@@ -645,8 +642,8 @@ AdmissionActor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,
                                std::string default_class, std::shared_ptr<const LlamaModel> model,
                                RouterActor router, EgressActor egress) {
   return spawn_admission_impl(sys, std::move(cfg), std::move(classes), std::move(default_class),
-                              std::move(model), std::move(router), std::move(egress), JournalActor{},
-                              nullptr);
+                              std::move(model), std::move(router), std::move(egress),
+                              JournalActor{}, nullptr);
 }
 
 AdmissionActor spawn_admission(caf::actor_system& sys, AdmissionConfig cfg,

@@ -1,11 +1,11 @@
 // Configuration of admission: tenants, quotas, the result cache, prompt and output caps.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
-#include <cstddef>
 
 #include "core/intake_meter.hpp"
 

@@ -44,8 +44,10 @@ const char* kind_name(Step::Kind k) {
 }
 
 const char* action_kind(Action::Kind k) {
-  return k == Action::Kind::gen ? "gen" : k == Action::Kind::select ? "select" : k == Action::Kind::tool ? "tool"
-                                                                                       : "prefill";
+  return k == Action::Kind::gen      ? "gen"
+         : k == Action::Kind::select ? "select"
+         : k == Action::Kind::tool   ? "tool"
+                                     : "prefill";
 }
 
 /// "step 2.1.0 (gen 'draft')": how every error names a step.
@@ -100,8 +102,9 @@ std::optional<std::string> check_steps(Self* self, const programs::Steps& steps,
         if (!why.empty()) return at + ": " + why;
       }
     } else if (s.kind == Step::Kind::tool && client.kind == ClientRef::cluster) {
-      return at + ": tool steps need the request or pipeline endpoint (a cluster node has no "
-                  "door for the tool's result)";
+      return at +
+             ": tool steps need the request or pipeline endpoint (a cluster node has no "
+             "door for the tool's result)";
     } else if (s.kind == Step::Kind::fork) {
       for (const auto& b : s.branches)
         if (auto bad = check_steps(self, b, client)) return bad;
@@ -161,9 +164,8 @@ DoneEvent program_done(Self* self, ProgramState& p, FinishReason finish) {
   d.completion_tokens = p.completion_tokens;
   d.queue_ms = p.queue_ms;
   d.ttft_ms = p.ttft_ms;
-  d.total_ms = p.job.arrival_us > 0
-                   ? static_cast<double>(clock_us(self) - p.job.arrival_us) / 1000.0
-                   : 0.0;
+  d.total_ms =
+      p.job.arrival_us > 0 ? static_cast<double>(clock_us(self) - p.job.arrival_us) / 1000.0 : 0.0;
   return d;
 }
 
@@ -236,8 +238,8 @@ std::optional<std::string> step_job(Self* self, ProgramState& p, const Action& a
   if (a.kind == Action::Kind::gen) {
     uint32_t max_tokens = a.params.max_tokens;
     if (ctx > 0 && !st.cfg.beyond_context)
-      max_tokens = static_cast<uint32_t>(std::min<std::size_t>(
-          max_tokens, std::max<std::size_t>(1, ctx - job.prompt.size())));
+      max_tokens = static_cast<uint32_t>(
+          std::min<std::size_t>(max_tokens, std::max<std::size_t>(1, ctx - job.prompt.size())));
     job.max_tokens = max_tokens;
     job.temperature = static_cast<float>(a.params.temperature);
     job.top_k = static_cast<int32_t>(std::min<uint32_t>(a.params.top_k, 1u << 30));
@@ -306,7 +308,8 @@ void advance(Self* self, uint64_t uid) {
       continue;
     }
     Job job;
-    if (auto bad = step_job(self, *p, a, job)) return fail_program(self, uid, ErrorCode::bad_request, at + ": " + *bad);
+    if (auto bad = step_job(self, *p, a, job))
+      return fail_program(self, uid, ErrorCode::bad_request, at + ": " + *bad);
     StepJob sj;
     sj.program = uid;
     sj.kind = a.kind;
@@ -435,8 +438,8 @@ void program_start(Self* self, const std::string& key, Job job) {
     finished(self, o);
     return;
   }
-  auto state = std::make_unique<ProgramState>(
-      std::make_shared<const programs::Program>(std::move(prog)));
+  auto state =
+      std::make_unique<ProgramState>(std::make_shared<const programs::Program>(std::move(prog)));
   state->key = key;
   const bool resumed = !job.program_done.empty();
   for (const auto& [path, output] : job.program_done) {
@@ -544,8 +547,8 @@ bool program_cancel(Self* self, uint64_t uid) {
 bool program_status(Self* self, uint64_t uid, StatusEvent s) {
   ProgramState* p = find(self, uid);
   if (!p) return false;
-  s.state = p->run.steps_done() == 0 && p->prompt_tokens == 0 ? JobState::queued
-                                                               : JobState::running;
+  s.state =
+      p->run.steps_done() == 0 && p->prompt_tokens == 0 ? JobState::queued : JobState::running;
   s.completion_tokens = p->completion_tokens;
   send_out(self, std::move(s));
   return true;
@@ -560,8 +563,8 @@ void program_tool_result(Self* self, ToolResultRequest& r) {
     return;
   }
   auto rec = st.records.find(job_key(r.tenant, r.id));
-  ProgramState* p = rec != st.records.end() && rec->second.live ? find(self, rec->second.uid)
-                                                                : nullptr;
+  ProgramState* p =
+      rec != st.records.end() && rec->second.live ? find(self, rec->second.uid) : nullptr;
   if (!p || !p->tools.count(r.call)) {
     ++st.not_found;
     send_error(self, r.client, r.id, r.tenant, ErrorCode::not_found,
@@ -584,9 +587,9 @@ void program_timer(Self* self, uint64_t uid) {
   for (const auto& [path, wait] : p->tools)
     if (wait.first <= now) {
       ++st.program_tool_timeouts;
-      return fail_program(self, uid, ErrorCode::deadline_exceeded,
-                          label(path, "tool", wait.second) +
-                              ": no tool_result within its tool_timeout_ms");
+      return fail_program(
+          self, uid, ErrorCode::deadline_exceeded,
+          label(path, "tool", wait.second) + ": no tool_result within its tool_timeout_ms");
     }
   auto deferred = std::move(p->deferred);
   p->deferred.clear();

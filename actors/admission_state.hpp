@@ -82,13 +82,13 @@ struct ProgramState {
   std::string key;
   std::shared_ptr<const programs::Program> program;
   programs::Run run;
-  std::vector<uint64_t> steps;              // step jobs in flight (uids)
-  std::deque<Job> deferred;                 // step jobs a full queue refused, retried
+  std::vector<uint64_t> steps;  // step jobs in flight (uids)
+  std::deque<Job> deferred;     // step jobs a full queue refused, retried
   // Tool waits: path -> (deadline in steady µs, the step's variable name).
   std::map<std::string, std::pair<int64_t, std::string>> tools;
-  bool first_dispatched = false;            // the first step job went out (carries the deadline)
-  bool timed_queue = false;                 // queue_ms taken from the first step's done
-  bool timed = false;                       // ttft_ms taken from the first gen that made a token
+  bool first_dispatched = false;  // the first step job went out (carries the deadline)
+  bool timed_queue = false;       // queue_ms taken from the first step's done
+  bool timed = false;             // ttft_ms taken from the first gen that made a token
   bool timer_armed = false;
   uint32_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
   double queue_ms = 0, ttft_ms = 0;
@@ -106,8 +106,8 @@ struct AdmissionState {
   std::string chat_error;
   RouterActor router;
   EgressActor egress;
-  MetricsActor observer;  // the metrics actor (observe_atom): a copy of every JobOutcome
-  JournalActor journal;   // null: no journal
+  MetricsActor observer;   // the metrics actor (observe_atom): a copy of every JobOutcome
+  JournalActor journal;    // null: no journal
   std::deque<Job> replay;  // journaled jobs of the previous run, not yet back in the router
   bool replay_busy = false;
   uint64_t replayed = 0, restored = 0;

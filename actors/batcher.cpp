@@ -56,8 +56,8 @@ int32_t layer_window_of(const LlamaModel* model, int32_t window_blocks) {
 
 Batcher::Batcher(BatcherActor::pointer self, BatchingConfig cfg,
                  std::shared_ptr<const LlamaModel> model, ExecutorActor executor,
-                 RouterActor router, EgressActor egress, AdmissionActor admission,
-                 int32_t n_blocks, BatcherExtras extras)
+                 RouterActor router, EgressActor egress, AdmissionActor admission, int32_t n_blocks,
+                 BatcherExtras extras)
     : self_(self),
       cfg_(cfg),
       model_(std::move(model)),

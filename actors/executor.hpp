@@ -64,6 +64,7 @@ struct ExecutorSpec {
 /// model, std::runtime_error when the engine cannot be built (no device, the model does not fit).
 /// `n_blocks` (optional) receives the engine's KV pool size: spec.n_blocks, or with 0 for the
 /// cuda backend what the device holds; the batcher of the pair must use the same.
-ExecutorActor spawn_executor(caf::actor_system& sys, ExecutorSpec spec, int32_t* n_blocks = nullptr);
+ExecutorActor spawn_executor(caf::actor_system& sys, ExecutorSpec spec,
+                             int32_t* n_blocks = nullptr);
 
 }  // namespace sy

@@ -2,8 +2,6 @@
 // result and delivered records (storage/journal_codec) over storage/journal_file.
 #include "actors/journal.hpp"
 
-#include "storage/journal_codec.hpp"
-
 #include <algorithm>
 #include <caf/all.hpp>
 #include <chrono>
@@ -29,15 +27,23 @@ int64_t wall_now_us() {
 }
 
 // The clocks a replay and an accept record read: this process's steady clock and the wall clock.
-ReplayClock clock_now() { return {now_us(), wall_now_us()}; }
+ReplayClock clock_now() {
+  return {now_us(), wall_now_us()};
+}
 
 }  // namespace
 
-std::string encode_accept(const Job& j) { return encode_accept(j, clock_now()); }
+std::string encode_accept(const Job& j) {
+  return encode_accept(j, clock_now());
+}
 
-std::string encode_result(const JobOutcome& o) { return journal::encode_result(o); }
+std::string encode_result(const JobOutcome& o) {
+  return journal::encode_result(o);
+}
 
-std::string encode_delivered(uint64_t uid) { return journal::encode_delivered(uid); }
+std::string encode_delivered(uint64_t uid) {
+  return journal::encode_delivered(uid);
+}
 
 void replay_records(const std::vector<std::string>& records, std::size_t keep_results,
                     JournalReplay& out, std::vector<std::string>& compacted) {
@@ -509,8 +515,8 @@ JournalStats stats(Self* self) {
 }
 
 JournalActor::behavior_type journal_actor(Self* self, JournalConfig cfg,
-                                         std::shared_ptr<JournalFile> file, JournalReplay replay,
-                                         std::size_t keep, EgressActor egress) {
+                                          std::shared_ptr<JournalFile> file, JournalReplay replay,
+                                          std::size_t keep, EgressActor egress) {
   auto& st = self->state;
   st.policy = parse_fsync_policy(cfg.fsync).value_or(FsyncPolicy::batch);
   st.cfg = std::move(cfg);

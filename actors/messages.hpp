@@ -111,8 +111,8 @@ typename Inspector::result_type inspect(Inspector& f, Job& x) {
   return f(caf::meta::type_name("Job"), x.uid, x.id, x.tenant, x.client, x.class_index, x.prompt,
            x.max_tokens, x.temperature, x.top_k, x.top_p, x.seed, x.stop, x.ignore_eos, x.stream,
            x.logprobs, x.arrival_us, x.deadline_us, x.attempt, x.streamed_ids, x.streamed_bytes,
-           x.fault_us, x.controls, x.constraint, x.n, x.prompt_logprobs, x.continuations,
-           x.program, x.inputs, x.program_done, x.program_uid, x.step);
+           x.fault_us, x.controls, x.constraint, x.n, x.prompt_logprobs, x.continuations, x.program,
+           x.inputs, x.program_done, x.program_uid, x.step);
 }
 
 template <class Inspector>

@@ -188,8 +188,8 @@ RouterStats stats(Self* self) {
 }
 
 RouterActor::behavior_type router_actor(Self* self, RouterConfig cfg, EgressActor egress,
-                                       AdmissionActor admission,
-                           std::vector<TenantConfig> tenants, RouterOptions opts) {
+                                        AdmissionActor admission, std::vector<TenantConfig> tenants,
+                                        RouterOptions opts) {
   auto& st = self->state;
   cfg.classes = effective_classes(std::move(cfg.classes));
   st.queue.emplace(cfg.classes);
@@ -304,7 +304,7 @@ RouterActor::behavior_type router_actor(Self* self, RouterConfig cfg, EgressActo
 
 RouterActor spawn_router(caf::actor_system& sys, RouterConfig cfg, EgressActor egress,
                          AdmissionActor admission, std::vector<TenantConfig> tenants,
-                        RouterOptions opts) {
+                         RouterOptions opts) {
   // Validate here so that a bad class list throws at the caller instead of killing the actor.
   policy::FairQueue check(effective_classes(cfg.classes));
   (void)check;

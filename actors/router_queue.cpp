@@ -222,7 +222,9 @@ caf::result<JobStatus> job_status(Self* self, uint64_t uid) {
           [rp](uint32_t generated) mutable {
             rp.deliver(JobStatus{JobState::running, 0, generated});
           },
-          [rp](caf::error&) mutable { rp.deliver(JobStatus{JobState::running, 0, 0}); });
+          [rp](caf::error&) mutable {
+            rp.deliver(JobStatus{JobState::running, 0, 0});
+          });
   return rp;
 }
 

@@ -20,7 +20,8 @@ extern const std::vector<std::string> kSubmitFlags;
 inline constexpr int kExitOverloaded = 3;
 
 /// One result line of the output file: a done ({"id", "text", "ids", "finish_reason", "usage",
-/// "timings"}) or an error ({"id", "error": {"code", "message"}}).
+/// "timings"}, and a program's "vars" and "steps") or an error ({"id", "error": {"code",
+/// "message"}}).
 std::string done_line(const wire::Done& d);
 std::string error_line(const std::string& id, const wire::Error& e);
 /// A duration for people: "42s", "3m07s", "1h02m03s"; "?" when unknown.

@@ -191,7 +191,7 @@ struct TokensEvent {
   std::vector<int32_t> top_ids;
   std::vector<float> top_logprobs;
   std::string tenant = {};
-  uint32_t choice = 0;  // the sample (a job with n > 1)
+  uint32_t choice = 0;    // the sample (a job with n > 1)
   std::string step = {};  // a program's step job: the step's path
 };
 

@@ -856,12 +856,14 @@ void check_parse_special(const Submit& s, bool msgs) {
 void decode_program(const Fields& f, const DecodeLimits& lim, Submit& s) {
   for (std::string_view k : {"prompt", "messages"})
     if (f.get(k))
-      reject("fields 'program' and " + quote(k) + " exclude each other: a program's steps make its "
+      reject("fields 'program' and " + quote(k) +
+             " exclude each other: a program's steps make its "
              "context");
   for (std::string_view k : {"n", "logprobs", "prompt_logprobs", "ignore_eos", "parse_special",
                              "grammar", "json_schema", "regex", "choices"})
     if (f.get(k))
-      reject("field " + quote(k) + " does not go with 'program' (docs/programs.md: a constraint "
+      reject("field " + quote(k) +
+             " does not go with 'program' (docs/programs.md: a constraint "
              "belongs to a gen step)");
   const msgpack::object* p = f.typed("program", msgpack::type::ARRAY, "an array of steps", true);
   if (p->via.array.size == 0) reject("field 'program' must not be empty");

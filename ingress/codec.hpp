@@ -33,15 +33,15 @@ struct DecodeLimits {
   std::size_t max_prompt_bytes = 256u << 10;  ///< prompt text (or all messages' text)
   /// Entries of `messages`: 1024 turns is far beyond a conversation that fits a context.
   std::size_t max_messages = 1024;
-  std::uint32_t max_new_tokens = 4096;         ///< upper end of max_tokens
-  std::size_t max_stop = 16;                   ///< stop strings per job
-  std::size_t max_stop_bytes = 256;            ///< bytes per stop string
-  std::uint32_t max_logprobs = 20;             ///< upper end of logprobs
-  std::size_t max_logit_bias = 1024;           ///< entries of logit_bias (OpenAI's bound)
+  std::uint32_t max_new_tokens = 4096;  ///< upper end of max_tokens
+  std::size_t max_stop = 16;            ///< stop strings per job
+  std::size_t max_stop_bytes = 256;     ///< bytes per stop string
+  std::uint32_t max_logprobs = 20;      ///< upper end of logprobs
+  std::size_t max_logit_bias = 1024;    ///< entries of logit_bias (OpenAI's bound)
   /// Bytes of a constraint's text (grammar, regex, a json_schema's JSON text, all choices);
   /// constraints/error.hpp's Limits bound what it compiles to.
   std::size_t max_constraint_bytes = 64u << 10;
-  std::size_t max_choices = 1024;  ///< entries of `choices`
+  std::size_t max_choices = 1024;              ///< entries of `choices`
   std::uint32_t max_deadline_ms = 86'400'000;  ///< one day: longer is a mistake, not a deadline
   std::size_t max_id_bytes = 128;              ///< job id
   std::size_t max_name_bytes = 64;             ///< tenant and priority class names

@@ -214,8 +214,7 @@ void load_tenants(const Ctx& c, const std::string& key, const YAML::Node& n,
 void load_admission(const Ctx& c, const YAML::Node& n, AdmissionConfig& a) {
   each(c, "admission", n,
        {"allow_anonymous", "tenants", "max_prompt_tokens", "max_output_tokens", "result_cache",
-        "result_cache_bytes", "tenant_idle_ms", "max_idle_tenants", "admin_token",
-        "max_programs"},
+        "result_cache_bytes", "tenant_idle_ms", "max_idle_tenants", "admin_token", "max_programs"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "allow_anonymous")
            a.allow_anonymous = get_bool(c, key, v);

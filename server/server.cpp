@@ -15,8 +15,8 @@
 
 #include "actors/admission.hpp"
 #include "actors/batcher.hpp"
-#include "actors/control.hpp"
 #include "actors/constraint_support.hpp"
+#include "actors/control.hpp"
 #include "actors/executor.hpp"
 #include "actors/journal.hpp"
 #include "actors/log.hpp"
@@ -25,12 +25,12 @@
 #include "actors/router.hpp"
 #include "actors/supervisor.hpp"
 #include "gpu/backend.hpp"
-#include "model/llama.hpp"
-#include "storage/journal_file.hpp"
 #include "ingress/egress.hpp"
 #include "ingress/gateway.hpp"
+#include "model/llama.hpp"
 #include "server/cluster_wiring.hpp"
 #include "server/metrics.hpp"
+#include "storage/journal_file.hpp"
 
 namespace sy {
 namespace {
@@ -75,7 +75,7 @@ struct Server::Impl {
   RouterActor router;
   AdmissionActor admission;
   ControlActor control;
-  JournalActor journal;  // only with a journal_location(); stands in front of egress
+  JournalActor journal;        // only with a journal_location(); stands in front of egress
   SupervisorActor supervisor;  // owns the batcher+executor pairs (elastic, crash recovery)
   bool started = false;
   bool stopped = false;

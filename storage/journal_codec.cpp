@@ -157,17 +157,24 @@ struct Writer {
     p.pack(c.source);
     p.pack(c.options);
   }
-  void put(const DoneEvent& d) { map(d, [](auto& v, auto& r) { done_fields(v, r); }); }
-  void put(const ChoiceResult& c) { map(c, [](auto& v, auto& r) { choice_fields(v, r); }); }
-  void put(const ScoreResult& s) { map(s, [](auto& v, auto& r) { score_fields(v, r); }); }
+  void put(const DoneEvent& d) {
+    map(d, [](auto& v, auto& r) { done_fields(v, r); });
+  }
+  void put(const ChoiceResult& c) {
+    map(c, [](auto& v, auto& r) { choice_fields(v, r); });
+  }
+  void put(const ScoreResult& s) {
+    map(s, [](auto& v, auto& r) { score_fields(v, r); });
+  }
   template <class T>
-  void put(const std::vector<T>& xs)
-    requires(std::is_same_v<T, ChoiceResult> || std::is_same_v<T, ScoreResult>)
-  {
+  void put(const std::vector<T>& xs) requires(std::is_same_v<T, ChoiceResult> ||
+                                              std::is_same_v<T, ScoreResult>) {
     p.pack_array(static_cast<uint32_t>(xs.size()));
     for (const T& x : xs) put(x);
   }
-  void put(const ErrorEvent& e) { map(e, [](auto& v, auto& r) { error_fields(v, r); }); }
+  void put(const ErrorEvent& e) {
+    map(e, [](auto& v, auto& r) { error_fields(v, r); });
+  }
   void put(const std::vector<wire::Var>& vs) {
     p.pack_array(static_cast<uint32_t>(vs.size()));
     for (const wire::Var& x : vs) {
@@ -237,8 +244,7 @@ struct Reader {
       const msgpack::object& e = a[5].via.array.ptr[i];
       if (e.type != msgpack::type::ARRAY || e.via.array.size != 2)
         throw std::runtime_error("bad logit_bias entry");
-      out.logit_bias.emplace_back(e.via.array.ptr[0].as<int32_t>(),
-                                  e.via.array.ptr[1].as<float>());
+      out.logit_bias.emplace_back(e.via.array.ptr[0].as<int32_t>(), e.via.array.ptr[1].as<float>());
     }
   }
   static void get(const msgpack::object& v, Constraint& out) {
@@ -277,9 +283,9 @@ struct Reader {
     score_fields(r, out);
   }
   template <class T>
-  static void get(const msgpack::object& v, std::vector<T>& out)
-    requires(std::is_same_v<T, ChoiceResult> || std::is_same_v<T, ScoreResult>)
-  {
+  static void get(const msgpack::object& v,
+                  std::vector<T>& out) requires(std::is_same_v<T, ChoiceResult> ||
+                                                std::is_same_v<T, ScoreResult>) {
     if (v.type != msgpack::type::ARRAY) throw std::runtime_error("bad list field");
     out.resize(v.via.array.size);
     for (uint32_t i = 0; i < v.via.array.size; ++i) get(v.via.array.ptr[i], out[i]);
@@ -296,7 +302,9 @@ struct Reader {
   }
 };
 
-std::string text_of(const msgpack::sbuffer& buf) { return std::string(buf.data(), buf.size()); }
+std::string text_of(const msgpack::sbuffer& buf) {
+  return std::string(buf.data(), buf.size());
+}
 
 }  // namespace
 

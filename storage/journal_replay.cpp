@@ -54,8 +54,8 @@ void replay_records(const std::vector<std::string>& records, std::size_t keep_re
       auto it = accepted.find(d.uid);
       if (it == accepted.end()) continue;
       auto& done = it->second.program_done;
-      const bool seen = std::any_of(done.begin(), done.end(),
-                                    [&](const auto& x) { return x.first == d.path; });
+      const bool seen =
+          std::any_of(done.begin(), done.end(), [&](const auto& x) { return x.first == d.path; });
       if (!seen) done.emplace_back(std::move(d.path), std::move(d.output));
     } else if (d.kind == journal::RecordKind::result) {
       if (result_at.count(d.uid)) continue;  // the first result of a job is the one delivered

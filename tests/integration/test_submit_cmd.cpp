@@ -92,7 +92,8 @@ BOOST_AUTO_TEST_CASE(bad_input_line_is_named) {
              r.out);
   // An unknown key is refused by name (a misspelt field never silently drops out).
   in = dir.write("typo.jsonl", "{\"id\": \"a\", \"prompt\": \"x\", \"temprature\": 0}\n");
-  r = run("submit --input " + in + " --output " + dir.path() + "/o.jsonl --server tcp://127.0.0.1:1");
+  r = run("submit --input " + in + " --output " + dir.path() +
+          "/o.jsonl --server tcp://127.0.0.1:1");
   BOOST_TEST(r.status == 2, r.out);
   BOOST_TEST(r.out.find("input line 1: unknown field 'temprature'") != std::string::npos, r.out);
   r = run("submit --output x");

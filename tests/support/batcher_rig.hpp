@@ -39,8 +39,8 @@ inline std::shared_ptr<LlamaModel> stories() {
 
 // What the stand-in router/egress/admission saw for one job.
 struct Seen {
-  std::vector<int32_t> stream_ids;  // choice 0's (a plain job's)
-  std::string stream_text;          // choice 0's
+  std::vector<int32_t> stream_ids;                      // choice 0's (a plain job's)
+  std::string stream_text;                              // choice 0's
   std::map<uint32_t, std::vector<int32_t>> choice_ids;  // every choice's streamed ids
   std::map<uint32_t, std::string> choice_text;
   bool contiguous = true;

@@ -142,8 +142,9 @@ BOOST_AUTO_TEST_CASE(message_fields_are_checked) {
                           .bytes()) == "field 'messages.0.role' must be a string, got integer");
   // An empty content is a message too (an assistant turn to continue, say); an unknown key in a
   // message is refused like unknown keys anywhere.
-  BOOST_TEST(error_of(chat().set("messages", Msgs({{{"role", "user"}, {"content", ""}}})).bytes()) ==
-             "accepted");
+  BOOST_TEST(
+      error_of(chat().set("messages", Msgs({{{"role", "user"}, {"content", ""}}})).bytes()) ==
+      "accepted");
   BOOST_TEST(
       error_of(chat()
                    .set("messages", Msgs({{{"role", "user"}, {"content", ""}, {"name", "bob"}}}))

@@ -84,11 +84,30 @@ BOOST_AUTO_TEST_CASE(accept_round_trips_every_field) {
   BOOST_TEST(d.job.ignore_eos);
   BOOST_TEST(d.job.stream);
   BOOST_TEST(d.job.logprobs == 3u);
-  const std::set<std::string> want = {"deadline_wall_us", "t", "uid", "id", "tenant", "client",
-                                      "class_index", "prompt", "max_tokens", "temperature",
-                                      "top_k", "top_p", "seed", "stop", "ignore_eos", "stream",
-                                      "logprobs", "controls", "constraint", "n",
-                                      "prompt_logprobs", "continuations", "program", "inputs",
+  const std::set<std::string> want = {"deadline_wall_us",
+                                      "t",
+                                      "uid",
+                                      "id",
+                                      "tenant",
+                                      "client",
+                                      "class_index",
+                                      "prompt",
+                                      "max_tokens",
+                                      "temperature",
+                                      "top_k",
+                                      "top_p",
+                                      "seed",
+                                      "stop",
+                                      "ignore_eos",
+                                      "stream",
+                                      "logprobs",
+                                      "controls",
+                                      "constraint",
+                                      "n",
+                                      "prompt_logprobs",
+                                      "continuations",
+                                      "program",
+                                      "inputs",
                                       "program_done"};
   BOOST_TEST(keys_of(rec) == want);
   // No deadline: no field (0 means none).

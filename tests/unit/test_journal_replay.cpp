@@ -94,7 +94,7 @@ BOOST_AUTO_TEST_CASE(program_steps_fold_into_the_pending_program) {
       encode_accept(ended),
       journal::encode_step(ProgramStep{8, "0", "x"}),
       encode_result(done(ended, "x")),
-      journal::encode_step(ProgramStep{7, "0", "again"}),  // a second record of a path
+      journal::encode_step(ProgramStep{7, "0", "again"}),   // a second record of a path
       journal::encode_step(ProgramStep{9, "0", "orphan"}),  // no accept: ignored
       journal::encode_step(ProgramStep{7, "1", "second"})};
   JournalReplay r;

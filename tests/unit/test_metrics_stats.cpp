@@ -12,9 +12,9 @@
 #include "actors/control.hpp"
 #include "actors/messages.hpp"
 #include "actors/metrics.hpp"
-#include "tests/support/stand_in.hpp"
 #include "actors/stats.hpp"
 #include "server/server.hpp"
+#include "tests/support/stand_in.hpp"
 
 BOOST_AUTO_TEST_SUITE(test_metrics_stats)
 
@@ -26,7 +26,6 @@ namespace {
 struct Config : caf::actor_system_config {
   Config() { register_message_types(*this); }
 };
-
 
 // Every field a distinct value, so that a field read in the wrong place shows.
 struct Records {

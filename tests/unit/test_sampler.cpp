@@ -420,7 +420,7 @@ BOOST_AUTO_TEST_CASE(a_filtered_draw_is_the_allowed_part_of_the_distribution) {
     (id == 1 ? n1 : n3)++;
   }
   const double want = std::exp(2.0) / (std::exp(2.0) + 1.0);  // 0.881
-  BOOST_TEST(std::abs(n1 / 20000.0 - want) < 0.01);  // 3 sigma is about 0.007
+  BOOST_TEST(std::abs(n1 / 20000.0 - want) < 0.01);           // 3 sigma is about 0.007
   BOOST_TEST(n3 > 0);
   // With top-k the mask comes first: top-2 of the allowed tokens, not of all.
   SetFilter g({false, true, false, true});

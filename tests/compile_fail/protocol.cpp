@@ -20,9 +20,12 @@ JournalActor::behavior_type journal_like(JournalActor::pointer self, EgressActor
 #ifndef SY_CASE_journal_missing_forward
       [=](out_atom, ControlEvent& e) { self->send(egress, out_atom::value, std::move(e)); },
 #endif
+      [=](out_atom, StepEvent& e) { self->send(egress, out_atom::value, std::move(e)); },
+      [=](out_atom, ToolCallEvent& e) { self->send(egress, out_atom::value, std::move(e)); },
       [=](pull_atom, uint32_t n) { self->send(egress, pull_atom::value, n); },
       [](journal_atom, const Job&) -> uint8_t { return 0; },
       [](journal_atom, const JobOutcome&) {},
+      [](journal_atom, const ProgramStep&) {},
       [](tick_atom) {},
       [](tick_atom, uint8_t) {},
       [](stats_atom) { return JournalStats{}; },

@@ -58,6 +58,25 @@ void drop_pending(Self* self, const std::string& key, uint64_t uid, ErrorCode co
     send_error(self, c, rec.done.id, rec.tenant, code, message, retry_after_ms, uid);
 }
 
+std::optional<std::string> check_basics(Self* self, const SubmitRequest& req, std::size_t& ci) {
+  auto& st = self->state;
+  ci = st.default_class;
+  if (!req.priority.empty()) {
+    auto it = std::find_if(st.classes.begin(), st.classes.end(),
+                           [&](const policy::PriorityClass& c) { return c.name == req.priority; });
+    if (it == st.classes.end()) return "unknown priority class " + wire::quoted(req.priority);
+    ci = static_cast<std::size_t>(it - st.classes.begin());
+  }
+  if (req.max_tokens == 0) return std::string("max_tokens must be at least 1");
+  if (req.max_tokens > st.cfg.max_output_tokens)
+    return "max_tokens " + std::to_string(req.max_tokens) + " exceeds the limit " +
+           std::to_string(st.cfg.max_output_tokens);
+  if (!(req.temperature >= 0) || !std::isfinite(req.temperature))
+    return std::string("temperature must be a finite number >= 0");
+  if (!(req.top_p > 0 && req.top_p <= 1)) return std::string("top_p must be in (0, 1]");
+  return std::nullopt;
+}
+
 std::optional<std::string> check_controls(Self* self, const SamplingControls& c) {
   if (!(c.min_p >= 0.0f && c.min_p <= 1.0f)) return std::string("min_p must be in [0, 1]");
   if (!(c.presence_penalty >= -2.0f && c.presence_penalty <= 2.0f))
@@ -186,20 +205,8 @@ std::optional<std::string> build_samples(Self* self, const SubmitRequest& req, J
 /// Turns the request into a Job, or returns the bad_request message.
 std::optional<std::string> build_job(Self* self, const SubmitRequest& req, Job& job) {
   auto& st = self->state;
-  std::size_t ci = st.default_class;
-  if (!req.priority.empty()) {
-    auto it = std::find_if(st.classes.begin(), st.classes.end(),
-                           [&](const policy::PriorityClass& c) { return c.name == req.priority; });
-    if (it == st.classes.end()) return "unknown priority class " + wire::quoted(req.priority);
-    ci = static_cast<std::size_t>(it - st.classes.begin());
-  }
-  if (req.max_tokens == 0) return std::string("max_tokens must be at least 1");
-  if (req.max_tokens > st.cfg.max_output_tokens)
-    return "max_tokens " + std::to_string(req.max_tokens) + " exceeds the limit " +
-           std::to_string(st.cfg.max_output_tokens);
-  if (!(req.temperature >= 0) || !std::isfinite(req.temperature))
-    return std::string("temperature must be a finite number >= 0");
-  if (!(req.top_p > 0 && req.top_p <= 1)) return std::string("top_p must be in (0, 1]");
+  std::size_t ci = 0;
+  if (auto bad = check_basics(self, req, ci)) return bad;
   const LlamaModel* model = st.model.get();
   if (!req.message_roles.empty()) {
     if (req.message_roles.size() != req.message_contents.size())

@@ -377,21 +377,8 @@ void step_output(Self* self, ProgramState& p, const std::string& path, const std
 
 std::optional<std::string> build_program(Self* self, const SubmitRequest& req, Job& job,
                                          uint32_t& cost) {
-  auto& st = self->state;
-  std::size_t ci = st.default_class;
-  if (!req.priority.empty()) {
-    auto it = std::find_if(st.classes.begin(), st.classes.end(),
-                           [&](const policy::PriorityClass& c) { return c.name == req.priority; });
-    if (it == st.classes.end()) return "unknown priority class " + wire::quoted(req.priority);
-    ci = static_cast<std::size_t>(it - st.classes.begin());
-  }
-  if (req.max_tokens == 0) return std::string("max_tokens must be at least 1");
-  if (req.max_tokens > st.cfg.max_output_tokens)
-    return "max_tokens " + std::to_string(req.max_tokens) + " exceeds the limit " +
-           std::to_string(st.cfg.max_output_tokens);
-  if (!(req.temperature >= 0) || !std::isfinite(req.temperature))
-    return std::string("temperature must be a finite number >= 0");
-  if (!(req.top_p > 0 && req.top_p <= 1)) return std::string("top_p must be in (0, 1]");
+  std::size_t ci = 0;
+  if (auto bad = check_basics(self, req, ci)) return bad;
   if (auto bad = check_controls(self, req.controls)) return bad;
   programs::GenDefaults defaults = defaults_of(req);
   programs::Program prog;

@@ -200,6 +200,10 @@ void enqueue(Self* self, const std::string& key, Job job);
 std::optional<std::string> render_messages(Self* self, const std::vector<chat::Message>& msgs,
                                            std::vector<int32_t>& out);
 
+/// A job's or program's priority class (its index in `ci`), max_tokens, temperature and top_p,
+/// checked; the bad_request message otherwise.
+std::optional<std::string> check_basics(Self* self, const SubmitRequest& req, std::size_t& ci);
+
 /// The sampling controls of a request, checked (ranges, logit_bias ids against the vocabulary).
 std::optional<std::string> check_controls(Self* self, const SamplingControls& c);
 

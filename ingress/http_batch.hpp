@@ -1,0 +1,2 @@
+// The OpenAI Batch API (docs/http.md): placeholder until written.
+#pragma once

@@ -386,7 +386,7 @@ void submit(Self* self, SubmitRequest& req) {
       if (!(req.client == rec.client) &&
           std::find(rec.attached.begin(), rec.attached.end(), req.client) == rec.attached.end())
         rec.attached.push_back(req.client);
-      if (req.client.kind == ClientRef::router) {
+      if (is_connected(req.client)) {
         AcceptedEvent a;
         a.to = req.client;
         a.id = req.id;

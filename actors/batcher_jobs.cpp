@@ -139,7 +139,7 @@ void Batcher::finish(Seq& s, FinishReason finish) {
   DoneEvent d = done_event(s, finish);
   JobOutcome o = make_outcome(d);
   o.tokens_used = d.prompt_tokens + d.completion_tokens;
-  if (s.job.stream && s.job.client.kind == ClientRef::router) {
+  if (s.job.stream && is_connected(s.job.client)) {
     // The chunks carried the completion (docs/protocol.md: `done` of a streamed job on the
     // request endpoint has empty text and no ids); logprobs went with the chunks too.
     d.text.clear();

@@ -131,10 +131,10 @@ struct JournalState {
 
 using Self = JournalActor::stateful_base<JournalState>;
 
-// A replayed job of a ROUTER client has no client any more (replay_records empties its routing
-// id; ZeroMQ never gives an empty one): its events go nowhere.
+// A replayed job of a ROUTER client or an HTTP request has no client any more (replay_records
+// empties its routing id or handle; neither door ever gives an empty one): its events go nowhere.
 bool is_orphan(const ClientRef& to) {
-  return to.kind == ClientRef::router && to.identity.empty();
+  return is_connected(to) && to.identity.empty();
 }
 
 void forward(Self* self, auto ev) {

@@ -87,7 +87,7 @@ void recover_lost(Self* self, std::unordered_map<uint64_t, Job> jobs, const caf:
   const std::string why = self->system().render(reason);
   uint64_t back = 0, failed = 0;
   for (Job& j : order) {
-    const bool streamed = j.stream && j.client.kind == ClientRef::router;
+    const bool streamed = j.stream && is_connected(j.client);
     ++j.attempt;
     if (streamed || j.attempt > st.cfg.max_job_retries) {
       fail_job(self, j, ErrorCode::engine_dead,

@@ -273,7 +273,7 @@ EnqueueReply enqueue(Self* self, Job job) {
     position = jobs_ahead(st, uid).value_or(position);
     acc.queue_position = position;
     // Sent before any dispatch so that it reaches egress ahead of the job's first chunk.
-    if (acc.to.kind == ClientRef::router && !step) send_out(self, std::move(acc));
+    if (is_connected(acc.to) && !step) send_out(self, std::move(acc));
     dispatch(self);
     return {EnqueueResult::accepted, position, -1};
   }

@@ -49,6 +49,9 @@ const char* const kServeUsage =
     "              endpoint (keys from `switchyard keygen`; docs/security.md).\n"
     "              [--metrics HOST:PORT]: Prometheus /metrics, /health, /ready over HTTP\n"
     "              (port 0: any; printed as 'switchyard: metrics on http://HOST:PORT').\n"
+    "              [--http HOST:PORT]: the OpenAI-compatible HTTP API (/v1/completions,\n"
+    "              /v1/chat/completions, /v1/models, the Batch API; docs/http.md), printed\n"
+    "              as 'switchyard: http on http://HOST:PORT'.\n"
     "              [--min-executors N] [--max-executors N] [--target-ongoing N]\n"
     "              [--target-queue-wait-ms MS] [--upscale-delay-ms MS] [--downscale-delay-ms MS]\n"
     "              [--step-timeout-ms MS] [--max-job-retries N]: elastic pairs and crash\n"
@@ -102,6 +105,7 @@ const std::vector<std::string> kServeOptions = {"model",
                                                 "curve-secret-key",
                                                 "curve-public-key",
                                                 "metrics",
+                                                "http",
                                                 "min-executors",
                                                 "max-executors",
                                                 "target-ongoing",
@@ -189,6 +193,7 @@ int cmd_serve(const Args& a) {
   if (a.has("admin-token")) cfg.admission.admin_token = a.str("admin-token");
   if (a.has("no-prefix-cache")) cfg.batching.prefix_cache = false;
   if (a.has("metrics")) cfg.metrics.bind = a.str("metrics");
+  if (a.has("http")) cfg.http.bind = a.str("http");
   if (a.has("nats")) {
     cfg.cluster.nats.clear();
     for (const auto& v : a.all("nats")) {
@@ -334,6 +339,8 @@ int cmd_serve(const Args& a) {
               << cfg.endpoints.curve_secret_key << ")\n";
   if (!server.metrics_endpoint().empty())
     std::cout << "switchyard: metrics on http://" << server.metrics_endpoint() << "\n";
+  if (!server.http_endpoint().empty())
+    std::cout << "switchyard: http on http://" << server.http_endpoint() << "\n";
   std::cout << "switchyard: ready (" << cfg.executors.count << " executor"
             << (cfg.executors.count > 1 ? "s" : "") << ", backend "
             << to_string(cfg.executors.backend) << ")" << std::endl;

@@ -28,14 +28,21 @@ enum class Outcome : uint8_t {
 };
 
 /// Where replies for a job go: a DEALER client behind the ROUTER socket (by its identity), the
-/// pipeline results socket (PUSH), or the cluster node (a job fetched from NATS JetStream; the
-/// identity is the node's handle of that delivery, ingress/cluster_node.hpp).
+/// pipeline results socket (PUSH), the cluster node (a job fetched from NATS JetStream; the
+/// identity is the node's handle of that delivery, ingress/cluster_node.hpp), or a request of
+/// the HTTP door (the identity is the door's handle of that request, ingress/http_door.hpp).
 struct ClientRef {
-  enum Kind : uint8_t { router = 0, pipeline = 1, cluster = 2 };
+  enum Kind : uint8_t { router = 0, pipeline = 1, cluster = 2, http = 3 };
   uint8_t kind = router;
-  std::string identity;  // ZeroMQ routing id (router), delivery handle (cluster)
+  std::string identity;  // ZeroMQ routing id (router), delivery handle (cluster, http)
   bool operator==(const ClientRef&) const = default;
 };
+
+/// A client that waits on its connection for every event of its job (accepted, streamed chunks,
+/// status): a DEALER behind the ROUTER socket or a request of the HTTP door.
+inline bool is_connected(const ClientRef& c) {
+  return c.kind == ClientRef::router || c.kind == ClientRef::http;
+}
 
 /// Pipeline and cluster submits each used one PULL credit (the node fetches only what credit
 /// allows): admission gives it back for a submit it answers itself, the router counts it in.

@@ -677,11 +677,4 @@ const std::vector<std::string>& ClusterNode::classes() const {
   return impl_->opt.classes;
 }
 
-void SplitOutbox::post(OutMessage m) {
-  if (m.to.kind == ClientRef::cluster)
-    node_->post(std::move(m));
-  else
-    gateway_->post(std::move(m));
-}
-
 }  // namespace sy::cluster

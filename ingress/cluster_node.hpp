@@ -104,20 +104,6 @@ class ClusterNode : public Outbox {
   std::shared_ptr<Impl> impl_;
 };
 
-/// Egress's outbox in a cluster node: cluster clients' messages go to the node, everything else
-/// (and the PULL credit) to the gateway.
-class SplitOutbox : public Outbox {
- public:
-  SplitOutbox(std::shared_ptr<Outbox> gateway, std::shared_ptr<ClusterNode> node)
-      : gateway_(std::move(gateway)), node_(std::move(node)) {}
-  void post(OutMessage m) override;
-  void add_pull_credit(uint32_t n) override { gateway_->add_pull_credit(n); }
-
- private:
-  std::shared_ptr<Outbox> gateway_;
-  std::shared_ptr<ClusterNode> node_;
-};
-
 /// The Prometheus text (format 0.0.4) of a node's counters: switchyard_cluster_* series
 /// (docs/metrics.md), appended to /metrics.
 std::string metrics_text(const NodeStats& s, const std::vector<std::string>& classes);

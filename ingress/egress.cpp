@@ -133,7 +133,7 @@ OutMessage encode_event(const ControlEvent& e) {
 EgressActor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox) {
   return sys.spawn([outbox](EgressActor::pointer) -> EgressActor::behavior_type {
     // The results socket carries only done and error: other events for pipeline jobs are dropped.
-    auto to_router = [](const ClientRef& c) { return c.kind == ClientRef::router; };
+    auto to_router = [](const ClientRef& c) { return is_connected(c); };
     return {
         [=](out_atom, const AcceptedEvent& e) {
           if (to_router(e.to)) outbox->post(encode_event(e));

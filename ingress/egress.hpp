@@ -2,6 +2,7 @@
 // them to the gateway's outbox; the gateway thread does the actual ZeroMQ send.
 #pragma once
 
+#include <array>
 #include <caf/fwd.hpp>
 #include <cstdint>
 #include <memory>
@@ -24,7 +25,8 @@ struct OutMessage {
   bool to_sink = false;
 };
 
-/// Where the egress actor delivers; implemented by Gateway (thread-safe), or by a test double.
+/// Where the egress actor delivers; implemented by Gateway, the cluster node and the HTTP door
+/// (thread-safe), or by a test double.
 class Outbox {
  public:
   virtual ~Outbox() = default;
@@ -32,6 +34,27 @@ class Outbox {
   virtual void post(OutMessage m) = 0;
   /// Allows the gateway to read `n` more messages from the PULL socket (additive grant).
   virtual void add_pull_credit(uint32_t n) = 0;
+};
+
+/// Egress's outbox in a server with more than one door: each client kind's messages go to the
+/// door that serves it (the cluster node, the HTTP door); every other message, and the PULL
+/// credit, to the ZeroMQ gateway.
+class KindOutbox : public Outbox {
+ public:
+  explicit KindOutbox(std::shared_ptr<Outbox> gateway) : gateway_(std::move(gateway)) {}
+  /// Messages for clients of `kind` go to `door` from now on (set before egress runs).
+  void route(uint8_t kind, std::shared_ptr<Outbox> door) {
+    if (kind < doors_.size()) doors_[kind] = std::move(door);
+  }
+  void post(OutMessage m) override {
+    const auto& door = m.to.kind < doors_.size() ? doors_[m.to.kind] : nullptr;
+    (door ? door : gateway_)->post(std::move(m));
+  }
+  void add_pull_credit(uint32_t n) override { gateway_->add_pull_credit(n); }
+
+ private:
+  std::shared_ptr<Outbox> gateway_;
+  std::array<std::shared_ptr<Outbox>, 4> doors_;  // by ClientRef::Kind
 };
 
 /// Spawns the egress actor. It handles (out_atom, AcceptedEvent|TokensEvent|DoneEvent|ErrorEvent|

@@ -4,6 +4,7 @@
 // the HTTP door (ingress/http_door.hpp) and the batch runner (ingress/http_batch.hpp) call it.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -61,6 +62,11 @@ struct ParseContext {
   std::vector<std::string> classes;
 };
 
+/// Prompts of one completions request at most: each becomes a job admitted on its own, so the
+/// bound keeps one HTTP request to about one batch of work (and one response body); a longer
+/// list is refused with 400 and belongs to the Batch API (ingress/http_batch.hpp).
+inline constexpr std::size_t kMaxPrompts = 64;
+
 /// A parsed generation request: one wire submit per prompt (a completions request with a list
 /// of prompts has several; they share every field but the prompt), each without id, tenant
 /// and token (the door sets them), and how the response is to be written.
@@ -82,7 +88,8 @@ struct Request {
   /// "" absent. Also copied into every job.
   std::string priority;
   /// Top-level fields this server does not know, in the request's order (the door logs each
-  /// name once per process): they are ignored, as vLLM and llama.cpp ignore them.
+  /// name once per process): they are ignored, as vLLM and llama.cpp ignore them. The options of
+  /// vLLM's `structured_outputs` other than its constraint appear as "structured_outputs.<key>".
   std::vector<std::string> ignored;
 };
 
@@ -113,16 +120,16 @@ std::string response_body(const Request& req, const std::string& response_id, in
 
 /// One stream chunk's JSON (without the SSE framing): the `tokens` event `t` of job `job`, as a
 /// `text_completion` or `chat.completion.chunk` choice delta, index job * n + t.choice. `first`
-/// adds delta.role "assistant" (chat); logprobs as the request asked.
+/// adds delta.role "assistant" (chat); logprobs as the request asked. `text_offset`: the code
+/// points of the choice's text before this chunk (completions logprobs' text_offset starts there).
 std::string chunk_json(const Request& req, const std::string& response_id, int64_t created,
-                       uint32_t job, const wire::Tokens& t, bool first,
-                       const TokenText& token_text);
+                       uint32_t job, const wire::Tokens& t, bool first, const TokenText& token_text,
+                       uint32_t text_offset = 0);
 
 /// The chunk that ends one choice: an empty delta (chat) or text "" (completions) with its
 /// finish_reason. `first` as in chunk_json (a choice that generated nothing still gets its role).
-std::string finish_chunk_json(const Request& req, const std::string& response_id,
-                              int64_t created, uint32_t choice_index, wire::FinishReason finish,
-                              bool first);
+std::string finish_chunk_json(const Request& req, const std::string& response_id, int64_t created,
+                              uint32_t choice_index, wire::FinishReason finish, bool first);
 
 /// The usage chunk (stream_options.include_usage): empty choices and the summed usage.
 std::string usage_chunk_json(const Request& req, const std::string& response_id, int64_t created,

@@ -424,6 +424,53 @@ void load_cluster(const Ctx& c, const YAML::Node& n, ClusterConfig& k) {
        });
 }
 
+// http: the OpenAI-compatible HTTP door (ingress/http_config.hpp, docs/http.md).
+void load_http(const Ctx& c, const YAML::Node& n, HttpConfig& h) {
+  each(c, "http", n,
+       {"bind", "model_name", "default_tenant", "batch_class", "max_connections",
+        "max_header_bytes", "max_body_bytes", "header_timeout_ms", "body_timeout_ms",
+        "idle_timeout_ms", "write_timeout_ms", "max_stream_backlog_bytes", "batch_max_file_bytes",
+        "batch_max_lines", "batch_max_open", "batch_max_files", "batch_max_in_flight"},
+       [&](const std::string& f, const std::string& key, const YAML::Node& v) {
+         // Bounds: below 1 KiB of header no real client fits; a timeout beyond an hour is none.
+         if (f == "bind")
+           h.bind = get_string(c, key, v);
+         else if (f == "model_name")
+           h.model_name = get_string(c, key, v);
+         else if (f == "default_tenant")
+           h.default_tenant = get_string(c, key, v);
+         else if (f == "batch_class")
+           h.batch_class = get_string(c, key, v);
+         else if (f == "max_connections")
+           h.max_connections = static_cast<size_t>(get_int(c, key, v, 1, 1000000));
+         else if (f == "max_header_bytes")
+           h.max_header_bytes = static_cast<size_t>(get_int(c, key, v, 1024, 1 << 20));
+         else if (f == "max_body_bytes")
+           h.max_body_bytes = static_cast<size_t>(get_int(c, key, v, 1024, int64_t{1} << 30));
+         else if (f == "header_timeout_ms")
+           h.header_timeout_ms = static_cast<uint32_t>(get_int(c, key, v, 100, kHourMs));
+         else if (f == "body_timeout_ms")
+           h.body_timeout_ms = static_cast<uint32_t>(get_int(c, key, v, 100, kHourMs));
+         else if (f == "idle_timeout_ms")
+           h.idle_timeout_ms = static_cast<uint32_t>(get_int(c, key, v, 100, kHourMs));
+         else if (f == "write_timeout_ms")
+           h.write_timeout_ms = static_cast<uint32_t>(get_int(c, key, v, 100, kHourMs));
+         else if (f == "max_stream_backlog_bytes")
+           h.max_stream_backlog_bytes =
+               static_cast<size_t>(get_int(c, key, v, 4096, int64_t{1} << 30));
+         else if (f == "batch_max_file_bytes")
+           h.batch_max_file_bytes = static_cast<uint64_t>(get_int(c, key, v, 1024, int64_t{1} << 34));
+         else if (f == "batch_max_lines")
+           h.batch_max_lines = static_cast<uint32_t>(get_int(c, key, v, 1, 10000000));
+         else if (f == "batch_max_open")
+           h.batch_max_open = static_cast<uint32_t>(get_int(c, key, v, 1, 100000));
+         else if (f == "batch_max_files")
+           h.batch_max_files = static_cast<uint32_t>(get_int(c, key, v, 1, 10000000));
+         else if (f == "batch_max_in_flight")
+           h.batch_max_in_flight = static_cast<uint32_t>(get_int(c, key, v, 1, 100000));
+       });
+}
+
 }  // namespace
 
 void load_config_file(const std::string& path, ServerConfig& cfg) {
@@ -441,7 +488,8 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
   try {
     each(c, "", root,
          {"model", "chat_template", "endpoints", "admission", "router", "batching", "executors",
-          "shutdown_grace_ms", "metrics", "journal", "autoscale", "state_dir", "log", "cluster"},
+          "shutdown_grace_ms", "metrics", "journal", "autoscale", "state_dir", "log", "cluster",
+          "http"},
          [&](const std::string& k, const std::string& key, const YAML::Node& v) {
            if (k == "model") {
              cfg.model = get_string(c, key, v);
@@ -464,6 +512,8 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
              load_endpoints(c, v, cfg.endpoints);
            else if (k == "cluster")
              load_cluster(c, v, cfg.cluster);
+           else if (k == "http")
+             load_http(c, v, cfg.http);
            else if (k == "admission")
              load_admission(c, v, cfg.admission);
            else if (k == "router")

@@ -17,6 +17,7 @@
 #include "actors/supervisor_config.hpp"
 #include "ingress/cluster_config.hpp"
 #include "ingress/endpoint_config.hpp"
+#include "ingress/http_config.hpp"
 
 namespace sy {
 
@@ -36,6 +37,7 @@ struct ServerConfig {
   JournalConfig journal;
   log::LogConfig log;  // the level and line format of the server's log (stderr)
   ClusterConfig cluster;  // `cluster` / --nats: a NATS JetStream cluster node (docs/cluster.md)
+  HttpConfig http;        // `http` / --http: the OpenAI-compatible HTTP door (docs/http.md)
   // Where a server keeps its state (the default journal) when nothing more specific is given.
   // `switchyard serve` fills it ($XDG_STATE_HOME/switchyard or ~/.local/state/switchyard);
   // "" = no default journal.

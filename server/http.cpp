@@ -1,6 +1,8 @@
 // The operator HTTP server (see http.hpp): an Asio acceptor and Beast sessions, all on one thread.
 #include "server/http.hpp"
 
+#include "ingress/http_listen.hpp"
+
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -81,29 +83,6 @@ class Session : public std::enable_shared_from_this<Session> {
 
 }  // namespace
 
-void split_host_port(const std::string& address, std::string& host, unsigned short& port) {
-  std::string a = address;
-  if (a.rfind("http://", 0) == 0) a = a.substr(7);
-  if (!a.empty() && a.back() == '/') a.pop_back();
-  auto colon = a.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == a.size())
-    throw std::invalid_argument("metrics address '" + address + "' is not HOST:PORT");
-  host = a.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  std::string p = a.substr(colon + 1);
-  unsigned long v = 0;
-  size_t used = 0;
-  try {
-    v = std::stoul(p, &used, 10);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != p.size() || v > 65535)
-    throw std::invalid_argument("metrics address '" + address + "': bad port '" + p + "'");
-  port = static_cast<unsigned short>(v);
-}
-
 struct HttpServer::Impl {
   std::string bind;
   HttpHandler handler;
@@ -133,26 +112,7 @@ HttpServer::~HttpServer() {
 
 void HttpServer::start() {
   auto& d = *impl_;
-  std::string host;
-  unsigned short port = 0;
-  split_host_port(d.bind, host, port);
-  try {
-    tcp::resolver resolver(d.io);
-    auto results = resolver.resolve(host, std::to_string(port), tcp::resolver::passive);
-    if (results.empty()) throw std::runtime_error("no address");
-    tcp::endpoint ep = results.begin()->endpoint();
-    d.acceptor.open(ep.protocol());
-    // A restarted server must be able to bind at once, not after TIME_WAIT.
-    d.acceptor.set_option(asio::socket_base::reuse_address(true));
-    d.acceptor.bind(ep);
-    d.acceptor.listen(asio::socket_base::max_listen_connections);
-    auto local = d.acceptor.local_endpoint();
-    std::string h = local.address().to_string();
-    if (local.address().is_v6()) h = "[" + h + "]";
-    d.address = h + ":" + std::to_string(local.port());
-  } catch (const std::exception& e) {
-    throw std::runtime_error("metrics: cannot listen on '" + d.bind + "': " + e.what());
-  }
+  d.address = listen_on(d.acceptor, d.bind, "metrics");
   d.accept();
   d.running = true;
   d.thread = std::thread([&d] { d.io.run(); });

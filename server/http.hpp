@@ -19,10 +19,6 @@ struct HttpReply {
 /// the server's own thread, one request at a time; it may block briefly (it bounds its own waits).
 using HttpHandler = std::function<HttpReply(const std::string& method, const std::string& path)>;
 
-/// Splits "HOST:PORT" (an optional "http://" in front is accepted; "[::1]:80" for IPv6) into its
-/// parts; throws std::invalid_argument naming the problem.
-void split_host_port(const std::string& address, std::string& host, unsigned short& port);
-
 /// The server. Not copyable; start() and stop() are called from one thread.
 class HttpServer {
  public:

@@ -6,6 +6,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <caf/all.hpp>
 #include <iostream>
 #include <optional>
@@ -27,6 +28,7 @@
 #include "gpu/backend.hpp"
 #include "ingress/egress.hpp"
 #include "ingress/gateway.hpp"
+#include "ingress/http_door.hpp"
 #include "model/llama.hpp"
 #include "server/cluster_wiring.hpp"
 #include "server/metrics.hpp"
@@ -62,6 +64,47 @@ EdgeStats edge_stats(const Gateway& g) {
   return e;
 }
 
+// The HTTP door of a server (cfg.http.bind set): the model's names, the edge limits and classes
+// it parses requests with, and its Batch API folder beside the journal (no journal: no Batch
+// API, since a batch that could not survive a restart would break its promise).
+std::shared_ptr<HttpDoor> make_http_door(const ServerConfig& c, const GatewayOptions& go,
+                                         const LlamaModel* model, const std::string& journal) {
+  HttpDoorContext x;
+  std::string name = c.http.model_name;
+  if (name.empty())
+    name = c.model.empty() ? "switchyard" : std::filesystem::path(c.model).stem().string();
+  x.parse.models.push_back(name);
+  if (!c.model.empty() && c.model != name) x.parse.models.push_back(c.model);
+  x.parse.limits = go.limits;
+  x.parse.limits.max_message_bytes = c.endpoints.max_message_bytes;
+  x.parse.chat_default_max_tokens = c.admission.max_output_tokens;
+  auto classes = effective_classes(c.router.classes);
+  std::stable_sort(classes.begin(), classes.end(),
+                   [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  for (const auto& pc : classes) x.parse.classes.push_back(pc.name);
+  x.batch_class = c.http.batch_class;
+  if (x.batch_class.empty())
+    x.batch_class = std::find(x.parse.classes.begin(), x.parse.classes.end(), "batch") !=
+                            x.parse.classes.end()
+                        ? "batch"
+                        : x.parse.classes.back();
+  else if (std::find(x.parse.classes.begin(), x.parse.classes.end(), x.batch_class) ==
+           x.parse.classes.end())
+    throw std::invalid_argument("http.batch_class '" + x.batch_class +
+                                "' is not a configured priority class");
+  if (model) {
+    x.max_model_len = static_cast<uint32_t>(model->config().ctx_len);
+    x.token_text = [model](int32_t id) { return model->tokenizer().token_to_piece(id, true); };
+  }
+  x.tenants = c.admission.tenants;
+  x.intake = go.intake;
+  x.max_waiting_requests = c.endpoints.max_waiting_requests;
+  x.max_waiting_bytes = c.endpoints.max_waiting_bytes;
+  if (!journal.empty())
+    x.batch_dir = (std::filesystem::path(journal).parent_path() / "http-batches").string();
+  return std::make_shared<HttpDoor>(c.http, std::move(x));
+}
+
 }  // namespace
 
 struct Server::Impl {
@@ -71,6 +114,7 @@ struct Server::Impl {
   std::shared_ptr<LlamaModel> model;
   std::shared_ptr<Gateway> gateway;
   std::shared_ptr<cluster::ClusterNode> node;  // only with cluster.nats (--nats)
+  std::shared_ptr<HttpDoor> http;              // only with http.bind (--http)
   EgressActor egress;
   RouterActor router;
   AdmissionActor admission;
@@ -127,14 +171,18 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   d.gateway = std::make_shared<Gateway>(c.endpoints, go);
 
   d.node = make_cluster_node(c, go.limits);
-  d.egress = spawn_egress(*d.sys, d.node ? std::make_shared<cluster::SplitOutbox>(d.gateway, d.node)
-                                         : std::shared_ptr<Outbox>(d.gateway));
+  std::string why_no_journal;
+  const std::string journal_path = journal_location(c, &why_no_journal);
+  if (!c.http.bind.empty()) d.http = make_http_door(c, go, d.model.get(), journal_path);
+  // Each door's clients get their events through that door; the rest through the gateway.
+  auto outbox = std::make_shared<KindOutbox>(d.gateway);
+  if (d.node) outbox->route(ClientRef::cluster, d.node);
+  if (d.http) outbox->route(ClientRef::http, d.http);
+  d.egress = spawn_egress(*d.sys, outbox);
   // With a journal, every job event goes through the journal actor on its way to egress, so that
   // a journaled job's done/error leaves only once its result is durable (docs/durability.md).
   EgressActor out = d.egress;
   JournalReplay replay;
-  std::string why_no_journal;
-  const std::string journal_path = journal_location(c, &why_no_journal);
   if (journal_path.empty() && !why_no_journal.empty()) log::info("no journal: " + why_no_journal);
   if (!journal_path.empty()) {
     JournalConfig jc = c.journal;
@@ -277,6 +325,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   d.gateway->set_admission(d.admission);
   d.gateway->set_control(d.control);
   if (d.node) wire_cluster_node(*d.node, d.gateway, d.admission);
+  if (d.http) d.http->set_admission(d.admission);
   if (!c.metrics.bind.empty()) {
     MetricsWiring mw;
     mw.admission = d.admission;
@@ -293,8 +342,14 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
     d.metrics = spawn_metrics(*d.sys, std::move(mw));
     caf::anon_send(d.admission, observe_atom::value, d.metrics);
     caf::anon_send(d.supervisor, observe_atom::value, d.metrics);  // pairs now and later
-    d.metrics_http = std::make_unique<MetricsEndpoint>(*d.sys, d.metrics, c.metrics.bind,
-                                                       cluster_metrics(d.node));
+    auto cluster_text = cluster_metrics(d.node);
+    std::weak_ptr<HttpDoor> door = d.http;
+    auto extra = [cluster_text, door] {
+      std::string t = cluster_text ? cluster_text() : std::string();
+      if (auto h = door.lock()) t += http_metrics_text(h->stats());
+      return t;
+    };
+    d.metrics_http = std::make_unique<MetricsEndpoint>(*d.sys, d.metrics, c.metrics.bind, extra);
   }
 }
 
@@ -309,6 +364,7 @@ Server::~Server() {
 void Server::start() {
   impl_->gateway->start();
   if (impl_->node) impl_->node->start();
+  if (impl_->http) impl_->http->start();
   if (impl_->metrics_http) impl_->metrics_http->start();
   impl_->started = true;
 }
@@ -321,6 +377,9 @@ std::string Server::pull_endpoint() const {
 }
 std::string Server::results_endpoint() const {
   return impl_->gateway->results_endpoint();
+}
+std::string Server::http_endpoint() const {
+  return impl_->http ? impl_->http->address() : std::string();
 }
 std::string Server::metrics_endpoint() const {
   return impl_->metrics_http ? impl_->metrics_http->address() : std::string();
@@ -358,6 +417,7 @@ void Server::shutdown(std::chrono::milliseconds grace) {
     // submits read before; the router stops granting PULL credit. The gateway is told first:
     // a submit it passed on after admission heard of the drain is refused there.
     d.gateway->refuse_submits(until + kCancelWait + kFinalDelivery);
+    if (d.http) d.http->refuse_submits();
     if (d.node) d.node->stop_fetching();  // its running jobs finish, or go back (below)
     caf::anon_send(d.admission, drain_atom::value);
     caf::anon_send(d.router, drain_atom::value);
@@ -385,9 +445,12 @@ void Server::shutdown(std::chrono::milliseconds grace) {
     // Phase 4: deliver what is queued for the clients, close the sockets.
     d.gateway->stop(kFinalDelivery);
     if (d.node) d.node->stop(kFinalDelivery);
+    // The HTTP door's last answers were posted with the gateway's: it closes after them.
+    if (d.http) d.http->stop();
   } else {
     d.gateway->stop(std::chrono::milliseconds(0));
     if (d.node) d.node->stop(std::chrono::milliseconds(0));
+    if (d.http) d.http->stop();
   }
   // Phase 5: stop every actor; the system's destructor waits for them.
   auto stop = [](const auto& a) {
@@ -411,6 +474,7 @@ void Server::shutdown(std::chrono::milliseconds grace) {
   d.journal = JournalActor{};
   d.sys.reset();
   d.gateway.reset();
+  d.http.reset();
 }
 
 std::string ServerSnapshot::to_json() const {

@@ -42,6 +42,8 @@ class Server {
   std::string endpoint() const;
   std::string pull_endpoint() const;
   std::string results_endpoint() const;
+  /// The HTTP door's address "HOST:PORT" as bound ("" when off). Valid after start().
+  std::string http_endpoint() const;
   /// The metrics HTTP address "HOST:PORT" as bound ("" when off). Valid after start().
   std::string metrics_endpoint() const;
 

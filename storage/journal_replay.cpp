@@ -74,9 +74,10 @@ void replay_records(const std::vector<std::string>& records, std::size_t keep_re
     // stays in the past (never 0, which means none): the router then ends the job with
     // deadline_exceeded before it runs, as it would have without the restart.
     if (job.deadline_us > 0) job.deadline_us = std::max<int64_t>(1, now + (job.deadline_us - wall));
-    // A ROUTER client's routing id died with the old process, and a new client may well be given
-    // the same one: the job now belongs to nobody (empty id); resubmitting its key attaches.
-    if (job.client.kind == ClientRef::router) job.client.identity.clear();
+    // A ROUTER client's routing id (an HTTP request's handle) died with the old process, and a
+    // new client may well be given the same one: the job now belongs to nobody (empty id);
+    // resubmitting its key attaches.
+    if (is_connected(job.client)) job.client.identity.clear();
     out.pending.push_back(std::move(job));
   }
   // Newest first: the result cache keeps the newest done results; every pipeline result that

@@ -108,7 +108,7 @@ set_target_properties(emu_switchyard PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJE
 add_dependencies(integration_tests emu_switchyard)
 add_test(NAME emu_it_test_golden COMMAND integration_tests --run_test=test_golden
   WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
-set_tests_properties(emu_it_test_golden PROPERTIES LABELS emu TIMEOUT 1200 RUN_SERIAL TRUE
+set_tests_properties(emu_it_test_golden PROPERTIES LABELS emu TIMEOUT 1200 RESOURCE_LOCK server
   ENVIRONMENT SY_SERVER_BINARY=emu_switchyard)
 
 # The server on the emulated device with stories260K and `flags` (spliced into its command line),

@@ -144,6 +144,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     std::vector<openai::JobResult> results;
     std::vector<wire::Usage> usage;
     std::set<uint32_t> choice_started;  // stream: choices whose first chunk went out
+    std::map<uint32_t, uint32_t> sent_chars;  // stream: characters sent per choice (text_offset)
     bool headers_sent = false;          // stream: the 200 head went out
     std::weak_ptr<Conn> conn;
     std::optional<http_batch::LineJob> line;  // a batch line's exchange
@@ -744,8 +745,11 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     if (!ex.headers_sent) return;
     const uint32_t index = job * ex.req.n + t.choice;
     const bool first = ex.choice_started.insert(index).second;
+    uint32_t& sent = ex.sent_chars[index];
     stream_event(ex, openai::chunk_json(ex.req, ex.response_id, ex.created, job, t, first,
-                                        ctx.token_text));
+                                        ctx.token_text, sent));
+    // Characters, not bytes: completions' text_offset counts code points, as OpenAI's does.
+    for (unsigned char c : t.text) sent += (c & 0xC0) != 0x80;
   }
 
   void on_done(Exchange& ex, uint32_t job, wire::Done d) {

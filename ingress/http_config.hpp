@@ -45,9 +45,11 @@ struct HttpConfig {
   uint32_t batch_max_lines = 50000;                     // requests in one input file (OpenAI's)
   uint32_t batch_max_open = 64;                         // batches not finished, all tenants
   uint32_t batch_max_files = 10000;                     // files kept, all tenants
-  // Lines of all batches running at once: enough to fill the batchers, few enough that the
-  // router's queue keeps room for interactive requests.
-  uint32_t batch_max_in_flight = 64;
+  // Lines of all batches running at once; 0 = three quarters of the sequences the batchers run
+  // at most (batching.max_sequences × executors): enough to keep them busy, while a quarter of
+  // their slots stays free, so an interactive request starts at the next step instead of
+  // waiting for a batch line to end.
+  uint32_t batch_max_in_flight = 0;
 };
 
 }  // namespace sy

@@ -467,7 +467,7 @@ void load_http(const Ctx& c, const YAML::Node& n, HttpConfig& h) {
          else if (f == "batch_max_files")
            h.batch_max_files = static_cast<uint32_t>(get_int(c, key, v, 1, 10000000));
          else if (f == "batch_max_in_flight")
-           h.batch_max_in_flight = static_cast<uint32_t>(get_int(c, key, v, 1, 100000));
+           h.batch_max_in_flight = static_cast<uint32_t>(get_int(c, key, v, 0, 100000));
        });
 }
 

@@ -102,7 +102,15 @@ std::shared_ptr<HttpDoor> make_http_door(const ServerConfig& c, const GatewayOpt
   x.max_waiting_bytes = c.endpoints.max_waiting_bytes;
   if (!journal.empty())
     x.batch_dir = (std::filesystem::path(journal).parent_path() / "http-batches").string();
-  return std::make_shared<HttpDoor>(c.http, std::move(x));
+  HttpConfig hc = c.http;
+  if (hc.batch_max_in_flight == 0) {
+    const uint64_t slots = uint64_t{c.batching.max_sequences} *
+                           static_cast<uint64_t>(std::max(
+                               {1, c.executors.count, c.autoscale.max_executors}));
+    hc.batch_max_in_flight =
+        static_cast<uint32_t>(std::clamp<uint64_t>(slots - slots / 4, 1, 100000));
+  }
+  return std::make_shared<HttpDoor>(hc, std::move(x));
 }
 
 }  // namespace

@@ -1,0 +1,297 @@
+#!/usr/bin/python3
+"""The Batch API of the HTTP door (docs/http.md, Batch API) against a real server with a journal
+on stories260K: files, batches, output and error files, broken lines, duplicate custom_ids,
+cancel, the bounds; then 2,000 lines through three kill -9s (the batch completes, every line
+once in the output, every line's job accepted once in the journal) with interactive requests
+served beside it.
+
+    /usr/bin/python3 tests/python/test_http_batch.py --binary build/switchyard --models ../shared/models
+"""
+
+import json
+import os
+import struct
+import sys
+import threading
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import msgpack  # noqa: E402
+from http_support import Server, args, case, check, eq, run_cases  # noqa: E402
+
+A = args()
+STORIES = os.path.join(A["models"], "stories260K.gguf")
+
+
+def upload(srv, lines, purpose="batch", raw_text=None):
+    """POST /v1/files as multipart/form-data; returns (status, json)."""
+    text = raw_text if raw_text is not None else "".join(json.dumps(x) + "\n" for x in lines)
+    boundary = uuid.uuid4().hex
+    body = ("--%s\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n%s\r\n"
+            "--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
+            "Content-Type: application/jsonl\r\n\r\n%s\r\n--%s--\r\n"
+            % (boundary, purpose, boundary, text, boundary)).encode()
+    st, _, d = srv.request("POST", "/v1/files", body,
+                           {"Content-Type": "multipart/form-data; boundary=" + boundary})
+    return st, json.loads(d)
+
+
+def line(cid, prompt="Once upon a time", n=8, url="/v1/completions"):
+    body = {"prompt": prompt, "max_tokens": n, "temperature": 0}
+    if url == "/v1/chat/completions":
+        body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": n,
+                "temperature": 0}
+    return {"custom_id": cid, "method": "POST", "url": url, "body": body}
+
+
+def create(srv, file_id, endpoint="/v1/completions", window="24h", metadata=None):
+    body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": window}
+    if metadata is not None:
+        body["metadata"] = metadata
+    return srv.post_json("/v1/batches", body)[::2]
+
+
+def wait(srv, batch_id, final=("completed", "failed", "expired", "cancelled"), timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st, _, b = srv.get_json("/v1/batches/" + batch_id)
+        eq(st, 200)
+        if b["status"] in final:
+            return b
+        time.sleep(0.05)
+    raise AssertionError("batch %s not final: %s" % (batch_id, b))
+
+
+def content(srv, file_id):
+    st, h, d = srv.request("GET", "/v1/files/%s/content" % file_id)
+    eq(st, 200)
+    return [json.loads(x) for x in d.decode().splitlines() if x]
+
+
+def journal_accepts(path, uids=None):
+    """Adds {job id: {uid of each accept record}} of a journal file (docs/durability.md, File
+    format) to `uids`. A restart compacts the journal (finished jobs keep their result, not their
+    accept; a pending job's accept is written again under its uid), so a job that ran twice
+    shows as two uids of one id only across the files each server left behind."""
+    counts = {} if uids is None else uids
+    with open(path, "rb") as f:
+        data = f.read()
+    eq(data[:8], b"SYJRNL\x00\x01", "journal header")
+    at = 8
+    while at + 8 <= len(data):
+        n, _crc = struct.unpack_from("<II", data, at)
+        if n == 0:
+            break  # the preallocated tail
+        rec = msgpack.unpackb(data[at + 8:at + 8 + n], raw=False, strict_map_key=False)
+        at += 8 + n
+        if rec.get("t") == "A":
+            counts.setdefault(rec["id"], set()).add(rec["uid"])
+    return counts
+
+
+def setup():
+    d = os.path.join(os.environ.get("TMPDIR", "/tmp"), "sy-batch-%d" % os.getpid())
+    os.makedirs(d, exist_ok=True)
+    s = {"journal": os.path.join(d, "j") + "/"}
+    s["srv"] = Server(A["binary"], STORIES, journal=s["journal"],
+                      extra=["--chat-template", "chatml"])
+    return s
+
+
+def teardown(s):
+    s["srv"].kill()
+
+
+@case
+def files_round_trip(s):
+    srv = s["srv"]
+    lines = [line("a"), line("b")]
+    st, f = upload(srv, lines)
+    eq(st, 200, str(f))
+    eq((f["object"], f["purpose"], f["filename"], f["status"]),
+       ("file", "batch", "in.jsonl", "processed"))
+    check(f["id"].startswith("file-"), f)
+    st, _, g = srv.get_json("/v1/files/" + f["id"])
+    eq(g, f)
+    eq(content(srv, f["id"]), lines)
+    st, _, l = srv.get_json("/v1/files")
+    check(f["id"] in [x["id"] for x in l["data"]], "listed")
+    st, _, d = srv.request("DELETE", "/v1/files/" + f["id"])
+    eq((st, json.loads(d)["deleted"]), (200, True))
+    st, _, g = srv.get_json("/v1/files/" + f["id"])
+    eq(st, 404)
+    st, f = upload(srv, lines, purpose="fine-tune")
+    eq((st, f["error"]["param"]), (400, "purpose"))
+
+
+@case
+def batch_runs_with_broken_lines(s):
+    srv = s["srv"]
+    text = "".join(json.dumps(x) + "\n" for x in [line("c0"), line("c1", "Lily and Tom")])
+    text += "{this is not json\n"
+    text += json.dumps(line("c3", url="/v1/chat/completions")) + "\n"  # wrong url
+    text += json.dumps(line("c4", n=100000)) + "\n"  # runs, and fails: max_tokens too large
+    text += json.dumps(line("c5")) + "\n"
+    st, f = upload(srv, None, raw_text=text)
+    eq(st, 200)
+    st, b = create(srv, f["id"], metadata={"job": "nightly"})
+    eq(st, 200, str(b))
+    eq((b["object"], b["endpoint"], b["input_file_id"], b["metadata"]),
+       ("batch", "/v1/completions", f["id"], {"job": "nightly"}))
+    check(b["status"] in ("validating", "in_progress"), b)
+    b = wait(srv, b["id"])
+    eq(b["status"], "completed")
+    eq(b["request_counts"], {"total": 6, "completed": 3, "failed": 3})
+    out = content(srv, b["output_file_id"])
+    eq(sorted(x["custom_id"] for x in out), ["c0", "c1", "c5"])
+    for x in out:
+        eq(x["response"]["status_code"], 200)
+        eq(x["error"], None)
+        eq(x["response"]["body"]["object"], "text_completion")
+        check(x["id"].startswith("batch_req_"), x)
+        eq(x["response"]["request_id"], x["response"]["body"]["id"])
+    texts = {x["custom_id"]: x["response"]["body"]["choices"][0]["text"] for x in out}
+    eq(texts["c0"], ", there was a little girl")
+    err = content(srv, b["error_file_id"])
+    eq(len(err), 3)
+    by = {x["custom_id"]: x for x in err}
+    check(None in by and by[None]["response"] is None, "the unreadable line: %s" % err)
+    eq(by["c3"]["response"], None)
+    eq(by["c4"]["response"]["status_code"], 400)
+    check(by["c4"]["error"]["message"], by["c4"])
+    for x in err:
+        eq(sorted(x.keys()), ["custom_id", "error", "id", "response"])
+
+
+@case
+def chat_batch(s):
+    srv = s["srv"]
+    st, f = upload(srv, [line("q%d" % i, url="/v1/chat/completions") for i in range(3)])
+    st, b = create(srv, f["id"], endpoint="/v1/chat/completions")
+    eq(st, 200, str(b))
+    b = wait(srv, b["id"])
+    eq((b["status"], b["request_counts"]["completed"]), ("completed", 3))
+    for x in content(srv, b["output_file_id"]):
+        eq(x["response"]["body"]["object"], "chat.completion")
+
+
+@case
+def validation_refusals(s):
+    srv = s["srv"]
+    st, f = upload(srv, [line("same"), line("other"), line("same")])
+    st, b = create(srv, f["id"])
+    eq(st, 200, str(b))
+    b = wait(srv, b["id"])
+    eq(b["status"], "failed")
+    eq(b["errors"]["data"][0]["code"], "duplicate_custom_id")
+    eq(b["errors"]["data"][0]["line"], 3)
+    st, b = create(srv, "file-nothere")
+    eq(st, 404)
+    st, b = create(srv, f["id"], endpoint="/v1/embeddings")
+    eq((st, b["error"]["param"]), (400, "endpoint"))
+    st, b = create(srv, f["id"], window="1w")
+    eq((st, b["error"]["param"]), (400, "completion_window"))
+    st, _, b = srv.get_json("/v1/batches/batch_nothere")
+    eq(st, 404)
+
+
+@case
+def cancel_and_list(s):
+    srv = s["srv"]
+    st, f = upload(srv, [line("k%d" % i, n=200) for i in range(400)])
+    st, b = create(srv, f["id"])
+    eq(st, 200)
+    st, _, c = srv.post_json("/v1/batches/%s/cancel" % b["id"], {})
+    eq(st, 200, str(c))
+    check(c["status"] in ("cancelling", "cancelled"), c)
+    c = wait(srv, b["id"])
+    eq(c["status"], "cancelled")
+    check(c["request_counts"]["completed"] < 400, c)
+    st, _, c2 = srv.post_json("/v1/batches/%s/cancel" % b["id"], {})
+    eq((st, c2["status"]), (200, "cancelled"))
+    st, _, l = srv.get_json("/v1/batches?limit=2")
+    eq((st, l["object"], len(l["data"])), (200, "list", 2))
+    eq(l["data"][0]["id"], b["id"], "newest first")
+    check(l["has_more"], l)
+    st, _, l2 = srv.get_json("/v1/batches?limit=2&after=" + l["last_id"])
+    check(l2["data"] and l2["data"][0]["id"] != l["data"][1]["id"], "paged")
+
+
+def ttft(srv, n):
+    """Time to the first streamed token of n interactive requests, in ms."""
+    out = []
+    for _ in range(n):
+        c = srv.conn()
+        t0 = time.time()
+        c.request("POST", "/v1/completions", body=json.dumps(
+            {"prompt": "Lily and Tom", "max_tokens": 4, "stream": True, "temperature": 0}),
+            headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        eq(r.status, 200)
+        first = None
+        while True:
+            b = r.read1(65536)
+            if not b:
+                break
+            if first is None and b'"text":"' in b and b'"text":""' not in b:
+                first = time.time()
+        c.close()
+        out.append((first - t0) * 1000)
+    return sorted(out)
+
+
+@case
+def two_thousand_lines_through_three_kill9s(s):
+    srv = s["srv"]
+    idle = ttft(srv, 30)
+    n = 2000
+    lines = [line("L%04d" % i, "Story %d:" % i, n=16) for i in range(n)]
+    st, f = upload(srv, lines)
+    eq(st, 200)
+    st, b = create(srv, f["id"])
+    eq(st, 200, str(b))
+    bid = b["id"]
+    busy = []
+    journal = os.path.join(s["journal"], "switchyard.journal")
+    uids = {}
+    for kill_at in (400, 1000, 1600):
+        while True:
+            st, _, cur = srv.get_json("/v1/batches/" + bid)
+            if cur["request_counts"]["completed"] >= kill_at or cur["status"] == "completed":
+                break
+            if kill_at == 400 and not busy:
+                busy = ttft(srv, 10)  # interactive requests while the batch runs
+                st, _, cur = srv.get_json("/v1/batches/" + bid)
+                eq(cur["status"], "in_progress", "the batch still runs beside them")
+            time.sleep(0.02)
+        check(cur["status"] == "in_progress", "killed mid-run (%s)" % cur["request_counts"])
+        srv.kill()
+        journal_accepts(journal, uids)  # what the killed server accepted
+        srv = Server(A["binary"], STORIES, journal=s["journal"],
+                     extra=["--chat-template", "chatml"])
+        s["srv"] = srv
+    b = wait(srv, bid, timeout=300)
+    eq(b["status"], "completed")
+    eq(b["request_counts"], {"total": n, "completed": n, "failed": 0})
+    out = content(srv, b["output_file_id"])
+    eq(len(out), n, "one output line per input line")
+    eq(len({x["custom_id"] for x in out}), n, "distinct custom_ids")
+    eq(b["error_file_id"], None)
+    for x in out:
+        eq(x["response"]["body"]["usage"]["completion_tokens"], 16)
+    journal_accepts(journal, uids)
+    mine = {k: v for k, v in uids.items() if k.startswith(bid + "/")}
+    eq(len(mine), n, "every line's job was accepted")
+    twice = sorted(k for k, v in mine.items() if len(v) > 1)
+    eq(twice, [], "lines whose job was accepted twice")
+
+    def pct(v, p):
+        return v[min(len(v) - 1, int(round(p * (len(v) - 1))))]
+    print("  TTFT idle: p50 %.1f ms, p99 %.1f ms; beside the batch: p50 %.1f ms, p99 %.1f ms "
+          "(%d requests)" % (pct(idle, .5), pct(idle, .99), pct(busy, .5), pct(busy, .99),
+                             len(busy)))
+
+
+if __name__ == "__main__":
+    run_cases(setup, teardown)

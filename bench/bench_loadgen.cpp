@@ -12,6 +12,8 @@
 //                 [--prefix-cache on|off|both]    (chat sessions resending their history)
 //   bench_loadgen --spawn --model FILE --peer-llama-server PATH [--rounds N] [--peer-arg A]...
 //                 (the same closed-loop workload against ours and a llama-server, alternating)
+//   bench_loadgen --http (--spawn ... | --server HOST:PORT) [--peer-llama-server PATH] ...
+//                 (ours over its OpenAI HTTP door, POST /v1/completions streamed; the peer too)
 //
 // The parts: loadgen_options.cpp (command line), loadgen_server.cpp (the spawned server),
 // loadgen_runner.cpp (one phase of load), loadgen_report.cpp (statistics), loadgen_multi_turn.cpp
@@ -53,7 +55,7 @@ int vocab_size(const Options& o) {
 int main_impl(int argc, char** argv) {
   Options o = parse(argc, argv);
   if (o.multi_turn > 0) return multi_turn_main(o, vocab_size(o));
-  if (!o.peer_llama_server.empty()) return peer_main(o, vocab_size(o));
+  if (!o.peer_llama_server.empty() || o.http) return peer_main(o, vocab_size(o));
   std::optional<CacheConfig> cache_cfg;
   if (!o.prefix_cache.empty()) {
     if (o.prefix_cache == "both") throw UsageError("--prefix-cache both needs --multi-turn");

@@ -77,6 +77,11 @@ struct Options {
   std::vector<std::string> peer_args;  // extra llama-server flags (--peer-arg, repeatable)
   int rounds = 3;                      // side-by-side rounds (ours, peer, ours, peer, ...)
   int threads = 0;                     // --threads as forwarded (0: not given)
+  // --http: drive ours over its OpenAI HTTP door (POST /v1/completions, streamed) with the
+  // client of the llama-server peer; with --peer-llama-server, the peer over the same endpoint.
+  bool http = false;
+  std::string http_host;  // --http --server HOST:PORT: a running HTTP server
+  int http_port = 0;
 };
 
 /// The usage text, printed for --help and after a UsageError.
@@ -97,6 +102,8 @@ class Spawned {
   ~Spawned() { stop(); }
 
   const std::string& endpoint() const { return proc_.endpoint(); }
+  /// False once the server has exited.
+  bool alive() { return proc_.alive(); }
 
   /// The server's counters (SIGUSR1 → one 'switchyard: stats {json}' line), or "" on timeout.
   std::string stats();
@@ -239,7 +246,8 @@ Json server_stats(const std::string& line);
 
 /// --multi-turn (loadgen_multi_turn.cpp): prints its JSON; returns the exit status.
 int multi_turn_main(const Options& o, int vocab);
-/// --peer-llama-server (loadgen_peer.cpp): prints its JSON; returns the exit status.
+/// --peer-llama-server and --http (loadgen_peer.cpp): rounds of one closed-loop workload against
+/// ours (and the peer); prints its JSON; returns the exit status.
 int peer_main(const Options& o, int vocab);
 
 }  // namespace sy::bench::loadgen

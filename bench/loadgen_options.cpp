@@ -57,7 +57,11 @@ const char* kUsage =
     "--prefix-cache (with --spawn) sets the server's batching.prefix_cache; both: two servers.\n"
     "--peer-llama-server PATH [--rounds N] [--peer-arg ARG]... (with --spawn --model FILE):\n"
     "the same closed-loop workload (--concurrency, --jobs per round, default 4 x concurrency)\n"
-    "against ours and a llama-server on the same file, alternating rounds; prints ratios.\n";
+    "against ours and a llama-server on the same file, alternating rounds; prints ratios.\n"
+    "--http [--rounds N] (with --spawn, or --server HOST:PORT for a running server): ours over\n"
+    "its OpenAI HTTP door (`serve --http 127.0.0.1:PORT`), streamed POST /v1/completions, by\n"
+    "the same closed loop in rounds (default 1); with --peer-llama-server the peer over its\n"
+    "/v1/completions too (default 3 rounds). --prompt-kind text sends text prompts.\n";
 
 namespace {
 
@@ -95,7 +99,8 @@ std::vector<MixEntry> parse_mix(const std::string& s) {
 
 Options parse(int argc, char** argv) {
   Options o;
-  bool concurrency_set = false, jobs_set = false, peer_flags = false;
+  bool concurrency_set = false, jobs_set = false, peer_flags = false, rounds_set = false,
+       mix_set = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--") {
@@ -130,6 +135,10 @@ Options parse(int argc, char** argv) {
     }
     if (k == "overhead") {
       o.overhead = true;
+      continue;
+    }
+    if (k == "http") {
+      o.http = true;
       continue;
     }
     static const std::set<std::string> kValueFlags = {"server",       "switchyard",
@@ -169,9 +178,10 @@ Options parse(int argc, char** argv) {
       jobs_set = true;
     } else if (k == "duration")
       o.duration_s = to_double(k, v);
-    else if (k == "mix")
+    else if (k == "mix") {
       o.mix = parse_mix(v);
-    else if (k == "prompt-len")
+      mix_set = true;
+    } else if (k == "prompt-len")
       o.prompt_len = parse_range(k, v);
     else if (k == "prompt-kind") {
       if (v != "ids" && v != "text") throw UsageError("--prompt-kind must be ids or text");
@@ -214,7 +224,7 @@ Options parse(int argc, char** argv) {
       o.peer_llama_server = v;
     else if (k == "rounds") {
       o.rounds = static_cast<int>(to_double(k, v));
-      peer_flags = true;
+      rounds_set = true;
     } else if (k == "peer-arg") {
       o.peer_args.push_back(v);
       peer_flags = true;
@@ -250,35 +260,59 @@ Options parse(int argc, char** argv) {
     if (!concurrency_set)
       o.concurrency = static_cast<int>(std::min<uint64_t>(o.multi_turn, 100000));
   }
-  if (!o.peer_llama_server.empty()) {
-    if (!o.spawn || !o.model)
+  const bool peer = !o.peer_llama_server.empty();
+  if (peer || o.http) {
+    // The rounds of one closed-loop workload (loadgen_peer.cpp); `mode` names it in messages.
+    const std::string mode = peer ? "--peer-llama-server" : "--http";
+    if (peer && (!o.spawn || !o.model))
       throw UsageError("--peer-llama-server runs both servers on one file: needs --spawn --model");
     if (o.rate > 0 || o.overhead || o.multi_turn > 0)
+      throw UsageError(mode + " is a closed loop: no --rate, --overhead or --multi-turn");
+    if (o.prompt_text && !o.http)
       throw UsageError(
-          "--peer-llama-server is a closed loop: no --rate, --overhead or --multi-turn");
-    if (o.prompt_text || !o.stream)
-      throw UsageError(
-          "--peer-llama-server sends token ids and streams: no --prompt-kind text, "
-          "no --no-stream");
-    if (o.duration_s > 0) throw UsageError("--peer-llama-server counts --jobs per round");
+          "--peer-llama-server sends token ids (text prompts over --http): no --prompt-kind "
+          "text");
+    if (!o.stream) throw UsageError(mode + " streams: no --no-stream");
+    if (o.duration_s > 0) throw UsageError(mode + " counts --jobs per round");
     if (!o.ignore_eos)
-      throw UsageError(
-          "--peer-llama-server checks that both generate exactly --max-tokens: no "
-          "--no-ignore-eos");
+      throw UsageError(mode +
+                       " checks that both generate exactly --max-tokens: no --no-ignore-eos");
+    if (!o.prefix_cache.empty())
+      throw UsageError(mode + " starts the server without a config of its own: no --prefix-cache");
+    if (o.http && mix_set)
+      throw UsageError("--mix names classes and tenants of the ZeroMQ door: not with --http");
+    if (!rounds_set) o.rounds = peer ? 3 : 1;
     if (o.rounds < 1 || o.rounds > 100) throw UsageError("--rounds must be in [1, 100]");
     if (o.concurrency < 1 || o.concurrency > 1024)
-      throw UsageError("--concurrency with --peer-llama-server must be in [1, 1024] (its slots)");
+      throw UsageError("--concurrency with " + mode +
+                       " must be in [1, 1024] (llama-server's slots, HTTP connections)");
     // A few batches' worth per round: long enough to reach the steady state, short enough for
     // three rounds of a 110M model on two cores.
     if (!jobs_set) o.jobs = 4 * static_cast<uint64_t>(o.concurrency);
-    if (o.threads == 0) {
+    if (peer && o.threads == 0) {
       // Both sides get the same thread count: all cores unless --threads says otherwise.
       o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
       o.serve_args.insert(o.serve_args.end(), {"--threads", std::to_string(o.threads)});
     }
-  } else if (peer_flags) {
-    throw UsageError("--rounds and --peer-arg belong to --peer-llama-server");
+    if (o.http && !o.spawn) {
+      // HOST:PORT of a running server (http://HOST:PORT/ too; an IPv6 host in brackets).
+      std::string a = o.server;
+      if (a.rfind("http://", 0) == 0) a.erase(0, 7);
+      while (!a.empty() && a.back() == '/') a.pop_back();
+      const size_t colon = a.rfind(':');
+      if (colon == std::string::npos || colon == 0 || colon + 1 == a.size())
+        throw UsageError("--http --server takes HOST:PORT, got '" + o.server + "'");
+      o.http_host = a.substr(0, colon);
+      if (o.http_host.size() > 2 && o.http_host.front() == '[' && o.http_host.back() == ']')
+        o.http_host = o.http_host.substr(1, o.http_host.size() - 2);
+      o.http_port = static_cast<int>(to_double("server", a.substr(colon + 1)));
+      if (o.http_port < 1 || o.http_port > 65535)
+        throw UsageError("--http --server: the port must be in [1, 65535]");
+    }
+  } else if (rounds_set) {
+    throw UsageError("--rounds belongs to --peer-llama-server and --http");
   }
+  if (!peer && peer_flags) throw UsageError("--peer-arg belongs to --peer-llama-server");
   if (o.concurrency < 1 || o.concurrency > 100000) throw UsageError("--concurrency must be >= 1");
   if (o.jobs == 0 && o.duration_s <= 0) o.jobs = 1000;
   if (o.jobs > 0 && o.duration_s > 0) throw UsageError("give --jobs or --duration, not both");

@@ -1,9 +1,11 @@
-// A llama-server peer for bench_loadgen: the child process and the closed-loop streaming HTTP
-// client (POSIX sockets and poll(2); one thread, as the ZeroMQ client of our server).
+// A llama-server peer for bench_loadgen: the child process, and the closed-loop streaming HTTP
+// client that drives it and our HTTP door (POSIX sockets and poll(2); one thread, as the ZeroMQ
+// client of our server).
 #include "bench/peer_http.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -40,7 +42,58 @@ std::string sys_error(const std::string& what) {
   return what + ": " + std::strerror(errno);
 }
 
-/// A port that was free a moment ago (bound to 0 and released); llama-server binds it next.
+/// An address to connect to: host (a name or a numeric address) and port, resolved once.
+struct Addr {
+  sockaddr_storage sa{};
+  socklen_t len = 0;
+};
+
+Addr resolve(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const std::string service = std::to_string(port);
+  int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &res);
+  if (rc != 0 || !res)
+    throw std::runtime_error("cannot resolve " + host + ": " + ::gai_strerror(rc));
+  Addr a;
+  std::memcpy(&a.sa, res->ai_addr, res->ai_addrlen);
+  a.len = static_cast<socklen_t>(res->ai_addrlen);
+  ::freeaddrinfo(res);
+  return a;
+}
+
+/// A blocking TCP connection to `a` (-1 when refused).
+int connect_to(const Addr& a) {
+  int fd = ::socket(a.sa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw std::runtime_error(sys_error("socket"));
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&a.sa), a.len) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  int one = 1;
+  // Requests are small and latency is measured: no Nagle delay.
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+/// "host:port" for a Host header (an IPv6 literal in brackets).
+std::string host_header(const std::string& host, int port) {
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+std::string request_head(const HttpTarget& t, size_t body_bytes) {
+  return std::string("POST ") + api_path(t.api) +
+         " HTTP/1.1\r\nHost: " + host_header(t.host, t.port) +
+         "\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
+         "Connection: keep-alive\r\nContent-Length: " +
+         std::to_string(body_bytes) + "\r\n\r\n";
+}
+
+}  // namespace
+
 int free_loopback_port() {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) throw std::runtime_error(sys_error("socket"));
@@ -58,32 +111,47 @@ int free_loopback_port() {
   return ntohs(a.sin_port);
 }
 
-/// A blocking TCP connection to 127.0.0.1:port (-1 when refused).
-int connect_loopback(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw std::runtime_error(sys_error("socket"));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
-    ::close(fd);
-    return -1;
+HttpAnswer http_get(const std::string& host, int port, const std::string& path,
+                    std::chrono::seconds timeout) {
+  HttpAnswer ans;
+  int fd = connect_to(resolve(host, port));
+  if (fd < 0) {
+    ans.error = "connection refused";
+    return ans;
   }
-  int one = 1;
-  // Requests are small and latency is measured: no Nagle delay.
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  return fd;
+  timeval tv{static_cast<time_t>(timeout.count()), 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: " + host_header(host, port) +
+                          "\r\nAccept: application/json\r\nConnection: close\r\n\r\n";
+  bool ok = ::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size());
+  HttpResponseParser p;
+  char buf[4096];
+  while (ok && !p.done()) {
+    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) {
+      ok = false;
+      break;
+    }
+    try {
+      p.feed(buf, static_cast<size_t>(n), [&](std::string_view b) {
+        // A health or model list answer is small; more than 1 MiB of it is not read.
+        if (ans.body.size() < (1u << 20)) ans.body.append(b);
+      });
+    } catch (const HttpError& e) {
+      ans.error = e.what();
+      ::close(fd);
+      return ans;
+    }
+  }
+  ::close(fd);
+  if (!ok) {
+    ans.error = "no complete answer to GET " + path;
+    return ans;
+  }
+  ans.status = p.status();
+  return ans;
 }
-
-std::string request_head(int port, size_t body_bytes) {
-  return "POST /completion HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(port) +
-         "\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
-         "Connection: keep-alive\r\nContent-Length: " +
-         std::to_string(body_bytes) + "\r\n\r\n";
-}
-
-}  // namespace
 
 // ---- the child process -------------------------------------------------------------------------
 
@@ -168,43 +236,16 @@ LlamaServer::~LlamaServer() {
 }
 
 bool LlamaServer::healthy(std::string& why) const {
-  int fd = connect_loopback(port_);
-  if (fd < 0) {
-    why = "connection refused";
-    return false;
-  }
   // A health answer is immediate; 5 s only guards against a wedged server.
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  const std::string req = "GET /health HTTP/1.1\r\nHost: 127.0.0.1:" + std::to_string(port_) +
-                          "\r\nConnection: close\r\n\r\n";
-  bool ok = ::send(fd, req.data(), req.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(req.size());
-  HttpResponseParser p;
-  std::string body;
-  char buf[4096];
-  while (ok && !p.done()) {
-    ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) {
-      ok = false;
-      break;
-    }
-    try {
-      p.feed(buf, static_cast<size_t>(n), [&](std::string_view b) { body.append(b); });
-    } catch (const HttpError& e) {
-      why = e.what();
-      ::close(fd);
-      return false;
-    }
-  }
-  ::close(fd);
-  if (!ok) {
-    why = "no complete /health answer";
+  HttpAnswer a = http_get("127.0.0.1", port_, "/health", std::chrono::seconds(5));
+  if (a.status == 0) {
+    why = a.error;
     return false;
   }
-  why = "/health answered " + std::to_string(p.status()) + " " + body.substr(0, 200);
-  if (p.status() != 200) return false;
+  why = "/health answered " + std::to_string(a.status) + " " + a.body.substr(0, 200);
+  if (a.status != 200) return false;
   try {
-    auto j = nlohmann::json::parse(body);
+    auto j = nlohmann::json::parse(a.body);
     return j.is_object() && j.value("status", "") == "ok";
   } catch (const nlohmann::json::exception&) {
     return false;
@@ -263,8 +304,11 @@ void close_conn(Conn& c) {
 
 }  // namespace
 
-PeerRun run_peer(int port, const std::vector<PeerRequest>& requests, size_t warmup, int concurrency,
-                 double timeout_s) {
+PeerRun run_peer(const HttpTarget& target, const std::vector<PeerRequest>& requests, size_t warmup,
+                 int concurrency, double timeout_s) {
+  const std::string& name = target.name;
+  const Addr addr = resolve(target.host, target.port);
+  const bool openai = target.api == PeerApi::openai;
   PeerRun r;
   r.jobs.resize(requests.size());
   std::vector<Conn> conns(static_cast<size_t>(concurrency));
@@ -302,7 +346,7 @@ PeerRun run_peer(int port, const std::vector<PeerRequest>& requests, size_t warm
       ssize_t n = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL);
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-        broken(c, sys_error("send to llama-server"));
+        broken(c, sys_error("send to " + name));
         return;
       }
       c.sent += static_cast<size_t>(n);
@@ -310,8 +354,10 @@ PeerRun run_peer(int port, const std::vector<PeerRequest>& requests, size_t warm
   };
   send_request = [&](Conn& c) {
     if (c.fd < 0) {
-      c.fd = connect_loopback(port);
-      if (c.fd < 0) throw std::runtime_error(sys_error("connect to llama-server"));
+      c.fd = connect_to(addr);
+      if (c.fd < 0)
+        throw std::runtime_error(
+            sys_error("connect to " + name + " at " + host_header(target.host, target.port)));
       ::fcntl(c.fd, F_SETFL, ::fcntl(c.fd, F_GETFL) | O_NONBLOCK);
       ++r.connections_opened;
       c.reused = false;
@@ -330,34 +376,73 @@ PeerRun run_peer(int port, const std::vector<PeerRequest>& requests, size_t warm
   auto issue = [&](Conn& c) {
     const size_t idx = next++;
     r.jobs[idx].warm = idx < warmup;
-    const std::string body = completion_body(requests[idx]);
-    c.out = request_head(port, body.size()) + body;
+    const std::string body = openai ? openai_completion_body(requests[idx], target.model)
+                                    : completion_body(requests[idx]);
+    c.out = request_head(target, body.size()) + body;
     c.job = idx;
     c.retried = false;
     ++inflight;
     send_request(c);
   };
+  // A chunk that streams output: the first is TTFT, the gaps between them ITL.
+  auto on_output = [&](PeerJob& j, int64_t t) {
+    if (j.t_first == 0)
+      j.t_first = t;
+    else
+      j.itl_ms.push_back(static_cast<float>((t - j.t_last) / 1e6));
+    j.t_last = t;
+  };
+  auto stream_failed = [&](Conn& c, const std::string& why) {
+    if (c.stream_error.empty()) c.stream_error = why;
+  };
+  // One event of an OpenAI stream: text chunks, then (after the finish_reason) the usage, then
+  // [DONE]; llama-server puts the usage on the finishing chunk, OpenAI on a chunk of its own.
+  auto on_openai_event = [&](Conn& c, const SseEvent& ev, int64_t t) {
+    PeerJob& j = r.jobs[*c.job];
+    OpenAiChunk ch = parse_openai_chunk(ev);
+    if (ch.error) return stream_failed(c, name + " error: " + ch.error_message);
+    if (j.done_marker) return stream_failed(c, "an event after data: [DONE]");
+    if (ch.done_marker) {
+      j.done_marker = true;
+      return;
+    }
+    if (ch.has_choice && !j.finish_reason.empty())
+      return stream_failed(c, "a choice chunk after its finish_reason");
+    if (ch.has_text) {
+      on_output(j, t);
+      ++j.text_chunks;
+    }
+    if (!ch.finish_reason.empty()) j.finish_reason = ch.finish_reason;
+    if (ch.completion_tokens >= 0) {
+      if (j.tokens_predicted >= 0) return stream_failed(c, "a second usage in one stream");
+      j.tokens_predicted = ch.completion_tokens;
+    }
+    if (ch.predicted_n >= 0) j.predicted_n = ch.predicted_n;
+    if (std::isfinite(ch.prompt_ms)) j.prompt_ms = ch.prompt_ms;
+    if (std::isfinite(ch.predicted_ms)) j.predicted_ms = ch.predicted_ms;
+  };
   // One event of the stream of c's request.
   auto on_event = [&](Conn& c, const SseEvent& ev, int64_t t) {
     PeerJob& j = r.jobs[*c.job];
-    PeerChunk ch = parse_peer_chunk(ev);
-    if (ch.error) {
-      if (c.stream_error.empty()) c.stream_error = "llama-server error: " + ch.error_message;
-      return;
-    }
-    if (ch.tokens > 0 || ch.has_content) {
-      if (j.t_first == 0)
-        j.t_first = t;
-      else
-        j.itl_ms.push_back(static_cast<float>((t - j.t_last) / 1e6));
-      j.t_last = t;
-      j.streamed_tokens += ch.tokens;
-    }
-    if (ch.stop) {
-      j.tokens_predicted = ch.tokens_predicted;
-      j.predicted_n = ch.predicted_n;
-      if (std::isfinite(ch.prompt_ms)) j.prompt_ms = ch.prompt_ms;
-      if (std::isfinite(ch.predicted_ms)) j.predicted_ms = ch.predicted_ms;
+    // A server that breaks the protocol fails this request (the run goes on and reports it).
+    try {
+      if (openai) return on_openai_event(c, ev, t);
+      PeerChunk ch = parse_peer_chunk(ev);
+      if (ch.error) return stream_failed(c, name + " error: " + ch.error_message);
+      if (ch.tokens > 0 || ch.has_content) {
+        on_output(j, t);
+        j.streamed_tokens += ch.tokens;
+        if (ch.has_content) ++j.text_chunks;
+      }
+      if (ch.stop) {
+        j.tokens_predicted = ch.tokens_predicted;
+        j.predicted_n = ch.predicted_n;
+        if (std::isfinite(ch.prompt_ms)) j.prompt_ms = ch.prompt_ms;
+        if (std::isfinite(ch.predicted_ms)) j.predicted_ms = ch.predicted_ms;
+      }
+    } catch (const std::runtime_error& e) {
+      // parse_peer_chunk's words name llama-server already; parse_openai_chunk's name no sender.
+      stream_failed(c, openai ? name + " sent " + e.what() : std::string(e.what()));
     }
   };
 
@@ -402,15 +487,15 @@ PeerRun run_peer(int port, const std::vector<PeerRequest>& requests, size_t warm
         if (got < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
         if (got <= 0) {
           if (c.job)
-            broken(c, got == 0 ? "llama-server closed the connection mid-response"
-                               : sys_error("recv from llama-server"));
+            broken(c, got == 0 ? name + " closed the connection mid-response"
+                               : sys_error("recv from " + name));
           else
             close_conn(c);  // an idle keep-alive connection ended by the server
           break;
         }
         const int64_t t = now_ns();
         last_byte = t;
-        if (!c.job) throw std::runtime_error("llama-server sent bytes on an idle connection");
+        if (!c.job) throw std::runtime_error(name + " sent bytes on an idle connection");
         c.received += static_cast<size_t>(got);
         size_t used = c.http.feed(buf, static_cast<size_t>(got), [&](std::string_view body) {
           if (c.http.status() != 200) {
@@ -421,17 +506,24 @@ PeerRun run_peer(int port, const std::vector<PeerRequest>& requests, size_t warm
         });
         if (!c.http.done()) continue;
         if (used != static_cast<size_t>(got))
-          throw std::runtime_error("llama-server sent bytes after the end of a response");
+          throw std::runtime_error(name + " sent bytes after the end of a response");
         const bool keep = c.http.keep_alive();
         c.reused = true;
+        const PeerJob& j = r.jobs[*c.job];
         if (c.http.status() != 200)
           finish(c, "HTTP " + std::to_string(c.http.status()) + ": " + c.error_body);
         else if (!c.stream_error.empty())
           finish(c, c.stream_error);
         else if (c.sse.pending())
           finish(c, "the event stream ended inside an event");
-        else if (r.jobs[*c.job].tokens_predicted < 0)
+        else if (!openai && j.tokens_predicted < 0)
           finish(c, "the event stream ended without a final (stop) chunk");
+        else if (openai && j.finish_reason.empty())
+          finish(c, "the event stream ended without a finish_reason");
+        else if (openai && j.tokens_predicted < 0)
+          finish(c, "the event stream ended without usage (stream_options.include_usage)");
+        else if (openai && !j.done_marker)
+          finish(c, "the event stream ended without data: [DONE]");
         else
           finish(c, "");
         if (!keep) close_conn(c);

@@ -1,6 +1,7 @@
 // A llama-server as the peer of bench_loadgen: starts it on a loopback port and waits for its
-// /health, and drives it with a closed-loop client of streamed POST /completion requests over
-// keep-alive HTTP/1.1 connections, one thread polling them all (as the ZeroMQ client does ours).
+// /health; and the closed-loop client of streamed completions (llama-server's POST /completion or
+// OpenAI's POST /v1/completions, which drives our HTTP door too) over keep-alive HTTP/1.1
+// connections, one thread polling them all (as the ZeroMQ client does ours).
 #pragma once
 
 #include <sys/types.h>
@@ -24,6 +25,22 @@ struct LlamaServerOptions {
   // Loading a model on a busy 2-core machine may take a while.
   std::chrono::seconds startup{180};
 };
+
+/// A port on 127.0.0.1 that was free a moment ago (bound to 0 and released): a server started
+/// next binds it.
+int free_loopback_port();
+
+/// The answer of one GET: status 0 when none came (`error` says why).
+struct HttpAnswer {
+  int status = 0;
+  std::string body;
+  std::string error;
+};
+
+/// GET `path` from host:port on a connection of its own (Connection: close); gives up after
+/// `timeout`.
+HttpAnswer http_get(const std::string& host, int port, const std::string& path,
+                    std::chrono::seconds timeout = std::chrono::seconds(5));
 
 /// A running llama-server child; its stdout and stderr go to a log file in a temporary directory
 /// (quoted when it fails). The kernel sends it SIGTERM if this process dies first.
@@ -53,14 +70,28 @@ class LlamaServer {
   std::vector<std::string> argv_;
 };
 
+/// Where the client sends its requests, and in which API.
+struct HttpTarget {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  PeerApi api = PeerApi::llama_native;
+  std::string model;                  // OpenAI's `model` ("": not sent)
+  std::string name = "llama-server";  // the server, in error messages
+};
+
 /// What the client saw of one request. Times are steady-clock ns; 0 = not seen.
 struct PeerJob {
   bool warm = false, finished = false, ok = false;
   std::string error;  // why it failed ("" when ok)
   int64_t t_submit = 0, t_first = 0, t_last = 0, t_done = 0;
-  uint32_t streamed_tokens = 0;   // ids in the streamed chunks
-  int64_t tokens_predicted = -1;  // from the final chunk
-  int64_t predicted_n = -1;       // timings.predicted_n of the final chunk
+  uint32_t streamed_tokens = 0;  // native: ids in the streamed chunks
+  uint32_t text_chunks = 0;      // chunks with text (OpenAI: the first one is TTFT)
+  // The tokens generated: native, the final chunk's tokens_predicted; OpenAI, the usage's
+  // completion_tokens.
+  int64_t tokens_predicted = -1;
+  int64_t predicted_n = -1;   // llama-server's timings.predicted_n of the final chunk
+  std::string finish_reason;  // OpenAI: choices[0].finish_reason ("length" with ignore_eos)
+  bool done_marker = false;   // OpenAI: "data: [DONE]" came
   double prompt_ms = 0, predicted_ms = 0;
   std::vector<float> itl_ms;  // gaps between consecutive token chunks
 };
@@ -74,9 +105,11 @@ struct PeerRun {
   uint64_t resent_on_new_connection = 0;
 };
 
-/// Sends `requests` in order, at most `concurrency` in flight; the first `warmup` are not
-/// counted. Gives up (timed_out) when no byte arrives for `timeout_s` while requests are open.
-PeerRun run_peer(int port, const std::vector<PeerRequest>& requests, size_t warmup, int concurrency,
-                 double timeout_s);
+/// Sends `requests` to `target` in order, at most `concurrency` in flight; the first `warmup` are
+/// not counted. Gives up (timed_out) when no byte arrives for `timeout_s` while requests are open.
+/// A request fails unless its answer is 200 and a whole stream: native, up to the final (stop)
+/// chunk; OpenAI, a finish_reason, the usage and "data: [DONE]".
+PeerRun run_peer(const HttpTarget& target, const std::vector<PeerRequest>& requests, size_t warmup,
+                 int concurrency, double timeout_s);
 
 }  // namespace sy::bench

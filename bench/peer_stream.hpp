@@ -1,7 +1,9 @@
-// What bench_loadgen reads from a llama-server: an incremental HTTP/1.1 response parser for
+// What bench_loadgen reads from an HTTP server: an incremental HTTP/1.1 response parser for
 // keep-alive connections (Content-Length or chunked bodies), a server-sent-events splitter, and
-// the fields of one /completion stream chunk. Header-only and free of sockets, so it is unit
-// tested on byte strings (tests/unit/test_bench_peer_stream.cpp).
+// the fields of one stream chunk of llama-server's native POST /completion or of OpenAI's POST
+// /v1/completions (which llama-server and our HTTP door both serve), with the request bodies of
+// both. Header-only and free of sockets, so it is unit tested on byte strings
+// (tests/unit/test_bench_peer_stream.cpp, tests/unit/test_bench_openai_stream.cpp).
 #pragma once
 
 #include <algorithm>
@@ -317,15 +319,21 @@ inline PeerChunk parse_peer_chunk(const SseEvent& ev) {
 /// One request of the workload.
 struct PeerRequest {
   std::vector<int32_t> prompt;  // token ids, sent as they are (no BOS added, as ours)
+  std::string prompt_text;      // sent instead of the ids when not empty (--prompt-kind text)
   uint32_t max_tokens = 0;
   double temperature = 0;
   uint64_t seed = 0;
   bool ignore_eos = true;
 };
 
+/// The prompt of `r` as JSON: its text when it has one, else its token ids.
+inline nlohmann::json prompt_json(const PeerRequest& r) {
+  return r.prompt_text.empty() ? nlohmann::json(r.prompt) : nlohmann::json(r.prompt_text);
+}
+
 /// The JSON body of one streamed /completion request; greedy with temperature 0.
 inline std::string completion_body(const PeerRequest& r) {
-  nlohmann::json j = {{"prompt", r.prompt},
+  nlohmann::json j = {{"prompt", prompt_json(r)},
                       {"n_predict", r.max_tokens},
                       {"ignore_eos", r.ignore_eos},
                       {"temperature", r.temperature},
@@ -340,6 +348,132 @@ inline std::string completion_body(const PeerRequest& r) {
     j["samplers"] = {"top_k", "temperature"};
   }
   return j.dump();
+}
+
+// ---- OpenAI's POST /v1/completions ---------------------------------------------------------------
+
+/// Which HTTP API the client speaks.
+enum class PeerApi : uint8_t {
+  llama_native,  ///< llama-server's POST /completion (token ids in every chunk)
+  openai,        ///< OpenAI's POST /v1/completions (llama-server's and our HTTP door's)
+};
+
+/// The path a request of `api` goes to.
+inline const char* api_path(PeerApi api) {
+  return api == PeerApi::openai ? "/v1/completions" : "/completion";
+}
+
+/// The JSON body of one streamed /v1/completions request: OpenAI's fields (`model` only when not
+/// empty: both servers then take their own model), `stream_options.include_usage` so that the
+/// stream ends with the completion's token count, and `ignore_eos`, which both servers accept.
+/// At temperature 0 also llama.cpp's own `top_k` 1, `repeat_penalty` 1 and `samplers` (only
+/// top_k and temperature), the same as completion_body: greedy, without samplers that cost
+/// llama-server time and change nothing; a server that does not know them ignores them.
+inline std::string openai_completion_body(const PeerRequest& r, const std::string& model) {
+  nlohmann::json j = nlohmann::json::object();
+  if (!model.empty()) j["model"] = model;
+  j["prompt"] = prompt_json(r);
+  j["max_tokens"] = r.max_tokens;
+  j["temperature"] = r.temperature;
+  j["seed"] = r.seed;
+  j["stream"] = true;
+  j["stream_options"] = {{"include_usage", true}};
+  j["ignore_eos"] = r.ignore_eos;
+  if (r.temperature <= 0) {
+    j["top_k"] = 1;
+    j["repeat_penalty"] = 1.0;
+    j["samplers"] = {"top_k", "temperature"};
+  }
+  return j.dump();
+}
+
+/// The fields bench_loadgen uses of one /v1/completions stream event: a `text_completion` chunk
+/// (choices[0].text, finish_reason), the usage chunk (OpenAI: empty choices; llama-server: usage
+/// on the finishing chunk), an error, or the closing "[DONE]".
+struct OpenAiChunk {
+  bool done_marker = false;  // "data: [DONE]"
+  bool error = false;
+  std::string error_message;
+  bool has_choice = false;                             // choices[0] exists
+  bool has_text = false;                               // choices[0].text is not empty
+  std::string finish_reason;                           // choices[0].finish_reason; "" while null
+  int64_t completion_tokens = -1, prompt_tokens = -1;  // usage; -1: absent
+  // llama-server's own `timings` (not OpenAI's; ours sends none): -1 / NAN when absent.
+  int64_t predicted_n = -1;
+  double prompt_ms = NAN, predicted_ms = NAN;
+};
+
+/// Reads one event of a /v1/completions stream. Throws std::runtime_error for an event that is
+/// not JSON or not a completion chunk (another `object`, more than one choice, a text that is not
+/// a string): a server that sends it does not speak the API.
+inline OpenAiChunk parse_openai_chunk(const SseEvent& ev) {
+  OpenAiChunk c;
+  if (ev.field == "data" && ev.value == "[DONE]") {
+    c.done_marker = true;
+    return c;
+  }
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(ev.value);
+  } catch (const nlohmann::json::exception& e) {
+    throw std::runtime_error("a " + ev.field + " event that is not JSON (" + e.what() +
+                             "): " + ev.value.substr(0, 200));
+  }
+  auto message_of = [](const nlohmann::json& e) {
+    if (e.is_object() && e.contains("message") && e["message"].is_string())
+      return e["message"].get<std::string>();
+    return e.dump();
+  };
+  // OpenAI streams an error as a data event {"error": {...}}; llama-server as an "error" event.
+  if (ev.field == "error") {
+    c.error = true;
+    c.error_message = message_of(j.is_object() && j.contains("error") ? j["error"] : j);
+    return c;
+  }
+  if (ev.field != "data") throw std::runtime_error("an event of field '" + ev.field + "'");
+  if (!j.is_object()) throw std::runtime_error("a chunk that is not an object: " + ev.value);
+  if (auto it = j.find("error"); it != j.end() && !it->is_null()) {
+    c.error = true;
+    c.error_message = message_of(*it);
+    return c;
+  }
+  if (auto it = j.find("object"); it != j.end() && *it != "text_completion")
+    throw std::runtime_error("a chunk of object " + it->dump() + ", not \"text_completion\"");
+  if (auto it = j.find("choices"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() > 1)
+      throw std::runtime_error("choices that are not a list of at most one (n is 1): " +
+                               it->dump().substr(0, 200));
+    if (!it->empty()) {
+      const auto& ch = (*it)[0];
+      if (!ch.is_object()) throw std::runtime_error("a choice that is not an object");
+      c.has_choice = true;
+      if (auto t = ch.find("text"); t != ch.end()) {
+        if (!t->is_string()) throw std::runtime_error("choices[0].text is not a string");
+        c.has_text = !t->get_ref<const std::string&>().empty();
+      }
+      if (auto f = ch.find("finish_reason"); f != ch.end() && !f->is_null()) {
+        if (!f->is_string()) throw std::runtime_error("choices[0].finish_reason is not a string");
+        c.finish_reason = f->get<std::string>();
+      }
+    }
+  }
+  if (auto it = j.find("usage"); it != j.end() && it->is_object()) {
+    const auto& u = *it;
+    if (auto p = u.find("completion_tokens"); p != u.end() && p->is_number_integer())
+      c.completion_tokens = p->get<int64_t>();
+    if (auto p = u.find("prompt_tokens"); p != u.end() && p->is_number_integer())
+      c.prompt_tokens = p->get<int64_t>();
+  }
+  if (auto it = j.find("timings"); it != j.end() && it->is_object()) {
+    const auto& t = *it;
+    if (auto p = t.find("predicted_n"); p != t.end() && p->is_number_integer())
+      c.predicted_n = p->get<int64_t>();
+    if (auto p = t.find("prompt_ms"); p != t.end() && p->is_number())
+      c.prompt_ms = p->get<double>();
+    if (auto p = t.find("predicted_ms"); p != t.end() && p->is_number())
+      c.predicted_ms = p->get<double>();
+  }
+  return c;
 }
 
 }  // namespace sy::bench

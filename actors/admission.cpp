@@ -459,6 +459,7 @@ void submit(Self* self, SubmitRequest& req) {
   Record rec;
   rec.uid = job.uid;
   rec.client = req.client;
+  rec.outlive_shutdown = req.outlive_shutdown;
   rec.charged = cost;
   rec.tenant = req.tenant;
   rec.class_index = job.class_index;
@@ -624,7 +625,15 @@ AdmissionActor::behavior_type admission_actor(
       // queued ones never run and running ones end within a step with done finish=cancelled.
       [self](cancel_atom, drain_atom) {
         std::vector<uint64_t> uids;
-        for (auto& [uid, key] : self->state.live) uids.push_back(uid);
+        for (auto& [uid, key] : self->state.live) {
+          // A journaled job that asked to outlive the shutdown stays unfinished in the journal:
+          // the next start runs it again (SubmitRequest::outlive_shutdown).
+          auto r = self->state.records.find(key);
+          if (r != self->state.records.end() && r->second.outlive_shutdown &&
+              r->second.journaled)
+            continue;
+          uids.push_back(uid);
+        }
         for (uint64_t uid : uids)
           if (!program_cancel(self, uid) && self->state.router)
             self->send(self->state.router, cancel_atom::value, uid);

@@ -55,6 +55,7 @@ struct Record {
   uint32_t class_index = 0;     // for the metrics actor's per-class counts
   bool journaled = false;       // its accept record is durable: its end must be journaled too
   bool cancel_pending = false;  // cancelled while being journaled: cancel once enqueued
+  bool outlive_shutdown = false;  // SubmitRequest::outlive_shutdown
   DoneEvent done;
   ErrorEvent error;
 };

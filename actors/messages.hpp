@@ -122,7 +122,7 @@ typename Inspector::result_type inspect(Inspector& f, SubmitRequest& x) {
            x.seed, x.stop, x.ignore_eos, x.priority, x.deadline_ms, x.stream, x.logprobs,
            x.arrival_us, x.message_roles, x.message_contents, x.parse_special, x.metered_bytes,
            x.controls, x.constraint, x.n, x.prompt_logprobs, x.score, x.cont_text, x.cont_ids,
-           x.program, x.inputs);
+           x.program, x.inputs, x.outlive_shutdown);
 }
 
 template <class Inspector>

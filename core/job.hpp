@@ -149,6 +149,10 @@ struct SubmitRequest {
   // Wire size of a request the gateway counted into its IntakeMeter (0: not counted); admission
   // counts it out when it takes the request from its mailbox.
   uint32_t metered_bytes = 0;
+  // A journaled job still running when a shutdown's grace ends is left for the next start (its
+  // accept has no result, so replay runs it again) instead of being cancelled: the Batch API's
+  // lines, whose batch resumes after the restart and attaches to them (docs/http.md).
+  bool outlive_shutdown = false;
 };
 
 /// A program step's output, journaled once the step finished (docs/programs.md).

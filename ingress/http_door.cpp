@@ -640,6 +640,8 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       if (auto* text = std::get_if<std::string>(&s.prompt)) ex.results[i].prompt_text = *text;
       ex.ids.push_back(s.id);
       SubmitRequest sr = to_request(std::move(s), ClientRef{ClientRef::http, identity(ex.handle, i)});
+      // A batch line is never cut short by a shutdown: it resumes with its batch.
+      sr.outlive_shutdown = ex.line.has_value();
       if (ctx.intake) {
         // Counted like a ZeroMQ submit (admission counts it out); its size is its JSON's share.
         const auto b = static_cast<uint32_t>(std::max<std::size_t>(1, sr.prompt_text.size()));

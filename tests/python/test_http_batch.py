@@ -10,6 +10,7 @@ served beside it.
 
 import json
 import os
+import re
 import struct
 import sys
 import threading
@@ -216,6 +217,41 @@ def cancel_and_list(s):
     check(l["has_more"], l)
     st, _, l2 = srv.get_json("/v1/batches?limit=2&after=" + l["last_id"])
     check(l2["data"] and l2["data"][0]["id"] != l["data"][1]["id"], "paged")
+
+
+@case
+def graceful_stop_resumes_running_lines(s):
+    journal = os.path.join(os.path.dirname(s["journal"].rstrip("/")), "g") + "/"
+    slow = ["--chat-template", "chatml", "--step-delay-ms", "10", "--grace-ms", "300"]
+    srv = Server(A["binary"], STORIES, journal=journal, extra=slow)
+    n = 60
+    # 400 steps of 10 ms: a line outlasts the grace (0.3 s) and the second the stop then waits.
+    st, f = upload(srv, [dict(line("g%d" % i, "Tale %d" % i),
+                              body={"prompt": "Tale %d" % i, "max_tokens": 400,
+                                    "ignore_eos": True}) for i in range(n)])
+    st, b = create(srv, f["id"])
+    eq(st, 200, str(b))
+    time.sleep(1.0)
+    srv.stop()  # SIGTERM: the lines still running when the grace ends are left, not cancelled
+    uids = journal_accepts(os.path.join(journal, "switchyard.journal"))
+    srv = Server(A["binary"], STORIES, journal=journal, extra=["--chat-template", "chatml"])
+    try:
+        m = re.search(r"(\d+) jobs to run again", srv.tail())
+        check(m and int(m.group(1)) > 0, "lines were left running: %s" % srv.tail())
+        done = wait(srv, b["id"])
+        eq(done["status"], "completed")
+        eq(done["request_counts"], {"total": n, "completed": n, "failed": 0})
+        out = content(srv, done["output_file_id"])
+        eq(sorted(x["custom_id"] for x in out), sorted("g%d" % i for i in range(n)))
+        for x in out:
+            body = x["response"]["body"]
+            eq((body["choices"][0]["finish_reason"], body["usage"]["completion_tokens"]),
+               ("length", 400), x["custom_id"])
+        journal_accepts(os.path.join(journal, "switchyard.journal"), uids)
+        mine = {k: v for k, v in uids.items() if k.startswith(b["id"] + "/")}
+        eq(sorted(k for k, v in mine.items() if len(v) > 1), [], "accepted twice")
+    finally:
+        srv.kill()
 
 
 def ttft(srv, n):

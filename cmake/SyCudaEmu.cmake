@@ -108,7 +108,10 @@ set_target_properties(emu_switchyard PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJE
 add_dependencies(integration_tests emu_switchyard)
 add_test(NAME emu_it_test_golden COMMAND integration_tests --run_test=test_golden
   WORKING_DIRECTORY ${PROJECT_BINARY_DIR})
+# COST: started among the first, so that its minute runs beside the unit tests instead of alone
+# at the end, after the other server tests that share its lock.
 set_tests_properties(emu_it_test_golden PROPERTIES LABELS emu TIMEOUT 1200 RESOURCE_LOCK server
+  COST 500
   ENVIRONMENT SY_SERVER_BINARY=emu_switchyard)
 
 # The server on the emulated device with stories260K and `flags` (spliced into its command line),

@@ -431,22 +431,27 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     conn->read_request();
   }
 
+  // A connection closed. It may close from deep inside an event's handling (a write that
+  // failed, a backlog over its bound) while that handling still holds the connection and its
+  // exchange: both are released by a handler posted for later, never here.
   void on_closed(Conn& c) {
+    std::shared_ptr<Conn> keep;
     for (auto it = conns.begin(); it != conns.end(); ++it)
       if (it->get() == &c) {
         counters.open--;
-        // Destroyed after this handler returns: handlers still hold their own references.
+        keep = *it;
         conns.erase(it);
         break;
       }
-    if (c.exchange) {
-      auto it = exchanges.find(c.exchange);
-      if (it != exchanges.end()) {
-        cancel_jobs(it->second, true);
-        exchanges.erase(it);
-      }
-      c.exchange = 0;
+    uint64_t handle = c.exchange;
+    c.exchange = 0;
+    if (handle) {
+      auto it = exchanges.find(handle);
+      if (it != exchanges.end()) cancel_jobs(it->second, true);
     }
+    asio::post(io, [self = shared_from_this(), keep, handle] {
+      if (handle) self->exchanges.erase(handle);
+    });
   }
 
   // ---- requests -------------------------------------------------------------------------------

@@ -629,8 +629,7 @@ AdmissionActor::behavior_type admission_actor(
           // A journaled job that asked to outlive the shutdown stays unfinished in the journal:
           // the next start runs it again (SubmitRequest::outlive_shutdown).
           auto r = self->state.records.find(key);
-          if (r != self->state.records.end() && r->second.outlive_shutdown &&
-              r->second.journaled)
+          if (r != self->state.records.end() && r->second.outlive_shutdown && r->second.journaled)
             continue;
           uids.push_back(uid);
         }

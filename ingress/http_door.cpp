@@ -23,8 +23,8 @@
 
 #include "actors/log.hpp"
 #include "ingress/http_batch.hpp"
-#include "ingress/submit_request.hpp"
 #include "ingress/http_listen.hpp"
+#include "ingress/submit_request.hpp"
 
 namespace sy {
 
@@ -47,21 +47,36 @@ constexpr std::size_t kUploadOverhead = 64 * 1024;
 
 const char* reason(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 413: return "Payload Too Large";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 499: return "Client Closed Request";
-    case 500: return "Internal Server Error";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return "Unknown";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 409:
+      return "Conflict";
+    case 413:
+      return "Payload Too Large";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 499:
+      return "Client Closed Request";
+    case 500:
+      return "Internal Server Error";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return "Unknown";
   }
 }
 
@@ -143,9 +158,9 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     std::vector<bool> accepted, ended;
     std::vector<openai::JobResult> results;
     std::vector<wire::Usage> usage;
-    std::set<uint32_t> choice_started;  // stream: choices whose first chunk went out
+    std::set<uint32_t> choice_started;        // stream: choices whose first chunk went out
     std::map<uint32_t, uint32_t> sent_chars;  // stream: characters sent per choice (text_offset)
-    bool headers_sent = false;          // stream: the 200 head went out
+    bool headers_sent = false;                // stream: the 200 head went out
     std::weak_ptr<Conn> conn;
     std::optional<http_batch::LineJob> line;  // a batch line's exchange
     bool keep_alive = true;
@@ -160,14 +175,14 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     asio::steady_timer timer;
     beast::flat_buffer buf;
     std::optional<bhttp::request_parser<bhttp::string_body>> parser;
-    std::string out;          // bytes waiting to be written
-    std::string writing;      // bytes being written
+    std::string out;      // bytes waiting to be written
+    std::string writing;  // bytes being written
     bool write_pending = false;
     bool close_after_write = false;
     bool closed = false;
-    bool probing = false;     // a read watching for the client's going away runs
+    bool probing = false;           // a read watching for the client's going away runs
     bool next_after_write = false;  // read the next request once `out` is written
-    uint64_t exchange = 0;    // the request in flight (0: none)
+    uint64_t exchange = 0;          // the request in flight (0: none)
     bool first_request = true;
 
     void arm(uint32_t ms) {
@@ -190,10 +205,9 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       parser->body_limit(std::max<std::uint64_t>(door.cfg.max_body_bytes,
                                                  door.cfg.batch_max_file_bytes + kUploadOverhead));
       arm(first_request ? door.cfg.header_timeout_ms : door.cfg.idle_timeout_ms);
-      bhttp::async_read_header(socket, buf, *parser,
-                               [self = shared_from_this()](beast::error_code ec, std::size_t) {
-                                 self->on_header(ec);
-                               });
+      bhttp::async_read_header(
+          socket, buf, *parser,
+          [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_header(ec); });
     }
 
     void on_header(beast::error_code ec) {
@@ -225,10 +239,9 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       if (beast::iequals(req[bhttp::field::expect], "100-continue"))
         send("HTTP/1.1 100 Continue\r\n\r\n");
       arm(door.cfg.body_timeout_ms);
-      bhttp::async_read(socket, buf, *parser,
-                        [self = shared_from_this()](beast::error_code e, std::size_t) {
-                          self->on_body(e);
-                        });
+      bhttp::async_read(
+          socket, buf, *parser,
+          [self = shared_from_this()](beast::error_code e, std::size_t) { self->on_body(e); });
     }
 
     void on_body(beast::error_code ec) {
@@ -302,10 +315,9 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       out.clear();
       write_pending = true;
       arm(door.cfg.write_timeout_ms);
-      asio::async_write(socket, asio::buffer(writing),
-                        [self = shared_from_this()](beast::error_code ec, std::size_t) {
-                          self->on_written(ec);
-                        });
+      asio::async_write(
+          socket, asio::buffer(writing),
+          [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_written(ec); });
     }
 
     void on_written(beast::error_code ec) {
@@ -320,8 +332,10 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
         socket.shutdown(tcp::socket::shutdown_send, ignored);
         return close();
       }
-      if (next_after_write) continue_reading();
-      else if (exchange && !probing) probe();
+      if (next_after_write)
+        continue_reading();
+      else if (exchange && !probing)
+        probe();
     }
 
     // While a request runs nothing is written for a long time (a non-streamed job): a read on
@@ -418,7 +432,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     auto conn = std::make_shared<Conn>(*this, std::move(s));
     if (conns.size() >= cfg.max_connections) {
       counters.refused++;
-        conn->respond(api_error(503,
+      conn->respond(api_error(503,
                               "the server has " + std::to_string(cfg.max_connections) +
                                   " connections open (http.max_connections): retry later",
                               "server_error", "too_many_connections"),
@@ -507,8 +521,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       if (path == "/health") {
         std::string why = ctx.unhealthy ? ctx.unhealthy() : "";
         if (refusing) why = "draining";
-        if (why.empty())
-          return conn->respond(200, "application/json", "{\"status\":\"ok\"}", keep);
+        if (why.empty()) return conn->respond(200, "application/json", "{\"status\":\"ok\"}", keep);
         return conn->respond(503, "application/json",
                              "{\"status\":\"unavailable\",\"reason\":\"" + why + "\"}", keep);
       }
@@ -534,9 +547,8 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       if (path.rfind("/v1/files", 0) == 0 || path.rfind("/v1/batches", 0) == 0)
         return batch_api(*conn, req, path, query, keep);
     } catch (const std::exception& e) {
-      return conn->respond(api_error(500, std::string("internal error: ") + e.what(),
-                                     "server_error"),
-                           keep);
+      return conn->respond(
+          api_error(500, std::string("internal error: ") + e.what(), "server_error"), keep);
     }
     conn->respond(api_error(404, "no route " + std::string(req.method_string()) + " " + path,
                             "invalid_request_error", "not_found"),
@@ -547,8 +559,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     // One entry of the list, as /v1/models/{id} answers.
     std::string list = openai::models_body({id}, started_at, ctx.max_model_len);
     const auto a = list.find("[{"), b = list.rfind("}]");
-    return a == std::string::npos || b == std::string::npos ? list
-                                                            : list.substr(a + 1, b - a);
+    return a == std::string::npos || b == std::string::npos ? list : list.substr(a + 1, b - a);
   }
 
   void method_not_allowed(Conn& c, bool keep) {
@@ -602,13 +613,13 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     if (key.empty()) key = std::string(req["X-Request-Id"]);
     // Room for the "/N" suffix of a request with several prompts.
     if (key.size() + 4 > ctx.parse.limits.max_id_bytes)
-      return conn->respond(api_error(400,
-                                     "the Idempotency-Key (or X-Request-Id) header is longer "
-                                     "than " +
-                                         std::to_string(ctx.parse.limits.max_id_bytes - 4) +
-                                         " bytes",
-                                     "", "", "Idempotency-Key"),
-                           keep);
+      return conn->respond(
+          api_error(400,
+                    "the Idempotency-Key (or X-Request-Id) header is longer "
+                    "than " +
+                        std::to_string(ctx.parse.limits.max_id_bytes - 4) + " bytes",
+                    "", "", "Idempotency-Key"),
+          keep);
     Exchange ex;
     ex.conn = conn;
     ex.keep_alive = keep;
@@ -620,8 +631,8 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
   // Submits an exchange's jobs and registers it; an error when it cannot be sent at all.
   std::optional<openai::ApiError> start(Exchange& ex, openai::Request r, const std::string& key) {
     if (refusing)
-      return api_error(503, "the server is shutting down and takes no new requests",
-                       "server_error", "unavailable");
+      return api_error(503, "the server is shutting down and takes no new requests", "server_error",
+                       "unavailable");
     auto adm = get_admission();
     if (!adm) return api_error(503, "the server is starting", "server_error", "unavailable");
     if (auto e = intake_full()) return e;
@@ -644,7 +655,8 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       s.stream = ex.req.stream;
       if (auto* text = std::get_if<std::string>(&s.prompt)) ex.results[i].prompt_text = *text;
       ex.ids.push_back(s.id);
-      SubmitRequest sr = to_request(std::move(s), ClientRef{ClientRef::http, identity(ex.handle, i)});
+      SubmitRequest sr =
+          to_request(std::move(s), ClientRef{ClientRef::http, identity(ex.handle, i)});
       // A batch line is never cut short by a shutdown: it resumes with its batch.
       sr.outlive_shutdown = ex.line.has_value();
       if (ctx.intake) {
@@ -783,8 +795,8 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
         auto finish = [&](uint32_t sample, wire::FinishReason f) {
           const uint32_t index = job * ex.req.n + sample;
           const bool first = ex.choice_started.insert(index).second;
-          stream_event(ex, openai::finish_chunk_json(ex.req, ex.response_id, ex.created, index,
-                                                     f, first));
+          stream_event(
+              ex, openai::finish_chunk_json(ex.req, ex.response_id, ex.created, index, f, first));
         };
         if (d.choices.empty()) {
           emit_text(0, d.text, d.ids);
@@ -826,10 +838,10 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
   void complete(Exchange& ex) {
     const uint64_t handle = ex.handle;
     if (ex.line) {
-      finish_line(ex, 200,
-                  openai::response_body(ex.req, ex.response_id, ex.created, ex.results,
-                                        ctx.token_text),
-                  -1);
+      finish_line(
+          ex, 200,
+          openai::response_body(ex.req, ex.response_id, ex.created, ex.results, ctx.token_text),
+          -1);
       exchanges.erase(handle);
       return;
     }
@@ -840,10 +852,10 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       c->send(chunk(openai::sse_done()) + chunk(""));
       c->end_exchange(ex.keep_alive);
     } else if (c) {
-      c->respond(200, "application/json",
-                 openai::response_body(ex.req, ex.response_id, ex.created, ex.results,
-                                       ctx.token_text),
-                 ex.keep_alive);
+      c->respond(
+          200, "application/json",
+          openai::response_body(ex.req, ex.response_id, ex.created, ex.results, ctx.token_text),
+          ex.keep_alive);
     }
     exchanges.erase(handle);
   }
@@ -930,7 +942,8 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       if (m == bhttp::verb::get) return reply(batches->list_files(tenant));
       if (m != bhttp::verb::post) return method_not_allowed(c, keep);
       const auto type = req[bhttp::field::content_type];
-      auto parts = http_batch::parse_multipart(std::string_view(type.data(), type.size()), req.body());
+      auto parts =
+          http_batch::parse_multipart(std::string_view(type.data(), type.size()), req.body());
       if (auto* why = std::get_if<std::string>(&parts))
         return c.respond(api_error(400, "multipart body: " + *why), keep);
       std::string purpose, filename, data;
@@ -1109,8 +1122,7 @@ std::string http_metrics_text(const HttpDoorStats& s) {
   counter("switchyard_http_client_gone_total",
           "Jobs cancelled because their HTTP client went away.", "", s.client_gone);
   counter("switchyard_http_connections_refused_total",
-          "Connections answered 503: http.max_connections were open.", "",
-          s.connections_refused);
+          "Connections answered 503: http.max_connections were open.", "", s.connections_refused);
   counter("switchyard_http_timeouts_total",
           "Connections closed by a header, body, idle or write time bound.", "", s.timeouts);
   counter("switchyard_http_malformed_total", "Requests refused as unreadable HTTP.", "",

@@ -22,9 +22,9 @@ namespace sy {
 
 /// What the door needs to know of the server beyond its own configuration.
 struct HttpDoorContext {
-  openai::ParseContext parse;     ///< model names, edge limits, priority classes
-  openai::TokenText token_text;   ///< a token id's text (logprobs); may be empty
-  uint32_t max_model_len = 0;     ///< the context length /v1/models reports
+  openai::ParseContext parse;         ///< model names, edge limits, priority classes
+  openai::TokenText token_text;       ///< a token id's text (logprobs); may be empty
+  uint32_t max_model_len = 0;         ///< the context length /v1/models reports
   std::vector<TenantConfig> tenants;  ///< configured tenants (bearer token -> tenant)
   /// Admission's mailbox meter shared with the ZeroMQ gateway (nullptr: not counted) and its
   /// bounds (endpoints.max_waiting_requests/_bytes): past them a request is answered 429.
@@ -44,13 +44,13 @@ struct HttpDoorStats {
   uint64_t connections_accepted = 0;
   uint64_t connections_refused = 0;  ///< over max_connections: answered 503 and closed
   int64_t connections_open = 0;
-  uint64_t requests = 0;             ///< requests read whole
+  uint64_t requests = 0;  ///< requests read whole
   uint64_t responses_2xx = 0, responses_4xx = 0, responses_5xx = 0;
-  uint64_t responses_429 = 0;        ///< (also in 4xx)
-  uint64_t streams = 0;              ///< SSE responses started
-  uint64_t client_gone = 0;          ///< jobs cancelled because their client went away
-  uint64_t timeouts = 0;             ///< connections closed by a header, body, idle or write bound
-  uint64_t malformed = 0;            ///< requests that could not be parsed as HTTP (closed)
+  uint64_t responses_429 = 0;  ///< (also in 4xx)
+  uint64_t streams = 0;        ///< SSE responses started
+  uint64_t client_gone = 0;    ///< jobs cancelled because their client went away
+  uint64_t timeouts = 0;       ///< connections closed by a header, body, idle or write bound
+  uint64_t malformed = 0;      ///< requests that could not be parsed as HTTP (closed)
   uint64_t batch_lines_done = 0, batch_lines_failed = 0, batch_lines_retried = 0;
   int64_t batches_open = 0;
 };

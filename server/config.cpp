@@ -459,7 +459,8 @@ void load_http(const Ctx& c, const YAML::Node& n, HttpConfig& h) {
            h.max_stream_backlog_bytes =
                static_cast<size_t>(get_int(c, key, v, 4096, int64_t{1} << 30));
          else if (f == "batch_max_file_bytes")
-           h.batch_max_file_bytes = static_cast<uint64_t>(get_int(c, key, v, 1024, int64_t{1} << 34));
+           h.batch_max_file_bytes =
+               static_cast<uint64_t>(get_int(c, key, v, 1024, int64_t{1} << 34));
          else if (f == "batch_max_lines")
            h.batch_max_lines = static_cast<uint32_t>(get_int(c, key, v, 1, 10000000));
          else if (f == "batch_max_open")

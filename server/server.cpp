@@ -6,8 +6,8 @@
 #include <signal.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <caf/all.hpp>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <stdexcept>
@@ -84,10 +84,10 @@ std::shared_ptr<HttpDoor> make_http_door(const ServerConfig& c, const GatewayOpt
   for (const auto& pc : classes) x.parse.classes.push_back(pc.name);
   x.batch_class = c.http.batch_class;
   if (x.batch_class.empty())
-    x.batch_class = std::find(x.parse.classes.begin(), x.parse.classes.end(), "batch") !=
-                            x.parse.classes.end()
-                        ? "batch"
-                        : x.parse.classes.back();
+    x.batch_class =
+        std::find(x.parse.classes.begin(), x.parse.classes.end(), "batch") != x.parse.classes.end()
+            ? "batch"
+            : x.parse.classes.back();
   else if (std::find(x.parse.classes.begin(), x.parse.classes.end(), x.batch_class) ==
            x.parse.classes.end())
     throw std::invalid_argument("http.batch_class '" + x.batch_class +
@@ -104,9 +104,9 @@ std::shared_ptr<HttpDoor> make_http_door(const ServerConfig& c, const GatewayOpt
     x.batch_dir = (std::filesystem::path(journal).parent_path() / "http-batches").string();
   HttpConfig hc = c.http;
   if (hc.batch_max_in_flight == 0) {
-    const uint64_t slots = uint64_t{c.batching.max_sequences} *
-                           static_cast<uint64_t>(std::max(
-                               {1, c.executors.count, c.autoscale.max_executors}));
+    const uint64_t slots =
+        uint64_t{c.batching.max_sequences} *
+        static_cast<uint64_t>(std::max({1, c.executors.count, c.autoscale.max_executors}));
     hc.batch_max_in_flight =
         static_cast<uint32_t>(std::clamp<uint64_t>(slots - slots / 4, 1, 100000));
   }

@@ -280,7 +280,7 @@ def ttft(srv, n):
 @case
 def two_thousand_lines_through_three_kill9s(s):
     srv = s["srv"]
-    idle = ttft(srv, 30)
+    idle = ttft(srv, 40)
     n = 2000
     lines = [line("L%04d" % i, "Story %d:" % i, n=16) for i in range(n)]
     st, f = upload(srv, lines)
@@ -299,7 +299,7 @@ def two_thousand_lines_through_three_kill9s(s):
             if cur["request_counts"]["completed"] >= kill_at or cur["status"] == "completed":
                 break
             if kill_at == 400 and not busy:
-                busy = ttft(srv, 20)  # interactive requests while the batch runs
+                busy = ttft(srv, 40)  # interactive requests while the batch runs
                 st, _, cur = srv.get_json("/v1/batches/" + bid)
                 eq(cur["status"], "in_progress", "the batch still runs beside them")
             time.sleep(0.02)

@@ -43,6 +43,9 @@ file(GLOB _emu_tests CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/tests/gpu/test_gpu_
 add_executable(emu_gpu_tests ${_emu_tests})
 sy_test_target(emu_gpu_tests)
 target_link_libraries(emu_gpu_tests PRIVATE sy_cuda_emu sy_engine_emu)
+# Tells the tests they run here: a test may then do less of work that only repeats what it has
+# already covered (each says why), since every kernel thread here costs a fiber's run on the CPU.
+target_compile_definitions(emu_gpu_tests PRIVATE SY_CUDA_EMULATOR=1)
 foreach(src ${_emu_tests})
   get_filename_component(name ${src} NAME_WE)
   # Boost.Test's own signal handlers would hide the emulator's report of a bad access.

@@ -51,8 +51,6 @@ struct HttpDoorStats {
   uint64_t client_gone = 0;    ///< jobs cancelled because their client went away
   uint64_t timeouts = 0;       ///< connections closed by a header, body, idle or write bound
   uint64_t malformed = 0;      ///< requests that could not be parsed as HTTP (closed)
-  uint64_t batch_lines_done = 0, batch_lines_failed = 0, batch_lines_retried = 0;
-  int64_t batches_open = 0;
 };
 
 /// The door. Hold it in a shared_ptr: egress posts to it (Outbox).

@@ -4,9 +4,11 @@
 #include "actors/admission.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "actors/admission_state.hpp"
@@ -584,6 +586,8 @@ AdmissionActor::behavior_type admission_actor(
   return {
       [self](tick_atom) { replay_next(self); },
       [self](submit_atom, SubmitRequest& req) {
+        if (self->state.cfg.test_stall_ms > 0)
+          std::this_thread::sleep_for(std::chrono::milliseconds(self->state.cfg.test_stall_ms));
         taken_from_mailbox(self, req.metered_bytes);
         const std::string tenant = req.tenant;
         submit(self, req);

@@ -59,6 +59,9 @@ struct AdmissionConfig {
   // Wiring: the vocabulary index and compiled constraints shared with the executors
   // (actors/constraint_support.hpp); nullptr: admission makes its own at the first constraint.
   std::shared_ptr<ConstraintSupport> constraints;
+  // TESTS ONLY (`serve --test-admission-stall-ms`): admission sleeps this long before each
+  // submit it takes from its mailbox, so that a test can fill the intake bound at will.
+  int test_stall_ms = 0;
 };
 
 }  // namespace sy

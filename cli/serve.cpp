@@ -59,7 +59,9 @@ const char* const kServeUsage =
     "              N] [--test-fault-executor-hang-after N] make the first executor crash or hang\n"
     "              after N steps; [--test-fault-batcher-throw-after N] the first batcher;\n"
     "              [--test-nan-logits-token ID] gives NaN logits to every job whose first\n"
-    "              step feeds token ID (the job must fail alone).\n"
+    "              step feeds token ID (the job must fail alone);\n"
+    "              [--test-admission-stall-ms MS] admission sleeps MS before each submit it\n"
+    "              takes (fills the intake bound, endpoints.max_waiting_requests).\n"
     "              [--journal PATH] [--journal-fsync always|batch|never] [--journal-batch-ms MS]:\n"
     "              durable accepted jobs and results, replayed at start (docs/durability.md).\n"
     "              On by default at STATE/<bind address>/switchyard.journal, STATE being\n"
@@ -118,6 +120,7 @@ const std::vector<std::string> kServeOptions = {"model",
                                                 "test-fault-executor-hang-after",
                                                 "test-fault-batcher-throw-after",
                                                 "test-nan-logits-token",
+                                                "test-admission-stall-ms",
                                                 "journal",
                                                 "journal-fsync",
                                                 "journal-batch-ms",
@@ -300,6 +303,11 @@ int cmd_serve(const Args& a) {
         static_cast<int>(ranged("test-nan-logits-token", 0, INT32_MAX));
     log::warn("TEST ONLY: jobs whose first step feeds token " +
               std::to_string(cfg.executors.test_nan_logits_token) + " get NaN logits");
+  }
+  if (a.has("test-admission-stall-ms")) {
+    cfg.admission.test_stall_ms = static_cast<int>(ranged("test-admission-stall-ms", 1, 60000));
+    log::warn("TEST ONLY: admission sleeps " + std::to_string(cfg.admission.test_stall_ms) +
+              " ms before each submit");
   }
   if (cfg.executors.test_fault_throw_after > 0 || cfg.executors.test_fault_hang_after > 0)
     log::warn(std::string("TEST ONLY: the first executor will ") +

@@ -26,10 +26,23 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
+# Node.js runs tests/node (the official `openai` npm package against the HTTP door): Debian's
+# nodejs and npm, only where no `node` is on PATH already (one installed another way counts).
+if ! command -v node >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
 
-echo "install-deps: installing ${missing[*]}"
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-$sudo apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# The SDK at the version tests/node/package-lock.json pins, into tests/node/node_modules.
+node_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/node"
+if [ ! -d "$node_dir/node_modules/openai" ]; then
+  echo "install-deps: npm ci in tests/node"
+  (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error)
+fi

@@ -285,6 +285,8 @@ policy::PlanOutput Batcher::plan_round() {
   in.step_token_budget = cfg_.step_token_budget;
   in.max_sequences = cfg_.max_sequences;
   in.prefill_chunk = cfg_.prefill_chunk;
+  in.urgent_prefill = cfg_.urgent_prefill;
+  in.last_step_urgent = last_step_urgent_;
   in.running.reserve(running_.size());
   for (Seq* s : running_) {
     kv_.trim(s->kv);  // up to date already; the snapshot must not count a releasable block
@@ -449,7 +451,10 @@ void Batcher::schedule() {
     }
     if (running_.empty()) return;
     flush_notices();
-    if (!planned_.empty()) break;
+    if (!planned_.empty()) {
+      last_step_urgent_ = plan.urgent;
+      break;
+    }
     // Nothing planned: only when planning failed jobs (the first running sequence is always
     // planned otherwise); try again with the ones left, so that nothing stalls.
     if (seqs_.size() == jobs) return;

@@ -13,6 +13,9 @@ struct BatchingConfig {
   uint32_t step_token_budget = 512;  // new tokens per step (decode + prefill chunks)
   uint32_t max_sequences = 64;       // running sequences per batcher
   uint32_t prefill_chunk = 256;      // longest prefill chunk of one sequence per step
+  // A prompt of a more important class runs in a step of its own when the less important
+  // classes' tokens would outweigh it (policies/step_planner.hpp, plan_step 3.)
+  bool urgent_prefill = true;
   int32_t kv_block_size = 16;
   int64_t kv_memory_mb = 0;  // KV memory per executor; 0: auto (256 MiB on the CPU; on a GPU
                              // kv_gpu_fraction of what is left after the weights)

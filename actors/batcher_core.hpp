@@ -204,6 +204,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   BatcherExtras extras_;
   int64_t idle_since_us_ = 0;            // when the last job ended (0 while jobs are here)
   std::optional<int64_t> step_sent_us_;  // the step in flight: when it was sent (watchdog)
+  bool last_step_urgent_ = false;        // it left less important classes out (plan_step 3.)
   bool watchdog_armed_ = false;          // one pending watchdog timer at most
   Lifecycle life_ = Lifecycle::serving;
   bool router_released_ = false;  // the router acknowledged that it dispatches nothing more here

@@ -596,7 +596,10 @@ JournalActor::behavior_type journal_actor(Self* self, JournalConfig cfg,
 
 JournalActor spawn_journal(caf::actor_system& sys, JournalConfig cfg,
                            std::shared_ptr<JournalFile> file, const JournalReplay& replay,
-                           std::size_t keep_results, EgressActor egress) {
+                           std::size_t keep_results, EgressActor egress, bool own_thread) {
+  if (own_thread)
+    return sys.spawn<caf::detached>(journal_actor, std::move(cfg), std::move(file), replay,
+                                    keep_results, std::move(egress));
   return sys.spawn(journal_actor, std::move(cfg), std::move(file), replay, keep_results,
                    std::move(egress));
 }

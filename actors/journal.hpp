@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "storage/journal_config.hpp"
 #include "actors/messages.hpp"
 #include "actors/protocol.hpp"
+#include "storage/journal_config.hpp"
 #include "storage/journal_replay.hpp"
 
 namespace sy {
@@ -39,8 +39,11 @@ std::shared_ptr<JournalFile> open_journal(const JournalConfig& cfg, std::size_t 
 ///   (journal_atom, JobOutcome)  a journaled job ended: its result record (no reply); its held
 ///       done/error go out after the commit;
 ///   (stats_atom) -> JournalStats (actors/stats.hpp, docs/durability.md).
+/// `own_thread`: a detached actor (the server: a group commit's fdatasync then holds that thread,
+/// never one of the scheduler's workers that admit, route and deliver every other job); false
+/// runs it on the scheduler (tests on CAF's test_coordinator step it there).
 JournalActor spawn_journal(caf::actor_system& sys, JournalConfig cfg,
                            std::shared_ptr<JournalFile> file, const JournalReplay& replay,
-                           std::size_t keep_results, EgressActor egress);
+                           std::size_t keep_results, EgressActor egress, bool own_thread = false);
 
 }  // namespace sy

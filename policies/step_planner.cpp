@@ -2,6 +2,7 @@
 #include "policies/step_planner.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <set>
 #include <tuple>
 
@@ -213,13 +214,32 @@ class Round {
     act(PlanAction::plan, s, n);
   }
 
+  // The least important class a step plans: all of them, or (3.) the class of the most important
+  // sequence with a prompt to feed, where the less important ones would bring more tokens.
+  uint32_t cutoff() const {
+    constexpr uint32_t kAll = UINT32_MAX;
+    if (!in_.urgent_prefill || in_.last_step_urgent) return kAll;
+    uint32_t top = kAll;
+    for (const Sim* s : running_)
+      if (s->in->n_tokens - s->n_past > 1) top = std::min(top, s->in->class_index);
+    if (top == kAll) return kAll;
+    int64_t kept = 0, left_out = 0;
+    for (const Sim* s : running_) {
+      const int64_t rem = s->in->n_tokens - s->n_past;
+      (s->in->class_index <= top ? kept : left_out) += std::min<int64_t>(rem, chunk_);
+    }
+    return left_out > kept ? top : kAll;
+  }
+
   void plan() {
     budget_ = std::max<int64_t>(1, in_.step_token_budget);
+    const uint32_t last_class = cutoff();
+    out_.urgent = last_class != UINT32_MAX;
     const std::vector<Sim*> order = running_;  // planning may preempt or fail sequences
     for (int pass = 0; pass < 2; ++pass) {
       for (Sim* s : order) {
         if (budget_ <= 0) break;
-        if (!s->running || s->in_step) continue;
+        if (!s->running || s->in_step || s->in->class_index > last_class) continue;
         const int32_t rem = s->in->n_tokens - s->n_past;
         if ((pass == 0) != (rem == 1)) continue;
         const int32_t n = static_cast<int32_t>(std::min<int64_t>({rem, chunk_, budget_}));

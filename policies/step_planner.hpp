@@ -47,6 +47,9 @@ struct PlanInput {
   int64_t step_token_budget = 512;  ///< new tokens per step (decode + prefill chunks), >= 1
   uint32_t max_sequences = 64;      ///< running sequences, >= 1
   int64_t prefill_chunk = 256;      ///< longest chunk of one sequence per step, >= 1
+  /// Urgent prefills (see plan_step, 3.): on, and whether the batcher's last step was one.
+  bool urgent_prefill = false;
+  bool last_step_urgent = false;
 };
 
 /// One thing the round does, in order. Applying them in this order to the real block pools gives
@@ -83,6 +86,7 @@ struct PlanOutput {
   std::vector<uint64_t> preempted;  ///< in order
   std::vector<uint64_t> failed;     ///< cannot fit even alone
   int64_t budget_left = 0;          ///< tokens of the step budget not used
+  bool urgent = false;              ///< the step left less important classes out (3.)
 };
 
 /// One scheduling round:
@@ -97,6 +101,13 @@ struct PlanOutput {
 ///     token budget is spent. A sequence gets blocks for its tokens; when a group is dry the
 ///     least important running sequence is preempted (its planned tokens return to the budget);
 ///     when that is the sequence itself it waits, or fails when it is alone.
+///  3. urgent prefill (urgent_prefill on, and the last step was not urgent): when a running
+///     sequence still has a prompt to feed (more than one token left) and the sequences of less
+///     important classes than its would bring more tokens to the step than it and its class and
+///     the more important ones, those less important sequences sit this one step out. The
+///     prompt then runs in a short step: an interactive job's first token comes after the step
+///     in flight and its own short one, not after a full step of a batch's decodes. Never two
+///     such steps in a row, so less important classes get at least every other step.
 PlanOutput plan_step(const PlanInput& in);
 
 /// The action's name ("admit", "wait", ...), for test messages and logs.

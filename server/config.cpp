@@ -285,7 +285,7 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
        {"step_token_budget", "max_sequences", "prefill_chunk", "kv_block_size", "kv_memory_mb",
         "step_delay_ms", "kv_policy", "kv_pressure_policy", "kv_high_watermark", "kv_low_watermark",
         "prefix_cache", "step_timeout_ms", "max_job_retries", "kv_gpu_fraction", "kv_dtype",
-        "layer_window_kv"},
+        "layer_window_kv", "urgent_prefill"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "step_token_budget")
            b.step_token_budget = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 20));
@@ -318,6 +318,8 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
            b.kv_high_watermark = get_real(c, key, v, 0.0, 1.0);
          else if (k == "kv_low_watermark")
            b.kv_low_watermark = get_real(c, key, v, 0.0, 1.0);
+         else if (k == "urgent_prefill")
+           b.urgent_prefill = get_bool(c, key, v);
          else if (k == "prefix_cache")
            b.prefix_cache = get_bool(c, key, v);
          // An hour: a step that long is a hang by any measure; 0 turns the watchdog off.

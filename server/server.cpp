@@ -203,7 +203,8 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
               std::to_string(replay.results.size()) + " results kept, " +
               std::to_string(replay.redeliver.size()) + " results to deliver again");
     d.journal =
-        spawn_journal(*d.sys, jc, std::move(file), replay, c.admission.result_cache, d.egress);
+        spawn_journal(*d.sys, jc, std::move(file), replay, c.admission.result_cache, d.egress,
+                      /*own_thread=*/true);
     out = d.journal;
   }
   d.router = spawn_router(*d.sys, c.router, out, AdmissionActor{}, c.admission.tenants);

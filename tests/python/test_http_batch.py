@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 import uuid
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import msgpack  # noqa: E402
@@ -81,10 +82,13 @@ def journal_accepts(path, uids=None):
     eq(data[:8], b"SYJRNL\x00\x01", "journal header")
     at = 8
     while at + 8 <= len(data):
-        n, _crc = struct.unpack_from("<II", data, at)
+        n, crc = struct.unpack_from("<II", data, at)
         if n == 0:
             break  # the preallocated tail
-        rec = msgpack.unpackb(data[at + 8:at + 8 + n], raw=False, strict_map_key=False)
+        payload = data[at + 8:at + 8 + n]
+        if len(payload) < n or zlib.crc32(payload) != crc:
+            break  # a record kill -9 cut short: the server's reader stops there too
+        rec = msgpack.unpackb(payload, raw=False, strict_map_key=False)
         at += 8 + n
         if rec.get("t") == "A":
             counts.setdefault(rec["id"], set()).add(rec["uid"])

@@ -98,12 +98,12 @@ BOOST_AUTO_TEST_CASE(done_logprobs_are_checked_like_tokens_logprobs) {
 }
 
 BOOST_AUTO_TEST_CASE(quoted_is_the_one_echo_rule) {
-  BOOST_TEST(quoted("batch") == "'batch'");
-  BOOST_TEST(quoted(std::string("a\x01", 2)) == "'a\\x01'");
-  BOOST_TEST(quoted("it's") == "'it\\x27s'");
-  BOOST_TEST(quoted("a\\b") == "'a\\x5cb'");
-  BOOST_TEST(quoted("caf\xc3\xa9") == "'caf\\xc3\\xa9'");
-  BOOST_TEST(quoted(std::string(70, 'x')) == "'" + std::string(64, 'x') + "...'");
+  BOOST_TEST(sy::wire::quoted("batch") == "'batch'");
+  BOOST_TEST(sy::wire::quoted(std::string("a\x01", 2)) == "'a\\x01'");
+  BOOST_TEST(sy::wire::quoted("it's") == "'it\\x27s'");
+  BOOST_TEST(sy::wire::quoted("a\\b") == "'a\\x5cb'");
+  BOOST_TEST(sy::wire::quoted("caf\xc3\xa9") == "'caf\\xc3\\xa9'");
+  BOOST_TEST(sy::wire::quoted(std::string(70, 'x')) == "'" + std::string(64, 'x') + "...'");
   // The decoder's own echoes follow it too.
   const std::string b = "\x82\xa1v\x01\xa4type\xa3\x01\x02x";
   auto r = decode_client(b.data(), b.size());

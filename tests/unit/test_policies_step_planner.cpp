@@ -246,4 +246,49 @@ BOOST_AUTO_TEST_CASE(zero_limits_still_move_a_token) {
   BOOST_TEST(trace(out) == "admit:1 wait:2 alloc:1:1 plan:1:1");
 }
 
+// Urgent prefill (plan_step 3.): six batch decodes (class 2) and an interactive job's prompt of
+// 3 tokens (class 0): 3 tokens against 6, so the batch sits this step out.
+PlanInput urgent_case() {
+  PlanInput in = input(64);
+  in.urgent_prefill = true;
+  for (uint64_t u = 1; u <= 6; ++u)
+    in.running.push_back(run(u, 2, static_cast<int64_t>(u), 9, 8,
+                             {static_cast<int32_t>(2 * u), static_cast<int32_t>(2 * u + 1)}));
+  in.waiting = {wait(9, 0, 10, 3)};
+  return in;
+}
+
+BOOST_AUTO_TEST_CASE(an_urgent_prompt_runs_without_the_less_important_decodes) {
+  const PlanOutput out = plan_step(urgent_case());
+  BOOST_TEST(out.urgent);
+  BOOST_TEST(step_of(out) == "9:3");
+  BOOST_TEST(out.admitted == std::vector<uint64_t>({9}));
+  BOOST_TEST(out.preempted.empty());  // left out, not preempted: their blocks stay
+}
+
+BOOST_AUTO_TEST_CASE(urgent_steps_never_follow_each_other) {
+  PlanInput in = urgent_case();
+  in.last_step_urgent = true;
+  const PlanOutput out = plan_step(in);
+  BOOST_TEST(!out.urgent);
+  BOOST_TEST(step_of(out) == "1:1 2:1 3:1 4:1 5:1 6:1 9:3");
+}
+
+BOOST_AUTO_TEST_CASE(urgent_prefill_off_or_not_worth_it_plans_everyone) {
+  PlanInput off = urgent_case();
+  off.urgent_prefill = false;
+  BOOST_TEST(!plan_step(off).urgent);
+  BOOST_TEST(step_of(plan_step(off)) == "1:1 2:1 3:1 4:1 5:1 6:1 9:3");
+  // A prompt of 8 tokens (one chunk) against 6 decodes: leaving them out saves less than half.
+  PlanInput long_prompt = urgent_case();
+  long_prompt.waiting = {wait(9, 0, 10, 12)};
+  const PlanOutput out = plan_step(long_prompt);
+  BOOST_TEST(!out.urgent);
+  BOOST_TEST(step_of(out) == "1:1 2:1 3:1 4:1 5:1 6:1 9:8");
+  // One class only: nobody is less important.
+  PlanInput same = urgent_case();
+  same.waiting = {wait(9, 2, 10, 3)};
+  BOOST_TEST(!plan_step(same).urgent);
+}
+
 BOOST_AUTO_TEST_SUITE_END()  // test_policies_step_planner

@@ -1,0 +1,143 @@
+#!/usr/bin/python3
+"""Priority across doors: time to the first token of interactive HTTP requests on an idle server,
+then beside a running Batch API batch on the same server (docs/http.md).
+
+    /usr/bin/python3 bench/http_priority.py --binary build/switchyard --models ../shared/models \
+        [--lines 20000] [--requests 60] [-- extra serve flags]
+
+Starts `switchyard serve --http` with a journal on stories260K; sends --requests streamed
+completions one after another (4 tokens, new connection each, as a client would) and records the
+time from sending to the first SSE chunk; uploads a batch of --lines lines (16 tokens each) and,
+once it runs, sends the same requests again. One step is the batch's time per output token over
+that window (switchyard_time_per_output_token_seconds{class="batch"}): every running sequence
+gets one token per step. The goal: busy p99 <= idle p99 + one step. Prints the figures; asserts
+nothing (speed is measured, not tested).
+"""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+
+
+def opts():
+    a = {"binary": "build/switchyard", "models": "../shared/models", "lines": 20000,
+         "requests": 60, "extra": []}
+    argv = sys.argv[1:]
+    if "--" in argv:
+        i = argv.index("--")
+        a["extra"] = argv[i + 1:]
+        argv = argv[:i]
+    for k, v in zip(argv[::2], argv[1::2]):
+        key = k.lstrip("-")
+        a[key] = int(v) if key in ("lines", "requests") else v
+    return a
+
+
+A = opts()
+sys.argv = [sys.argv[0], "--binary", A["binary"], "--models", A["models"]]
+import http_support as hs  # noqa: E402
+
+
+def first_token_ms(srv, n):
+    out = []
+    for _ in range(n):
+        c = srv.conn()
+        t0 = time.perf_counter()
+        c.request("POST", "/v1/completions", body=json.dumps(
+            {"prompt": "Lily and Tom", "max_tokens": 4, "stream": True, "temperature": 0}),
+            headers={"Content-Type": "application/json"})
+        r = c.getresponse()
+        if r.status != 200:
+            raise RuntimeError("interactive request answered %d" % r.status)
+        first = None
+        while True:
+            ln = r.fp.readline()
+            if not ln:
+                break
+            if first is None and ln.startswith(b"data: {"):
+                first = (time.perf_counter() - t0) * 1000.0
+            if ln.startswith(b"data: [DONE]"):
+                break
+        c.close()
+        out.append(first)
+    return sorted(out)
+
+
+def hist(srv, name, cls):
+    m = srv.metrics()
+    return (m.get('switchyard_%s_seconds_sum{class="%s"}' % (name, cls), 0.0),
+            m.get('switchyard_%s_seconds_count{class="%s"}' % (name, cls), 0.0))
+
+
+def mean_ms(a, b):
+    return 1000.0 * (b[0] - a[0]) / max(1.0, b[1] - a[1])
+
+
+def pct(v, p):
+    return v[min(len(v) - 1, int(round(p * (len(v) - 1))))]
+
+
+def upload(srv, lines):
+    import uuid
+    text = "".join(json.dumps(x) + "\n" for x in lines)
+    boundary = uuid.uuid4().hex
+    body = ("--%s\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+            "--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
+            "Content-Type: application/jsonl\r\n\r\n%s\r\n--%s--\r\n"
+            % (boundary, boundary, text, boundary)).encode()
+    st, _, d = srv.request("POST", "/v1/files", body,
+                           {"Content-Type": "multipart/form-data; boundary=" + boundary})
+    if st != 200:
+        raise RuntimeError("upload: %d %s" % (st, d))
+    return json.loads(d)["id"]
+
+
+def main():
+    state = tempfile.mkdtemp(prefix="sy-prio-")
+    model = os.path.join(A["models"], "stories260K.gguf")
+    srv = hs.Server(A["binary"], model, journal=os.path.join(state, "j") + "/", extra=A["extra"])
+    try:
+        first_token_ms(srv, 5)  # warm-up
+        idle = first_token_ms(srv, A["requests"])
+        lines = [{"custom_id": "L%05d" % i, "method": "POST", "url": "/v1/completions",
+                  "body": {"prompt": "Story %d:" % i, "max_tokens": 16, "temperature": 0}}
+                 for i in range(A["lines"])]
+        fid = upload(srv, lines)
+        st, _, b = srv.post_json("/v1/batches", {"input_file_id": fid, "endpoint": "/v1/completions",
+                                                 "completion_window": "24h"})
+        if st != 200:
+            raise RuntimeError("batch: %d %s" % (st, b))
+        time.sleep(1.0)
+        t0 = hist(srv, "time_per_output_token", "batch")
+        q0 = hist(srv, "queue_time", "interactive")
+        f0 = hist(srv, "time_to_first_token", "interactive")
+        busy = first_token_ms(srv, A["requests"])
+        t1 = hist(srv, "time_per_output_token", "batch")
+        q1 = hist(srv, "queue_time", "interactive")
+        f1 = hist(srv, "time_to_first_token", "interactive")
+        _, _, cur = srv.get_json("/v1/batches/" + b["id"])
+        step = mean_ms(t0, t1)
+        print("batch during the busy window: %s, %s" % (cur["status"], cur["request_counts"]))
+        print("idle  first token ms: p50 %.1f p99 %.1f max %.1f" % (pct(idle, .5), pct(idle, .99),
+                                                                    idle[-1]))
+        print("busy  first token ms: p50 %.1f p99 %.1f max %.1f" % (pct(busy, .5), pct(busy, .99),
+                                                                    busy[-1]))
+        print("one step (batch time per output token) %.2f ms" % step)
+        print("server, busy window: interactive queue time mean %.2f ms, first token mean %.2f ms"
+              % (mean_ms(q0, q1), mean_ms(f0, f1)))
+        bound = pct(idle, .99) + step
+        print("goal busy p99 <= idle p99 + one step = %.1f ms: %s (busy p99 %.1f)"
+              % (bound, "met" if pct(busy, .99) <= bound else "NOT met", pct(busy, .99)))
+    finally:
+        srv.kill()
+        shutil.rmtree(state, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

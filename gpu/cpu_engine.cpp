@@ -97,6 +97,9 @@ class CpuEngine final : public Engine {
   void forward_reference(const std::vector<SeqStep>& batch, StepOutput& out);
   void forward_fast(const std::vector<SeqStep>& batch, StepOutput& out);
   void attention_fast(const std::vector<SeqStep>& batch, int layer);
+  // Mixture of experts, one token (reference) and the step's T rows of xb_ (fast, in place).
+  void moe_reference(const LayerWeights& L, const float* xb, float* out) const;
+  void moe_fast(const LayerWeights& L, size_t T);
   void attend_dot(const SeqStep& s, int32_t row0, int layer, int g0, int g1, float* ws);
   void attend_gemm(const SeqStep& s, int32_t row0, int layer, int g, int32_t i0, int32_t i1,
                    float* ws);
@@ -256,7 +259,17 @@ class CpuEngine final : public Engine {
   std::vector<float> hb_;      // (T, ffn_dim) gate, then silu(gate) * up
   std::vector<float> hb2_;     // (T, ffn_dim) up
   std::vector<float> xr_;      // (R, dim) normed rows that get logits
-  std::vector<float> ws_;      // (n_workers, ws_floats_) attention scratch, one slice per worker
+  // Mixture of experts: router probabilities (T, n_experts), each token's chosen experts and
+  // weights (T, n_experts_used), the rows of each expert (gathered inputs, hidden, outputs) and
+  // the weighted sum (T, dim).
+  std::vector<float> moe_p_;
+  std::vector<int32_t> moe_pick_;
+  std::vector<float> moe_w_;
+  std::vector<int32_t> moe_rows_;   // (T * n_experts_used) token rows grouped by expert
+  std::vector<int32_t> moe_slot_;   // their pick index (row * n_used + j), same order
+  std::vector<int32_t> moe_start_;  // (n_experts + 1) offsets into moe_rows_
+  std::vector<float> moe_in_, moe_h_, moe_h2_, moe_out_, moe_acc_;
+  std::vector<float> ws_;  // (n_workers, ws_floats_) attention scratch, one slice per worker
 };
 
 CpuEngine::CpuEngine(std::shared_ptr<Model> model, const EngineOptions& opts)
@@ -500,8 +513,12 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
         if (L.bq) ref::add_bias(q.data(), L.bq, 1, q_dim_);
         if (L.bk) ref::add_bias(k.data(), L.bk, 1, kv_dim_);
         if (L.bv) ref::add_bias(v.data(), L.bv, 1, kv_dim_);
-        if (L.q_norm) ref::rmsnorm_heads(q.data(), c.n_heads, hd, L.q_norm, c.norm_eps);
-        if (L.k_norm) ref::rmsnorm_heads(k.data(), c.n_kv_heads, hd, L.k_norm, c.norm_eps);
+        // Per head (qwen3), or the whole row at once (olmoe: qk_norm_whole).
+        const int qn = c.qk_norm_whole ? 1 : c.n_heads, kn = c.qk_norm_whole ? 1 : c.n_kv_heads;
+        if (L.q_norm)
+          ref::rmsnorm_heads(q.data(), qn, static_cast<int>(q_dim_ / qn), L.q_norm, c.norm_eps);
+        if (L.k_norm)
+          ref::rmsnorm_heads(k.data(), kn, static_cast<int>(kv_dim_ / kn), L.k_norm, c.norm_eps);
         if (sink_pos >= 0) {
           std::copy(q.begin(), q.end(), qs.begin());
           ref::rope_ext(qs.data(), c.n_heads, rope_, sink_pos);
@@ -535,14 +552,18 @@ void CpuEngine::forward_reference(const std::vector<SeqStep>& batch, StepOutput&
 
         // feed-forward: x += post(down(act(gate xb) * up xb)), xb = rmsnorm(x)
         ref::rmsnorm(xb.data(), x.data(), L.ffn_norm, c.dim, c.norm_eps);
-        ref::matmul(L.w_gate, xb.data(), 1, hb.data());
-        ref::matmul(L.w_up, xb.data(), 1, hb2.data());
-        if (c.activation == Activation::GeluTanh) {
-          ref::geglu(hb.data(), hb2.data(), c.ffn_dim);
+        if (c.n_experts > 0) {
+          moe_reference(L, xb.data(), xb2.data());
         } else {
-          ref::swiglu(hb.data(), hb2.data(), c.ffn_dim);
+          ref::matmul(L.w_gate, xb.data(), 1, hb.data());
+          ref::matmul(L.w_up, xb.data(), 1, hb2.data());
+          if (c.activation == Activation::GeluTanh) {
+            ref::geglu(hb.data(), hb2.data(), c.ffn_dim);
+          } else {
+            ref::swiglu(hb.data(), hb2.data(), c.ffn_dim);
+          }
+          ref::matmul(L.w_down, hb.data(), 1, xb2.data());
         }
-        ref::matmul(L.w_down, hb.data(), 1, xb2.data());
         if (L.post_ffn_norm) {
           ref::rmsnorm(xb2.data(), xb2.data(), L.post_ffn_norm, c.dim, c.norm_eps);
         }
@@ -604,8 +625,14 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
       for (int64_t t = t0; t < t1; ++t) {
         float* qt = q_.data() + t * q_dim_;
         float* kt = k_.data() + t * kv_dim_;
-        if (L.q_norm) kernels::rmsnorm_heads(qt, c.n_heads, c.head_dim, L.q_norm, c.norm_eps);
-        if (L.k_norm) kernels::rmsnorm_heads(kt, c.n_kv_heads, c.head_dim, L.k_norm, c.norm_eps);
+        if (L.q_norm) {
+          const int qn = c.qk_norm_whole ? 1 : c.n_heads;
+          kernels::rmsnorm_heads(qt, qn, static_cast<int>(q_dim_ / qn), L.q_norm, c.norm_eps);
+        }
+        if (L.k_norm) {
+          const int kn = c.qk_norm_whole ? 1 : c.n_kv_heads;
+          kernels::rmsnorm_heads(kt, kn, static_cast<int>(kv_dim_ / kn), L.k_norm, c.norm_eps);
+        }
         if (sink_pos_[t] >= 0) {
           float* qs = q_sink_.data() + sink_idx_[t] * q_dim_;
           std::memcpy(qs, qt, sizeof(float) * q_dim_);
@@ -628,13 +655,17 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
     kernels::axpy(1.0f, xb_.data(), x_.data(), static_cast<int64_t>(T) * dim);
 
     rows_norm(xb_.data(), x_.data(), L.ffn_norm);
-    matmul_many({&L.w_gate, &L.w_up}, {hb_.data(), hb2_.data()}, xb_.data(), n_tok_);
-    if (c.activation == Activation::GeluTanh) {
-      kernels::geglu(hb_.data(), hb2_.data(), static_cast<int64_t>(T) * c.ffn_dim);
+    if (c.n_experts > 0) {
+      moe_fast(L, T);
     } else {
-      kernels::swiglu(hb_.data(), hb2_.data(), static_cast<int64_t>(T) * c.ffn_dim);
+      matmul_many({&L.w_gate, &L.w_up}, {hb_.data(), hb2_.data()}, xb_.data(), n_tok_);
+      if (c.activation == Activation::GeluTanh) {
+        kernels::geglu(hb_.data(), hb2_.data(), static_cast<int64_t>(T) * c.ffn_dim);
+      } else {
+        kernels::swiglu(hb_.data(), hb2_.data(), static_cast<int64_t>(T) * c.ffn_dim);
+      }
+      matmul(L.w_down, hb_.data(), xb_.data(), n_tok_);
     }
-    matmul(L.w_down, hb_.data(), xb_.data(), n_tok_);
     if (L.post_ffn_norm) rows_norm(xb_.data(), xb_.data(), L.post_ffn_norm);
     kernels::axpy(1.0f, xb_.data(), x_.data(), static_cast<int64_t>(T) * dim);
   }
@@ -648,6 +679,131 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
   const int64_t n_logits = static_cast<int64_t>(R) * c.n_vocab;
   if (w_.output_bias) kernels::add_bias(out.logits.data(), w_.output_bias, R, c.n_vocab);
   if (c.final_softcap > 0.0f) kernels::softcap(out.logits.data(), n_logits, c.final_softcap);
+}
+
+// ---- mixture of experts ----
+
+namespace {
+
+// The router's choice for one token: probabilities p (softmax over all experts, in place of the
+// logits), the n_used most probable experts (ties to the lower index) and their weights.
+void route(const ModelConfig& c, float* p, int32_t* pick, float* w) {
+  kernels::softmax(p, c.n_experts);
+  for (int j = 0; j < c.n_experts_used; ++j) {
+    int32_t best = -1;
+    for (int32_t e = 0; e < c.n_experts; ++e) {
+      bool taken = false;
+      for (int i = 0; i < j; ++i) taken = taken || pick[i] == e;
+      if (!taken && (best < 0 || p[e] > p[best])) best = e;
+    }
+    pick[j] = best;
+    w[j] = p[best];
+  }
+  float sum = 0.0f;
+  for (int j = 0; j < c.n_experts_used; ++j) sum += w[j];
+  const float k = (c.expert_weights_norm ? 1.0f / sum : 1.0f) * c.expert_weights_scale;
+  for (int j = 0; j < c.n_experts_used; ++j) w[j] *= k;
+}
+
+float sigmoid_dot(const float* a, const float* b, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(a[i]) * b[i];
+  return static_cast<float>(1.0 / (1.0 + std::exp(-s)));
+}
+
+}  // namespace
+
+void CpuEngine::moe_reference(const LayerWeights& L, const float* xb, float* out) const {
+  namespace ref = kernels::ref;
+  const ModelConfig& c = c_;
+  std::vector<float> p(static_cast<size_t>(c.n_experts));
+  std::vector<int32_t> pick(static_cast<size_t>(c.n_experts_used));
+  std::vector<float> w(static_cast<size_t>(c.n_experts_used));
+  ref::matmul(L.router, xb, 1, p.data());
+  route(c, p.data(), pick.data(), w.data());
+  const int64_t width = std::max(c.expert_ffn_dim, c.shared_expert_ffn_dim);
+  std::vector<float> h(static_cast<size_t>(width)), h2(static_cast<size_t>(width));
+  std::vector<float> y(static_cast<size_t>(c.dim));
+  std::fill(out, out + c.dim, 0.0f);
+  for (int j = 0; j < c.n_experts_used; ++j) {
+    const auto e = static_cast<size_t>(pick[static_cast<size_t>(j)]);
+    ref::matmul(L.exp_gate[e], xb, 1, h.data());
+    ref::matmul(L.exp_up[e], xb, 1, h2.data());
+    ref::swiglu(h.data(), h2.data(), c.expert_ffn_dim);
+    ref::matmul(L.exp_down[e], h.data(), 1, y.data());
+    for (int d = 0; d < c.dim; ++d) out[d] += w[static_cast<size_t>(j)] * y[static_cast<size_t>(d)];
+  }
+  if (L.shexp_gate_inp) {
+    ref::matmul(L.shexp_gate, xb, 1, h.data());
+    ref::matmul(L.shexp_up, xb, 1, h2.data());
+    ref::swiglu(h.data(), h2.data(), c.shared_expert_ffn_dim);
+    ref::matmul(L.shexp_down, h.data(), 1, y.data());
+    const float g = sigmoid_dot(L.shexp_gate_inp, xb, c.dim);
+    for (int d = 0; d < c.dim; ++d) out[d] += g * y[static_cast<size_t>(d)];
+  }
+}
+
+// The step's tokens grouped by expert: one matmul per active expert over its rows (what
+// llama.cpp's mul_mat_id does), the outputs added back to each row with its weight. Every
+// buffer is a member that only grows.
+void CpuEngine::moe_fast(const LayerWeights& L, size_t T) {
+  const ModelConfig& c = c_;
+  const int64_t dim = c.dim, E = c.n_experts, K = c.n_experts_used, F = c.expert_ffn_dim;
+  const auto n = static_cast<int64_t>(T);
+  grow(moe_p_, T * E);
+  grow(moe_pick_, T * K);
+  grow(moe_w_, T * K);
+  grow(moe_rows_, T * K);
+  grow(moe_slot_, T * K);
+  grow(moe_start_, static_cast<size_t>(E + 1));
+  grow(moe_in_, T * dim);
+  grow(moe_h_, T * std::max(F, int64_t{c.shared_expert_ffn_dim}));
+  grow(moe_h2_, T * std::max(F, int64_t{c.shared_expert_ffn_dim}));
+  grow(moe_out_, T * dim);
+  grow(moe_acc_, T * dim);
+  matmul(L.router, xb_.data(), moe_p_.data(), n);
+  for (int64_t t = 0; t < n; ++t)
+    route(c, moe_p_.data() + t * E, moe_pick_.data() + t * K, moe_w_.data() + t * K);
+  // Counting sort of (row, pick) by expert.
+  std::fill(moe_start_.begin(), moe_start_.begin() + E + 1, 0);
+  for (int64_t i = 0; i < n * K; ++i) ++moe_start_[static_cast<size_t>(moe_pick_[i] + 1)];
+  for (int64_t e = 0; e < E; ++e) moe_start_[e + 1] += moe_start_[e];
+  // Each pick to its place: moe_start_[e] runs as expert e's cursor, then is shifted back.
+  for (int64_t i = 0; i < n * K; ++i) {
+    const auto e = static_cast<size_t>(moe_pick_[i]);
+    const int32_t pos = moe_start_[e]++;
+    moe_rows_[static_cast<size_t>(pos)] = static_cast<int32_t>(i / K);
+    moe_slot_[static_cast<size_t>(pos)] = static_cast<int32_t>(i);
+  }
+  for (int64_t e = E; e > 0; --e) moe_start_[e] = moe_start_[e - 1];
+  moe_start_[0] = 0;
+  std::fill(moe_acc_.begin(), moe_acc_.begin() + n * dim, 0.0f);
+  for (int64_t e = 0; e < E; ++e) {
+    const int32_t r0 = moe_start_[e], r1 = moe_start_[e + 1];
+    const int64_t m = r1 - r0;
+    if (m == 0) continue;
+    for (int64_t i = 0; i < m; ++i)
+      std::memcpy(moe_in_.data() + i * dim, xb_.data() + int64_t{moe_rows_[r0 + i]} * dim,
+                  sizeof(float) * dim);
+    const auto ue = static_cast<size_t>(e);
+    matmul_many({&L.exp_gate[ue], &L.exp_up[ue]}, {moe_h_.data(), moe_h2_.data()}, moe_in_.data(),
+                m);
+    kernels::swiglu(moe_h_.data(), moe_h2_.data(), m * F);
+    matmul(L.exp_down[ue], moe_h_.data(), moe_out_.data(), m);
+    for (int64_t i = 0; i < m; ++i)
+      kernels::axpy(moe_w_[static_cast<size_t>(moe_slot_[r0 + i])], moe_out_.data() + i * dim,
+                    moe_acc_.data() + int64_t{moe_rows_[r0 + i]} * dim, dim);
+  }
+  if (L.shexp_gate_inp) {
+    const int64_t S = c.shared_expert_ffn_dim;
+    matmul_many({&L.shexp_gate, &L.shexp_up}, {moe_h_.data(), moe_h2_.data()}, xb_.data(), n);
+    kernels::swiglu(moe_h_.data(), moe_h2_.data(), n * S);
+    matmul(L.shexp_down, moe_h_.data(), moe_out_.data(), n);
+    for (int64_t t = 0; t < n; ++t)
+      kernels::axpy(sigmoid_dot(L.shexp_gate_inp, xb_.data() + t * dim, dim),
+                    moe_out_.data() + t * dim, moe_acc_.data() + t * dim, dim);
+  }
+  std::memcpy(xb_.data(), moe_acc_.data(), sizeof(float) * static_cast<size_t>(n * dim));
 }
 
 // Causal attention of every new token over its sequence's cached slots. Tasks (AttnUnit) are

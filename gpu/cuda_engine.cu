@@ -1167,8 +1167,12 @@ std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<LlamaModel> model,
                                          const CudaEngineOptions& opts) {
   if (!model) throw std::invalid_argument("make_cuda_engine: null model");
   const LlamaConfig c = model->config();
-  // Every step a model description can ask for (model/model.hpp) runs here; what no kernel can
-  // run (mixture-of-experts, LongRoPE) the loader has refused already, by name.
+  // Every step a model description can ask for (model/model.hpp) runs here but a mixture of
+  // experts and olmoe's whole-row q/k norms (the CPU backend runs those); what no kernel can run
+  // (LongRoPE) the loader has refused already, by name.
+  if (c.n_experts > 0 || c.qk_norm_whole)
+    throw std::runtime_error("cuda backend does not run mixture-of-experts models yet ('" + c.arch +
+                             "', " + std::to_string(c.n_experts) + " experts): use --backend cpu");
   if (opts.f32_weights)
     return std::make_unique<CudaEngineImpl<float>>(std::move(model), c, opts, nullptr);
   return std::make_unique<CudaEngineImpl<bf16>>(std::move(model), c, opts, nullptr);

@@ -132,6 +132,8 @@ std::string features_beyond_llama(const Model& m) {
   add(c.embed_scale != 1.0f, "embedding scale");
   add(c.query_scale != 1.0f / std::sqrt(static_cast<float>(c.head_dim)), "query scale");
   add(c.has_layer_windows(), "per-layer attention windows");
+  add(c.n_experts > 0, "mixture of experts");
+  add(c.qk_norm_whole, "whole-row q/k norms");
   return out;
 }
 

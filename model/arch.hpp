@@ -36,8 +36,12 @@ class ArchLoader {
   /// feed_forward_length, head counts, key_length, rope.dimension_count, rope.freq_base,
   /// layer_norm_rms_epsilon, context_length), the vocabulary from token_embd, and defaults for
   /// the rest: NORM RoPE, SiLU, query scale 1/sqrt(head_dim), no windows, no soft-caps.
-  /// Refuses mixture-of-experts files (<arch>.expert_count > 0).
-  void read_common();
+  /// Refuses mixture-of-experts files (<arch>.expert_count > 0) unless `experts`.
+  void read_common(bool experts = false);
+  /// The mixture-of-experts keys (expert_count > 0): expert_used_count, the expert width
+  /// (expert_feed_forward_length, else feed_forward_length), expert_weights_norm (default
+  /// `norm`), expert_weights_scale, expert_gating_func (softmax only).
+  void read_experts(bool norm);
   /// rope.scaling.type none or linear (rope.scaling.factor); `allow_llama3`: also "llama3",
   /// whose frequency factors the file carries as rope_freqs.weight.
   void read_rope_scaling(bool allow_llama3);
@@ -58,6 +62,12 @@ class ArchLoader {
   void load_attention(LayerWeights& L, int layer);
   /// ffn_norm, ffn_gate, ffn_up, ffn_down.
   void load_ffn(LayerWeights& L, int layer);
+  /// ffn_norm, the router ffn_gate_inp and the 3-D ffn_{gate,up,down}_exps (ne[2] the expert),
+  /// plus the shared expert where config().shared_expert_ffn_dim > 0.
+  void load_moe_ffn(LayerWeights& L, int layer);
+  /// The n matrices of `rows` by `cols` of a 3-D tensor (GGUF dims {cols, rows, n}).
+  std::vector<kernels::WeightView> experts(const std::string& name, int64_t n, int64_t rows,
+                                           int64_t cols) const;
 
  private:
   const gguf::File& file_;
@@ -83,5 +93,7 @@ const ArchSpec& arch_qwen2();
 const ArchSpec& arch_qwen3();
 const ArchSpec& arch_gemma2();
 const ArchSpec& arch_phi3();
+const ArchSpec& arch_qwen2moe();
+const ArchSpec& arch_olmoe();
 
 }  // namespace sy

@@ -25,16 +25,17 @@ constexpr int64_t kMaxVocab = int64_t{1} << 24;
 
 // The table: adding an architecture is one model/arch_<name>.cpp and one line here.
 const std::vector<const ArchSpec*>& arch_table() {
-  static const std::vector<const ArchSpec*> t = {&arch_llama(), &arch_qwen2(), &arch_qwen3(),
-                                                 &arch_gemma2(), &arch_phi3()};
+  static const std::vector<const ArchSpec*> t = {&arch_llama(),  &arch_qwen2(), &arch_qwen3(),
+                                                 &arch_gemma2(), &arch_phi3(),  &arch_qwen2moe(),
+                                                 &arch_olmoe()};
   return t;
 }
 
 // Mixture-of-experts architectures (llama.cpp's names): refused with their name rather than as
 // unknown, so that the message says what is missing.
 bool is_moe_arch(const std::string& a) {
-  static const char* const kMoe[] = {"mixtral",   "qwen2moe", "qwen3moe", "dbrx",     "grok",
-                                     "deepseek2", "olmoe",    "arctic",   "deepseek", "granitemoe"};
+  static const char* const kMoe[] = {"mixtral",   "qwen3moe", "dbrx",     "grok",
+                                     "deepseek2", "arctic",   "deepseek", "granitemoe"};
   for (const char* m : kMoe)
     if (a == m) return true;
   return false;
@@ -181,7 +182,7 @@ int ArchLoader::int_in(const std::string& key, int64_t x, int64_t lo, int64_t hi
   return static_cast<int>(x);
 }
 
-void ArchLoader::read_common() {
+void ArchLoader::read_common(bool experts) {
   ModelConfig& c = c_;
   const auto req = [&](const char* k, int64_t lo, int64_t hi) {
     return int_in(k, req_int(k), lo, hi);
@@ -220,8 +221,10 @@ void ArchLoader::read_common() {
   }
   c.ctx_len = req("context_length", 1, kMaxCtx);
   if (const int64_t e = opt_int("expert_count").value_or(0); e > 0) {
-    fail("mixture-of-experts files (" + p_ + "expert_count = " + std::to_string(e) +
-         ") are unsupported for architecture '" + c.arch + "'");
+    if (!experts)
+      fail("mixture-of-experts files (" + p_ + "expert_count = " + std::to_string(e) +
+           ") are unsupported for architecture '" + c.arch + "'");
+    c.n_experts = int_in("expert_count", e, 1, 256);
   }
   c.rope_layout = RopeLayout::Norm;
   c.rope_freq_scale = 1.0f;
@@ -350,6 +353,63 @@ void ArchLoader::load_ffn(LayerWeights& L, int layer) {
   L.w_gate = matrix(b + "ffn_gate.weight", c.ffn_dim, c.dim);
   L.w_up = matrix(b + "ffn_up.weight", c.ffn_dim, c.dim);
   L.w_down = matrix(b + "ffn_down.weight", c.dim, c.ffn_dim);
+}
+
+void ArchLoader::read_experts(bool norm) {
+  ModelConfig& c = c_;
+  if (c.n_experts == 0) return;
+  c.n_experts_used = int_in("expert_used_count", req_int("expert_used_count"), 1, c.n_experts);
+  c.expert_ffn_dim =
+      int_in("expert_feed_forward_length",
+             opt_int("expert_feed_forward_length").value_or(c.ffn_dim), 1, int64_t{1} << 20);
+  if (const gguf::Value* v = file_.find(p_ + "expert_weights_norm")) {
+    const auto* b = std::get_if<bool>(&v->v);
+    if (!b) fail("metadata key '" + p_ + "expert_weights_norm' is not a bool");
+    norm = *b;
+  }
+  c.expert_weights_norm = norm;
+  c.expert_weights_scale = static_cast<float>(opt_float("expert_weights_scale").value_or(1.0));
+  if (!(c.expert_weights_scale > 0.0f) || !std::isfinite(c.expert_weights_scale))
+    fail("expert_weights_scale must be > 0");
+  // llama.cpp: 1 softmax, 2 sigmoid (DeepSeek-V3 style); absent: softmax.
+  if (const int64_t g = opt_int("expert_gating_func").value_or(1); g != 1)
+    fail("expert_gating_func " + std::to_string(g) +
+         " is not supported (only 1, softmax over the experts)");
+}
+
+std::vector<kernels::WeightView> ArchLoader::experts(const std::string& name, int64_t n,
+                                                     int64_t rows, int64_t cols) const {
+  const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
+  const gguf::TensorInfo& t = require_tensor(file_, name, {u(cols), u(rows), u(n)});
+  if (cols % kernels::dtype_block_elems(t.type) != 0) {
+    fail("tensor '" + name + "' of type " + gguf::type_label(static_cast<uint32_t>(t.type)) +
+         " has " + std::to_string(cols) + " columns, not a multiple of its block size");
+  }
+  kernels::WeightView all;
+  all.type = t.type;
+  all.data = file_.data(t);
+  all.rows = rows * n;
+  all.cols = cols;
+  std::vector<kernels::WeightView> out;
+  out.reserve(static_cast<size_t>(n));
+  for (int64_t e = 0; e < n; ++e) out.push_back(rows_of(all, e * rows, rows));
+  return out;
+}
+
+void ArchLoader::load_moe_ffn(LayerWeights& L, int layer) {
+  const ModelConfig& c = c_;
+  const std::string b = block_prefix(layer);
+  L.ffn_norm = vec(b + "ffn_norm.weight", c.dim);
+  L.router = matrix(b + "ffn_gate_inp.weight", c.n_experts, c.dim);
+  L.exp_gate = experts(b + "ffn_gate_exps.weight", c.n_experts, c.expert_ffn_dim, c.dim);
+  L.exp_up = experts(b + "ffn_up_exps.weight", c.n_experts, c.expert_ffn_dim, c.dim);
+  L.exp_down = experts(b + "ffn_down_exps.weight", c.n_experts, c.dim, c.expert_ffn_dim);
+  if (c.shared_expert_ffn_dim > 0) {
+    L.shexp_gate_inp = vec(b + "ffn_gate_inp_shexp.weight", c.dim);
+    L.shexp_gate = matrix(b + "ffn_gate_shexp.weight", c.shared_expert_ffn_dim, c.dim);
+    L.shexp_up = matrix(b + "ffn_up_shexp.weight", c.shared_expert_ffn_dim, c.dim);
+    L.shexp_down = matrix(b + "ffn_down_shexp.weight", c.dim, c.shared_expert_ffn_dim);
+  }
 }
 
 // ---- Model ----

@@ -59,6 +59,21 @@ struct ModelConfig {
   float final_softcap = 0.0f;  // > 0: the same on the output logits
   /// Attention window of each layer (n_layers entries; 0: the whole context).
   std::vector<int32_t> layer_window;
+  /// q_norm / k_norm normalise the whole q and k rows, all heads at once (olmoe), not each head.
+  bool qk_norm_whole = false;
+
+  // Mixture of experts (n_experts 0: a dense FFN). A token's router logits (ffn_gate_inp . x) go
+  // through a softmax over all experts; the n_experts_used most probable ones run, each weighted
+  // by its probability (divided by the chosen ones' sum when expert_weights_norm), times
+  // expert_weights_scale, and their outputs are summed.
+  int n_experts = 0;
+  int n_experts_used = 0;
+  int expert_ffn_dim = 0;  // hidden width of one expert
+  bool expert_weights_norm = false;
+  float expert_weights_scale = 1.0f;
+  /// qwen2moe: hidden width of the shared expert that every token also runs, gated by
+  /// sigmoid(ffn_gate_inp_shexp . x); 0: none.
+  int shared_expert_ffn_dim = 0;
 
   /// Whether any layer attends through a window of its own.
   bool has_layer_windows() const;
@@ -84,6 +99,15 @@ struct LayerWeights {
   kernels::WeightView w_gate;             // (ffn_dim, dim)
   kernels::WeightView w_up;               // (ffn_dim, dim)
   kernels::WeightView w_down;             // (dim, ffn_dim)
+  // Mixture of experts (ModelConfig::n_experts > 0; w_gate/w_up/w_down are then empty).
+  kernels::WeightView router;                 // (n_experts, dim) ffn_gate_inp
+  std::vector<kernels::WeightView> exp_gate;  // n_experts of (expert_ffn_dim, dim)
+  std::vector<kernels::WeightView> exp_up;    // n_experts of (expert_ffn_dim, dim)
+  std::vector<kernels::WeightView> exp_down;  // n_experts of (dim, expert_ffn_dim)
+  const float* shexp_gate_inp = nullptr;      // (dim) the shared expert's gate, or nullptr
+  kernels::WeightView shexp_gate;             // (shared_expert_ffn_dim, dim)
+  kernels::WeightView shexp_up;               // (shared_expert_ffn_dim, dim)
+  kernels::WeightView shexp_down;             // (dim, shared_expert_ffn_dim)
 };
 
 /// The model's weights. A fused tensor (phi3's attn_qkv, its gate|up ffn_up) is seen through

@@ -240,17 +240,32 @@ BOOST_AUTO_TEST_CASE(qwen3_without_qk_norms_is_refused) {
 }
 
 BOOST_AUTO_TEST_CASE(mixture_of_experts_and_unknown_architectures_are_refused) {
+  // llama runs experts (Mixtral), but a file that declares them must say how many a token uses.
   Spec moe;
   moe.arch = "llama";
   moe.q_norm = false;
   moe.extra_u32_keys = {"expert_count=8"};
-  expect_error(moe, {"mixture-of-experts", "llama.expert_count = 8", "'llama'"});
-  Spec qmoe;
-  qmoe.arch = "qwen2moe";
-  expect_error(qmoe, {"unsupported architecture 'qwen2moe'", "mixture-of-experts"});
+  expect_error(moe, {"llama.expert_used_count"});
+  // More experts used than there are.
+  moe.extra_u32_keys = {"expert_count=4", "expert_used_count=8"};
+  expect_error(moe, {"llama.expert_used_count", "8"});
+  // Keys that declare experts the tensors do not have: the first missing one is named.
+  moe.extra_u32_keys = {"expert_count=4", "expert_used_count=2"};
+  expect_error(moe, {"blk.0.ffn_gate_inp.weight"});
+  // An architecture without experts refuses a file that has them, by name.
+  Spec dense;
+  dense.arch = "qwen2";
+  dense.q_norm = false;
+  dense.extra_u32_keys = {"expert_count=8"};
+  expect_error(dense, {"mixture-of-experts", "qwen2.expert_count = 8", "'qwen2'"});
+  // Mixture-of-experts architectures not supported yet are named as such.
+  Spec q3moe;
+  q3moe.arch = "qwen3moe";
+  expect_error(q3moe, {"unsupported architecture 'qwen3moe'", "mixture-of-experts"});
   Spec unknown;
   unknown.arch = "mamba";
-  expect_error(unknown, {"unsupported architecture 'mamba'", "llama, qwen2, qwen3, gemma2, phi3"});
+  expect_error(unknown, {"unsupported architecture 'mamba'",
+                         "llama, qwen2, qwen3, gemma2, phi3, qwen2moe, olmoe"});
 }
 
 BOOST_AUTO_TEST_CASE(rope_scaling_types) {

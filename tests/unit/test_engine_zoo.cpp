@@ -6,11 +6,11 @@
 #include <cmath>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 #include "gpu/engine.hpp"
 
 BOOST_AUTO_TEST_SUITE(test_engine_zoo)
@@ -61,6 +61,12 @@ const ZooFile kZoo[] = {
     {"qwen2-f32", true, 5e-3, 1e-3, 1.0, kF32NearTie},
     {"gemma2-f32", true, 5e-3, 1e-3, 1.0, kF32NearTie},
     {"phi3-f32", true, 5e-3, 1e-3, 1.0, kF32NearTie},
+    // Mixtures of experts: the zoo's README allows ~5e-3 for the f32 files (llama.cpp's f16 KV
+    // rounding; its router margins are >= 0.62, so routing never flips).
+    {"mixtral-f32", true, 5e-3, 1e-3, 1.0, kF32NearTie},
+    {"qwen2moe-f32", true, 5e-3, 1e-3, 1.0, kF32NearTie},
+    {"olmoe-f32", true, 5e-3, 1e-3, 1.0, kF32NearTie},
+    {"mixtral-q4_k_m", false, kQMaxGap, kQMeanGap, kQTop1Rate, kQGreedyTie},
     {"qwen2-q8_0", false, kQMaxGap, kQMeanGap, kQTop1Rate, kQGreedyTie},
     {"qwen2-q4_k_m", false, kQMaxGap, kQMeanGap, kQTop1Rate, kQGreedyTie},
     {"llama3-q6_k", false, kQMaxGap, kQMeanGap, kQTop1Rate, kQGreedyTie},
@@ -340,6 +346,31 @@ BOOST_AUTO_TEST_CASE(zoo_descriptions) {
              static_cast<const uint8_t*>(L.w_gate.data) + 256 * 128 * 4);
   BOOST_TEST(phi3->config().sliding_window == 2047);
   BOOST_TEST(phi3->config().n_vocab == 32064);
+  // Mixtures of experts, with the routing rules of the zoo's README.
+  const auto mixtral = cfg("mixtral-f32");
+  const sy::ModelConfig& m = mixtral->config();
+  BOOST_TEST(m.arch == "llama");
+  BOOST_TEST(m.n_experts == 4);
+  BOOST_TEST(m.n_experts_used == 2);
+  BOOST_TEST(m.expert_ffn_dim == 256);
+  BOOST_TEST(m.expert_weights_norm);
+  BOOST_TEST(mixtral->weights().layers[0].exp_down.size() == 4u);
+  BOOST_TEST(mixtral->weights().layers[0].shexp_gate_inp == nullptr);
+  const auto qmoe = cfg("qwen2moe-f32");
+  BOOST_TEST(qmoe->config().n_experts == 8);
+  BOOST_TEST(!qmoe->config().expert_weights_norm);
+  BOOST_TEST(qmoe->config().shared_expert_ffn_dim == 512);
+  BOOST_TEST(qmoe->weights().layers[3].shexp_gate_inp != nullptr);
+  const auto olmoe = cfg("olmoe-f32");
+  BOOST_TEST(olmoe->config().qk_norm_whole);
+  BOOST_TEST(!olmoe->config().expert_weights_norm);
+  BOOST_TEST((olmoe->config().rope_layout == sy::RopeLayout::Neox));
+  // Expert e of a 3-D tensor is a view of its rows: e * rows further on.
+  const auto mixtral_q4 = cfg("mixtral-q4_k_m");
+  const sy::LayerWeights& q4 = mixtral_q4->weights().layers[2];
+  BOOST_TEST(static_cast<const uint8_t*>(q4.exp_down[1].data) ==
+             static_cast<const uint8_t*>(q4.exp_down[0].data) +
+                 256 * sy::kernels::row_bytes(q4.exp_down[0].type, 256));
 }
 
 BOOST_AUTO_TEST_CASE(zoo_fast_path_agrees_with_reference_path) {

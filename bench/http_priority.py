@@ -7,14 +7,13 @@ then beside a running Batch API batch on the same server (docs/http.md).
 
 Starts `switchyard serve --http` with a journal on stories260K; sends --requests streamed
 completions one after another (4 tokens, new connection each, as a client would) and records the
-time from sending to the first SSE chunk; uploads a batch of --lines lines (16 tokens each) and,
-once it runs, sends the same requests again. One step is the batch's time per output token over
+time from sending to the first chunk with text (tests/python/http_support.py, ttft); uploads a
+batch of --lines lines (16 tokens each) and, once it runs, sends the same requests again. One step is the batch's time per output token over
 that window (switchyard_time_per_output_token_seconds{class="batch"}): every running sequence
 gets one token per step. The goal: busy p99 <= idle p99 + one step. Prints the figures; asserts
 nothing (speed is measured, not tested).
 """
 
-import json
 import os
 import shutil
 import sys
@@ -44,31 +43,6 @@ sys.argv = [sys.argv[0], "--binary", A["binary"], "--models", A["models"]]
 import http_support as hs  # noqa: E402
 
 
-def first_token_ms(srv, n):
-    out = []
-    for _ in range(n):
-        c = srv.conn()
-        t0 = time.perf_counter()
-        c.request("POST", "/v1/completions", body=json.dumps(
-            {"prompt": "Lily and Tom", "max_tokens": 4, "stream": True, "temperature": 0}),
-            headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        if r.status != 200:
-            raise RuntimeError("interactive request answered %d" % r.status)
-        first = None
-        while True:
-            ln = r.fp.readline()
-            if not ln:
-                break
-            if first is None and ln.startswith(b"data: {"):
-                first = (time.perf_counter() - t0) * 1000.0
-            if ln.startswith(b"data: [DONE]"):
-                break
-        c.close()
-        out.append(first)
-    return sorted(out)
-
-
 def hist(srv, name, cls):
     m = srv.metrics()
     return (m.get('switchyard_%s_seconds_sum{class="%s"}' % (name, cls), 0.0),
@@ -83,32 +57,20 @@ def pct(v, p):
     return v[min(len(v) - 1, int(round(p * (len(v) - 1))))]
 
 
-def upload(srv, lines):
-    import uuid
-    text = "".join(json.dumps(x) + "\n" for x in lines)
-    boundary = uuid.uuid4().hex
-    body = ("--%s\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
-            "--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
-            "Content-Type: application/jsonl\r\n\r\n%s\r\n--%s--\r\n"
-            % (boundary, boundary, text, boundary)).encode()
-    st, _, d = srv.request("POST", "/v1/files", body,
-                           {"Content-Type": "multipart/form-data; boundary=" + boundary})
-    if st != 200:
-        raise RuntimeError("upload: %d %s" % (st, d))
-    return json.loads(d)["id"]
-
-
 def main():
     state = tempfile.mkdtemp(prefix="sy-prio-")
     model = os.path.join(A["models"], "stories260K.gguf")
     srv = hs.Server(A["binary"], model, journal=os.path.join(state, "j") + "/", extra=A["extra"])
     try:
-        first_token_ms(srv, 5)  # warm-up
-        idle = first_token_ms(srv, A["requests"])
+        hs.ttft(srv, 5)  # warm-up
+        idle = hs.ttft(srv, A["requests"])
         lines = [{"custom_id": "L%05d" % i, "method": "POST", "url": "/v1/completions",
                   "body": {"prompt": "Story %d:" % i, "max_tokens": 16, "temperature": 0}}
                  for i in range(A["lines"])]
-        fid = upload(srv, lines)
+        st, f = hs.upload(srv, lines)
+        if st != 200:
+            raise RuntimeError("upload: %d %s" % (st, f))
+        fid = f["id"]
         st, _, b = srv.post_json("/v1/batches", {"input_file_id": fid, "endpoint": "/v1/completions",
                                                  "completion_window": "24h"})
         if st != 200:
@@ -117,7 +79,7 @@ def main():
         t0 = hist(srv, "time_per_output_token", "batch")
         q0 = hist(srv, "queue_time", "interactive")
         f0 = hist(srv, "time_to_first_token", "interactive")
-        busy = first_token_ms(srv, A["requests"])
+        busy = hs.ttft(srv, A["requests"])
         t1 = hist(srv, "time_per_output_token", "batch")
         q1 = hist(srv, "queue_time", "interactive")
         f1 = hist(srv, "time_to_first_token", "interactive")

@@ -60,6 +60,8 @@ class ArchLoader {
   void load_embeddings_and_output();
   /// attn_norm, attn_q/k/v (with optional biases), attn_output (with optional bias).
   void load_attention(LayerWeights& L, int layer);
+  /// attn_q/k/v.bias, required (qwen2, qwen2moe: a file without them is broken).
+  void load_qkv_biases(LayerWeights& L, int layer);
   /// ffn_norm, ffn_gate, ffn_up, ffn_down.
   void load_ffn(LayerWeights& L, int layer);
   /// ffn_norm, the router ffn_gate_inp and the 3-D ffn_{gate,up,down}_exps (ne[2] the expert),

@@ -23,15 +23,10 @@ void load_weights(ArchLoader& ld) {
   const ModelConfig& c = ld.config();
   ModelWeights& w = ld.weights();
   ld.load_embeddings_and_output();
-  const int64_t q_dim = int64_t{c.n_heads} * c.head_dim;
-  const int64_t kv_dim = int64_t{c.n_kv_heads} * c.head_dim;
   for (int l = 0; l < c.n_layers; ++l) {
     LayerWeights& L = w.layers[static_cast<size_t>(l)];
     ld.load_attention(L, l);
-    const std::string b = block_prefix(l);
-    L.bq = ld.vec(b + "attn_q.bias", q_dim);
-    L.bk = ld.vec(b + "attn_k.bias", kv_dim);
-    L.bv = ld.vec(b + "attn_v.bias", kv_dim);
+    ld.load_qkv_biases(L, l);
     ld.load_moe_ffn(L, l);
   }
 }

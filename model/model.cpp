@@ -281,19 +281,32 @@ void ArchLoader::read_rope_scaling(bool allow_llama3) {
   }
 }
 
-kernels::WeightView ArchLoader::matrix(const std::string& name, int64_t rows, int64_t cols) const {
-  const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
-  const gguf::TensorInfo& t = require_tensor(file_, name, {u(cols), u(rows)});
+namespace {
+
+// The tensor `name` of shape {cols, rows, n...} (the dims after the first two multiply `rows`) as
+// one matrix of rows x cols, its rows whole blocks of its type.
+kernels::WeightView matrix_view(const gguf::File& f, const std::string& name,
+                                std::vector<uint64_t> dims) {
+  const gguf::TensorInfo& t = require_tensor(f, name, dims);
+  const auto cols = static_cast<int64_t>(dims[0]);
   if (cols % kernels::dtype_block_elems(t.type) != 0) {
     fail("tensor '" + name + "' of type " + gguf::type_label(static_cast<uint32_t>(t.type)) +
          " has " + std::to_string(cols) + " columns, not a multiple of its block size");
   }
   kernels::WeightView w;
   w.type = t.type;
-  w.data = file_.data(t);
-  w.rows = rows;
+  w.data = f.data(t);
   w.cols = cols;
+  w.rows = 1;
+  for (size_t i = 1; i < dims.size(); ++i) w.rows *= static_cast<int64_t>(dims[i]);
   return w;
+}
+
+}  // namespace
+
+kernels::WeightView ArchLoader::matrix(const std::string& name, int64_t rows, int64_t cols) const {
+  const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
+  return matrix_view(file_, name, {u(cols), u(rows)});
 }
 
 const float* ArchLoader::vec(const std::string& name, int64_t n) {
@@ -346,6 +359,16 @@ void ArchLoader::load_attention(LayerWeights& L, int layer) {
   L.bo = opt_vec(b + "attn_output.bias", c.dim);
 }
 
+void ArchLoader::load_qkv_biases(LayerWeights& L, int layer) {
+  const ModelConfig& c = c_;
+  const std::string b = block_prefix(layer);
+  const int64_t q_dim = int64_t{c.n_heads} * c.head_dim;
+  const int64_t kv_dim = int64_t{c.n_kv_heads} * c.head_dim;
+  L.bq = vec(b + "attn_q.bias", q_dim);
+  L.bk = vec(b + "attn_k.bias", kv_dim);
+  L.bv = vec(b + "attn_v.bias", kv_dim);
+}
+
 void ArchLoader::load_ffn(LayerWeights& L, int layer) {
   const ModelConfig& c = c_;
   const std::string b = block_prefix(layer);
@@ -380,16 +403,7 @@ void ArchLoader::read_experts(bool norm) {
 std::vector<kernels::WeightView> ArchLoader::experts(const std::string& name, int64_t n,
                                                      int64_t rows, int64_t cols) const {
   const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
-  const gguf::TensorInfo& t = require_tensor(file_, name, {u(cols), u(rows), u(n)});
-  if (cols % kernels::dtype_block_elems(t.type) != 0) {
-    fail("tensor '" + name + "' of type " + gguf::type_label(static_cast<uint32_t>(t.type)) +
-         " has " + std::to_string(cols) + " columns, not a multiple of its block size");
-  }
-  kernels::WeightView all;
-  all.type = t.type;
-  all.data = file_.data(t);
-  all.rows = rows * n;
-  all.cols = cols;
+  const kernels::WeightView all = matrix_view(file_, name, {u(cols), u(rows), u(n)});
   std::vector<kernels::WeightView> out;
   out.reserve(static_cast<size_t>(n));
   for (int64_t e = 0; e < n; ++e) out.push_back(rows_of(all, e * rows, rows));

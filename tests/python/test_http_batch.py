@@ -15,28 +15,14 @@ import struct
 import sys
 import threading
 import time
-import uuid
 import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import msgpack  # noqa: E402
-from http_support import Server, args, case, check, eq, run_cases  # noqa: E402
+from http_support import Server, args, case, check, eq, run_cases, ttft, upload  # noqa: E402
 
 A = args()
 STORIES = os.path.join(A["models"], "stories260K.gguf")
-
-
-def upload(srv, lines, purpose="batch", raw_text=None):
-    """POST /v1/files as multipart/form-data; returns (status, json)."""
-    text = raw_text if raw_text is not None else "".join(json.dumps(x) + "\n" for x in lines)
-    boundary = uuid.uuid4().hex
-    body = ("--%s\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\n%s\r\n"
-            "--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
-            "Content-Type: application/jsonl\r\n\r\n%s\r\n--%s--\r\n"
-            % (boundary, purpose, boundary, text, boundary)).encode()
-    st, _, d = srv.request("POST", "/v1/files", body,
-                           {"Content-Type": "multipart/form-data; boundary=" + boundary})
-    return st, json.loads(d)
 
 
 def line(cid, prompt="Once upon a time", n=8, url="/v1/completions"):
@@ -256,29 +242,6 @@ def graceful_stop_resumes_running_lines(s):
         eq(sorted(k for k, v in mine.items() if len(v) > 1), [], "accepted twice")
     finally:
         srv.kill()
-
-
-def ttft(srv, n):
-    """Time to the first streamed token of n interactive requests, in ms."""
-    out = []
-    for _ in range(n):
-        c = srv.conn()
-        t0 = time.time()
-        c.request("POST", "/v1/completions", body=json.dumps(
-            {"prompt": "Lily and Tom", "max_tokens": 4, "stream": True, "temperature": 0}),
-            headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        eq(r.status, 200)
-        first = None
-        while True:
-            b = r.read1(65536)
-            if not b:
-                break
-            if first is None and b'"text":"' in b and b'"text":""' not in b:
-                first = time.time()
-        c.close()
-        out.append((first - t0) * 1000)
-    return sorted(out)
 
 
 @case

@@ -262,6 +262,7 @@ std::optional<std::string> build_job(Self* self, const SubmitRequest& req, Job& 
   job.top_p = static_cast<float>(req.top_p);
   job.stop = req.stop;
   job.ignore_eos = req.ignore_eos;
+  job.speculative = req.speculative;
   job.stream = req.stream;
   job.logprobs = req.logprobs;
   if (auto bad = check_generation(self, req)) return bad;

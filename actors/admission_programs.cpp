@@ -224,6 +224,7 @@ std::optional<std::string> step_job(Self* self, ProgramState& p, const Action& a
   job.class_index = pj.class_index;
   job.program_uid = pj.uid;
   job.step = a.path;
+  job.speculative = pj.speculative;
   job.uid = st.next_step_uid++;
   job.arrival_us = clock_us(self);
   if (!p.first_dispatched) {

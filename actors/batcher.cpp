@@ -236,6 +236,10 @@ BatcherStats Batcher::stats() const {
   s.prompt_fed_tokens = prompt_fed_;
   s.forked_seqs = forked_;
   s.kv_block_copies = block_copies_;
+  s.spec_draft_tokens = spec_drafted_;
+  s.spec_accepted_tokens = spec_accepted_;
+  s.spec_seq_steps = spec_seq_steps_;
+  s.spec_steps = spec_steps_;
   return s;
 }
 
@@ -434,6 +438,7 @@ bool Batcher::apply(const policy::PlanAction& a) {
 void Batcher::schedule() {
   flush_notices();
   if (step_sent_us_) return;
+  int64_t budget_left = 0;
   for (;;) {
     const size_t jobs = seqs_.size();
     planned_.clear();
@@ -453,12 +458,14 @@ void Batcher::schedule() {
     flush_notices();
     if (!planned_.empty()) {
       last_step_urgent_ = plan.urgent;
+      budget_left = plan.budget_left;
       break;
     }
     // Nothing planned: only when planning failed jobs (the first running sequence is always
     // planned otherwise); try again with the ones left, so that nothing stalls.
     if (seqs_.size() == jobs) return;
   }
+  speculate(budget_left);
   send_step();
 }
 
@@ -474,7 +481,9 @@ void Batcher::send_step() {
   pending_copies_.clear();
   plan.seqs.reserve(planned_.size());
   const int64_t t = now();
+  step_fed_ = 0;
   for (Seq* s : planned_) {
+    step_fed_ += s->step_tokens;
     SeqPlan p;
     p.uid = s->job.uid;
     const auto from = s->tokens.begin() + s->kv.n_past;
@@ -483,6 +492,7 @@ void Batcher::send_step() {
     p.block_table = s->kv.blocks;
     if (kv_.split()) p.window_table = s->kv.wblocks;
     p.sample = s->samples && s->kv.n_past + s->step_tokens == s->feed_end();
+    p.n_draft = s->n_draft;
     prompt_fed_ += std::max(0, std::min(s->kv.n_past + s->step_tokens, s->n_prompt) - s->kv.n_past);
     p.reset = !s->started;
     s->started = true;
@@ -524,6 +534,9 @@ void Batcher::on_result(StepResult& r) {
     throw std::runtime_error("TEST ONLY fault: batcher throws after " +
                              std::to_string(extras_.test_fault_throw_after) + " steps");
   if (life_ == Lifecycle::failed) return;  // a late answer of an executor already given up on
+  // The step's measured cost, for speculation's choice (test-only step delays left out).
+  if (step_sent_us_ && cfg_.step_delay_ms <= 0)
+    step_cost_.observe(step_fed_, static_cast<double>(now() - *step_sent_us_));
   step_sent_us_.reset();
   // By uid: ending one member of a group may end its group's other members of this step.
   std::vector<uint64_t> members;
@@ -534,6 +547,7 @@ void Batcher::on_result(StepResult& r) {
       Seq* s = find(uid);
       if (!s) continue;
       s->in_step = false;
+      drop_drafts(*s);
       fail(*s, ErrorCode::engine_dead, r.error);
     }
   } else {
@@ -543,6 +557,8 @@ void Batcher::on_result(StepResult& r) {
       Seq* s = find(uid);
       if (!s) continue;
       s->in_step = false;
+      const bool drafted = s->n_draft > 0;
+      drop_drafts(*s);  // what verification accepted of them comes back in the result
       auto it = sampled.find(s->job.uid);
       if (it != sampled.end() && !it->second->error.empty()) {
         // This sequence failed alone (its sampling state, its logits): it ends here and the
@@ -580,7 +596,11 @@ void Batcher::on_result(StepResult& r) {
           fork_group(*s);  // the shared prompt is in: the samples start
         continue;
       }
-      if (it != sampled.end() && s->kv.n_past == s->feed_end()) accept(*s, *it->second);
+      if (it == sampled.end() || s->kv.n_past != s->feed_end()) continue;
+      if (drafted)
+        accept_spec(*s, *it->second, std::vector<int32_t>(s->drafts));  // s may end inside
+      else
+        accept(*s, *it->second);
     }
   }
   check_pressure();

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "core/job.hpp"
 #include "kernels/cpu/kernels.hpp"
 
 namespace sy {
@@ -45,6 +46,13 @@ struct BatchingConfig {
   // long prefill on a slow CPU can take seconds; tests set it low.
   int64_t step_timeout_ms = 30000;
   uint32_t max_job_retries = 2;  // executor failures a job survives; then engine_dead
+  // Speculative decoding (docs/speculation.md): `auto` drafts tokens by prompt lookup where the
+  // measured step cost and acceptance say they pay; `always` wherever lookup finds any; `off`
+  // never. A job's own choice wins.
+  SpecMode speculative = SpecMode::auto_;
+  int32_t spec_max_draft = 6;  // most drafted tokens a sequence feeds in one step
+  int32_t spec_ngram_min = 2;  // prompt lookup: shortest and longest suffix n-gram matched
+  int32_t spec_ngram_max = 4;
 };
 
 }  // namespace sy

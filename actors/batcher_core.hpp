@@ -21,6 +21,7 @@
 #include "gpu/kv_manager.hpp"
 #include "model/stop_matcher.hpp"
 #include "policies/kv_policy.hpp"
+#include "policies/speculation.hpp"
 #include "policies/step_planner.hpp"
 
 namespace sy {
@@ -76,6 +77,12 @@ struct Seq {
   std::vector<float> lp;
   std::vector<int32_t> lp_top_ids;
   std::vector<float> lp_top;
+  // Speculation (batcher_spec.cpp): the drafts of the step in flight, appended to `tokens` and
+  // fed after its last token; taken off again when the step returns. Its verified draft
+  // positions so far, and how many of those were accepted.
+  int32_t n_draft = 0;
+  std::vector<int32_t> drafts;
+  int64_t spec_tried = 0, spec_accepted = 0;
 
   int32_t n_generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
   /// Tokens the KV cache must hold to go on: every token, but the last where it is held back.
@@ -131,6 +138,13 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   void on_result(StepResult& r);
   void flush_notices();
   Seq* find(uint64_t uid);
+
+  // batcher_spec.cpp: speculative decoding.
+  SpecMode spec_mode(const Seq& s) const;
+  bool may_speculate(const Seq& s) const;
+  void speculate(int64_t budget_left);
+  void drop_drafts(Seq& s);
+  void accept_spec(Seq& s, const SeqResult& r, const std::vector<int32_t>& drafts);
   int64_t now() const;
 
   // batcher_jobs.cpp: a job's text and its end.
@@ -225,6 +239,14 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   std::deque<Pin> pins_;
   int64_t pinned_blocks_ = 0;
   int64_t prompt_fed_ = 0, forked_ = 0, block_copies_ = 0;
+  // Speculation: the measured cost of a step by its tokens, the running acceptance estimate of a
+  // draft token, the counters, and the tokens of the step in flight.
+  policy::StepCostModel step_cost_;
+  double spec_prior_ = 0.5;
+  double spec_acc_w_ = 1.0, spec_try_w_ = 2.0;  // its decayed sums (a start of 1 in 2)
+  int64_t spec_drafted_ = 0, spec_accepted_ = 0, spec_seq_steps_ = 0, spec_steps_ = 0;
+  int64_t step_fed_ = 0;
+  std::vector<int32_t> scratch_draft_;
 };
 
 }  // namespace batcher_detail

@@ -111,6 +111,7 @@ void Batcher::on_executor_failure(const std::string& why, int64_t fault_us) {
   step_sent_us_.reset();
   planned_.clear();
   const int64_t detected = now();
+  for (auto& [uid, sp] : seqs_) drop_drafts(*sp);  // the step in flight is lost with its drafts
   std::vector<Seq*> all;
   // Jobs only: a group's members go with their leader (which runs the group again from its
   // prompt; their chunks are not tracked apart, so a streamed group starts its chunks again).

@@ -101,9 +101,10 @@ SeqSampling& sampling_for(ExecutorState& st, const SeqPlan& p) {
       record(it->second, static_cast<int32_t>(i), p.prior[i]);
   }
   SeqSampling& s = it->second;
+  // Drafts are recorded only once confirmed (run_engine), as sampled tokens are.
+  const size_t fed = p.tokens.size() - static_cast<size_t>(std::max(0, p.n_draft));
   if (s.tracks)
-    for (size_t i = 0; i < p.tokens.size(); ++i)
-      record(s, p.n_past + static_cast<int32_t>(i), p.tokens[i]);
+    for (size_t i = 0; i < fed; ++i) record(s, p.n_past + static_cast<int32_t>(i), p.tokens[i]);
   return s;
 }
 
@@ -155,6 +156,39 @@ void targets_of(ExecutorState& st, const SeqPlan& p, size_t j, size_t i, SeqResu
       return;
     }
     r.target_logprobs.push_back(lp);
+  }
+}
+
+// SeqPlan::n_draft: samples the rows of batch entry j in order, each exactly as a decode step
+// would (same sampler, same random draws, the confirmed tokens recorded before the next row), and
+// stops at the first sampled token that is not the next draft. The output is then token for token
+// what decoding without drafts gives, for greedy and seeded sampling alike (docs/speculation.md).
+void verify_drafts(ExecutorState& st, const SeqPlan& p, size_t j, SeqSampling& s, SeqResult& r) {
+  const int32_t n_vocab = st.engine->config().n_vocab;
+  const size_t n_fed = p.tokens.size();
+  const int32_t d = std::min<int32_t>(p.n_draft, static_cast<int32_t>(n_fed) - 1);
+  const int32_t first = static_cast<int32_t>(n_fed) - 1 - d;  // row of the last real token
+  for (int32_t k = 0; k <= d; ++k) {
+    st.top.clear();
+    float lp = 0.0f;
+    const int32_t id = s.sampler.sample(st.out.row(j, first + k), n_vocab,
+                                        p.logprobs ? &st.top : nullptr, &lp, s.constraint.get());
+    const size_t next = static_cast<size_t>(first + k + 1);
+    if (k < d && id == p.tokens[next]) {
+      r.spec_ids.push_back(id);
+      r.spec_logprob.push_back(lp);
+      for (size_t t = 0; t < p.logprobs; ++t) {
+        const bool have = t < st.top.size();
+        r.spec_top_ids.push_back(have ? st.top[t].id : 0);
+        r.spec_top_logprobs.push_back(have ? st.top[t].logprob : -1e30f);
+      }
+      if (s.tracks) record(s, p.n_past + static_cast<int32_t>(next), id);
+      continue;
+    }
+    r.token = id;
+    r.logprob = lp;
+    fill_top(st, p, r);
+    return;
   }
 }
 
@@ -215,7 +249,8 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
       s.n_blocks = static_cast<int32_t>(p.block_table.size());
       s.window = p.window;
       s.sinks = p.sinks;
-      s.all_logits = !p.targets.empty();  // teacher-forced log-probabilities read every row
+      // Teacher-forced log-probabilities and drafts read every row.
+      s.all_logits = !p.targets.empty() || p.n_draft > 0;
       if (!p.window_table.empty()) {
         s.window_table = p.window_table.data();
         s.n_window_blocks = static_cast<int32_t>(p.window_table.size());
@@ -230,7 +265,8 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
     for (size_t i : rows) {
       const SeqPlan& p = plan.seqs[i];
       // (Bias, penalties and constraints change the logits first: those sample on the host.)
-      greedy = greedy && p.targets.empty();  // (every row's logits go to the host for those)
+      // (every row's logits go to the host for those)
+      greedy = greedy && p.targets.empty() && p.n_draft == 0;
       greedy = greedy && (!p.sample || (p.temperature <= 0.0f && p.logprobs == 0 && samplers[i] &&
                                         !samplers[i]->tracks));
     }
@@ -268,18 +304,24 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
                      ", outside the vocabulary [0, " + std::to_string(n_vocab) + ")");
       continue;
     }
-    if (nan_rows[i]) {
+    if (nan_rows[i]) {  // every row the sequence samples from
+      const int32_t rows_of = p.n_draft > 0 ? st.out.count[j] : 1;
       const auto at =
-          (static_cast<size_t>(st.out.offset[j]) + static_cast<size_t>(st.out.count[j]) - 1) *
+          (static_cast<size_t>(st.out.offset[j]) + static_cast<size_t>(st.out.count[j] - rows_of)) *
           static_cast<size_t>(n_vocab);
-      std::fill_n(st.out.logits.begin() + static_cast<ptrdiff_t>(at), n_vocab,
+      std::fill_n(st.out.logits.begin() + static_cast<ptrdiff_t>(at),
+                  static_cast<size_t>(n_vocab) * static_cast<size_t>(rows_of),
                   std::numeric_limits<float>::quiet_NaN());
     }
     // What goes wrong here belongs to this sequence alone: its logits row, its sampler. Not
     // the client's doing (its parameters passed): internal, naming the cause.
     try {
-      st.top.clear();
       SeqSampling& s = *samplers[i];
+      if (p.n_draft > 0) {
+        verify_drafts(st, p, j, s, r);
+        continue;
+      }
+      st.top.clear();
       r.token = s.sampler.sample(st.out.row(j), n_vocab, p.logprobs ? &st.top : nullptr, &r.logprob,
                                  s.constraint.get());
       fill_top(st, p, r);
@@ -352,7 +394,9 @@ ExecutorActor::behavior_type executor_actor(ExecutorActor::pointer self,
             run_null(*st, plan, res);
           ++st->steps;
           for (const SeqResult& r : res.seqs)
-            st->tokens += r.error.empty() && r.token >= 0 ? 1 : 0;  // (targets alone: no token)
+            st->tokens += r.error.empty() && r.token >= 0  // (targets alone: no token)
+                              ? 1 + static_cast<int64_t>(r.spec_ids.size())
+                              : 0;
         } catch (const std::exception& e) {
           res.seqs.clear();
           res.error = std::string("executor step failed: ") + e.what();

@@ -112,7 +112,7 @@ typename Inspector::result_type inspect(Inspector& f, Job& x) {
            x.max_tokens, x.temperature, x.top_k, x.top_p, x.seed, x.stop, x.ignore_eos, x.stream,
            x.logprobs, x.arrival_us, x.deadline_us, x.attempt, x.streamed_ids, x.streamed_bytes,
            x.fault_us, x.controls, x.constraint, x.n, x.prompt_logprobs, x.continuations, x.program,
-           x.inputs, x.program_done, x.program_uid, x.step);
+           x.inputs, x.program_done, x.program_uid, x.step, x.speculative);
 }
 
 template <class Inspector>
@@ -122,7 +122,7 @@ typename Inspector::result_type inspect(Inspector& f, SubmitRequest& x) {
            x.seed, x.stop, x.ignore_eos, x.priority, x.deadline_ms, x.stream, x.logprobs,
            x.arrival_us, x.message_roles, x.message_contents, x.parse_special, x.metered_bytes,
            x.controls, x.constraint, x.n, x.prompt_logprobs, x.score, x.cont_text, x.cont_ids,
-           x.program, x.inputs, x.outlive_shutdown);
+           x.program, x.inputs, x.outlive_shutdown, x.speculative);
 }
 
 template <class Inspector>
@@ -175,12 +175,19 @@ struct SeqPlan {
   // sequence), with the top `target_top` tokens there; -1 asks nothing. Needs every row's logits.
   std::vector<int32_t> targets;
   uint32_t target_top = 0;
+  // Speculation (docs/speculation.md): the last n_draft of `tokens` are drafts, not yet part of
+  // the sequence. The executor samples the row of tokens[0] and, while the token it samples is
+  // the next draft, the row of that draft too; the drafts it so confirms come back in
+  // SeqResult::spec_ids, the first token it sampled that is not a draft (or the one after the
+  // last draft) in SeqResult::token. Needs every row's logits; sample is true.
+  int32_t n_draft = 0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SeqPlan& x) {
   return f(caf::meta::type_name("SeqPlan"), x.uid, x.tokens, x.n_past, x.block_table, x.sample,
            x.reset, x.temperature, x.top_k, x.top_p, x.seed, x.logprobs, x.window, x.sinks,
-           x.window_table, x.n_prompt, x.prior, x.controls, x.constraint, x.targets, x.target_top);
+           x.window_table, x.n_prompt, x.prior, x.controls, x.constraint, x.targets, x.target_top,
+           x.n_draft);
 }
 
 struct StepPlan {
@@ -214,11 +221,18 @@ struct SeqResult {
   std::vector<float> target_logprobs = {};
   std::vector<int32_t> target_top_ids = {};
   std::vector<float> target_top_logprobs = {};
+  // SeqPlan::n_draft: the drafts confirmed, in order, before `token`, each with its logprob and
+  // its `logprobs` top entries (as token's), sampled exactly as `token` is.
+  std::vector<int32_t> spec_ids = {};
+  std::vector<float> spec_logprob = {};
+  std::vector<int32_t> spec_top_ids = {};
+  std::vector<float> spec_top_logprobs = {};
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SeqResult& x) {
   return f(caf::meta::type_name("SeqResult"), x.uid, x.token, x.logprob, x.top_ids, x.top_logprobs,
-           x.code, x.error, x.target_logprobs, x.target_top_ids, x.target_top_logprobs);
+           x.code, x.error, x.target_logprobs, x.target_top_ids, x.target_top_logprobs, x.spec_ids,
+           x.spec_logprob, x.spec_top_ids, x.spec_top_logprobs);
 }
 
 struct StepResult {

@@ -119,6 +119,7 @@ struct Pair {
 // Counters of the batchers that are gone, so the totals never go backwards.
 struct Retired {
   int64_t preemptions = 0, policy_swaps = 0, seq_failures = 0;
+  int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_seq_steps = 0, spec_steps = 0;
   std::map<std::string, int64_t> preemptions_by;  // by executor label
 };
 
@@ -352,6 +353,25 @@ void scraped_series(Self* self, const Scrape& s, pm::Registry& reg) {
   add(counter("switchyard_kv_policy_swaps_total",
               "KV-cache policy swaps, by command and by watermark."),
       {}, counted.policy_swaps + st.retired.policy_swaps);
+  // Speculative decoding (docs/speculation.md).
+  const int64_t drafted = counted.spec_draft_tokens + st.retired.spec_draft_tokens;
+  const int64_t accepted = counted.spec_accepted_tokens + st.retired.spec_accepted_tokens;
+  add(counter("switchyard_spec_draft_tokens_total",
+              "Drafted tokens fed for verification (speculative decoding), all executors."),
+      {}, drafted);
+  add(counter("switchyard_spec_accepted_tokens_total",
+              "Drafted tokens accepted by verification: decode steps saved, all executors."),
+      {}, accepted);
+  add(counter("switchyard_spec_sequence_steps_total",
+              "Sequence-steps that fed drafts, all executors."),
+      {}, counted.spec_seq_steps + st.retired.spec_seq_steps);
+  add(counter("switchyard_spec_steps_total",
+              "Engine steps in which some sequence fed drafts, all executors."),
+      {}, counted.spec_steps + st.retired.spec_steps);
+  gauge("switchyard_spec_acceptance_ratio",
+        "Accepted over drafted tokens since the start (0 before any draft).")
+      .Add({})
+      .Set(drafted > 0 ? static_cast<double>(accepted) / static_cast<double>(drafted) : 0.0);
   set(gauge("switchyard_executors_running", "Executors alive (each with its model loaded)."), {},
       executors);
 
@@ -486,6 +506,10 @@ void on_down(Self* self, const caf::down_msg& dm) {
       st.retired.preemptions_by[p.label] += p.last.preemptions;
       st.retired.policy_swaps += p.last.policy_swaps;
       st.retired.seq_failures += p.last.seq_failures;
+      st.retired.spec_draft_tokens += p.last.spec_draft_tokens;
+      st.retired.spec_accepted_tokens += p.last.spec_accepted_tokens;
+      st.retired.spec_seq_steps += p.last.spec_seq_steps;
+      st.retired.spec_steps += p.last.spec_steps;
       it = st.pairs.erase(it);
     } else {
       ++it;

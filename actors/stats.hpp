@@ -186,6 +186,10 @@ struct BatcherStats {
   int64_t prompt_fed_tokens = 0;        ///< prompt tokens fed to the engine (fed_tokens' part)
   int64_t forked_seqs = 0;              ///< samples and continuations forked from a prompt
   int64_t kv_block_copies = 0;          ///< KV blocks copied on write by forked sequences
+  int64_t spec_draft_tokens = 0;        ///< drafted tokens fed for verification
+  int64_t spec_accepted_tokens = 0;     ///< of those, accepted (each saved a decode step)
+  int64_t spec_seq_steps = 0;           ///< sequence-steps that fed drafts
+  int64_t spec_steps = 0;               ///< engine steps in which some sequence fed drafts
 
   template <class S, class F>
   static decltype(auto) fields(S& s, F&& f) {
@@ -218,7 +222,10 @@ struct BatcherStats {
              field("retiring", s.retiring), field("executor_failures", s.executor_failures),
              field("requeued", s.requeued), field("seq_failures", s.seq_failures, kSummary),
              field("prompt_fed_tokens", s.prompt_fed_tokens), field("forked_seqs", s.forked_seqs),
-             field("kv_block_copies", s.kv_block_copies));
+             field("kv_block_copies", s.kv_block_copies),
+             field("spec_draft_tokens", s.spec_draft_tokens, kSummary),
+             field("spec_accepted_tokens", s.spec_accepted_tokens, kSummary),
+             field("spec_seq_steps", s.spec_seq_steps), field("spec_steps", s.spec_steps));
   }
 };
 

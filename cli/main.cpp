@@ -2,6 +2,7 @@
 // make-model.
 
 #include <chrono>
+#include <climits>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
@@ -47,9 +48,12 @@ constexpr const char* kGenerateUsage =
 constexpr const char* kTokenizeUsage =
     "  tokenize    --model FILE --text TEXT [--no-bos] [--parse-special] [--json]\n";
 constexpr const char* kMakeModelUsage =
-    "  make-model  --shape {tiny,mini,15M,110M,1B,8B} [--arch {llama,qwen2,qwen3,gemma2,phi3}]\n"
+    "  make-model  --shape {tiny,mini,15M,110M,1B,8B} [--arch {llama,qwen2,qwen3,gemma2,phi3,\n"
+    "              mixtral,qwen2moe,olmoe,qwen3moe}]\n"
     "              --dtype {f32,f16,bf16,q8_0,q4_0,q4_1,q5_0,q5_1,iq4_nl,q2_k,q3_k,q4_k,q5_k,\n"
     "              q6_k,iq4_xs,q4_k_m,q5_k_m} [--vocab-from FILE.gguf] [--seed N] [--ctx N]\n"
+    "              [mixtures of experts: --experts N (default 8) --experts-used K (default 2)\n"
+    "              --expert-ffn W (one expert's FFN width; default the shape's FFN width)]\n"
     "              --out FILE.gguf\n";
 constexpr const char* kUsageTail =
     "Without --model, serve, generate and tokenize use a generated random-weight demo model.\n"
@@ -79,6 +83,17 @@ int cmd_make_model(const Args& a) {
   o.vocab_from = a.str("vocab-from");
   o.seed = static_cast<uint64_t>(a.integer("seed", 0));
   o.ctx_len = a.integer("ctx", 0);  // 0: the shape's context length
+  // Absent: 0, make-model's default (8 experts, 2 per token, the shape's FFN width). make_model
+  // checks the upper bounds, and that a dense architecture is given none of these.
+  const auto count = [&](const char* key) -> int {
+    if (!a.has(key)) return 0;
+    const long long v = a.integer(key, 0);
+    if (v < 1 || v > INT32_MAX) throw UsageError(std::string("--") + key + " must be >= 1");
+    return static_cast<int>(v);
+  };
+  o.n_experts = count("experts");
+  o.n_experts_used = count("experts-used");
+  o.expert_ffn = count("expert-ffn");
   o.out = a.str("out");
   if (o.out.empty()) throw UsageError("make-model needs --out FILE.gguf");
   sy::make_model(o);
@@ -284,7 +299,8 @@ int main(int argc, char** argv) {
        cmd_tokenize},
       {"make-model",
        kMakeModelUsage,
-       {"shape", "arch", "dtype", "vocab-from", "seed", "ctx", "out"},
+       {"shape", "arch", "dtype", "vocab-from", "seed", "ctx", "experts", "experts-used",
+        "expert-ffn", "out"},
        {},
        false,
        cmd_make_model},

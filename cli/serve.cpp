@@ -37,6 +37,8 @@ const char* const kServeUsage =
     "              [--kv-mb MB] [--kv-dtype f32|f16|q8_0] [--grace-ms MS] [--step-delay-ms MS]\n"
     "              [--kv-policy P] [--kv-pressure-policy P] [--admin-token T]\n"
     "              [--no-prefix-cache] [--chat-template NAME|FILE]\n"
+    "              [--speculative auto|always|off]: speculative decoding by prompt\n"
+    "              lookup (batching.speculative; docs/speculation.md).\n"
     "              Flags override the config file. --backend auto (the default) runs on\n"
     "              the GPUs where this build has CUDA and a device answers, else the CPU;\n"
     "              cuda insists on GPUs; null runs no model (fixed tokens: measures\n"
@@ -99,6 +101,7 @@ const std::vector<std::string> kServeOptions = {"model",
                                                 "threads",
                                                 "kv-mb",
                                                 "kv-dtype",
+                                                "speculative",
                                                 "grace-ms",
                                                 "step-delay-ms",
                                                 "kv-policy",
@@ -195,6 +198,12 @@ int cmd_serve(const Args& a) {
   if (a.has("kv-pressure-policy")) cfg.batching.kv_pressure_policy = a.str("kv-pressure-policy");
   if (a.has("admin-token")) cfg.admission.admin_token = a.str("admin-token");
   if (a.has("no-prefix-cache")) cfg.batching.prefix_cache = false;
+  if (a.has("speculative")) {
+    const auto m = parse_spec_mode(a.str("speculative"));
+    if (!m || *m == SpecMode::server_default)
+      throw UsageError("--speculative must be auto, always or off");
+    cfg.batching.speculative = *m;
+  }
   if (a.has("metrics")) cfg.metrics.bind = a.str("metrics");
   if (a.has("http")) cfg.http.bind = a.str("http");
   if (a.has("nats")) {

@@ -31,7 +31,8 @@ const char* const kSubmitUsage =
     "              or \"messages\": [{\"role\": ..., \"content\": ...}, ...] (the server's chat\n"
     "              template renders them), \"parse_special\" (a text prompt's special-token\n"
     "              text becomes control tokens), \"max_tokens\": N, \"temperature\", \"top_k\",\n"
-    "              \"top_p\", \"seed\", \"stop\", \"ignore_eos\", \"priority\", \"deadline_ms\",\n"
+    "              \"top_p\", \"seed\", \"stop\", \"ignore_eos\", \"speculative\",\n"
+    "              \"priority\", \"deadline_ms\",\n"
     "              \"tenant\", \"logprobs\", \"min_p\", \"presence_penalty\",\n"
     "              \"frequency_penalty\", \"repetition_penalty\", \"repeat_last_n\",\n"
     "              \"logit_bias\", one of \"grammar\", \"json_schema\", \"regex\",\n"
@@ -170,6 +171,10 @@ Line parse_job(size_t n, const std::string& text, const std::string& tenant,
     } else if (k == "ignore_eos") {
       if (!v.is_boolean()) bad_line(n, "'ignore_eos' must be true or false");
       s.ignore_eos = v.get<bool>();
+    } else if (k == "speculative") {
+      s.speculative = get_str(n, v, "speculative");
+      if (s.speculative != "auto" && s.speculative != "always" && s.speculative != "off")
+        bad_line(n, "'speculative' must be \"auto\", \"always\" or \"off\"");
     } else if (k == "priority") {
       s.priority = get_str(n, v, "priority");
     } else if (k == "tenant") {

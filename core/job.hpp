@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error_code.hpp"
@@ -48,6 +50,20 @@ inline bool is_connected(const ClientRef& c) {
 /// allows): admission gives it back for a submit it answers itself, the router counts it in.
 inline bool uses_pull_credit(const ClientRef& c) {
   return c.kind == ClientRef::pipeline || c.kind == ClientRef::cluster;
+}
+
+/// Speculative decoding (docs/speculation.md): `auto` drafts where the measured step cost and
+/// acceptance say the drafts pay, `always` wherever prompt lookup finds any, `off` never. A job's
+/// server_default is the server's `batching.speculative`.
+enum class SpecMode : uint8_t { server_default = 0, auto_ = 1, off = 2, always = 3 };
+
+/// "auto", "always", "off" (and "" for server_default); nullopt for anything else.
+inline std::optional<SpecMode> parse_spec_mode(std::string_view s) {
+  if (s.empty()) return SpecMode::server_default;
+  if (s == "auto") return SpecMode::auto_;
+  if (s == "always") return SpecMode::always;
+  if (s == "off") return SpecMode::off;
+  return std::nullopt;
 }
 
 /// An admitted job as the router, batchers and executors see it: prompt already tokenized and
@@ -94,6 +110,8 @@ struct Job {
   std::vector<std::pair<std::string, std::string>> program_done;
   uint64_t program_uid = 0;
   std::string step;
+  // Speculative decoding (appended; docs/speculation.md): the job's choice, else the server's.
+  SpecMode speculative = SpecMode::server_default;
   bool is_program() const { return !program.empty(); }
   bool is_step() const { return program_uid != 0; }
 };
@@ -146,6 +164,7 @@ struct SubmitRequest {
   // A program (docs/programs.md): its steps as JSON text and its inputs; prompt fields stay empty.
   std::string program;
   std::vector<std::pair<std::string, std::string>> inputs;
+  SpecMode speculative = SpecMode::server_default;  // the job's speculative decoding
   // Wire size of a request the gateway counted into its IntakeMeter (0: not counted); admission
   // counts it out when it takes the request from its mailbox.
   uint32_t metered_bytes = 0;

@@ -42,6 +42,7 @@ struct Submit {
   std::optional<std::uint64_t> seed;  ///< absent: the server picks one
   std::vector<std::string> stop;      ///< stop strings (not included in the output)
   bool ignore_eos = false;            ///< keep going past end-of-sequence until max_tokens
+  std::string speculative;            ///< "auto", "off"; "": the server's default
   std::string priority;               ///< priority class name; "": the server's default class
   std::uint32_t deadline_ms = 0;      ///< relative to receipt; 0: none
   bool stream = false;                ///< send `tokens` chunks as they are generated

@@ -1,9 +1,10 @@
 // The CUDA backend: a batched step of the model's description (model/model.hpp: llama, qwen2,
-// qwen3, gemma2, phi3) over a paged KV cache in device memory. All new tokens
-// of a step form one (T, dim) activation matrix; matrix products go through cuBLASLt, the rest
-// through the kernels of kernels/cuda. Only token ids, positions, block tables (and sampling
-// controls) go to the device each step; logits or sampled ids come back. With cuda_graphs, pure
-// decode steps replay a graph captured per padded batch size.
+// qwen3, gemma2, phi3 and the mixtures of experts: Mixtral-style llama, qwen2moe, olmoe) over
+// a paged KV cache in device memory. All new tokens of a step form one (T, dim) activation
+// matrix; matrix products go through cuBLASLt, the rest through the kernels of kernels/cuda.
+// Only token ids, positions, block tables (and sampling controls) go to the device each step;
+// logits or sampled ids come back. With cuda_graphs, pure decode steps replay a graph captured
+// per padded batch size.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include "kernels/cuda/gemv_q.cuh"
 #include "kernels/cuda/head_rmsnorm.cuh"
 #include "kernels/cuda/kv_cache.cuh"
+#include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/rmsnorm.cuh"
 #include "kernels/cuda/rope.cuh"
 #include "kernels/cuda/sample.cuh"
@@ -66,6 +68,13 @@ constexpr int32_t kMaxGraphBatch = 256;
 // Block-table entries per sequence that the graphs' fixed metadata first holds (1024 tokens at
 // 16 per block); a longer sequence doubles it and the graphs are captured again.
 constexpr int32_t kGraphMinBlocksPerSeq = 64;
+// Steps of at most this many tokens run a mixture of experts wholly on the device: the grouping
+// stays there and cuda::moe_matmul reads each expert's rows from it (no host round trip, so
+// such steps can be graphs). Each expert's weights are then read once per kMoeTileRows of its
+// rows, which stays bandwidth-bound while the rows are few: 16 tokens give Mixtral's 8 experts
+// (top 2) 4 rows each on average. Longer steps copy the grouping's offsets to the host (one
+// synchronisation per layer) and run one cuBLASLt product per active expert, on tensor cores.
+constexpr int32_t kMoeDeviceMaxTokens = 16;
 
 // Smallest power of two >= n (n >= 1).
 int32_t pow2_at_least(int64_t n) {
@@ -241,8 +250,13 @@ class CudaEngineImpl final : public CudaEngine {
     DevBuf attn_norm, wqkv, wo, ffn_norm, wgu, wdown;
     QWeight qwqkv, qwo, qwgu, qwdown;  // with quantized_decode only
     // f32 steps the model's description may add (empty where it has none): the q|k|v bias
-    // (zeros for a missing part), per-head q/k norms, the output bias, post-attention/FFN norms.
+    // (zeros for a missing part), per-head (or whole-row: olmoe) q/k norms, the output bias,
+    // post-attention/FFN norms.
     DevBuf bqkv, q_norm, k_norm, bo, post_attn_norm, post_ffn_norm;
+    // A mixture of experts (wgu / wdown then hold the shared expert, or nothing): the f32 router
+    // (n_experts, dim), then the shared expert's gate row where there is one; every expert's
+    // gate|up (n_experts, 2 expert_ffn, dim) and down (n_experts, dim, expert_ffn) back to back.
+    DevBuf router, exp_gu, exp_down;
   };
   // Offsets (in int32 units) of the step's metadata inside the host and device buffers.
   struct Meta {
@@ -252,7 +266,9 @@ class CudaEngineImpl final : public CudaEngine {
   // The offsets for T_ rows, S sequences and n_bt block-table entries.
   static Meta layout(size_t T_, size_t S, size_t n_bt);
 
-  void upload(const kernels::WeightView& w, T* dst, DevBuf& staging);
+  // Converts w to U (T, or f32 for the router) at dst, through the staging buffer.
+  template <class U>
+  void upload(const kernels::WeightView& w, U* dst, DevBuf& staging);
   // The parts' blocks back to back as one quantized matrix (parts of one type share a run).
   void upload_quant(std::initializer_list<const kernels::WeightView*> parts, QWeight& dst,
                     const char* what);
@@ -274,6 +290,9 @@ class CudaEngineImpl final : public CudaEngine {
     return s.window > 0 && row_window(s) > 0 ? s.sinks : 0;
   }
   void forward();
+  // Layer L's mixture of experts: x += tmp (the attention block's output), then tmp = the
+  // experts' weighted sum (plus the shared expert's) of the normed rows.
+  void moe_ffn(const Layer& L);
   // Layer l's part of forward() that touches the cache of C (float or half): the new keys and
   // values (rows of qkv, rotated) into it, then attention of the decode rows and prefill tiles
   // over it into att. qs: the sink queries, nullptr in a step without sinks.
@@ -331,6 +350,18 @@ class CudaEngineImpl final : public CudaEngine {
   DevBuf xr_;       // T (R, dim) normed rows that get logits
   DevBuf logits_;   // f32 (R, n_vocab)
   DevBuf attn_ws_;  // decode split partials
+  // Mixture of experts, for T tokens and P = T * n_experts_used picks (empty without experts).
+  int64_t ffn_ = 0;    // width of gu_ / h_: ffn_dim, or the shared expert's in a mixture
+  DevBuf xf_;          // f32 (T, dim) normed rows: the router's and the device path's input
+  DevBuf moe_logits_;  // f32 (T, n_experts [+ 1 shared gate])
+  DevBuf moe_f_;       // f32 weights (P), then shared-expert gates (T)
+  DevBuf moe_i_;       // int32 pos (P), src (P), offset (n_experts + 1), tiles
+  DevBuf moe_gu_;      // f32 (P, 2 expert_ffn) grouped gate | up
+  DevBuf moe_h_;       // (P, expert_ffn) activations: f32 on the device path, T on cuBLASLt's
+  DevBuf moe_xg_;      // T (P, dim) grouped inputs of the cuBLASLt path
+  DevBuf moe_y_;       // f32 (P, dim) grouped expert outputs
+  DevBuf moe_ys_;      // f32 (T, dim) shared expert outputs
+  HostBuf moe_off_h_;  // (n_experts + 1) offsets read back on the cuBLASLt path
   DevBuf meta_d_, params_d_, tokens_d_;
   HostBuf meta_h_, params_h_, tokens_h_;
   std::vector<SampleControl> greedy_;  // step_greedy's controls, kept to reuse their memory
@@ -391,22 +422,45 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
   // The same float expression as the CPU reference, so both build identical angles.
   theta_scale_ = std::pow(c.rope_theta, -2.0f / static_cast<float>(c.rope_dim));
 
+  // A mixture of experts: its sizes within what the routing kernels take.
+  const bool moe = c.n_experts > 0;
+  const bool shared = moe && c.shared_expert_ffn_dim > 0;
+  if (moe) {
+    if (synth_seed) {
+      throw std::invalid_argument("synthetic CUDA engine: no mixture-of-experts weights to make");
+    }
+    if (c.n_experts > cuda::kMoeMaxExperts || c.n_experts_used < 1 ||
+        c.n_experts_used > c.n_experts || c.expert_ffn_dim < 1) {
+      throw std::invalid_argument("cuda engine: unsupported mixture of experts (at most " +
+                                  std::to_string(cuda::kMoeMaxExperts) +
+                                  " experts, 1 <= experts used <= experts)");
+    }
+  }
+  // The dense feed-forward's width: in a mixture of experts, the shared expert's (or none).
+  ffn_ = moe ? c.shared_expert_ffn_dim : c.ffn_dim;
+
   // Weights must fit before anything is uploaded.
   const bool tied = model_ && model_->weights().output.data == model_->weights().tok_embd.data;
-  const int64_t dim = c.dim, F = c.ffn_dim, V = c.n_vocab;
-  const int64_t per_layer = qkv_dim_ * dim + dim * q_dim_ + 2 * F * dim + dim * F;
+  const int64_t dim = c.dim, F = ffn_, V = c.n_vocab;
+  const int64_t E = c.n_experts, Fe = c.expert_ffn_dim;
+  const int64_t router_rows = moe ? E + (shared ? 1 : 0) : 0;
+  const int64_t per_layer =
+      qkv_dim_ * dim + dim * q_dim_ + 2 * F * dim + dim * F + 3 * E * Fe * dim;
   size_t wbytes =
       sizeof(T) * static_cast<size_t>(per_layer * c.n_layers + V * dim * (tied ? 1 : 2)) +
-      sizeof(float) * static_cast<size_t>(2 * dim * c.n_layers + dim);
+      sizeof(float) * static_cast<size_t>((2 + router_rows) * dim * c.n_layers + dim);
   if (model_) {
-    // The f32 extras a description may add: biases, q/k and post norms, rope factors.
-    const int64_t extras = (qkv_dim_ + 2 * c.head_dim + 3 * dim) * c.n_layers + V + c.rope_dim / 2;
+    // The f32 extras a description may add: biases, q/k (per head or whole-row) and post norms,
+    // rope factors.
+    const int64_t qk_norms = c.qk_norm_whole ? q_dim_ + kv_dim_ : 2 * c.head_dim;
+    const int64_t extras = (qkv_dim_ + qk_norms + 3 * dim) * c.n_layers + V + c.rope_dim / 2;
     wbytes += sizeof(float) * static_cast<size_t>(extras);
   }
   if (o_.quantized_decode && model_) {
-    // Only when every layer matrix has a quantized type gemv_q reads.
+    // Only when every layer matrix has a quantized type gemv_q reads. A mixture of experts has
+    // no dense layer matrices: its experts always run from their dequantized copies.
     const LlamaWeights& w = model_->weights();
-    qdecode_ = !w.layers.empty();
+    qdecode_ = !w.layers.empty() && !moe;
     size_t qbytes = 0;
     for (const LlamaLayer& S : w.layers) {
       // Fused parts may differ in type (a run per type, see QWeight).
@@ -447,8 +501,13 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
   for (auto& L : layers_) {
     L.wqkv.alloc(sizeof(T) * qkv_dim_ * dim, "wq|wk|wv");
     L.wo.alloc(sizeof(T) * dim * q_dim_, "wo");
-    L.wgu.alloc(sizeof(T) * 2 * F * dim, "w_gate|w_up");
-    L.wdown.alloc(sizeof(T) * dim * F, "w_down");
+    L.wgu.alloc(sizeof(T) * 2 * F * dim, moe ? "shared expert gate|up" : "w_gate|w_up");
+    L.wdown.alloc(sizeof(T) * dim * F, moe ? "shared expert down" : "w_down");
+    if (moe) {
+      L.router.alloc(sizeof(float) * router_rows * dim, "router");
+      L.exp_gu.alloc(sizeof(T) * E * 2 * Fe * dim, "experts' gate|up");
+      L.exp_down.alloc(sizeof(T) * E * dim * Fe, "experts' down");
+    }
   }
   if (synth_seed) {
     uint64_t s = *synth_seed;
@@ -493,9 +552,31 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
       upload(S.wk, L.wqkv.template as<T>() + q_dim_ * dim, staging);
       upload(S.wv, L.wqkv.template as<T>() + (q_dim_ + kv_dim_) * dim, staging);
       upload(S.wo, L.wo.template as<T>(), staging);
-      upload(S.w_gate, L.wgu.template as<T>(), staging);
-      upload(S.w_up, L.wgu.template as<T>() + F * dim, staging);
-      upload(S.w_down, L.wdown.template as<T>(), staging);
+      if (moe) {
+        // Each expert's slice of a 3-D stack is a matrix of its own type (Q4_K_M files give some
+        // layers Q6_K down projections): converted expert by expert, gate and up rows fused.
+        upload(S.router, L.router.template as<float>(), staging);
+        if (shared) {
+          CUDA_CHECK(cudaMemcpy(L.router.template as<float>() + E * dim, S.shexp_gate_inp,
+                                sizeof(float) * static_cast<size_t>(dim), cudaMemcpyHostToDevice));
+        }
+        for (int64_t e = 0; e < E; ++e) {
+          const auto u = static_cast<size_t>(e);
+          T* gu = L.exp_gu.template as<T>() + e * 2 * Fe * dim;
+          upload(S.exp_gate[u], gu, staging);
+          upload(S.exp_up[u], gu + Fe * dim, staging);
+          upload(S.exp_down[u], L.exp_down.template as<T>() + e * dim * Fe, staging);
+        }
+        if (shared) {
+          upload(S.shexp_gate, L.wgu.template as<T>(), staging);
+          upload(S.shexp_up, L.wgu.template as<T>() + F * dim, staging);
+          upload(S.shexp_down, L.wdown.template as<T>(), staging);
+        }
+      } else {
+        upload(S.w_gate, L.wgu.template as<T>(), staging);
+        upload(S.w_up, L.wgu.template as<T>() + F * dim, staging);
+        upload(S.w_down, L.wdown.template as<T>(), staging);
+      }
       upload_norm(S.attn_norm, L.attn_norm, "attn_norm");
       upload_norm(S.ffn_norm, L.ffn_norm, "ffn_norm");
       if (S.bq || S.bk || S.bv) {
@@ -505,8 +586,8 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
         if (S.bv) std::copy(S.bv, S.bv + kv_dim_, b.begin() + q_dim_ + kv_dim_);
         upload_f32(b.data(), qkv_dim_, L.bqkv, "bq|bk|bv");
       }
-      upload_f32(S.q_norm, c.head_dim, L.q_norm, "attn_q_norm");
-      upload_f32(S.k_norm, c.head_dim, L.k_norm, "attn_k_norm");
+      upload_f32(S.q_norm, c.qk_norm_whole ? q_dim_ : c.head_dim, L.q_norm, "attn_q_norm");
+      upload_f32(S.k_norm, c.qk_norm_whole ? kv_dim_ : c.head_dim, L.k_norm, "attn_k_norm");
       upload_f32(S.bo, dim, L.bo, "attn_output bias");
       upload_f32(S.post_attn_norm, dim, L.post_attn_norm, "post_attention_norm");
       upload_f32(S.post_ffn_norm, dim, L.post_ffn_norm, "post_ffw_norm");
@@ -533,6 +614,22 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
   h_.alloc(sizeof(T) * Tm * F, "activations");
   if (qdecode_) {
     qx_.alloc(sizeof(float) * cuda::kGemvMaxTokens * std::max({dim, q_dim_, F}), "gemv inputs");
+  }
+  if (moe) {
+    const int64_t K = c.n_experts_used, P = Tm * K;
+    // Tile entries: as many as a step of the device path can use.
+    const int64_t tiles = cuda::moe_max_tiles(std::min<int64_t>(Tm, kMoeDeviceMaxTokens),
+                                              c.n_experts_used, c.n_experts);
+    xf_.alloc(sizeof(float) * Tm * dim, "activations");
+    moe_logits_.alloc(sizeof(float) * Tm * router_rows, "router logits");
+    moe_f_.alloc(sizeof(float) * (P + Tm), "expert weights");
+    moe_i_.alloc(sizeof(int32_t) * (2 * P + E + 1 + 2 * tiles), "expert grouping");
+    moe_gu_.alloc(sizeof(float) * P * 2 * Fe, "expert activations");
+    moe_h_.alloc(sizeof(float) * P * Fe, "expert activations");  // f32, or T in fewer bytes
+    if (Tm > kMoeDeviceMaxTokens) moe_xg_.alloc(sizeof(T) * P * dim, "expert inputs");
+    moe_y_.alloc(sizeof(float) * P * dim, "expert outputs");
+    if (shared) moe_ys_.alloc(sizeof(float) * Tm * dim, "shared expert outputs");
+    moe_off_h_.alloc(sizeof(int32_t) * static_cast<size_t>(E + 1));
   }
   // Every decode row needs one split's worth at least, however large the step.
   ws_row_splits_ = std::max<int64_t>(kDecodeWorkspaceRowSplits, Tm);
@@ -574,7 +671,8 @@ CudaEngineImpl<T>::CudaEngineImpl(std::shared_ptr<LlamaModel> model, const Llama
 }
 
 template <class T>
-void CudaEngineImpl<T>::upload(const kernels::WeightView& w, T* dst, DevBuf& staging) {
+template <class U>
+void CudaEngineImpl<T>::upload(const kernels::WeightView& w, U* dst, DevBuf& staging) {
   const size_t rb = kernels::row_bytes(w.type, w.cols);
   const int64_t rows_per_chunk = std::max<int64_t>(1, static_cast<int64_t>(staging.bytes() / rb));
   if (rb > staging.bytes()) {
@@ -588,7 +686,7 @@ void CudaEngineImpl<T>::upload(const kernels::WeightView& w, T* dst, DevBuf& sta
     CUDA_CHECK(cudaStreamSynchronize(stream_));
     CUDA_CHECK(cudaMemcpyAsync(staging.template as<void>(), src + r * rb,
                                static_cast<size_t>(n) * rb, cudaMemcpyHostToDevice, stream_));
-    CUDA_CHECK(cuda::convert_rows<T>(device_type(w.type), staging.template as<void>(), n, w.cols,
+    CUDA_CHECK(cuda::convert_rows<U>(device_type(w.type), staging.template as<void>(), n, w.cols,
                                      dst + r * w.cols, stream_));
   }
 }
@@ -762,7 +860,10 @@ int32_t CudaEngineImpl<T>::plan(const std::vector<SeqStep>& batch, bool last_onl
   graph_rows_ = 0;
   if (o_.cuda_graphs && S > 0 && total == static_cast<int64_t>(S)) {
     const int32_t rows = pow2_at_least(static_cast<int64_t>(S));
-    if (rows <= kMaxGraphBatch && rows <= o_.max_batch_tokens) graph_rows_ = rows;
+    // A mixture of experts is graph-safe only on its device path (moe_ffn): larger decode
+    // batches run directly, with the cuBLASLt path's per-layer synchronisation.
+    const int32_t cap = c_.n_experts > 0 ? kMoeDeviceMaxTokens : kMaxGraphBatch;
+    if (rows <= cap && rows <= o_.max_batch_tokens) graph_rows_ = rows;
   }
   if (graph_rows_ > 0 && max_need > graph_bt_cap_) {
     CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -968,13 +1069,17 @@ void CudaEngineImpl<T>::forward() {
     if (L.bqkv.bytes()) {
       CUDA_CHECK(cuda::bias_add(qkv, qkv_dim_, T_, qkv_dim_, L.bqkv.template as<float>(), st));
     }
-    // Per-head q/k norms (qwen3) come before RoPE, and so before the sink queries are copied.
+    // Per-head q/k norms (qwen3), or one over the whole q and the whole k row (olmoe: a single
+    // "head" as wide as the row), come before RoPE, and so before the sink queries are copied.
     if (L.q_norm.bytes()) {
-      CUDA_CHECK(cuda::head_rmsnorm(qkv, qkv_dim_, T_, c.n_heads, c.head_dim,
+      const int heads = c.qk_norm_whole ? 1 : c.n_heads;
+      CUDA_CHECK(cuda::head_rmsnorm(qkv, qkv_dim_, T_, heads, static_cast<int>(q_dim_ / heads),
                                     L.q_norm.template as<float>(), c.norm_eps, st));
     }
     if (L.k_norm.bytes()) {
-      CUDA_CHECK(cuda::head_rmsnorm(qkv + q_dim_, qkv_dim_, T_, c.n_kv_heads, c.head_dim,
+      const int heads = c.qk_norm_whole ? 1 : c.n_kv_heads;
+      CUDA_CHECK(cuda::head_rmsnorm(qkv + q_dim_, qkv_dim_, T_, heads,
+                                    static_cast<int>(kv_dim_ / heads),
                                     L.k_norm.template as<float>(), c.norm_eps, st));
     }
     if (qs) {
@@ -1012,6 +1117,11 @@ void CudaEngineImpl<T>::forward() {
     }
     CUBLAS_CHECK(gemm_->run<T>(L.wo.template as<T>(), att, dim, q_dim_, T_, tmp, st));
     block_out(L.bo, L.post_attn_norm);
+    if (c.n_experts > 0) {
+      moe_ffn(L);
+      block_out(DevBuf{}, L.post_ffn_norm);
+      continue;
+    }
     // feed-forward block
     CUDA_CHECK(cuda::rmsnorm_add<T>(x, tmp, L.ffn_norm.template as<float>(), nullptr, xn, T_, c.dim,
                                     c.norm_eps, st));
@@ -1041,6 +1151,100 @@ void CudaEngineImpl<T>::forward() {
   if (c.final_softcap > 0.0f) {
     CUDA_CHECK(cuda::softcap(logits, int64_t{n_out_} * c.n_vocab, c.final_softcap, st));
   }
+}
+
+// The feed-forward block of a mixture of experts, as the CPU engine's moe_fast: the router's
+// f32 logits of the f32-normed rows, then on the device the routing and the grouping of the
+// step's (token, choice) picks by expert (moe_route), each active expert's SwiGLU over its
+// grouped rows, and per token the weighted sum of its experts' outputs, plus the shared expert
+// gated by sigmoid(ffn_gate_inp_shexp . x) (qwen2moe). Steps of at most kMoeDeviceMaxTokens
+// tokens leave the grouping on the device (moe_matmul sizes itself from it: graph-safe); longer
+// ones read its offsets back once per layer for one cuBLASLt product per active expert.
+template <class T>
+void CudaEngineImpl<T>::moe_ffn(const Layer& L) {
+  const LlamaConfig& c = c_;
+  const int T_ = n_tok_;
+  const int E = c.n_experts, K = c.n_experts_used;
+  const int64_t dim = c.dim, Fe = c.expert_ffn_dim, S = ffn_, P = int64_t{T_} * K;
+  const bool shared = S > 0;
+  const int64_t router_rows = E + (shared ? 1 : 0);
+  cudaStream_t st = stream_;
+  float* x = x_.template as<float>();
+  float* tmp = tmp_.template as<float>();
+  float* xf = xf_.template as<float>();
+  float* logits = moe_logits_.template as<float>();
+  float* gu = moe_gu_.template as<float>();
+  float* ye = moe_y_.template as<float>();
+  // The attention block's output joins the residual stream; the normed rows stay f32, so the
+  // router (f32 weights, as llama.cpp keeps ffn_gate_inp) sees them unrounded.
+  CUDA_CHECK(cuda::rmsnorm_add<float>(x, tmp, L.ffn_norm.template as<float>(), nullptr, xf, T_,
+                                      c.dim, c.norm_eps, st));
+  CUBLAS_CHECK(
+      gemm_->run<float>(L.router.template as<float>(), xf, router_rows, dim, T_, logits, st));
+  const bool on_device = T_ <= kMoeDeviceMaxTokens;
+  if (!on_device && graph_rows_ > 0) {
+    throw std::logic_error("cuda engine: a graph step took the synchronising expert path");
+  }
+  cuda::MoeRouting r;
+  r.weight = moe_f_.template as<float>();
+  r.gate = shared ? r.weight + P : nullptr;
+  r.pos = moe_i_.template as<int32_t>();
+  r.src = r.pos + P;
+  r.offset = r.src + P;
+  if (on_device) {
+    r.tiles = r.offset + E + 1;
+    r.n_tiles = cuda::moe_max_tiles(T_, K, E);
+  }
+  CUDA_CHECK(cuda::moe_route(logits, router_rows, T_, E, K, c.expert_weights_norm,
+                             c.expert_weights_scale, r, st));
+  const T* wgu = L.exp_gu.template as<T>();
+  const T* wdown = L.exp_down.template as<T>();
+  if (on_device) {
+    float* h = moe_h_.template as<float>();
+    CUDA_CHECK(
+        cuda::moe_matmul<T>(wgu, 2 * Fe, dim, xf, r.src, r.offset, r.tiles, r.n_tiles, gu, st));
+    CUDA_CHECK(cuda::swiglu<float>(gu, static_cast<int>(P), static_cast<int>(Fe), h, st));
+    CUDA_CHECK(
+        cuda::moe_matmul<T>(wdown, dim, Fe, h, nullptr, r.offset, r.tiles, r.n_tiles, ye, st));
+  } else {
+    T* xg = moe_xg_.template as<T>();
+    T* h = moe_h_.template as<T>();
+    CUDA_CHECK(cuda::moe_gather<T>(xf, r.src, P, dim, xg, st));
+    int32_t* off = moe_off_h_.template as<int32_t>();
+    CUDA_CHECK(cudaMemcpyAsync(off, r.offset, sizeof(int32_t) * static_cast<size_t>(E + 1),
+                               cudaMemcpyDeviceToHost, st));
+    CUDA_CHECK(cudaStreamSynchronize(st));
+    for (int e = 0; e < E; ++e) {
+      const int64_t p0 = off[e], n = off[e + 1] - off[e];
+      if (n == 0) continue;
+      CUBLAS_CHECK(gemm_->run<T>(wgu + e * 2 * Fe * dim, xg + p0 * dim, 2 * Fe, dim, n,
+                                 gu + p0 * 2 * Fe, st));
+    }
+    CUDA_CHECK(cuda::swiglu<T>(gu, static_cast<int>(P), static_cast<int>(Fe), h, st));
+    for (int e = 0; e < E; ++e) {
+      const int64_t p0 = off[e], n = off[e + 1] - off[e];
+      if (n == 0) continue;
+      CUBLAS_CHECK(gemm_->run<T>(wdown + e * dim * Fe, h + p0 * Fe, dim, Fe, n, ye + p0 * dim, st));
+    }
+  }
+  float* ys = nullptr;
+  if (shared) {
+    // The shared expert is a dense SwiGLU over every row: the plain feed-forward's products.
+    const T* xn = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      xn = xf;
+    } else {
+      CUDA_CHECK(cuda::convert_rows<T>(kernels::DType::F32, xf, T_, dim, xn_.template as<T>(), st));
+      xn = xn_.template as<T>();
+    }
+    float* sgu = gu_.template as<float>();
+    T* sh = h_.template as<T>();
+    ys = moe_ys_.template as<float>();
+    CUBLAS_CHECK(gemm_->run<T>(L.wgu.template as<T>(), xn, 2 * S, dim, T_, sgu, st));
+    CUDA_CHECK(cuda::swiglu<T>(sgu, T_, static_cast<int>(S), sh, st));
+    CUBLAS_CHECK(gemm_->run<T>(L.wdown.template as<T>(), sh, dim, S, T_, ys, st));
+  }
+  CUDA_CHECK(cuda::moe_combine(ye, r.pos, r.weight, T_, K, dim, r.gate, ys, tmp, st));
 }
 
 template <class T>
@@ -1167,12 +1371,8 @@ std::unique_ptr<Engine> make_cuda_engine(std::shared_ptr<LlamaModel> model,
                                          const CudaEngineOptions& opts) {
   if (!model) throw std::invalid_argument("make_cuda_engine: null model");
   const LlamaConfig c = model->config();
-  // Every step a model description can ask for (model/model.hpp) runs here but a mixture of
-  // experts and olmoe's whole-row q/k norms (the CPU backend runs those); what no kernel can run
-  // (LongRoPE) the loader has refused already, by name.
-  if (c.n_experts > 0 || c.qk_norm_whole)
-    throw std::runtime_error("cuda backend does not run mixture-of-experts models yet ('" + c.arch +
-                             "', " + std::to_string(c.n_experts) + " experts): use --backend cpu");
+  // Every step a model description can ask for (model/model.hpp) runs here; what no kernel can
+  // run (LongRoPE) the loader has refused already, by name.
   if (opts.f32_weights)
     return std::make_unique<CudaEngineImpl<float>>(std::move(model), c, opts, nullptr);
   return std::make_unique<CudaEngineImpl<bf16>>(std::move(model), c, opts, nullptr);

@@ -33,7 +33,9 @@ struct CudaEngineOptions {
   bool tensor_core_attention = true;  // f16-cache prefill attention on tensor cores (else f32)
   bool cuda_graphs = false;  // replay pure decode steps (one new token per sequence, at most 256
                              // sequences, padded up to 1, 2, 4, ..., 256) as captured CUDA graphs:
-                             // fewer launch gaps for small batches; other steps run as usual
+                             // fewer launch gaps for small batches; other steps run as usual.
+                             // A mixture-of-experts model: at most 16 sequences (its larger
+                             // steps group tokens by expert on the host, docs/cuda.md)
   bool quantized_decode = false;  // quantized files (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, the
                                   // K-quants, IQ4_XS; mixes like Q4_K_M): also keep the layer
                                   // matrices (and the output matrix) as the file's blocks, read

@@ -575,6 +575,7 @@ constexpr std::string_view kSubmitFields[] = {"v",
                                               "seed",
                                               "stop",
                                               "ignore_eos",
+                                              "speculative",
                                               "priority",
                                               "deadline_ms",
                                               "stream",
@@ -948,6 +949,11 @@ Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
   }
 
   s.ignore_eos = f.boolean("ignore_eos", false);
+  s.speculative = f.str("speculative", 8, false);
+  if (!s.speculative.empty() && s.speculative != "auto" && s.speculative != "always" &&
+      s.speculative != "off")
+    reject("field 'speculative' must be \"auto\", \"always\" or \"off\", got " +
+           quote(s.speculative));
   s.priority = f.str("priority", lim.max_name_bytes, false);
   s.deadline_ms = static_cast<std::uint32_t>(f.uint("deadline_ms", 0, 0, lim.max_deadline_ms));
   s.stream = f.boolean("stream", false);
@@ -1633,6 +1639,7 @@ struct ClientEncoder {
       for (const std::string& x : s.stop) pack_str(p, x);
     }
     if (s.ignore_eos) m.boolean("ignore_eos", true);
+    if (!s.speculative.empty()) m.str("speculative", s.speculative);
     if (!s.priority.empty()) m.str("priority", s.priority);
     if (s.deadline_ms != 0) m.uint("deadline_ms", s.deadline_ms);
     if (s.stream) m.boolean("stream", true);

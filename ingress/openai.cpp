@@ -318,7 +318,7 @@ bool known(std::string_view k, bool chat) {
       "stream", "stream_options", "presence_penalty", "frequency_penalty", "logit_bias",
       "logprobs", "response_format", "user", "top_k", "min_p", "repetition_penalty",
       "ignore_eos", "priority", "structured_outputs", "guided_json", "guided_regex",
-      "guided_choice", "guided_grammar"};
+      "guided_choice", "guided_grammar", "speculative"};
   // clang-format on
   static constexpr std::string_view completions[] = {"prompt", "echo", "suffix", "best_of"};
   static constexpr std::string_view chat_only[] = {"messages", "top_logprobs"};
@@ -420,6 +420,11 @@ Request parse(Endpoint endpoint, std::string_view body, const ParseContext& ctx)
                                      : integer(*v, "seed", 0, std::numeric_limits<int64_t>::max());
   if (const json* v = get(j, "stop")) s.stop = read_stop(*v);
   if (const json* v = get(j, "ignore_eos")) s.ignore_eos = boolean(*v, "ignore_eos");
+  if (const json* v = get(j, "speculative")) {  // Switchyard's own (docs/speculation.md)
+    if (!v->is_string() || (*v != "auto" && *v != "always" && *v != "off"))
+      fail("speculative", "'speculative' must be \"auto\", \"always\" or \"off\"");
+    s.speculative = v->get<std::string>();
+  }
 
   if (const json* v = get(j, "priority")) {
     if (v->is_number_integer()) {

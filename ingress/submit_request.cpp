@@ -28,6 +28,7 @@ SubmitRequest to_request(wire::Submit&& s, ClientRef client) {
   r.seed = s.seed.value_or(0);
   r.stop = std::move(s.stop);
   r.ignore_eos = s.ignore_eos;
+  r.speculative = parse_spec_mode(s.speculative).value_or(SpecMode::server_default);
   r.priority = std::move(s.priority);
   r.deadline_ms = s.deadline_ms;
   // Pipeline results carry only done/error: streaming makes no sense there.

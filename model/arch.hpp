@@ -39,9 +39,11 @@ class ArchLoader {
   /// Refuses mixture-of-experts files (<arch>.expert_count > 0) unless `experts`.
   void read_common(bool experts = false);
   /// The mixture-of-experts keys (expert_count > 0): expert_used_count, the expert width
-  /// (expert_feed_forward_length, else feed_forward_length), expert_weights_norm (default
-  /// `norm`), expert_weights_scale, expert_gating_func (softmax only).
-  void read_experts(bool norm);
+  /// (expert_feed_forward_length; absent: feed_forward_length, or feed_forward_length /
+  /// expert_used_count when `width_per_used`, as llama.cpp sizes qwen3moe's experts),
+  /// expert_weights_norm (default `norm`), expert_weights_scale, expert_gating_func (1, softmax,
+  /// only: sigmoid gating is refused naming the key).
+  void read_experts(bool norm, bool width_per_used = false);
   /// rope.scaling.type none or linear (rope.scaling.factor); `allow_llama3`: also "llama3",
   /// whose frequency factors the file carries as rope_freqs.weight.
   void read_rope_scaling(bool allow_llama3);
@@ -65,7 +67,9 @@ class ArchLoader {
   /// ffn_norm, ffn_gate, ffn_up, ffn_down.
   void load_ffn(LayerWeights& L, int layer);
   /// ffn_norm, the router ffn_gate_inp and the 3-D ffn_{gate,up,down}_exps (ne[2] the expert),
-  /// plus the shared expert where config().shared_expert_ffn_dim > 0.
+  /// plus the shared expert where config().shared_expert_ffn_dim > 0. A router or expert stack
+  /// whose shape disagrees with the keys is refused naming the tensor, both shapes and the keys
+  /// that give the expected one.
   void load_moe_ffn(LayerWeights& L, int layer);
   /// The n matrices of `rows` by `cols` of a 3-D tensor (GGUF dims {cols, rows, n}).
   std::vector<kernels::WeightView> experts(const std::string& name, int64_t n, int64_t rows,
@@ -77,6 +81,7 @@ class ArchLoader {
   ModelWeights* w_;
   std::vector<std::vector<float>>* owned_;
   std::string p_;
+  std::string expert_width_key_;  // the key(s) read_experts took the expert width from
 };
 
 /// One architecture: the description it reads (no weights) and the tensors it loads.
@@ -97,5 +102,6 @@ const ArchSpec& arch_gemma2();
 const ArchSpec& arch_phi3();
 const ArchSpec& arch_qwen2moe();
 const ArchSpec& arch_olmoe();
+const ArchSpec& arch_qwen3moe();
 
 }  // namespace sy

@@ -13,7 +13,7 @@ void read_config(ArchLoader& ld) {
   ld.read_rope_scaling(/*allow_llama3=*/false);
   c.rope_layout = RopeLayout::Neox;
   if (c.n_experts == 0) ld.req_int("expert_count");  // names the key when it is 0
-  ld.read_experts(/*norm=*/false);
+  ld.read_experts(/*norm=*/false, /*width_per_used=*/true);
   c.shared_expert_ffn_dim =
       ld.int_in("expert_shared_feed_forward_length",
                 ld.opt_int("expert_shared_feed_forward_length").value_or(0), 0, int64_t{1} << 20);

@@ -1,4 +1,4 @@
-// make-model: random-weight Llama GGUF files of standard shapes. Weights are a pure function of
+// make-model: random-weight GGUF files of standard shapes, dense or mixture of experts. Weights are a pure function of
 // (seed, tensor name, row), generated and encoded row by row on all cores while the file is
 // written, so even the 8B shape never sits in memory whole.
 #include "model/make_model.hpp"
@@ -29,6 +29,10 @@ std::string lower(std::string s) {
   for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return s;
 }
+
+// Mixture-of-experts defaults: Mixtral-8x7B's 8 experts, 2 of them per token.
+constexpr int kDefaultExperts = 8;
+constexpr int kDefaultExpertsUsed = 2;
 
 // Vocabulary sizes: Llama 2's SentencePiece vocabulary for the small shapes, Llama 3's for the
 // big ones, so the output projection costs what it does in the real models.
@@ -111,35 +115,104 @@ kernels::DType fallback(kernels::DType t, int64_t cols) {
   return cols % kernels::dtype_block_elems(t) == 0 ? t : T::F16;
 }
 
+// How an architecture normalises queries and keys after their projections.
+enum class QkNorm {
+  kNone,
+  kPerHead,  // qwen3, qwen3moe: attn_{q,k}_norm of head_dim entries, one RMSNorm per head
+  kWhole,    // olmoe: attn_{q,k}_norm over the whole q (k) row, n_embd entries
+};
+
 // The architectures make-model writes, with llama.cpp's tensor layout for each.
 struct ArchInfo {
-  const char* name;
-  bool qkv_bias;            // qwen2: blk.N.attn_{q,k,v}.bias
-  bool qk_norm;             // qwen3: blk.N.attn_{q,k}_norm.weight, one weight per head dim
-  bool post_norms;          // gemma2: post_attention_norm, post_ffw_norm; soft-caps; sliding window
-  bool fused;               // phi3: attn_qkv (q, k, v rows) and ffn_up (gate rows, then up rows)
-  bool tied;                // gemma2: no output.weight
-  bool head_lengths;        // writes attention.key_length / value_length
-  float rope_theta;         // 0: the shape's
-  float norm_eps;           // 0: the shape's
-  uint32_t sliding_window;  // 0: none written
+  const char* name;       // --arch
+  const char* gguf_name;  // general.architecture (mixtral: llama)
+  bool qkv_bias = false;  // qwen2, qwen2moe: blk.N.attn_{q,k,v}.bias
+  QkNorm qk_norm = QkNorm::kNone;
+  bool post_norms = false;    // gemma2: post_attention_norm, post_ffw_norm; soft-caps; window
+  bool fused = false;         // phi3: attn_qkv (q, k, v rows) and ffn_up (gate rows, then up rows)
+  bool tied = false;          // gemma2: no output.weight
+  bool untied = false;        // qwen2moe, olmoe: llama.cpp requires output.weight
+  bool head_lengths = false;  // writes attention.key_length / value_length
+  float rope_theta = 0.0f;    // 0: the shape's
+  float norm_eps = 0.0f;      // 0: the shape's
+  uint32_t sliding_window = 0;  // 0: none written
+  bool experts = false;         // mixture of experts: router and 3-D expert stacks for the FFN
+  bool expert_ffn_key = false;  // writes expert_feed_forward_length (else feed_forward_length is
+                                // the expert width, as llama.cpp reads it for llama and olmoe)
+  bool shared_expert = false;   // qwen2moe: ffn_{gate,up,down}_shexp and ffn_gate_inp_shexp
+  bool kv_all_heads = false;    // olmoe: head_count_kv = head_count (attn_k_norm is n_embd long)
 };
 // Values as the released models of each family have them (Qwen2/3 rope base 1e6, Gemma 2's
-// 4096-token window on alternate layers and soft-caps 50 / 30, Phi-3-mini-4k's 2047 window).
+// 4096-token window on alternate layers and soft-caps 50 / 30, Phi-3-mini-4k's 2047 window,
+// Mixtral-8x7B's rope base 1e6, Qwen1.5-MoE's and Qwen3-MoE's 1e6 and eps 1e-6, OLMoE's 10000
+// and 1e-5).
 constexpr ArchInfo kArchs[] = {
-    {"llama", false, false, false, false, false, false, 0.0f, 0.0f, 0},
-    {"qwen2", true, false, false, false, false, false, 1e6f, 1e-6f, 0},
-    {"qwen3", false, true, false, false, false, true, 1e6f, 1e-6f, 0},
-    {"gemma2", false, false, true, false, true, true, 10000.0f, 1e-6f, 4096},
-    {"phi3", false, false, false, true, false, false, 10000.0f, 1e-5f, 2047},
+    {.name = "llama", .gguf_name = "llama"},
+    {.name = "qwen2",
+     .gguf_name = "qwen2",
+     .qkv_bias = true,
+     .rope_theta = 1e6f,
+     .norm_eps = 1e-6f},
+    {.name = "qwen3",
+     .gguf_name = "qwen3",
+     .qk_norm = QkNorm::kPerHead,
+     .head_lengths = true,
+     .rope_theta = 1e6f,
+     .norm_eps = 1e-6f},
+    {.name = "gemma2",
+     .gguf_name = "gemma2",
+     .post_norms = true,
+     .tied = true,
+     .head_lengths = true,
+     .rope_theta = 10000.0f,
+     .norm_eps = 1e-6f,
+     .sliding_window = 4096},
+    {.name = "phi3",
+     .gguf_name = "phi3",
+     .fused = true,
+     .rope_theta = 10000.0f,
+     .norm_eps = 1e-5f,
+     .sliding_window = 2047},
+    {.name = "mixtral",
+     .gguf_name = "llama",
+     .rope_theta = 1e6f,
+     .norm_eps = 1e-5f,
+     .experts = true},
+    {.name = "qwen2moe",
+     .gguf_name = "qwen2moe",
+     .qkv_bias = true,
+     .untied = true,
+     .rope_theta = 1e6f,
+     .norm_eps = 1e-6f,
+     .experts = true,
+     .expert_ffn_key = true,
+     .shared_expert = true},
+    {.name = "olmoe",
+     .gguf_name = "olmoe",
+     .qk_norm = QkNorm::kWhole,
+     .untied = true,
+     .rope_theta = 10000.0f,
+     .norm_eps = 1e-5f,
+     .experts = true,
+     .kv_all_heads = true},
+    {.name = "qwen3moe",
+     .gguf_name = "qwen3moe",
+     .qk_norm = QkNorm::kPerHead,
+     .head_lengths = true,
+     .rope_theta = 1e6f,
+     .norm_eps = 1e-6f,
+     .experts = true,
+     .expert_ffn_key = true},
 };
+constexpr const char* kArchList =
+    "llama, qwen2, qwen3, gemma2, phi3, mixtral, qwen2moe, olmoe, qwen3moe";
 
 ArchInfo arch_info(const std::string& name) {
   const std::string n = lower(name);
   for (const ArchInfo& a : kArchs)
     if (n == a.name) return a;
-  throw std::invalid_argument("make-model: unknown architecture '" + name +
-                              "' (expected llama, qwen2, qwen3, gemma2 or phi3)");
+  throw std::invalid_argument("make-model: unknown architecture '" + name + "' (expected one of " +
+                              kArchList + ")");
 }
 
 uint64_t splitmix64(uint64_t& state) {
@@ -361,15 +434,28 @@ ModelShape model_shape(const std::string& name) {
 }
 
 kernels::DType make_model_tensor_type(const std::string& dtype, const std::string& name, int layer,
-                                      int n_layers, int64_t cols, bool tied) {
+                                      int n_layers, int64_t cols, bool tied, int n_experts) {
   using T = kernels::DType;
   const DTypeInfo dt = dtype_info(dtype);
+  // llama-quantize never quantizes the router, and llama.cpp's converters write it as F32.
+  if (ends_with(name, "ffn_gate_inp.weight")) return T::F32;
   T t = dt.type;
   if (dt.mix != Mix::kPure) {
+    // llama-quantize matches names by substring: ffn_down also takes ffn_down_exps and
+    // ffn_down_shexp, with the layer read from the name.
+    const bool ffn_down = name.find("ffn_down") != std::string::npos;
     if (name == "output.weight" || (tied && name == "token_embd.weight")) {
       t = T::Q6_K;
-    } else if (ends_with(name, "attn_v.weight") || ends_with(name, "ffn_down.weight")) {
+    } else if (ends_with(name, "attn_v.weight")) {
       if (layer >= 0 && use_more_bits(layer, n_layers)) t = T::Q6_K;
+      // llama.cpp: "for the 8-expert model, bumping this to Q8_0 trades just ~128MB".
+      if (n_experts == 8) t = T::Q8_0;
+    } else if (ends_with(name, "attn_k.weight")) {
+      if (n_experts == 8) t = T::Q8_0;
+    } else if (ffn_down) {
+      if (layer >= 0 && use_more_bits(layer, n_layers)) t = T::Q6_K;
+    } else if (ends_with(name, "attn_output.weight")) {
+      if (n_experts == 8 && dt.mix == Mix::kQ4KM) t = T::Q5_K;
     } else if (ends_with(name, "attn_qkv.weight")) {
       t = dt.mix == Mix::kQ4KM ? T::Q5_K : T::Q6_K;
     }
@@ -391,10 +477,34 @@ void make_model(const MakeModelOptions& opts) {
     throw std::invalid_argument("make-model: --ctx must be in [0, " + std::to_string(INT32_MAX) +
                                 "] (0: the shape's)");
   }
+  if (!arch.experts && (opts.n_experts != 0 || opts.n_experts_used != 0 || opts.expert_ffn != 0)) {
+    throw std::invalid_argument(
+        "make-model: --experts, --experts-used and --expert-ffn are for the mixture-of-experts "
+        "architectures (mixtral, qwen2moe, olmoe, qwen3moe), not '" +
+        std::string(arch.name) + "'");
+  }
+  // llama.cpp's LLAMA_MAX_EXPERTS; our loader's bound too.
+  constexpr int kMaxExperts = 256;
+  const int n_exp = opts.n_experts != 0 ? opts.n_experts : kDefaultExperts;
+  const int n_used = opts.n_experts_used != 0 ? opts.n_experts_used : kDefaultExpertsUsed;
+  if (arch.experts && (n_exp < 1 || n_exp > kMaxExperts))
+    throw std::invalid_argument("make-model: --experts must be in [1, " +
+                                std::to_string(kMaxExperts) + "]");
+  if (arch.experts && (n_used < 1 || n_used > n_exp))
+    throw std::invalid_argument("make-model: --experts-used must be in [1, --experts]");
+  // Bounded as the loader bounds a width, so that no product of sizes can overflow.
+  constexpr int kMaxExpertFfn = 1 << 20;
+  if (opts.expert_ffn < 0 || opts.expert_ffn > kMaxExpertFfn)
+    throw std::invalid_argument("make-model: --expert-ffn must be in [0, " +
+                                std::to_string(kMaxExpertFfn) + "] (0: the shape's ffn_dim)");
+  const int64_t expert_ffn = opts.expert_ffn > 0 ? opts.expert_ffn : s.ffn_dim;
+  const int n_experts = arch.experts ? n_exp : 0;
+
   const int64_t ctx_len = opts.ctx_len > 0 ? opts.ctx_len : s.ctx_len;
-  const bool tied = s.tied_output || arch.tied;
-  const std::string a = arch.name;
-  const std::string arch_part = a == "llama" ? "" : a + "-";
+  const bool tied = (s.tied_output && !arch.untied) || arch.tied;
+  const std::string a = arch.gguf_name;
+  const std::string arch_part =
+      std::string(arch.name) == "llama" ? "" : std::string(arch.name) + "-";
 
   gguf::Writer w;
   w.add_string("general.architecture", a);
@@ -406,16 +516,23 @@ void make_model(const MakeModelOptions& opts) {
   const int n_vocab = opts.vocab_from.empty() ? s.n_vocab : copy_vocab(w, opts.vocab_from);
   if (opts.vocab_from.empty()) add_builtin_vocab(w, n_vocab);
 
+  const int n_kv_heads = arch.kv_all_heads ? s.n_heads : s.n_kv_heads;
   const int head_dim = s.dim / s.n_heads;
   const int q_dim = head_dim * s.n_heads;
-  const int kv_dim = head_dim * s.n_kv_heads;
+  const int kv_dim = head_dim * n_kv_heads;
+  // The dense FFN width written as feed_forward_length: where llama.cpp reads that key as the
+  // width of one expert (llama, olmoe), the expert width.
+  const int64_t ffn_len = arch.experts && !arch.expert_ffn_key ? expert_ffn : s.ffn_dim;
+  // qwen2moe's shared expert is as wide as the shape's dense FFN (as Qwen1.5-MoE's, whose
+  // shared_expert_intermediate_size equals its intermediate_size).
+  const int64_t shared_ffn = s.ffn_dim;
   const std::string p = a + ".";
   w.add_u32(p + "context_length", static_cast<uint32_t>(ctx_len));
   w.add_u32(p + "embedding_length", static_cast<uint32_t>(s.dim));
   w.add_u32(p + "block_count", static_cast<uint32_t>(s.n_layers));
-  w.add_u32(p + "feed_forward_length", static_cast<uint32_t>(s.ffn_dim));
+  w.add_u32(p + "feed_forward_length", static_cast<uint32_t>(ffn_len));
   w.add_u32(p + "attention.head_count", static_cast<uint32_t>(s.n_heads));
-  w.add_u32(p + "attention.head_count_kv", static_cast<uint32_t>(s.n_kv_heads));
+  w.add_u32(p + "attention.head_count_kv", static_cast<uint32_t>(n_kv_heads));
   if (arch.head_lengths) {
     w.add_u32(p + "attention.key_length", static_cast<uint32_t>(head_dim));
     w.add_u32(p + "attention.value_length", static_cast<uint32_t>(head_dim));
@@ -428,21 +545,33 @@ void make_model(const MakeModelOptions& opts) {
     w.add_f32(p + "attn_logit_softcapping", 50.0f);
     w.add_f32(p + "final_logit_softcapping", 30.0f);
   }
+  if (arch.experts) {
+    w.add_u32(p + "expert_count", static_cast<uint32_t>(n_experts));
+    w.add_u32(p + "expert_used_count", static_cast<uint32_t>(n_used));
+    if (arch.expert_ffn_key)
+      w.add_u32(p + "expert_feed_forward_length", static_cast<uint32_t>(expert_ffn));
+    if (arch.shared_expert)
+      w.add_u32(p + "expert_shared_feed_forward_length", static_cast<uint32_t>(shared_ffn));
+  }
   w.add_u32(p + "vocab_size", static_cast<uint32_t>(n_vocab));
 
   // Matrices get standard deviation 1/sqrt(fan_in): each projection then keeps the activation
-  // scale, and logits over an RMS-normed state come out with standard deviation about 1.
+  // scale, and logits over an RMS-normed state come out with standard deviation about 1 (the
+  // routers' too: softmax over about unit-variance logits spreads the tokens over the experts).
   // Every matrix's type is checked to have a quantizer before anything is written.
-  enum class Kind { kMatrix, kNorm, kBias };
+  enum class Kind { kMatrix, kNorm, kVector };
   struct Planned {
     std::string name;
     Kind kind;
     kernels::DType type;
-    int64_t rows, cols;  // vectors: one row
+    int64_t rows, cols;   // vectors: one row; expert stacks: the rows of one expert
+    int64_t n = 0;        // expert stacks: the experts (GGUF dims {cols, rows, n}); else 0
+    float stddev = 0.0f;  // kVector: of its random values
   };
   std::vector<Planned> planned;
-  auto matrix = [&](const std::string& name, int layer, int64_t rows, int64_t cols) {
-    const kernels::DType t = make_model_tensor_type(dt.name, name, layer, s.n_layers, cols, tied);
+  auto stack = [&](const std::string& name, int layer, int64_t rows, int64_t cols, int64_t n) {
+    const kernels::DType t =
+        make_model_tensor_type(dt.name, name, layer, s.n_layers, cols, tied, n_experts);
     const bool direct = t == kernels::DType::F32 || t == kernels::DType::F16 ||
                         t == kernels::DType::BF16 || t == kernels::DType::Q8_0 ||
                         t == kernels::DType::Q4_0;
@@ -452,15 +581,21 @@ void make_model(const MakeModelOptions& opts) {
                                   "' as " + gguf::type_label(static_cast<uint32_t>(t)) +
                                   ", which this build cannot quantize");
     }
-    planned.push_back({name, Kind::kMatrix, t, rows, cols});
+    planned.push_back({name, Kind::kMatrix, t, rows, cols, n});
+  };
+  auto matrix = [&](const std::string& name, int layer, int64_t rows, int64_t cols) {
+    stack(name, layer, rows, cols, 0);
   };
   // Norm vectors and biases stay f32 whatever the dtype: llama.cpp requires that.
   auto norm = [&](const std::string& name, int64_t n) {
     planned.push_back({name, Kind::kNorm, kernels::DType::F32, 1, n});
   };
-  auto bias = [&](const std::string& name, int64_t n) {
-    planned.push_back({name, Kind::kBias, kernels::DType::F32, 1, n});
+  // Biases get small random values (standard deviation 0.1): a loader that ignores them
+  // changes the output.
+  auto vector = [&](const std::string& name, int64_t n, float stddev) {
+    planned.push_back({name, Kind::kVector, kernels::DType::F32, 1, n, 0, stddev});
   };
+  auto bias = [&](const std::string& name, int64_t n) { vector(name, n, 0.1f); };
 
   matrix("token_embd.weight", -1, n_vocab, s.dim);
   norm("output_norm.weight", s.dim);
@@ -480,20 +615,36 @@ void make_model(const MakeModelOptions& opts) {
       bias(b + "attn_k.bias", kv_dim);
       bias(b + "attn_v.bias", kv_dim);
     }
-    if (arch.qk_norm) {
-      norm(b + "attn_q_norm.weight", head_dim);
-      norm(b + "attn_k_norm.weight", head_dim);
+    if (arch.qk_norm != QkNorm::kNone) {
+      const bool whole = arch.qk_norm == QkNorm::kWhole;
+      norm(b + "attn_q_norm.weight", whole ? q_dim : head_dim);
+      norm(b + "attn_k_norm.weight", whole ? kv_dim : head_dim);
     }
     matrix(b + "attn_output.weight", l, s.dim, q_dim);
     if (arch.post_norms) norm(b + "post_attention_norm.weight", s.dim);
     norm(b + "ffn_norm.weight", s.dim);
-    if (arch.fused) {
+    if (arch.experts) {
+      matrix(b + "ffn_gate_inp.weight", l, n_experts, s.dim);  // the router
+      // One (rows x cols) matrix per expert, expert after expert (ne[2] is the expert).
+      stack(b + "ffn_gate_exps.weight", l, expert_ffn, s.dim, n_experts);
+      stack(b + "ffn_up_exps.weight", l, expert_ffn, s.dim, n_experts);
+      stack(b + "ffn_down_exps.weight", l, s.dim, expert_ffn, n_experts);
+      if (arch.shared_expert) {
+        // The shared expert's gate is sigmoid(this . x): standard deviation 1/sqrt(dim) spreads
+        // the gates around 1/2 rather than making them one constant.
+        vector(b + "ffn_gate_inp_shexp.weight", s.dim, 1.0f / std::sqrt(static_cast<float>(s.dim)));
+        matrix(b + "ffn_gate_shexp.weight", l, shared_ffn, s.dim);
+        matrix(b + "ffn_up_shexp.weight", l, shared_ffn, s.dim);
+        matrix(b + "ffn_down_shexp.weight", l, s.dim, shared_ffn);
+      }
+    } else if (arch.fused) {
       matrix(b + "ffn_up.weight", l, 2 * int64_t{s.ffn_dim}, s.dim);  // gate rows, then up rows
+      matrix(b + "ffn_down.weight", l, s.dim, s.ffn_dim);
     } else {
       matrix(b + "ffn_gate.weight", l, s.ffn_dim, s.dim);
       matrix(b + "ffn_up.weight", l, s.ffn_dim, s.dim);
+      matrix(b + "ffn_down.weight", l, s.dim, s.ffn_dim);
     }
-    matrix(b + "ffn_down.weight", l, s.dim, s.ffn_dim);
     if (arch.post_norms) norm(b + "post_ffw_norm.weight", s.dim);
   }
 
@@ -502,18 +653,21 @@ void make_model(const MakeModelOptions& opts) {
     switch (t.kind) {
       case Kind::kMatrix: {
         const float stddev = 1.0f / std::sqrt(static_cast<float>(t.cols));
-        w.add_tensor(t.name, t.type, {cols, static_cast<uint64_t>(t.rows)},
-                     random_matrix(t.name, t.type, t.rows, t.cols, stddev, opts.seed));
+        std::vector<uint64_t> dims = {cols, static_cast<uint64_t>(t.rows)};
+        if (t.n > 0) dims.push_back(static_cast<uint64_t>(t.n));
+        // An expert stack is quantized as one matrix of n * rows rows: every row is whole
+        // blocks, so each expert's slice is quantized exactly as a matrix of its own would be.
+        const int64_t all_rows = t.rows * std::max<int64_t>(t.n, 1);
+        w.add_tensor(t.name, t.type, std::move(dims),
+                     random_matrix(t.name, t.type, all_rows, t.cols, stddev, opts.seed));
         break;
       }
       case Kind::kNorm:
         w.add_tensor(t.name, t.type, {cols}, ones_f32(t.cols));
         break;
-      case Kind::kBias:
-        // Small random values (standard deviation 0.1): a loader that ignores them changes the
-        // output.
+      case Kind::kVector:
         w.add_tensor(t.name, t.type, {cols},
-                     random_matrix(t.name, t.type, 1, t.cols, 0.1f, opts.seed));
+                     random_matrix(t.name, t.type, 1, t.cols, t.stddev, opts.seed));
         break;
     }
   }

@@ -25,20 +25,33 @@ constexpr int64_t kMaxVocab = int64_t{1} << 24;
 
 // The table: adding an architecture is one model/arch_<name>.cpp and one line here.
 const std::vector<const ArchSpec*>& arch_table() {
-  static const std::vector<const ArchSpec*> t = {&arch_llama(),  &arch_qwen2(), &arch_qwen3(),
-                                                 &arch_gemma2(), &arch_phi3(),  &arch_qwen2moe(),
-                                                 &arch_olmoe()};
+  static const std::vector<const ArchSpec*> t = {&arch_llama(),  &arch_qwen2(),   &arch_qwen3(),
+                                                 &arch_gemma2(), &arch_phi3(),    &arch_qwen2moe(),
+                                                 &arch_olmoe(),  &arch_qwen3moe()};
   return t;
 }
 
-// Mixture-of-experts architectures (llama.cpp's names): refused with their name rather than as
-// unknown, so that the message says what is missing.
-bool is_moe_arch(const std::string& a) {
-  static const char* const kMoe[] = {"mixtral",   "qwen3moe", "dbrx",     "grok",
-                                     "deepseek2", "arctic",   "deepseek", "granitemoe"};
-  for (const char* m : kMoe)
-    if (a == m) return true;
-  return false;
+// Architectures (llama.cpp's names) refused with what they need that this build lacks, rather
+// than as unknown; nullptr: not one of them.
+const char* missing_features(const std::string& a) {
+  static const std::pair<const char*, const char*> kKnown[] = {
+      {"mixtral", "a mixture-of-experts architecture this build does not implement"},
+      {"dbrx", "a mixture-of-experts architecture this build does not implement"},
+      {"grok", "a mixture-of-experts architecture this build does not implement"},
+      {"deepseek2", "a mixture-of-experts architecture this build does not implement"},
+      {"arctic", "a mixture-of-experts architecture this build does not implement"},
+      {"deepseek", "a mixture-of-experts architecture this build does not implement"},
+      // Granite scales each block's attention and FFN output before the residual add and
+      // divides the logits; the model description has no such steps.
+      {"granitemoe",
+       "Granite's residual scale (granitemoe.residual_scale) and logit scale "
+       "(granitemoe.logit_scale) are not implemented by the engines"},
+      {"granite",
+       "Granite's residual scale (granite.residual_scale) and logit scale (granite.logit_scale) "
+       "are not implemented by the engines"}};
+  for (const auto& [name, why] : kKnown)
+    if (a == name) return why;
+  return nullptr;
 }
 
 std::string shape_str(const std::vector<uint64_t>& dims) {
@@ -74,9 +87,7 @@ const ArchSpec& find_arch(const gguf::File& file) {
   const std::string a(*arch);
   for (const ArchSpec* s : arch_table())
     if (a == s->name) return *s;
-  if (is_moe_arch(a)) {
-    fail("unsupported architecture '" + a + "': mixture-of-experts models are not supported");
-  }
+  if (const char* why = missing_features(a)) fail("unsupported architecture '" + a + "': " + why);
   std::string names;
   for (const std::string& n : supported_architectures()) names += (names.empty() ? "" : ", ") + n;
   fail("unsupported architecture '" + a + "' (supported: " + names + ")");
@@ -378,13 +389,30 @@ void ArchLoader::load_ffn(LayerWeights& L, int layer) {
   L.w_down = matrix(b + "ffn_down.weight", c.dim, c.ffn_dim);
 }
 
-void ArchLoader::read_experts(bool norm) {
+void ArchLoader::read_experts(bool norm, bool width_per_used) {
   ModelConfig& c = c_;
   if (c.n_experts == 0) return;
-  c.n_experts_used = int_in("expert_used_count", req_int("expert_used_count"), 1, c.n_experts);
-  c.expert_ffn_dim =
-      int_in("expert_feed_forward_length",
-             opt_int("expert_feed_forward_length").value_or(c.ffn_dim), 1, int64_t{1} << 20);
+  const int64_t used = req_int("expert_used_count");
+  if (used > c.n_experts) {
+    fail("metadata key '" + p_ + "expert_used_count' = " + std::to_string(used) + " exceeds '" +
+         p_ + "expert_count' = " + std::to_string(c.n_experts));
+  }
+  c.n_experts_used = int_in("expert_used_count", used, 1, c.n_experts);
+  if (auto f = opt_int("expert_feed_forward_length")) {
+    c.expert_ffn_dim = int_in("expert_feed_forward_length", *f, 1, int64_t{1} << 20);
+    expert_width_key_ = p_ + "expert_feed_forward_length";
+  } else if (width_per_used) {
+    expert_width_key_ = p_ + "feed_forward_length / " + p_ + "expert_used_count";
+    c.expert_ffn_dim = c.ffn_dim / c.n_experts_used;
+    if (c.expert_ffn_dim < 1) {
+      fail(expert_width_key_ + " = " + std::to_string(c.ffn_dim) + " / " +
+           std::to_string(c.n_experts_used) + " leaves no expert width and " + p_ +
+           "expert_feed_forward_length is absent");
+    }
+  } else {
+    c.expert_ffn_dim = c.ffn_dim;
+    expert_width_key_ = p_ + "feed_forward_length";
+  }
   if (const gguf::Value* v = file_.find(p_ + "expert_weights_norm")) {
     const auto* b = std::get_if<bool>(&v->v);
     if (!b) fail("metadata key '" + p_ + "expert_weights_norm' is not a bool");
@@ -393,11 +421,13 @@ void ArchLoader::read_experts(bool norm) {
   c.expert_weights_norm = norm;
   c.expert_weights_scale = static_cast<float>(opt_float("expert_weights_scale").value_or(1.0));
   if (!(c.expert_weights_scale > 0.0f) || !std::isfinite(c.expert_weights_scale))
-    fail("expert_weights_scale must be > 0");
-  // llama.cpp: 1 softmax, 2 sigmoid (DeepSeek-V3 style); absent: softmax.
+    fail("metadata key '" + p_ + "expert_weights_scale' must be > 0");
+  // llama.cpp: 1 softmax, 2 sigmoid (DeepSeek-V3 style); absent: softmax. The engines route by
+  // softmax only.
   if (const int64_t g = opt_int("expert_gating_func").value_or(1); g != 1)
-    fail("expert_gating_func " + std::to_string(g) +
-         " is not supported (only 1, softmax over the experts)");
+    fail("metadata key '" + p_ + "expert_gating_func' = " + std::to_string(g) +
+         (g == 2 ? " (sigmoid gating)" : "") +
+         " is not supported: only 1, a softmax over the experts' router logits");
 }
 
 std::vector<kernels::WeightView> ArchLoader::experts(const std::string& name, int64_t n,
@@ -413,6 +443,23 @@ std::vector<kernels::WeightView> ArchLoader::experts(const std::string& name, in
 void ArchLoader::load_moe_ffn(LayerWeights& L, int layer) {
   const ModelConfig& c = c_;
   const std::string b = block_prefix(layer);
+  // The router and the stacks against the keys first, so that a disagreement names the keys.
+  const std::string dim = p_ + "embedding_length", n = p_ + "expert_count";
+  const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
+  const auto check = [&](const std::string& name, std::vector<uint64_t> want,
+                         const std::string& keys) {
+    const gguf::TensorInfo* t = file_.tensor(b + name);
+    if (t && t->dims != want) {
+      fail("tensor '" + b + name + "' has shape " + shape_str(t->dims) + ", expected " +
+           shape_str(want) + " = [" + keys + "]");
+    }
+  };
+  check("ffn_gate_inp.weight", {u(c.dim), u(c.n_experts)}, dim + ", " + n);
+  const std::string in_keys = dim + ", " + expert_width_key_ + ", " + n;
+  check("ffn_gate_exps.weight", {u(c.dim), u(c.expert_ffn_dim), u(c.n_experts)}, in_keys);
+  check("ffn_up_exps.weight", {u(c.dim), u(c.expert_ffn_dim), u(c.n_experts)}, in_keys);
+  check("ffn_down_exps.weight", {u(c.expert_ffn_dim), u(c.dim), u(c.n_experts)},
+        expert_width_key_ + ", " + dim + ", " + n);
   L.ffn_norm = vec(b + "ffn_norm.weight", c.dim);
   L.router = matrix(b + "ffn_gate_inp.weight", c.n_experts, c.dim);
   L.exp_gate = experts(b + "ffn_gate_exps.weight", c.n_experts, c.expert_ffn_dim, c.dim);

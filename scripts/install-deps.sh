@@ -18,6 +18,7 @@ packages=(
   python3-regex                     # reference for the BPE pre-tokenizer patterns
   python3-jinja2                    # reference renderer for the chat templates
   python3-jsonschema                # independent validator of constrained JSON output
+  prometheus                        # promtool and a real Prometheus for tests/prometheus
 )
 
 missing=()

@@ -282,10 +282,12 @@ void load_router(const Ctx& c, const YAML::Node& n, RouterConfig& r) {
 
 void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
   each(c, "batching", n,
-       {"step_token_budget", "max_sequences", "prefill_chunk", "kv_block_size", "kv_memory_mb",
-        "step_delay_ms", "kv_policy", "kv_pressure_policy", "kv_high_watermark", "kv_low_watermark",
-        "prefix_cache", "step_timeout_ms", "max_job_retries", "kv_gpu_fraction", "kv_dtype",
-        "layer_window_kv", "urgent_prefill"},
+       {"step_token_budget", "max_sequences",    "prefill_chunk",  "kv_block_size",
+        "kv_memory_mb",      "step_delay_ms",    "kv_policy",      "kv_pressure_policy",
+        "kv_high_watermark", "kv_low_watermark", "prefix_cache",   "step_timeout_ms",
+        "max_job_retries",   "kv_gpu_fraction",  "kv_dtype",       "layer_window_kv",
+        "urgent_prefill",    "speculative",      "spec_max_draft", "spec_ngram_min",
+        "spec_ngram_max"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "step_token_budget")
            b.step_token_budget = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 20));
@@ -322,6 +324,19 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
            b.urgent_prefill = get_bool(c, key, v);
          else if (k == "prefix_cache")
            b.prefix_cache = get_bool(c, key, v);
+         else if (k == "speculative") {
+           const std::string text = get_string(c, key, v);
+           const auto m = parse_spec_mode(text);
+           if (!m || *m == SpecMode::server_default) c.fail(key, v, "expected auto, always or off");
+           b.speculative = *m;
+         }
+         // Drafts beyond a few dozen tokens are almost never all accepted; 0 turns drafting off.
+         else if (k == "spec_max_draft")
+           b.spec_max_draft = static_cast<int32_t>(get_int(c, key, v, 0, 64));
+         else if (k == "spec_ngram_min")
+           b.spec_ngram_min = static_cast<int32_t>(get_int(c, key, v, 1, 16));
+         else if (k == "spec_ngram_max")
+           b.spec_ngram_max = static_cast<int32_t>(get_int(c, key, v, 1, 16));
          // An hour: a step that long is a hang by any measure; 0 turns the watchdog off.
          else if (k == "step_timeout_ms")
            b.step_timeout_ms = get_int(c, key, v, 0, 3600000);
@@ -648,6 +663,8 @@ void finalize_config(ServerConfig& cfg) {
     if (!text->empty() && !policy::parse_kv_policy(*text, &why))
       throw std::runtime_error("config: batching kv policy '" + *text + "': " + why);
   }
+  if (cfg.batching.spec_ngram_min > cfg.batching.spec_ngram_max)
+    throw std::runtime_error("config: batching.spec_ngram_min must not be above spec_ngram_max");
   if (!(cfg.batching.kv_low_watermark < cfg.batching.kv_high_watermark))
     throw std::runtime_error("config: batching.kv_low_watermark must be below kv_high_watermark");
   if (auto p = policy::parse_kv_policy(cfg.batching.kv_policy);

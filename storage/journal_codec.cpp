@@ -36,6 +36,7 @@ void job_fields(V& v, J& j) {
   v("program", j.program);
   v("inputs", j.inputs);
   v("program_done", j.program_done);
+  v("speculative", j.speculative);
 }
 
 template <class V, class C>
@@ -132,6 +133,7 @@ struct Writer {
     p.pack(name);
     put(value);
   }
+  void put(SpecMode m) { p.pack(static_cast<uint8_t>(m)); }
   void put(const ClientRef& c) {
     p.pack_array(2);
     p.pack(static_cast<uint8_t>(c.kind));
@@ -223,6 +225,11 @@ struct Reader {
   template <class T>
   void operator()(const char* name, T& out) const {
     if (auto v = find(name)) get(*v, out);
+  }
+  static void get(const msgpack::object& v, SpecMode& out) {
+    const auto m = v.as<uint8_t>();
+    out = m <= static_cast<uint8_t>(SpecMode::always) ? static_cast<SpecMode>(m)
+                                                      : SpecMode::server_default;
   }
   static void get(const msgpack::object& v, ClientRef& out) {
     if (v.type != msgpack::type::ARRAY || v.via.array.size != 2)

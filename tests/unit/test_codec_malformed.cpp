@@ -221,6 +221,13 @@ BOOST_AUTO_TEST_CASE(shape_errors) {
   BOOST_TEST(message_of(dup.bytes()) == "duplicate field 'id'");
 }
 
+BOOST_AUTO_TEST_CASE(speculative_mode_is_named) {
+  BOOST_TEST(message_of(submit().set("speculative", S("fast")).bytes()) ==
+             "field 'speculative' must be \"auto\", \"always\" or \"off\", got 'fast'");
+  BOOST_TEST(message_of(submit().set("speculative", U(1)).bytes()) ==
+             "field 'speculative' must be a string, got integer");
+}
+
 BOOST_AUTO_TEST_CASE(header_fields) {
   BOOST_TEST(message_of(submit().drop("v").bytes()) == "missing field 'v'");
   BOOST_TEST(message_of(submit().set("v", U(2)).bytes()) ==

@@ -50,6 +50,7 @@ Submit full_submit() {
   s.seed = 1234567890123ull;
   s.stop = {"\n\n", "The end"};
   s.ignore_eos = true;
+  s.speculative = "always";
   s.priority = "interactive";
   s.deadline_ms = 2500;
   s.stream = true;
@@ -89,6 +90,7 @@ BOOST_AUTO_TEST_CASE(defaults_are_left_out_and_restored) {
   BOOST_TEST(!d.seed.has_value());
   BOOST_TEST(d.stop.empty());
   BOOST_TEST(!d.ignore_eos);
+  BOOST_TEST(d.speculative.empty());  // the server's default
   BOOST_TEST(d.priority.empty());
   BOOST_TEST(d.deadline_ms == 0u);
   BOOST_TEST(!d.stream);

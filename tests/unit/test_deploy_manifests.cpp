@@ -1,7 +1,11 @@
 // Parses every manifest under deploy/kubernetes (no cluster runs here): each document has the
 // keys Kubernetes requires, the objects refer to each other consistently (selectors and labels,
 // ports, volumes, Services, the HPA's target), the nodes' ConfigMap loads with the server's own
-// config loader, and the ports and paths it names are the ones the probes and args use.
+// config loader, and the ports and paths it names are the ones the probes and args use. Then the
+// monitoring files (deploy/prometheus, deploy/grafana, deploy/kustomization.yaml;
+// docs/dashboards.md): they parse, have the structure Prometheus and Grafana's provisioning read,
+// name only series docs/metrics.md documents and recording rules that exist, and are referenced
+// where they are loaded from. tests/prometheus runs them against a real Prometheus.
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
@@ -10,7 +14,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
+#include <sstream>
 
 #include "server/config.hpp"
 
@@ -325,6 +332,327 @@ BOOST_AUTO_TEST_CASE(kustomization_lists_every_top_level_manifest) {
       files.insert(e.path().filename().string());
   // keda/ is the alternative to hpa.yaml: not listed.
   BOOST_TEST(listed == files);
+}
+
+namespace {
+
+const fs::path kSource = fs::path(SY_SOURCE_DIR);
+const fs::path kPrometheus = kSource / "deploy" / "prometheus";
+const fs::path kGrafana = kSource / "deploy" / "grafana";
+const std::vector<std::string> kRuleFiles = {"recording_rules.yml", "alert_rules.yml"};
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p);
+  BOOST_TEST_REQUIRE(in.good(), p.string());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+// The series docs/metrics.md documents: the backticked names of its tables' first column. A
+// `_x` after a name stands for that name with its last word replaced (`switchyard_kv_blocks_used`
+// / `_free`); a histogram's series are NAME_bucket, NAME_sum and NAME_count.
+std::set<std::string> documented_series() {
+  std::set<std::string> out;
+  std::istringstream in(read_text(kSource / "docs" / "metrics.md"));
+  const std::regex tick("`([A-Za-z0-9_:]+)`");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("| `switchyard_", 0) != 0) continue;
+    std::vector<std::string> cols;
+    std::string col;
+    std::istringstream row(line);
+    while (std::getline(row, col, '|')) cols.push_back(trim(col));
+    if (cols.size() < 3) continue;
+    const std::string& names = cols[1];
+    const bool histogram = cols[2] == "histogram";
+    std::string last;
+    for (std::sregex_iterator it(names.begin(), names.end(), tick), end; it != end; ++it) {
+      std::string n = (*it)[1];
+      if (n[0] == '_')
+        n = last.substr(0, last.rfind('_')) + n;
+      else
+        last = n;
+      out.insert(n);
+      if (histogram)
+        for (const char* suffix : {"_bucket", "_sum", "_count"}) out.insert(n + suffix);
+    }
+  }
+  return out;
+}
+
+// The Switchyard names a PromQL expression reads: series (switchyard_...) and recording rules
+// (switchyard:...).
+std::set<std::string> names_in(const std::string& expr) {
+  static const std::regex name(R"(\bswitchyard[_:][A-Za-z0-9_:]*)");
+  std::set<std::string> out;
+  for (std::sregex_iterator it(expr.begin(), expr.end(), name), end; it != end; ++it)
+    out.insert(it->str());
+  return out;
+}
+
+struct Rule {
+  std::string file, group, name, expr;
+  bool alert = false;
+  YAML::Node node;
+};
+
+const std::vector<Rule>& rules() {
+  static const std::vector<Rule> all = [] {
+    std::vector<Rule> out;
+    for (const auto& f : kRuleFiles) {
+      const auto doc = YAML::LoadFile((kPrometheus / f).string());
+      for (const auto& g : doc["groups"])
+        for (const auto& r : g["rules"]) {
+          Rule x{f, str(g["name"]), str(r["alert"]).empty() ? str(r["record"]) : str(r["alert"]),
+                 str(r["expr"]), !str(r["alert"]).empty(), r};
+          out.push_back(x);
+        }
+    }
+    return out;
+  }();
+  return all;
+}
+
+const nlohmann::json& dashboard() {
+  static const nlohmann::json d =
+      nlohmann::json::parse(read_text(kGrafana / "dashboards" / "switchyard.json"));
+  return d;
+}
+
+// Every expression the dashboard sends: its panels' targets and its query variables.
+std::vector<std::pair<std::string, std::string>> dashboard_exprs() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& p : dashboard()["panels"])
+    for (const auto& t : p.value("targets", nlohmann::json::array()))
+      out.emplace_back("panel '" + p.value("title", "") + "'", t.value("expr", ""));
+  for (const auto& v : dashboard()["templating"]["list"])
+    if (v.value("type", "") == "query")
+      out.emplace_back("variable " + v.value("name", ""), v["query"].is_object()
+                                                              ? v["query"].value("query", "")
+                                                              : v["query"].get<std::string>());
+  return out;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(prometheus_rules_parse_and_follow_the_conventions) {
+  const std::regex record_name("switchyard:[a-z0-9_]+:[a-z0-9_]+");
+  const std::regex duration("[0-9]+[smh]");
+  std::set<std::string> names, groups;
+  size_t records = 0, alerts = 0;
+  for (const auto& r : rules()) {
+    const std::string what = r.file + ": " + r.name;
+    BOOST_TEST(!r.group.empty(), r.file + ": a group without a name");
+    BOOST_TEST(!r.name.empty(), r.file + ": a rule that is neither record nor alert");
+    BOOST_TEST(!(r.node["record"] && r.node["alert"]), what + ": both record and alert");
+    BOOST_TEST(!r.expr.empty(), what + ": no expr");
+    BOOST_TEST(names.insert(r.name).second, what + ": named twice");
+    groups.insert(r.group);
+    if (r.alert) {
+      ++alerts;
+      BOOST_TEST(r.file == "alert_rules.yml", what);
+      BOOST_TEST(r.name.rfind("Switchyard", 0) == 0u, what + ": not named Switchyard...");
+      const std::string sev = str(r.node["labels"]["severity"]);
+      BOOST_TEST((sev == "critical" || sev == "warning"), what + ": severity '" + sev + "'");
+      BOOST_TEST(!str(r.node["annotations"]["summary"]).empty(), what + ": no summary");
+      BOOST_TEST(!str(r.node["annotations"]["description"]).empty(), what + ": no description");
+      if (r.node["for"])
+        BOOST_TEST(std::regex_match(str(r.node["for"]), duration), what + ": for");
+    } else {
+      ++records;
+      BOOST_TEST(r.file == "recording_rules.yml", what);
+      BOOST_TEST(std::regex_match(r.name, record_name),
+                 what + ": not switchyard:metric:operations");
+      BOOST_TEST(!r.node["labels"]["severity"], what);
+    }
+  }
+  BOOST_TEST(records > 0u);
+  BOOST_TEST(alerts > 0u);
+  // What the on-call person must hear (docs/dashboards.md lists each).
+  for (const char* a : {"SwitchyardTTFTHigh", "SwitchyardJobErrors", "SwitchyardOverloaded",
+                        "SwitchyardJournalWriteErrors", "SwitchyardJournalFailing",
+                        "SwitchyardExecutorCrashLoop", "SwitchyardKVPressure",
+                        "SwitchyardClusterConsumerStalled"})
+    BOOST_TEST(names.count(a) == 1u, a);
+}
+
+BOOST_AUTO_TEST_CASE(rules_and_dashboard_read_only_documented_series_and_existing_rules) {
+  const auto documented = documented_series();
+  // The tables' names, not a few stray ones: a sanity check of the parse above.
+  BOOST_TEST_REQUIRE(documented.size() > 50u);
+  BOOST_TEST(documented.count("switchyard_kv_blocks_free") == 1u);
+  BOOST_TEST(documented.count("switchyard_generation_tokens_total") == 1u);
+  BOOST_TEST(documented.count("switchyard_time_to_first_token_seconds_bucket") == 1u);
+  std::set<std::string> recorded, read;
+  for (const auto& r : rules())
+    if (!r.alert) recorded.insert(r.name);
+  auto check = [&](const std::string& what, const std::string& expr) {
+    BOOST_TEST(!expr.empty(), what + ": an empty expression");
+    for (const auto& n : names_in(expr)) {
+      read.insert(n);
+      if (n.find(':') != std::string::npos)
+        BOOST_TEST(recorded.count(n) == 1u, what + " reads " + n + ", which no rule records");
+      else
+        BOOST_TEST(documented.count(n) == 1u,
+                   what + " reads " + n + ", which docs/metrics.md does not list");
+    }
+  };
+  for (const auto& r : rules()) check(r.file + ": " + r.name, r.expr);
+  for (const auto& [what, expr] : dashboard_exprs()) check("the dashboard's " + what, expr);
+  // Every recording rule is read by the dashboard, an alert or another rule.
+  for (const auto& n : recorded) BOOST_TEST(read.count(n) == 1u, n + " is recorded but not read");
+}
+
+BOOST_AUTO_TEST_CASE(every_alert_has_a_promtool_case_that_fires_it) {
+  // tests/prometheus/alert_rules_test.yml (run by CTest prometheus_rules) loads both rule files.
+  const fs::path t = kSource / "tests" / "prometheus" / "alert_rules_test.yml";
+  const auto doc = YAML::LoadFile(t.string());
+  std::set<std::string> loaded;
+  for (const auto& f : doc["rule_files"])
+    loaded.insert(fs::weakly_canonical(t.parent_path() / f.as<std::string>()).string());
+  for (const auto& f : kRuleFiles)
+    BOOST_TEST(loaded.count(fs::weakly_canonical(kPrometheus / f).string()) == 1u, f);
+  std::set<std::string> fired, quiet;
+  for (const auto& c : doc["tests"])
+    for (const auto& a : c["alert_rule_test"])
+      (a["exp_alerts"].size() > 0 ? fired : quiet).insert(str(a["alertname"]));
+  for (const auto& r : rules()) {
+    if (!r.alert) continue;
+    BOOST_TEST(fired.count(r.name) == 1u, r.name + ": no case where it fires");
+    BOOST_TEST(quiet.count(r.name) == 1u, r.name + ": no case where it stays quiet");
+  }
+}
+
+BOOST_AUTO_TEST_CASE(prometheus_config_loads_both_rule_files) {
+  const auto cfg = YAML::LoadFile((kPrometheus / "prometheus.yml").string());
+  std::set<std::string> files;
+  for (const auto& f : cfg["rule_files"]) files.insert(f.as<std::string>());
+  BOOST_TEST(files == std::set<std::string>(kRuleFiles.begin(), kRuleFiles.end()));
+  BOOST_TEST_REQUIRE(cfg["scrape_configs"].size() > 0u);
+  const auto job = cfg["scrape_configs"][0];
+  BOOST_TEST(str(job["metrics_path"]) == "/metrics");
+  BOOST_TEST(job["static_configs"][0]["targets"].size() > 0u);
+}
+
+BOOST_AUTO_TEST_CASE(dashboard_has_what_grafana_provisioning_reads) {
+  const auto& d = dashboard();
+  BOOST_TEST_REQUIRE(d.is_object());
+  BOOST_TEST(!d.value("uid", "").empty());
+  BOOST_TEST(!d.value("title", "").empty());
+  BOOST_TEST_REQUIRE(d.contains("schemaVersion"));
+  BOOST_TEST(d["schemaVersion"].is_number_integer());
+  BOOST_TEST_REQUIRE(d["panels"].is_array());
+  BOOST_TEST(d["panels"].size() > 0u);
+  // The data source is a variable: any Prometheus, picked in Grafana.
+  bool ds_var = false;
+  std::set<std::string> vars;
+  for (const auto& v : d["templating"]["list"]) {
+    vars.insert(v.value("name", ""));
+    ds_var |= v.value("type", "") == "datasource" && v.value("name", "") == "datasource" &&
+              v.value("query", "") == "prometheus";
+  }
+  BOOST_TEST(ds_var, "no `datasource` variable of type datasource, query prometheus");
+  std::set<int> ids;
+  std::set<std::pair<int, int>> cells;  // (x, y) of every grid cell a panel covers
+  for (const auto& p : d["panels"]) {
+    const std::string type = p.value("type", ""), title = p.value("title", "");
+    const std::string what = "panel '" + title + "'";
+    BOOST_TEST(!type.empty(), what + ": no type");
+    BOOST_TEST(!title.empty(), "a panel without a title");
+    BOOST_TEST(ids.insert(p.value("id", -1)).second, what + ": id missing or taken");
+    const auto& g = p["gridPos"];
+    BOOST_TEST_REQUIRE(g.is_object(), what + ": no gridPos");
+    const int x = g.value("x", -1), y = g.value("y", -1), w = g.value("w", 0), h = g.value("h", 0);
+    BOOST_TEST((x >= 0 && y >= 0 && w > 0 && h > 0 && x + w <= 24), what + ": gridPos");
+    for (int i = x; i < x + w; ++i)
+      for (int j = y; j < y + h; ++j)
+        BOOST_TEST(cells.insert({i, j}).second, what + ": overlaps another panel");
+    if (type == "row") continue;
+    BOOST_TEST(p["datasource"].value("uid", "") == "${datasource}", what + ": data source");
+    BOOST_TEST_REQUIRE(p["targets"].is_array(), what + ": no targets");
+    BOOST_TEST(p["targets"].size() > 0u, what + ": no targets");
+    std::set<std::string> refs;
+    for (const auto& t : p["targets"]) {
+      BOOST_TEST(!t.value("expr", "").empty(), what + ": a target without expr");
+      BOOST_TEST(refs.insert(t.value("refId", "")).second, what + ": refId repeated");
+    }
+  }
+  // Every $variable a query uses is defined (or one of Grafana's own).
+  const std::regex var(R"(\$\{?([A-Za-z_][A-Za-z0-9_]*))");
+  for (const auto& [what, expr] : dashboard_exprs())
+    for (std::sregex_iterator it(expr.begin(), expr.end(), var), end; it != end; ++it) {
+      const std::string n = (*it)[1];
+      BOOST_TEST((vars.count(n) == 1u || n.rfind("__", 0) == 0), what + ": unknown $" + n);
+    }
+}
+
+BOOST_AUTO_TEST_CASE(grafana_provisioning_files_point_at_the_dashboard_and_prometheus) {
+  const auto dash = YAML::LoadFile(
+      (kGrafana / "provisioning" / "dashboards" / "switchyard.yaml").string());
+  BOOST_TEST(dash["apiVersion"].as<int>() == 1);
+  BOOST_TEST_REQUIRE(dash["providers"].size() > 0u);
+  for (const auto& p : dash["providers"]) {
+    BOOST_TEST(str(p["type"]) == "file");
+    BOOST_TEST(!str(p["name"]).empty());
+    BOOST_TEST(str(p["options"]["path"]).rfind("/", 0) == 0u, "options.path is not absolute");
+  }
+  const auto ds = YAML::LoadFile(
+      (kGrafana / "provisioning" / "datasources" / "prometheus.yaml").string());
+  BOOST_TEST(ds["apiVersion"].as<int>() == 1);
+  BOOST_TEST_REQUIRE(ds["datasources"].size() > 0u);
+  for (const auto& s : ds["datasources"]) {
+    BOOST_TEST(str(s["type"]) == "prometheus");
+    BOOST_TEST(str(s["access"]) == "proxy");
+    BOOST_TEST(str(s["url"]).rfind("http", 0) == 0u);
+  }
+}
+
+BOOST_AUTO_TEST_CASE(kustomization_above_generates_the_monitoring_config_maps) {
+  // deploy/kustomization.yaml: the nodes (deploy/kubernetes) plus a ConfigMap for each kind of
+  // monitoring file. It sits above kubernetes/ because kustomize reads no file outside its folder.
+  const fs::path root = kSource / "deploy";
+  const auto k = YAML::LoadFile((root / "kustomization.yaml").string());
+  BOOST_TEST(str(k["apiVersion"]) == "kustomize.config.k8s.io/v1beta1");
+  BOOST_TEST(str(k["kind"]) == "Kustomization");
+  std::set<std::string> resources;
+  for (const auto& r : k["resources"]) resources.insert(r.as<std::string>());
+  BOOST_TEST(resources == std::set<std::string>{"kubernetes"});
+  // Stable names, so that a Prometheus or Grafana deployed apart can mount them.
+  BOOST_TEST(k["generatorOptions"]["disableNameSuffixHash"].as<bool>());
+  std::set<std::string> generated, names;
+  bool dashboard_labelled = false;
+  for (const auto& g : k["configMapGenerator"]) {
+    const std::string name = str(g["name"]);
+    BOOST_TEST(names.insert(name).second, name + " generated twice");
+    for (const auto& d : docs())
+      BOOST_TEST(!(d.kind() == "ConfigMap" && d.name() == name), name + " also in kubernetes/");
+    for (const auto& f : g["files"]) {
+      const std::string file = f.as<std::string>();
+      BOOST_TEST(fs::is_regular_file(root / file), file);
+      BOOST_TEST(fs::weakly_canonical(root / file).string().rfind(
+                     fs::weakly_canonical(root).string() + "/", 0) == 0u,
+                 file + " is not below deploy/");
+      generated.insert(file);
+      if (fs::path(file).extension() == ".json")
+        dashboard_labelled |= str(g["options"]["labels"]["grafana_dashboard"]) == "1";
+    }
+  }
+  BOOST_TEST(dashboard_labelled, "the dashboard's ConfigMap lacks the grafana_dashboard label");
+  // Every rule file, dashboard and provisioning file is in one.
+  std::set<std::string> expected;
+  for (const auto& f : kRuleFiles) expected.insert("prometheus/" + f);
+  for (const char* dir : {"grafana/dashboards", "grafana/provisioning/dashboards",
+                          "grafana/provisioning/datasources"})
+    for (const auto& e : fs::directory_iterator(root / dir))
+      expected.insert(fs::relative(e.path(), root).string());
+  BOOST_TEST(generated == expected);
 }
 
 BOOST_AUTO_TEST_SUITE_END()  // test_deploy_manifests

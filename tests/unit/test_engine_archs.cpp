@@ -1,11 +1,14 @@
-// Architectures without a zoo file, checked against an independent float64 numpy forward pass
-// (tests/python/forward_ref.py): a random-weight qwen3 model (per-head q/k RMSNorm before NEOX
-// RoPE, head_dim != dim / n_heads). Also what the loader refuses, and what the description
-// tells a backend that runs only the plain llama block.
+// Architectures without a zoo file, checked against independent float64 numpy forward passes
+// (tests/python/forward_ref.py, forward_qwen3moe.py): random-weight qwen3 and qwen3moe models
+// (per-head q/k RMSNorm before NEOX RoPE, head_dim != dim / n_heads; qwen3moe's renormalised
+// top-k experts). Also what the loader refuses, and what the description tells a backend that
+// runs only the plain llama block.
+#include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "gpu/engine.hpp"
+#include "model/make_model.hpp"
 
 BOOST_AUTO_TEST_SUITE(test_engine_archs)
 
@@ -22,7 +26,10 @@ namespace {
 
 // Our f32 logits against numpy's float64 ones: f32 rounding through 2 layers of width 64 stays
 // near 1e-5 of logits of magnitude ~5; 1e-3 leaves room and still catches any wrong step (a
-// missing q/k norm or a NORM-for-NEOX rotation moves logits by 1e-1 or more).
+// missing q/k norm or a NORM-for-NEOX rotation moves logits by 1e-1 or more). qwen3moe adds the
+// routing: once both sides choose the same experts (kRouterGap below), an expert's weight is a
+// softmax probability divided by the chosen ones' sum, smooth in the router logits, so it adds
+// rounding of the same size (measured 1.3e-6); leaving out the renormalisation moves logits 0.57.
 constexpr double kLogitTol = 1e-3;
 
 constexpr int kDim = 64, kLayers = 2, kHeads = 4, kKvHeads = 2, kHeadDim = 32, kFfn = 96;
@@ -34,6 +41,12 @@ struct Spec {
   std::vector<std::string> extra_u32_keys;  // "<arch>.key=value"
   std::string scaling_type;                 // rope.scaling.type, empty: absent
   std::string zero_q8_1;                    // a tensor written as Q8_1 blocks of zeros instead
+  // > 0: the FFN tensors are a router ffn_gate_inp and 3-D ffn_{gate,up,down}_exps stacks of this
+  // many experts, each exp_ffn wide (the keys that declare them go in extra_u32_keys).
+  int experts = 0;
+  int exp_ffn = 0;
+  int weights_norm = -1;                              // <arch>.expert_weights_norm: -1 absent
+  std::map<std::string, std::vector<uint64_t>> dims;  // tensors written with other dims
 };
 
 std::vector<uint8_t> f32_bytes(const std::vector<float>& v) {
@@ -65,6 +78,7 @@ gguf::Writer build(const Spec& s) {
     w.add_string(p + "rope.scaling.type", s.scaling_type);
     w.add_f32(p + "rope.scaling.factor", 4.0f);
   }
+  if (s.weights_norm >= 0) w.add_bool(p + "expert_weights_norm", s.weights_norm == 1);
   std::vector<std::string> toks = {"<unk>", "<s>", "</s>"};
   std::vector<float> scores = {0, 0, 0};
   std::vector<int32_t> types = {2, 3, 3};
@@ -83,6 +97,7 @@ gguf::Writer build(const Spec& s) {
   std::mt19937 rng(13);
   // Scaled so that activations stay O(1) through the layers (random weights of std 1/sqrt(fan in)).
   const auto tensor = [&](const std::string& name, std::vector<uint64_t> dims, bool norm) {
+    if (auto it = s.dims.find(name); it != s.dims.end()) dims = it->second;
     uint64_t n = 1;
     for (uint64_t d : dims) n *= d;
     std::normal_distribution<float> nd(norm ? 1.0f : 0.0f,
@@ -114,6 +129,14 @@ gguf::Writer build(const Spec& s) {
     }
     tensor(b + "attn_output.weight", {q, kDim}, false);
     tensor(b + "ffn_norm.weight", {kDim}, true);
+    if (s.experts > 0) {
+      const uint64_t e = static_cast<uint64_t>(s.experts), f = static_cast<uint64_t>(s.exp_ffn);
+      tensor(b + "ffn_gate_inp.weight", {kDim, e}, false);
+      tensor(b + "ffn_gate_exps.weight", {kDim, f, e}, false);
+      tensor(b + "ffn_up_exps.weight", {kDim, f, e}, false);
+      tensor(b + "ffn_down_exps.weight", {f, kDim, e}, false);
+      continue;
+    }
     tensor(b + "ffn_gate.weight", {kDim, kFfn}, false);
     tensor(b + "ffn_up.weight", {kDim, kFfn}, false);
     tensor(b + "ffn_down.weight", {kFfn, kDim}, false);
@@ -138,11 +161,14 @@ void expect_error(const Spec& s, const std::vector<std::string>& fragments) {
   }
 }
 
-// numpy's logits of every position of `ids` for the file at `path`.
+// numpy's logits of every position of `ids` for the file at `path`, by tests/python/`script`;
+// a line "router_gap G" of its output goes to *router_gap.
 std::vector<std::vector<double>> numpy_logits(const std::string& path,
-                                              const std::vector<int32_t>& ids) {
+                                              const std::vector<int32_t>& ids,
+                                              const char* script = "forward_ref.py",
+                                              double* router_gap = nullptr) {
   std::ostringstream c;
-  c << "/usr/bin/python3 " << SY_SOURCE_DIR << "/tests/python/forward_ref.py " << path;
+  c << "/usr/bin/python3 " << SY_SOURCE_DIR << "/tests/python/" << script << ' ' << path;
   for (int32_t id : ids) c << ' ' << id;
   const std::string cmd = c.str();
   FILE* f = popen(cmd.c_str(), "r");
@@ -155,6 +181,12 @@ std::vector<std::vector<double>> numpy_logits(const std::string& path,
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     std::istringstream ls(line);
+    if (line.rfind("router_gap ", 0) == 0) {
+      std::string key;
+      ls >> key;
+      if (router_gap) ls >> *router_gap;
+      continue;
+    }
     rows.emplace_back();
     for (double v; ls >> v;) rows.back().push_back(v);
   }
@@ -170,6 +202,103 @@ std::unique_ptr<sy::Engine> engine(std::shared_ptr<sy::Model> m, bool reference)
   o.n_blocks = 8;
   return sy::make_cpu_engine(std::move(m), o);
 }
+
+const std::vector<int32_t> kBlocks = {0, 1, 2, 3, 4, 5, 6, 7};
+
+// The logits of every position of `ids` from one prefill.
+std::vector<std::vector<float>> prefill_logits(std::shared_ptr<sy::Model> m,
+                                               const std::vector<int32_t>& ids, bool reference) {
+  auto e = engine(std::move(m), reference);
+  sy::SeqStep s;
+  s.tokens = ids.data();
+  s.n_tokens = static_cast<int32_t>(ids.size());
+  s.block_table = kBlocks.data();
+  s.n_blocks = static_cast<int32_t>(kBlocks.size());
+  s.all_logits = true;
+  sy::StepOutput out;
+  e->step({s}, out);
+  std::vector<std::vector<float>> rows;
+  for (int32_t t = 0; t < s.n_tokens; ++t) {
+    const float* r = out.row(0, t);
+    rows.emplace_back(r, r + out.n_vocab);
+  }
+  return rows;
+}
+
+int32_t argmax(const std::vector<float>& row) {
+  int32_t best = 0;
+  for (int32_t v = 1; v < static_cast<int32_t>(row.size()); ++v)
+    if (row[static_cast<size_t>(v)] > row[static_cast<size_t>(best)]) best = v;
+  return best;
+}
+
+// Greedy continuation of `prompt` by n tokens: a prefill, then one-token decode steps; the
+// logits each choice was made from go to *rows.
+std::vector<int32_t> greedy(std::shared_ptr<sy::Model> m, const std::vector<int32_t>& prompt, int n,
+                            bool reference, std::vector<std::vector<float>>* rows) {
+  auto e = engine(std::move(m), reference);
+  std::vector<int32_t> seq = prompt, out_ids;
+  sy::StepOutput out;
+  for (int32_t done = 0; static_cast<int>(out_ids.size()) < n;) {
+    sy::SeqStep s;
+    s.tokens = seq.data() + done;
+    s.n_tokens = static_cast<int32_t>(seq.size()) - done;
+    s.n_past = done;
+    s.block_table = kBlocks.data();
+    s.n_blocks = static_cast<int32_t>(kBlocks.size());
+    e->step({s}, out);
+    done = static_cast<int32_t>(seq.size());
+    rows->emplace_back(out.row(0), out.row(0) + out.n_vocab);
+    out_ids.push_back(argmax(rows->back()));
+    seq.push_back(out_ids.back());
+  }
+  return out_ids;
+}
+
+double max_gap(const std::vector<std::vector<float>>& a, const std::vector<std::vector<double>>& b,
+               size_t b0 = 0) {
+  double w = 0;
+  for (size_t t = 0; t < a.size(); ++t)
+    for (size_t v = 0; v < a[t].size(); ++v)
+      w = std::max(w, std::abs(double{a[t][v]} - b[b0 + t][v]));
+  return w;
+}
+
+// Checks that each greedy id equals numpy's top-1 (numpy row b0 + i for id i) wherever numpy's
+// top-1 leads by more than 2 * kLogitTol (what the tolerance lets our logits move); returns how
+// many steps it compared.
+int same_greedy_ids(const std::vector<int32_t>& gen, const std::vector<std::vector<double>>& want,
+                    size_t b0) {
+  int compared = 0;
+  for (size_t i = 0; i < gen.size(); ++i) {
+    std::vector<double> row = want[b0 + i];
+    const auto top = std::max_element(row.begin(), row.end());
+    const auto want_id = static_cast<int32_t>(top - row.begin());
+    const double best = *top;
+    *top = -INFINITY;
+    if (best - *std::max_element(row.begin(), row.end()) <= 2 * kLogitTol) continue;
+    ++compared;
+    BOOST_TEST(gen[i] == want_id, "greedy step " << i);
+  }
+  return compared;
+}
+
+// qwen3moe: qwen3's attention (4 heads of 32 over dim 64) with 4 experts of width 48, top 2.
+Spec qwen3moe_spec() {
+  Spec s;
+  s.arch = "qwen3moe";
+  s.experts = 4;
+  s.exp_ffn = 48;
+  s.extra_u32_keys = {"expert_count=4", "expert_used_count=2", "expert_feed_forward_length=48"};
+  return s;
+}
+
+// The chosen experts are the same in f32 and float64 when the gap between the k-th and (k+1)-th
+// router logit is far above f32's error in those logits: a dot product of 64 terms (normed
+// inputs of size ~1 times weights of std 1/8, their sizes summing to ~6) rounds by at most
+// ~64 * 6e-8 * 6 = 2e-5, plus what rounding upstream left in x (relative ~1e-6). A gap above
+// 1e-3 leaves a factor 50.
+constexpr double kRouterGap = 1e-3;
 
 }  // namespace
 
@@ -239,6 +368,165 @@ BOOST_AUTO_TEST_CASE(qwen3_without_qk_norms_is_refused) {
   expect_error(s, {"missing tensor 'blk.0.attn_q_norm.weight'"});
 }
 
+BOOST_AUTO_TEST_CASE(qwen3moe_matches_numpy_forward_pass) {
+  // The same weights twice: with the chosen experts' probabilities renormalised (qwen3moe's
+  // default) and with the file's expert_weights_norm = false.
+  const std::vector<int32_t> ids = {1, 7, 3, 22, 39, 5, 5, 11, 30, 2, 17, 8};
+  std::vector<std::vector<std::vector<float>>> fast;  // prefill logits per file
+  for (const int weights_norm : {-1, 0}) {
+    BOOST_TEST_CONTEXT("expert_weights_norm " << (weights_norm < 0 ? "absent" : "false")) {
+      Spec spec = qwen3moe_spec();
+      spec.weights_norm = weights_norm;
+      const std::string path = std::string(SY_BINARY_DIR) + "/test_engine_archs_qwen3moe" +
+                               std::to_string(weights_norm + 1) + ".gguf";
+      build(spec).write(path);
+      const auto model = sy::Model::load(path);
+      const sy::ModelConfig& c = model->config();
+      BOOST_TEST(c.arch == "qwen3moe");
+      BOOST_TEST((c.rope_layout == sy::RopeLayout::Neox));
+      BOOST_TEST(c.n_experts == 4);
+      BOOST_TEST(c.n_experts_used == 2);
+      BOOST_TEST(c.expert_ffn_dim == 48);
+      BOOST_TEST(c.expert_weights_norm == (weights_norm != 0));
+      BOOST_TEST(c.shared_expert_ffn_dim == 0);
+      BOOST_TEST(!c.qk_norm_whole);
+      BOOST_TEST(model->weights().layers[1].q_norm != nullptr);
+      BOOST_TEST(model->weights().layers[1].exp_down.size() == 4u);
+
+      double gap = 0;
+      const auto want = numpy_logits(path, ids, "forward_qwen3moe.py", &gap);
+      BOOST_REQUIRE_EQUAL(want.size(), ids.size());
+      BOOST_TEST_MESSAGE("qwen3moe: smallest router gap (k-th - (k+1)-th logit) " << gap);
+      BOOST_REQUIRE(gap > kRouterGap);
+      for (const bool reference : {false, true}) {
+        const auto got = prefill_logits(model, ids, reference);
+        const double worst = max_gap(got, want);
+        BOOST_TEST_MESSAGE("qwen3moe " << (reference ? "reference" : "fast")
+                                       << " prefill: largest |logit - numpy| " << worst);
+        BOOST_TEST(worst < kLogitTol);
+        if (!reference) fast.push_back(got);
+      }
+      if (weights_norm == 0) {
+        std::remove(path.c_str());
+        continue;
+      }
+
+      // Greedy: a 5-token prompt, then 10 one-token decode steps (the KV cache holds the keys
+      // normed and rotated). Both paths choose the same ids; numpy's logits of the whole
+      // sequence give each step's logits and, wherever its own top-1 leads by more than the
+      // tolerance allows to move, the same choice.
+      const std::vector<int32_t> prompt(ids.begin(), ids.begin() + 5);
+      std::vector<std::vector<float>> rows_fast, rows_ref;
+      const auto gen = greedy(model, prompt, 10, false, &rows_fast);
+      BOOST_TEST(greedy(model, prompt, 10, true, &rows_ref) == gen,
+                 boost::test_tools::per_element());
+      std::vector<int32_t> seq = prompt;
+      seq.insert(seq.end(), gen.begin(), gen.end() - 1);
+      const auto want_seq = numpy_logits(path, seq, "forward_qwen3moe.py", &gap);
+      BOOST_REQUIRE_EQUAL(want_seq.size(), seq.size());
+      BOOST_REQUIRE(gap > kRouterGap);
+      for (const auto* rows : {&rows_fast, &rows_ref}) {
+        const double worst = max_gap(*rows, want_seq, prompt.size() - 1);
+        BOOST_TEST_MESSAGE("qwen3moe greedy steps: largest |logit - numpy| " << worst);
+        BOOST_TEST(worst < kLogitTol);
+      }
+      // These weights have no near-tie along the sequence: every step is compared.
+      BOOST_TEST(same_greedy_ids(gen, want_seq, prompt.size() - 1) == 10);
+      std::remove(path.c_str());
+    }
+  }
+  // Renormalising the chosen probabilities changes the logits far beyond the tolerance, so the
+  // comparisons above see which routing rule ran.
+  BOOST_REQUIRE_EQUAL(fast.size(), 2u);
+  double moved = 0;
+  for (size_t t = 0; t < fast[0].size(); ++t)
+    for (size_t v = 0; v < fast[0][t].size(); ++v)
+      moved = std::max(moved, std::abs(double{fast[0][t][v]} - fast[1][t][v]));
+  BOOST_TEST_MESSAGE("qwen3moe: renormalised vs not: largest logit change " << moved);
+  BOOST_TEST(moved > 100 * kLogitTol);
+}
+
+BOOST_AUTO_TEST_CASE(make_model_qwen3moe_matches_numpy_forward_pass) {
+  // What `switchyard make-model --arch qwen3moe` writes (tiny: dim 64, 2 layers, 8 experts of
+  // width 192, top 2, tied output, 32000 tokens) loads as the same model numpy runs: one prefill
+  // on both paths and a greedy continuation on the fast path.
+  const std::string path = std::string(SY_BINARY_DIR) + "/test_engine_archs_mm_qwen3moe.gguf";
+  sy::MakeModelOptions o;
+  o.shape = "tiny";
+  o.arch = "qwen3moe";
+  o.seed = 7;
+  o.out = path;
+  sy::make_model(o);
+  const auto model = sy::Model::load(path);
+  const sy::ModelConfig& c = model->config();
+  BOOST_TEST(c.arch == "qwen3moe");
+  BOOST_TEST(c.n_experts == 8);
+  BOOST_TEST(c.expert_weights_norm);
+
+  const std::vector<int32_t> prompt = {1, 415, 2934, 17, 30999, 8};
+  std::vector<std::vector<float>> rows;
+  const auto gen = greedy(model, prompt, 6, false, &rows);
+  std::vector<int32_t> seq = prompt;
+  seq.insert(seq.end(), gen.begin(), gen.end() - 1);
+  double gap = 0;
+  const auto want = numpy_logits(path, seq, "forward_qwen3moe.py", &gap);
+  BOOST_REQUIRE_EQUAL(want.size(), seq.size());
+  BOOST_TEST_MESSAGE("make-model qwen3moe: smallest router gap " << gap);
+  BOOST_REQUIRE(gap > kRouterGap);
+  for (const bool reference : {false, true}) {
+    const double worst = max_gap(prefill_logits(model, seq, reference), want);
+    BOOST_TEST_MESSAGE("make-model qwen3moe " << (reference ? "reference" : "fast")
+                                              << " prefill: largest |logit - numpy| " << worst);
+    BOOST_TEST(worst < kLogitTol);
+  }
+  const double worst = max_gap(rows, want, prompt.size() - 1);
+  BOOST_TEST_MESSAGE("make-model qwen3moe greedy steps: largest |logit - numpy| " << worst);
+  BOOST_TEST(worst < kLogitTol);
+  BOOST_TEST(same_greedy_ids(gen, want, prompt.size() - 1) == 6);
+  std::remove(path.c_str());
+}
+
+BOOST_AUTO_TEST_CASE(expert_tensors_that_disagree_with_the_keys_are_refused) {
+  // A stack of 3 experts where expert_count says 4: the tensor, both shapes and the keys.
+  Spec s = qwen3moe_spec();
+  s.dims["blk.0.ffn_up_exps.weight"] = {kDim, 48, 3};
+  expect_error(s, {"tensor 'blk.0.ffn_up_exps.weight' has shape [64, 48, 3], expected [64, 48, 4]",
+                   "qwen3moe.embedding_length, qwen3moe.expert_feed_forward_length, "
+                   "qwen3moe.expert_count"});
+  // Experts 40 wide where expert_feed_forward_length says 48 (a later layer).
+  s = qwen3moe_spec();
+  s.dims["blk.1.ffn_down_exps.weight"] = {40, kDim, 4};
+  expect_error(s,
+               {"tensor 'blk.1.ffn_down_exps.weight' has shape [40, 64, 4], expected [48, 64, 4]",
+                "qwen3moe.expert_feed_forward_length, qwen3moe.embedding_length"});
+  // A router of 3 rows for 4 experts.
+  s = qwen3moe_spec();
+  s.dims["blk.0.ffn_gate_inp.weight"] = {kDim, 3};
+  expect_error(s, {"tensor 'blk.0.ffn_gate_inp.weight' has shape [64, 3], expected [64, 4] = "
+                   "[qwen3moe.embedding_length, qwen3moe.expert_count]"});
+  // Without expert_feed_forward_length an expert is feed_forward_length / expert_used_count
+  // wide (llama.cpp's rule): 96 / 2 = 48 loads, 96 / 3 = 32 disagrees with the 48-wide stacks.
+  s = qwen3moe_spec();
+  s.extra_u32_keys = {"expert_count=4", "expert_used_count=2"};
+  BOOST_TEST(load_bytes(build(s).bytes())->config().expert_ffn_dim == 48);
+  s.extra_u32_keys = {"expert_count=4", "expert_used_count=3"};
+  expect_error(s, {"tensor 'blk.0.ffn_gate_exps.weight' has shape [64, 48, 4], expected "
+                   "[64, 32, 4]",
+                   "qwen3moe.feed_forward_length / qwen3moe.expert_used_count"});
+  // More experts used than there are; no expert_count at all; sigmoid gating.
+  s.extra_u32_keys = {"expert_count=4", "expert_used_count=5"};
+  expect_error(s, {"'qwen3moe.expert_used_count' = 5 exceeds 'qwen3moe.expert_count' = 4"});
+  s.extra_u32_keys = {"expert_used_count=2"};
+  expect_error(s, {"missing metadata key 'qwen3moe.expert_count'"});
+  s = qwen3moe_spec();
+  s.extra_u32_keys.push_back("expert_gating_func=2");
+  expect_error(s, {"'qwen3moe.expert_gating_func' = 2 (sigmoid gating) is not supported"});
+  // qwen3's per-head q/k norms are required here too.
+  s = qwen3moe_spec();
+  s.q_norm = false;
+  expect_error(s, {"missing tensor 'blk.0.attn_q_norm.weight'"});
+}
+
 BOOST_AUTO_TEST_CASE(mixture_of_experts_and_unknown_architectures_are_refused) {
   // llama runs experts (Mixtral), but a file that declares them must say how many a token uses.
   Spec moe;
@@ -258,14 +546,19 @@ BOOST_AUTO_TEST_CASE(mixture_of_experts_and_unknown_architectures_are_refused) {
   dense.q_norm = false;
   dense.extra_u32_keys = {"expert_count=8"};
   expect_error(dense, {"mixture-of-experts", "qwen2.expert_count = 8", "'qwen2'"});
-  // Mixture-of-experts architectures not supported yet are named as such.
-  Spec q3moe;
-  q3moe.arch = "qwen3moe";
-  expect_error(q3moe, {"unsupported architecture 'qwen3moe'", "mixture-of-experts"});
+  // Mixture-of-experts architectures this build does not implement are named as such; Granite's
+  // by the scalings it would need.
+  Spec dbrx;
+  dbrx.arch = "dbrx";
+  expect_error(dbrx, {"unsupported architecture 'dbrx'", "mixture-of-experts"});
+  Spec granite;
+  granite.arch = "granitemoe";
+  expect_error(granite, {"unsupported architecture 'granitemoe'", "granitemoe.residual_scale",
+                         "granitemoe.logit_scale"});
   Spec unknown;
   unknown.arch = "mamba";
   expect_error(unknown, {"unsupported architecture 'mamba'",
-                         "llama, qwen2, qwen3, gemma2, phi3, qwen2moe, olmoe"});
+                         "llama, qwen2, qwen3, gemma2, phi3, qwen2moe, olmoe, qwen3moe"});
 }
 
 BOOST_AUTO_TEST_CASE(rope_scaling_types) {

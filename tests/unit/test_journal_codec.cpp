@@ -39,6 +39,7 @@ Job sample_job() {
   j.ignore_eos = true;
   j.stream = true;
   j.logprobs = 3;
+  j.speculative = SpecMode::off;
   return j;
 }
 
@@ -84,6 +85,7 @@ BOOST_AUTO_TEST_CASE(accept_round_trips_every_field) {
   BOOST_TEST(d.job.ignore_eos);
   BOOST_TEST(d.job.stream);
   BOOST_TEST(d.job.logprobs == 3u);
+  BOOST_TEST(static_cast<int>(d.job.speculative) == static_cast<int>(SpecMode::off));
   const std::set<std::string> want = {"deadline_wall_us",
                                       "t",
                                       "uid",
@@ -108,7 +110,8 @@ BOOST_AUTO_TEST_CASE(accept_round_trips_every_field) {
                                       "continuations",
                                       "program",
                                       "inputs",
-                                      "program_done"};
+                                      "program_done",
+                                      "speculative"};
   BOOST_TEST(keys_of(rec) == want);
   // No deadline: no field (0 means none).
   auto plain = journal::encode_accept(j, 0);

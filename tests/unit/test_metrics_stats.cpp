@@ -161,7 +161,7 @@ BOOST_AUTO_TEST_CASE(ctl_stats_sigusr1_and_metrics_show_the_same_fields) {
                              BOOST_TEST(dump.at(name).get<int64_t>() == v);
                            }
                          });
-  BOOST_TEST(n == 5 + 7 + 10 + 7);  // admission, router, batchers, edge
+  BOOST_TEST(n == 5 + 7 + 12 + 7);  // admission, router, batchers, edge
   // The supervisor's and the journal's in the dump only (the control actor asks neither).
   BOOST_TEST(dump.at("executors").get<int64_t>() == 2);
   BOOST_TEST(dump.at("requeued").get<int64_t>() == 26);  // the supervisor's, not a batcher's
@@ -198,6 +198,8 @@ BOOST_AUTO_TEST_CASE(ctl_stats_sigusr1_and_metrics_show_the_same_fields) {
   same("preemptions", "switchyard_preemptions_total");
   same("policy_swaps", "switchyard_kv_policy_swaps_total");
   same("seq_failures", "switchyard_sequence_failures_total");
+  same("spec_draft_tokens", "switchyard_spec_draft_tokens_total");
+  same("spec_accepted_tokens", "switchyard_spec_accepted_tokens_total");
   same("curve_refused", "switchyard_curve_refused_total");
   same("intake_refused", "switchyard_intake_refused_total");
   same("connections_refused", "switchyard_connections_refused_total");

@@ -366,10 +366,10 @@ BOOST_AUTO_TEST_CASE(architectures_use_llama_cpp_names) {
   BOOST_TEST(*g2.get_float("gemma2.final_logit_softcapping") == 30.0);
   BOOST_TEST(*g2.get_int("gemma2.attention.sliding_window") == 4096);
   MakeModelOptions o;
-  o.arch = "mixtral";
+  o.arch = "mamba";
   o.out = d.path() + "/x.gguf";
   BOOST_CHECK_EXCEPTION(make_model(o), std::invalid_argument, [](const std::invalid_argument& e) {
-    return std::string(e.what()).find("unknown architecture 'mixtral'") != std::string::npos;
+    return std::string(e.what()).find("unknown architecture 'mamba'") != std::string::npos;
   });
 }
 

@@ -1,0 +1,104 @@
+// Speculative decoding's policy: prompt lookup, the step cost model, the choice of drafts.
+#include "policies/speculation.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+namespace sy::policy {
+
+int32_t ngram_draft(const int32_t* tokens, int32_t n, int32_t min_n, int32_t max_n, int32_t k,
+                    std::vector<int32_t>& out) {
+  out.clear();
+  if (k <= 0 || !tokens || n < 2) return 0;
+  min_n = std::max(1, min_n);
+  max_n = std::min(max_n, n - 1);
+  for (int32_t g = max_n; g >= min_n; --g) {
+    const int32_t* suffix = tokens + (n - g);
+    // The most recent earlier occurrence: the copy a continuation most likely follows.
+    for (int32_t at = n - g - 1; at >= 0; --at) {
+      if (!std::equal(suffix, suffix + g, tokens + at)) continue;
+      const int32_t from = at + g;  // < n: the occurrence ends before the suffix does
+      const int32_t take = std::min(k, n - from);
+      out.assign(tokens + from, tokens + from + take);
+      return take;
+    }
+  }
+  return 0;
+}
+
+void StepCostModel::observe(int64_t tokens, double micros) {
+  if (tokens <= 0 || !(micros >= 0) || !std::isfinite(micros)) return;
+  const double n = static_cast<double>(tokens);
+  w_ = w_ * decay_ + 1.0;
+  sn_ = sn_ * decay_ + n;
+  snn_ = snn_ * decay_ + n * n;
+  st_ = st_ * decay_ + micros;
+  snt_ = snt_ * decay_ + n * micros;
+  ++steps_;
+}
+
+bool StepCostModel::ready() const {
+  if (steps_ < 8 || w_ <= 0) return false;
+  const double mean = sn_ / w_;
+  const double var = snn_ / w_ - mean * mean;
+  // Token counts spread by less than one token say nothing about the slope.
+  return var >= 1.0;
+}
+
+double StepCostModel::slope() const {
+  if (!ready()) return 0.0;
+  const double mean_n = sn_ / w_, mean_t = st_ / w_;
+  const double var = snn_ / w_ - mean_n * mean_n;
+  const double cov = snt_ / w_ - mean_n * mean_t;
+  // A step never costs less for feeding more: a negative fit is noise, the cost is then unknown
+  // and taken as high (no drafts) by choose_drafts.
+  return cov / var;
+}
+
+double StepCostModel::intercept() const {
+  if (!ready()) return 0.0;
+  return std::max(0.0, st_ / w_ - slope() * sn_ / w_);
+}
+
+std::vector<int32_t> choose_drafts(const std::vector<SpecCandidate>& cands, int64_t step_tokens,
+                                   int64_t outputs, const StepCostModel& cost, int64_t budget,
+                                   double margin) {
+  std::vector<int32_t> take(cands.size(), 0);
+  if (!cost.ready() || budget <= 0 || outputs <= 0) return take;
+  const double b = cost.slope();
+  if (!(b > 0)) return take;
+  double time = cost.intercept() + b * static_cast<double>(step_tokens);
+  double out = static_cast<double>(outputs);
+  // Every (candidate, j) with its value acceptance^j; per candidate the values fall with j, so
+  // taking them in falling order takes a prefix of each one's drafts.
+  std::vector<std::pair<double, size_t>> items;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const double a = std::clamp(cands[i].acceptance, 0.0, 1.0);
+    double v = 1.0;
+    for (int32_t j = 0; j < cands[i].available; ++j) {
+      v *= a;
+      items.emplace_back(v, i);
+    }
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const auto& x, const auto& y) { return x.first > y.first; });
+  for (const auto& [value, i] : items) {
+    if (budget <= 0) break;
+    if (value / b <= (1.0 + margin) * out / time) break;
+    ++take[i];
+    out += value;
+    time += b;
+    --budget;
+  }
+  return take;
+}
+
+double acceptance_estimate(int64_t accepted, int64_t tried, double prior, double prior_weight) {
+  const double w = std::max(0.0, prior_weight);
+  const double den = static_cast<double>(std::max<int64_t>(0, tried)) + w;
+  if (den <= 0) return prior;
+  return (static_cast<double>(std::max<int64_t>(0, accepted)) + w * prior) / den;
+}
+
+}  // namespace sy::policy

@@ -1,0 +1,60 @@
+// Speculative decoding's policy: n-gram prompt lookup (the drafts), the step cost model the
+// batcher measures, and the choice of how many drafts each sequence feeds in a step. Plain value
+// types and functions: no CAF, ZeroMQ or CUDA (docs/speculation.md).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace sy::policy {
+
+/// Prompt lookup (vLLM's prompt_lookup_min/max, llama.cpp's lookup): the longest suffix of
+/// tokens[0, n) of length in [min_n, max_n] that occurred earlier in the sequence, its most recent
+/// earlier occurrence, and up to `k` tokens that followed it there, into `out` (cleared first).
+/// Returns the number of tokens drafted (0: no such n-gram, or k <= 0).
+int32_t ngram_draft(const int32_t* tokens, int32_t n, int32_t min_n, int32_t max_n, int32_t k,
+                    std::vector<int32_t>& out);
+
+/// The batcher's model of a step's duration: t(n) = intercept + slope * n for a step that feeds n
+/// tokens, fitted by least squares over the steps it has seen, older steps weighing less (each new
+/// step multiplies the weight of the earlier ones by `decay`).
+class StepCostModel {
+ public:
+  explicit StepCostModel(double decay = 0.995) : decay_(decay) {}
+  void observe(int64_t tokens, double micros);
+  /// Whether the steps seen tell the slope apart: enough of them, with different token counts.
+  bool ready() const;
+  double intercept() const;  ///< microseconds; 0 until ready()
+  double slope() const;      ///< microseconds per token; 0 until ready()
+  int64_t steps() const { return steps_; }
+
+ private:
+  double decay_;
+  double w_ = 0, sn_ = 0, snn_ = 0, st_ = 0, snt_ = 0;
+  int64_t steps_ = 0;
+};
+
+/// A decoding sequence that could feed drafts this step: `available` drafted tokens (in order)
+/// and `acceptance`, the estimated probability that each draft token is accepted given the ones
+/// before it were.
+struct SpecCandidate {
+  int32_t available = 0;
+  double acceptance = 0.0;
+};
+
+/// How many of its drafts each candidate feeds (same order as `cands`). The step already feeds
+/// `step_tokens` tokens and yields `outputs` sampled tokens; a draft token j (1-based) of a
+/// sequence adds acceptance^j expected tokens and costs cost.slope() microseconds. Drafts are
+/// taken, the most valuable first, while each one's tokens per microsecond exceed the step's
+/// (tokens out over predicted time, drafts taken so far included) by the factor (1 + margin),
+/// within `budget` more tokens. Nothing before the cost model is ready(): speculation never runs
+/// on a guess of what a token costs.
+std::vector<int32_t> choose_drafts(const std::vector<SpecCandidate>& cands, int64_t step_tokens,
+                                   int64_t outputs, const StepCostModel& cost, int64_t budget,
+                                   double margin);
+
+/// The acceptance estimate of one sequence: its own accepted / tried draft positions, pulled
+/// towards `prior` (the batcher's running estimate) with the weight of `prior_weight` positions.
+double acceptance_estimate(int64_t accepted, int64_t tried, double prior, double prior_weight);
+
+}  // namespace sy::policy

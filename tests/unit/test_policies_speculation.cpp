@@ -1,0 +1,108 @@
+// Speculation's policy (policies/speculation.hpp): prompt lookup finds the longest earlier n-gram
+// and its most recent occurrence; the step cost model recovers a line; drafts are chosen only
+// where they raise the step's tokens per microsecond: many at batch 1 where a token costs little
+// beside the step's fixed cost, none in a large batch where every token costs its full share.
+#include <boost/test/unit_test.hpp>
+#include <cstdint>
+#include <vector>
+
+#include "policies/speculation.hpp"
+
+BOOST_AUTO_TEST_SUITE(test_policies_speculation)
+
+using namespace sy::policy;
+
+namespace {
+
+StepCostModel line(double intercept, double slope) {
+  StepCostModel m;
+  for (int k = 0; k < 40; ++k) {
+    const int64_t n = 1 + (k % 8) * 9;
+    m.observe(n, intercept + slope * static_cast<double>(n));
+  }
+  return m;
+}
+
+}  // namespace
+
+BOOST_AUTO_TEST_CASE(lookup_takes_the_longest_suffix_and_its_latest_occurrence) {
+  std::vector<int32_t> out;
+  // ... 1 2 3 [9 9] ... 1 2 3 [7 7 7] ... 1 2 3: the latest earlier "1 2 3" is followed by 7s.
+  const std::vector<int32_t> t = {1, 2, 3, 9, 9, 5, 1, 2, 3, 7, 7, 7, 4, 1, 2, 3};
+  BOOST_TEST(ngram_draft(t.data(), static_cast<int32_t>(t.size()), 2, 4, 2, out) == 2);
+  BOOST_TEST(out == (std::vector<int32_t>{7, 7}), boost::test_tools::per_element());
+  // The longest n-gram wins over a more recent shorter one: "5 1 2 3" occurs once earlier.
+  const std::vector<int32_t> u = {5, 1, 2, 3, 8, 8, 1, 2, 3, 6, 0, 5, 1, 2, 3};
+  BOOST_TEST(ngram_draft(u.data(), static_cast<int32_t>(u.size()), 2, 4, 3, out) == 3);
+  BOOST_TEST(out == (std::vector<int32_t>{8, 8, 1}), boost::test_tools::per_element());
+  // A match near the end offers only what follows it, up to the suffix itself.
+  const std::vector<int32_t> v = {4, 4, 4, 4};
+  BOOST_TEST(ngram_draft(v.data(), 4, 2, 3, 8, out) == 1);
+  BOOST_TEST(out == (std::vector<int32_t>{4}), boost::test_tools::per_element());
+  // No n-gram of the allowed lengths repeats: nothing.
+  const std::vector<int32_t> w = {1, 2, 3, 4, 5, 1};
+  BOOST_TEST(ngram_draft(w.data(), 6, 2, 4, 5, out) == 0);
+  BOOST_TEST(out.empty());
+  BOOST_TEST(ngram_draft(w.data(), 6, 1, 4, 5, out) == 5);  // unigram "1"
+  BOOST_TEST(ngram_draft(w.data(), 6, 1, 4, 0, out) == 0);  // k = 0
+  BOOST_TEST(ngram_draft(w.data(), 1, 1, 4, 3, out) == 0);
+}
+
+BOOST_AUTO_TEST_CASE(cost_model_recovers_a_line_and_waits_for_spread) {
+  const StepCostModel m = line(2000.0, 15.0);
+  BOOST_TEST(m.ready());
+  BOOST_TEST(m.slope() == 15.0, boost::test_tools::tolerance(1e-6));
+  BOOST_TEST(m.intercept() == 2000.0, boost::test_tools::tolerance(1e-6));
+  StepCostModel flat;
+  for (int k = 0; k < 100; ++k) flat.observe(4, 900.0);  // one token count: no slope to see
+  BOOST_TEST(!flat.ready());
+  BOOST_TEST(flat.slope() == 0.0);
+  StepCostModel few;
+  for (int k = 0; k < 5; ++k) few.observe(1 + 50 * k, 100.0 + k);
+  BOOST_TEST(!few.ready());
+}
+
+BOOST_AUTO_TEST_CASE(drafts_pay_at_batch_one_and_not_in_a_busy_batch) {
+  // A step costs 2 ms plus 15 us a token (a small model on a CPU: reading the weights dominates).
+  const StepCostModel m = line(2000.0, 15.0);
+  // Batch 1, acceptance 0.8, 6 drafts: each draft token j adds 0.8^j tokens at 15 us, against
+  // 1 token per 2.015 ms now: all 6 pay (0.8^6 / 15 = 0.017 > 1.1 * 1/2015).
+  auto one = choose_drafts({{6, 0.8}}, 1, 1, m, 512, 0.1);
+  BOOST_TEST(one == (std::vector<int32_t>{6}), boost::test_tools::per_element());
+  // 64 decodes, 2 ms + 64 * 15 us: 64 tokens per 2.96 ms = 0.0216 per us; a draft at 0.8 gives
+  // 0.8 / 15 = 0.053 per us: still worth it. At acceptance 0.2: 0.2/15 = 0.0133 < 0.0216: none.
+  std::vector<SpecCandidate> busy(64, {6, 0.2});
+  auto none = choose_drafts(busy, 64, 64, m, 512, 0.1);
+  for (int32_t d : none) BOOST_TEST(d == 0);
+  // A compute-bound step (100 us fixed, 100 us a token): at batch 32 the step gives 32 tokens
+  // per 3.3 ms, about 1/103 per us, and a draft at most 0.9/100: none.
+  const StepCostModel compute = line(100.0, 100.0);
+  std::vector<SpecCandidate> b32(32, {6, 0.9});
+  for (int32_t d : choose_drafts(b32, 32, 32, compute, 512, 0.1)) BOOST_TEST(d == 0);
+  // ... while at batch 1 the same model takes some: the step gives 1/200 per us, the first draft
+  // 0.9/100; each draft taken raises the step's own rate (1.9 tokens in 300 us, then 2.71 in
+  // 400 us), so that the third (0.729/100 < 1.1 * 2.71/400) no longer pays.
+  auto b1 = choose_drafts({{6, 0.9}}, 1, 1, compute, 512, 0.1);
+  BOOST_TEST(b1[0] >= 1);
+  BOOST_TEST(b1[0] < 6);
+}
+
+BOOST_AUTO_TEST_CASE(drafts_go_to_the_likeliest_and_within_the_budget) {
+  const StepCostModel m = line(2000.0, 15.0);
+  auto t = choose_drafts({{4, 0.1}, {4, 0.9}, {0, 0.9}}, 3, 3, m, 5, 0.1);
+  BOOST_TEST(t[1] == 4);  // the likely one first
+  BOOST_TEST(t[0] == 1);  // the budget's last token
+  BOOST_TEST(t[2] == 0);  // nothing to draft
+  // Not before the cost model is ready: no drafts on a guess.
+  StepCostModel cold;
+  auto c = choose_drafts({{4, 0.99}}, 1, 1, cold, 100, 0.1);
+  BOOST_TEST(c[0] == 0);
+}
+
+BOOST_AUTO_TEST_CASE(acceptance_estimate_moves_from_the_prior_to_the_sequence) {
+  BOOST_TEST(acceptance_estimate(0, 0, 0.5, 4) == 0.5);
+  BOOST_TEST(acceptance_estimate(8, 8, 0.5, 4) == 10.0 / 12.0, boost::test_tools::tolerance(1e-12));
+  BOOST_TEST(acceptance_estimate(0, 96, 0.5, 4) == 0.02, boost::test_tools::tolerance(1e-12));
+}
+
+BOOST_AUTO_TEST_SUITE_END()  // test_policies_speculation

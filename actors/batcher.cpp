@@ -481,9 +481,10 @@ void Batcher::send_step() {
   pending_copies_.clear();
   plan.seqs.reserve(planned_.size());
   const int64_t t = now();
-  step_fed_ = 0;
+  step_fed_ = step_rows_ = 0;
   for (Seq* s : planned_) {
     step_fed_ += s->step_tokens;
+    step_rows_ += logit_rows(*s);
     SeqPlan p;
     p.uid = s->job.uid;
     const auto from = s->tokens.begin() + s->kv.n_past;
@@ -536,7 +537,7 @@ void Batcher::on_result(StepResult& r) {
   if (life_ == Lifecycle::failed) return;  // a late answer of an executor already given up on
   // The step's measured cost, for speculation's choice (test-only step delays left out).
   if (step_sent_us_ && cfg_.step_delay_ms <= 0)
-    step_cost_.observe(step_fed_, static_cast<double>(now() - *step_sent_us_));
+    step_cost_.observe(step_fed_, step_rows_, static_cast<double>(now() - *step_sent_us_));
   step_sent_us_.reset();
   // By uid: ending one member of a group may end its group's other members of this step.
   std::vector<uint64_t> members;

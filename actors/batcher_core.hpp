@@ -144,6 +144,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   bool may_speculate(const Seq& s) const;
   void speculate(int64_t budget_left);
   void drop_drafts(Seq& s);
+  int64_t logit_rows(const Seq& s) const;
   void accept_spec(Seq& s, const SeqResult& r, const std::vector<int32_t>& drafts);
   int64_t now() const;
 
@@ -245,7 +246,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   double spec_prior_ = 0.5;
   double spec_acc_w_ = 1.0, spec_try_w_ = 2.0;  // its decayed sums (a start of 1 in 2)
   int64_t spec_drafted_ = 0, spec_accepted_ = 0, spec_seq_steps_ = 0, spec_steps_ = 0;
-  int64_t step_fed_ = 0;
+  int64_t step_fed_ = 0, step_rows_ = 0;
   std::vector<int32_t> scratch_draft_;
 };
 

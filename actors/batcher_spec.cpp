@@ -38,22 +38,21 @@ void Batcher::speculate(int64_t budget_left) {
   if (planned_.empty() || !model_ || kv_.split() || cfg_.spec_max_draft <= 0) return;
   std::vector<policy::SpecCandidate> cands;
   std::vector<Seq*> who;
-  int64_t n_tokens = 0, outputs = 0;
+  int64_t n_tokens = 0, rows = 0, outputs = 0;
   auto samples_now = [](const Seq* s) {
     return s->samples && s->kv.n_past + s->step_tokens == s->feed_end();
   };
   for (const Seq* s : planned_) {
     n_tokens += s->step_tokens;
+    rows += logit_rows(*s);
     outputs += samples_now(s) ? 1 : 0;
   }
   // The least acceptance at which an `auto` sequence's first draft token would pay in this step
   // (above 1: none can): sequences below it are not even looked up.
   double least = 2.0;
-  if (step_cost_.ready() && step_cost_.slope() > 0) {
-    const double b = step_cost_.slope();
-    least = (1.0 + kMargin) * static_cast<double>(outputs) * b /
-            (step_cost_.intercept() + b * static_cast<double>(n_tokens));
-  }
+  const double draft_cost = step_cost_.draft_cost(), now = step_cost_.predict(n_tokens, rows);
+  if (draft_cost > 0 && now > 0)
+    least = (1.0 + kMargin) * static_cast<double>(outputs) * draft_cost / now;
   const int64_t ctx = model_->limits().ctx_len;
   for (Seq* s : planned_) {
     if (!samples_now(s) || s->step_tokens != 1 || !may_speculate(*s)) continue;
@@ -85,10 +84,11 @@ void Batcher::speculate(int64_t budget_left) {
     take[i] = static_cast<int32_t>(std::min<int64_t>(cands[i].available, budget_left));
     budget_left -= take[i];
     n_tokens += take[i];
+    rows += take[i];
     cands[i].available = 0;
   }
   const std::vector<int32_t> chosen =
-      policy::choose_drafts(cands, n_tokens, outputs, step_cost_, budget_left, kMargin);
+      policy::choose_drafts(cands, n_tokens, rows, outputs, step_cost_, budget_left, kMargin);
   for (size_t i = 0; i < take.size(); ++i) take[i] += chosen[i];
   bool any = false;
   for (size_t i = 0; i < who.size(); ++i) {
@@ -110,6 +110,12 @@ void Batcher::speculate(int64_t budget_left) {
     any = true;
   }
   if (any) ++spec_steps_;
+}
+
+// The logit rows the engine computes for a planned sequence: every fed token's where the executor
+// reads them all (drafts, prompt log-probabilities), else its last one.
+int64_t Batcher::logit_rows(const Seq& s) const {
+  return s.n_draft > 0 || s.wants_lp() ? s.step_tokens : 1;
 }
 
 // Takes the drafts of the step in flight off the sequence's tokens (s.drafts keeps them).

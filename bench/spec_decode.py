@@ -13,9 +13,9 @@ Reported: batch-1 tokens/s of each mode and the ratio to `off` (median over roun
 pair by pair), then aggregate tokens/s at concurrency 1, 4, 16 and 32 (--window) with `auto`
 against `off`; the server's draft and acceptance counters from /metrics.
 
-With --llama-bin DIR (a llama.cpp build's bin/ with llama-lookup and llama-simple or llama-cli)
-it also runs llama.cpp's prompt lookup and its plain decoding on the same file and the same copy
-prompt, alternating, and prints their tokens/s from llama.cpp's own timing lines.
+With --llama-bin DIR (a llama.cpp build's bin/ with llama-lookup and llama-bench) it also runs
+llama.cpp's prompt lookup on the same file and copy prompt (its own "decoded ... speed" line)
+against llama.cpp's plain batch-1 decode (llama-bench tg), alternating.
 
     python3 bench/spec_decode.py [--model FILE] [--rounds N] [--tokens N] [--llama-bin DIR]
 """
@@ -185,19 +185,22 @@ def main():
             srv.terminate()
             srv.wait(timeout=30)
         if args.llama_bin:
+            # llama.cpp's prompt lookup on the same file and copy prompt, against its plain
+            # batch-1 decode (llama-bench tg) on the same file, alternating.
             lookup = os.path.join(args.llama_bin, "llama-lookup")
-            plain = os.path.join(args.llama_bin, "llama-simple")
-            prompt = copy[0]
-            common = ["-m", model, "-t", str(args.threads), "-n", str(args.tokens)]
+            bench = os.path.join(args.llama_bin, "llama-bench")
             sp, sl = [], []
             for _ in range(args.rounds):
-                sp.append(llama_speed([plain, "-m", model, "-n", str(args.tokens), prompt]))
-                sl.append(llama_speed([lookup] + common + ["--draft", "6", "-p", prompt,
-                                                           "--temp", "0"]))
-            print(f"llama.cpp on the copy prompt: plain {statistics.median(sp):.0f} tok/s, "
-                  f"llama-lookup {statistics.median(sl):.0f} tok/s "
+                out = sh([bench, "-m", model, "-t", str(args.threads), "-p", "0", "-n",
+                          str(args.tokens), "-r", "3", "-o", "json"]).stdout
+                sp.append(json.loads(out)[0]["avg_ts"])
+                sl.append(llama_speed([lookup, "-m", model, "-t", str(args.threads), "-n",
+                                       str(args.tokens), "--draft", "6", "--temp", "0", "-p",
+                                       copy[0]]))
+            print(f"llama.cpp, batch 1: plain decode (llama-bench tg{args.tokens}) "
+                  f"{statistics.median(sp):.0f} tok/s, llama-lookup on the copy prompt "
+                  f"{statistics.median(sl):.0f} tok/s "
                   f"({statistics.median(sl) / statistics.median(sp):.2f}x)", flush=True)
-
 
 if __name__ == "__main__":
     sys.exit(main())

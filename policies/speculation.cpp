@@ -27,48 +27,70 @@ int32_t ngram_draft(const int32_t* tokens, int32_t n, int32_t min_n, int32_t max
   return 0;
 }
 
-void StepCostModel::observe(int64_t tokens, double micros) {
-  if (tokens <= 0 || !(micros >= 0) || !std::isfinite(micros)) return;
-  const double n = static_cast<double>(tokens);
+void StepCostModel::observe(int64_t tokens, int64_t rows, double micros) {
+  if (tokens <= 0 || rows < 0 || !(micros >= 0) || !std::isfinite(micros)) return;
+  const double n = static_cast<double>(tokens), r = static_cast<double>(rows);
   w_ = w_ * decay_ + 1.0;
   sn_ = sn_ * decay_ + n;
+  sr_ = sr_ * decay_ + r;
   snn_ = snn_ * decay_ + n * n;
+  srr_ = srr_ * decay_ + r * r;
+  snr_ = snr_ * decay_ + n * r;
   st_ = st_ * decay_ + micros;
   snt_ = snt_ * decay_ + n * micros;
+  srt_ = srt_ * decay_ + r * micros;
   ++steps_;
 }
 
 bool StepCostModel::ready() const {
   if (steps_ < 8 || w_ <= 0) return false;
   const double mean = sn_ / w_;
-  const double var = snn_ / w_ - mean * mean;
-  // Token counts spread by less than one token say nothing about the slope.
-  return var >= 1.0;
+  // Token counts spread by less than one token say nothing about what a token costs.
+  return snn_ / w_ - mean * mean >= 1.0;
 }
 
-double StepCostModel::slope() const {
-  if (!ready()) return 0.0;
-  const double mean_n = sn_ / w_, mean_t = st_ / w_;
-  const double var = snn_ / w_ - mean_n * mean_n;
-  const double cov = snt_ / w_ - mean_n * mean_t;
-  // A step never costs less for feeding more: a negative fit is noise, the cost is then unknown
-  // and taken as high (no drafts) by choose_drafts.
-  return cov / var;
+StepCostModel::Fit StepCostModel::fit() const {
+  Fit f;
+  if (!ready()) return f;
+  const double mn = sn_ / w_, mr = sr_ / w_, mt = st_ / w_;
+  const double vn = snn_ / w_ - mn * mn, vr = srr_ / w_ - mr * mr, cnr = snr_ / w_ - mn * mr;
+  const double cnt = snt_ / w_ - mn * mt, crt = srt_ / w_ - mr * mt;
+  const double det = vn * vr - cnr * cnr;
+  // Two variables where rows and tokens vary apart (a correlation below 0.99 and rows that
+  // spread by at least one); else tokens alone, rows riding along with them.
+  if (vr >= 1.0 && det > 0.02 * vn * vr) {
+    f.b = (cnt * vr - crt * cnr) / det;
+    f.c = (crt * vn - cnt * cnr) / det;
+    f.a = mt - f.b * mn - f.c * mr;
+  } else {
+    f.b = cnt / vn;
+    f.c = 0;
+    f.a = mt - f.b * mn;
+  }
+  f.ok = true;
+  return f;
 }
 
-double StepCostModel::intercept() const {
-  if (!ready()) return 0.0;
-  return std::max(0.0, st_ / w_ - slope() * sn_ / w_);
+double StepCostModel::predict(int64_t tokens, int64_t rows) const {
+  const Fit f = fit();
+  if (!f.ok) return 0.0;
+  return std::max(0.0, f.a + f.b * static_cast<double>(tokens) + f.c * static_cast<double>(rows));
+}
+
+double StepCostModel::draft_cost() const {
+  const Fit f = fit();
+  return f.ok ? std::max(0.0, f.b + f.c) : 0.0;
 }
 
 std::vector<int32_t> choose_drafts(const std::vector<SpecCandidate>& cands, int64_t step_tokens,
-                                   int64_t outputs, const StepCostModel& cost, int64_t budget,
-                                   double margin) {
+                                   int64_t rows, int64_t outputs, const StepCostModel& cost,
+                                   int64_t budget, double margin) {
   std::vector<int32_t> take(cands.size(), 0);
   if (!cost.ready() || budget <= 0 || outputs <= 0) return take;
-  const double b = cost.slope();
+  const double b = cost.draft_cost();
   if (!(b > 0)) return take;
-  double time = cost.intercept() + b * static_cast<double>(step_tokens);
+  double time = cost.predict(step_tokens, rows);
+  if (!(time > 0)) return take;
   double out = static_cast<double>(outputs);
   // Every (candidate, j) with its value acceptance^j; per candidate the values fall with j, so
   // taking them in falling order takes a prefix of each one's drafts.

@@ -15,22 +15,35 @@ namespace sy::policy {
 int32_t ngram_draft(const int32_t* tokens, int32_t n, int32_t min_n, int32_t max_n, int32_t k,
                     std::vector<int32_t>& out);
 
-/// The batcher's model of a step's duration: t(n) = intercept + slope * n for a step that feeds n
-/// tokens, fitted by least squares over the steps it has seen, older steps weighing less (each new
-/// step multiplies the weight of the earlier ones by `decay`).
+/// The batcher's model of a step's duration: t = intercept + b * tokens + c * rows for a step that
+/// feeds `tokens` tokens and computes `rows` rows of logits (one per sampling sequence, every fed
+/// token of one that verifies drafts or wants prompt logprobs), fitted by least squares over the
+/// steps it has seen, older steps weighing less (each new step multiplies the weight of the earlier
+/// ones by `decay`). A drafted token is fed and gives a row: it costs b + c (draft_cost()). Where
+/// the steps seen never part rows from tokens (no prefill lately), the fit is over tokens alone,
+/// whose slope is then that same per-draft cost.
 class StepCostModel {
  public:
   explicit StepCostModel(double decay = 0.995) : decay_(decay) {}
-  void observe(int64_t tokens, double micros);
-  /// Whether the steps seen tell the slope apart: enough of them, with different token counts.
+  void observe(int64_t tokens, int64_t rows, double micros);
+  /// Whether the steps seen tell the cost of a token apart: enough of them, with token counts
+  /// that differ.
   bool ready() const;
-  double intercept() const;  ///< microseconds; 0 until ready()
-  double slope() const;      ///< microseconds per token; 0 until ready()
+  /// Predicted microseconds of a step of `tokens` fed tokens and `rows` logit rows (0 until ready).
+  double predict(int64_t tokens, int64_t rows) const;
+  /// Microseconds one more drafted token adds to a step (0 until ready, or when the fit says a
+  /// token costs nothing or less: the cost is then unknown, and no draft is chosen).
+  double draft_cost() const;
   int64_t steps() const { return steps_; }
 
  private:
+  struct Fit {
+    double a = 0, b = 0, c = 0;  // intercept, per token, per row
+    bool ok = false;
+  };
+  Fit fit() const;
   double decay_;
-  double w_ = 0, sn_ = 0, snn_ = 0, st_ = 0, snt_ = 0;
+  double w_ = 0, sn_ = 0, sr_ = 0, snn_ = 0, srr_ = 0, snr_ = 0, st_ = 0, snt_ = 0, srt_ = 0;
   int64_t steps_ = 0;
 };
 
@@ -43,15 +56,16 @@ struct SpecCandidate {
 };
 
 /// How many of its drafts each candidate feeds (same order as `cands`). The step already feeds
-/// `step_tokens` tokens and yields `outputs` sampled tokens; a draft token j (1-based) of a
-/// sequence adds acceptance^j expected tokens and costs cost.slope() microseconds. Drafts are
+/// `step_tokens` tokens, computes `rows` logit rows and yields `outputs` sampled tokens; a draft
+/// token j (1-based) of a sequence adds acceptance^j expected tokens and costs cost.draft_cost()
+/// microseconds. Drafts are
 /// taken, the most valuable first, while each one's tokens per microsecond exceed the step's
 /// (tokens out over predicted time, drafts taken so far included) by the factor (1 + margin),
 /// within `budget` more tokens. Nothing before the cost model is ready(): speculation never runs
 /// on a guess of what a token costs.
 std::vector<int32_t> choose_drafts(const std::vector<SpecCandidate>& cands, int64_t step_tokens,
-                                   int64_t outputs, const StepCostModel& cost, int64_t budget,
-                                   double margin);
+                                   int64_t rows, int64_t outputs, const StepCostModel& cost,
+                                   int64_t budget, double margin);
 
 /// The acceptance estimate of one sequence: its own accepted / tried draft positions, pulled
 /// towards `prior` (the batcher's running estimate) with the weight of `prior_weight` positions.

@@ -385,6 +385,72 @@ BOOST_AUTO_TEST_CASE(random_15m_model_matches_cpu_engine) {
 // Per-sequence sliding windows and sinks (SeqStep::window/sinks): logits of every token of a
 // 69-token prompt equal the CPU reference engine's, in one step (prefill kernel) and one token per
 // step (decode kernel, blocks behind the window and after the sinks released as -1).
+// Speculative decoding's verification step (docs/speculation.md): a sequence feeds its last token
+// and three drafts in one step with every row's logits, beside a plain decode of another
+// sequence; each row must be the logits that decoding those tokens one step at a time gives, on
+// the device exactly as on the CPU.
+BOOST_AUTO_TEST_CASE(verification_rows_equal_one_token_decodes) {
+  const std::shared_ptr<sy::LlamaModel> model = stories();
+  const int32_t n_vocab = model->config().n_vocab;
+  const std::vector<int32_t> prompt = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376};
+  const std::vector<int32_t> fed = {298, 315, 421, 395};  // the last token, then three drafts
+  auto prefill = [&](sy::Engine& e, std::vector<int32_t>& bt) {
+    for (int i = 0; i < 2; ++i) bt.push_back(*e.pool().alloc());
+    sy::SeqStep s;
+    s.tokens = prompt.data();
+    s.n_tokens = static_cast<int32_t>(prompt.size());
+    s.block_table = bt.data();
+    s.n_blocks = static_cast<int32_t>(bt.size());
+    sy::StepOutput o;
+    e.step({s}, o);
+  };
+  auto engine = sy::make_cuda_engine(model, f32_opts());
+  // Verification: sequence A feeds all four with all_logits; sequence B decodes one token.
+  std::vector<int32_t> ba, bb;
+  prefill(*engine, ba);
+  prefill(*engine, bb);
+  sy::SeqStep a, b;
+  a.tokens = fed.data();
+  a.n_tokens = 4;
+  a.n_past = static_cast<int32_t>(prompt.size());
+  a.all_logits = true;
+  a.block_table = ba.data();
+  a.n_blocks = static_cast<int32_t>(ba.size());
+  b = a;
+  b.n_tokens = 1;
+  b.all_logits = false;
+  b.block_table = bb.data();
+  sy::StepOutput verify;
+  engine->step({a, b}, verify);
+  BOOST_TEST_REQUIRE(verify.count[0] == 4);
+  BOOST_TEST_REQUIRE(verify.count[1] == 1);
+  // The same tokens one decode step at a time, in a fresh sequence of the same engine.
+  std::vector<int32_t> bc;
+  prefill(*engine, bc);
+  std::vector<float> one_by_one, rows;
+  for (int32_t k = 0; k < 4; ++k) {
+    sy::SeqStep s;
+    s.tokens = &fed[static_cast<size_t>(k)];
+    s.n_tokens = 1;
+    s.n_past = static_cast<int32_t>(prompt.size()) + k;
+    s.block_table = bc.data();
+    s.n_blocks = static_cast<int32_t>(bc.size());
+    sy::StepOutput o;
+    engine->step({s}, o);
+    one_by_one.insert(one_by_one.end(), o.row(0), o.row(0) + n_vocab);
+    rows.insert(rows.end(), verify.row(0, k), verify.row(0, k) + n_vocab);
+    BOOST_TEST(argmax(verify.row(0, k), n_vocab) == argmax(o.row(0), n_vocab), "row " << k);
+  }
+  // f32 weights and an f16 cache on both sides: only the summation order of a 4-token step and
+  // a 1-token step differs (f32 roundings), far below a row of another position (relative
+  // differences of order 1).
+  BOOST_TEST(rel_err(rows, one_by_one) < 1e-3);
+  // The decode beside the verification is the first one-token row.
+  const std::vector<float> first(one_by_one.begin(), one_by_one.begin() + n_vocab);
+  const std::vector<float> plain(verify.row(1), verify.row(1) + n_vocab);
+  BOOST_TEST(rel_err(plain, first) < 1e-3);
+}
+
 BOOST_AUTO_TEST_CASE(sequence_windows_match_cpu_engine) {
   const auto cases = load_cases();
   BOOST_REQUIRE(cases.size() > 1);

@@ -14,11 +14,13 @@ using namespace sy::policy;
 
 namespace {
 
+// Steps whose every fed token gives a logit row (decodes, verifications): rows never part from
+// tokens, so the fit is over tokens alone.
 StepCostModel line(double intercept, double slope) {
   StepCostModel m;
   for (int k = 0; k < 40; ++k) {
     const int64_t n = 1 + (k % 8) * 9;
-    m.observe(n, intercept + slope * static_cast<double>(n));
+    m.observe(n, n, intercept + slope * static_cast<double>(n));
   }
   return m;
 }
@@ -51,15 +53,31 @@ BOOST_AUTO_TEST_CASE(lookup_takes_the_longest_suffix_and_its_latest_occurrence) 
 BOOST_AUTO_TEST_CASE(cost_model_recovers_a_line_and_waits_for_spread) {
   const StepCostModel m = line(2000.0, 15.0);
   BOOST_TEST(m.ready());
-  BOOST_TEST(m.slope() == 15.0, boost::test_tools::tolerance(1e-6));
-  BOOST_TEST(m.intercept() == 2000.0, boost::test_tools::tolerance(1e-6));
+  BOOST_TEST(m.draft_cost() == 15.0, boost::test_tools::tolerance(1e-6));
+  BOOST_TEST(m.predict(10, 10) == 2150.0, boost::test_tools::tolerance(1e-6));
   StepCostModel flat;
-  for (int k = 0; k < 100; ++k) flat.observe(4, 900.0);  // one token count: no slope to see
+  for (int k = 0; k < 100; ++k) flat.observe(4, 4, 900.0);  // one token count: nothing to see
   BOOST_TEST(!flat.ready());
-  BOOST_TEST(flat.slope() == 0.0);
+  BOOST_TEST(flat.draft_cost() == 0.0);
   StepCostModel few;
-  for (int k = 0; k < 5; ++k) few.observe(1 + 50 * k, 100.0 + k);
+  for (int k = 0; k < 5; ++k) few.observe(1 + 50 * k, 1, 100.0 + k);
   BOOST_TEST(!few.ready());
+}
+
+BOOST_AUTO_TEST_CASE(cost_model_parts_logit_rows_from_fed_tokens) {
+  // A step costs 1 ms, 10 us a fed token and 40 us a logit row (a large vocabulary): prefill
+  // chunks feed many tokens for one row, decodes one token a row. A draft is both: 50 us, five
+  // times what a prefill token costs; a fit over tokens alone would price it near 10 us.
+  StepCostModel m;
+  for (int k = 0; k < 60; ++k) {
+    const int64_t seqs = 1 + k % 7;                  // decodes: one token and one row each
+    const int64_t prefill = (k % 3 == 0) ? 200 : 0;  // and, some steps, a prompt chunk
+    const int64_t n = seqs + prefill, r = seqs + (prefill ? 1 : 0);
+    m.observe(n, r, 1000.0 + 10.0 * static_cast<double>(n) + 40.0 * static_cast<double>(r));
+  }
+  BOOST_TEST(m.ready());
+  BOOST_TEST(m.draft_cost() == 50.0, boost::test_tools::tolerance(1e-6));
+  BOOST_TEST(m.predict(100, 4) == 2160.0, boost::test_tools::tolerance(1e-6));
 }
 
 BOOST_AUTO_TEST_CASE(drafts_pay_at_batch_one_and_not_in_a_busy_batch) {
@@ -67,35 +85,35 @@ BOOST_AUTO_TEST_CASE(drafts_pay_at_batch_one_and_not_in_a_busy_batch) {
   const StepCostModel m = line(2000.0, 15.0);
   // Batch 1, acceptance 0.8, 6 drafts: each draft token j adds 0.8^j tokens at 15 us, against
   // 1 token per 2.015 ms now: all 6 pay (0.8^6 / 15 = 0.017 > 1.1 * 1/2015).
-  auto one = choose_drafts({{6, 0.8}}, 1, 1, m, 512, 0.1);
+  auto one = choose_drafts({{6, 0.8}}, 1, 1, 1, m, 512, 0.1);
   BOOST_TEST(one == (std::vector<int32_t>{6}), boost::test_tools::per_element());
   // 64 decodes, 2 ms + 64 * 15 us: 64 tokens per 2.96 ms = 0.0216 per us; a draft at 0.8 gives
   // 0.8 / 15 = 0.053 per us: still worth it. At acceptance 0.2: 0.2/15 = 0.0133 < 0.0216: none.
   std::vector<SpecCandidate> busy(64, {6, 0.2});
-  auto none = choose_drafts(busy, 64, 64, m, 512, 0.1);
+  auto none = choose_drafts(busy, 64, 64, 64, m, 512, 0.1);
   for (int32_t d : none) BOOST_TEST(d == 0);
   // A compute-bound step (100 us fixed, 100 us a token): at batch 32 the step gives 32 tokens
   // per 3.3 ms, about 1/103 per us, and a draft at most 0.9/100: none.
   const StepCostModel compute = line(100.0, 100.0);
   std::vector<SpecCandidate> b32(32, {6, 0.9});
-  for (int32_t d : choose_drafts(b32, 32, 32, compute, 512, 0.1)) BOOST_TEST(d == 0);
+  for (int32_t d : choose_drafts(b32, 32, 32, 32, compute, 512, 0.1)) BOOST_TEST(d == 0);
   // ... while at batch 1 the same model takes some: the step gives 1/200 per us, the first draft
   // 0.9/100; each draft taken raises the step's own rate (1.9 tokens in 300 us, then 2.71 in
   // 400 us), so that the third (0.729/100 < 1.1 * 2.71/400) no longer pays.
-  auto b1 = choose_drafts({{6, 0.9}}, 1, 1, compute, 512, 0.1);
+  auto b1 = choose_drafts({{6, 0.9}}, 1, 1, 1, compute, 512, 0.1);
   BOOST_TEST(b1[0] >= 1);
   BOOST_TEST(b1[0] < 6);
 }
 
 BOOST_AUTO_TEST_CASE(drafts_go_to_the_likeliest_and_within_the_budget) {
   const StepCostModel m = line(2000.0, 15.0);
-  auto t = choose_drafts({{4, 0.1}, {4, 0.9}, {0, 0.9}}, 3, 3, m, 5, 0.1);
+  auto t = choose_drafts({{4, 0.1}, {4, 0.9}, {0, 0.9}}, 3, 3, 3, m, 5, 0.1);
   BOOST_TEST(t[1] == 4);  // the likely one first
   BOOST_TEST(t[0] == 1);  // the budget's last token
   BOOST_TEST(t[2] == 0);  // nothing to draft
   // Not before the cost model is ready: no drafts on a guess.
   StepCostModel cold;
-  auto c = choose_drafts({{4, 0.99}}, 1, 1, cold, 100, 0.1);
+  auto c = choose_drafts({{4, 0.99}}, 1, 1, 1, cold, 100, 0.1);
   BOOST_TEST(c[0] == 0);
 }
 

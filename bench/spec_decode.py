@@ -124,7 +124,7 @@ def llama_speed(cmd):
     """tokens/s of a llama.cpp example from its timing lines (the decode's eval speed)."""
     p = subprocess.run(cmd, capture_output=True, text=True)
     text = p.stdout + p.stderr
-    m = re.search(r"decoded\s+(\d+) tokens in\s+([0-9.]+) s, speed:\s+([0-9.]+) t/s", text)
+    m = re.search(r"decoded\s+(\d+) tokens in\s+([0-9.]+) s(?:econds)?, speed:\s+([0-9.]+) t/s", text)
     if m:
         return float(m.group(3))
     m = re.search(r"n_predict = (\d+).*?speed: *([0-9.]+) t/s", text, re.S)

@@ -277,6 +277,28 @@ BOOST_AUTO_TEST_CASE(sampled_distribution_matches_undrafted_chi_square) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(samples_of_one_prompt_draft_each_on_their_own) {
+  // n samples share the prompt's KV and fork: each sample drafts and verifies in its own blocks;
+  // every choice equals the undrafted run's.
+  const auto prompts = copy_heavy_prompts();
+  auto make = [](Job& j, size_t i) {
+    j.n = 3;
+    j.temperature = 0.8f;
+    j.seed = 77 + i;
+  };
+  const Run off = run(SpecMode::off, stories(), prompts, 24, make);
+  const Run on = run(SpecMode::always, stories(), prompts, 24, make);
+  BOOST_TEST(on.stats.spec_draft_tokens > 0);
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    BOOST_TEST_REQUIRE(on.done[i].choices.size() == 3u);
+    BOOST_TEST_REQUIRE(off.done[i].choices.size() == 3u);
+    for (size_t c = 0; c < 3; ++c)
+      BOOST_TEST(on.done[i].choices[c].ids == off.done[i].choices[c].ids,
+                 boost::test_tools::per_element());
+  }
+  BOOST_TEST(on.stats.blocks_used == 0);
+}
+
 BOOST_AUTO_TEST_CASE(a_jobs_off_wins_over_the_servers_always) {
   const auto prompts = copy_heavy_prompts();
   const Run r = run(SpecMode::always, stories(), prompts, 32,

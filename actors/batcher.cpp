@@ -481,10 +481,16 @@ void Batcher::send_step() {
   pending_copies_.clear();
   plan.seqs.reserve(planned_.size());
   const int64_t t = now();
-  step_fed_ = step_rows_ = 0;
+  step_fed_ = step_rows_ = step_outputs_ = step_accepted_ = 0;
+  step_drafted_ = false;
+  step_pure_ = true;
   for (Seq* s : planned_) {
     step_fed_ += s->step_tokens;
     step_rows_ += logit_rows(*s);
+    const bool samples = s->samples && s->kv.n_past + s->step_tokens == s->feed_end();
+    step_outputs_ += samples ? 1 : 0;
+    step_drafted_ = step_drafted_ || s->n_draft > 0;
+    step_pure_ = step_pure_ && samples && s->step_tokens == 1 + s->n_draft;
     SeqPlan p;
     p.uid = s->job.uid;
     const auto from = s->tokens.begin() + s->kv.n_past;
@@ -536,8 +542,9 @@ void Batcher::on_result(StepResult& r) {
                              std::to_string(extras_.test_fault_throw_after) + " steps");
   if (life_ == Lifecycle::failed) return;  // a late answer of an executor already given up on
   // The step's measured cost, for speculation's choice (test-only step delays left out).
-  if (step_sent_us_ && cfg_.step_delay_ms <= 0)
-    step_cost_.observe(step_fed_, step_rows_, static_cast<double>(now() - *step_sent_us_));
+  const bool timed = step_sent_us_ && cfg_.step_delay_ms <= 0;
+  const double step_us = timed ? static_cast<double>(now() - *step_sent_us_) : 0.0;
+  if (timed) step_cost_.observe(step_fed_, step_rows_, step_us);
   step_sent_us_.reset();
   // By uid: ending one member of a group may end its group's other members of this step.
   std::vector<uint64_t> members;
@@ -604,6 +611,8 @@ void Batcher::on_result(StepResult& r) {
         accept(*s, *it->second);
     }
   }
+  if (timed && step_pure_ && r.error.empty())
+    spec_guard_.observe(step_outputs_, step_drafted_, step_outputs_ + step_accepted_, step_us);
   check_pressure();
   schedule();
 }

@@ -247,6 +247,11 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   double spec_acc_w_ = 1.0, spec_try_w_ = 2.0;  // its decayed sums (a start of 1 in 2)
   int64_t spec_drafted_ = 0, spec_accepted_ = 0, spec_seq_steps_ = 0, spec_steps_ = 0;
   int64_t step_fed_ = 0, step_rows_ = 0;
+  // The step in flight for the guard: its sampling sequences, whether any fed drafts, whether it
+  // was a pure decode step (no prompt chunk), and the drafts accepted when it returned.
+  policy::SpecGuard spec_guard_;
+  int64_t step_outputs_ = 0, step_accepted_ = 0, guard_steps_ = 0;
+  bool step_drafted_ = false, step_pure_ = false;
   std::vector<int32_t> scratch_draft_;
 };
 

@@ -19,6 +19,8 @@ constexpr double kPriorWeight = 4.0;
 constexpr double kMargin = 0.10;
 // The running acceptance estimate: each verification's positions, older ones decaying.
 constexpr double kPriorDecay = 0.98;
+// One step in this many does the opposite of what the guard says (see speculate()).
+constexpr int64_t kExplore = 32;
 }  // namespace
 
 SpecMode Batcher::spec_mode(const Seq& s) const {
@@ -53,6 +55,12 @@ void Batcher::speculate(int64_t budget_left) {
   const double draft_cost = step_cost_.draft_cost(), now = step_cost_.predict(n_tokens, rows);
   if (draft_cost > 0 && now > 0)
     least = (1.0 + kMargin) * static_cast<double>(outputs) * draft_cost / now;
+  // Where drafting steps measured fewer tokens a microsecond than steps without at this batch
+  // size, `auto` sits out. One step in kExplore does the other thing (drafts where the guard
+  // says no, none where it says yes), so that both measures stay current.
+  bool allowed = spec_guard_.allows(outputs);
+  if (++guard_steps_ % kExplore == 0) allowed = !allowed;
+  if (!allowed) least = 2.0;
   const int64_t ctx = model_->limits().ctx_len;
   for (Seq* s : planned_) {
     if (!samples_now(s) || s->step_tokens != 1 || !may_speculate(*s)) continue;
@@ -133,6 +141,7 @@ void Batcher::accept_spec(Seq& s, const SeqResult& r, const std::vector<int32_t>
   size_t m = 0;
   while (m < r.spec_ids.size() && m < drafts.size() && r.spec_ids[m] == drafts[m]) ++m;
   spec_accepted_ += static_cast<int64_t>(m);
+  step_accepted_ += static_cast<int64_t>(m);
   const int64_t tried = static_cast<int64_t>(std::min(m + 1, drafts.size()));
   s.spec_tried += tried;
   s.spec_accepted += static_cast<int64_t>(m);

@@ -116,6 +116,27 @@ std::vector<int32_t> choose_drafts(const std::vector<SpecCandidate>& cands, int6
   return take;
 }
 
+int SpecGuard::bucket(int64_t outputs) {
+  int b = 0;
+  for (int64_t top = 1; top < outputs && b < kBuckets - 1; top *= 2) ++b;
+  return b;
+}
+
+void SpecGuard::observe(int64_t outputs, bool drafted, int64_t tokens_out, double micros) {
+  if (outputs <= 0 || tokens_out <= 0 || !(micros > 0) || !std::isfinite(micros)) return;
+  Rate& r = (drafted ? spec_ : plain_)[bucket(outputs)];
+  const double x = static_cast<double>(tokens_out) / micros;
+  // The first steps set it; later ones move it a tenth of the way (about the last 10 steps).
+  r.rate = r.n == 0 ? x : r.rate + 0.1 * (x - r.rate);
+  ++r.n;
+}
+
+bool SpecGuard::allows(int64_t outputs) const {
+  const int b = bucket(outputs);
+  if (plain_[b].n < 4 || spec_[b].n < 4) return true;
+  return spec_[b].rate >= plain_[b].rate;
+}
+
 double acceptance_estimate(int64_t accepted, int64_t tried, double prior, double prior_weight) {
   const double w = std::max(0.0, prior_weight);
   const double den = static_cast<double>(std::max<int64_t>(0, tried)) + w;

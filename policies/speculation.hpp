@@ -47,6 +47,28 @@ class StepCostModel {
   int64_t steps_ = 0;
 };
 
+/// Auto's check on itself: the tokens a microsecond that pure decode steps (no prompt chunks)
+/// really yielded, by batch size (sampling sequences, in buckets 1, 2, 3-4, 5-8, ..., 65+), in
+/// steps that fed drafts and in steps that did not (running averages). The cost model predicts;
+/// this measures, and vetoes drafts at a batch size where they did not pay.
+class SpecGuard {
+ public:
+  static constexpr int kBuckets = 8;
+  static int bucket(int64_t outputs);
+  void observe(int64_t outputs, bool drafted, int64_t tokens_out, double micros);
+  /// Whether auto may draft at this batch size: yes until both kinds of step were seen there
+  /// (4 of each); then only while drafting steps yield at least as many tokens a microsecond as
+  /// steps without.
+  bool allows(int64_t outputs) const;
+
+ private:
+  struct Rate {
+    double rate = 0;  // tokens a microsecond, running average
+    int64_t n = 0;
+  };
+  Rate plain_[kBuckets], spec_[kBuckets];
+};
+
 /// A decoding sequence that could feed drafts this step: `available` drafted tokens (in order)
 /// and `acceptance`, the estimated probability that each draft token is accepted given the ones
 /// before it were.

@@ -117,6 +117,37 @@ BOOST_AUTO_TEST_CASE(drafts_go_to_the_likeliest_and_within_the_budget) {
   BOOST_TEST(c[0] == 0);
 }
 
+BOOST_AUTO_TEST_CASE(guard_vetoes_drafts_where_they_measured_slower_by_batch_size) {
+  BOOST_TEST(SpecGuard::bucket(1) == 0);
+  BOOST_TEST(SpecGuard::bucket(2) == 1);
+  BOOST_TEST(SpecGuard::bucket(3) == 2);
+  BOOST_TEST(SpecGuard::bucket(4) == 2);
+  BOOST_TEST(SpecGuard::bucket(5) == 3);
+  BOOST_TEST(SpecGuard::bucket(64) == 6);
+  BOOST_TEST(SpecGuard::bucket(65) == 7);
+  BOOST_TEST(SpecGuard::bucket(100000) == 7);
+  SpecGuard g;
+  // Batch 16: plain steps give 16 tokens in 2 ms; drafting steps 20 tokens in 3 ms: slower.
+  for (int k = 0; k < 3; ++k) {
+    g.observe(16, false, 16, 2000.0);
+    g.observe(16, true, 20, 3000.0);
+  }
+  BOOST_TEST(g.allows(16));  // not seen enough of either yet
+  g.observe(16, false, 16, 2000.0);
+  g.observe(16, true, 20, 3000.0);
+  BOOST_TEST(!g.allows(16));
+  BOOST_TEST(!g.allows(9));  // the same bucket (9-16)
+  // Batch 1: drafting steps give 5 tokens in 2 ms against 1 in 1 ms: allowed.
+  for (int k = 0; k < 4; ++k) {
+    g.observe(1, false, 1, 1000.0);
+    g.observe(1, true, 5, 2000.0);
+  }
+  BOOST_TEST(g.allows(1));
+  // The load changes: drafting steps at batch 16 now pay; the running average follows.
+  for (int k = 0; k < 40; ++k) g.observe(16, true, 40, 3000.0);
+  BOOST_TEST(g.allows(16));
+}
+
 BOOST_AUTO_TEST_CASE(acceptance_estimate_moves_from_the_prior_to_the_sequence) {
   BOOST_TEST(acceptance_estimate(0, 0, 0.5, 4) == 0.5);
   BOOST_TEST(acceptance_estimate(8, 8, 0.5, 4) == 10.0 / 12.0, boost::test_tools::tolerance(1e-12));

@@ -45,6 +45,9 @@ constexpr int32_t kGemmMinTokens = 4;
 // Query tokens per attention tile: bounds the per-worker score buffer (tile x context floats)
 // while giving the matrix product enough rows to reuse each gathered key.
 constexpr int32_t kQueryTile = 64;
+// Mixture of experts: when no active expert has more rows than this (decode), each expert is one
+// pool task run on one thread; with more (prefill), each expert's matmuls are split over the pool.
+constexpr int64_t kMoeTaskRows = 16;
 // Largest accepted KV block: far above useful sizes, small enough for 32-bit slot arithmetic.
 constexpr int32_t kMaxBlockSize = 1 << 16;
 
@@ -265,9 +268,10 @@ class CpuEngine final : public Engine {
   std::vector<float> moe_p_;
   std::vector<int32_t> moe_pick_;
   std::vector<float> moe_w_;
-  std::vector<int32_t> moe_rows_;   // (T * n_experts_used) token rows grouped by expert
-  std::vector<int32_t> moe_slot_;   // their pick index (row * n_used + j), same order
-  std::vector<int32_t> moe_start_;  // (n_experts + 1) offsets into moe_rows_
+  std::vector<int32_t> moe_rows_;    // (T * n_experts_used) token rows grouped by expert
+  std::vector<int32_t> moe_slot_;    // their pick index (row * n_used + j), same order
+  std::vector<int32_t> moe_start_;   // (n_experts + 1) offsets into moe_rows_
+  std::vector<int32_t> moe_active_;  // (n_experts) the experts with rows, most rows first
   std::vector<float> moe_in_, moe_h_, moe_h2_, moe_out_, moe_acc_;
   std::vector<float> ws_;  // (n_workers, ws_floats_) attention scratch, one slice per worker
 };
@@ -689,20 +693,23 @@ namespace {
 // logits), the n_used most probable experts (ties to the lower index) and their weights.
 void route(const ModelConfig& c, float* p, int32_t* pick, float* w) {
   kernels::softmax(p, c.n_experts);
-  for (int j = 0; j < c.n_experts_used; ++j) {
-    int32_t best = -1;
-    for (int32_t e = 0; e < c.n_experts; ++e) {
-      bool taken = false;
-      for (int i = 0; i < j; ++i) taken = taken || pick[i] == e;
-      if (!taken && (best < 0 || p[e] > p[best])) best = e;
-    }
-    pick[j] = best;
-    w[j] = p[best];
+  // One pass keeping the best so far sorted, most probable first: an expert goes before one
+  // already kept only when strictly more probable, so ties go to the lower index.
+  const int n_used = c.n_experts_used;
+  int kept = 0;
+  for (int32_t e = 0; e < c.n_experts; ++e) {
+    if (kept == n_used && !(p[e] > p[pick[n_used - 1]])) continue;
+    int j = kept < n_used ? kept++ : n_used - 1;
+    for (; j > 0 && p[e] > p[pick[j - 1]]; --j) pick[j] = pick[j - 1];
+    pick[j] = e;
   }
   float sum = 0.0f;
-  for (int j = 0; j < c.n_experts_used; ++j) sum += w[j];
+  for (int j = 0; j < n_used; ++j) {
+    w[j] = p[pick[j]];
+    sum += w[j];
+  }
   const float k = (c.expert_weights_norm ? 1.0f / sum : 1.0f) * c.expert_weights_scale;
-  for (int j = 0; j < c.n_experts_used; ++j) w[j] *= k;
+  for (int j = 0; j < n_used; ++j) w[j] *= k;
 }
 
 float sigmoid_dot(const float* a, const float* b, int64_t n) {
@@ -743,12 +750,19 @@ void CpuEngine::moe_reference(const LayerWeights& L, const float* xb, float* out
   }
 }
 
-// The step's tokens grouped by expert: one matmul per active expert over its rows (what
-// llama.cpp's mul_mat_id does), the outputs added back to each row with its weight. Every
-// buffer is a member that only grows.
+// The step's tokens grouped by expert (what llama.cpp's mul_mat_id does): each active expert runs
+// gate and up, SwiGLU and down over its rows, and the outputs are added back to each row with
+// its weight. Two ways to share the experts over the pool:
+// - many rows per expert (prefill): expert after expert, each matmul's rows split over the pool;
+// - few rows per expert (decode): every active expert is one task of one parallel_for, its
+//   whole chain on one thread with single-threaded matvec-sized matmuls: one hand-off per layer
+//   instead of two per expert, and each thread streams whole experts' weights.
+// Both compute the same products in the same order, so they give the same values. Every buffer is
+// a member that only grows.
 void CpuEngine::moe_fast(const LayerWeights& L, size_t T) {
   const ModelConfig& c = c_;
   const int64_t dim = c.dim, E = c.n_experts, K = c.n_experts_used, F = c.expert_ffn_dim;
+  const int64_t S = c.shared_expert_ffn_dim;
   const auto n = static_cast<int64_t>(T);
   grow(moe_p_, T * E);
   grow(moe_pick_, T * K);
@@ -756,10 +770,7 @@ void CpuEngine::moe_fast(const LayerWeights& L, size_t T) {
   grow(moe_rows_, T * K);
   grow(moe_slot_, T * K);
   grow(moe_start_, static_cast<size_t>(E + 1));
-  grow(moe_in_, T * dim);
-  grow(moe_h_, T * std::max(F, int64_t{c.shared_expert_ffn_dim}));
-  grow(moe_h2_, T * std::max(F, int64_t{c.shared_expert_ffn_dim}));
-  grow(moe_out_, T * dim);
+  grow(moe_active_, static_cast<size_t>(E));
   grow(moe_acc_, T * dim);
   matmul(L.router, xb_.data(), moe_p_.data(), n);
   for (int64_t t = 0; t < n; ++t)
@@ -777,25 +788,76 @@ void CpuEngine::moe_fast(const LayerWeights& L, size_t T) {
   }
   for (int64_t e = E; e > 0; --e) moe_start_[e] = moe_start_[e - 1];
   moe_start_[0] = 0;
-  std::fill(moe_acc_.begin(), moe_acc_.begin() + n * dim, 0.0f);
+  // The active experts, most rows first (the longest tasks are claimed first).
+  int64_t n_active = 0, max_rows = 0;
   for (int64_t e = 0; e < E; ++e) {
-    const int32_t r0 = moe_start_[e], r1 = moe_start_[e + 1];
-    const int64_t m = r1 - r0;
+    const int64_t m = moe_start_[e + 1] - moe_start_[e];
     if (m == 0) continue;
+    moe_active_[static_cast<size_t>(n_active++)] = static_cast<int32_t>(e);
+    max_rows = std::max(max_rows, m);
+  }
+  const auto rows_of_expert = [&](int32_t e) { return moe_start_[e + 1] - moe_start_[e]; };
+  std::stable_sort(moe_active_.begin(), moe_active_.begin() + n_active,
+                   [&](int32_t a, int32_t b) { return rows_of_expert(a) > rows_of_expert(b); });
+  const int64_t expert_macs = 3 * F * dim;  // per row: gate, up and down
+  const bool tasks = threads_ && n_active >= threads_->size() && max_rows <= kMoeTaskRows &&
+                     pool_for(n * K * expert_macs) != nullptr;
+  // Task mode keeps every expert's rows at their place in the grouped order (offset r0); the
+  // other mode reuses the buffers from row 0 for one expert after the other.
+  const int64_t held = tasks ? n * K : max_rows;
+  grow(moe_in_, static_cast<size_t>(held * dim));
+  grow(moe_h_, static_cast<size_t>(std::max(held * F, n * S)));
+  grow(moe_h2_, static_cast<size_t>(std::max(held * F, n * S)));
+  grow(moe_out_, static_cast<size_t>(std::max(held, n) * dim));
+
+  // Expert e over its rows: gathered inputs, gate and up, SwiGLU, down, into moe_out_ from row
+  // `at`; `pool` splits each matmul's rows (nullptr: all on the calling thread).
+  const auto run_expert = [&](int32_t e, int64_t at, kernels::ThreadPool* pool) {
+    const int32_t r0 = moe_start_[e];
+    const int64_t m = rows_of_expert(e);
+    float* in = moe_in_.data() + at * dim;
+    float* h = moe_h_.data() + at * F;
+    float* h2 = moe_h2_.data() + at * F;
     for (int64_t i = 0; i < m; ++i)
-      std::memcpy(moe_in_.data() + i * dim, xb_.data() + int64_t{moe_rows_[r0 + i]} * dim,
-                  sizeof(float) * dim);
+      std::memcpy(in + i * dim, xb_.data() + int64_t{moe_rows_[r0 + i]} * dim, sizeof(float) * dim);
     const auto ue = static_cast<size_t>(e);
-    matmul_many({&L.exp_gate[ue], &L.exp_up[ue]}, {moe_h_.data(), moe_h2_.data()}, moe_in_.data(),
-                m);
-    kernels::swiglu(moe_h_.data(), moe_h2_.data(), m * F);
-    matmul(L.exp_down[ue], moe_h_.data(), moe_out_.data(), m);
-    for (int64_t i = 0; i < m; ++i)
-      kernels::axpy(moe_w_[static_cast<size_t>(moe_slot_[r0 + i])], moe_out_.data() + i * dim,
+    const kernels::WeightView* gate_up[2] = {&L.exp_gate[ue], &L.exp_up[ue]};
+    float* hs[2] = {h, h2};
+    kernels::matmul_many(gate_up, hs, 2, in, m, pool);
+    kernels::swiglu(h, h2, m * F);
+    kernels::matmul(L.exp_down[ue], h, m, moe_out_.data() + at * dim, pool);
+  };
+  // Adds expert e's outputs (from row `at` of moe_out_) to its rows, each with its weight.
+  const auto add_expert = [&](int32_t e, int64_t at) {
+    const int32_t r0 = moe_start_[e];
+    for (int64_t i = 0; i < rows_of_expert(e); ++i)
+      kernels::axpy(moe_w_[static_cast<size_t>(moe_slot_[r0 + i])],
+                    moe_out_.data() + (at + i) * dim,
                     moe_acc_.data() + int64_t{moe_rows_[r0 + i]} * dim, dim);
+  };
+  std::fill(moe_acc_.begin(), moe_acc_.begin() + n * dim, 0.0f);
+  if (tasks) {
+    // Tasks write disjoint rows of moe_in_/h/h2/moe_out_; two experts may feed one token, so
+    // the sums are added afterwards, on this thread.
+    const auto body = [&](int64_t a0, int64_t a1) {
+      for (int64_t a = a0; a < a1; ++a) {
+        const int32_t e = moe_active_[static_cast<size_t>(a)];
+        run_expert(e, moe_start_[e], nullptr);
+      }
+    };
+    threads_->parallel_for(n_active, std::cref(body));
+    for (int64_t a = 0; a < n_active; ++a) {
+      const int32_t e = moe_active_[static_cast<size_t>(a)];
+      add_expert(e, moe_start_[e]);
+    }
+  } else {
+    for (int64_t a = 0; a < n_active; ++a) {
+      const int32_t e = moe_active_[static_cast<size_t>(a)];
+      run_expert(e, 0, pool_for(rows_of_expert(e) * expert_macs));
+      add_expert(e, 0);
+    }
   }
   if (L.shexp_gate_inp) {
-    const int64_t S = c.shared_expert_ffn_dim;
     matmul_many({&L.shexp_gate, &L.shexp_up}, {moe_h_.data(), moe_h2_.data()}, xb_.data(), n);
     kernels::swiglu(moe_h_.data(), moe_h2_.data(), n * S);
     matmul(L.shexp_down, moe_h_.data(), moe_out_.data(), n);

@@ -124,6 +124,12 @@ void dispatch(Self* self) {
       send_to_best(self, std::move(job), now_ms);
       continue;
     }
+    // The priority reserve: while the most important rank is in use, a less important job
+    // leaves the last priority_reserve credits free for it.
+    if (const auto rank = st.queue->next_rank();
+        rank && *rank != st.queue->top_rank() && st.credit_total <= st.cfg.priority_reserve &&
+        st.top_rank_seen_ms != kNever && now_ms - st.top_rank_seen_ms < kPriorityReserveMs)
+      break;
     auto d = st.queue->pop();
     if (!d) break;
     auto i = st.queued.find(d->job.handle);

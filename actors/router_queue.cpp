@@ -50,8 +50,12 @@ policy::PushResult push_queue(Self* self, Job& job, int64_t enqueued_ms) {
   q.cost = job_token_cost(job);
   q.enqueued_ms = enqueued_ms;
   q.deadline_ms = deadline_ms_of(job);
+  const bool top = st.queue->config(job.class_index).rank == st.queue->top_rank();
   auto r = st.queue->push(job.class_index, std::move(q));
-  if (r == policy::PushResult::accepted) st.queued.emplace(job.uid, std::move(job));
+  if (r == policy::PushResult::accepted) {
+    if (top) st.top_rank_seen_ms = enqueued_ms;
+    st.queued.emplace(job.uid, std::move(job));
+  }
   return r;
 }
 

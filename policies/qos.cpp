@@ -186,6 +186,17 @@ PushResult FairQueue::push(std::size_t class_index, QueuedJob job) {
   return PushResult::accepted;
 }
 
+std::optional<int> FairQueue::next_rank() const {
+  if (total_ == 0) return std::nullopt;
+  for (std::size_t i : by_rank_)
+    if (classes_[i].size > 0) return classes_[i].cfg.rank;
+  return std::nullopt;
+}
+
+int FairQueue::top_rank() const {
+  return by_rank_.empty() ? 0 : classes_[by_rank_.front()].cfg.rank;
+}
+
 std::optional<Dequeued> FairQueue::pop() {
   if (total_ == 0) return std::nullopt;
   // The lowest non-empty rank; within it the class with the smallest class-level finish tag.

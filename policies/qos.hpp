@@ -85,6 +85,11 @@ class FairQueue {
   PushResult push(std::size_t class_index, QueuedJob job);
   /// Takes the next job to run, or nullopt when all queues are empty.
   std::optional<Dequeued> pop();
+  /// The rank of the class pop() would serve now (the lowest with a queued job); nullopt when
+  /// every queue is empty.
+  std::optional<int> next_rank() const;
+  /// The most important rank of the configured classes (the lowest number).
+  int top_rank() const;
   /// Removes a queued job (cancellation); false when it is not queued.
   bool remove(std::uint64_t handle);
   /// Removes and returns every job whose deadline or class queue timeout is at or before now_ms,

@@ -259,9 +259,13 @@ void load_class(const Ctx& c, const std::string& prefix, const YAML::Node& n,
 }
 
 void load_router(const Ctx& c, const YAML::Node& n, RouterConfig& r) {
-  each(c, "router", n, {"classes", "default_class", "prefix_affinity", "prefix_affinity_slack"},
+  each(c, "router", n,
+       {"classes", "default_class", "prefix_affinity", "prefix_affinity_slack", "priority_reserve"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
-         if (k == "prefix_affinity") {
+         if (k == "priority_reserve") {
+           // More than a few thousand credits held back would idle whole executors.
+           r.priority_reserve = static_cast<uint32_t>(get_int(c, key, v, 0, 4096));
+         } else if (k == "prefix_affinity") {
            r.prefix_affinity = get_bool(c, key, v);
          } else if (k == "prefix_affinity_slack") {
            // Beyond a million jobs of difference the balance would never matter: a typo.

@@ -11,9 +11,9 @@
 #include "actors/messages.hpp"
 #include "actors/router.hpp"
 #include "core/error_code.hpp"
-#include "tests/support/stats_probe.hpp"
 #include "tests/support/enum_print.hpp"
 #include "tests/support/stand_in.hpp"
+#include "tests/support/stats_probe.hpp"
 #include "tests/support/test_system.hpp"
 
 BOOST_AUTO_TEST_SUITE(test_actors_router)
@@ -85,6 +85,8 @@ RouterConfig two_classes(std::size_t interactive_limit = 1000, std::size_t batch
   RouterConfig rc;
   rc.classes = {{"interactive", 0, 1.0, interactive_limit, 0}, {"batch", 1, 1.0, batch_limit, 0}};
   rc.default_class = "interactive";
+  // Every credit for whichever job comes first: the priority reserve has a test of its own.
+  rc.priority_reserve = 0;
   return rc;
 }
 
@@ -361,6 +363,43 @@ BOOST_AUTO_TEST_CASE(cancel_of_queued_job_never_runs) {
   BOOST_REQUIRE_EQUAL(rig.t->batcher_cancels.size(), 1u);
   BOOST_CHECK_EQUAL(rig.t->batcher_cancels[0], b.uid);
   BOOST_CHECK_EQUAL(rig.t->dones.size(), 1u);
+}
+
+BOOST_AUTO_TEST_CASE(priority_reserve_keeps_a_credit_for_interactive_jobs) {
+  RouterConfig rc = two_classes();
+  rc.priority_reserve = 1;
+  Rig rig(rc);
+  // Batch jobs alone: no interactive job seen, every credit is used.
+  for (int i = 0; i < 8; ++i) rig.push(rig.job("b", 1));
+  rig.credit(2);
+  rig.sched->run();
+  BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 2u);
+  // An interactive job arrives with no credit free; the next credits go to it first and then to
+  // batch jobs, all but one.
+  rig.push(rig.job("a", 0));
+  rig.sched->run();
+  BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 2u);
+  rig.credit(3);
+  rig.sched->run();
+  BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 4u);
+  BOOST_CHECK_EQUAL(rig.t->runs[2].class_index, 0u);
+  BOOST_CHECK_EQUAL(rig.t->runs[3].class_index, 1u);
+  BOOST_CHECK_EQUAL(rig.stats().credit, 1);
+  // The next interactive job finds the kept credit: dispatched at once.
+  rig.push(rig.job("a", 0));
+  rig.sched->run();
+  BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 5u);
+  BOOST_CHECK_EQUAL(rig.t->runs[4].class_index, 0u);
+  rig.credit(2);
+  rig.sched->run();
+  BOOST_REQUIRE_EQUAL(rig.t->runs.size(), 6u);
+  BOOST_CHECK_EQUAL(rig.stats().credit, 1);
+  // No interactive job for kPriorityReserveMs: the reserve lapses at the next dispatch.
+  rig.sched->advance_time(std::chrono::milliseconds(kPriorityReserveMs));
+  rig.credit(1);
+  rig.sched->run();
+  BOOST_CHECK_EQUAL(rig.t->runs.size(), 8u);
+  BOOST_CHECK_EQUAL(rig.stats().credit, 0);
 }
 
 BOOST_AUTO_TEST_CASE(dispatch_only_against_credit) {

@@ -77,6 +77,20 @@ BOOST_AUTO_TEST_CASE(batch_runs_when_no_interactive_waits) {
   BOOST_TEST(!q.pop().has_value());
 }
 
+BOOST_AUTO_TEST_CASE(next_rank_is_the_rank_pop_serves) {
+  FairQueue q(two_classes());
+  BOOST_TEST(q.top_rank() == 0);
+  BOOST_TEST(!q.next_rank().has_value());
+  q.push(1, job(1, "a"));
+  BOOST_TEST(q.next_rank().value() == 1);
+  q.push(0, job(2, "b"));
+  BOOST_TEST(q.next_rank().value() == 0);
+  BOOST_TEST(q.pop()->job.handle == 2u);
+  BOOST_TEST(q.next_rank().value() == 1);
+  BOOST_TEST(q.pop()->job.handle == 1u);
+  BOOST_TEST(!q.next_rank().has_value());
+}
+
 BOOST_AUTO_TEST_CASE(tenant_weights_are_honoured_by_served_tokens) {
   struct Case {
     std::vector<double> weights;

@@ -10,7 +10,7 @@
 # LLAMA_CPP_BIN_DIR holds a llama-bench built from llama.cpp's public sources for the CPU (this
 # script never builds it). --build: this repository's build folder with `switchyard` and
 # bench/bench_engine (default ./build). --dir: where the model files are written once and reused
-# (default /tmp/sy-moe-bench; a file is never written inside the repository). Figures: pp512
+# (default /tmp/sy-moe-bench, outside the repository: keep the models out of it). Figures: pp512
 # (one 512-token prompt in one step) and batch-1 decode tokens/s of both (llama-bench -p 512
 # -n 128), then ours at batch 8 and 32; each the median of --rounds rounds, the ratios the
 # median of the per-round ratios. The full JSON is kept beside the models (results.json).
@@ -75,11 +75,12 @@ python3 - "$models/results.json" <<'EOF'
 import json, statistics, sys
 
 r = json.load(open(sys.argv[1]))
-print(f"{r['shape']} mixtral (8 experts, top-2), {r['threads']} threads, median of "
-      f"{r['rounds']} rounds; tokens/s")
+print(f"{r['shape']} mixtral (8 experts, top-2), {r['threads']} threads, {r['rounds']} rounds; "
+      "tokens/s, each the median of the rounds; ratio: ours / llama.cpp, the median of the "
+      "per-round ratios")
 head = ("dtype", "pp512 ours", "pp512 llama.cpp", "ratio", "tg b1 ours", "tg128 llama.cpp",
         "ratio", "b8 ours", "b32 ours")
-rows = []
+rows, rounds = [], []
 for x in r["results"]:
     peer = x["llama_cpp"]
     ratio = x["ours_over_llama_cpp"]
@@ -88,7 +89,14 @@ for x in r["results"]:
                  f"{statistics.median(peer['pp512']):.1f}", f"{ratio['prefill']:.2f}",
                  f"{dec['1']:.1f}", f"{statistics.median(peer['tg128']):.1f}",
                  f"{ratio['decode_batch1']:.2f}", f"{dec['8']:.1f}", f"{dec['32']:.1f}"))
+    per = ratio.get("prefill_per_round", [ratio["prefill"]])
+    per_tg = ratio.get("decode_batch1_per_round", [ratio["decode_batch1"]])
+    rounds.append(f"{x['dtype']}: pp512 " + " ".join(f"{v:.2f}" for v in per) + ", tg b1 "
+                  + " ".join(f"{v:.2f}" for v in per_tg))
 widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
 for row in [head] + rows:
     print("  ".join(str(c).rjust(w) for c, w in zip(row, widths)))
+# A round far from the others was disturbed (other processes on the cores: llama.cpp's threads
+# wait for each other spinning, so it loses far more than ours then).
+print("ratios per round: " + "; ".join(rounds))
 EOF

@@ -788,17 +788,19 @@ void CpuEngine::moe_fast(const LayerWeights& L, size_t T) {
   }
   for (int64_t e = E; e > 0; --e) moe_start_[e] = moe_start_[e - 1];
   moe_start_[0] = 0;
-  // The active experts, most rows first (the longest tasks are claimed first).
-  int64_t n_active = 0, max_rows = 0;
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t m = moe_start_[e + 1] - moe_start_[e];
-    if (m == 0) continue;
-    moe_active_[static_cast<size_t>(n_active++)] = static_cast<int32_t>(e);
-    max_rows = std::max(max_rows, m);
-  }
+  // The active experts, most rows first (the longest tasks are claimed first): an insertion sort,
+  // which allocates nothing (std::stable_sort may) and keeps equal counts in expert order.
   const auto rows_of_expert = [&](int32_t e) { return moe_start_[e + 1] - moe_start_[e]; };
-  std::stable_sort(moe_active_.begin(), moe_active_.begin() + n_active,
-                   [&](int32_t a, int32_t b) { return rows_of_expert(a) > rows_of_expert(b); });
+  int64_t n_active = 0, max_rows = 0;
+  for (int32_t e = 0; e < E; ++e) {
+    const int64_t m = rows_of_expert(e);
+    if (m == 0) continue;
+    max_rows = std::max(max_rows, m);
+    int64_t j = n_active++;
+    for (; j > 0 && rows_of_expert(moe_active_[static_cast<size_t>(j - 1)]) < m; --j)
+      moe_active_[static_cast<size_t>(j)] = moe_active_[static_cast<size_t>(j - 1)];
+    moe_active_[static_cast<size_t>(j)] = e;
+  }
   const int64_t expert_macs = 3 * F * dim;  // per row: gate, up and down
   const bool tasks = threads_ && n_active >= threads_->size() && max_rows <= kMoeTaskRows &&
                      pool_for(n * K * expert_macs) != nullptr;

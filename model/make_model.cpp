@@ -1,6 +1,6 @@
-// make-model: random-weight GGUF files of standard shapes, dense or mixture of experts. Weights are a pure function of
-// (seed, tensor name, row), generated and encoded row by row on all cores while the file is
-// written, so even the 8B shape never sits in memory whole.
+// make-model: random-weight GGUF files of standard shapes, dense or mixtures of experts. Weights
+// are a pure function of (seed, tensor name, row), generated and encoded row by row on all cores
+// while the file is written, so even the 8B shape never sits in memory whole.
 #include "model/make_model.hpp"
 
 #include <algorithm>

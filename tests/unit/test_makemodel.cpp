@@ -2,14 +2,16 @@
 // hyperparameters and vocabulary; weights are deterministic in the seed and sensibly scaled; the
 // mixture-of-experts architectures use llama.cpp's keys, tensor names, shapes and types (checked
 // against the zoo's files, which llama.cpp's tool chain wrote) and load in our loader.
+#include <algorithm>
 #include <boost/test/unit_test.hpp>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <map>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "kernels/cpu/kernels.hpp"
 #include "model/gguf.hpp"
@@ -531,13 +533,9 @@ BOOST_AUTO_TEST_CASE(expert_stacks_are_per_expert_matrices) {
 }
 
 BOOST_AUTO_TEST_CASE(moe_files_load) {
-  // Our loader reads every MoE architecture it supports (qwen3moe once its loader is in the
-  // architecture table) with the expert counts, widths and norms the file declares.
+  // Our loader reads every MoE architecture make-model writes, with the expert counts, widths,
+  // routing rule and norms the file declares.
   TempDir d;
-  const std::vector<std::string> supported = supported_architectures();
-  auto supports = [&](const std::string& a) {
-    return std::find(supported.begin(), supported.end(), a) != supported.end();
-  };
   const struct {
     const char* arch;
     const char* dtype;
@@ -549,13 +547,11 @@ BOOST_AUTO_TEST_CASE(moe_files_load) {
                {"qwen2moe", "f16", 6, 3, 64, 64, 192, false},
                {"olmoe", "q8_0", 0, 0, 0, 192, 0, false},
                {"qwen3moe", "f32", 4, 2, 96, 96, 0, true}};
-  int loaded = 0;
   for (const auto& c : cases) {
     BOOST_TEST_CONTEXT(c.arch << " " << c.dtype) {
       const std::string path =
           make_moe(d, c.arch, "tiny", c.dtype, c.experts, c.used, c.expert_ffn);
       const std::string gguf_arch = std::string(c.arch) == "mixtral" ? "llama" : c.arch;
-      if (!supports(gguf_arch)) continue;
       const std::shared_ptr<Model> m = Model::load(path);
       const ModelConfig& cfg = m->config();
       BOOST_TEST(cfg.arch == gguf_arch);
@@ -571,10 +567,8 @@ BOOST_AUTO_TEST_CASE(moe_files_load) {
       BOOST_TEST((L.router.type == DType::F32));
       BOOST_TEST(L.router.rows == cfg.n_experts);
       BOOST_TEST((L.shexp_gate_inp != nullptr) == (c.want_shared > 0));
-      ++loaded;
     }
   }
-  BOOST_TEST(loaded >= 4);
 }
 
 BOOST_AUTO_TEST_CASE(moe_bad_options) {

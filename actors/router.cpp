@@ -110,10 +110,21 @@ void recover_lost(Self* self, std::unordered_map<uint64_t, Job> jobs, const caf:
 
 }  // namespace
 
+namespace {
+bool anything_running(const RouterState& st) {
+  for (const auto& b : st.batchers)
+    if (!b.running.empty()) return true;
+  for (const auto& [addr, jobs] : st.retiring)
+    if (!jobs.empty()) return true;
+  return false;
+}
+}  // namespace
+
 /// Sweeps expired jobs, then hands out queued jobs against batcher credit, highest priority first.
 void dispatch(Self* self) {
   auto& st = self->state;
   auto now_ms = clock_ms(self);
+  st.reserve_until_ms = kNever;
   sweep(self, now_ms);
   for (std::size_t ci = 0; ci < st.overflow.size(); ++ci) refill(self, ci);
   while (st.credit_total > 0 && (st.retry_total > 0 || !st.queue->empty())) {
@@ -125,11 +136,15 @@ void dispatch(Self* self) {
       continue;
     }
     // The priority reserve: while the most important rank is in use, a less important job
-    // leaves the last priority_reserve credits free for it.
+    // leaves the last priority_reserve credits free for it; never on an idle server (nothing
+    // running), and a tick comes when the reserve lapses.
     if (const auto rank = st.queue->next_rank();
         rank && *rank != st.queue->top_rank() && st.credit_total <= st.cfg.priority_reserve &&
-        st.top_rank_seen_ms != kNever && now_ms - st.top_rank_seen_ms < kPriorityReserveMs)
+        st.top_rank_seen_ms != kNever && now_ms - st.top_rank_seen_ms < kPriorityReserveMs &&
+        anything_running(st)) {
+      st.reserve_until_ms = st.top_rank_seen_ms + kPriorityReserveMs;
       break;
+    }
     auto d = st.queue->pop();
     if (!d) break;
     auto i = st.queued.find(d->job.handle);

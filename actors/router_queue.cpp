@@ -186,6 +186,7 @@ void arm_timer(Self* self, int64_t now_ms) {
   if (st.overflow_total > 0)
     for (auto& q : st.overflow)
       for (auto& h : q) next = std::min(next, h.expiry_ms);
+  next = std::min(next, st.reserve_until_ms);
   if (next == kNever || next >= st.timer_at) return;
   st.timer_at = next;
   self->delayed_send(self, std::chrono::milliseconds(std::max<int64_t>(0, next - now_ms)),

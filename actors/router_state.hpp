@@ -71,6 +71,7 @@ struct RouterState {
   uint64_t pull_outstanding = 0;
   bool draining = false;
   int64_t top_rank_seen_ms = kNever;  // when a job of the most important rank last arrived
+  int64_t reserve_until_ms = kNever;  // the priority reserve holds jobs back until then
   // counters (stats_atom)
   uint64_t enqueued = 0, dispatched = 0, expired = 0, cancelled = 0, rejected_full = 0,
            overflowed = 0, pull_granted = 0, requeued = 0, retired = 0, affinity_hits = 0,

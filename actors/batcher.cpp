@@ -487,7 +487,7 @@ void Batcher::send_step() {
   for (Seq* s : planned_) {
     step_fed_ += s->step_tokens;
     step_rows_ += logit_rows(*s);
-    const bool samples = s->samples && s->kv.n_past + s->step_tokens == s->feed_end();
+    const bool samples = s->samples_in_step();
     step_outputs_ += samples ? 1 : 0;
     step_drafted_ = step_drafted_ || s->n_draft > 0;
     step_pure_ = step_pure_ && samples && s->step_tokens == 1 + s->n_draft;
@@ -498,7 +498,7 @@ void Batcher::send_step() {
     p.n_past = s->kv.n_past;
     p.block_table = s->kv.blocks;
     if (kv_.split()) p.window_table = s->kv.wblocks;
-    p.sample = s->samples && s->kv.n_past + s->step_tokens == s->feed_end();
+    p.sample = samples;
     p.n_draft = s->n_draft;
     prompt_fed_ += std::max(0, std::min(s->kv.n_past + s->step_tokens, s->n_prompt) - s->kv.n_past);
     p.reset = !s->started;

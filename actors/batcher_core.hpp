@@ -88,6 +88,8 @@ struct Seq {
   /// Tokens the KV cache must hold to go on: every token, but the last where it is held back.
   int32_t feed_end() const { return static_cast<int32_t>(tokens.size()) - (hold_last ? 1 : 0); }
   int32_t remaining() const { return feed_end() - kv.n_past; }
+  /// Whether the step being built (step_tokens from kv.n_past) ends with a token sampled for it.
+  bool samples_in_step() const { return samples && kv.n_past + step_tokens == feed_end(); }
   /// Positions whose log-probability is still to come.
   bool wants_lp() const { return lp_from + static_cast<int32_t>(lp.size()) < lp_to; }
   /// The job this sequence serves (a member's is its leader's).

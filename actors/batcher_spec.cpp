@@ -41,13 +41,10 @@ void Batcher::speculate(int64_t budget_left) {
   std::vector<policy::SpecCandidate> cands;
   std::vector<Seq*> who;
   int64_t n_tokens = 0, rows = 0, outputs = 0;
-  auto samples_now = [](const Seq* s) {
-    return s->samples && s->kv.n_past + s->step_tokens == s->feed_end();
-  };
   for (const Seq* s : planned_) {
     n_tokens += s->step_tokens;
     rows += logit_rows(*s);
-    outputs += samples_now(s) ? 1 : 0;
+    outputs += s->samples_in_step() ? 1 : 0;
   }
   // The least acceptance at which an `auto` sequence's first draft token would pay in this step
   // (above 1: none can): sequences below it are not even looked up.
@@ -63,7 +60,7 @@ void Batcher::speculate(int64_t budget_left) {
   if (!allowed) least = 2.0;
   const int64_t ctx = model_->limits().ctx_len;
   for (Seq* s : planned_) {
-    if (!samples_now(s) || s->step_tokens != 1 || !may_speculate(*s)) continue;
+    if (!s->samples_in_step() || s->step_tokens != 1 || !may_speculate(*s)) continue;
     const double alpha =
         policy::acceptance_estimate(s->spec_accepted, s->spec_tried, spec_prior_, kPriorWeight);
     if (spec_mode(*s) != SpecMode::always && alpha <= least) continue;

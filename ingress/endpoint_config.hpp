@@ -54,14 +54,31 @@ struct EndpointConfig {
   int64_t max_waiting_bytes = int64_t{64} << 20;
   // Concurrent client connections on each listening endpoint (the request endpoint and the
   // pipeline input, counted apart); a connection past it is closed at once, and counted as
-  // `connections_refused`. 0 = unlimited. A live peer stalled in the middle of a frame pins the
-  // frame's buffer (up to max_message_bytes) while heartbeats are off, so this is what bounds
-  // that memory: max_connections x max_message_bytes per endpoint, 1 GiB with the defaults. 1024
-  // leaves room for a thousand clients each holding its own connection (a client process usually
-  // shares one), and that worst case is small beside a model's weights and KV cache. Each
-  // connection takes a file descriptor: the gateway raises the soft `ulimit -n` to what the caps
-  // need where the hard limit allows, and warns at start where it does not.
+  // `connections_refused` (reason `total`). 0 = unlimited. With a client allow-list
+  // (curve_allowed_keys) only connections that passed it count here; those still in their
+  // handshake have max_handshaking of their own. A live peer stalled in the middle of a frame
+  // pins the frame's buffer (up to max_message_bytes) while heartbeats are off, so this is what
+  // bounds that memory: max_connections x max_message_bytes per endpoint, 1 GiB with the
+  // defaults. 1024 leaves room for a thousand clients each holding its own connection (a client
+  // process usually shares one), and that worst case is small beside a model's weights and KV
+  // cache. Each connection takes a file descriptor: the gateway raises the soft `ulimit -n` to
+  // what the caps need where the hard limit allows, and warns at start where it does not.
   int64_t max_connections = 1024;
+  // Connections from one source address on each listening endpoint, checked as a connection is
+  // accepted (the accepted socket's peer address; an IPv6 peer counts under its /64 network,
+  // which a single host is usually given whole; ipc connections have no address and are not
+  // counted). 0 = unlimited. So that strangers from a few addresses cannot take every slot of
+  // max_connections: 64 is more than one client host needs (a client process usually shares
+  // one connection) and lets 16 addresses at most fill the default cap.
+  int64_t max_connections_per_address = 64;
+  // With a client allow-list: connections still in their handshake (not yet past the allow-list)
+  // on each listening endpoint; one past it is closed at once (reason `handshaking`). 0 =
+  // unlimited. Each stays at most handshake_timeout_ms. A listed client's handshake takes a few
+  // round trips, so even a reconnect storm of max_connections clients gets through 256 at a time
+  // within a few reconnect intervals (100 ms each), while strangers need max_handshaking /
+  // max_connections_per_address addresses (4 with the defaults) to fill it, and then only delay
+  // new clients: they never take the places of connections that passed.
+  int64_t max_handshaking = 256;
   // CURVE (docs/security.md): with a secret key file every bound socket is a CURVE server and
   // clients need the public key; "" = plain TCP. The public key file is optional and only checked
   // against the secret key (a mismatched pair is a deployment error worth catching at start).

@@ -1,9 +1,12 @@
 // The gateway thread: zmq_poll over the ROUTER, the PULL (only while it has credit, or while
 // refusing submits during a shutdown), the ZAP handler (with a CURVE client allow-list), the
-// connection monitors of the ROUTER and the PULL (endpoints.max_connections) and an eventfd raised
-// by post(); decodes at the edge, answers ping itself, sends what egress posts.
+// connection monitors of the ROUTER and the PULL (endpoints.max_connections and its companions)
+// and an eventfd raised by post(); decodes at the edge, answers ping itself, sends what egress
+// posts.
 #include "ingress/gateway.hpp"
 
+#include <arpa/inet.h>
+#include <linux/tcp.h>
 #include <netinet/in.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -70,10 +73,24 @@ constexpr int kMaxLingerMs = 1000;
 // for application metadata.
 constexpr int64_t kResultsMaxInbound = 4 * 1024;
 
-// A connection refused for endpoints.max_connections is logged at once, then at most this often
-// with the count since the last line: a refused client reconnects every 100 ms (ZeroMQ's
-// default), and many of them must not flood the log.
+// A connection refused by a connection cap is logged at once, then at most this often for the
+// same cap, with the count since the last line: a refused client reconnects every 100 ms
+// (ZeroMQ's default), and many of them must not flood the log.
 constexpr std::chrono::seconds kRefusalLogPeriod{10};
+// With a client allow-list, a connection still open this long after handshake_timeout_ms from
+// its accept has passed the allow-list (libzmq drops one whose handshake is not done by then):
+// it counts as passed whatever the gateway guessed at its ZAP answer. The slack covers the time
+// between libzmq's drop and the gateway reading its disconnect, normally well under a
+// millisecond; a second is ample even for a busy gateway thread.
+constexpr std::chrono::seconds kHandshakeSlack{1};
+// The ZAP domains of the bound sockets (docs/security.md): with an allow-list they tell the ZAP
+// handler which endpoint a handshake is for. Without one, a plain socket has "switchyard" (see
+// start(): a ZAP domain makes libzmq refuse ZMTP 1.0/2.0 peers).
+constexpr const char* kRequestDomain = "switchyard.request";
+constexpr const char* kPipelineDomain = "switchyard.pipeline";
+constexpr const char* kResultsDomain = "switchyard.results";
+// The ZAP status text of a listed client refused for endpoints.max_connections.
+constexpr const char* kTooManyConnections = "too many connections";
 // Connection events read per wake-up, bounded like kReadBatch; a burst of connections is read
 // over several wake-ups.
 constexpr int kEventBatch = 1024;
@@ -118,12 +135,69 @@ bool accepted_on(int fd, const std::string& endpoint) {
   return false;
 }
 
+// The source a connection counts under for endpoints.max_connections_per_address: its IPv4
+// address (an IPv4-mapped IPv6 one too), or the /64 network of an IPv6 address ("2001:db8::/64"):
+// a host is usually given a whole /64, so single IPv6 addresses would cost a stranger nothing.
+// "" when there is no network address (ipc).
+std::string source_of(const sockaddr_storage& ss) {
+  char text[INET6_ADDRSTRLEN] = "";
+  if (ss.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&ss);
+    return ::inet_ntop(AF_INET, &v4->sin_addr, text, sizeof text) ? text : "";
+  }
+  if (ss.ss_family != AF_INET6) return "";
+  in6_addr a = reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr;
+  if (IN6_IS_ADDR_V4MAPPED(&a)) {
+    in_addr v4{};
+    std::memcpy(&v4, a.s6_addr + 12, sizeof v4);
+    return ::inet_ntop(AF_INET, &v4, text, sizeof text) ? text : "";
+  }
+  std::memset(a.s6_addr + 8, 0, 8);
+  return ::inet_ntop(AF_INET6, &a, text, sizeof text) ? std::string(text) + "/64" : "";
+}
+
+// The source of an accepted connection, from its peer address.
+std::string peer_source(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "";
+  return source_of(ss);
+}
+
+// The source of the address a ZAP request names: libzmq writes the peer's numeric IP there
+// (with a "%scope" after an IPv6 link-local one).
+std::string source_of_text(const std::string& ip) {
+  const std::string host = ip.substr(0, ip.find('%'));
+  sockaddr_storage ss{};
+  if (::inet_pton(AF_INET, host.c_str(), &reinterpret_cast<sockaddr_in*>(&ss)->sin_addr) == 1)
+    ss.ss_family = AF_INET;
+  else if (::inet_pton(AF_INET6, host.c_str(), &reinterpret_cast<sockaddr_in6*>(&ss)->sin6_addr) ==
+           1)
+    ss.ss_family = AF_INET6;
+  else
+    return ip;
+  return source_of(ss);
+}
+
+// Bytes the kernel received on a TCP connection (0 when unknown): a connection whose handshake
+// reached the allow-list has sent its greeting, HELLO and INITIATE, several hundred bytes, and
+// one idling in its greeting far fewer.
+uint64_t bytes_received(int fd) {
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+      len < offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received)
+    return 0;
+  return info.tcpi_bytes_received;
+}
+
 // Every connection takes a descriptor, and past the process's limit accepting fails (and so does
 // opening any file) before the cap is reached: when the caps need more, the soft limit is raised
-// toward the hard one, and a hard limit below them is said at start.
-void fit_descriptor_limit(int64_t max_connections, int64_t endpoints) {
-  if (max_connections <= 0) return;
-  const int64_t need = max_connections * endpoints + kReservedDescriptors;
+// toward the hard one, and a hard limit below them is said at start. `per_endpoint`: the
+// connections one endpoint may hold (max_connections, plus max_handshaking with an allow-list).
+void fit_descriptor_limit(int64_t per_endpoint, int64_t endpoints) {
+  if (per_endpoint <= 0) return;
+  const int64_t need = per_endpoint * endpoints + kReservedDescriptors;
   rlimit files{};
   if (::getrlimit(RLIMIT_NOFILE, &files) != 0 || files.rlim_cur == RLIM_INFINITY ||
       static_cast<int64_t>(files.rlim_cur) >= need)
@@ -135,10 +209,11 @@ void fit_descriptor_limit(int64_t max_connections, int64_t endpoints) {
   if (raised.rlim_cur > files.rlim_cur && ::setrlimit(RLIMIT_NOFILE, &raised) == 0) files = raised;
   if (static_cast<int64_t>(files.rlim_cur) < need)
     log::warn("warning: the open file limit (ulimit -n) is " + std::to_string(files.rlim_cur) +
-              ", below the " + std::to_string(need) +
-              " descriptors that endpoints.max_connections (" + std::to_string(max_connections) +
-              " per endpoint) and the server's own files need: raise the hard limit, or lower "
-              "the cap");
+              ", below the " + std::to_string(need) + " descriptors that the connection caps (" +
+              std::to_string(per_endpoint) +
+              " per endpoint: endpoints.max_connections, and endpoints.max_handshaking with an "
+              "allow-list) and the server's own files need: raise the hard limit, or lower the "
+              "caps");
 }
 
 // Binds, turning ZeroMQ's bare errno text into a message that names the address.
@@ -240,18 +315,44 @@ struct Gateway::Impl {
   zmq::context_t ctx{1};
   zmq::socket_t router, pull, push;
   zmq::socket_t zap;  // the ZAP handler (REP), only with an allow-list
+  // Why a connection was refused as it came (docs/protocol.md, Connection limits).
+  enum class Refusal { none, per_address, total, handshaking };
+  // One accepted client connection of a capped endpoint.
+  struct Conn {
+    std::string source;       // what it counts under for max_connections_per_address
+    Clock::time_point since;  // when the gateway read its accept
+    bool passed = false;      // counts toward max_connections (with an allow-list: passed it)
+  };
+  // The open connections of one source address.
+  struct Source {
+    size_t open = 0;
+    std::vector<int> handshaking;  // descriptors not yet past the allow-list, oldest first
+  };
   // The client connections of one bound socket, counted from its libzmq monitor
-  // (endpoints.max_connections). Gateway thread only once started.
+  // (endpoints.max_connections and its companions). Gateway thread only once started.
   struct ConnectionGate {
-    const char* what = "";            // for the log
-    std::string endpoint;             // the bound address, resolved
-    zmq::socket_t events;             // PAIR connected to the socket's monitor
-    std::unordered_set<int> open;     // descriptors of the accepted connections
-    std::unordered_set<int> refused;  // shut down here; libzmq's disconnect is still to come
+    const char* what = "";    // for the log
+    const char* domain = "";  // its ZAP domain
+    std::string endpoint;     // the bound address, resolved
+    bool tcp = false;         // connections have network addresses (not ipc)
+    // With an allow-list: a connection counts toward max_connections once it passed it, and
+    // until then toward max_handshaking.
+    bool checked = false;
+    zmq::socket_t events;                // PAIR connected to the socket's monitor
+    std::unordered_map<int, Conn> open;  // the accepted connections by descriptor
+    std::unordered_set<int> refused;     // shut down here; libzmq's disconnect is to come
+    std::unordered_map<std::string, Source> sources;
+    size_t passed = 0;  // open connections with `passed`
+    // (descriptor, since) of the connections accepted in their handshake, oldest first, for
+    // the handshake_timeout_ms rule (kHandshakeSlack); entries of connections gone are skipped.
+    std::deque<std::pair<int, Clock::time_point>> handshakes;
+    size_t handshaking() const { return open.size() - passed; }
   };
   ConnectionGate router_gate, pull_gate;
-  Clock::time_point next_refusal_log{};  // gateway thread only
-  uint64_t refusals_unlogged = 0;
+  // Per refusal reason (gateway thread only): when the next log line may be written, and the
+  // refusals since the last one.
+  Clock::time_point next_refusal_log[4]{};
+  uint64_t refusals_unlogged[4]{};
   std::unordered_set<std::string> logged_refusals;  // gateway thread only
   std::string router_ep, pull_ep, results_ep;
   int efd = -1;
@@ -277,8 +378,9 @@ struct Gateway::Impl {
   struct Counters {
     std::atomic<uint64_t> received{0}, decode_errors{0}, submits{0}, controls{0}, sent{0},
         dropped{0}, hwm_deferrals{0}, internal_cancels{0}, curve_allowed{0}, curve_refused{0},
-        shutdown_refused{0}, intake_refused{0}, connections_refused{0};
-    std::atomic<int64_t> connections_open{0};
+        shutdown_refused{0}, intake_refused{0}, connections_refused{0}, refused_per_address{0},
+        refused_total{0}, refused_handshaking{0};
+    std::atomic<int64_t> connections_open{0}, connections_handshaking{0};
   } c;
 
   // Gateway thread only.
@@ -702,9 +804,19 @@ struct Gateway::Impl {
 
   // ---- the ZAP handler (RFC 27) ----
 
-  // Answers the handshake requests libzmq queued: 200 for a listed CURVE key, 400 otherwise.
-  // Every request gets its reply (a REP socket that skipped one could read no further).
+  // Answers the handshake requests libzmq queued: 200 for a listed CURVE key, 400 otherwise, and
+  // for a listed key on an endpoint that has max_connections connections past the allow-list
+  // 500 (libzmq sends the client an ERROR, on which the client closes the connection and
+  // reconnects later; libzmq 4.3 answers a 300 with silence and keeps the connection until
+  // handshake_timeout_ms). Every request gets its reply (a REP socket that skipped one could read
+  // no further).
   void serve_zap() {
+    // libzmq reported each connection's accept before it asked about its handshake: read those
+    // reports first, so that the connection is known here.
+    for (auto* g : {&router_gate, &pull_gate})
+      if (g->events)
+        while (serve_connections(*g) == kEventBatch) {
+        }
     for (int i = 0; i < kReadBatch; ++i) {
       std::vector<zmq::message_t> frames;
       zmq::message_t f;
@@ -730,10 +842,19 @@ struct Gateway::Impl {
         char z85[curve::kZ85KeyChars + 1];
         if (zmq_z85_encode(z85, static_cast<const uint8_t*>(frames[6].data()), curve::kKeyBytes))
           user = z85;  // the connection's User-Id: the client's public key
+        // A listed client still needs room on its endpoint.
+        if (auto* g = gate_of(frames[2].to_string()); g && g->checked) {
+          if (const char* why = pass(*g, frames[3].to_string())) {
+            // A connection refused as it came is ended already (300: no ERROR needed).
+            status = why == kTooManyConnections ? "500" : "300";
+            text = why;
+            user.clear();
+          }
+        }
       }
       if (status == "200") {
         c.curve_allowed++;
-      } else {
+      } else if (status == "400") {
         c.curve_refused++;
         std::string who = frames.size() > 3 ? frames[3].to_string() : std::string("?");
         std::string key = frames.size() > 6 ? frames[6].to_string() : std::string();
@@ -752,7 +873,7 @@ struct Gateway::Impl {
     }
   }
 
-  // ---- connections (endpoints.max_connections) ----
+  // ---- connections (endpoints.max_connections and its companions) ----
 
   // Watches the connections of `s`, before it binds so that none is missed: libzmq's monitor
   // reports each accepted connection and each disconnect, with the connection's descriptor, on
@@ -773,17 +894,149 @@ struct Gateway::Impl {
     g.events.connect(addr);
   }
 
-  // Counts what the monitor reported, and shuts down each connection accepted while the
-  // endpoint already had max_connections open. shutdown(), not close(): the descriptor stays
-  // libzmq's, which sees the end of the stream, reports the disconnect and frees the
-  // connection's buffers and pipe itself.
-  void serve_connections(ConnectionGate& g) {
+  // The gate whose socket has this ZAP domain (nullptr: the results socket, which is not capped).
+  ConnectionGate* gate_of(const std::string& domain) {
+    for (auto* g : {&router_gate, &pull_gate})
+      if (g->events && domain == g->domain) return g;
+    return nullptr;
+  }
+
+  static size_t cap_of(int64_t limit) { return static_cast<size_t>(std::max<int64_t>(limit, 0)); }
+
+  // Whether a connection from `source` may join `g` now (the caps in the order they are said).
+  Refusal admit(const ConnectionGate& g, const std::string& source) const {
+    const size_t per_address = cap_of(ep.max_connections_per_address);
+    if (per_address != 0 && !source.empty()) {
+      auto it = g.sources.find(source);
+      if (it != g.sources.end() && it->second.open >= per_address) return Refusal::per_address;
+    }
+    const size_t cap = cap_of(ep.max_connections);
+    if (!g.checked) return cap != 0 && g.open.size() >= cap ? Refusal::total : Refusal::none;
+    if (cap != 0 && g.passed >= cap) return Refusal::total;
+    const size_t handshaking = cap_of(ep.max_handshaking);
+    if (handshaking != 0 && g.handshaking() >= handshaking) return Refusal::handshaking;
+    return Refusal::none;
+  }
+
+  void add(ConnectionGate& g, int fd, std::string source) {
+    const auto now = Clock::now();
+    auto& src = g.sources[source];
+    ++src.open;
+    if (g.checked) {
+      src.handshaking.push_back(fd);
+      if (ep.handshake_timeout_ms > 0) g.handshakes.emplace_back(fd, now);
+    } else {
+      ++g.passed;
+    }
+    g.open[fd] = Conn{std::move(source), now, !g.checked};
+  }
+
+  void forget(ConnectionGate& g, int fd) {
+    if (g.refused.erase(fd)) return;
+    auto it = g.open.find(fd);
+    if (it == g.open.end()) return;
+    auto src = g.sources.find(it->second.source);
+    if (it->second.passed) {
+      --g.passed;
+    } else {
+      auto& h = src->second.handshaking;
+      h.erase(std::find(h.begin(), h.end(), fd));
+    }
+    if (--src->second.open == 0) g.sources.erase(src);
+    g.open.erase(it);
+  }
+
+  void mark_passed(ConnectionGate& g, int fd) {
+    auto it = g.open.find(fd);
+    if (it == g.open.end() || it->second.passed) return;
+    it->second.passed = true;
+    ++g.passed;
+    auto& h = g.sources[it->second.source].handshaking;
+    h.erase(std::find(h.begin(), h.end(), fd));
+  }
+
+  // A connection still open kHandshakeSlack past handshake_timeout_ms has passed the allow-list
+  // (libzmq drops one that has not finished its handshake by then): it counts so, which also
+  // corrects a wrong guess of pass() among the connections of one source.
+  void settle_handshakes(ConnectionGate& g) {
+    const auto limit = std::chrono::milliseconds(ep.handshake_timeout_ms) + kHandshakeSlack;
+    const auto now = Clock::now();
+    while (!g.handshakes.empty() && now - g.handshakes.front().second >= limit) {
+      const auto [fd, since] = g.handshakes.front();
+      g.handshakes.pop_front();
+      auto it = g.open.find(fd);
+      if (it != g.open.end() && it->second.since == since) mark_passed(g, fd);
+    }
+  }
+
+  // A listed client's handshake on a checked endpoint: its connection (one in its handshake from
+  // the same source; a ZAP request names no descriptor, so the one that has received the most,
+  // else the oldest) now counts toward max_connections. nullptr when it may pass, else why not:
+  // the endpoint has max_connections connections that passed (a `total` refusal), or none of
+  // the source's connections is in its handshake (the connection was refused as it came, and
+  // libzmq read its handshake before it saw the connection end).
+  const char* pass(ConnectionGate& g, const std::string& address) {
+    settle_handshakes(g);
+    const std::string source = g.tcp ? source_of_text(address) : std::string();
+    auto src = g.sources.find(source);
+    if (src == g.sources.end() || src->second.handshaking.empty()) return "connection refused";
+    const size_t cap = cap_of(ep.max_connections);
+    if (cap != 0 && g.passed >= cap) {
+      count_refusal(g, Refusal::total, source);
+      return kTooManyConnections;
+    }
+    int best = -1;
+    uint64_t most = 0;
+    for (int fd : src->second.handshaking) {
+      const uint64_t n = g.tcp ? bytes_received(fd) : 0;
+      if (best < 0 || n > most) {
+        best = fd;
+        most = n;
+      }
+    }
+    mark_passed(g, best);
+    publish_counts();
+    return nullptr;
+  }
+
+  void publish_counts() {
+    c.connections_open = static_cast<int64_t>(router_gate.open.size() + pull_gate.open.size());
+    c.connections_handshaking =
+        static_cast<int64_t>(router_gate.handshaking() + pull_gate.handshaking());
+  }
+
+  // Counts (and logs) a refusal.
+  void count_refusal(const ConnectionGate& g, Refusal why, const std::string& source) {
+    c.connections_refused++;
+    switch (why) {
+      case Refusal::per_address:
+        c.refused_per_address++;
+        break;
+      case Refusal::total:
+        c.refused_total++;
+        break;
+      case Refusal::handshaking:
+        c.refused_handshaking++;
+        break;
+      case Refusal::none:
+        break;
+    }
+    log_refusal(g, why, source);
+  }
+
+  // Counts what the monitor reported, and shuts down each connection accepted past a cap (the
+  // accepted socket's peer address for max_connections_per_address). shutdown(), not close():
+  // the descriptor stays libzmq's, which sees the end of the stream, reports the disconnect and
+  // frees the connection's buffers and pipe itself. Returns how many reports it read (at most
+  // kEventBatch).
+  int serve_connections(ConnectionGate& g) {
     struct Event {
       uint16_t what;
       int fd;
     };
     std::vector<Event> events;
-    for (int i = 0; i < kEventBatch; ++i) {
+    int read = 0;
+    for (; read < kEventBatch; ++read) {
       zmq::message_t head;
       if (!g.events.recv(head, zmq::recv_flags::dontwait)) break;
       // [event (16 bits) + value (32 bits: the descriptor), address]; the frames of a message
@@ -800,42 +1053,66 @@ struct Gateway::Impl {
       std::memcpy(&value, static_cast<const char*>(head.data()) + sizeof what, sizeof value);
       events.push_back({what, static_cast<int>(value)});
     }
-    const auto cap = static_cast<size_t>(std::max<int64_t>(ep.max_connections, 0));
     for (size_t i = 0; i < events.size(); ++i) {
       const int fd = events[i].fd;
       if (events[i].what == ZMQ_EVENT_DISCONNECTED) {
-        if (!g.refused.erase(fd)) g.open.erase(fd);
+        forget(g, fd);
         continue;
       }
       if (events[i].what != ZMQ_EVENT_ACCEPTED) continue;
-      if (cap == 0 || g.open.size() < cap) {
-        g.open.insert(fd);
-        continue;
-      }
-      c.connections_refused++;
-      g.refused.insert(fd);
-      // Already gone by itself (its disconnect is in this batch): its descriptor may be reused.
+      // Already gone by itself (its disconnect is in this batch): its descriptor may be reused,
+      // and so may one that is no longer a connection of this endpoint.
       const bool gone = std::any_of(
           events.begin() + static_cast<std::ptrdiff_t>(i) + 1, events.end(),
           [fd](const Event& e) { return e.what == ZMQ_EVENT_DISCONNECTED && e.fd == fd; });
-      if (!gone && accepted_on(fd, g.endpoint)) ::shutdown(fd, SHUT_RDWR);
-      log_refusal(g, cap);
+      const bool ours = !gone && accepted_on(fd, g.endpoint);
+      std::string source = ours && g.tcp ? peer_source(fd) : std::string();
+      if (g.checked) settle_handshakes(g);
+      const Refusal why = admit(g, source);
+      if (why == Refusal::none) {
+        add(g, fd, std::move(source));
+        continue;
+      }
+      g.refused.insert(fd);
+      if (ours) ::shutdown(fd, SHUT_RDWR);
+      count_refusal(g, why, source);
     }
-    c.connections_open = static_cast<int64_t>(router_gate.open.size() + pull_gate.open.size());
+    if (g.checked) settle_handshakes(g);
+    publish_counts();
+    return read;
   }
 
-  void log_refusal(const ConnectionGate& g, size_t cap) {
-    ++refusals_unlogged;
+  void log_refusal(const ConnectionGate& g, Refusal why, const std::string& source) {
+    const auto k = static_cast<size_t>(why);
+    ++refusals_unlogged[k];
     const auto now = Clock::now();
-    if (now < next_refusal_log) return;
-    std::string line = std::string("refused a connection to the ") + g.what + " " + g.endpoint +
-                       ": " + std::to_string(g.open.size()) +
-                       " connections open, endpoints.max_connections is " + std::to_string(cap);
-    if (refusals_unlogged > 1)
-      line += " (" + std::to_string(refusals_unlogged) + " refused since the last report)";
+    if (now < next_refusal_log[k]) return;
+    std::string line = std::string("refused a connection to the ") + g.what + " " + g.endpoint;
+    switch (why) {
+      case Refusal::per_address:
+        line += " from " + source + ": " + std::to_string(g.sources.at(source).open) +
+                " connections open from that address, endpoints.max_connections_per_address "
+                "is " +
+                std::to_string(ep.max_connections_per_address);
+        break;
+      case Refusal::total:
+        line += g.checked ? ": " + std::to_string(g.passed) + " connections past the allow-list"
+                          : ": " + std::to_string(g.open.size()) + " connections open";
+        line += ", endpoints.max_connections is " + std::to_string(ep.max_connections);
+        break;
+      case Refusal::handshaking:
+        line += ": " + std::to_string(g.handshaking()) +
+                " connections in their handshake, endpoints.max_handshaking is " +
+                std::to_string(ep.max_handshaking);
+        break;
+      case Refusal::none:
+        break;
+    }
+    if (refusals_unlogged[k] > 1)
+      line += " (" + std::to_string(refusals_unlogged[k]) + " refused since the last report)";
     log::warn(line);
-    refusals_unlogged = 0;
-    next_refusal_log = now + kRefusalLogPeriod;
+    refusals_unlogged[k] = 0;
+    next_refusal_log[k] = now + kRefusalLogPeriod;
   }
 
   // Closes every socket (idempotent). The monitors stop first: libzmq's I/O thread would block
@@ -967,7 +1244,7 @@ void Gateway::start() {
     d.zap.set(zmq::sockopt::linger, 0);
     bind_named(d.zap, kZapEndpoint, "CURVE allow-list (ZAP) handler");
   }
-  auto common = [&](zmq::socket_t& s) {
+  auto common = [&](zmq::socket_t& s, const char* domain) {
     s.set(zmq::sockopt::sndhwm, d.ep.sndhwm);
     s.set(zmq::sockopt::rcvhwm, d.ep.rcvhwm);
     s.set(zmq::sockopt::linger, 0);
@@ -986,12 +1263,15 @@ void Gateway::start() {
     // handler is bound, and without one (and without ZMQ_ZAP_ENFORCE_DOMAIN) libzmq lets every
     // ZMTP 3 peer in as before. CURVE sockets refuse the old versions anyway.
     if (d.curve_secret.empty()) s.set(zmq::sockopt::zap_domain, "switchyard");
+    // With an allow-list each socket names itself to the ZAP handler, which counts a passing
+    // connection toward its endpoint's cap.
+    if (!d.allowed_keys.empty()) s.set(zmq::sockopt::zap_domain, domain);
     // Every bound socket is the CURVE server, the PUSH results socket too: sinks connect to it
     // as CURVE clients with the same public key (docs/security.md).
     if (!d.curve_secret.empty()) curve::make_server(s.handle(), d.curve_secret);
   };
   d.router = zmq::socket_t(d.ctx, zmq::socket_type::router);
-  common(d.router);
+  common(d.router, kRequestDomain);
   // Heartbeats only here (EndpointConfig: libzmq's heartbeat timer aborts the process when a
   // peer resets a connection whose input is paused at the high-water mark; the pipeline sockets
   // are paused by backpressure in normal operation). With them, no receive mark, so that the
@@ -1008,19 +1288,30 @@ void Gateway::start() {
   bind_named(d.router, d.ep.bind, "request endpoint");
   d.router_ep = d.router.get(zmq::sockopt::last_endpoint);
   d.router_gate.endpoint = d.router_ep;
+  d.router_gate.domain = kRequestDomain;
   if (!d.ep.pull.empty()) {
     d.pull = zmq::socket_t(d.ctx, zmq::socket_type::pull);
-    common(d.pull);
+    common(d.pull, kPipelineDomain);
     d.pull.set(zmq::sockopt::maxmsgsize, d.ep.max_message_bytes);
     d.watch_connections(d.pull, d.pull_gate, "pipeline input", "pull");
     bind_named(d.pull, d.ep.pull, "pipeline input");
     d.pull_ep = d.pull.get(zmq::sockopt::last_endpoint);
     d.pull_gate.endpoint = d.pull_ep;
+    d.pull_gate.domain = kPipelineDomain;
   }
-  fit_descriptor_limit(d.ep.max_connections, d.pull ? 2 : 1);
+  for (auto* g : {&d.router_gate, &d.pull_gate}) {
+    g->tcp = g->endpoint.rfind("tcp://", 0) == 0;
+    g->checked = !d.allowed_keys.empty();
+  }
+  // With an allow-list an endpoint holds up to max_connections that passed it and
+  // max_handshaking in their handshake (0: unbounded, so only the first part is known).
+  int64_t per_endpoint = d.ep.max_connections;
+  if (!d.allowed_keys.empty() && per_endpoint > 0)
+    per_endpoint += std::max<int64_t>(d.ep.max_handshaking, 0);
+  fit_descriptor_limit(per_endpoint, d.pull ? 2 : 1);
   if (!d.ep.results.empty()) {
     d.push = zmq::socket_t(d.ctx, zmq::socket_type::push);
-    common(d.push);
+    common(d.push, kResultsDomain);
     // Sinks send no messages, only ZMTP commands: what a peer sends here is never read, so
     // it is bounded to one small message per connection instead of rcvhwm frames of up to
     // what the peer claims.
@@ -1116,7 +1407,11 @@ GatewayStats Gateway::stats() const {
   s.shutdown_refused = c.shutdown_refused;
   s.intake_refused = c.intake_refused;
   s.connections_refused = c.connections_refused;
+  s.refused_per_address = c.refused_per_address;
+  s.refused_total = c.refused_total;
+  s.refused_handshaking = c.refused_handshaking;
   s.connections_open = c.connections_open;
+  s.connections_handshaking = c.connections_handshaking;
   s.pull_credit = impl_->pull_credit;
   return s;
 }

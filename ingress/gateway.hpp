@@ -51,10 +51,19 @@ struct GatewayStats {
   uint64_t curve_refused = 0;     ///< CURVE handshakes the allow-list refused (ZAP 400)
   uint64_t shutdown_refused = 0;  ///< submits answered `unavailable` during the shutdown grace
   uint64_t intake_refused = 0;    ///< requests answered `overloaded`: admission's mailbox was full
-  /// Client connections closed as they came: their endpoint had endpoints.max_connections open.
+  /// Client connections closed as they came, for any of the caps below (their sum).
   uint64_t connections_refused = 0;
+  /// ... because their source address had endpoints.max_connections_per_address open there.
+  uint64_t refused_per_address = 0;
+  /// ... because their endpoint had endpoints.max_connections open (with an allow-list: that
+  /// had passed it; a listed client refused for it at its handshake counts here too).
+  uint64_t refused_total = 0;
+  /// ... because their endpoint had endpoints.max_handshaking in their handshake (allow-list).
+  uint64_t refused_handshaking = 0;
   int64_t connections_open = 0;  ///< client connections open (request endpoint + pipeline input)
-  int64_t pull_credit = 0;       ///< PULL messages that may be read now
+  /// Of those, the ones not yet past the allow-list (0 without one).
+  int64_t connections_handshaking = 0;
+  int64_t pull_credit = 0;  ///< PULL messages that may be read now
 };
 
 /// The gateway thread and its sockets. Hold it in a shared_ptr: the egress actor posts to it.

@@ -21,7 +21,9 @@ namespace sy::it {
 // A TCP connection to a ZeroMQ endpoint, driven byte by byte.
 class RawPeer {
  public:
-  explicit RawPeer(const std::string& endpoint) {
+  // `source`: the local address to connect from (e.g. "127.0.0.2"; any 127/8 address is this
+  // host's loopback), "" for the kernel's choice.
+  explicit RawPeer(const std::string& endpoint, const std::string& source = "") {
     // "tcp://127.0.0.1:PORT"
     auto colon = endpoint.rfind(':');
     BOOST_REQUIRE(endpoint.rfind("tcp://", 0) == 0 && colon != std::string::npos);
@@ -33,6 +35,13 @@ class RawPeer {
     a.sin_family = AF_INET;
     a.sin_port = htons(static_cast<uint16_t>(port));
     BOOST_REQUIRE(inet_pton(AF_INET, host.c_str(), &a.sin_addr) == 1);
+    if (!source.empty()) {
+      sockaddr_in local{};
+      local.sin_family = AF_INET;
+      BOOST_REQUIRE(inet_pton(AF_INET, source.c_str(), &local.sin_addr) == 1);
+      BOOST_REQUIRE_MESSAGE(::bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof local) == 0,
+                            "bind to " << source << ": " << std::strerror(errno));
+    }
     BOOST_REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
   }
   ~RawPeer() {
@@ -40,6 +49,8 @@ class RawPeer {
   }
   RawPeer(const RawPeer&) = delete;
   RawPeer& operator=(const RawPeer&) = delete;
+
+  int fd() const { return fd_; }
 
   // Sends all of `bytes`; a connection the server reset or closed meanwhile is remembered
   // (closed_within reports it), any other failure fails the test.
@@ -74,8 +85,9 @@ class RawPeer {
     return true;
   }
 
-  // ZMTP 3.0 greeting with the NULL mechanism, as a client (as-server 0).
-  void send_greeting_v3() {
+  // ZMTP 3.0 greeting with `mechanism` (NULL, or CURVE for a peer that never sends its HELLO),
+  // as a client (as-server 0).
+  void send_greeting_v3(const std::string& mechanism = "NULL") {
     std::string g;
     g += '\xff';
     g += std::string(7, '\0');
@@ -83,7 +95,8 @@ class RawPeer {
     g += '\x7f';
     g += '\x03';  // major version
     g += '\x00';  // minor version: 3.0
-    g += std::string("NULL") + std::string(16, '\0');
+    BOOST_REQUIRE(mechanism.size() <= 20u);
+    g += mechanism + std::string(20 - mechanism.size(), '\0');
     g += '\x00';  // as-server
     g += std::string(31, '\0');
     BOOST_REQUIRE(g.size() == 64u);

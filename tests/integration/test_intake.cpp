@@ -233,7 +233,8 @@ BOOST_AUTO_TEST_CASE(connections_past_max_connections_are_closed_and_room_comes_
   BOOST_TEST(st["connections_open"] == 4);
   auto page = sy::it::http_get(srv.metrics_endpoint(), "/metrics");
   BOOST_TEST(page.status == 200);
-  BOOST_TEST(page.body.find("\nswitchyard_connections_refused_total 2\n") != std::string::npos,
+  BOOST_TEST(page.body.find("\nswitchyard_connections_refused_total{reason=\"total\"} 2\n") !=
+                 std::string::npos,
              page.body);
   BOOST_TEST(page.body.find("\nswitchyard_connections_open 4\n") != std::string::npos, page.body);
   // libzmq saw the end of each refused connection and closed its descriptor (and pipe) itself.

@@ -1,10 +1,14 @@
 // Security through the real server (issue 6, must show 6): `switchyard keygen`, key-file errors,
 // CURVE on the ROUTER and on PULL -> PUSH (no key: no connection, nothing read; the key: end to
 // end), and tenant isolation (another tenant's job can be neither cancelled nor seen; a wrong
-// token or an unknown tenant is refused with `unauthorized` before anything is queued), and the
-// CURVE client allow-list (ZAP): listed keys get results, unlisted ones are refused and counted.
+// token or an unknown tenant is refused with `unauthorized` before anything is queued), the
+// CURVE client allow-list (ZAP): listed keys get results, unlisted ones are refused and counted,
+// and connection caps strangers cannot exhaust: a flood from one address gets
+// max_connections_per_address places, and with an allow-list strangers never take the places of
+// clients that passed it (docs/security.md, Connections).
 #include <sys/stat.h>
 
+#include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <fstream>
 #include <set>
@@ -14,6 +18,7 @@
 #include "clients/cpp/client.hpp"
 #include "ingress/codec.hpp"
 #include "ingress/curve.hpp"
+#include "tests/integration/raw_peer.hpp"
 #include "tests/integration/server_process.hpp"
 
 BOOST_AUTO_TEST_SUITE(test_security)
@@ -22,6 +27,7 @@ using namespace std::chrono_literals;
 using sy::ErrorCode;
 using sy::client::Client;
 using sy::client::ClientOptions;
+using sy::it::RawPeer;
 
 namespace {
 
@@ -146,6 +152,109 @@ std::set<std::string> collect_dones(int n, Next next) {
   }
   return done;
 }
+
+// The value of one series ("name{labels}") on the server's /metrics page; -1 when absent.
+double metric(sy::it::ServerProcess& srv, const std::string& series) {
+  const auto page = sy::it::http_get(srv.metrics_endpoint(), "/metrics");
+  const std::string needle = "\n" + series + " ";
+  const auto at = page.body.find(needle);
+  return at == std::string::npos ? -1 : std::stod(page.body.substr(at + needle.size()));
+}
+
+// Reads a series until it shows `want` (what the test caused, once the gateway has read every
+// accept); the last value read when 20 s pass first.
+double metric_reaching(sy::it::ServerProcess& srv, const std::string& series, double want) {
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  double v = metric(srv, series);
+  while (v != want && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(20ms);
+    v = metric(srv, series);
+  }
+  return v;
+}
+
+std::string refused(const std::string& reason) {
+  return "switchyard_connections_refused_total{reason=\"" + reason + "\"}";
+}
+
+// A ZeroMQ connect endpoint that leaves from `source` (any 127/8 address is this host's
+// loopback): "tcp://SOURCE:0;HOST:PORT".
+std::string from(const std::string& source, const std::string& endpoint) {
+  return "tcp://" + source + ":0;" + endpoint.substr(6);
+}
+
+// A ping on a raw DEALER answered with a pong: the connection is past its handshake and served.
+bool pinged(zmq::socket_t& sock) {
+  const std::string ping = sy::wire::encode_client(sy::wire::ClientMessage{sy::wire::Ping{}});
+  if (!sock.send(zmq::buffer(ping), zmq::send_flags::none)) return false;
+  auto m = recv_message(sock, 10s);
+  return m && std::holds_alternative<sy::wire::Pong>(*m);
+}
+
+// The first 10 bytes of a ZMTP greeting: a peer that idles there.
+const std::string kHalfGreeting("\xff\0\0\0\0\0\0\0\x01\x7f", 10);
+
+// A TCP relay for one connection, to hold a client's handshake back: it listens on
+// 127.0.0.1, and when a client connects it connects to `target` from `source` at once (the
+// server accepts that connection) but forwards bytes either way only after release().
+class HeldRelay {
+ public:
+  HeldRelay(const std::string& target, const std::string& source) {
+    listen_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    BOOST_REQUIRE(::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    BOOST_REQUIRE(::listen(listen_, 1) == 0);
+    BOOST_REQUIRE(::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    endpoint_ = "tcp://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    thread_ = std::thread([this, target, source] { run(target, source); });
+  }
+  ~HeldRelay() {
+    stop_ = true;
+    thread_.join();
+    ::close(listen_);
+  }
+  const std::string& endpoint() const { return endpoint_; }
+  bool connected() const { return connected_; }
+  void release() { released_ = true; }
+
+ private:
+  void run(const std::string& target, const std::string& source) {
+    int client = -1;
+    while (!stop_ && client < 0) {
+      pollfd p{listen_, POLLIN, 0};
+      if (::poll(&p, 1, 20) > 0) client = ::accept(listen_, nullptr, nullptr);
+    }
+    if (client < 0) return;
+    RawPeer server(target, source);  // the server accepts it now
+    connected_ = true;
+    while (!stop_ && !released_) std::this_thread::sleep_for(5ms);
+    const int fds[2] = {client, server.fd()};
+    bool open = true;
+    while (!stop_ && open) {
+      pollfd p[2] = {{fds[0], POLLIN, 0}, {fds[1], POLLIN, 0}};
+      if (::poll(p, 2, 20) <= 0) continue;
+      for (int i = 0; i < 2 && open; ++i) {
+        if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        char buf[4096];
+        const ssize_t n = ::recv(fds[i], buf, sizeof buf, 0);
+        open = n > 0 && ::send(fds[1 - i], buf, static_cast<size_t>(n), MSG_NOSIGNAL) == n;
+      }
+    }
+    ::close(client);
+  }
+
+  int listen_ = -1;
+  std::string endpoint_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false}, released_{false}, connected_{false};
+};
+
+constexpr int kFlood = 200;     // raw peers from one address
+constexpr int kMax = 16;        // --max-connections
+constexpr int kPerAddress = 4;  // --max-connections-per-address
 
 }  // namespace
 
@@ -509,6 +618,190 @@ BOOST_AUTO_TEST_CASE(tenants_cannot_reach_each_others_jobs) {
 
   auto s = server.stats();
   BOOST_TEST(s["admitted"] == 2);  // job-b and job-b2 only
+  BOOST_TEST(server.stop() == 0);
+}
+
+// Plain TCP: 200 raw peers from one address, half idling in their greeting and half holding a
+// finished handshake, get max_connections_per_address places between them; a client from
+// another address connects and runs its job. What remains: strangers from several addresses can
+// still fill max_connections, which counts every connection of a plain endpoint.
+BOOST_AUTO_TEST_CASE(a_flood_from_one_address_gets_only_its_share) {
+  sy::it::ServerProcess server({"--backend", "null", "--max-connections", std::to_string(kMax),
+                                "--max-connections-per-address", std::to_string(kPerAddress),
+                                "--handshake-timeout-ms", "0", "--metrics", "127.0.0.1:0"});
+  const std::string ep = server.endpoint();
+  std::vector<std::unique_ptr<RawPeer>> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    flood.push_back(std::make_unique<RawPeer>(ep, "127.0.0.1"));
+    if (i % 2)
+      flood.back()->send(kHalfGreeting);
+    else
+      flood.back()->send_handshake();  // greeting and READY: a finished NULL handshake
+  }
+  BOOST_REQUIRE_EQUAL(metric_reaching(server, refused("per_address"), kFlood - kPerAddress),
+                      kFlood - kPerAddress);
+  int kept = 0;
+  for (auto& p : flood) kept += !p->closed_within(200ms);
+  BOOST_TEST(kept == kPerAddress);
+
+  Client client(from("127.0.0.2", ep));
+  auto r = client.run(job("from-elsewhere", "t", 4), 30s);
+  BOOST_REQUIRE_MESSAGE(r.ok(), "the client from 127.0.0.2 got no result: "
+                                    << (r.error ? r.error->message : "timeout"));
+  BOOST_TEST(r.done->id == "from-elsewhere");
+  BOOST_TEST(r.ids.size() == 4u);
+
+  // Eleven strangers from three more addresses fill the cap (4 + 1 + 11 = 16); the next
+  // connection, from a fifth address, is refused as `total`.
+  std::vector<std::unique_ptr<RawPeer>> spread;
+  for (int i = 0; i < kMax - kPerAddress - 1; ++i)
+    spread.push_back(std::make_unique<RawPeer>(ep, "127.0.0." + std::to_string(3 + i / 4)));
+  BOOST_REQUIRE_EQUAL(metric_reaching(server, "switchyard_connections_open", kMax), kMax);
+  RawPeer one_more(ep, "127.0.0.9");
+  BOOST_TEST(one_more.closed_within(10s));
+  BOOST_TEST(client.ping_wait(10s));  // the client's connection was not the one closed
+
+  BOOST_TEST(metric(server, refused("per_address")) == kFlood - kPerAddress);
+  BOOST_TEST(metric_reaching(server, refused("total"), 1) == 1);
+  BOOST_TEST(metric(server, refused("handshaking")) == 0);
+  BOOST_TEST(metric(server, "switchyard_connections_handshaking") == 0);
+  auto st = server.stats();
+  BOOST_TEST(st["connections_refused"] == kFlood - kPerAddress + 1);
+  BOOST_TEST(st["connections_refused_per_address"] == kFlood - kPerAddress);
+  BOOST_TEST(st["connections_open"] == kMax);
+  BOOST_TEST(server.stop() == 0);
+}
+
+// CURVE with an allow-list: the same flood idling in the CURVE handshake, and keyless peers
+// that retry; a listed client from another address gets its job done. Only connections past
+// the allow-list count toward max_connections, so strangers cannot take those places; those in
+// their handshake have max_handshaking, which strangers from enough addresses can fill (new
+// clients then wait; connected ones are untouched).
+BOOST_AUTO_TEST_CASE(strangers_cannot_take_the_places_of_listed_clients) {
+  Keys k;
+  const auto listed = sy::curve::generate(), unlisted = sy::curve::generate();
+  const std::string allow = k.dir.write("clients.allow", listed.public_key + "\n");
+  constexpr int kHandshaking = 8;
+  // No handshake timeout within the test: only the caps close connections.
+  sy::it::ServerProcess server(
+      {"--backend", "null", "--curve-secret-key", k.key, "--curve-allowed-keys", allow,
+       "--max-connections", std::to_string(kMax), "--max-connections-per-address",
+       std::to_string(kPerAddress), "--max-handshaking", std::to_string(kHandshaking),
+       "--handshake-timeout-ms", "60000", "--metrics", "127.0.0.1:0"});
+  const std::string ep = server.endpoint();
+  zmq::context_t ctx;
+
+  // 200 raw peers from 127.0.0.1 that never present a key: four stay, in their handshake.
+  std::vector<std::unique_ptr<RawPeer>> flood;
+  for (int i = 0; i < kFlood; ++i) {
+    flood.push_back(std::make_unique<RawPeer>(ep, "127.0.0.1"));
+    if (i % 2)
+      flood.back()->send(kHalfGreeting);
+    else
+      flood.back()->send_greeting_v3("CURVE");  // and never a HELLO
+  }
+  BOOST_REQUIRE_EQUAL(metric_reaching(server, refused("per_address"), kFlood - kPerAddress),
+                      kFlood - kPerAddress);
+  BOOST_REQUIRE_EQUAL(metric_reaching(server, "switchyard_connections_handshaking", kPerAddress),
+                      kPerAddress);
+
+  // Two ZeroMQ clients with unlisted keys from 127.0.0.3 retry all along (every 100 ms).
+  std::vector<zmq::socket_t> keyless;
+  for (int i = 0; i < 2; ++i) {
+    keyless.push_back(
+        keyed_socket(ctx, zmq::socket_type::dealer, from("127.0.0.3", ep), k.pub, unlisted));
+    send_submit(keyless.back(), job("keyless-" + std::to_string(i), "t", 4));
+  }
+  BOOST_REQUIRE(metric_reaching(server, "switchyard_curve_refused_total", 2) >= 2);
+
+  // The listed client from 127.0.0.2 connects and gets its job done.
+  auto member = keyed_socket(ctx, zmq::socket_type::dealer, from("127.0.0.2", ep), k.pub, listed);
+  BOOST_REQUIRE(send_submit(member, job("member", "t", 6)));
+  auto d = wait_done(member, "member");
+  BOOST_REQUIRE_MESSAGE(d.has_value(), "the listed client from 127.0.0.2 got no result");
+  BOOST_TEST(d->ids.size() == 6u);
+  BOOST_TEST(server.stats()["curve_refused"] >= 2);
+  keyless.clear();
+  // The flood's four and nothing else are in their handshake; the member passed.
+  BOOST_REQUIRE_EQUAL(metric_reaching(server, "switchyard_connections_handshaking", kPerAddress),
+                      kPerAddress);
+  BOOST_REQUIRE_EQUAL(metric_reaching(server, "switchyard_connections_open", kPerAddress + 1),
+                      kPerAddress + 1);
+
+  // Strangers from a second address fill max_handshaking (4 + 4 = 8): one from a third is
+  // refused as `handshaking`, and the member is still served.
+  std::vector<std::unique_ptr<RawPeer>> more;
+  for (int i = 0; i < kPerAddress; ++i) {
+    more.push_back(std::make_unique<RawPeer>(ep, "127.0.0.4"));
+    more.back()->send_greeting_v3("CURVE");
+  }
+  BOOST_REQUIRE_EQUAL(metric_reaching(server, "switchyard_connections_handshaking", kHandshaking),
+                      kHandshaking);
+  RawPeer past_handshaking(ep, "127.0.0.5");
+  BOOST_TEST(past_handshaking.closed_within(10s));
+  BOOST_TEST(metric_reaching(server, refused("handshaking"), 1) == 1);
+  BOOST_TEST(pinged(member));
+  more.clear();
+  BOOST_REQUIRE_EQUAL(metric_reaching(server, "switchyard_connections_handshaking", kPerAddress),
+                      kPerAddress);
+
+  // Fifteen more listed clients from four addresses take the remaining places (1 + 15 = 16)
+  // while the flood still holds its four in the handshake; the next connection is refused as
+  // `total`.
+  std::vector<zmq::socket_t> members;
+  for (int i = 0; i < kMax - 1; ++i) {
+    members.push_back(keyed_socket(ctx, zmq::socket_type::dealer,
+                                   from("127.0.0." + std::to_string(6 + i / 4), ep), k.pub,
+                                   listed));
+    BOOST_REQUIRE_MESSAGE(pinged(members.back()), "listed client " << i << " was not served");
+  }
+  BOOST_REQUIRE_EQUAL(metric_reaching(server, "switchyard_connections_open", kMax + kPerAddress),
+                      kMax + kPerAddress);
+  RawPeer past_total(ep, "127.0.0.10");
+  BOOST_TEST(past_total.closed_within(10s));
+  BOOST_TEST(metric_reaching(server, refused("total"), 1) == 1);
+  BOOST_TEST(pinged(member));
+
+  // Every refusal is one the test caused: the flood's 196, one past max_handshaking, one past
+  // max_connections; the keyless clients were refused by the allow-list, never by a cap.
+  BOOST_TEST(metric(server, refused("per_address")) == kFlood - kPerAddress);
+  BOOST_TEST(metric(server, refused("handshaking")) == 1);
+  BOOST_TEST(metric(server, refused("total")) == 1);
+  auto st = server.stats();
+  BOOST_TEST(st["connections_refused"] == kFlood - kPerAddress + 2);
+  BOOST_TEST(st["connections_handshaking"] == kPerAddress);
+  BOOST_TEST(server.stop() == 0);
+}
+
+// With an allow-list, max_connections is checked again when a listed client's handshake reaches
+// the allow-list: a connection accepted while there was room, whose handshake comes after the
+// last place was taken, is answered ZAP 500 (closed, counted as `total`) and the client that
+// holds the place keeps it.
+BOOST_AUTO_TEST_CASE(a_listed_client_past_max_connections_is_refused_at_its_handshake) {
+  Keys k;
+  const auto listed = sy::curve::generate();
+  const std::string allow = k.dir.write("clients.allow", listed.public_key + "\n");
+  sy::it::ServerProcess server({"--backend", "null", "--curve-secret-key", k.key,
+                                "--curve-allowed-keys", allow, "--max-connections", "1",
+                                "--handshake-timeout-ms", "60000", "--metrics", "127.0.0.1:0"});
+  const std::string ep = server.endpoint();
+  zmq::context_t ctx;
+  // The late client's connection is accepted first, its handshake held back by the relay.
+  HeldRelay relay(ep, "127.0.0.3");
+  auto late = keyed_socket(ctx, zmq::socket_type::dealer, relay.endpoint(), k.pub, listed);
+  BOOST_REQUIRE(send_submit(late, job("late", "t", 4)));
+  BOOST_REQUIRE_EQUAL(metric_reaching(server, "switchyard_connections_handshaking", 1), 1);
+  // Then the first client passes and takes the one place.
+  auto first = keyed_socket(ctx, zmq::socket_type::dealer, from("127.0.0.2", ep), k.pub, listed);
+  BOOST_REQUIRE(pinged(first));
+  relay.release();
+  BOOST_TEST(metric_reaching(server, refused("total"), 1) == 1);
+  BOOST_TEST(!recv_message(late, kNoAnswerWait).has_value());
+  BOOST_TEST(pinged(first));
+  BOOST_TEST(metric(server, refused("per_address")) == 0);
+  BOOST_TEST(metric(server, refused("handshaking")) == 0);
+  BOOST_TEST(metric_reaching(server, "switchyard_connections_open", 1) == 1);
+  BOOST_TEST(server.stats()["received"] == 2);  // the first client's two pings only
   BOOST_TEST(server.stop() == 0);
 }
 

@@ -39,6 +39,8 @@ BOOST_AUTO_TEST_CASE(defaults_limit_the_handshake_and_the_intake_and_keep_connec
   BOOST_TEST(e.heartbeat_timeout_ms == 30000);
   BOOST_TEST(e.heartbeat_ttl_ms == 30000);
   BOOST_TEST(e.max_connections == 1024);
+  BOOST_TEST(e.max_connections_per_address == 64);
+  BOOST_TEST(e.max_handshaking == 256);
 }
 
 BOOST_AUTO_TEST_CASE(keys_are_read) {
@@ -53,6 +55,8 @@ endpoints:
   max_waiting_requests: 7
   max_waiting_bytes: 9000
   max_connections: 3
+  max_connections_per_address: 2
+  max_handshaking: 5
 )",
                          cfg);
   BOOST_TEST(err == "");
@@ -64,6 +68,8 @@ endpoints:
   BOOST_TEST(cfg.endpoints.max_waiting_requests == 7);
   BOOST_TEST(cfg.endpoints.max_waiting_bytes == 9000);
   BOOST_TEST(cfg.endpoints.max_connections == 3);
+  BOOST_TEST(cfg.endpoints.max_connections_per_address == 2);
+  BOOST_TEST(cfg.endpoints.max_handshaking == 5);
 }
 
 BOOST_AUTO_TEST_CASE(max_connections_zero_means_unlimited_and_its_range_is_enforced) {
@@ -80,6 +86,16 @@ BOOST_AUTO_TEST_CASE(max_connections_zero_means_unlimited_and_its_range_is_enfor
   std::string err = load("endpoints:\n  max_connections: many\n", cfg);
   BOOST_TEST(err.find("endpoints.max_connections") != std::string::npos, err);
   BOOST_TEST(err.find("expected an integer") != std::string::npos, err);
+  // Its companions: 0 = unlimited too, the same range, errors naming the key.
+  for (const std::string key : {"max_connections_per_address", "max_handshaking"}) {
+    BOOST_TEST(load("endpoints:\n  " + key + ": 0\n", cfg) == "");
+    for (const char* bad : {"-1", "1048577", "lots"}) {
+      err = load("endpoints:\n  " + key + ": " + bad + "\n", cfg);
+      BOOST_TEST(err.find("endpoints." + key) != std::string::npos, err);
+    }
+  }
+  BOOST_TEST(cfg.endpoints.max_connections_per_address == 0);
+  BOOST_TEST(cfg.endpoints.max_handshaking == 0);
 }
 
 BOOST_AUTO_TEST_CASE(out_of_range_values_are_refused_by_name) {

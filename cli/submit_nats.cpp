@@ -168,8 +168,8 @@ int submit_over_nats(const Args& a, NatsBatch b) {
     const std::string id = client::message_id(*m);
     const std::string tenant = client::message_tenant(*m);
     auto it = in_flight.find(key_of(tenant, id));
-    // A chunk, a result of a job not in this batch, or a second copy (reply subject and stream,
-    // or a redelivered job's second run): nothing to write.
+    // A chunk, or a result of a job not in this batch (the client already drops a second result
+    // of a key it delivered: reply subject and stream, or a job run twice): nothing to write.
     if (it == in_flight.end()) continue;
     if (auto* d = std::get_if<wire::Done>(&*m)) {
       in_flight.erase(it);
@@ -202,7 +202,8 @@ int submit_over_nats(const Args& a, NatsBatch b) {
               << " skipped (already in the output), " << in_flight.size() + unpublished
               << " not finished; " << tokens << " tokens in " << duration(secs) << " ("
               << (secs > 0 ? tokens / secs : 0.0) << " tok/s), " << duplicates << " duplicates, "
-              << unpublished << " not published\n";
+              << unpublished << " not published, " << cc.repeated_results()
+              << " repeated results dropped\n";
   } else {
     std::cerr << "switchyard: summary: " << published << " published (" << duplicates
               << " duplicates), " << unpublished << " not published\n";

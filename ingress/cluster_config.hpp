@@ -41,6 +41,22 @@ struct ClusterConfig {
   /// Reconnection: the first retry waits this long, doubling up to reconnect_max_ms, for ever.
   int64_t reconnect_wait_ms = 100;
   int64_t reconnect_max_ms = 5000;
+  /// SWITCHYARD_CANCELS keeps each cancel this long (s), so that a node started or reconnected
+  /// later still refuses to run the cancelled job. At least a day, the longest deadline a job
+  /// may name (wire::DecodeLimits::max_deadline_ms): a job that waits longer than that has no
+  /// deadline, and its producer can cancel it again.
+  int64_t cancels_max_age_s = 86400;
+  /// SWITCHYARD_CANCELS holds at most this many cancels (the oldest go first), and each node
+  /// remembers as many keys: 100,000 keys of about 150 bytes are 15 MiB a node.
+  int64_t max_cancels = 100000;
+
+  /// TESTS ONLY (flag --test-overfetch, no config key): the node keeps up to this many jobs
+  /// beyond what it starts in its pull subscriptions' buffers, asked for with pull requests it
+  /// does not wait on: what a fetch that returned before its jobs arrived leaves behind.
+  int64_t test_overfetch = 0;
+  /// TESTS ONLY (flag --test-duplicate-results, no config key): every result goes to the job's
+  /// reply subject twice, as a job run twice would send it.
+  bool test_duplicate_results = false;
 };
 
 }  // namespace sy

@@ -45,6 +45,11 @@ std::string metrics_text(const NodeStats& s, const std::vector<std::string>& cla
   gauge("switchyard_cluster_in_flight", "Jobs fetched by this node and not yet ended here.")
       .Add({})
       .Set(static_cast<double>(s.in_flight));
+  gauge("switchyard_cluster_held",
+        "Jobs delivered to this node and not started yet (beyond its credit): kept alive with "
+        "in-progress acks.")
+      .Add({})
+      .Set(static_cast<double>(s.waiting));
   gauge("switchyard_cluster_results_waiting",
         "Results and stream chunks of this node not yet published (NATS away, or behind).")
       .Add({})
@@ -67,8 +72,14 @@ std::string metrics_text(const NodeStats& s, const std::vector<std::string>& cla
           "Results JetStream dropped as re-publishes of one already stored (a job run twice, or "
           "a redelivered key answered from this node's result cache).",
           s.link.duplicate_results);
+  counter("switchyard_cluster_held_total",
+          "Jobs delivered to this node that waited in it for credit (more than it could start, "
+          "or delivered after their fetch returned), each kept alive by in-progress acks.",
+          s.held);
   counter("switchyard_cluster_cancels_heard_total",
-          "Cancel messages this node heard on switchyard.cancel.", s.cancels_heard);
+          "Cancels this node learned, heard on switchyard.cancel or read from SWITCHYARD_CANCELS "
+          "(a key and token once).",
+          s.cancels_heard);
   counter("switchyard_cluster_requeued_total",
           "Jobs this node gave back for redelivery (full, over a tenant's rate, shutting down).",
           s.requeued);

@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <variant>
@@ -28,10 +29,10 @@ using Headers = std::vector<std::pair<std::string, std::string>>;
 constexpr uint32_t kMaxFetch = 64;
 // The wait of a fetch that only looks at what a class has queued: JetStream answers a pull on
 // loopback or a LAN in well under a millisecond, and an empty class costs about this much per
-// look. (libnats 3.4 with a no-wait pull request waits out the request's whole expiry when the
-// class is empty, so a short wait is the quick look.) Jobs that arrive late come with the next
-// fetch.
-constexpr int64_t kLookMs = 5;
+// look (a one-shot pull request is held open until its expiry when the class is empty; libnats
+// sends an expiry only from 10 ms up with the margin NatsLink::fetch keeps). Jobs that arrive
+// late come with the next fetch.
+constexpr int64_t kLookMs = 10;
 // With nothing queued in any class, the node waits this long on the most important class's
 // consumer before it looks at every class again: an interactive job is taken the moment it is
 // published, a lower class's waits at most this much longer, and an idle node costs JetStream
@@ -51,11 +52,9 @@ constexpr int kMaxRefusals = 5;
 // when the error named no retry_after_ms: long enough not to spin on a full node, short next to
 // the ack_wait after which a dead node's jobs come back.
 constexpr int64_t kRequeueDelayMs = 1000;
-// Cancels kept for jobs not yet fetched: at most this many keys, each for at most this long. A
-// queue that holds a cancelled job longer than an hour is an offline backlog whose producer can
-// cancel again; 65536 keys of about 100 bytes are 6 MiB at most.
-constexpr size_t kMaxCancels = 65536;
-constexpr auto kCancelAge = std::chrono::hours(1);
+// TESTS ONLY (cluster.test_overfetch): at most one pull request the node does not wait on is
+// open per class; it expires at JetStream after 50 ms (NatsLink::request_into_buffer).
+constexpr auto kOverfetchEvery = std::chrono::milliseconds(100);
 // The tenant token of results whose body named no usable tenant (switchyard.results._invalid).
 constexpr const char* kNoTenant = "_invalid";
 
@@ -128,6 +127,12 @@ struct ClusterNode::Impl {
     int attempts = 0;  // failed publishes in all (the first is logged)
   };
 
+  // A cancel remembered for jobs not yet started: its token and when it was published (unix ms).
+  struct Cancel {
+    std::string token;
+    int64_t at_ms = 0;
+  };
+
   mutable std::mutex mu;
   std::condition_variable cv_out;     // results thread: work or a stop
   std::condition_variable cv_intake;  // intake thread: a job ended, or a stop
@@ -136,8 +141,11 @@ struct ClusterNode::Impl {
   bool joined = false;
   std::unordered_map<std::string, Flight> flights;  // by handle
   std::deque<Outgoing> out;
-  std::unordered_map<std::string, std::string> cancelled;  // job key -> the cancel's token
-  std::deque<std::pair<Clock::time_point, std::string>> cancel_order;
+  std::unordered_map<std::string, Cancel> cancelled;         // job key -> its cancel
+  std::deque<std::pair<int64_t, std::string>> cancel_order;  // (at_ms, key), oldest first
+  // Jobs delivered and not started yet, per class in fetch order: kept alive by in-progress
+  // acks, started before anything fetched later.
+  std::vector<std::deque<Delivery>> waiting;
   uint64_t next_handle = 1;
   bool fetching = true, stopping = false;
   Clock::time_point stop_deadline{};
@@ -145,7 +153,13 @@ struct ClusterNode::Impl {
   bool started = false, joined_threads = false;
 
   std::atomic<uint64_t> connect_failures{0}, bad_jobs{0}, cancels_heard{0}, cancelled_at_fetch{0},
-      requeued{0}, result_retries{0}, ack_failures{0};
+      requeued{0}, result_retries{0}, ack_failures{0}, held{0};
+  // Intake thread only: the next SWITCHYARD_CANCELS sequence to read, and the link's reconnect
+  // count when the node last read it to its end (none: not read since joining).
+  uint64_t cancels_next_seq = 1;
+  std::optional<uint64_t> cancels_synced_at;
+  bool cancels_logged = false;
+  std::vector<Clock::time_point> next_overfetch;
 
   std::shared_ptr<NatsLink> get_link() const {
     std::lock_guard<std::mutex> lk(mu);
@@ -298,7 +312,7 @@ struct ClusterNode::Impl {
       auto c = cancelled.find(key);
       // A cancel counts for a queued job when it carries the job's own token (the proof a
       // client cancel gives admission).
-      if (c == cancelled.end() || c->second != sub->token) {
+      if (c == cancelled.end() || c->second.token != sub->token) {
         handle = std::to_string(next_handle++);
         Flight f;
         f.d = d;
@@ -321,6 +335,9 @@ struct ClusterNode::Impl {
       return false;
     }
     const bool stream = sub->stream && !d.reply_to.empty();
+    if (log::enabled(log::Level::debug))
+      log::debug("cluster: starting " + key + " from " + jobs_subject(cls) + " (delivery " +
+                 std::to_string(d.delivered) + ")");
     SubmitRequest req = to_request(std::move(*sub), ClientRef{ClientRef::cluster, handle});
     // The subject is the job's class: it decided the fetch order, so it decides the queue too.
     req.priority = cls;
@@ -344,50 +361,173 @@ struct ClusterNode::Impl {
     reconnects = c.reconnects;
   }
 
+  void hold(Delivery d) {
+    ++held;
+    std::lock_guard<std::mutex> lk(mu);
+    waiting[d.class_index].push_back(std::move(d));
+  }
+
+  // Jobs JetStream delivered after their fetch returned wait in the pull subscriptions' buffers,
+  // their ack_wait running: they are taken out every round, whether or not there is credit, and
+  // held (kept alive by in-progress acks) until they can start.
+  void hold_buffered(NatsLink& l) {
+    for (uint32_t ci = 0; ci < opt.classes.size(); ++ci)
+      if (l.buffered(ci) > 0)
+        for (auto& d : l.take_buffered(ci)) hold(std::move(d));
+  }
+
+  // TESTS ONLY: keeps up to cluster.test_overfetch jobs per class beyond what the node starts
+  // in the buffers, with pull requests the node does not wait on.
+  void overfetch(NatsLink& l) {
+    const int64_t want = opt.cluster.test_overfetch;
+    const auto now = Clock::now();
+    for (uint32_t ci = 0; ci < opt.classes.size(); ++ci) {
+      if (now < next_overfetch[ci]) continue;
+      int64_t have = l.buffered(ci);
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        have += static_cast<int64_t>(waiting[ci].size());
+      }
+      if (have >= want) continue;
+      l.request_into_buffer(ci, static_cast<int>(want - have));
+      next_overfetch[ci] = now + kOverfetchEvery;
+    }
+  }
+
+  // Reads SWITCHYARD_CANCELS up to its end (from the start when joining, from where it stopped
+  // after a reconnect: the live subscription missed what came while the connection was down).
+  // False when JetStream did not answer; the node fetches nothing until it has.
+  bool sync_cancels(NatsLink& l, uint64_t reconnects) {
+    try {
+      cancels_next_seq =
+          l.read_cancels(cancels_next_seq,
+                         [this](const std::string& body, int64_t at_ms) { remember(body, at_ms); });
+    } catch (const NatsError& e) {
+      if (!cancels_logged)
+        log::warn(std::string(e.what()) + "; no job is started before the stored cancels are read");
+      cancels_logged = true;
+      return false;
+    }
+    cancels_synced_at = reconnects;
+    cancels_logged = false;
+    return true;
+  }
+
+  void give_back_held(const std::shared_ptr<NatsLink>& l) {
+    if (l)
+      for (uint32_t ci = 0; ci < opt.classes.size(); ++ci)
+        for (auto& d : l->take_buffered(ci)) hold(std::move(d));
+    std::vector<std::deque<Delivery>> back;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      back.swap(waiting);
+      waiting.resize(opt.classes.size());
+      for (auto& q : back)
+        for (auto& d : q) {
+          Outgoing o;
+          o.kind = Outgoing::requeue;
+          o.d = std::move(d);
+          out.push_back(std::move(o));
+        }
+    }
+    cv_out.notify_all();
+  }
+
+  void pause(std::chrono::milliseconds d) {
+    std::unique_lock<std::mutex> lk(mu);
+    cv_intake.wait_for(lk, d, [&] { return !fetching || stopping; });
+  }
+
   void intake_loop() {
     if (!join()) return;
     const int64_t cap = opt.cluster.max_in_flight;
     uint64_t disconnects = 0, reconnects = 0;
+    std::shared_ptr<NatsLink> l;
     while (running_intake()) {
-      auto l = get_link();
+      l = get_link();
       log_connection(*l, disconnects, reconnects);
       auto h = get_hooks();
-      if (!h.take_credit || !h.submit) return;
-      uint32_t room = kMaxFetch;
-      if (cap > 0) {
-        std::lock_guard<std::mutex> lk(mu);
-        const int64_t free = cap - static_cast<int64_t>(flights.size());
-        room = static_cast<uint32_t>(std::clamp<int64_t>(free, 0, kMaxFetch));
+      if (!h.take_credit || !h.submit) break;
+      const LinkCounters c = l->counters();
+      if (!c.connected) {
+        pause(kCreditPoll);
+        continue;
       }
-      uint32_t credit = room > 0 && l->counters().connected ? h.take_credit(room) : 0;
+      // No job starts before the cancels stored while this node was away are known.
+      if (cancels_synced_at != c.reconnects && !sync_cancels(*l, c.reconnects)) {
+        pause(kRetryWait);
+        continue;
+      }
+      hold_buffered(*l);
+      if (opt.cluster.test_overfetch > 0) overfetch(*l);
+      int64_t held_now = 0, flying = 0;
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        for (const auto& q : waiting) held_now += static_cast<int64_t>(q.size());
+        flying = static_cast<int64_t>(flights.size());
+      }
+      // What may still be fetched: held jobs count against max_in_flight like running ones.
+      uint32_t room = kMaxFetch;
+      if (cap > 0)
+        room = static_cast<uint32_t>(std::clamp<int64_t>(cap - flying - held_now, 0, kMaxFetch));
+      const auto want = static_cast<uint32_t>(std::min<int64_t>(held_now + room, kMaxFetch));
+      uint32_t credit = want > 0 ? h.take_credit(want) : 0;
       if (credit == 0) {
-        std::unique_lock<std::mutex> lk(mu);
-        cv_intake.wait_for(lk, kCreditPoll, [&] { return !fetching || stopping; });
+        pause(kCreditPoll);
         continue;
       }
       uint32_t used = 0, got = 0;
-      // The fetch's start is the job's receipt: what the node knew of the queues then.
+      // The round's start is the receipt of the jobs it hands to admission.
       int64_t cycle_ms = unix_ms(), cycle_us = now_us();
-      for (uint32_t ci = 0; ci < opt.classes.size() && got < credit; ++ci)
-        for (auto& d : l->fetch(ci, static_cast<int>(credit - got), kLookMs)) {
+      // Fetched jobs start at once unless the connection was lost and regained since the
+      // cancels were read: then they wait for the next round's read.
+      auto start_all = [&](std::vector<Delivery> ds) {
+        const bool synced = cancels_synced_at == l->counters().reconnects;
+        for (auto& d : ds) {
+          ++got;
+          if (!synced || used >= credit)
+            hold(std::move(d));
+          else if (take(std::move(d), cycle_ms, cycle_us, h))
+            ++used;
+        }
+      };
+      for (uint32_t ci = 0; ci < opt.classes.size() && used < credit; ++ci) {
+        // Held jobs of a class first: JetStream delivered them before anything fetched now.
+        while (used < credit) {
+          Delivery d;
+          {
+            std::lock_guard<std::mutex> lk(mu);
+            if (waiting[ci].empty()) break;
+            d = std::move(waiting[ci].front());
+            waiting[ci].pop_front();
+          }
           ++got;
           if (take(std::move(d), cycle_ms, cycle_us, h)) ++used;
         }
-      if (got == 0) {
+        const uint32_t ask = std::min(credit - used, room);
+        if (ask == 0) continue;
+        auto ds = l->fetch(ci, static_cast<int>(ask), kLookMs);
+        room -= static_cast<uint32_t>(std::min<size_t>(ds.size(), room));
+        start_all(std::move(ds));
+      }
+      if (got == 0 && room > 0) {
         cycle_ms = unix_ms();
         cycle_us = now_us();
-        for (auto& d : l->fetch(0, static_cast<int>(credit), kIdleWaitMs)) {
-          ++got;
-          if (take(std::move(d), cycle_ms, cycle_us, h)) ++used;
-        }
+        start_all(l->fetch(0, static_cast<int>(std::min(credit, room)), kIdleWaitMs));
       }
       if (used < credit && h.return_credit) h.return_credit(credit - used);
     }
+    // Held jobs go back to JetStream at once, for any node: this one starts nothing more.
+    give_back_held(l);
   }
 
   // ---- cancels (libnats's delivery thread) ----
 
-  void on_cancel(const std::string& data) {
+  void on_cancel(const std::string& data) { remember(data, unix_ms()); }
+
+  // A cancel heard live or read from SWITCHYARD_CANCELS (published at `at_ms`): remembered for
+  // jobs not started yet, and handed to admission when its job runs here.
+  void remember(const std::string& data, int64_t at_ms) {
     auto decoded = wire::decode_client(data.data(), data.size(), opt.limits);
     auto* msg = std::get_if<wire::ClientMessage>(&decoded);
     auto* c = msg ? std::get_if<wire::Cancel>(msg) : nullptr;
@@ -395,21 +535,32 @@ struct ClusterNode::Impl {
       log::debug("cluster: a message on " + std::string(kCancelSubject) + " is no cancel; ignored");
       return;
     }
-    ++cancels_heard;
     const std::string key = job_msg_id(c->tenant, c->id);
-    bool running = false;
+    const int64_t max_age_ms = opt.cluster.cancels_max_age_s * 1000;
+    const auto max_keys = static_cast<size_t>(std::max<int64_t>(1, opt.cluster.max_cancels));
+    if (unix_ms() - at_ms > max_age_ms) return;  // older than the stream keeps them
+    bool running = false, fresh = false;
     {
       std::lock_guard<std::mutex> lk(mu);
-      const auto now = Clock::now();
-      while (!cancel_order.empty() && (cancel_order.size() >= kMaxCancels ||
-                                       now - cancel_order.front().first > kCancelAge)) {
-        cancelled.erase(cancel_order.front().second);
+      const int64_t now = unix_ms();
+      // The stream's own limits: a key goes when its newest cancel is older than the age limit,
+      // or when it is the oldest of more keys than the stream holds.
+      while (!cancel_order.empty() &&
+             (cancel_order.size() >= max_keys || now - cancel_order.front().first > max_age_ms)) {
+        auto it = cancelled.find(cancel_order.front().second);
+        if (it != cancelled.end() && it->second.at_ms == cancel_order.front().first)
+          cancelled.erase(it);
         cancel_order.pop_front();
       }
-      if (cancelled.insert_or_assign(key, c->token).second) cancel_order.emplace_back(now, key);
+      auto [it, inserted] = cancelled.try_emplace(key, Cancel{c->token, at_ms});
+      fresh = inserted || it->second.token != c->token;
+      if (!inserted && it->second.at_ms >= at_ms && !fresh) return;  // known already
+      it->second = Cancel{c->token, std::max(at_ms, it->second.at_ms)};
+      cancel_order.emplace_back(it->second.at_ms, key);
       for (const auto& [handle, f] : flights)
         if (f.tenant == c->tenant && f.id == c->id) running = true;
     }
+    if (fresh) ++cancels_heard;
     auto h = get_hooks();
     if (!running || !h.cancel) return;
     // Admission finds the job by its key and checks the token, as for a client's cancel. Its
@@ -513,7 +664,10 @@ struct ClusterNode::Impl {
       }
       o.stored = true;
       o.stored_at = Clock::now();
-      if (!o.reply_to.empty()) l.publish(o.reply_to, o.bytes);
+      if (!o.reply_to.empty()) {
+        l.publish(o.reply_to, o.bytes);
+        if (opt.cluster.test_duplicate_results) l.publish(o.reply_to, o.bytes);
+      }
     }
     if (l.ack(o.d)) return true;
     // The result is stored; without the ack JetStream delivers the job again after ack_wait
@@ -537,15 +691,18 @@ struct ClusterNode::Impl {
       auto l = link;
       if (!l) continue;
       if (Clock::now() >= next_progress) {
-        // Running jobs restart their ack_wait; a job whose node dies is back after it.
+        // Running and held jobs restart their ack_wait; a job whose node dies is back after it.
         std::vector<Delivery> running;
         for (const auto& [h, f] : flights) running.push_back(f.d);
+        for (const auto& q : waiting)
+          for (const auto& d : q) running.push_back(d);
         lk.unlock();
         for (const auto& d : running) l->in_progress(d);
         lk.lock();
         next_progress = Clock::now() + progress_every;
       }
-      while (!out.empty()) {
+      // A long queue of results waits for the in-progress acks: they are due within ack_wait.
+      while (!out.empty() && Clock::now() < next_progress) {
         Outgoing o = std::move(out.front());
         out.pop_front();
         lk.unlock();
@@ -574,6 +731,8 @@ ClusterNode::ClusterNode(NodeOptions options) : impl_(std::make_shared<Impl>()) 
   impl_->opt = std::move(options);
   impl_->name =
       impl_->opt.cluster.node_name.empty() ? default_name() : impl_->opt.cluster.node_name;
+  impl_->waiting.resize(impl_->opt.classes.size());
+  impl_->next_overfetch.resize(impl_->opt.classes.size());
 }
 
 ClusterNode::~ClusterNode() {
@@ -629,12 +788,18 @@ void ClusterNode::stop(std::chrono::milliseconds grace) {
   if (d.intake.joinable()) d.intake.join();
   if (d.results.joinable()) d.results.join();
   std::shared_ptr<NatsLink> l;
+  std::deque<Impl::Outgoing> left;
   {
     std::lock_guard<std::mutex> lk(d.mu);
     l = std::move(d.link);
     d.hooks = NodeHooks{};  // breaks the cycle through admission's handle
     d.flights.clear();
+    left.swap(d.out);
   }
+  // Held jobs the intake gave back after the results thread had ended.
+  if (l)
+    for (auto& o : left)
+      if (o.kind == Impl::Outgoing::requeue) l->nak(o.d);
   l.reset();  // closes the connection (the cancel listener's thread ends with it)
 }
 
@@ -651,6 +816,7 @@ NodeStats ClusterNode::stats(bool with_lag) const {
     l = d.link;
     s.joined = d.joined;
     s.in_flight = static_cast<int64_t>(d.flights.size());
+    for (const auto& q : d.waiting) s.waiting += static_cast<int64_t>(q.size());
     s.results_waiting = static_cast<int64_t>(d.out.size());
   }
   if (l) {
@@ -666,6 +832,7 @@ NodeStats ClusterNode::stats(bool with_lag) const {
   s.requeued = d.requeued;
   s.result_retries = d.result_retries;
   s.ack_failures = d.ack_failures;
+  s.held = d.held;
   return s;
 }
 

@@ -44,18 +44,25 @@ struct NodeOptions {
 
 /// The node's counters (metrics, tests); a snapshot.
 struct NodeStats {
-  LinkCounters link;                ///< fetched, acked, redelivered, results, reconnects, connected
-  std::vector<ClassLag> lag;        ///< per class in NodeOptions::classes order (empty: not joined)
-  bool joined = false;              ///< streams and consumers are bound
-  uint64_t connect_failures = 0;    ///< connection attempts that found no NATS server
-  uint64_t bad_jobs = 0;            ///< bodies that were no valid submit: error result, acked
-  uint64_t cancels_heard = 0;       ///< cancel messages on switchyard.cancel
+  LinkCounters link;              ///< fetched, acked, redelivered, results, reconnects, connected
+  std::vector<ClassLag> lag;      ///< per class in NodeOptions::classes order (empty: not joined)
+  bool joined = false;            ///< streams and consumers are bound
+  uint64_t connect_failures = 0;  ///< connection attempts that found no NATS server
+  uint64_t bad_jobs = 0;          ///< bodies that were no valid submit: error result, acked
+  /// Cancels this node learned, heard on switchyard.cancel or read from SWITCHYARD_CANCELS (a
+  /// key and token counted once).
+  uint64_t cancels_heard = 0;
   uint64_t cancelled_at_fetch = 0;  ///< jobs fetched after their cancel: done cancelled, acked
-  uint64_t requeued = 0;            ///< jobs given back (nak) for another node or a later try
-  uint64_t result_retries = 0;      ///< result publishes retried (NATS down, no pub-ack)
-  uint64_t ack_failures = 0;        ///< stored results whose job ack never got through
-  int64_t in_flight = 0;            ///< fetched jobs not yet ended here
-  int64_t results_waiting = 0;      ///< results and chunks not yet published
+  /// Jobs JetStream delivered that the node could not start at once (more than its credit, or
+  /// still in its pull subscription's buffer after their fetch returned): held, kept alive with
+  /// in-progress acks, and started first when credit comes.
+  uint64_t held = 0;
+  int64_t waiting = 0;          ///< jobs held now
+  uint64_t requeued = 0;        ///< jobs given back (nak) for another node or a later try
+  uint64_t result_retries = 0;  ///< result publishes retried (NATS down, no pub-ack)
+  uint64_t ack_failures = 0;    ///< stored results whose job ack never got through
+  int64_t in_flight = 0;        ///< fetched jobs not yet ended here
+  int64_t results_waiting = 0;  ///< results and chunks not yet published
 };
 
 /// The NATS headers a node puts on every result it publishes (the body is the results socket's
@@ -77,7 +84,7 @@ class ClusterNode : public Outbox {
   /// Starts the threads. The connection is made in the background, retried with backoff until
   /// a NATS server answers: the node serves its ZeroMQ endpoints meanwhile.
   void start();
-  /// Takes no more jobs (shutdown's first phase); what runs goes on.
+  /// Takes no more jobs (shutdown's first phase) and gives the held ones back; what runs goes on.
   void stop_fetching();
   /// Gives every job still running back to JetStream for another node (shutdown, grace over):
   /// their later events are dropped instead of published as results.

@@ -18,6 +18,10 @@ constexpr int64_t kNsPerMs = 1000000;
 // synchronous ack) may take before it counts as failed: the server answers in well under a
 // millisecond on a LAN, and a NATS cluster electing a new leader takes a few seconds.
 constexpr int64_t kRequestWaitMs = 5000;
+// A fetch waits this much longer than JetStream holds its request open: what JetStream
+// delivers up to its expiry (and the status that closes the request) crosses loopback or a LAN
+// in well under a millisecond, so a job delivered after its fetch returned is a rare delay.
+constexpr int64_t kFetchMarginMs = 10;
 
 std::string text(natsStatus s, jsErrCode code = static_cast<jsErrCode>(0)) {
   std::string t = natsStatus_GetText(s);
@@ -31,7 +35,9 @@ void check(natsStatus s, const std::string& what, jsErrCode code = static_cast<j
   if (s != NATS_OK) throw NatsError(what + ": " + text(s, code), static_cast<int>(code));
 }
 
-std::string durable_name(const std::string& class_name) { return "switchyard-" + class_name; }
+std::string durable_name(const std::string& class_name) {
+  return "switchyard-" + class_name;
+}
 
 std::string header(natsMsg* m, const char* key) {
   const char* v = nullptr;
@@ -49,9 +55,13 @@ void differs(std::vector<std::string>& out, const std::string& what, const char*
 
 }  // namespace
 
-std::string jobs_subject(const std::string& class_name) { return "switchyard.jobs." + class_name; }
+std::string jobs_subject(const std::string& class_name) {
+  return "switchyard.jobs." + class_name;
+}
 
-std::string results_subject(const std::string& tenant) { return "switchyard.results." + tenant; }
+std::string results_subject(const std::string& tenant) {
+  return "switchyard.results." + tenant;
+}
 
 std::string job_msg_id(const std::string& tenant, const std::string& id) {
   return tenant + "/" + id;
@@ -96,7 +106,8 @@ NatsLink::NatsLink(const ClusterConfig& cfg, std::vector<std::string> classes,
   std::vector<const char*> urls;
   for (const auto& u : cfg_.nats) urls.push_back(u.c_str());
   natsStatus s = natsOptions_SetServers(opts, urls.data(), static_cast<int>(urls.size()));
-  if (s == NATS_OK && !cfg_.node_name.empty()) s = natsOptions_SetName(opts, cfg_.node_name.c_str());
+  if (s == NATS_OK && !cfg_.node_name.empty())
+    s = natsOptions_SetName(opts, cfg_.node_name.c_str());
   // Never give up on a lost connection: the node goes on serving its own endpoints meanwhile.
   if (s == NATS_OK) s = natsOptions_SetMaxReconnect(opts, -1);
   if (s == NATS_OK) s = natsOptions_SetCustomReconnectDelay(opts, &Callbacks::delay, this);
@@ -110,11 +121,13 @@ NatsLink::NatsLink(const ClusterConfig& cfg, std::vector<std::string> classes,
   }
   // The first connection is retried until connect_timeout_ms: nodes and the NATS servers are
   // often started together.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(connect_timeout_ms);
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(connect_timeout_ms);
   for (;;) {
     s = natsConnection_Connect(&nc_, opts);
     if (s == NATS_OK || std::chrono::steady_clock::now() >= until) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::max<int64_t>(1, cfg_.reconnect_wait_ms)));
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::max<int64_t>(1, cfg_.reconnect_wait_ms)));
   }
   natsOptions_Destroy(opts);
   std::string joined;
@@ -188,7 +201,8 @@ std::vector<std::string> NatsLink::ensure_streams() {
         return;
       }
       // Another node created it at the same moment: read it as an existing stream.
-      if (jerr != JSStreamNameExistErr) check(s, std::string("cluster: creating stream ") + name, jerr);
+      if (jerr != JSStreamNameExistErr)
+        check(s, std::string("cluster: creating stream ") + name, jerr);
       jerr = static_cast<jsErrCode>(0);
       s = js_GetStreamInfo(&si, js_, name, nullptr, &jerr);
     }
@@ -217,6 +231,8 @@ std::vector<std::string> NatsLink::ensure_streams() {
   ensure(kJobsStream, job_subjects, true, cfg_.max_jobs, cfg_.max_job_bytes, 0);
   ensure(kResultsStream, result_subjects, false, -1, cfg_.results_max_bytes,
          cfg_.results_max_age_s * 1000 * kNsPerMs);
+  ensure(kCancelsStream, {kCancelSubject}, false, cfg_.max_cancels, -1,
+         cfg_.cancels_max_age_s * 1000 * kNsPerMs);
   return notes;
 }
 
@@ -260,13 +276,18 @@ std::vector<std::string> NatsLink::bind_consumers() {
   return notes;
 }
 
-std::vector<Delivery> NatsLink::fetch(uint32_t class_index, int n, int64_t wait_ms) {
+std::vector<Delivery> NatsLink::request(uint32_t class_index, int n, int64_t expires_ms) {
   std::vector<Delivery> out;
   if (class_index >= subs_.size() || !subs_[class_index] || n <= 0) return out;
+  // A one-shot request (no_wait with an expiry): JetStream answers at once with what it has, or
+  // with the first job that comes within the expiry, then closes the request with a status.
+  jsFetchRequest req;
+  jsFetchRequest_Init(&req);
+  req.Batch = n;
+  req.NoWait = true;
+  req.Expires = expires_ms * kNsPerMs;
   natsMsgList list{};
-  jsErrCode jerr = static_cast<jsErrCode>(0);
-  natsStatus s = natsSubscription_Fetch(&list, subs_[class_index], n, std::max<int64_t>(1, wait_ms),
-                                        &jerr);
+  natsStatus s = natsSubscription_FetchRequest(&list, subs_[class_index], &req);
   if (s != NATS_OK) {
     natsMsgList_Destroy(&list);
     return out;  // a timeout (nothing queued) or a lost connection: the caller tries again
@@ -293,6 +314,95 @@ std::vector<Delivery> NatsLink::fetch(uint32_t class_index, int n, int64_t wait_
   }
   natsMsgList_Destroy(&list);
   return out;
+}
+
+std::vector<Delivery> NatsLink::fetch(uint32_t class_index, int n, int64_t wait_ms) {
+  // libnats sends JetStream an expiry 10 ms shorter than its own wait when that wait is 20 ms
+  // or more: asking for wait_ms + 10 makes JetStream's expiry wait_ms, and the 10 ms between
+  // the two bring in what JetStream delivered up to its expiry (and its closing status).
+  return request(class_index, n, std::max<int64_t>(10, wait_ms) + kFetchMarginMs);
+}
+
+int NatsLink::buffered(uint32_t class_index) const {
+  if (class_index >= subs_.size() || !subs_[class_index]) return 0;
+  int msgs = 0;
+  if (natsSubscription_GetPending(subs_[class_index], &msgs, nullptr) != NATS_OK) return 0;
+  return msgs;
+}
+
+std::vector<Delivery> NatsLink::take_buffered(uint32_t class_index) {
+  const int n = buffered(class_index);
+  // libnats hands out what its buffer holds before it asks JetStream for more: a batch of the
+  // buffer's size asks for more only in place of the status messages among them.
+  return n > 0 ? request(class_index, n, 10 + kFetchMarginMs) : std::vector<Delivery>{};
+}
+
+void NatsLink::request_into_buffer(uint32_t class_index, int n) {
+  if (class_index >= subs_.size() || !subs_[class_index] || n <= 0) return;
+  const char* sub_subject = natsSubscription_GetSubject(subs_[class_index]);
+  if (!sub_subject) return;
+  std::string inbox = sub_subject;
+  // Versions of libnats that number their fetches subscribe to "<inbox>.*": any token will do.
+  if (inbox.size() > 1 && inbox.compare(inbox.size() - 2, 2, ".*") == 0) inbox.back() = '0';
+  const std::string subject = std::string("$JS.API.CONSUMER.MSG.NEXT.") + kJobsStream + "." +
+                              durable_name(classes_[class_index]);
+  // Open for 50 ms: what comes within it lands in the buffer as if a fetch had timed out.
+  const std::string body = "{\"batch\":" + std::to_string(n) +
+                           ",\"expires\":" + std::to_string(50 * kNsPerMs) + ",\"no_wait\":true}";
+  natsConnection_PublishRequest(nc_, subject.c_str(), inbox.c_str(), body.data(),
+                                static_cast<int>(body.size()));
+}
+
+uint64_t NatsLink::read_cancels(uint64_t from,
+                                const std::function<void(const std::string&, int64_t)>& on_cancel) {
+  jsStreamInfo* si = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  check(js_GetStreamInfo(&si, js_, kCancelsStream, nullptr, &jerr),
+        std::string("cluster: stream ") + kCancelsStream, jerr);
+  const uint64_t msgs = si->State.Msgs, last = si->State.LastSeq;
+  jsStreamInfo_Destroy(si);
+  from = std::max<uint64_t>(from, 1);
+  if (msgs == 0 || last < from) return std::max(from, last + 1);
+  // An ephemeral push consumer from `from`, read until JetStream says nothing is left after the
+  // message (its NumPending), then removed.
+  jsSubOptions so;
+  jsSubOptions_Init(&so);
+  so.Stream = kCancelsStream;
+  so.ManualAck = true;
+  so.Config.AckPolicy = js_AckNone;
+  so.Config.DeliverPolicy = js_DeliverByStartSequence;
+  so.Config.OptStartSeq = from;
+  natsSubscription* sub = nullptr;
+  jerr = static_cast<jsErrCode>(0);
+  check(js_SubscribeSync(&sub, js_, kCancelSubject, nullptr, &so, &jerr),
+        std::string("cluster: reading ") + kCancelsStream, jerr);
+  std::unique_ptr<natsSubscription, void (*)(natsSubscription*)> owned(
+      sub, [](natsSubscription* x) {
+        natsSubscription_Unsubscribe(x);
+        natsSubscription_Destroy(x);
+      });
+  uint64_t next = from;
+  for (;;) {
+    natsMsg* m = nullptr;
+    check(natsSubscription_NextMsg(&m, sub, kRequestWaitMs),
+          std::string("cluster: reading ") + kCancelsStream);
+    std::unique_ptr<natsMsg, void (*)(natsMsg*)> msg(m, natsMsg_Destroy);
+    jsMsgMetaData* meta = nullptr;
+    uint64_t pending = 0;
+    int64_t stored_ms = 0;
+    if (natsMsg_GetMetaData(&meta, m) == NATS_OK && meta) {
+      next = meta->Sequence.Stream + 1;
+      pending = meta->NumPending;
+      stored_ms = meta->Timestamp / kNsPerMs;
+      jsMsgMetaData_Destroy(meta);
+    }
+    // Flow-control and heartbeat messages have no body.
+    if (natsMsg_GetDataLength(m) > 0)
+      on_cancel(std::string(natsMsg_GetData(m), static_cast<size_t>(natsMsg_GetDataLength(m))),
+                stored_ms);
+    if (pending == 0 || next > last) break;
+  }
+  return next;
 }
 
 bool NatsLink::ack(const Delivery& d) {
@@ -371,7 +481,8 @@ uint64_t NatsLink::publish_job(const std::string& class_name, const std::string&
   check(natsMsg_Create(&m, subject.c_str(), nullptr, body.data(), static_cast<int>(body.size())),
         "cluster: job message");
   std::unique_ptr<natsMsg, void (*)(natsMsg*)> owned(m, natsMsg_Destroy);
-  if (!reply_to.empty()) check(natsMsgHeader_Set(m, kReplyHeader, reply_to.c_str()), "cluster: header");
+  if (!reply_to.empty())
+    check(natsMsgHeader_Set(m, kReplyHeader, reply_to.c_str()), "cluster: header");
   const std::string msg_id = job_msg_id(tenant, id);
   jsPubOptions po;
   jsPubOptions_Init(&po);
@@ -388,6 +499,25 @@ uint64_t NatsLink::publish_job(const std::string& class_name, const std::string&
   }
   check(s, "cluster: publishing job " + msg_id + " on " + subject, jerr);
   return seq;
+}
+
+void NatsLink::publish_cancel(const std::string& body) {
+  jsPubOptions po;
+  jsPubOptions_Init(&po);
+  po.MaxWait = kRequestWaitMs;
+  jsPubAck* pa = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus s =
+      js_Publish(&pa, js_, kCancelSubject, body.data(), static_cast<int>(body.size()), &po, &jerr);
+  if (pa) jsPubAck_Destroy(pa);
+  if (s == NATS_OK) return;
+  // No SWITCHYARD_CANCELS yet (no responders, or only nodes that listen without storing it
+  // and never answer): the nodes that run now hear it live. Sending it once more is harmless.
+  if (s != NATS_NO_RESPONDERS && s != NATS_TIMEOUT)
+    check(s, std::string("cluster: cancel on ") + kCancelSubject, jerr);
+  s = natsConnection_Publish(nc_, kCancelSubject, body.data(), static_cast<int>(body.size()));
+  if (s == NATS_OK) s = natsConnection_FlushTimeout(nc_, kRequestWaitMs);
+  check(s, std::string("cluster: cancel on ") + kCancelSubject);
 }
 
 ClassLag NatsLink::lag(uint32_t class_index) {

@@ -22,9 +22,10 @@ namespace sy::cluster {
 
 inline constexpr const char* kJobsStream = "SWITCHYARD_JOBS";
 inline constexpr const char* kResultsStream = "SWITCHYARD_RESULTS";
-/// Where every node hears cancels (core NATS, not a stream: a cancel matters only while a job
-/// is queued or running).
+/// Where cancels are published: every node hears them live, and SWITCHYARD_CANCELS keeps them
+/// (cluster.cancels_max_age_s), so that a node that starts or reconnects later reads them too.
 inline constexpr const char* kCancelSubject = "switchyard.cancel";
+inline constexpr const char* kCancelsStream = "SWITCHYARD_CANCELS";
 /// A producer that wants its results (and stream chunks) on a subject of its own names it in
 /// this header: JetStream answers a publish's own reply subject with the publish acknowledgement,
 /// so the reply subject cannot carry the result.
@@ -48,18 +49,18 @@ struct NatsError : std::runtime_error {
 struct Delivery {
   std::shared_ptr<__natsMsg> msg;  ///< destroyed with the last copy
   uint32_t class_index = 0;
-  std::string data;      ///< the msgpack submit body
-  std::string reply_to;  ///< Switchyard-Reply-To; "" = none
-  std::string msg_id;    ///< Nats-Msg-Id as published; "" = none
+  std::string data;        ///< the msgpack submit body
+  std::string reply_to;    ///< Switchyard-Reply-To; "" = none
+  std::string msg_id;      ///< Nats-Msg-Id as published; "" = none
   uint64_t delivered = 1;  ///< JetStream's delivery count: > 1 is a redelivery
   uint64_t stream_seq = 0;
 };
 
 /// Consumer state of one class, as an autoscaler reads it.
 struct ClassLag {
-  uint64_t pending = 0;      ///< queued, not yet delivered to any node
-  int64_t ack_pending = 0;   ///< delivered, not yet acknowledged
-  int64_t redelivered = 0;   ///< delivered more than once and not yet acknowledged
+  uint64_t pending = 0;     ///< queued, not yet delivered to any node
+  int64_t ack_pending = 0;  ///< delivered, not yet acknowledged
+  int64_t redelivered = 0;  ///< delivered more than once and not yet acknowledged
 };
 
 /// Counters of a link (monotonic except `connected`).
@@ -84,16 +85,33 @@ class NatsLink {
   NatsLink(const NatsLink&) = delete;
   NatsLink& operator=(const NatsLink&) = delete;
 
-  /// Creates the jobs and results streams where they are missing. For a stream that exists,
+  /// Creates the jobs, results and cancels streams where they are missing. For a stream that exists,
   /// returns one line per setting that differs from the config (the stream is left as it is).
   std::vector<std::string> ensure_streams();
   /// Creates (or binds) the durable pull consumer of each class; returns, per existing consumer,
   /// the settings that differ from the config.
   std::vector<std::string> bind_consumers();
 
-  /// Up to `n` jobs of class `class_index`, waiting up to `wait_ms` for the first; none on a
-  /// timeout or while disconnected. Jobs that arrive after the wait are kept for the next fetch.
+  /// Up to `n` jobs of class `class_index`: those already in the pull subscription's buffer
+  /// first, then what JetStream has, waiting up to `wait_ms` (10 at least) for the first; none
+  /// on a timeout or while disconnected. The request expires at JetStream `wait_ms` after it was
+  /// sent and the call waits 10 ms longer, so what JetStream delivers for it is normally here
+  /// before the call returns; a delivery later than that stays in the buffer (buffered()).
   std::vector<Delivery> fetch(uint32_t class_index, int n, int64_t wait_ms);
+  /// Messages waiting in the class's pull subscription (jobs delivered after their fetch
+  /// returned, and JetStream's status messages): JetStream counts their ack_wait already.
+  int buffered(uint32_t class_index) const;
+  /// Takes the jobs in the class's buffer (buffered() of them at most; when some of those were
+  /// status messages, JetStream may add as many jobs as are queued, up to that count).
+  std::vector<Delivery> take_buffered(uint32_t class_index);
+  /// TESTS ONLY: asks JetStream for up to `n` jobs of the class into the pull subscription's
+  /// buffer without waiting for them, as a fetch that returned before its jobs came leaves them.
+  void request_into_buffer(uint32_t class_index, int n);
+  /// Reads SWITCHYARD_CANCELS from stream sequence `from` to its end, calling `on_cancel` with
+  /// each body and its stored time (unix ms); returns the sequence to read from next. Throws
+  /// NatsError when JetStream does not answer.
+  uint64_t read_cancels(uint64_t from,
+                        const std::function<void(const std::string&, int64_t)>& on_cancel);
   /// Acknowledges a job (its result is stored): JetStream removes it from the work queue. True
   /// when the server confirmed it.
   bool ack(const Delivery& d);
@@ -105,8 +123,7 @@ class NatsLink {
   /// Publishes a result to switchyard.results.<tenant> with Nats-Msg-Id `msg_id` and waits for
   /// JetStream's acknowledgement; throws NatsError when it is refused or times out. `headers`
   /// go on the message as NATS headers (the body stays the results socket's bytes).
-  void publish_result(const std::string& tenant, const std::string& msg_id,
-                      const std::string& body,
+  void publish_result(const std::string& tenant, const std::string& msg_id, const std::string& body,
                       const std::vector<std::pair<std::string, std::string>>& headers = {});
   /// Subscribes to a core NATS subject; `on_msg` runs on libnats's delivery thread with each
   /// message's data. Kept across reconnects; ends with the link.
@@ -121,6 +138,11 @@ class NatsLink {
                        const std::string& id, const std::string& body,
                        const std::string& reply_to = {}, bool* duplicate = nullptr);
 
+  /// Publishes a cancel body on switchyard.cancel and waits for SWITCHYARD_CANCELS to store it;
+  /// where no node has created that stream yet, a plain publish that only live nodes hear.
+  /// Throws NatsError when it could not be sent.
+  void publish_cancel(const std::string& body);
+
   ClassLag lag(uint32_t class_index);
   LinkCounters counters() const;
   const std::vector<std::string>& classes() const { return classes_; }
@@ -128,6 +150,8 @@ class NatsLink {
 
  private:
   struct Callbacks;
+  // One fetch request's answer as deliveries (counted as fetched and redelivered).
+  std::vector<Delivery> request(uint32_t class_index, int n, int64_t expires_ms);
   ClusterConfig cfg_;
   std::vector<std::string> classes_;
   __natsConnection* nc_ = nullptr;

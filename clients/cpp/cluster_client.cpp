@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <unordered_set>
 
 #include "ingress/nats_link.hpp"
 
@@ -79,6 +80,10 @@ struct ClusterClient::Impl {
   jsCtx* js = nullptr;
   std::string inbox;
   std::deque<wire::ServerMessage> pending;
+  // Keys (<tenant>/<id>) whose done or error was delivered: a second result of one (the reply
+  // subject and a followed stream, or a job run twice) is dropped, and so are chunks after it.
+  std::unordered_set<std::string> finished;
+  std::uint64_t repeated = 0;
 
   ~Impl() {
     // Subscriptions go before the connection (the link); their callbacks hold their own share
@@ -98,20 +103,36 @@ struct ClusterClient::Impl {
   }
   std::shared_ptr<Mailbox>* share() { return new std::shared_ptr<Mailbox>(box); }
 
-  // The next message delivered to the mailbox, decoded; nullopt after `timeout`.
+  // The next message delivered to the mailbox, decoded, less repeats of a finished key;
+  // nullopt after `timeout`.
   std::optional<wire::ServerMessage> recv(milliseconds timeout) {
-    std::string body;
-    {
-      std::unique_lock<std::mutex> lk(box->mu);
-      if (!box->cv.wait_for(lk, timeout, [&] { return !box->bodies.empty(); })) return std::nullopt;
-      body = std::move(box->bodies.front());
-      box->bodies.pop_front();
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      std::string body;
+      {
+        std::unique_lock<std::mutex> lk(box->mu);
+        if (!box->cv.wait_until(lk, until, [&] { return !box->bodies.empty(); }))
+          return std::nullopt;
+        body = std::move(box->bodies.front());
+        box->bodies.pop_front();
+      }
+      static const wire::DecodeLimits limits = result_limits();
+      auto d = wire::decode_server(body.data(), body.size(), limits);
+      if (auto* e = std::get_if<wire::DecodeError>(&d))
+        throw ClientError("undecodable result message: " + e->message);
+      auto m = std::get<wire::ServerMessage>(std::move(d));
+      const std::string id = message_id(m);
+      if (id.empty()) return m;
+      const std::string key = cluster::job_msg_id(message_tenant(m), id);
+      const bool terminal =
+          std::holds_alternative<wire::Done>(m) || std::holds_alternative<wire::Error>(m);
+      if (finished.count(key)) {
+        if (terminal) ++repeated;
+        continue;
+      }
+      if (terminal) finished.insert(key);
+      return m;
     }
-    static const wire::DecodeLimits limits = result_limits();
-    auto d = wire::decode_server(body.data(), body.size(), limits);
-    if (auto* e = std::get_if<wire::DecodeError>(&d))
-      throw ClientError("undecodable result message: " + e->message);
-    return std::get<wire::ServerMessage>(std::move(d));
   }
 };
 
@@ -172,6 +193,8 @@ Published ClusterClient::submit(const wire::Submit& s) {
   if (auto why = cluster::subject_token_problem(s.tenant); !why.empty())
     throw ClientError("tenant " + wire::quoted(s.tenant) + " cannot be a subject token: it " + why);
   p.subject = cluster::jobs_subject(cls);
+  // Published again: its next result is news.
+  im.finished.erase(cluster::job_msg_id(s.tenant, s.id));
   wire::Submit body = s;
   body.priority = cls;  // the subject and the body name the same class
   try {
@@ -198,14 +221,13 @@ void ClusterClient::cancel(const std::string& id, const std::string& tenant,
                            const std::string& token) {
   auto& im = *impl_;
   const std::string body = wire::encode_client(wire::Cancel{id, tenant, token});
-  natsConnection* nc = im.link->connection();
-  natsStatus s = natsConnection_Publish(nc, cluster::kCancelSubject, body.data(),
-                                        static_cast<int>(body.size()));
-  // A cancel is core NATS (no acknowledgement): the flush makes sure the server has it.
-  if (s == NATS_OK) s = natsConnection_FlushTimeout(nc, 5000);
-  if (s != NATS_OK)
+  // Stored in SWITCHYARD_CANCELS (a publish-ack), so that a node that starts later reads it.
+  try {
+    im.link->publish_cancel(body);
+  } catch (const cluster::NatsError& e) {
     throw ClientError("cancel of " + wire::quoted(cluster::job_msg_id(tenant, id)) + ": " +
-                      nats_text(s));
+                      e.what());
+  }
 }
 
 void ClusterClient::follow_results(const std::string& tenant, bool from_start) {
@@ -236,6 +258,10 @@ void ClusterClient::follow_results(const std::string& tenant, bool from_start) {
     throw ClientError("following " + subject + " in " + cluster::kResultsStream + ": " + why);
   }
   im.keep(sub, share);
+}
+
+std::uint64_t ClusterClient::repeated_results() const {
+  return impl_->repeated;
 }
 
 std::optional<wire::ServerMessage> ClusterClient::next(milliseconds timeout) {

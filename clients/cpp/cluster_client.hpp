@@ -66,20 +66,23 @@ class ClusterClient {
   /// when the class cannot be a subject token, no stream takes the subject (no node has joined,
   /// or the class is not one of the cluster's), or NATS fails.
   Published submit(const wire::Submit& s);
-  /// Publishes a cancel of (tenant, id) to switchyard.cancel, which every node hears: the node
-  /// running the job stops it; a queued job ends `cancelled` when fetched. Throws ClientError
-  /// when it cannot be sent.
+  /// Publishes a cancel of (tenant, id) to switchyard.cancel and waits until SWITCHYARD_CANCELS
+  /// stored it: the node running the job stops it; a queued job ends `cancelled` when fetched,
+  /// also by a node that starts later. Throws ClientError when it cannot be sent.
   void cancel(const std::string& id, const std::string& tenant, const std::string& token = "");
 
   /// Also delivers to next()/wait() the results stored in SWITCHYARD_RESULTS for `tenant`
   /// (switchyard.results.<tenant>, an ordered consumer of this client): from the start of the
   /// stream (results of earlier runs and of duplicates), or only those stored from now on.
-  /// A result may then come twice (reply subject and stream): match by job key.
+  /// A result that also comes on the reply subject is delivered once (below).
   void follow_results(const std::string& tenant, bool from_start);
 
   /// The next message (done, error, tokens) from the reply subject or a followed results
   /// stream, first those set aside by wait(); nullopt after `timeout`. Throws ClientError on
-  /// undecodable bytes.
+  /// undecodable bytes. At most one done or error per job key (<tenant>/<id>) comes out of
+  /// next() and wait(): a later one of a key already delivered (the same result on the reply
+  /// subject and a followed stream, or a job the cluster ran twice) is dropped, with any chunk
+  /// after it, until the key is submitted again.
   std::optional<wire::ServerMessage> next(milliseconds timeout);
   /// Waits for the job's done or error (at most `timeout` between two of its messages),
   /// collecting streamed chunks; messages of other jobs are kept for next(). With `tenant`,
@@ -89,6 +92,9 @@ class ClusterClient {
   /// submit() and wait(). A duplicate key needs follow_results(tenant, true) first to see its
   /// earlier result.
   Result run(const wire::Submit& s, milliseconds timeout = milliseconds(60000));
+
+  /// Results dropped as a second done or error of a key already delivered.
+  std::uint64_t repeated_results() const;
 
   /// This client's reply subject (a NATS inbox); "" when options.reply is false.
   const std::string& reply_subject() const;

@@ -1,7 +1,8 @@
 // A node's link to NATS JetStream against a real nats-server: the contract's streams and
 // consumers, duplicate publishes dropped by Nats-Msg-Id, fetching no more than asked, acks,
 // redelivery of a dead link's jobs to another, the stream limit as "overloaded", results with
-// their ids, differing settings reported by name, and reconnects counted.
+// their ids, differing settings reported by name, reconnects counted, jobs taken out of a pull
+// subscription's buffer, and cancels read back from SWITCHYARD_CANCELS.
 #include <nats/nats.h>
 
 #include <boost/test/unit_test.hpp>
@@ -186,8 +187,9 @@ BOOST_AUTO_TEST_CASE(differing_settings_are_named_and_bad_names_refused) {
   d.ack_wait_ms = 7000;
   NatsLink third(d, kClasses);
   auto cn = third.bind_consumers();
-  BOOST_TEST(has(cn, "consumer switchyard-batch: ack_wait_ns is 30000000000, the config says "
-                     "7000000000"));
+  BOOST_TEST(has(cn,
+                 "consumer switchyard-batch: ack_wait_ns is 30000000000, the config says "
+                 "7000000000"));
   try {
     NatsLink bad(config_for(ns), {"inter.active"});
     BOOST_FAIL("a class name with a dot was accepted");
@@ -225,6 +227,63 @@ BOOST_AUTO_TEST_CASE(reconnects_are_counted_and_work_resumes) {
   BOOST_REQUIRE(got.size() == 1u);
   BOOST_TEST(got[0].data == "b1");
   BOOST_TEST(link->ack(got[0]));
+}
+
+// Jobs delivered into a pull subscription's buffer with no fetch waiting for them (what a fetch
+// that returned before its jobs came leaves behind) are counted by buffered() and taken out by
+// take_buffered(), every one of them; and SWITCHYARD_CANCELS keeps the cancels published on
+// switchyard.cancel, read back in order from any sequence.
+BOOST_AUTO_TEST_CASE(buffered_jobs_are_taken_and_stored_cancels_read) {
+  test::NatsServer ns;
+  auto link = joined(config_for(ns));
+  for (int i = 0; i < 5; ++i) {
+    std::string id = "b";
+    id += std::to_string(i);
+    link->publish_job("batch", "acme", id, "job " + id);
+  }
+  link->request_into_buffer(1, 3);
+  // The three arrive within milliseconds; 10 s only bounds a broken server.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (link->buffered(1) < 3 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  BOOST_REQUIRE_GE(link->buffered(1), 3);
+  auto held = link->take_buffered(1);
+  BOOST_REQUIRE_GE(held.size(), 3u);
+  BOOST_TEST(held[0].data == "job b0");
+  BOOST_TEST(held[1].data == "job b1");
+  BOOST_TEST(held[2].data == "job b2");
+  BOOST_TEST(link->buffered(1) == 0);
+  for (auto& d : held) BOOST_TEST(link->ack(d));
+  auto rest = fetch_n(*link, 1, 5 - static_cast<int>(held.size()));
+  BOOST_TEST(held.size() + rest.size() == 5u);
+  for (auto& d : rest) BOOST_TEST(link->ack(d));
+
+  // Cancels: a plain publish and a stored one with a publish-ack both end up in the stream.
+  BOOST_TEST(link->publish(kCancelSubject, "first"));
+  link->publish_cancel("second");
+  link->publish_cancel("third");
+  std::vector<std::string> read;
+  std::vector<int64_t> at;
+  uint64_t next = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (read.size() < 3 && std::chrono::steady_clock::now() < deadline)
+    next = link->read_cancels(next, [&](const std::string& body, int64_t ms) {
+      read.push_back(body);
+      at.push_back(ms);
+    });
+  BOOST_TEST(read == (std::vector<std::string>{"first", "second", "third"}),
+             boost::test_tools::per_element());
+  BOOST_TEST(next == 4u);
+  for (auto ms : at) BOOST_TEST(ms > 0);
+  read.clear();
+  BOOST_TEST(
+      link->read_cancels(3, [&](const std::string& body, int64_t) { read.push_back(body); }) == 4u);
+  BOOST_TEST(read == (std::vector<std::string>{"third"}), boost::test_tools::per_element());
+  read.clear();
+  BOOST_TEST(link->read_cancels(4, [&](const std::string& body, int64_t) {
+    read.push_back(body);
+  }) == 4u);  // nothing new: nothing read
+  BOOST_TEST(read.empty());
 }
 
 BOOST_AUTO_TEST_SUITE_END()  // test_cluster_link

@@ -2,7 +2,8 @@
 // out and the work queue empty; a bad body answered with an error while the node goes on; cancels
 // of a running and of a queued job; a producer's reply subject with the stream chunks; three nodes
 // with one killed by SIGKILL and a fourth started mid-run; interactive jobs overtaking queued
-// batch jobs across two saturated nodes.
+// batch jobs across two saturated nodes; jobs held beyond ack_wait starting once; a cancel read
+// by a node started after it.
 #include <nats/nats.h>
 
 #include <boost/test/unit_test.hpp>
@@ -158,35 +159,41 @@ class Sink {
 };
 
 // A node's config file: the cluster section (ack_wait short so a dead node's jobs come back
-// within the test), and the batcher's width.
+// within the test), the batcher's width, and (queue_limit > 0) the router's class queues.
 std::string node_config(const it::TempDir& dir, const std::string& name, int64_t max_in_flight,
-                        int max_sequences = 16) {
+                        int max_sequences = 16, int queue_limit = 0) {
   const std::string path = dir.path() + "/" + name + ".yaml";
   std::ofstream f(path);
   f << "cluster:\n  ack_wait_ms: 1000\n  max_in_flight: " << max_in_flight
     << "\n  reconnect_wait_ms: 20\n  reconnect_max_ms: 200\n"
     << "batching:\n  max_sequences: " << max_sequences << "\n";
+  if (queue_limit > 0)
+    f << "router:\n  classes:\n"
+      << "    - {name: interactive, rank: 0, weight: 1, queue_limit: " << queue_limit << "}\n"
+      << "    - {name: batch, rank: 1, weight: 1, queue_limit: " << queue_limit << "}\n";
   return path;
 }
 
 // A node on the null backend; `journal`: with a journal file of its own in `dir`; `extra`: more
-// flags.
+// flags; `log`: a file its stderr goes to; `queue_limit`: its router's class queues (0: the
+// defaults).
 std::unique_ptr<it::ServerProcess> start_node(const test::NatsServer& ns, const it::TempDir& dir,
                                               const std::string& name, int64_t max_in_flight,
                                               int step_delay_ms, int max_sequences = 16,
                                               bool journal = false,
-                                              const std::vector<std::string>& extra = {}) {
+                                              const std::vector<std::string>& extra = {},
+                                              const std::string& log = "", int queue_limit = 0) {
   std::vector<std::string> args = {
       "--backend",       "null",
       "--nats",          ns.url(),
       "--node-name",     name,
       "--metrics",       "127.0.0.1:0",
       "--step-delay-ms", std::to_string(step_delay_ms),
-      "--config",        node_config(dir, name, max_in_flight, max_sequences)};
+      "--config",        node_config(dir, name, max_in_flight, max_sequences, queue_limit)};
   args.push_back(journal ? "--journal" : "--no-journal");
   if (journal) args.push_back(dir.path() + "/" + name + ".journal");
   args.insert(args.end(), extra.begin(), extra.end());
-  return std::make_unique<it::ServerProcess>(args);
+  return std::make_unique<it::ServerProcess>(args, std::chrono::seconds(60), log);
 }
 
 // One series of a node's /metrics ("name" or "name{labels}"); -1 when absent.
@@ -218,6 +225,23 @@ bool eventually(F done, std::chrono::milliseconds limit = 20s) {
     std::this_thread::sleep_for(20ms);
   }
   return true;
+}
+
+// How often each job key was started by a node, from the debug lines of its log ("cluster:
+// starting <tenant>/<id> from <subject> (delivery N)").
+void count_starts(const std::string& log, std::map<std::string, int>& starts,
+                  uint64_t& redeliveries) {
+  std::ifstream in(log);
+  std::string line;
+  const std::string mark = "cluster: starting ";
+  while (std::getline(in, line)) {
+    const auto at = line.find(mark);
+    if (at == std::string::npos) continue;
+    const auto from = at + mark.size();
+    const auto end = line.find(' ', from);
+    ++starts[line.substr(from, end - from)];
+    if (line.find("(delivery 1)") == std::string::npos) ++redeliveries;
+  }
 }
 
 std::map<std::string, const Result*> by_key(const std::vector<Result>& rs) {
@@ -589,6 +613,99 @@ BOOST_AUTO_TEST_CASE(a_key_published_again_within_the_duplicate_window_runs_once
   BOOST_TEST(metric(*node, "switchyard_cluster_fetched_total") == 2);
   BOOST_TEST(eventually([&] { return metric(*node, "switchyard_cluster_acked_total") == 2; }));
   BOOST_TEST(node->stop() == 0);
+}
+
+// Jobs a node holds beyond what it starts: --test-overfetch keeps up to 300 jobs a class in each
+// node's pull subscription buffers, delivered by JetStream but not started, as a fetch that
+// returned before its jobs arrived leaves them. The router's class queues take 8 jobs each, so
+// its PULL credit stops once 8 are queued and a window of 64 waits beside them; the rest stay
+// held in the node. Two nodes run 16 jobs at a time, each 4 steps of at least 20 ms, so a node
+// ends at most 16 / 0.08 s = 200 jobs a second and the last of 300 held jobs waits at least
+// 1.5 s, longer than the 1 s ack_wait: only the in-progress acks the node sends for held jobs
+// keep JetStream from delivering them again. Every job must start exactly once (the nodes' own
+// start lines), with no redelivery.
+BOOST_AUTO_TEST_CASE(held_jobs_outlive_ack_wait_and_each_starts_once) {
+  test::NatsServer ns;
+  it::TempDir dir;
+  auto prod = producer(ns);
+  Sink sink(ns.url());
+  const std::vector<std::string> logs = {dir.path() + "/h1.log", dir.path() + "/h2.log"};
+  std::vector<std::unique_ptr<it::ServerProcess>> nodes;
+  for (int n = 0; n < 2; ++n) {
+    nodes.push_back(start_node(ns, dir, name("h", n + 1), 16, 20, 16, false,
+                               {"--test-overfetch", "300", "--log-level", "debug"}, logs[n], 8));
+    wait_joined(*nodes.back());
+  }
+  constexpr int kJobs = 2000;
+  for (int i = 0; i < kJobs; ++i)
+    prod->publish_job("batch", "acme", name("h", i), submit_body("acme", name("h", i), 4));
+  const auto& rs = sink.read(kJobs, 120s);
+  BOOST_REQUIRE_EQUAL(rs.size(), size_t{kJobs});
+  auto keys = by_key(rs);
+  BOOST_TEST(keys.size() == size_t{kJobs});
+  for (const auto& r : rs) {
+    BOOST_TEST(r.delivery == 1u, r.msg_id << " was delivered " << r.delivery << " times");
+    BOOST_REQUIRE(r.done());
+    BOOST_TEST(r.done()->usage.completion_tokens == 4u);
+  }
+  BOOST_TEST(eventually([&] {
+    auto b = prod->lag(1);
+    return b.pending == 0 && b.ack_pending == 0;
+  }));
+  double held = 0, redelivered = 0, fetched = 0;
+  for (auto& n : nodes) {
+    held += metric(*n, "switchyard_cluster_held_total");
+    redelivered += metric(*n, "switchyard_cluster_redelivered_total");
+    fetched += metric(*n, "switchyard_cluster_fetched_total");
+  }
+  BOOST_TEST(held >= 300);  // the scenario happened: at least one node's full buffer was held
+  BOOST_TEST(redelivered == 0);
+  BOOST_TEST(fetched == kJobs);
+  for (auto& n : nodes) BOOST_TEST(n->stop() == 0);
+  std::map<std::string, int> starts;
+  uint64_t restarts = 0;
+  for (const auto& log : logs) count_starts(log, starts, restarts);
+  BOOST_TEST(starts.size() == size_t{kJobs});
+  int twice = 0;
+  for (const auto& [key, n] : starts)
+    if (n != 1) ++twice;
+  BOOST_TEST(twice == 0);
+  BOOST_TEST(restarts == 0u);
+  BOOST_TEST_MESSAGE("jobs held by the nodes: " << held);
+}
+
+// A cancel published while no node runs is kept by SWITCHYARD_CANCELS: a node started later reads
+// it before it starts anything, so the cancelled job ends `cancelled` without ever starting on
+// it, while the job beside it runs.
+BOOST_AUTO_TEST_CASE(a_node_started_after_a_cancel_never_starts_the_cancelled_job) {
+  test::NatsServer ns;
+  it::TempDir dir;
+  auto prod = producer(ns);
+  Sink sink(ns.url());
+  prod->publish_job("batch", "acme", "gone", submit_body("acme", "gone", 4));
+  prod->publish_job("batch", "acme", "kept", submit_body("acme", "kept", 4));
+  prod->publish_cancel(wire::encode_client(wire::Cancel{"gone", "acme", ""}));
+  const std::string log = dir.path() + "/late.log";
+  auto node = start_node(ns, dir, "late", 16, 0, 16, false, {"--log-level", "debug"}, log);
+  const auto& rs = sink.read(2, 30s);
+  BOOST_REQUIRE_EQUAL(rs.size(), 2u);
+  auto keys = by_key(rs);
+  BOOST_REQUIRE(keys.count("acme/gone") && keys["acme/gone"]->done());
+  BOOST_TEST(static_cast<int>(keys["acme/gone"]->done()->finish_reason) ==
+             static_cast<int>(wire::FinishReason::cancelled));
+  BOOST_TEST(keys["acme/gone"]->done()->usage.completion_tokens == 0u);
+  BOOST_REQUIRE(keys.count("acme/kept") && keys["acme/kept"]->done());
+  BOOST_TEST(keys["acme/kept"]->done()->usage.completion_tokens == 4u);
+  BOOST_TEST(metric(*node, "switchyard_cluster_cancels_heard_total") == 1);
+  BOOST_TEST(metric(*node, "switchyard_cluster_cancelled_at_fetch_total") == 1);
+  BOOST_TEST(
+      eventually([&] { return prod->lag(1).pending == 0 && prod->lag(1).ack_pending == 0; }));
+  BOOST_TEST(node->stop() == 0);
+  std::map<std::string, int> starts;
+  uint64_t restarts = 0;
+  count_starts(log, starts, restarts);
+  BOOST_TEST(starts["acme/kept"] == 1);
+  BOOST_TEST(starts.count("acme/gone") == 0u);
 }
 
 BOOST_AUTO_TEST_SUITE_END()  // test_cluster_node

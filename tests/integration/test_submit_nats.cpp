@@ -1,10 +1,12 @@
 // `switchyard submit --nats` and ClusterClient against a real node (`switchyard serve --nats`,
 // null backend) and a real nats-server -js: a JSONL batch runs to completion with the same
 // result lines as over ZeroMQ, a streamed job's chunks come to the reply subject, every result
-// is stored in SWITCHYARD_RESULTS, and a cancel stops a running job.
+// is stored in SWITCHYARD_RESULTS, a cancel stops a running job, and a result that reaches the
+// reply subject twice is passed on and written once.
 #include <nats/nats.h>
 
 #include <boost/test/unit_test.hpp>
+#include <map>
 #include <set>
 
 #include "clients/cpp/cluster_client.hpp"
@@ -203,6 +205,81 @@ BOOST_AUTO_TEST_CASE(a_program_runs_whole_on_a_node) {
   BOOST_REQUIRE(r.error.has_value());
   BOOST_TEST((r.error->code == ErrorCode::bad_request));
   BOOST_TEST(r.error->message.find("step 1 (tool 'r')") != std::string::npos, r.error->message);
+  BOOST_TEST(node.stop(SIGTERM) == 0);
+}
+
+// A node that sends every result to the reply subject twice (--test-duplicate-results, as a job
+// run twice would): a plain subscriber on the client's reply subject sees both copies, the
+// client library passes on one, and `submit --nats` writes each key once.
+BOOST_AUTO_TEST_CASE(a_result_sent_twice_to_the_reply_subject_is_written_once) {
+  test::NatsServer ns;
+  it::ServerProcess node({"--backend", "null", "--nats", ns.url(), "--test-duplicate-results"});
+  wait_for_jobs_stream(ns);
+  client::ClusterClient cc(options(ns));
+  natsConnection* nc = nullptr;
+  BOOST_REQUIRE(natsConnection_ConnectTo(&nc, ns.url().c_str()) == NATS_OK);
+  natsSubscription* raw = nullptr;
+  BOOST_REQUIRE(natsConnection_SubscribeSync(&raw, nc, cc.reply_subject().c_str()) == NATS_OK);
+  BOOST_REQUIRE(natsConnection_Flush(nc) == NATS_OK);
+  constexpr int kJobs = 5;
+  wire::Submit s;
+  s.tenant = "acme";
+  s.prompt = std::vector<int32_t>{1, 2, 3};
+  s.max_tokens = 3;
+  s.ignore_eos = true;
+  for (int i = 0; i < kJobs; ++i) {
+    s.id = "d" + std::to_string(i);
+    cc.submit(s);
+  }
+  // Both copies of every result reach a plain subscriber.
+  int copies = 0;
+  while (copies < 2 * kJobs) {
+    natsMsg* m = nullptr;
+    BOOST_REQUIRE_MESSAGE(natsSubscription_NextMsg(&m, raw, 20000) == NATS_OK,
+                          "only " << copies << " results on the reply subject");
+    natsMsg_Destroy(m);
+    ++copies;
+  }
+  natsSubscription_Destroy(raw);
+  natsConnection_Destroy(nc);
+  // A last job: its result comes after every copy of the others (one results thread publishes
+  // the two copies of a result one after the other), so once the client has it, it has had all.
+  s.id = "last";
+  cc.submit(s);
+  std::map<std::string, int> results;
+  while (!results.count("last")) {
+    auto m = cc.next(milliseconds(20000));
+    BOOST_REQUIRE(m.has_value());
+    if (std::holds_alternative<wire::Done>(*m)) ++results[client::message_id(*m)];
+  }
+  BOOST_TEST(results.size() == size_t{kJobs + 1});
+  for (const auto& [id, n] : results) BOOST_TEST(n == 1, id << " came " << n << " times");
+  BOOST_TEST(cc.repeated_results() >= uint64_t{kJobs});
+
+  // The command line: each key written once.
+  it::TempDir dir;
+  std::string jobs;
+  constexpr int kBatch = 20;
+  for (int i = 0; i < kBatch; ++i)
+    jobs += "{\"id\": \"b" + std::to_string(i) +
+            "\", \"prompt\": [1, 2, 3], \"max_tokens\": 3, \"ignore_eos\": true}\n";
+  const std::string in = dir.write("jobs.jsonl", jobs);
+  const std::string out = dir.path() + "/results.jsonl";
+  auto r = it::run_binary(
+      "submit --nats " + ns.url() + " --tenant acme --window 4 --input " + in + " --output " + out,
+      "timeout 120 ");
+  BOOST_TEST(r.status == 0, r.out);
+  BOOST_TEST(r.out.find("switchyard: summary: 20 done, 0 failed") != std::string::npos, r.out);
+  std::map<std::string, int> written;
+  for (const auto& l : result_lines(out)) ++written[l.at("id").get<std::string>()];
+  BOOST_TEST(written.size() == size_t{kBatch});
+  for (const auto& [id, n] : written) BOOST_TEST(n == 1, id << " written " << n << " times");
+  // Every result but the last one's second copy came before the run ended (each result's two
+  // copies are published back to back), and each was dropped.
+  const auto at = r.out.find(" repeated results dropped");
+  BOOST_REQUIRE(at != std::string::npos);
+  const auto from = r.out.rfind(' ', at - 1) + 1;
+  BOOST_TEST(std::stoi(r.out.substr(from, at - from)) >= kBatch - 1, r.out);
   BOOST_TEST(node.stop(SIGTERM) == 0);
 }
 

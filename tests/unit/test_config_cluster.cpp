@@ -58,7 +58,9 @@ BOOST_AUTO_TEST_CASE(every_key_is_read) {
       "  max_in_flight: 8\n"
       "  duplicate_window_ms: 60000\n"
       "  reconnect_wait_ms: 50\n"
-      "  reconnect_max_ms: 2000\n");
+      "  reconnect_max_ms: 2000\n"
+      "  cancels_max_age_s: 172800\n"
+      "  max_cancels: 5000\n");
   const auto& k = c.cluster;
   BOOST_TEST(k.nats == (std::vector<std::string>{"nats://a:4222", "nats://b:4222"}),
              boost::test_tools::per_element());
@@ -74,6 +76,8 @@ BOOST_AUTO_TEST_CASE(every_key_is_read) {
   BOOST_TEST(k.duplicate_window_ms == 60000);
   BOOST_TEST(k.reconnect_wait_ms == 50);
   BOOST_TEST(k.reconnect_max_ms == 2000);
+  BOOST_TEST(k.cancels_max_age_s == 172800);
+  BOOST_TEST(k.max_cancels == 5000);
 }
 
 BOOST_AUTO_TEST_CASE(one_url_and_the_defaults) {
@@ -93,6 +97,10 @@ BOOST_AUTO_TEST_CASE(errors_name_the_key_and_the_bound) {
   e = load_error("cluster:\n  ack_wait_ms: 10\n");
   BOOST_TEST(contains(e, "cluster.ack_wait_ms"), e);
   BOOST_TEST(contains(e, "[1000, 86400000]"), e);
+  // Cancels are kept at least as long as the longest deadline a job may name (a day).
+  e = load_error("cluster:\n  cancels_max_age_s: 3600\n");
+  BOOST_TEST(contains(e, "cluster.cancels_max_age_s"), e);
+  BOOST_TEST(contains(e, "[86400, "), e);
   e = load_error("cluster:\n  nat: nats://x:1\n");
   BOOST_TEST(contains(e, "cluster.nat"), e);
   BOOST_TEST(contains(e, "unknown key"), e);

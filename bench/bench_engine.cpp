@@ -15,6 +15,14 @@
 //   bench_engine --kv-memory [--shape 110M] [--kv-tokens 4096] [--kv-dtypes f32,f16,q8_0]
 //     KV memory of one sequence of --kv-tokens tokens under each KV type: the cache's bytes as
 //     the engine sizes it, and the growth of the process's resident memory while it fills.
+//   bench_engine --table --model FILE.gguf [--batches 1,4,16,32] [--prompts 128,512,2048]
+//                [--decode-steps 16] [--step-tokens 2048] [--reps 1] [--threads 2]
+//     One model file, a cell per batch size x prompt length: B random prompts of P tokens
+//     prefilled in steps of at most --step-tokens tokens (prefill tokens/s), then --decode-steps
+//     greedy steps of all B sequences at a context of P (decode tokens/s). Prints the table
+//     (stderr) and JSON (stdout). --perf-ctl FIFO: writes "enable" to perf record's control
+//     FIFO (perf record -D -1 --control fifo:FIFO) before each timed decode and "disable" after,
+//     so a profile holds the decode steps alone (bench/profile.sh --decode-only).
 //   --kv-dtype T (every mode): the K/V element type of the engines measured (default f16).
 #include <algorithm>
 #include <chrono>
@@ -59,6 +67,12 @@ struct Options {
   int rounds = 0;                // alternating rounds (0: 3 with a peer, else 1)
   int kv_gen = 8192;     // generated tokens of the KV benchmark; measured at half and at all
   int kv_window = 1024;  // the sliding window compared with full attention
+  bool table = false;
+  std::string model;                            // --table: the file measured
+  std::vector<int> prompts = {128, 512, 2048};  // --table: prompt lengths (columns)
+  int step_tokens = 2048;                       // --table: most prompt tokens in one prefill step
+  std::string perf_ctl;  // --table: perf record's control FIFO, gating it to the decode steps
+  bool batches_set = false, decode_steps_set = false, reps_set = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -92,6 +106,10 @@ Options parse(int argc, char** argv) {
       o.kv_memory = true;
       continue;
     }
+    if (a == "--table") {
+      o.table = true;
+      continue;
+    }
     if (i + 1 >= argc) throw std::invalid_argument("option " + a + " needs a value");
     const std::string v = argv[++i];
     if (a == "--dir")
@@ -104,18 +122,30 @@ Options parse(int argc, char** argv) {
       o.threads = to_int(a, v);
     else if (a == "--dtypes")
       o.dtypes = split(v);
+    else if (a == "--model")
+      o.model = v;
+    else if (a == "--prompts") {
+      o.prompts.clear();
+      for (const auto& p : split(v)) o.prompts.push_back(to_int(a, p));
+    } else if (a == "--perf-ctl")
+      o.perf_ctl = v;
+    else if (a == "--step-tokens")
+      o.step_tokens = to_int(a, v);
     else if (a == "--batches") {
+      o.batches_set = true;
       o.batches.clear();
       for (const auto& b : split(v)) o.batches.push_back(to_int(a, b));
-    } else if (a == "--decode-steps")
+    } else if (a == "--decode-steps") {
       o.decode_steps = to_int(a, v);
-    else if (a == "--prompt")
+      o.decode_steps_set = true;
+    } else if (a == "--prompt")
       o.prompt = to_int(a, v);
     else if (a == "--decode-prompt")
       o.decode_prompt = to_int(a, v);
-    else if (a == "--reps")
+    else if (a == "--reps") {
       o.reps = to_int(a, v);
-    else if (a == "--kv-gen")
+      o.reps_set = true;
+    } else if (a == "--kv-gen")
       o.kv_gen = to_int(a, v);
     else if (a == "--kv-window")
       o.kv_window = to_int(a, v);
@@ -141,6 +171,25 @@ Options parse(int argc, char** argv) {
   for (int b : o.batches)
     if (b < 1) throw std::invalid_argument("--batches entries must be >= 1");
   if (o.rounds < 0) throw std::invalid_argument("--rounds must be >= 1");
+  if (o.table) {
+    if (o.model.empty()) throw std::invalid_argument("--table needs --model FILE.gguf");
+    if (!fs::exists(o.model)) throw std::invalid_argument("--model: no file " + o.model);
+    if (!o.peer_llama_bench.empty())
+      throw std::invalid_argument("--table measures ours only: no --peer-llama-bench");
+    // A table of 12 cells on two cores: one measured run per cell after a warm-up, and a
+    // short decode (the context, not the step count, sets a decode step's cost).
+    if (!o.batches_set) o.batches = {1, 4, 16, 32};
+    if (!o.decode_steps_set) o.decode_steps = 16;
+    if (!o.reps_set) o.reps = 1;
+    if (o.prompts.empty() || o.batches.empty() || o.step_tokens < 1)
+      throw std::invalid_argument(
+          "--prompts and --batches need entries, --step-tokens must be >= 1");
+    for (int p : o.prompts)
+      if (p < 1) throw std::invalid_argument("--prompts entries must be >= 1");
+  } else if (!o.model.empty() || !o.perf_ctl.empty()) {
+    throw std::invalid_argument(
+        "--model and --perf-ctl belong to --table (the other modes write their files)");
+  }
   if (o.rounds == 0) o.rounds = o.peer_llama_bench.empty() ? 1 : 3;
   if (!o.peer_llama_bench.empty() && !fs::exists(o.peer_llama_bench))
     throw std::invalid_argument("--peer-llama-bench: no file " + o.peer_llama_bench);
@@ -233,6 +282,47 @@ struct Batch {
       next[s] = argmax(out.row(s), eng.config().n_vocab);
     }
     return dt;
+  }
+
+  // Prefills every prompt in steps of at most `budget` tokens, sequence after sequence (a long
+  // prompt in chunks over several steps, several short ones in one step), as a batcher's token
+  // budget cuts them; returns the seconds the steps took.
+  double prefill_chunked(sy::StepOutput& out, int budget) {
+    std::vector<size_t> done(tokens.size(), 0);
+    size_t first = 0;  // the first sequence not wholly prefilled
+    double total = 0;
+    std::vector<sy::SeqStep> steps;
+    std::vector<size_t> who;
+    while (first < tokens.size()) {
+      steps.clear();
+      who.clear();
+      int left = budget;
+      for (size_t s = first; s < tokens.size() && left > 0; ++s) {
+        const int n = std::min(left, static_cast<int>(tokens[s].size() - done[s]));
+        sy::SeqStep st;
+        st.tokens = tokens[s].data() + done[s];
+        st.n_tokens = n;
+        st.n_past = static_cast<int32_t>(done[s]);
+        st.block_table = blocks[s].data();
+        st.n_blocks = static_cast<int32_t>(blocks[s].size());
+        steps.push_back(st);
+        who.push_back(s);
+        left -= n;
+      }
+      const double t0 = now_s();
+      eng.step(steps, out);
+      total += now_s() - t0;
+      for (size_t k = 0; k < who.size(); ++k) {
+        const size_t s = who[k];
+        done[s] += static_cast<size_t>(steps[k].n_tokens);
+        if (done[s] == tokens[s].size()) {
+          n_past[s] = static_cast<int32_t>(tokens[s].size());
+          next[s] = argmax(out.row(k), eng.config().n_vocab);
+        }
+      }
+      while (first < tokens.size() && done[first] == tokens[first].size()) ++first;
+    }
+    return total;
   }
 
   // Runs `steps` greedy decode steps over the whole batch; returns the seconds taken.
@@ -480,6 +570,118 @@ int kv_memory(const Options& o) {
   return 0;
 }
 
+// ---- --table: prefill and decode tokens/s per batch size x prompt length on one file ----
+
+std::vector<double> loadavg() {
+  std::vector<double> v(3, 0.0);
+  std::FILE* f = std::fopen("/proc/loadavg", "r");
+  if (f) {
+    if (std::fscanf(f, "%lf %lf %lf", &v[0], &v[1], &v[2]) != 3) v.assign(3, 0.0);
+    std::fclose(f);
+  }
+  return v;
+}
+
+int table(const Options& o) {
+  const auto la0 = loadavg();
+  auto model = sy::LlamaModel::load(o.model);
+  const sy::LlamaConfig& c = model->config();
+  const int max_b = *std::max_element(o.batches.begin(), o.batches.end());
+  const int max_p = *std::max_element(o.prompts.begin(), o.prompts.end());
+  if (max_p + o.decode_steps > c.ctx_len)
+    throw std::invalid_argument("a prompt of " + std::to_string(max_p) + " and " +
+                                std::to_string(o.decode_steps) + " decode steps exceed the " +
+                                std::to_string(c.ctx_len) + "-token context of " + o.model);
+  sy::EngineOptions eo;
+  eo.n_threads = o.threads;
+  eo.kv_type = o.kv_dtype;
+  eo.max_batch_tokens = std::max(o.step_tokens, max_b);
+  const int32_t bs = eo.block_size;
+  eo.n_blocks = max_b * ((max_p + o.decode_steps + bs - 1) / bs);
+  auto engine = sy::make_cpu_engine(model, eo);
+  sy::StepOutput out;
+  std::mt19937_64 rng(7);
+  {
+    // Warm-up: faults the mapped weights in and grows the step's scratch to a full prefill step
+    // and the widest decode step before anything is timed.
+    {
+      Batch one(*engine, 1, std::min(o.step_tokens, max_p), max_p, rng);
+      one.prefill_chunked(out, o.step_tokens);
+    }
+    Batch wide(*engine, max_b, std::min(16, max_p), std::min(16, max_p) + 2, rng);
+    wide.prefill_chunked(out, o.step_tokens);
+    wide.decode(2, out);
+  }
+  // perf record's control FIFO: perf reads "enable"/"disable" commands from it.
+  std::FILE* ctl = nullptr;
+  if (!o.perf_ctl.empty()) {
+    ctl = std::fopen(o.perf_ctl.c_str(), "w");
+    if (!ctl) throw std::runtime_error("--perf-ctl: cannot open " + o.perf_ctl);
+  }
+  auto gate = [&](const char* cmd) {
+    if (!ctl) return;
+    std::fputs(cmd, ctl);
+    std::fflush(ctl);
+  };
+  nlohmann::ordered_json cells = nlohmann::ordered_json::array();
+  std::vector<std::vector<double>> pp(o.batches.size()), tg(o.batches.size());
+  for (size_t bi = 0; bi < o.batches.size(); ++bi) {
+    const int nb = o.batches[bi];
+    for (const int p : o.prompts) {
+      double best_pp = 1e30, best_tg = 1e30;
+      for (int r = 0; r < o.reps; ++r) {
+        Batch b(*engine, nb, p, p + o.decode_steps, rng);
+        best_pp = std::min(best_pp, b.prefill_chunked(out, o.step_tokens));
+        gate("enable\n");
+        best_tg = std::min(best_tg, b.decode(o.decode_steps, out));
+        gate("disable\n");
+      }
+      const double pp_s = static_cast<double>(nb) * p / best_pp;
+      const double tg_s = static_cast<double>(nb) * o.decode_steps / best_tg;
+      pp[bi].push_back(pp_s);
+      tg[bi].push_back(tg_s);
+      std::cerr << "bench_engine: batch " << nb << " prompt " << p << ": prefill " << fmt(pp_s)
+                << " tok/s, decode " << fmt(tg_s) << " tok/s\n";
+      cells.push_back({{"batch", nb},
+                       {"prompt", p},
+                       {"prefill_tok_s", round1(pp_s)},
+                       {"decode_tok_s", round1(tg_s)},
+                       {"decode_ms_per_step", round1(1e3 * best_tg / o.decode_steps)}});
+    }
+  }
+  // Both grids as Markdown tables: a row per batch size, a column per prompt length.
+  for (const auto& [title, grid] : {std::pair{"prefill tokens/s", &pp}, {"decode tokens/s", &tg}}) {
+    std::cerr << "\n| " << title << " |";
+    for (int p : o.prompts) std::cerr << " prompt " << p << " |";
+    std::cerr << "\n| --- |";
+    for (size_t k = 0; k < o.prompts.size(); ++k) std::cerr << " --- |";
+    std::cerr << "\n";
+    for (size_t bi = 0; bi < o.batches.size(); ++bi) {
+      std::cerr << "| batch " << o.batches[bi] << " |";
+      for (double v : (*grid)[bi])
+        std::cerr << " " << static_cast<long long>(std::lround(v)) << " |";
+      std::cerr << "\n";
+    }
+  }
+  if (ctl) std::fclose(ctl);
+  nlohmann::ordered_json js = {{"mode", "table"},
+                               {"model", o.model},
+                               {"dim", c.dim},
+                               {"layers", c.n_layers},
+                               {"vocab", c.n_vocab},
+                               {"ctx", c.ctx_len},
+                               {"threads", o.threads},
+                               {"kv_dtype", sy::kernels::kv_type_name(o.kv_dtype)},
+                               {"step_tokens", o.step_tokens},
+                               {"decode_steps", o.decode_steps},
+                               {"reps", o.reps},
+                               {"loadavg_before", la0},
+                               {"loadavg_after", loadavg()},
+                               {"cells", std::move(cells)}};
+  std::cout << js.dump(2) << "\n";
+  return 0;
+}
+
 // What one run of ours measured on one file: prefill and decode tok/s per batch size.
 struct OurFigures {
   double pp = 0;
@@ -573,6 +775,7 @@ int main(int argc, char** argv) {
     const Options o = parse(argc, argv);
     if (o.kv_bench) return kv_bench(o);
     if (o.kv_memory) return kv_memory(o);
+    if (o.table) return table(o);
     std::mt19937_64 rng(7);
     const bool peer = !o.peer_llama_bench.empty();
     const size_t nd = o.dtypes.size(), nbatch = o.batches.size();

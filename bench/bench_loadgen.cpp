@@ -1,10 +1,13 @@
-// Load generator for a Switchyard server: open-loop Poisson or closed-loop traffic over a pool of
-// DEALER sockets; prints TTFT/TPOT/ITL/end-to-end percentiles, throughput, goodput and rejections
-// (overall, per class, per tenant) as one JSON object, optionally a PNG of the latency CDFs.
+// Load generator for a Switchyard server: open-loop (Poisson or bursty) or closed-loop traffic
+// over a pool of DEALER sockets; prints TTFT/TPOT/ITL/end-to-end percentiles, throughput, goodput
+// and rejections (overall, per class, per tenant) as one JSON object, optionally a PNG of the
+// latency CDFs.
 //
 //   bench_loadgen (--server ADDR | --spawn [serve flags...]) [--rate R | --concurrency C]
 //                 [--jobs N | --duration S] [--mix CLASS:TENANT:WEIGHT[:TOKEN],...]
-//                 [--prompt-len N|A..B] [--prompt-kind ids|text] [--vocab N]
+//                 [--arrival poisson|bursty --burst N] [--profile short|long]
+//                 [--prompt-len N|A..B] [--prompt-dist fixed|uniform|normal|lognormal]
+//                 [--prompt-mean M] [--prompt-cv C] [--prompt-kind ids|text] [--vocab N]
 //                 [--max-tokens N|A..B] [--no-stream] [--no-ignore-eos] [--temperature T]
 //                 [--slo-ttft-ms MS] [--slo-tpot-ms MS] [--sockets K] [--warmup N]
 //                 [--plot FILE.png] [--overhead] [--latency-jobs N] [-- more serve args]
@@ -52,8 +55,24 @@ int vocab_size(const Options& o) {
   return 256;
 }
 
+// A drawn prompt longer than the model's context comes back as an error: say so before the run.
+void warn_context(const Options& o) {
+  if (!o.model || o.prompt_text) return;
+  try {
+    const auto ctx = sy::read_llama_config(sy::gguf::File::open(*o.model)).ctx_len;
+    const uint64_t longest = uint64_t{o.prompt.bounds.hi} + o.max_tokens.hi;
+    if (longest > static_cast<uint64_t>(ctx))
+      std::cerr << "bench_loadgen: warning: prompts of up to " << o.prompt.bounds.hi << " and "
+                << o.max_tokens.hi << " output tokens exceed the context of " << *o.model << " ("
+                << ctx << "); the server refuses such jobs\n";
+  } catch (const std::exception&) {
+    // vocab_size() reports an unreadable model
+  }
+}
+
 int main_impl(int argc, char** argv) {
   Options o = parse(argc, argv);
+  warn_context(o);
   if (o.multi_turn > 0) return multi_turn_main(o, vocab_size(o));
   if (!o.peer_llama_server.empty() || o.http) return peer_main(o, vocab_size(o));
   std::optional<CacheConfig> cache_cfg;
@@ -101,17 +120,19 @@ int main_impl(int argc, char** argv) {
     main_report = std::move(r2);
     title = "overhead: 1-token jobs at concurrency 1";
   } else {
-    Phase ph{o.concurrency, o.rate, o.jobs, o.duration_s, o.warmup};
+    Phase ph{o.concurrency, o.rate, o.jobs, o.duration_s, o.warmup, o.burst};
     RunData d = runner.run(ph);
     main_report = summarize(o, ph, d);
     out["result"] = main_report.json;
     failed = d.timed_out;
     std::ostringstream t;
-    t << (o.rate > 0 ? "rate " + dump(num(o.rate)) + " jobs/s"
+    t << (o.rate > 0 ? "rate " + dump(num(o.rate)) + " jobs/s" +
+                           (o.burst > 1 ? " in bursts of " + std::to_string(o.burst) : "")
                      : "concurrency " + std::to_string(o.concurrency))
       << ", max_tokens " << o.max_tokens.lo
       << (o.max_tokens.lo != o.max_tokens.hi ? ".." + std::to_string(o.max_tokens.hi) : "") << ", "
       << main_report.all.completed << " jobs";
+    if (!o.profile.empty()) t << ", profile " << o.profile;
     if (o.model) t << ", " << fs::path(*o.model).filename().string();
     title = t.str();
   }

@@ -14,6 +14,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "bench/loadgen_workload.hpp"
 #include "bench/peer_http.hpp"
 #include "clients/cpp/client.hpp"
 #include "ingress/codec.hpp"
@@ -28,11 +29,6 @@ struct UsageError : std::runtime_error {
 };
 
 // ---- options (loadgen_options.cpp) ---------------------------------------------------------
-
-/// A length distribution: fixed (lo == hi) or uniform on [lo, hi].
-struct Range {
-  uint32_t lo = 1, hi = 1;
-};
 
 /// One entry of --mix: jobs of this class and tenant get `weight` of the arrivals.
 struct MixEntry {
@@ -49,11 +45,13 @@ struct Options {
   std::string switchyard;               // the binary; default: next to this build's bench/
   std::optional<std::string> model;     // --model as forwarded (for the vocabulary size)
   double rate = 0;                      // > 0: open loop
+  uint32_t burst = 1;                   // open loop: jobs sent together at each arrival instant
   int concurrency = 1;                  // closed loop (when rate == 0)
   uint64_t jobs = 0;                    // 0: use duration
   double duration_s = 0;
   std::vector<MixEntry> mix = {{"", "loadgen", "", 1}};
-  Range prompt_len{16, 16};
+  PromptShape prompt;   // --prompt-len bounds, --prompt-dist, --profile
+  std::string profile;  // the --profile name, "" for none
   bool prompt_text = false;
   int vocab = 0;  // 0: from the model file, else 256
   Range max_tokens{16, 16};
@@ -148,7 +146,9 @@ struct Job {
   std::string failure;  // a peer's failure (the peer has no error codes of ours)
   int64_t t_submit = 0, t_first = 0, t_last = 0, t_done = 0;
   uint32_t tokens = 0;
-  std::vector<float> itl_ms;  // gaps between consecutive chunks
+  uint32_t prompt_sent = 0;    // prompt length drawn (ids, or words of a text prompt)
+  uint32_t prompt_tokens = 0;  // the server's count (done.usage.prompt_tokens)
+  std::vector<float> itl_ms;   // gaps between consecutive chunks
   sy::wire::Timings server;
 };
 
@@ -158,6 +158,7 @@ struct Phase {
   uint64_t jobs = 0;
   double duration_s = 0;
   uint64_t warmup = 0;
+  uint32_t burst = 1;  // open loop: jobs per arrival instant (1: Poisson)
 };
 
 struct RunData {
@@ -211,6 +212,7 @@ class Runner {
   std::string tag_;
   size_t base_ = 0, next_base_ = 0;
   const std::vector<sy::bench::PeerRequest>* workload_ = nullptr;
+  uint32_t last_prompt_len_ = 0;  // the length make_submit drew last
 };
 
 // ---- statistics (loadgen_report.cpp) ---------------------------------------------------------
@@ -226,7 +228,8 @@ Json dist(std::vector<double> v, double scale = 1);
 struct Group {
   uint64_t submitted = 0, completed = 0, good = 0, out_tokens = 0, good_tokens = 0;
   std::map<std::string, uint64_t> errors;
-  std::vector<double> ttft, tpot, itl, e2e, s_queue, s_ttft, s_total;
+  uint64_t met_ttft = 0, met_tpot = 0;  // completed jobs within each SLO on its own
+  std::vector<double> ttft, tpot, itl, e2e, s_queue, s_ttft, s_total, prompt_sent, prompt_tokens;
 };
 
 struct Report {

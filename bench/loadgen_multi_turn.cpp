@@ -72,7 +72,7 @@ class MultiTurn {
     auto send = [&](size_t ci) {
       Conv& c = convs[ci];
       if (c.turn == 0) {
-        append_user(c.ids, c.text, pick(o_.prompt_len));
+        append_user(c.ids, c.text, draw_len(o_.prompt, rng_));
       } else {
         // The history grows by what the model said and a new user message.
         c.ids.insert(c.ids.end(), c.out_ids.begin(), c.out_ids.end());
@@ -263,7 +263,7 @@ Json multi_turn_json(const Options& o, const MultiTurn::Result& r) {
 // Longest prompt and context the multi-turn mode will need: the last turn's prompt is the first
 // prompt plus, per earlier turn, a completion and a user message.
 uint64_t multi_turn_max_prompt(const Options& o) {
-  return o.prompt_len.hi + uint64_t{o.turns - 1} * (o.max_tokens.hi + o.user_len);
+  return o.prompt.bounds.hi + uint64_t{o.turns - 1} * (o.max_tokens.hi + o.user_len);
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 // bench_loadgen's command line: the flags, their checks and defaults, and the usage text.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -42,12 +44,21 @@ const char* kUsage =
     "usage: bench_loadgen (--server ADDR | --spawn [--backend null|cpu] [--model FILE]\n"
     "         [--executors N] [--threads N] [--config FILE] [--kv-mb MB] ...)\n"
     "       [--rate JOBS_PER_S | --concurrency C] [--jobs N | --duration S]\n"
+    "       [--arrival poisson|bursty [--burst N]]\n"
     "       [--mix CLASS:TENANT:WEIGHT[:TOKEN],...] [--prompt-len N|A..B]\n"
-    "       [--prompt-kind ids|text]"
+    "       [--profile short|long] [--prompt-dist fixed|uniform|normal|lognormal]\n"
+    "       [--prompt-mean M] [--prompt-cv C] [--prompt-kind ids|text]"
     " [--vocab N] [--max-tokens N|A..B] [--no-stream] [--no-ignore-eos] [--temperature T]\n"
     "       [--slo-ttft-ms MS] [--slo-tpot-ms MS] [--sockets K] [--warmup N] [--seed N]\n"
     "       [--timeout-s S] [--plot FILE.png] [--plot-script FILE.py] [--switchyard BIN]\n"
     "       [--overhead [--latency-jobs N]] [-- extra serve args]\n"
+    "--profile short (~128 tokens, SQuAD-like) | long (~2048, BookCorpus-like): lognormal\n"
+    "prompt lengths (short: cv 0.5 in 16..512; long: cv 0.25 in 512..3072); --prompt-len,\n"
+    "--prompt-dist, --prompt-mean, --prompt-cv given as well override its parts. normal and\n"
+    "lognormal draw around --prompt-mean (default: N, or the middle of A..B) with standard\n"
+    "deviation cv x mean, clamped to A..B (N alone: N/4..4N); fixed sends the mean.\n"
+    "--arrival bursty --burst N (with --rate R): bursts of N jobs sent together at Poisson\n"
+    "instants, R/N bursts a second (R jobs a second on average).\n"
     "--overhead: 1-token jobs; closed loop at --concurrency (default 64) for jobs/s, then\n"
     "concurrency 1 for --latency-jobs jobs: end-to-end latency = the runtime's own overhead\n"
     "(use with the null backend).\n"
@@ -101,6 +112,12 @@ Options parse(int argc, char** argv) {
   Options o;
   bool concurrency_set = false, jobs_set = false, peer_flags = false, rounds_set = false,
        mix_set = false;
+  // The prompt's parts as given; a --profile fills the ones not given.
+  std::optional<Range> prompt_len;
+  std::optional<LenDist> prompt_dist;
+  std::optional<double> prompt_mean, prompt_cv;
+  std::string arrival = "poisson";
+  bool burst_set = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--") {
@@ -154,7 +171,10 @@ Options parse(int argc, char** argv) {
                                                       "seed",         "multi-turn",
                                                       "turns",        "user-len",
                                                       "prefix-cache", "peer-llama-server",
-                                                      "rounds",       "peer-arg"};
+                                                      "rounds",       "peer-arg",
+                                                      "profile",      "prompt-dist",
+                                                      "prompt-mean",  "prompt-cv",
+                                                      "arrival",      "burst"};
     if (!kValueFlags.count(k) && !kServeValueFlags.count(k))
       throw UsageError("unknown option --" + k);
     if (i + 1 >= argc) throw UsageError("--" + k + " needs a value");
@@ -182,8 +202,30 @@ Options parse(int argc, char** argv) {
       o.mix = parse_mix(v);
       mix_set = true;
     } else if (k == "prompt-len")
-      o.prompt_len = parse_range(k, v);
-    else if (k == "prompt-kind") {
+      prompt_len = parse_range(k, v);
+    else if (k == "profile") {
+      if (!find_profile(v)) throw UsageError("--profile must be short or long, got '" + v + "'");
+      o.profile = v;
+    } else if (k == "prompt-dist") {
+      prompt_dist = parse_len_dist(v);
+      if (!prompt_dist)
+        throw UsageError("--prompt-dist must be fixed, uniform, normal or lognormal, got '" + v +
+                         "'");
+    } else if (k == "prompt-mean")
+      prompt_mean = to_double(k, v);
+    else if (k == "prompt-cv")
+      prompt_cv = to_double(k, v);
+    else if (k == "arrival") {
+      if (v != "poisson" && v != "bursty")
+        throw UsageError("--arrival must be poisson or bursty, got '" + v + "'");
+      arrival = v;
+    } else if (k == "burst") {
+      const double b = to_double(k, v);
+      if (!(b >= 1 && b <= 100000) || b != std::floor(b))
+        throw UsageError("--burst must be an integer in [1, 100000], got '" + v + "'");
+      o.burst = static_cast<uint32_t>(b);
+      burst_set = true;
+    } else if (k == "prompt-kind") {
       if (v != "ids" && v != "text") throw UsageError("--prompt-kind must be ids or text");
       o.prompt_text = v == "text";
     } else if (k == "vocab")
@@ -236,12 +278,26 @@ Options parse(int argc, char** argv) {
     throw UsageError("serve flags (" + o.serve_args.front() + ") need --spawn");
   if (o.rate < 0) throw UsageError("--rate must be > 0");
   if (o.rate > 0 && concurrency_set) throw UsageError("give --rate or --concurrency, not both");
+  try {
+    o.prompt = resolve_prompt(o.profile, prompt_len, prompt_dist, prompt_mean, prompt_cv);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+  if (arrival == "bursty") {
+    if (o.rate <= 0) throw UsageError("--arrival bursty is open-loop: needs --rate");
+    if (!burst_set) throw UsageError("--arrival bursty needs --burst N (jobs per burst)");
+    if (o.burst < 2) throw UsageError("--arrival bursty needs --burst >= 2 (1 is Poisson)");
+  } else if (burst_set) {
+    throw UsageError("--burst belongs to --arrival bursty");
+  }
   if (o.overhead) {
     if (o.rate > 0) throw UsageError("--overhead is closed-loop: no --rate");
     if (!concurrency_set) o.concurrency = 64;
     if (!jobs_set && o.duration_s <= 0) o.jobs = 50000;
     o.max_tokens = {1, 1};
-    if (o.prompt_len.lo == 16 && o.prompt_len.hi == 16) o.prompt_len = {4, 4};
+    // 4-token prompts unless the prompt was given.
+    if (!prompt_len && o.profile.empty() && !prompt_mean && !prompt_dist)
+      o.prompt = {LenDist::fixed, {4, 4}, 4, 0.5};
     if (o.warmup == 0) o.warmup = 1000;
   }
   if (!o.prefix_cache.empty()) {

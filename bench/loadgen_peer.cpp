@@ -38,7 +38,7 @@ std::vector<PeerRequest> round_workload(const Options& o, int vocab, int round) 
   std::vector<PeerRequest> w(o.warmup + o.jobs);
   for (size_t i = 0; i < w.size(); ++i) {
     PeerRequest& q = w[i];
-    const uint32_t len = pick(o.prompt_len);
+    const uint32_t len = draw_len(o.prompt, rng);
     if (o.prompt_text) {
       // Random words, about a token each (as the load mode's --prompt-kind text).
       for (uint32_t k = 0; k < len; ++k) {
@@ -335,7 +335,7 @@ int peer_main(const Options& o, int vocab) {
   if (with_peer) {
     // Each slot holds one request: its prompt, its completion and a margin, so that neither a
     // context shift nor a truncation can happen inside the workload.
-    const int per_slot = static_cast<int>(o.prompt_len.hi + o.max_tokens.hi) + 64;
+    const int per_slot = static_cast<int>(o.prompt.bounds.hi + o.max_tokens.hi) + 64;
     sy::bench::LlamaServerOptions lo;
     lo.binary = o.peer_llama_server;
     lo.model = *o.model;

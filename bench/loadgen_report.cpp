@@ -79,32 +79,48 @@ void add(Group& g, const Job& j, const Options& o) {
   g.s_queue.push_back(j.server.queue_ms);
   g.s_ttft.push_back(j.server.ttft_ms);
   g.s_total.push_back(j.server.total_ms);
-  bool good = (o.slo_ttft_ms <= 0 || ttft <= o.slo_ttft_ms) &&
-              (o.slo_tpot_ms <= 0 || !std::isfinite(tpot) || tpot <= o.slo_tpot_ms);
-  if (good) ++g.good, g.good_tokens += j.tokens;
+  if (j.prompt_sent) g.prompt_sent.push_back(j.prompt_sent);
+  if (j.prompt_tokens) g.prompt_tokens.push_back(j.prompt_tokens);
+  // As `vllm bench serve --goodput`: a job is good when its TTFT and its time per output token
+  // (a 1-token job has none) are within their limits; an unset limit holds for every job.
+  const bool ttft_ok = o.slo_ttft_ms <= 0 || ttft <= o.slo_ttft_ms;
+  const bool tpot_ok = o.slo_tpot_ms <= 0 || !std::isfinite(tpot) || tpot <= o.slo_tpot_ms;
+  g.met_ttft += ttft_ok;
+  g.met_tpot += tpot_ok;
+  if (ttft_ok && tpot_ok) ++g.good, g.good_tokens += j.tokens;
 }
 
-Json group_json(const Group& g, double secs, bool micro) {
+Json group_json(const Options& o, const Group& g, double secs, bool micro) {
   uint64_t overloaded = g.errors.count("overloaded") ? g.errors.at("overloaded") : 0;
   uint64_t limited = g.errors.count("rate_limited") ? g.errors.at("rate_limited") : 0;
   Json errors = Json::object();
   for (auto& [k, v] : g.errors) errors[k] = v;
+  // Shares of every submitted job: a failed or unfinished job meets no SLO.
+  auto share = [&](uint64_t n) {
+    return num(g.submitted ? static_cast<double>(n) / g.submitted : NAN);
+  };
   Json j = {{"submitted", g.submitted},
             {"completed", g.completed},
             {"output_tokens", g.out_tokens},
             {"jobs_per_s", num(g.completed / secs)},
             {"output_tokens_per_s", num(g.out_tokens / secs)},
             {"goodput",
-             {{"jobs", g.good},
+             {{"slo_ttft_ms", o.slo_ttft_ms > 0 ? num(o.slo_ttft_ms) : Json(nullptr)},
+              {"slo_tpot_ms", o.slo_tpot_ms > 0 ? num(o.slo_tpot_ms) : Json(nullptr)},
+              {"jobs", g.good},
               {"jobs_per_s", num(g.good / secs)},
               {"output_tokens_per_s", num(g.good_tokens / secs)},
-              {"fraction", num(g.submitted ? static_cast<double>(g.good) / g.submitted : NAN)}}},
+              {"fraction", share(g.good)},
+              {"met_ttft_fraction", share(g.met_ttft)},
+              {"met_tpot_fraction", share(g.met_tpot)}}},
             {"rejected", {{"overloaded", overloaded}, {"rate_limited", limited}}},
             {"errors", std::move(errors)},
             {"ttft_ms", dist(g.ttft)},
             {"tpot_ms", dist(g.tpot)},
             {"itl_ms", dist(g.itl)},
-            {"e2e_ms", dist(g.e2e)}};
+            {"e2e_ms", dist(g.e2e)},
+            {"prompt_len", dist(g.prompt_sent)},
+            {"prompt_tokens", dist(g.prompt_tokens)}};
   if (micro) j["e2e_us"] = dist(g.e2e, 1000.0);
   j["server"] = {
       {"queue_ms", dist(g.s_queue)}, {"ttft_ms", dist(g.s_ttft)}, {"total_ms", dist(g.s_total)}};
@@ -128,15 +144,17 @@ Report summarize(const Options& o, const Phase& ph, const RunData& d) {
   }
   double secs = std::max(1e-9, (d.t_end - d.t_start) / 1e9);
   bool micro = o.max_tokens.hi == 1;
-  Json load =
-      ph.rate > 0 ? Json{{"open_loop_rate", num(ph.rate)}} : Json{{"concurrency", ph.concurrency}};
+  Json load = ph.rate > 0 ? Json{{"open_loop_rate", num(ph.rate)},
+                                 {"arrival", ph.burst > 1 ? "bursty" : "poisson"},
+                                 {"burst", ph.burst}}
+                          : Json{{"concurrency", ph.concurrency}};
   load["warmup_jobs"] = ph.warmup;
   Json by_class = Json::object(), tenants = Json::object();
-  for (auto& [k, g] : r.by_class) by_class[k] = group_json(g, secs, micro);
-  for (auto& [k, g] : by_tenant) tenants[k] = group_json(g, secs, micro);
+  for (auto& [k, g] : r.by_class) by_class[k] = group_json(o, g, secs, micro);
+  for (auto& [k, g] : by_tenant) tenants[k] = group_json(o, g, secs, micro);
   r.json = {{"load", std::move(load)},          {"elapsed_s", num(secs)},
             {"timed_out", d.timed_out},         {"unmatched_messages", d.unmatched},
-            {"arrival_lag_ms", dist(d.lag_ms)}, {"overall", group_json(r.all, secs, micro)},
+            {"arrival_lag_ms", dist(d.lag_ms)}, {"overall", group_json(o, r.all, secs, micro)},
             {"by_class", std::move(by_class)},  {"by_tenant", std::move(tenants)}};
   return r;
 }
@@ -194,7 +212,14 @@ Json options_json(const Options& o, const std::string& endpoint) {
   j["sockets"] = o.sockets;
   j["stream"] = o.stream;
   j["ignore_eos"] = o.ignore_eos;
-  j["prompt_len"] = range(o.prompt_len);
+  j["prompt_len"] = range(o.prompt.bounds);
+  j["profile"] = o.profile.empty() ? Json(nullptr) : Json(o.profile);
+  j["prompt_dist"] = len_dist_name(o.prompt.dist);
+  if (o.prompt.dist != LenDist::uniform) j["prompt_mean"] = num(o.prompt.mean);
+  if (o.prompt.dist == LenDist::normal || o.prompt.dist == LenDist::lognormal)
+    j["prompt_cv"] = num(o.prompt.cv);
+  if (o.rate > 0) j["arrival"] = o.burst > 1 ? "bursty" : "poisson";
+  if (o.burst > 1) j["burst"] = o.burst;
   j["prompt_kind"] = o.prompt_text ? "text" : "ids";
   j["max_tokens"] = range(o.max_tokens);
   j["temperature"] = num(o.temperature);

@@ -1,5 +1,5 @@
-// One phase of load: open-loop Poisson arrivals or a closed loop of jobs over a pool of DEALER
-// sockets, recording what the client saw of each job.
+// One phase of load: open-loop arrivals (Poisson, or bursts at Poisson instants) or a closed loop
+// of jobs over a pool of DEALER sockets, recording what the client saw of each job.
 #include <unistd.h>
 
 #include <algorithm>
@@ -61,10 +61,9 @@ RunData Runner::run(const Phase& ph) {
   base_ = next_base_;
   const uint64_t total = ph.jobs ? ph.jobs + ph.warmup : 0;
   if (total) d.jobs.reserve(total);
-  std::exponential_distribution<double> gap(ph.rate > 0 ? ph.rate : 1.0);
   uint64_t inflight = 0;
   int64_t t0 = now_ns();
-  int64_t next_arrival = t0;
+  ArrivalClock arrivals(ph.rate, ph.burst, t0);
   int64_t end_issue = ph.duration_s > 0 ? t0 + static_cast<int64_t>(ph.duration_s * 1e9) : 0;
   int64_t last_msg = t0;
   size_t first_counted = ph.warmup;
@@ -84,6 +83,7 @@ RunData Runner::run(const Phase& ph) {
     }
     auto& c = *net_.clients[idx % net_.clients.size()];
     auto s = make_submit(idx, j.mix);
+    j.prompt_sent = last_prompt_len_;
     j.t_submit = now_ns();
     c.submit(s);
     ++inflight;
@@ -92,16 +92,16 @@ RunData Runner::run(const Phase& ph) {
     int64_t now = now_ns();
     long timeout_ms = 100;
     if (ph.rate > 0) {
-      while (next_arrival <= now && can_issue(now)) {
+      while (arrivals.next_ns() <= now && can_issue(now)) {
         issue(now);
-        if (d.jobs.size() > ph.warmup) d.lag_ms.push_back((now - next_arrival) / 1e6);
-        next_arrival += static_cast<int64_t>(gap(rng_) * 1e9);
+        if (d.jobs.size() > ph.warmup) d.lag_ms.push_back((now - arrivals.next_ns()) / 1e6);
+        arrivals.advance(rng_);
       }
       // zmq_poll counts whole milliseconds: rounding up wakes us at most 1 ms late (the lag is
       // reported, and latencies count from the real send), rather than spinning a core that
       // the server needs on a small machine.
       if (can_issue(now))
-        timeout_ms = std::max<int64_t>(1, (next_arrival - now + 999999) / 1000000);
+        timeout_ms = std::max<int64_t>(1, (arrivals.next_ns() - now + 999999) / 1000000);
     } else {
       while (inflight < static_cast<uint64_t>(ph.concurrency) && can_issue(now)) issue(now);
     }
@@ -145,6 +145,7 @@ sy::wire::Submit Runner::make_submit(size_t idx, uint32_t mix) {
   s.priority = m.cls;
   if (workload_) {
     const sy::bench::PeerRequest& w = workload_->at(idx);
+    last_prompt_len_ = static_cast<uint32_t>(w.prompt.size());  // 0 for a text prompt
     s.prompt = w.prompt;
     s.max_tokens = w.max_tokens;
     s.temperature = w.temperature;
@@ -153,7 +154,8 @@ sy::wire::Submit Runner::make_submit(size_t idx, uint32_t mix) {
     s.stream = true;
     return s;
   }
-  uint32_t plen = pick(o_.prompt_len);
+  uint32_t plen = draw_len(o_.prompt, rng_);
+  last_prompt_len_ = plen;
   if (o_.prompt_text) {
     std::string text;
     std::uniform_int_distribution<size_t> w(0, std::size(kWords) - 1);
@@ -211,6 +213,7 @@ bool Runner::handle(RunData& d, const sy::wire::ServerMessage& m, int64_t t) {
     j.t_done = t;
     j.server = dn->timings;
     j.tokens = dn->usage.completion_tokens;
+    j.prompt_tokens = dn->usage.prompt_tokens;
     return true;
   } else if (auto* er = std::get_if<sy::wire::Error>(&m)) {
     j.finished = true;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/intake_meter.hpp"
+#include "core/trace.hpp"
 
 namespace sy {
 
@@ -59,6 +60,9 @@ struct AdmissionConfig {
   // Wiring: the vocabulary index and compiled constraints shared with the executors
   // (actors/constraint_support.hpp); nullptr: admission makes its own at the first constraint.
   std::shared_ptr<ConstraintSupport> constraints;
+  // Wiring: where traced jobs' admission and journal spans go (core/trace.hpp,
+  // docs/tracing.md); nullptr: tracing is off and no job is traced.
+  std::shared_ptr<TraceBuffer> traces;
   // TESTS ONLY (`serve --test-admission-stall-ms`): admission sleeps this long before each
   // submit it takes from its mailbox, so that a test can fill the intake bound at will.
   int test_stall_ms = 0;

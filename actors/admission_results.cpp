@@ -106,6 +106,10 @@ void finished(Self* self, JobOutcome& o) {
   // An outcome whose ErrorEvent was left at its default code takes the outcome's code.
   if (rec.state == JobState::failed && rec.error.code == ErrorCode{} && o.code != ErrorCode{})
     rec.error.code = o.code;
+  // The job's spans end with its own delivery: copies sent later (attached clients, a
+  // resubmitted key) carry no trace.
+  rec.done.trace = {};
+  rec.error.trace = {};
   for (auto& c : rec.attached) {
     if (rec.state == JobState::failed) {
       ErrorEvent e = rec.error;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "core/job.hpp"
@@ -53,6 +54,9 @@ struct BatchingConfig {
   int32_t spec_max_draft = 6;  // most drafted tokens a sequence feeds in one step
   int32_t spec_ngram_min = 2;  // prompt lookup: shortest and longest suffix n-gram matched
   int32_t spec_ngram_max = 4;
+  // Wiring, not configuration: where traced jobs' prefill, queue and decode spans go
+  // (core/trace.hpp, docs/tracing.md); nullptr: tracing is off.
+  std::shared_ptr<TraceBuffer> traces;
 };
 
 }  // namespace sy

@@ -158,6 +158,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   void fail(Seq& s, ErrorCode code, const std::string& message);
   void end_job(Seq& s);
   void drop(Seq& s);
+  void trace_prefills(int64_t sent_us);  // docs/tracing.md
   // batcher_samples.cpp: groups of samples and score requests.
   void start_group(Seq& s);
   void fork_group(Seq& g);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "actors/batcher_core.hpp"
+#include "actors/tracing.hpp"
 #include "model/llama.hpp"
 #include "model/tokenizer.hpp"
 
@@ -136,6 +137,8 @@ void Batcher::trim_pins(int64_t max_blocks) {
 void Batcher::finish(Seq& s, FinishReason finish) {
   if (s.leader) return end_member(s, finish);
   if (s.job.is_step() && !s.grouped && finish != FinishReason::cancelled) pin(s);
+  trace_generated(cfg_.traces.get(), s.job.trace, s.first_sched_us, s.first_token_us, now(),
+                  static_cast<uint32_t>(std::max(0, s.n_generated())));
   DoneEvent d = done_event(s, finish);
   JobOutcome o = make_outcome(d);
   o.tokens_used = d.prompt_tokens + d.completion_tokens;
@@ -164,6 +167,8 @@ void Batcher::finish(Seq& s, FinishReason finish) {
 
 void Batcher::fail(Seq& s, ErrorCode code, const std::string& message) {
   if (s.leader) return fail(*s.leader, code, message);  // one sample failing fails its job
+  trace_generated(cfg_.traces.get(), s.job.trace, s.first_sched_us, s.first_token_us, now(),
+                  static_cast<uint32_t>(std::max(0, s.n_generated())));
   ErrorEvent e = make_error_event(s.job, code, message);
   JobOutcome o = make_outcome(e);
   o.tokens_used = static_cast<uint32_t>(s.tokens.size());
@@ -208,6 +213,19 @@ void Batcher::emit(Seq& s, int32_t id, size_t upto) {
     }
   }
   if (egress_) self_->send(egress_, out_atom::value, std::move(t));
+}
+
+// The step in flight (sent at `sent_us`) came back: a `prefill` span for each traced sequence
+// that fed prompt tokens in it (docs/tracing.md). Called before the results are applied, while
+// kv.n_past and step_tokens still describe the step.
+void Batcher::trace_prefills(int64_t sent_us) {
+  int64_t t = 0;  // read once, and only for a step with a traced prompt chunk
+  for (const Seq* s : planned_) {
+    if (!s->job.trace.traced() || s->kv.n_past >= s->n_prompt) continue;
+    if (t == 0) t = now();
+    const int32_t n = std::min(s->kv.n_past + s->step_tokens, s->n_prompt) - s->kv.n_past;
+    trace_prefill(cfg_.traces.get(), s->job.trace, sent_us, t, s->kv.n_past, n);
+  }
 }
 
 // A sampled token for `s`: appended, detokenized, checked against the stop rules.

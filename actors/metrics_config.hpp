@@ -14,6 +14,11 @@ struct MetricsConfig {
   // this many distinct names; later ones are counted under tenant="_other". A counter's series
   // never goes away, so without a cap every new tenant name would add series for good.
   size_t max_tenant_labels = 1000;
+  // GPU telemetry through NVML (docs/metrics.md): read where a driver answers; false: never.
+  bool gpu = true;
+  // TESTS ONLY (`serve --test-fake-nvml`): a stand-in device with fixed readings and a growing
+  // energy counter in place of NVML.
+  bool test_fake_nvml = false;
 };
 
 }  // namespace sy

@@ -20,6 +20,7 @@ DoneEvent make_done(const Job& job, FinishReason finish) {
   d.tenant = job.tenant;
   d.finish = finish;
   d.prompt_tokens = static_cast<uint32_t>(job.prompt.size());
+  d.trace = job.trace;
   return d;
 }
 
@@ -37,7 +38,10 @@ ErrorEvent make_error_event(const ClientRef& to, uint64_t uid, std::string id, s
 }
 
 ErrorEvent make_error_event(const Job& job, ErrorCode code, std::string message) {
-  return make_error_event(job.client, job.uid, job.id, job.tenant, code, std::move(message));
+  ErrorEvent e =
+      make_error_event(job.client, job.uid, job.id, job.tenant, code, std::move(message));
+  e.trace = job.trace;
+  return e;
 }
 
 JobOutcome make_outcome(const DoneEvent& done) {

@@ -117,6 +117,14 @@ set_tests_properties(emu_it_test_golden PROPERTIES LABELS emu TIMEOUT 1200 RESOU
   COST 500
   ENVIRONMENT SY_SERVER_BINARY=emu_switchyard)
 
+# GPU telemetry with the server on the emulated device: the NVML stand-in's switchyard_gpu_*
+# series (tests/python/test_tracing.py, its GPU case; docs/metrics.md).
+add_test(NAME emu_python_tracing_gpu
+  COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/python/test_tracing.py
+    --binary $<TARGET_FILE:emu_switchyard> --models ${SY_MODELS_DIR})
+set_tests_properties(emu_python_tracing_gpu PROPERTIES LABELS emu TIMEOUT 300
+  RESOURCE_LOCK server ENVIRONMENT "SY_CASE=gpu_series;SY_EXPECT_BACKEND=cuda")
+
 # The server on the emulated device with stories260K and `flags` (spliced into its command line),
 # whose CUDA engine cannot be built: it must print `switchyard: error: <error>...` and exit 1
 # instead of saying "ready" with no executor.

@@ -73,6 +73,9 @@ struct Submit {
   /// wire's `program` array, converted by the codec) and its named inputs. "" : a plain job.
   std::string program;
   std::vector<std::pair<std::string, std::string>> inputs;
+  /// A W3C traceparent ("00-<trace id>-<parent span id>-<flags>"): the job's spans join that
+  /// trace (docs/tracing.md). "": none.
+  std::string trace;
 
   bool is_program() const { return !program.empty(); }
   bool prompt_is_tokens() const { return prompt.index() == 1; }

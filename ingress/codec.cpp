@@ -14,6 +14,8 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "core/trace.hpp"
+
 namespace sy::wire {
 
 namespace {
@@ -594,7 +596,8 @@ constexpr std::string_view kSubmitFields[] = {"v",
                                               "n",
                                               "prompt_logprobs",
                                               "program",
-                                              "inputs"};
+                                              "inputs",
+                                              "trace"};
 
 // Every field a score request may carry.
 constexpr std::string_view kScoreFields[] = {
@@ -956,6 +959,12 @@ Submit decode_submit(const Fields& f, const DecodeLimits& lim) {
            quote(s.speculative));
   s.priority = f.str("priority", lim.max_name_bytes, false);
   s.deadline_ms = static_cast<std::uint32_t>(f.uint("deadline_ms", 0, 0, lim.max_deadline_ms));
+  // A W3C traceparent: 55 characters in version 00; later versions may append fields.
+  s.trace = f.str("trace", 256, false);
+  if (!s.trace.empty()) {
+    TraceContext tc;
+    if (auto bad = parse_traceparent(s.trace, tc)) reject("field 'trace' " + *bad);
+  }
   s.stream = f.boolean("stream", false);
   s.logprobs = static_cast<std::uint32_t>(f.uint("logprobs", 0, 0, lim.max_logprobs));
   s.parse_special = f.boolean("parse_special", false);
@@ -1642,6 +1651,7 @@ struct ClientEncoder {
     if (!s.speculative.empty()) m.str("speculative", s.speculative);
     if (!s.priority.empty()) m.str("priority", s.priority);
     if (s.deadline_ms != 0) m.uint("deadline_ms", s.deadline_ms);
+    if (!s.trace.empty()) m.str("trace", s.trace);
     if (s.stream) m.boolean("stream", true);
     if (s.logprobs != 0) m.uint("logprobs", s.logprobs);
     if (s.parse_special) m.boolean("parse_special", true);

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <caf/all.hpp>
 
+#include "actors/outcomes.hpp"
+#include "actors/tracing.hpp"
 #include "ingress/codec.hpp"
 #include "model/unicode_cats.hpp"
 
@@ -130,8 +132,9 @@ OutMessage encode_event(const ControlEvent& e) {
   return make(e.to, "", "", false, wire::ControlReply{e.command, sanitize_utf8(e.result)});
 }
 
-EgressActor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox) {
-  return sys.spawn([outbox](EgressActor::pointer) -> EgressActor::behavior_type {
+EgressActor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox,
+                         std::shared_ptr<TraceBuffer> traces) {
+  return sys.spawn([outbox, traces](EgressActor::pointer self) -> EgressActor::behavior_type {
     // The results socket carries only done and error: other events for pipeline jobs are dropped.
     auto to_router = [](const ClientRef& c) { return is_connected(c); };
     return {
@@ -142,8 +145,14 @@ EgressActor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox)
           // A cluster job's chunks go to its reply subject (the node drops them when none).
           if (to_router(e.to) || e.to.kind == ClientRef::cluster) outbox->post(encode_event(e));
         },
-        [=](out_atom, const DoneEvent& e) { outbox->post(encode_event(e)); },
-        [=](out_atom, const ErrorEvent& e) { outbox->post(encode_event(e)); },
+        [=](out_atom, const DoneEvent& e) {
+          outbox->post(encode_event(e));
+          if (traces && e.trace.traced()) trace_delivered(traces.get(), e, clock_us(self));
+        },
+        [=](out_atom, const ErrorEvent& e) {
+          outbox->post(encode_event(e));
+          if (traces && e.trace.traced()) trace_delivered(traces.get(), e, clock_us(self));
+        },
         [=](out_atom, const StatusEvent& e) {
           if (to_router(e.to)) outbox->post(encode_event(e));
         },

@@ -61,7 +61,10 @@ class KindOutbox : public Outbox {
 /// StatusEvent|ControlEvent) and (pull_atom, uint32 n). Events for pipeline clients other than
 /// done/error are dropped (the results socket carries only those); cluster clients get tokens,
 /// done and error.
-EgressActor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox);
+/// `traces` (optional): a traced job's terminal message ends its `delivery` and job spans there
+/// (docs/tracing.md).
+EgressActor spawn_egress(caf::actor_system& sys, std::shared_ptr<Outbox> outbox,
+                         std::shared_ptr<TraceBuffer> traces = nullptr);
 
 /// The encoding the egress applies to each event (exposed for tests and for the fuzz seeds).
 OutMessage encode_event(const AcceptedEvent& e);

@@ -50,6 +50,8 @@ SubmitRequest to_request(wire::Submit&& s, ClientRef client) {
   }
   r.program = std::move(s.program);
   r.inputs = std::move(s.inputs);
+  // Checked by the codec (and the HTTP door): an invalid one never gets here.
+  if (!s.trace.empty()) parse_traceparent(s.trace, r.trace);
   r.arrival_us = now_us();
   return r;
 }

@@ -56,6 +56,7 @@ _SUBMIT_OPTIONS = {
     "stream": bool,
     "logprobs": int,
     "parse_special": bool,
+    "trace": str,  # a W3C traceparent (docs/tracing.md)
     "n": int,
     "prompt_logprobs": int,
     "min_p": (int, float),

@@ -362,7 +362,10 @@ def live(binary, models):
 
         journal = os.path.join(tmp, "journal", "switchyard.journal")
         os.makedirs(os.path.dirname(journal))
-        extra = ["--journal", journal, "--http", "127.0.0.1:0", "--speculative", "always"]
+        # The test-only NVML stand-in: the GPU panels and rules have series on this GPU-less
+        # machine too.
+        extra = ["--journal", journal, "--http", "127.0.0.1:0", "--speculative", "always",
+                 "--test-fake-nvml"]
         if nats_url:
             extra += ["--nats", nats_url]
         main = Server("main", binary, model, extra)

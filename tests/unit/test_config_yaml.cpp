@@ -248,6 +248,36 @@ BOOST_AUTO_TEST_CASE(missing_file_is_named) {
   }
 }
 
+BOOST_AUTO_TEST_CASE(tracing_and_gpu_keys) {
+  sy::ServerConfig c;
+  sy::load_config_file(write_temp(R"(
+metrics:
+  gpu: false
+  test_fake_nvml: true
+tracing:
+  otlp_endpoint: "http://127.0.0.1:4318"
+  sample: all
+  max_queued_spans: 10
+  batch_spans: 5
+  export_interval_ms: 50
+  export_timeout_ms: 300
+  service_name: edge
+)"),
+                       c);
+  BOOST_TEST(!c.metrics.gpu);
+  BOOST_TEST(c.metrics.test_fake_nvml);
+  BOOST_TEST(c.tracing.otlp_endpoint == "http://127.0.0.1:4318");
+  BOOST_TEST(c.tracing.sample_all);
+  BOOST_TEST(c.tracing.max_queued_spans == 10u);
+  BOOST_TEST(c.tracing.batch_spans == 5u);
+  BOOST_TEST(c.tracing.export_interval_ms == 50);
+  BOOST_TEST(c.tracing.export_timeout_ms == 300);
+  BOOST_TEST(c.tracing.service_name == "edge");
+  const std::string e = load_error("tracing:\n  sample: some\n");
+  BOOST_TEST(contains(e, "tracing.sample"), e);
+  BOOST_TEST(contains(e, "traced or all"), e);
+}
+
 BOOST_AUTO_TEST_CASE(example_config_loads) {
   // The documented example in the repository must stay loadable.
   sy::ServerConfig c;

@@ -18,6 +18,7 @@
 #include "actors/messages.hpp"
 #include "actors/outcomes.hpp"
 #include "actors/router.hpp"
+#include "actors/tracing.hpp"
 #include "core/error_code.hpp"
 #include "core/wire.hpp"
 #include "model/chat_template.hpp"
@@ -281,10 +282,11 @@ namespace admission_detail {
 void enqueue(Self* self, const std::string& key, Job job) {
   auto& st = self->state;
   const uint64_t uid = job.uid;
-  bool cancel = false;
+  bool cancel = false, journaled = false;
   if (auto i = st.records.find(key); i != st.records.end() && i->second.uid == uid) {
     cancel = i->second.cancel_pending;
     i->second.cancel_pending = false;
+    journaled = i->second.journaled;
     if (job.is_program()) i->second.pending = false;
   }
   if (job.is_program()) {
@@ -292,15 +294,22 @@ void enqueue(Self* self, const std::string& key, Job job) {
     if (cancel) program_cancel(self, uid);
     return;
   }
+  trace_enqueue(st.cfg.traces.get(), job, journaled, clock_us(self));
+  // A refused job's span needs its id (copied only for a traced job).
+  std::string traced_id = job.trace.traced() ? job.id : std::string();
+  const TraceContext tc = job.trace;
   self->request(st.router, caf::infinite, enqueue_atom::value, std::move(job))
       .then(
-          [self, key, uid](const EnqueueReply& r) {
+          [self, key, uid, tc, id = std::move(traced_id)](const EnqueueReply& r) {
             auto& s = self->state;
             if (r.result == EnqueueResult::accepted) {
               auto i = s.records.find(key);
               if (i != s.records.end() && i->second.uid == uid) i->second.pending = false;
               return;
             }
+            trace_refused(s.cfg.traces.get(), tc, id,
+                          r.result == EnqueueResult::full ? "overloaded" : "internal",
+                          clock_us(self));
             if (r.result == EnqueueResult::full) {
               ++s.overloaded;
               drop_pending(self, key, uid, ErrorCode::overloaded,
@@ -459,6 +468,7 @@ void submit(Self* self, SubmitRequest& req) {
   job.arrival_us = req.arrival_us > 0 ? req.arrival_us : now_us;
   job.deadline_us = req.deadline_ms > 0 ? job.arrival_us + int64_t{req.deadline_ms} * 1000 : 0;
   job.seed = req.has_seed ? req.seed : job.uid;  // unseeded jobs still differ from each other
+  trace_admit(st.cfg.traces.get(), req, job, now_us);
   Record rec;
   rec.uid = job.uid;
   rec.client = req.client;
@@ -475,8 +485,8 @@ void submit(Self* self, SubmitRequest& req) {
     return;
   }
   // Cluster jobs are not journaled: JetStream holds them until their result is stored
-  // (docs/durability.md).
-  if (st.journal && job.client.kind != ClientRef::cluster)
+  // (docs/durability.md); nor are HTTP requests no client can come back for (journal false).
+  if (st.journal && req.journal && job.client.kind != ClientRef::cluster)
     return journal_then_enqueue(self, key, std::move(job));
   enqueue(self, key, std::move(job));
 }

@@ -500,9 +500,12 @@ void Batcher::send_step() {
     if (kv_.split()) p.window_table = s->kv.wblocks;
     p.sample = samples;
     p.n_draft = s->n_draft;
+    p.draft_model = extras_.draft_model && s->n_draft > 0;
     prompt_fed_ += std::max(0, std::min(s->kv.n_past + s->step_tokens, s->n_prompt) - s->kv.n_past);
     p.reset = !s->started;
     s->started = true;
+    if (p.reset && extras_.draft_model && s->kv.n_past > 0)
+      p.draft_prior.assign(s->tokens.begin(), s->tokens.begin() + s->kv.n_past);
     p.temperature = s->job.temperature;
     p.top_k = s->job.top_k;
     p.top_p = s->job.top_p;
@@ -545,6 +548,7 @@ void Batcher::on_result(StepResult& r) {
   const bool timed = step_sent_us_ && cfg_.step_delay_ms <= 0;
   const double step_us = timed ? static_cast<double>(now() - *step_sent_us_) : 0.0;
   if (timed) step_cost_.observe(step_fed_, step_rows_, step_us);
+  if (cfg_.traces && step_sent_us_) trace_prefills(*step_sent_us_);
   step_sent_us_.reset();
   // By uid: ending one member of a group may end its group's other members of this step.
   std::vector<uint64_t> members;
@@ -606,7 +610,8 @@ void Batcher::on_result(StepResult& r) {
       }
       if (it == sampled.end() || s->kv.n_past != s->feed_end()) continue;
       if (drafted)
-        accept_spec(*s, *it->second, std::vector<int32_t>(s->drafts));  // s may end inside
+        accept_spec(*s, *it->second,  // s may end inside
+                    extras_.draft_model ? it->second->drafts : std::vector<int32_t>(s->drafts));
       else
         accept(*s, *it->second);
     }

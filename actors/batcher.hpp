@@ -81,6 +81,8 @@ struct BatcherExtras {
   /// The executor's window-group KV blocks (ExecutorSpec::n_window_blocks): > 0 for a model
   /// whose layers are of two kinds on an engine that splits its cache; 0: one group.
   int32_t window_blocks = 0;
+  /// The executor has a draft model (ExecutorSpec::draft_model): it writes the drafts.
+  bool draft_model = false;
 };
 
 /// spawn_batcher for a supervised pair. Beyond the above it monitors `executor`; an executor

@@ -1,5 +1,5 @@
-// Speculative decoding in the batcher (docs/speculation.md): drafts by prompt lookup for the
-// decoding sequences of a planned step, fed only where the measured cost of a step and the
+// Speculative decoding in the batcher (docs/speculation.md): drafts by prompt lookup (or slots for
+// the executor's draft model to write them into) for the decoding sequences of a planned step, fed only where the measured cost of a step and the
 // measured acceptance say that they pay, and the verified result taken back token by token.
 #include <algorithm>
 #include <string>
@@ -55,8 +55,10 @@ void Batcher::speculate(int64_t budget_left) {
   // Where drafting steps measured fewer tokens a microsecond than steps without at this batch
   // size, `auto` sits out. One step in kExplore does the other thing (drafts where the guard
   // says no, none where it says yes), so that both measures stay current.
+  // With a draft model an exploring step that drafts where the guard says no would make the draft
+  // model catch up on whole contexts it has not seen: there it only explores the other way.
   bool allowed = spec_guard_.allows(outputs);
-  if (++guard_steps_ % kExplore == 0) allowed = !allowed;
+  if (++guard_steps_ % kExplore == 0 && (allowed || !extras_.draft_model)) allowed = !allowed;
   if (!allowed) least = 2.0;
   const int64_t ctx = model_->limits().ctx_len;
   for (Seq* s : planned_) {
@@ -72,11 +74,19 @@ void Batcher::speculate(int64_t budget_left) {
       cap = std::min<int64_t>(cap, ctx - static_cast<int64_t>(s->tokens.size()) - 1);
     cap = std::min<int64_t>(cap, static_cast<int64_t>(cfg_.prefill_chunk) - 1);
     if (cap <= 0) continue;
-    const int32_t n = policy::ngram_draft(s->tokens.data(), static_cast<int32_t>(s->tokens.size()),
-                                          cfg_.spec_ngram_min, cfg_.spec_ngram_max,
-                                          static_cast<int32_t>(cap), scratch_draft_);
-    if (n <= 0) continue;
-    s->drafts.assign(scratch_draft_.begin(), scratch_draft_.end());
+    int32_t n = 0;
+    if (extras_.draft_model) {
+      // The executor's draft model writes the drafts into the slots fed for them: here they
+      // hold the last token until then.
+      n = static_cast<int32_t>(cap);
+      s->drafts.assign(static_cast<size_t>(n), s->tokens.back());
+    } else {
+      n = policy::ngram_draft(s->tokens.data(), static_cast<int32_t>(s->tokens.size()),
+                              cfg_.spec_ngram_min, cfg_.spec_ngram_max, static_cast<int32_t>(cap),
+                              scratch_draft_);
+      if (n <= 0) continue;
+      s->drafts.assign(scratch_draft_.begin(), scratch_draft_.end());
+    }
     cands.push_back({n, alpha});
     who.push_back(s);
   }
@@ -135,6 +145,9 @@ void Batcher::drop_drafts(Seq& s) {
 // caller has counted): the accepted drafts, each taken as a sampled token would be (text, stop
 // rules, streaming), their KV slots already written; then the token sampled after them.
 void Batcher::accept_spec(Seq& s, const SeqResult& r, const std::vector<int32_t>& drafts) {
+  // (The draft model may have fed fewer drafts than the slots planned for them.)
+  if (extras_.draft_model && s.drafts.size() > drafts.size())
+    spec_drafted_ -= static_cast<int64_t>(s.drafts.size() - drafts.size());
   size_t m = 0;
   while (m < r.spec_ids.size() && m < drafts.size() && r.spec_ids[m] == drafts[m]) ++m;
   spec_accepted_ += static_cast<int64_t>(m);

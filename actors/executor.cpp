@@ -34,9 +34,30 @@ struct SeqSampling {
   int32_t n_seen = 0;
 };
 
+// A sequence as the draft model sees it (SeqPlan::draft_model): its tokens as far as the executor
+// has seen them, the draft cache's blocks, and how many of those tokens the cache holds
+// (hist[0, n_cached)).
+struct DraftSeq {
+  std::vector<int32_t> hist;
+  bool known = true;  // hist holds every token before the step's (false: a part never seen here)
+  std::vector<int32_t> blocks;
+  int32_t n_cached = 0;
+};
+
 struct ExecutorState {
   ExecutorSpec spec;
   std::unique_ptr<Engine> engine;  // null for the "null" backend
+  // Speculation with a draft model: its engine (own KV pool), its view of each sequence, the
+  // tokens each plan sequence feeds this step (drafts written in) and how many are drafts.
+  std::unique_ptr<Engine> draft;
+  std::unordered_map<uint64_t, DraftSeq> dseqs;
+  std::vector<std::vector<int32_t>> fed;
+  std::vector<int32_t> fed_drafts;
+  std::vector<SeqStep> dbatch;
+  std::vector<size_t> drows;
+  StepOutput dout;
+  std::vector<int32_t> dids;
+  bool draft_failed_logged = false;
   std::unordered_map<uint64_t, SeqSampling> samplers;
   std::vector<SeqStep> batch;  // reused across steps: no per-step allocation once warm
   std::vector<size_t> rows;    // batch entry -> index into the plan
@@ -163,10 +184,12 @@ void targets_of(ExecutorState& st, const SeqPlan& p, size_t j, size_t i, SeqResu
 // would (same sampler, same random draws, the confirmed tokens recorded before the next row), and
 // stops at the first sampled token that is not the next draft. The output is then token for token
 // what decoding without drafts gives, for greedy and seeded sampling alike (docs/speculation.md).
-void verify_drafts(ExecutorState& st, const SeqPlan& p, size_t j, SeqSampling& s, SeqResult& r) {
+void verify_drafts(ExecutorState& st, const SeqPlan& p, size_t i, size_t j, SeqSampling& s,
+                   SeqResult& r) {
   const int32_t n_vocab = st.engine->config().n_vocab;
-  const size_t n_fed = p.tokens.size();
-  const int32_t d = std::min<int32_t>(p.n_draft, static_cast<int32_t>(n_fed) - 1);
+  const std::vector<int32_t>& tokens = st.fed[i];
+  const size_t n_fed = tokens.size();
+  const int32_t d = std::min<int32_t>(st.fed_drafts[i], static_cast<int32_t>(n_fed) - 1);
   const int32_t first = static_cast<int32_t>(n_fed) - 1 - d;  // row of the last real token
   for (int32_t k = 0; k <= d; ++k) {
     st.top.clear();
@@ -174,7 +197,7 @@ void verify_drafts(ExecutorState& st, const SeqPlan& p, size_t j, SeqSampling& s
     const int32_t id = s.sampler.sample(st.out.row(j, first + k), n_vocab,
                                         p.logprobs ? &st.top : nullptr, &lp, s.constraint.get());
     const size_t next = static_cast<size_t>(first + k + 1);
-    if (k < d && id == p.tokens[next]) {
+    if (k < d && id == tokens[next]) {
       r.spec_ids.push_back(id);
       r.spec_logprob.push_back(lp);
       for (size_t t = 0; t < p.logprobs; ++t) {
@@ -190,6 +213,122 @@ void verify_drafts(ExecutorState& st, const SeqPlan& p, size_t j, SeqSampling& s
     fill_top(st, p, r);
     return;
   }
+}
+
+// The draft model's view of every sequence of the plan (SeqPlan::draft_model): its tokens up to
+// the step's, kept from the tokens each plan feeds (a reset brings the part before n_past in
+// draft_prior), and the draft cache cut back to what the target keeps.
+void track_drafts(ExecutorState& st, const StepPlan& plan) {
+  for (const SeqPlan& p : plan.seqs) {
+    DraftSeq& d = st.dseqs[p.uid];
+    if (p.reset) {
+      d.hist = p.draft_prior;
+      d.known = static_cast<int32_t>(d.hist.size()) == p.n_past;
+      d.n_cached = 0;
+    }
+    if (!d.known || static_cast<int32_t>(d.hist.size()) < p.n_past) {
+      d.known = false;
+      continue;
+    }
+    d.hist.resize(static_cast<size_t>(p.n_past));
+    d.n_cached = std::min(d.n_cached, p.n_past);
+    const size_t real = p.tokens.size() - static_cast<size_t>(std::max(0, p.n_draft));
+    d.hist.insert(d.hist.end(), p.tokens.begin(), p.tokens.begin() + static_cast<ptrdiff_t>(real));
+  }
+}
+
+// The lowest id of the largest logit of a row (as Sampler's argmax).
+int32_t argmax_row(const float* row, int32_t n_vocab) {
+  int32_t best = 0;
+  for (int32_t t = 1; t < n_vocab; ++t)
+    if (row[t] > row[best]) best = t;
+  return best;
+}
+
+// Writes the drafts of the plan's draft_model sequences into st.fed: the draft model catches up
+// on the tokens its cache lacks, then decodes greedily, one batched draft step per draft
+// position. A sequence it cannot draft for (tokens never seen here, its context or the draft
+// pool full) feeds no drafts; a draft step that fails leaves every sequence without drafts.
+void make_drafts(ExecutorState& st, const StepPlan& plan) {
+  Engine& e = *st.draft;
+  const int32_t bs = e.block_size();
+  const int32_t ctx = e.config().ctx_len;
+  const int32_t n_vocab = e.config().n_vocab;
+  int64_t budget = st.spec.max_batch_tokens > 0 ? st.spec.max_batch_tokens : 4096;
+  struct Act {
+    size_t i;
+    int32_t k, real, len;
+  };
+  std::vector<Act> act;
+  int32_t k_max = 0;
+  for (size_t i = 0; i < plan.seqs.size(); ++i) {
+    const SeqPlan& p = plan.seqs[i];
+    if (!p.draft_model || p.n_draft <= 0 || !st.failed[i].empty()) continue;
+    auto it = st.dseqs.find(p.uid);
+    if (it == st.dseqs.end() || !it->second.known) continue;
+    DraftSeq& d = it->second;
+    const int32_t len = static_cast<int32_t>(d.hist.size());
+    const int32_t k = p.n_draft;
+    if (ctx > 0 && len + k > ctx) continue;
+    const int32_t catch_up = len - d.n_cached;
+    if (catch_up <= 0 || catch_up > budget) continue;
+    const size_t need = static_cast<size_t>((len + k - 1 + bs - 1) / bs);
+    while (d.blocks.size() < need) {
+      const auto b = e.pool().alloc();
+      if (!b) break;
+      d.blocks.push_back(*b);
+    }
+    if (d.blocks.size() < need) continue;
+    budget -= catch_up;
+    act.push_back({i, k, static_cast<int32_t>(plan.seqs[i].tokens.size()) - k, len});
+    k_max = std::max(k_max, k);
+  }
+  if (act.empty()) return;
+  try {
+    for (int32_t j = 0; j < k_max; ++j) {
+      st.dbatch.clear();
+      st.drows.clear();
+      for (size_t a = 0; a < act.size(); ++a) {
+        if (act[a].k <= j) continue;
+        const SeqPlan& p = plan.seqs[act[a].i];
+        DraftSeq& d = st.dseqs[p.uid];
+        SeqStep s;
+        if (j == 0) {
+          s.tokens = d.hist.data() + d.n_cached;
+          s.n_tokens = act[a].len - d.n_cached;
+          s.n_past = d.n_cached;
+        } else {
+          s.tokens = st.fed[act[a].i].data() + act[a].real + j - 1;
+          s.n_tokens = 1;
+          s.n_past = act[a].len + j - 1;
+        }
+        s.block_table = d.blocks.data();
+        s.n_blocks = static_cast<int32_t>(d.blocks.size());
+        st.dbatch.push_back(s);
+        st.drows.push_back(a);
+      }
+      const bool greedy = e.step_greedy(st.dbatch, st.dids);
+      if (!greedy) e.step(st.dbatch, st.dout);
+      for (size_t b = 0; b < st.drows.size(); ++b) {
+        const Act& x = act[st.drows[b]];
+        DraftSeq& d = st.dseqs[plan.seqs[x.i].uid];
+        d.n_cached = x.len + j;  // (catch-up) the sequence's tokens; then each draft fed
+        const int32_t id = greedy ? st.dids[b] : argmax_row(st.dout.row(b), n_vocab);
+        if (id < 0 || id >= n_vocab) throw std::runtime_error("draft model: no usable logits");
+        st.fed[x.i][static_cast<size_t>(x.real + j)] = id;
+      }
+    }
+  } catch (const std::exception& ex) {
+    // The draft cache past the sequences' own tokens is suspect: it is written again next time.
+    for (const Act& x : act) {
+      DraftSeq& d = st.dseqs[plan.seqs[x.i].uid];
+      d.n_cached = 0;
+    }
+    if (!st.draft_failed_logged) log_line(std::string("draft model step failed: ") + ex.what());
+    st.draft_failed_logged = true;
+    return;
+  }
+  for (const Act& x : act) st.fed_drafts[x.i] = x.k;
 }
 
 void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
@@ -223,6 +362,22 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
       fail_seq(st, i, ErrorCode::internal, e.what());
     }
   }
+  // The tokens each sequence feeds: the plan's, with the draft model's drafts written in.
+  st.fed.resize(std::max(st.fed.size(), n));
+  st.fed_drafts.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const SeqPlan& p = plan.seqs[i];
+    st.fed[i].assign(p.tokens.begin(), p.tokens.end());
+    st.fed_drafts[i] = p.draft_model ? 0 : std::max(0, p.n_draft);
+  }
+  if (st.draft) {
+    track_drafts(st, plan);
+    make_drafts(st, plan);
+    for (size_t i = 0; i < n; ++i)  // drafts not written: not fed
+      if (plan.seqs[i].draft_model)
+        st.fed[i].resize(plan.seqs[i].tokens.size() -
+                         static_cast<size_t>(plan.seqs[i].n_draft - st.fed_drafts[i]));
+  }
   std::vector<uint8_t> nan_rows(n, 0);
   bool any_nan = false;
   for (size_t i = 0; i < n; ++i) {
@@ -242,15 +397,15 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
       if (!st.failed[i].empty()) continue;
       const SeqPlan& p = plan.seqs[i];
       SeqStep s;
-      s.tokens = p.tokens.data();
-      s.n_tokens = static_cast<int32_t>(p.tokens.size());
+      s.tokens = st.fed[i].data();
+      s.n_tokens = static_cast<int32_t>(st.fed[i].size());
       s.n_past = p.n_past;
       s.block_table = p.block_table.data();
       s.n_blocks = static_cast<int32_t>(p.block_table.size());
       s.window = p.window;
       s.sinks = p.sinks;
       // Teacher-forced log-probabilities and drafts read every row.
-      s.all_logits = !p.targets.empty() || p.n_draft > 0;
+      s.all_logits = !p.targets.empty() || st.fed_drafts[i] > 0;
       if (!p.window_table.empty()) {
         s.window_table = p.window_table.data();
         s.n_window_blocks = static_cast<int32_t>(p.window_table.size());
@@ -266,7 +421,7 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
       const SeqPlan& p = plan.seqs[i];
       // (Bias, penalties and constraints change the logits first: those sample on the host.)
       // (every row's logits go to the host for those)
-      greedy = greedy && p.targets.empty() && p.n_draft == 0;
+      greedy = greedy && p.targets.empty() && st.fed_drafts[i] == 0;
       greedy = greedy && (!p.sample || (p.temperature <= 0.0f && p.logprobs == 0 && samplers[i] &&
                                         !samplers[i]->tracks));
     }
@@ -305,7 +460,7 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
       continue;
     }
     if (nan_rows[i]) {  // every row the sequence samples from
-      const int32_t rows_of = p.n_draft > 0 ? st.out.count[j] : 1;
+      const int32_t rows_of = st.fed_drafts[i] > 0 ? st.out.count[j] : 1;
       const auto at =
           (static_cast<size_t>(st.out.offset[j]) + static_cast<size_t>(st.out.count[j] - rows_of)) *
           static_cast<size_t>(n_vocab);
@@ -317,8 +472,13 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
     // the client's doing (its parameters passed): internal, naming the cause.
     try {
       SeqSampling& s = *samplers[i];
-      if (p.n_draft > 0) {
-        verify_drafts(st, p, j, s, r);
+      if (p.draft_model) r.drafts.assign(st.fed[i].end() - st.fed_drafts[i], st.fed[i].end());
+      if (st.fed_drafts[i] > 0) {
+        verify_drafts(st, p, i, j, s, r);
+        if (st.draft) {  // the accepted drafts are the sequence's tokens now
+          DraftSeq& d = st.dseqs[p.uid];
+          if (d.known) d.hist.insert(d.hist.end(), r.spec_ids.begin(), r.spec_ids.end());
+        }
         continue;
       }
       st.top.clear();
@@ -407,6 +567,10 @@ ExecutorActor::behavior_type executor_actor(ExecutorActor::pointer self,
         for (uint64_t u : uids) {
           st->samplers.erase(u);
           st->poisoned.erase(u);
+          auto it = st->dseqs.find(u);
+          if (it == st->dseqs.end()) continue;
+          for (int32_t b : it->second.blocks) st->draft->pool().free(b);
+          st->dseqs.erase(it);
         }
       },
       [st](stats_atom) -> ExecutorStats {
@@ -437,6 +601,13 @@ ExecutorActor spawn_executor(caf::actor_system& sys, ExecutorSpec spec, int32_t*
     opts.n_window_blocks = spec.n_window_blocks;
     st->engine =
         make_engine(spec.backend, spec.model, opts, std::max(spec.device, 0), spec.kv_gpu_fraction);
+    if (spec.draft_model) {
+      EngineOptions dopts = opts;
+      dopts.n_blocks = spec.n_blocks > 0 ? spec.n_blocks : st->engine->pool().n_total();
+      dopts.n_window_blocks = 0;
+      st->draft = make_engine(spec.backend, spec.draft_model, dopts, std::max(spec.device, 0),
+                              spec.kv_gpu_fraction);
+    }
   } else if (spec.backend != Backend::null) {
     throw std::invalid_argument("executor: unknown backend '" +
                                 std::string(to_string(spec.backend)) +

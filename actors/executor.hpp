@@ -45,6 +45,10 @@ struct ExecutorSpec {
   /// TEST ONLY: a sequence whose first planned chunk (reset set) feeds this token id gets NaN
   /// logits at every sampled step, so that its job fails alone; -1: never.
   int32_t test_nan_logits_token = -1;
+  /// A draft model for speculative decoding (docs/speculation.md), on the same backend and
+  /// device, with its own KV pool of n_blocks blocks (the target's pool size where n_blocks is
+  /// 0); its vocabulary must be the target's (check_draft_vocabulary). Null: none.
+  std::shared_ptr<LlamaModel> draft_model;
   /// The vocabulary index and compiled constraints shared with admission; null: the executor
   /// makes its own at the first constrained job.
   std::shared_ptr<ConstraintSupport> constraints;

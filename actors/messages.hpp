@@ -181,13 +181,20 @@ struct SeqPlan {
   // SeqResult::spec_ids, the first token it sampled that is not a draft (or the one after the
   // last draft) in SeqResult::token. Needs every row's logits; sample is true.
   int32_t n_draft = 0;
+  // With n_draft > 0: the executor's draft model writes the drafts (the last n_draft of
+  // `tokens` only hold their KV slots), or feeds fewer where it cannot draft for this sequence
+  // (SeqResult::drafts says what it fed).
+  bool draft_model = false;
+  // With reset, on an executor with a draft model: the sequence's tokens before n_past, so that
+  // the draft model's own cache can be rebuilt from every token of the sequence.
+  std::vector<int32_t> draft_prior;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SeqPlan& x) {
   return f(caf::meta::type_name("SeqPlan"), x.uid, x.tokens, x.n_past, x.block_table, x.sample,
            x.reset, x.temperature, x.top_k, x.top_p, x.seed, x.logprobs, x.window, x.sinks,
            x.window_table, x.n_prompt, x.prior, x.controls, x.constraint, x.targets, x.target_top,
-           x.n_draft);
+           x.n_draft, x.draft_model, x.draft_prior);
 }
 
 struct StepPlan {
@@ -227,12 +234,15 @@ struct SeqResult {
   std::vector<float> spec_logprob = {};
   std::vector<int32_t> spec_top_ids = {};
   std::vector<float> spec_top_logprobs = {};
+  // SeqPlan::draft_model: the drafts the draft model wrote and the step fed (fewer than
+  // n_draft, or none, where it could not draft for this sequence).
+  std::vector<int32_t> drafts = {};
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, SeqResult& x) {
   return f(caf::meta::type_name("SeqResult"), x.uid, x.token, x.logprob, x.top_ids, x.top_logprobs,
            x.code, x.error, x.target_logprobs, x.target_top_ids, x.target_top_logprobs, x.spec_ids,
-           x.spec_logprob, x.spec_top_ids, x.spec_top_logprobs);
+           x.spec_logprob, x.spec_top_ids, x.spec_top_logprobs, x.drafts);
 }
 
 struct StepResult {

@@ -408,13 +408,20 @@ void scraped_series(Self* self, const Scrape& s, pm::Registry& reg) {
               "Requests answered overloaded at the edge because admission had "
               "endpoints.max_waiting_requests (or _bytes) waiting."),
       {}, g.intake_refused);
-  add(counter("switchyard_connections_refused_total",
-              "Client connections closed as they came because their endpoint had "
-              "endpoints.max_connections open."),
-      {}, g.connections_refused);
+  auto& refused = counter(
+      "switchyard_connections_refused_total",
+      "Client connections closed as they came, by the cap they met: per_address "
+      "(endpoints.max_connections_per_address), total (endpoints.max_connections), handshaking "
+      "(endpoints.max_handshaking).");
+  add(refused, {{"reason", "per_address"}}, g.connections_refused_per_address);
+  add(refused, {{"reason", "total"}}, g.connections_refused_total);
+  add(refused, {{"reason", "handshaking"}}, g.connections_refused_handshaking);
   set(gauge("switchyard_connections_open",
             "Client connections open on the request endpoint and the pipeline input."),
       {}, g.connections_open);
+  set(gauge("switchyard_connections_handshaking",
+            "Of the open client connections, those not yet past the CURVE allow-list."),
+      {}, g.connections_handshaking);
 
   if (st.w.journal) {
     // Journal health (docs/durability.md, "A full disk"): refused writes, and whether the journal

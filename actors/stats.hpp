@@ -323,8 +323,13 @@ struct EdgeStats {
   int64_t decode_errors = 0;        ///< malformed client messages answered with an error
   int64_t curve_refused = 0;        ///< CURVE handshakes the client allow-list refused
   int64_t intake_refused = 0;       ///< requests refused: admission had its bound waiting
-  int64_t connections_refused = 0;  ///< connections closed at once: endpoints.max_connections
-  int64_t connections_open = 0;     ///< client connections open (request + pipeline input)
+  int64_t connections_refused = 0;  ///< connections closed at once, for any connection cap
+  /// ... by reason: endpoints.max_connections_per_address, max_connections, max_handshaking
+  int64_t connections_refused_per_address = 0;
+  int64_t connections_refused_total = 0;
+  int64_t connections_refused_handshaking = 0;
+  int64_t connections_open = 0;         ///< client connections open (request + pipeline input)
+  int64_t connections_handshaking = 0;  ///< of those, not yet past the allow-list
 
   template <class S, class F>
   static decltype(auto) fields(S& s, F&& f) {
@@ -335,7 +340,11 @@ struct EdgeStats {
              field("curve_refused", s.curve_refused, kSummary),
              field("intake_refused", s.intake_refused, kSummary),
              field("connections_refused", s.connections_refused, kSummary),
-             field("connections_open", s.connections_open, kSummary));
+             field("connections_refused_per_address", s.connections_refused_per_address, kSummary),
+             field("connections_refused_total", s.connections_refused_total, kSummary),
+             field("connections_refused_handshaking", s.connections_refused_handshaking, kSummary),
+             field("connections_open", s.connections_open, kSummary),
+             field("connections_handshaking", s.connections_handshaking, kSummary));
   }
 };
 

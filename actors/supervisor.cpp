@@ -115,6 +115,7 @@ bool spawn_pair(Self* self) {
   extras.supervisor = SupervisorActor(self);
   extras.pair = p.id;
   extras.window_blocks = spec.n_window_blocks;  // the engine's window group, if it has one
+  extras.draft_model = spec.draft_model != nullptr;
   if (first) extras.test_fault_throw_after = st.cfg.test_fault_batcher_throw_after;
   p.batcher = spawn_batcher(self->system(), st.cfg.batching, st.w.model, p.executor, st.w.router,
                             st.w.egress, st.w.admission, n_blocks, extras);

@@ -3,11 +3,14 @@
 then beside a running Batch API batch on the same server (docs/http.md).
 
     /usr/bin/python3 bench/http_priority.py --binary build/switchyard --models ../shared/models \
-        [--lines 20000] [--requests 60] [-- extra serve flags]
+        [--lines 20000] [--requests 60] [--gap-ms 20] [-- extra serve flags]
 
 Starts `switchyard serve --http` with a journal on stories260K; sends --requests streamed
 completions one after another (4 tokens, new connection each, as a client would) and records the
-time from sending to the first chunk with text (tests/python/http_support.py, ttft); uploads a
+time from sending to the first chunk with text (tests/python/http_support.py, ttft), each
+request after a random pause in [0, --gap-ms) so that arrivals fall anywhere in the server's
+steps (0: each request the moment the previous one ended, which is always just after a step
+began, so each waits a whole step); uploads a
 batch of --lines lines (16 tokens each) and, once it runs, sends the same requests again. One step is the batch's time per output token over
 that window (switchyard_time_per_output_token_seconds{class="batch"}): every running sequence
 gets one token per step. The goal: busy p99 <= idle p99 + one step. Prints the figures; asserts
@@ -26,7 +29,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 
 def opts():
     a = {"binary": "build/switchyard", "models": "../shared/models", "lines": 20000,
-         "requests": 60, "extra": []}
+         "requests": 60, "gap_ms": 20.0, "extra": []}
     argv = sys.argv[1:]
     if "--" in argv:
         i = argv.index("--")
@@ -34,7 +37,8 @@ def opts():
         argv = argv[:i]
     for k, v in zip(argv[::2], argv[1::2]):
         key = k.lstrip("-")
-        a[key] = int(v) if key in ("lines", "requests") else v
+        key = key.replace("-", "_")
+        a[key] = int(v) if key in ("lines", "requests") else float(v) if key == "gap_ms" else v
     return a
 
 
@@ -63,7 +67,7 @@ def main():
     srv = hs.Server(A["binary"], model, journal=os.path.join(state, "j") + "/", extra=A["extra"])
     try:
         hs.ttft(srv, 5)  # warm-up
-        idle = hs.ttft(srv, A["requests"])
+        idle = hs.ttft(srv, A["requests"], A["gap_ms"])
         lines = [{"custom_id": "L%05d" % i, "method": "POST", "url": "/v1/completions",
                   "body": {"prompt": "Story %d:" % i, "max_tokens": 16, "temperature": 0}}
                  for i in range(A["lines"])]
@@ -79,7 +83,7 @@ def main():
         t0 = hist(srv, "time_per_output_token", "batch")
         q0 = hist(srv, "queue_time", "interactive")
         f0 = hist(srv, "time_to_first_token", "interactive")
-        busy = hs.ttft(srv, A["requests"])
+        busy = hs.ttft(srv, A["requests"], A["gap_ms"])
         t1 = hist(srv, "time_per_output_token", "batch")
         q1 = hist(srv, "queue_time", "interactive")
         f1 = hist(srv, "time_to_first_token", "interactive")

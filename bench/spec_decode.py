@@ -13,11 +13,16 @@ Reported: batch-1 tokens/s of each mode and the ratio to `off` (median over roun
 pair by pair), then aggregate tokens/s at concurrency 1, 4, 16 and 32 (--window) with `auto`
 against `off`; the server's draft and acceptance counters from /metrics.
 
-With --llama-bin DIR (a llama.cpp build's bin/ with llama-lookup and llama-bench) it also runs
-llama.cpp's prompt lookup on the same file and copy prompt (its own "decoded ... speed" line)
-against llama.cpp's plain batch-1 decode (llama-bench tg), alternating.
+With --draft-model FILE the server drafts with that model instead of prompt lookup (a draft of
+the same vocabulary: `switchyard make-model --from MODEL --keep-layers N --out FILE` makes one).
 
-    python3 bench/spec_decode.py [--model FILE] [--rounds N] [--tokens N] [--llama-bin DIR]
+With --llama-bin DIR (a llama.cpp build's bin/ with llama-lookup, llama-speculative and
+llama-bench) it also runs llama.cpp's prompt lookup (or, with --draft-model, llama-speculative
+with the same draft) on the same file and copy prompt (its own "decoded ... speed" line) against
+llama.cpp's plain batch-1 decode (llama-bench tg), alternating.
+
+    python3 bench/spec_decode.py [--model FILE] [--draft-model FILE] [--rounds N] [--tokens N]
+        [--llama-bin DIR]
 """
 import argparse
 import json
@@ -140,6 +145,7 @@ def main():
     ap.add_argument("--tokens", type=int, default=128, help="max_tokens of every job")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-bin", default="")
+    ap.add_argument("--draft-model", default="")
     args = ap.parse_args()
     if not os.path.exists(BIN):
         raise SystemExit("build first: " + BIN)
@@ -152,7 +158,8 @@ def main():
         srv = subprocess.Popen(
             [BIN, "serve", "--model", model, "--backend", "cpu", "--threads", str(args.threads),
              "--bind", "tcp://127.0.0.1:*", "--metrics", "127.0.0.1:0", "--no-journal",
-             "--speculative", "auto"],
+             "--speculative", "auto"]
+            + (["--draft-model", os.path.abspath(args.draft_model)] if args.draft_model else []),
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         server = url = None
         try:
@@ -167,8 +174,11 @@ def main():
                     break
             if not (server and url):
                 raise SystemExit("the server did not start")
-            print(f"model {os.path.basename(model)}, {args.threads} threads, {args.tokens} "
-                  f"tokens a job, greedy, {args.rounds} rounds alternating", flush=True)
+            drafter = ("draft model " + os.path.basename(args.draft_model)
+                       if args.draft_model else "prompt lookup")
+            print(f"model {os.path.basename(model)}, {drafter}, {args.threads} threads, "
+                  f"{args.tokens} tokens a job, greedy, {args.rounds} rounds alternating",
+                  flush=True)
             print("batch 1 (window 1):", flush=True)
             for name, prompts in (("copy", copy), ("free", free)):
                 # About a second a run at stories260K's speed: process start-up stays small.
@@ -195,11 +205,17 @@ def main():
                 out = sh([bench, "-m", model, "-t", str(args.threads), "-p", "0", "-n",
                           str(args.tokens), "-r", "3", "-o", "json"]).stdout
                 sp.append(json.loads(out)[0]["avg_ts"])
-                sl.append(llama_speed([lookup, "-m", model, "-t", str(args.threads), "-n",
-                                       str(args.tokens), "--draft", "6", "--temp", "0", "-p",
-                                       copy[0]]))
+                if args.draft_model:
+                    cmd = [os.path.join(args.llama_bin, "llama-speculative"), "-m", model, "-md",
+                           os.path.abspath(args.draft_model), "-t", str(args.threads), "-n",
+                           str(args.tokens), "--draft-max", "6", "--temp", "0", "-p", copy[0]]
+                else:
+                    cmd = [lookup, "-m", model, "-t", str(args.threads), "-n", str(args.tokens),
+                           "--draft", "6", "--temp", "0", "-p", copy[0]]
+                sl.append(llama_speed(cmd))
+            name = "llama-speculative" if args.draft_model else "llama-lookup"
             print(f"llama.cpp, batch 1: plain decode (llama-bench tg{args.tokens}) "
-                  f"{statistics.median(sp):.0f} tok/s, llama-lookup on the copy prompt "
+                  f"{statistics.median(sp):.0f} tok/s, {name} on the copy prompt "
                   f"{statistics.median(sl):.0f} tok/s "
                   f"({statistics.median(sl) / statistics.median(sp):.2f}x)", flush=True)
 

@@ -54,7 +54,9 @@ constexpr const char* kMakeModelUsage =
     "              q6_k,iq4_xs,q4_k_m,q5_k_m} [--vocab-from FILE.gguf] [--seed N] [--ctx N]\n"
     "              [mixtures of experts: --experts N (default 8) --experts-used K (default 2)\n"
     "              --expert-ffn W (one expert's FFN width; default the shape's FFN width)]\n"
-    "              --out FILE.gguf\n";
+    "              --out FILE.gguf\n"
+    "              or: make-model --from FILE.gguf --keep-layers N --out FILE.gguf (the file's\n"
+    "              first N layers: a draft model of its own vocabulary, docs/speculation.md)\n";
 constexpr const char* kUsageTail =
     "Without --model, serve, generate and tokenize use a generated random-weight demo model.\n"
     "switchyard COMMAND --help prints that command's usage alone.\n";
@@ -76,6 +78,20 @@ std::string join_ids(const std::vector<int32_t>& ids, const char* sep) {
 }
 
 int cmd_make_model(const Args& a) {
+  if (a.has("from") || a.has("keep-layers")) {
+    if (!a.has("from") || !a.has("keep-layers"))
+      throw UsageError("make-model --from FILE needs --keep-layers N (and the other way round)");
+    for (const char* k : {"shape", "arch", "dtype", "vocab-from", "seed", "ctx", "experts",
+                          "experts-used", "expert-ffn"})
+      if (a.has(k)) throw UsageError(std::string("--") + k + " does not go with --from");
+    const long long n = a.integer("keep-layers", 0);
+    if (n < 1 || n > INT32_MAX) throw UsageError("--keep-layers must be >= 1");
+    const std::string out = a.str("out");
+    if (out.empty()) throw UsageError("make-model needs --out FILE.gguf");
+    sy::make_model_keep_layers(a.str("from"), static_cast<int>(n), out);
+    std::cerr << "switchyard: wrote " << out << "\n";
+    return 0;
+  }
   sy::MakeModelOptions o;
   o.shape = a.str("shape", "tiny");
   o.arch = a.str("arch", "llama");
@@ -300,7 +316,7 @@ int main(int argc, char** argv) {
       {"make-model",
        kMakeModelUsage,
        {"shape", "arch", "dtype", "vocab-from", "seed", "ctx", "experts", "experts-used",
-        "expert-ffn", "out"},
+        "expert-ffn", "out", "from", "keep-layers"},
        {},
        false,
        cmd_make_model},

@@ -37,8 +37,9 @@ const char* const kServeUsage =
     "              [--kv-mb MB] [--kv-dtype f32|f16|q8_0] [--grace-ms MS] [--step-delay-ms MS]\n"
     "              [--kv-policy P] [--kv-pressure-policy P] [--admin-token T]\n"
     "              [--no-prefix-cache] [--chat-template NAME|FILE]\n"
-    "              [--speculative auto|always|off]: speculative decoding by prompt\n"
-    "              lookup (batching.speculative; docs/speculation.md).\n"
+    "              [--speculative auto|always|off] [--draft-model FILE]: speculative\n"
+    "              decoding (batching.speculative; docs/speculation.md) by prompt lookup,\n"
+    "              or by a draft model of the same vocabulary (draft_model).\n"
     "              Flags override the config file. --backend auto (the default) runs on\n"
     "              the GPUs where this build has CUDA and a device answers, else the CPU;\n"
     "              cuda insists on GPUs; null runs no model (fixed tokens: measures\n"
@@ -82,13 +83,24 @@ const char* const kServeUsage =
     "              default 4096; endpoints.max_waiting_bytes, default 64 MiB).\n"
     "              [--max-connections N]: client connections each listening endpoint keeps\n"
     "              open; more are closed at once (endpoints.max_connections, default 1024;\n"
-    "              0: unlimited).\n"
+    "              0: unlimited; with an allow-list, those that passed it).\n"
+    "              [--max-connections-per-address N]: of those, from one source address\n"
+    "              (endpoints.max_connections_per_address, default 64; 0: unlimited).\n"
+    "              [--max-handshaking N]: with an allow-list, connections still in their\n"
+    "              handshake (endpoints.max_handshaking, default 256; 0: unlimited).\n"
     "              [--log-level trace|debug|info|warn|error|off] [--log-format text|json]:\n"
     "              the log on stderr (log.level, log.format; default info, text lines\n"
     "              'switchyard: MESSAGE'; json: one {\"ts\", \"level\", \"msg\"} object a line).\n"
     "              [--nats URL[,URL...]] (repeatable) [--node-name NAME]: join a cluster on\n"
     "              NATS JetStream: take jobs from switchyard.jobs.<class>, publish results\n"
-    "              to switchyard.results.<tenant> (cluster.* in the config; docs/cluster.md).\n";
+    "              to switchyard.results.<tenant> (cluster.* in the config; docs/cluster.md).\n"
+    "              TESTS ONLY: [--test-overfetch N] the node keeps up to N jobs a class\n"
+    "              beyond what it starts in its NATS buffers; [--test-duplicate-results]\n"
+    "              every result goes to its job's reply subject twice.\n"
+    "              [--otlp-endpoint http://HOST:PORT]: export the spans of jobs that carry a\n"
+    "              traceparent as OTLP/HTTP JSON (tracing.* in the config; docs/tracing.md).\n"
+    "              TESTS ONLY: [--test-fake-nvml] a made-up GPU for the switchyard_gpu_*\n"
+    "              series in place of NVML.\n";
 
 const std::vector<std::string> kServeOptions = {"model",
                                                 "chat-template",
@@ -102,6 +114,7 @@ const std::vector<std::string> kServeOptions = {"model",
                                                 "kv-mb",
                                                 "kv-dtype",
                                                 "speculative",
+                                                "draft-model",
                                                 "grace-ms",
                                                 "step-delay-ms",
                                                 "kv-policy",
@@ -135,16 +148,22 @@ const std::vector<std::string> kServeOptions = {"model",
                                                 "handshake-timeout-ms",
                                                 "max-waiting-requests",
                                                 "max-connections",
+                                                "max-connections-per-address",
+                                                "max-handshaking",
                                                 "log-level",
                                                 "log-format",
                                                 "nats",
-                                                "node-name"};
-const std::vector<std::string> kServeFlags = {"no-prefix-cache", "no-journal", "no-prefix-routing"};
+                                                "node-name",
+                                                "test-overfetch",
+                                                "otlp-endpoint"};
+const std::vector<std::string> kServeFlags = {"no-prefix-cache", "no-journal", "no-prefix-routing",
+                                              "test-fake-nvml", "test-duplicate-results"};
 
 int cmd_serve(const Args& a) {
   ServerConfig cfg;
   if (a.has("config")) load_config_file(a.str("config"), cfg);
   if (a.has("model")) cfg.model = a.str("model");
+  if (a.has("draft-model")) cfg.draft_model = a.str("draft-model");
   if (a.has("chat-template")) cfg.chat_template = a.str("chat-template");
   if (!cfg.chat_template.empty()) {
     // An unreadable file or unknown name is a typo to fix before serving; a template the
@@ -228,6 +247,8 @@ int cmd_serve(const Args& a) {
   if (a.has("state-dir")) cfg.state_dir = a.str("state-dir");
   if (cfg.state_dir.empty()) cfg.state_dir = default_state_dir();
   if (a.has("no-prefix-routing")) cfg.router.prefix_affinity = false;
+  if (a.has("otlp-endpoint")) cfg.tracing.otlp_endpoint = a.str("otlp-endpoint");
+  if (a.has("test-fake-nvml")) cfg.metrics.test_fake_nvml = true;
   if (a.has("curve-allowed-keys")) cfg.endpoints.curve_allowed_keys = a.str("curve-allowed-keys");
   if (a.has("journal-fsync")) {
     cfg.journal.fsync = a.str("journal-fsync");
@@ -278,6 +299,10 @@ int cmd_serve(const Args& a) {
     cfg.endpoints.max_waiting_requests = ranged("max-waiting-requests", 1, INT32_MAX);
   if (a.has("max-connections"))
     cfg.endpoints.max_connections = ranged("max-connections", 0, 1 << 20);
+  if (a.has("max-connections-per-address"))
+    cfg.endpoints.max_connections_per_address = ranged("max-connections-per-address", 0, 1 << 20);
+  if (a.has("max-handshaking"))
+    cfg.endpoints.max_handshaking = ranged("max-handshaking", 0, 1 << 20);
   if (a.has("step-timeout-ms"))
     cfg.batching.step_timeout_ms = ranged("step-timeout-ms", 0, 3600000);
   if (a.has("max-job-retries"))
@@ -312,6 +337,16 @@ int cmd_serve(const Args& a) {
         static_cast<int>(ranged("test-nan-logits-token", 0, INT32_MAX));
     log::warn("TEST ONLY: jobs whose first step feeds token " +
               std::to_string(cfg.executors.test_nan_logits_token) + " get NaN logits");
+  }
+  if (a.has("test-overfetch")) {
+    cfg.cluster.test_overfetch = ranged("test-overfetch", 1, 100000);
+    log::warn("TEST ONLY: the cluster node keeps up to " +
+              std::to_string(cfg.cluster.test_overfetch) +
+              " jobs a class beyond what it starts in its NATS buffers");
+  }
+  if (a.has("test-duplicate-results")) {
+    cfg.cluster.test_duplicate_results = true;
+    log::warn("TEST ONLY: every cluster result goes to its job's reply subject twice");
   }
   if (a.has("test-admission-stall-ms")) {
     cfg.admission.test_stall_ms = static_cast<int>(ranged("test-admission-stall-ms", 1, 60000));

@@ -12,6 +12,7 @@
 
 #include "core/error_code.hpp"
 #include "core/generation.hpp"
+#include "core/trace.hpp"
 #include "core/wire.hpp"
 
 namespace sy {
@@ -112,6 +113,8 @@ struct Job {
   std::string step;
   // Speculative decoding (appended; docs/speculation.md): the job's choice, else the server's.
   SpecMode speculative = SpecMode::server_default;
+  // Tracing (appended; docs/tracing.md): traced() only for a job that produces spans.
+  TraceContext trace;
   bool is_program() const { return !program.empty(); }
   bool is_step() const { return program_uid != 0; }
 };
@@ -172,6 +175,13 @@ struct SubmitRequest {
   // accept has no result, so replay runs it again) instead of being cancelled: the Batch API's
   // lines, whose batch resumes after the restart and attaches to them (docs/http.md).
   bool outlive_shutdown = false;
+  // Journaled where the server has a journal. False for an HTTP request without an
+  // Idempotency-Key or X-Request-Id: its client can never come back for it after a restart
+  // (its connection ends with the server), so it is not written (docs/http.md).
+  bool journal = true;
+  // The submit's W3C traceparent (`trace` on the wire, the HTTP door's `traceparent` header),
+  // checked at the edge; trace_id all zero: none (docs/tracing.md).
+  TraceContext trace;
 };
 
 /// A program step's output, journaled once the step finished (docs/programs.md).
@@ -272,6 +282,7 @@ struct DoneEvent {
   // A program: its inputs and variables (wire::Var) and the steps that ran.
   std::vector<wire::Var> vars;
   uint32_t steps = 0;
+  TraceContext trace;  // the job's (copied by make_done): egress ends its spans with it
 };
 
 /// A program's step finished (wire::Step).
@@ -298,6 +309,7 @@ struct ErrorEvent {
   ErrorCode code = ErrorCode::bad_request;
   std::string message;
   int64_t retry_after_ms = -1;
+  TraceContext trace = {};  // the job's, when it has one (make_error_event)
 };
 
 /// Reply to a status request.

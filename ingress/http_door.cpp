@@ -609,6 +609,14 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
         for (auto& j : r.jobs) j.priority = p;
       }
     }
+    // W3C Trace Context: the jobs' spans join the caller's trace (docs/tracing.md).
+    if (std::string tp(req["traceparent"]); !tp.empty()) {
+      TraceContext tc;
+      if (auto bad = parse_traceparent(tp, tc))
+        return conn->respond(
+            api_error(400, "the traceparent header " + *bad, "", "", "traceparent"), keep);
+      for (auto& j : r.jobs) j.trace = tp;
+    }
     std::string key(req["Idempotency-Key"]);
     if (key.empty()) key = std::string(req["X-Request-Id"]);
     // Room for the "/N" suffix of a request with several prompts.
@@ -659,6 +667,8 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
           to_request(std::move(s), ClientRef{ClientRef::http, identity(ex.handle, i)});
       // A batch line is never cut short by a shutdown: it resumes with its batch.
       sr.outlive_shutdown = ex.line.has_value();
+      // Without a key of the client's, no retry can attach to it after a restart: not journaled.
+      sr.journal = !key.empty() || ex.line.has_value();
       if (ctx.intake) {
         // Counted like a ZeroMQ submit (admission counts it out); its size is its JSON's share.
         const auto b = static_cast<uint32_t>(std::max<std::size_t>(1, sr.prompt_text.size()));

@@ -8,6 +8,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -672,6 +673,37 @@ void make_model(const MakeModelOptions& opts) {
     }
   }
   w.write(opts.out);
+}
+
+void make_model_keep_layers(const std::string& from, int n_layers, const std::string& out) {
+  const gguf::File f = gguf::File::open(from);
+  const auto arch = f.get_string("general.architecture");
+  if (!arch) throw gguf::Error(from + ": general.architecture is missing");
+  const std::string count_key = *arch + ".block_count";
+  const auto have = f.get_int(count_key);
+  if (!have) throw gguf::Error(from + ": " + count_key + " is missing");
+  if (n_layers < 1 || n_layers > *have)
+    throw std::invalid_argument("--keep-layers must be in [1, " + std::to_string(*have) + "] (" +
+                                count_key + " of " + from + ")");
+  gguf::Writer w(f.alignment());
+  for (const auto& [key, value] : f.metadata()) {
+    if (key == count_key)
+      w.add_u32(key, static_cast<uint32_t>(n_layers));
+    else if (key != "general.alignment" || f.alignment() != 32)
+      w.add(key, value);
+  }
+  for (const gguf::TensorInfo& t : f.tensors()) {
+    if (t.name.rfind("blk.", 0) == 0) {
+      const int layer = std::atoi(t.name.c_str() + 4);
+      if (layer >= n_layers) continue;
+    }
+    const uint8_t* src = f.data(t);
+    const size_t n = t.n_bytes;
+    w.add_tensor(t.name, t.type, t.dims, [src, n](uint8_t* dst, size_t bytes) {
+      std::memcpy(dst, src, std::min(n, bytes));
+    });
+  }
+  w.write(out);
 }
 
 }  // namespace sy

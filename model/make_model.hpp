@@ -69,6 +69,13 @@ kernels::DType make_model_tensor_type(const std::string& dtype, const std::strin
                                       int n_layers, int64_t cols, bool tied = false,
                                       int n_experts = 0);
 
+/// Writes to `out` the GGUF `from` cut to its first `n_layers` transformer blocks (tensors
+/// blk.N.* from n_layers on left out, <arch>.block_count set; every other key and tensor as it
+/// is): a draft model of the file's own vocabulary for speculative decoding. Throws
+/// std::invalid_argument for n_layers outside [1, the file's block count], gguf::Error for a bad
+/// file, std::runtime_error on I/O failure.
+void make_model_keep_layers(const std::string& from, int n_layers, const std::string& out);
+
 /// The dtype names make-model accepts, comma-separated (for usage and error texts).
 const char* make_model_dtypes();
 

@@ -475,6 +475,29 @@ void ArchLoader::load_moe_ffn(LayerWeights& L, int layer) {
 
 // ---- Model ----
 
+std::string draft_vocabulary_mismatch(const Model& target, const Model& draft) {
+  const Tokenizer& a = target.tokenizer();
+  const Tokenizer& b = draft.tokenizer();
+  if (a.n_vocab() != b.n_vocab())
+    return "tokenizer.ggml.tokens: the draft model's vocabulary has " +
+           std::to_string(b.n_vocab()) + " tokens, the target's " + std::to_string(a.n_vocab());
+  if (a.kind() != b.kind() || a.pre_split() != b.pre_split())
+    return "tokenizer.ggml.model / tokenizer.ggml.pre: the draft model's tokenizer is of another "
+           "kind than the target's";
+  for (int32_t t = 0; t < a.n_vocab(); ++t)
+    if (a.token_text(t) != b.token_text(t) || a.token_type(t) != b.token_type(t))
+      return "tokenizer.ggml.tokens: token " + std::to_string(t) + " is '" + b.token_text(t) +
+             "' in the draft model and '" + a.token_text(t) + "' in the target";
+  if (a.bos() != b.bos() || a.eos() != b.eos())
+    return "tokenizer.ggml.bos_token_id / eos_token_id: the draft model's (" +
+           std::to_string(b.bos()) + ", " + std::to_string(b.eos()) + ") are not the target's (" +
+           std::to_string(a.bos()) + ", " + std::to_string(a.eos()) + ")";
+  if (target.config().n_vocab != draft.config().n_vocab)
+    return "output.weight: the draft model scores " + std::to_string(draft.config().n_vocab) +
+           " tokens, the target " + std::to_string(target.config().n_vocab);
+  return {};
+}
+
 ModelConfig read_model_config(const gguf::File& file) {
   const ArchSpec& spec = find_arch(file);
   ModelConfig c;

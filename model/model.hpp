@@ -202,6 +202,11 @@ class Model {
   std::vector<std::vector<float>> owned_;  // f32 copies of non-f32 norm and bias weights
 };
 
+/// Why `draft` cannot draft tokens for `target` (speculative decoding): its vocabulary differs
+/// (size, a token's text or type, BOS/EOS) or its output width does; the message names the
+/// key and the first difference. Empty when they share the vocabulary.
+std::string draft_vocabulary_mismatch(const Model& target, const Model& draft);
+
 /// Reads and checks the description of a file (no weights): what an engine sizes itself by.
 ModelConfig read_model_config(const gguf::File& file);
 

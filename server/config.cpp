@@ -133,7 +133,7 @@ void load_endpoints(const Ctx& c, const YAML::Node& n, EndpointConfig& e) {
        {"bind", "pull", "results", "max_message_bytes", "sndhwm", "rcvhwm", "curve_secret_key",
         "curve_public_key", "curve_allowed_keys", "heartbeat_ivl_ms", "heartbeat_timeout_ms",
         "heartbeat_ttl_ms", "handshake_timeout_ms", "max_waiting_requests", "max_waiting_bytes",
-        "tcp_keepalive_idle_s", "max_connections"},
+        "tcp_keepalive_idle_s", "max_connections", "max_connections_per_address", "max_handshaking"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "bind") e.bind = get_string(c, key, v);
          // Key files, like the model, are found relative to the config file's folder.
@@ -174,9 +174,13 @@ void load_endpoints(const Ctx& c, const YAML::Node& n, EndpointConfig& e) {
            e.max_waiting_requests = get_int(c, key, v, 1, kI32);
          else if (k == "max_waiting_bytes")
            e.max_waiting_bytes = get_int(c, key, v, 1, int64_t{1} << 40);
-         // 0 = unlimited.
+         // 0 = unlimited (all three).
          else if (k == "max_connections")
            e.max_connections = get_int(c, key, v, 0, kMaxConnections);
+         else if (k == "max_connections_per_address")
+           e.max_connections_per_address = get_int(c, key, v, 0, kMaxConnections);
+         else if (k == "max_handshaking")
+           e.max_handshaking = get_int(c, key, v, 0, kMaxConnections);
        });
 }
 
@@ -401,7 +405,8 @@ void load_cluster(const Ctx& c, const YAML::Node& n, ClusterConfig& k) {
   each(c, "cluster", n,
        {"nats", "node_name", "replicas", "max_jobs", "max_job_bytes", "results_max_age_s",
         "results_max_bytes", "ack_wait_ms", "max_ack_pending", "max_in_flight",
-        "duplicate_window_ms", "reconnect_wait_ms", "reconnect_max_ms"},
+        "duplicate_window_ms", "reconnect_wait_ms", "reconnect_max_ms", "cancels_max_age_s",
+        "max_cancels"},
        [&](const std::string& f, const std::string& key, const YAML::Node& v) {
          if (f == "nats") {
            // One URL or a list of them (a NATS cluster's servers).
@@ -442,6 +447,38 @@ void load_cluster(const Ctx& c, const YAML::Node& n, ClusterConfig& k) {
            k.reconnect_wait_ms = get_int(c, key, v, 1, kHourMs);
          else if (f == "reconnect_max_ms")
            k.reconnect_max_ms = get_int(c, key, v, 1, kHourMs);
+         // Never shorter than the longest deadline a job may name (a day): a cancel outlives
+         // every job that could still be waiting for its deadline.
+         else if (f == "cancels_max_age_s")
+           k.cancels_max_age_s = get_int(c, key, v, 86400, kI64 / 1000000000);
+         else if (f == "max_cancels")
+           k.max_cancels = get_int(c, key, v, 1, kI32);
+       });
+}
+
+// tracing: OTLP export of traced jobs' spans (server/tracing_config.hpp, docs/tracing.md).
+void load_tracing(const Ctx& c, const YAML::Node& n, TracingConfig& t) {
+  each(c, "tracing", n,
+       {"otlp_endpoint", "sample", "max_queued_spans", "batch_spans", "export_interval_ms",
+        "export_timeout_ms", "service_name"},
+       [&](const std::string& k, const std::string& key, const YAML::Node& v) {
+         if (k == "otlp_endpoint") {
+           t.otlp_endpoint = get_string(c, key, v);
+         } else if (k == "sample") {
+           const std::string s = get_string(c, key, v);
+           if (s != "traced" && s != "all") c.fail(key, v, "expected traced or all");
+           t.sample_all = s == "all";
+         } else if (k == "max_queued_spans") {
+           t.max_queued_spans = static_cast<std::size_t>(get_int(c, key, v, 1, 1 << 24));
+         } else if (k == "batch_spans") {
+           t.batch_spans = static_cast<std::size_t>(get_int(c, key, v, 1, 65536));
+         } else if (k == "export_interval_ms") {
+           t.export_interval_ms = get_int(c, key, v, 1, 3600000);
+         } else if (k == "export_timeout_ms") {
+           t.export_timeout_ms = get_int(c, key, v, 1, 600000);
+         } else if (k == "service_name") {
+           t.service_name = get_string(c, key, v);
+         }
        });
 }
 
@@ -509,9 +546,9 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
   if (root.IsNull()) return;  // an empty file changes nothing
   try {
     each(c, "", root,
-         {"model", "chat_template", "endpoints", "admission", "router", "batching", "executors",
+         {"model", "draft_model", "chat_template", "endpoints", "admission", "router", "batching", "executors",
           "shutdown_grace_ms", "metrics", "journal", "autoscale", "state_dir", "log", "cluster",
-          "http"},
+          "http", "tracing"},
          [&](const std::string& k, const std::string& key, const YAML::Node& v) {
            if (k == "model") {
              cfg.model = get_string(c, key, v);
@@ -521,6 +558,12 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
                cfg.model = (std::filesystem::path(path).parent_path() / cfg.model)
                                .lexically_normal()
                                .string();
+           } else if (k == "draft_model") {
+             cfg.draft_model = get_string(c, key, v);
+             if (!cfg.draft_model.empty() && std::filesystem::path(cfg.draft_model).is_relative())
+               cfg.draft_model = (std::filesystem::path(path).parent_path() / cfg.draft_model)
+                                     .lexically_normal()
+                                     .string();
            } else if (k == "chat_template") {
              cfg.chat_template = get_string(c, key, v);
              // A template file is read from the config file's folder, like the model; a name
@@ -536,6 +579,8 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
              load_cluster(c, v, cfg.cluster);
            else if (k == "http")
              load_http(c, v, cfg.http);
+           else if (k == "tracing")
+             load_tracing(c, v, cfg.tracing);
            else if (k == "admission")
              load_admission(c, v, cfg.admission);
            else if (k == "router")
@@ -568,10 +613,14 @@ void load_config_file(const std::string& path, ServerConfig& cfg) {
                     }
                   });
            else if (k == "metrics")
-             each(c, key, v, {"bind", "max_tenant_labels"},
+             each(c, key, v, {"bind", "max_tenant_labels", "gpu", "test_fake_nvml"},
                   [&](const std::string& k2, const std::string& key2, const YAML::Node& v2) {
                     if (k2 == "bind")
                       cfg.metrics.bind = get_string(c, key2, v2);
+                    else if (k2 == "gpu")
+                      cfg.metrics.gpu = get_bool(c, key2, v2);
+                    else if (k2 == "test_fake_nvml")
+                      cfg.metrics.test_fake_nvml = get_bool(c, key2, v2);
                     else if (k2 == "max_tenant_labels")
                       cfg.metrics.max_tenant_labels =
                           static_cast<size_t>(get_int(c, key2, v2, 0, kI64));

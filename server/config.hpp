@@ -18,11 +18,15 @@
 #include "ingress/cluster_config.hpp"
 #include "ingress/endpoint_config.hpp"
 #include "ingress/http_config.hpp"
+#include "server/tracing_config.hpp"
 
 namespace sy {
 
 struct ServerConfig {
   std::string model;  // GGUF path; "" = the demo model
+  // `--draft-model` / the `draft_model` key: a GGUF of the same vocabulary whose greedy decoding
+  // drafts tokens for speculative decoding (docs/speculation.md); "" = prompt lookup.
+  std::string draft_model;
   // `--chat-template` / the `chat_template` key: a built-in template name (chatml, llama3,
   // gemma, mistral, phi3) or a template file; "" = the model file's tokenizer.chat_template.
   std::string chat_template;
@@ -38,6 +42,7 @@ struct ServerConfig {
   log::LogConfig log;  // the level and line format of the server's log (stderr)
   ClusterConfig cluster;  // `cluster` / --nats: a NATS JetStream cluster node (docs/cluster.md)
   HttpConfig http;        // `http` / --http: the OpenAI-compatible HTTP door (docs/http.md)
+  TracingConfig tracing;  // `tracing` / --otlp-endpoint: spans of traced jobs (docs/tracing.md)
   // Where a server keeps its state (the default journal) when nothing more specific is given.
   // `switchyard serve` fills it ($XDG_STATE_HOME/switchyard or ~/.local/state/switchyard);
   // "" = no default journal.

@@ -32,6 +32,8 @@
 #include "model/llama.hpp"
 #include "server/cluster_wiring.hpp"
 #include "server/metrics.hpp"
+#include "server/otlp_exporter.hpp"
+#include "server/telemetry.hpp"
 #include "storage/journal_file.hpp"
 
 namespace sy {
@@ -60,7 +62,11 @@ EdgeStats edge_stats(const Gateway& g) {
   e.curve_refused = static_cast<int64_t>(st.curve_refused);
   e.intake_refused = static_cast<int64_t>(st.intake_refused);
   e.connections_refused = static_cast<int64_t>(st.connections_refused);
+  e.connections_refused_per_address = static_cast<int64_t>(st.refused_per_address);
+  e.connections_refused_total = static_cast<int64_t>(st.refused_total);
+  e.connections_refused_handshaking = static_cast<int64_t>(st.refused_handshaking);
   e.connections_open = st.connections_open;
+  e.connections_handshaking = st.connections_handshaking;
   return e;
 }
 
@@ -120,6 +126,7 @@ struct Server::Impl {
   SystemConfig sys_cfg;
   std::unique_ptr<caf::actor_system> sys;
   std::shared_ptr<LlamaModel> model;
+  std::shared_ptr<LlamaModel> draft;  // batching's draft model (--draft-model), or null
   std::shared_ptr<Gateway> gateway;
   std::shared_ptr<cluster::ClusterNode> node;  // only with cluster.nats (--nats)
   std::shared_ptr<HttpDoor> http;              // only with http.bind (--http)
@@ -133,6 +140,8 @@ struct Server::Impl {
   bool stopped = false;
   MetricsActor metrics;  // only with cfg.metrics.bind set
   std::unique_ptr<MetricsEndpoint> metrics_http;
+  std::shared_ptr<TraceBuffer> traces;     // only with tracing.otlp_endpoint (docs/tracing.md)
+  std::unique_ptr<OtlpExporter> exporter;  // drains `traces`
 
   // Asks one actor for its stats record R; nullopt on timeout or error.
   template <class R, class Handle>
@@ -150,6 +159,13 @@ struct Server::Impl {
 Server::Server(ServerConfig cfg) : impl_(new Impl) {
   auto& d = *impl_;
   d.cfg = std::move(cfg);
+  if (!d.cfg.tracing.otlp_endpoint.empty()) {
+    d.traces =
+        std::make_shared<TraceBuffer>(d.cfg.tracing.max_queued_spans, d.cfg.tracing.sample_all);
+    d.exporter = std::make_unique<OtlpExporter>(d.cfg.tracing, d.traces);  // checks the URL
+    d.cfg.admission.traces = d.traces;
+    d.cfg.batching.traces = d.traces;
+  }
   // auto: cuda where a device answers, else cpu; cuda without a device throws, saying why.
   d.cfg.executors.backend = resolve_backend(d.cfg.executors.backend);
   const auto& c = d.cfg;
@@ -158,6 +174,25 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
       throw std::invalid_argument("the " + std::string(to_string(c.executors.backend)) +
                                   " backend needs a model file");
     d.model = LlamaModel::load(c.model);
+  }
+  if (!c.draft_model.empty()) {
+    if (!d.model)
+      throw std::invalid_argument("--draft-model needs the cpu or cuda backend (the null backend "
+                                  "runs no model)");
+    try {
+      d.draft = LlamaModel::load(c.draft_model);
+    } catch (const std::exception& e) {
+      throw std::invalid_argument("draft model " + c.draft_model + ": " + e.what());
+    }
+    const std::string why = draft_vocabulary_mismatch(*d.model, *d.draft);
+    if (!why.empty())
+      throw std::invalid_argument("draft model " + c.draft_model +
+                                  " does not share the target's vocabulary: " + why);
+    log::info("draft model " + c.draft_model + " (" + std::to_string(d.draft->config().n_layers) +
+              " layers) drafts for speculative decoding" +
+              (c.batching.speculative == SpecMode::off ? "; batching.speculative is off: no job "
+                                                         "uses it unless it asks"
+                                                       : ""));
   }
   d.sys = std::make_unique<caf::actor_system>(d.sys_cfg);
 
@@ -186,7 +221,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   auto outbox = std::make_shared<KindOutbox>(d.gateway);
   if (d.node) outbox->route(ClientRef::cluster, d.node);
   if (d.http) outbox->route(ClientRef::http, d.http);
-  d.egress = spawn_egress(*d.sys, outbox);
+  d.egress = spawn_egress(*d.sys, outbox, d.traces);
   // With a journal, every job event goes through the journal actor on its way to egress, so that
   // a journaled job's done/error leaves only once its result is durable (docs/durability.md).
   EgressActor out = d.egress;
@@ -282,6 +317,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   sc.batching = c.batching;
   sc.executor.backend = c.executors.backend;
   sc.executor.model = d.model;
+  sc.executor.draft_model = d.draft;
   sc.executor.constraints = constraints;
   sc.executor.threads = threads;
   sc.executor.n_blocks = n_blocks;
@@ -353,10 +389,11 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
     caf::anon_send(d.supervisor, observe_atom::value, d.metrics);  // pairs now and later
     auto cluster_text = cluster_metrics(d.node);
     std::weak_ptr<HttpDoor> door = d.http;
-    auto extra = [cluster_text, door] {
+    auto telemetry = std::make_shared<Telemetry>(c.metrics.gpu, c.metrics.test_fake_nvml, d.traces);
+    auto extra = [cluster_text, door, telemetry] {
       std::string t = cluster_text ? cluster_text() : std::string();
       if (auto h = door.lock()) t += http_metrics_text(h->stats());
-      return t;
+      return t + telemetry->text();
     };
     d.metrics_http = std::make_unique<MetricsEndpoint>(*d.sys, d.metrics, c.metrics.bind, extra);
   }
@@ -375,6 +412,7 @@ void Server::start() {
   if (impl_->node) impl_->node->start();
   if (impl_->http) impl_->http->start();
   if (impl_->metrics_http) impl_->metrics_http->start();
+  if (impl_->exporter) impl_->exporter->start();
   impl_->started = true;
 }
 
@@ -467,6 +505,7 @@ void Server::shutdown(std::chrono::milliseconds grace) {
   };
   // The HTTP thread asks actors through the system: it stops before them.
   if (d.metrics_http) d.metrics_http->stop();
+  if (d.exporter) d.exporter->stop();  // the last spans, once every job has ended
   stop(d.metrics);
   d.metrics = MetricsActor{};
   stop(d.control);

@@ -81,6 +81,47 @@ BOOST_AUTO_TEST_CASE(busy_address_is_an_error) {
   BOOST_TEST(first.stop(SIGTERM) == 0);
 }
 
+BOOST_AUTO_TEST_CASE(a_draft_model_is_checked_at_start_and_drafts) {
+  // Another vocabulary (the zoo's phi3 file has its own 32064 tokens): the start is refused,
+  // naming the key.
+  const std::string phi3 = std::string(SY_MODELS_DIR) + "/zoo/zoo-phi3-f32.gguf";
+  auto r = run("serve --backend cpu --model " + sy::it::kStories + " --draft-model " + phi3);
+  BOOST_TEST(r.status == 1, r.out);
+  BOOST_TEST(r.out.find("does not share the target's vocabulary: tokenizer.ggml.tokens") !=
+                 std::string::npos,
+             r.out);
+  r = run("serve --backend cpu --model " + sy::it::kStories + " --draft-model /nonexistent/d.gguf");
+  BOOST_TEST(r.status == 1, r.out);
+  BOOST_TEST(r.out.find("draft model /nonexistent/d.gguf") != std::string::npos, r.out);
+  // The target as its own draft: a greedy job gets all its tokens, and drafts were verified.
+  sy::it::TempDir dir;
+  const std::string cfg = dir.write("m.yaml", "metrics:\n  bind: \"127.0.0.1:0\"\n");
+  sy::it::ServerProcess srv({"--model", sy::it::kStories, "--draft-model", sy::it::kStories,
+                             "--speculative", "always", "--threads", "1", "--config", cfg});
+  sy::client::Client cl(srv.endpoint());
+  sy::wire::Submit s;
+  s.id = "drafted";
+  s.tenant = "t";
+  s.prompt = std::string("Once upon a time");
+  s.max_tokens = 40;
+  s.ignore_eos = true;
+  s.temperature = 0;
+  cl.submit(s);
+  std::optional<sy::wire::Done> done;
+  while (!done) {
+    auto m = cl.next(60s);
+    BOOST_REQUIRE_MESSAGE(m.has_value(), "no answer");
+    if (auto* e = std::get_if<sy::wire::Error>(&*m)) BOOST_FAIL(e->message);
+    if (auto* d = std::get_if<sy::wire::Done>(&*m)) done = *d;
+  }
+  BOOST_TEST(done->usage.completion_tokens == 40u);
+  const std::string page = sy::it::http_get(srv.metrics_endpoint(), "/metrics").body;
+  const auto at = page.find("\nswitchyard_spec_draft_tokens_total ");
+  BOOST_REQUIRE_MESSAGE(at != std::string::npos, page);
+  BOOST_TEST(std::stod(page.substr(at + 36)) > 0.0, page.substr(at, 60));
+  BOOST_TEST(srv.stop(SIGTERM) == 0);
+}
+
 BOOST_AUTO_TEST_CASE(log_level_and_format) {
   sy::it::TempDir dir;
   const std::string json_log = dir.path() + "/json.log";

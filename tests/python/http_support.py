@@ -7,6 +7,7 @@ Standard library only.
 import http.client
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -93,6 +94,7 @@ class Server:
                                      env=env)
         self.port = None
         self.metrics_port = None
+        self.zmq = None  # the request endpoint (ZeroMQ ROUTER)
         deadline = time.time() + 120
         while time.time() < deadline:
             line = self.proc.stdout.readline()
@@ -104,6 +106,9 @@ class Server:
             m = re.search(r"metrics on http://127\.0\.0\.1:(\d+)", line)
             if m:
                 self.metrics_port = int(m.group(1))
+            m = re.search(r"listening on (tcp://\S+)", line)
+            if m:
+                self.zmq = m.group(1)
             if "switchyard: ready" in line:
                 break
         if self.port is None:
@@ -280,10 +285,16 @@ def upload(srv, lines, purpose="batch", raw_text=None):
     return st, json.loads(d)
 
 
-def ttft(srv, n):
-    """Time to the first streamed token of n interactive requests, in ms."""
+def ttft(srv, n, gap_ms=0.0, seed=1):
+    """Time to the first streamed token of n interactive requests, in ms. With gap_ms, each
+    request waits a random pause in [0, gap_ms) first, so that arrivals are not in step with the
+    server's engine steps (a request sent the moment the previous one ended always arrives just
+    after a step began)."""
+    rng = random.Random(seed)
     out = []
     for _ in range(n):
+        if gap_ms > 0:
+            time.sleep(rng.uniform(0.0, gap_ms) / 1000.0)
         c = srv.conn()
         t0 = time.time()
         c.request("POST", "/v1/completions", body=json.dumps(

@@ -66,12 +66,14 @@ struct Rig {
   uint64_t last_uid = 0;  // the job the last received message was about
   // > 0: the executor's and batcher's window-group KV blocks (a model with two kinds of layers)
   int32_t window_blocks = 0;
+  bool draft_model = false;  // the executor of start() has a draft model
 
   void start(BatchingConfig bc, int32_t n_blocks, ExecutorSpec spec, bool with_model = true) {
     if (spec.model) spec.model = model;
     spec.n_blocks = n_blocks;
     spec.n_window_blocks = window_blocks;
     spec.block_size = bc.kv_block_size;
+    draft_model = spec.draft_model != nullptr;
     executor = spawn_executor(sys, spec);
     start_with(bc, n_blocks, executor, with_model);
   }
@@ -82,6 +84,7 @@ struct Rig {
   void start_with(BatchingConfig bc, int32_t n_blocks, ExecutorActor exec, bool with_model) {
     BatcherExtras extras;
     extras.window_blocks = window_blocks;
+    extras.draft_model = draft_model;
     batcher = spawn_batcher(sys, bc, with_model ? model : nullptr, exec,
                             test::stand_in<RouterActor>(sink), test::stand_in<EgressActor>(sink),
                             test::stand_in<AdmissionActor>(sink), n_blocks, extras);

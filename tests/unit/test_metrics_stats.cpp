@@ -76,7 +76,11 @@ struct Records {
     edge.curve_refused = 16;
     edge.intake_refused = 18;
     edge.connections_refused = 19;
+    edge.connections_refused_per_address = 36;
+    edge.connections_refused_total = 37;
+    edge.connections_refused_handshaking = 38;
     edge.connections_open = 20;
+    edge.connections_handshaking = 39;
     supervisor.executors = 2;
     supervisor.executors_retiring = 21;
     supervisor.scale_ups = 22;
@@ -161,7 +165,7 @@ BOOST_AUTO_TEST_CASE(ctl_stats_sigusr1_and_metrics_show_the_same_fields) {
                              BOOST_TEST(dump.at(name).get<int64_t>() == v);
                            }
                          });
-  BOOST_TEST(n == 5 + 7 + 12 + 7);  // admission, router, batchers, edge
+  BOOST_TEST(n == 5 + 7 + 12 + 11);  // admission, router, batchers, edge
   // The supervisor's and the journal's in the dump only (the control actor asks neither).
   BOOST_TEST(dump.at("executors").get<int64_t>() == 2);
   BOOST_TEST(dump.at("requeued").get<int64_t>() == 26);  // the supervisor's, not a batcher's
@@ -202,8 +206,13 @@ BOOST_AUTO_TEST_CASE(ctl_stats_sigusr1_and_metrics_show_the_same_fields) {
   same("spec_accepted_tokens", "switchyard_spec_accepted_tokens_total");
   same("curve_refused", "switchyard_curve_refused_total");
   same("intake_refused", "switchyard_intake_refused_total");
-  same("connections_refused", "switchyard_connections_refused_total");
+  same("connections_refused_per_address",
+       "switchyard_connections_refused_total{reason=\"per_address\"}");
+  same("connections_refused_total", "switchyard_connections_refused_total{reason=\"total\"}");
+  same("connections_refused_handshaking",
+       "switchyard_connections_refused_total{reason=\"handshaking\"}");
   same("connections_open", "switchyard_connections_open");
+  same("connections_handshaking", "switchyard_connections_handshaking");
   same("executors", "switchyard_executors{state=\"running\"}");
   same("scale_ups", "switchyard_executor_scale_events_total{direction=\"up\"}");
   same("scale_downs", "switchyard_executor_scale_events_total{direction=\"down\"}");

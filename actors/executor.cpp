@@ -48,7 +48,8 @@ struct ExecutorState {
   ExecutorSpec spec;
   std::unique_ptr<Engine> engine;  // null for the "null" backend
   // Speculation with a draft model: its engine (own KV pool), its view of each sequence, the
-  // tokens each plan sequence feeds this step (drafts written in) and how many are drafts.
+  // tokens a draft_model plan sequence feeds this step (drafts written in; fed_tokens) and how
+  // many of each plan sequence's fed tokens are drafts.
   std::unique_ptr<Engine> draft;
   std::unordered_map<uint64_t, DraftSeq> dseqs;
   std::vector<std::vector<int32_t>> fed;
@@ -180,6 +181,12 @@ void targets_of(ExecutorState& st, const SeqPlan& p, size_t j, size_t i, SeqResu
   }
 }
 
+// The tokens plan sequence i feeds: the plan's, or for a draft_model sequence its copy with the
+// draft model's drafts written in (only those it could write).
+const std::vector<int32_t>& fed_tokens(const ExecutorState& st, const SeqPlan& p, size_t i) {
+  return p.draft_model ? st.fed[i] : p.tokens;
+}
+
 // SeqPlan::n_draft: samples the rows of batch entry j in order, each exactly as a decode step
 // would (same sampler, same random draws, the confirmed tokens recorded before the next row), and
 // stops at the first sampled token that is not the next draft. The output is then token for token
@@ -187,7 +194,7 @@ void targets_of(ExecutorState& st, const SeqPlan& p, size_t j, size_t i, SeqResu
 void verify_drafts(ExecutorState& st, const SeqPlan& p, size_t i, size_t j, SeqSampling& s,
                    SeqResult& r) {
   const int32_t n_vocab = st.engine->config().n_vocab;
-  const std::vector<int32_t>& tokens = st.fed[i];
+  const std::vector<int32_t>& tokens = fed_tokens(st, p, i);
   const size_t n_fed = tokens.size();
   const int32_t d = std::min<int32_t>(st.fed_drafts[i], static_cast<int32_t>(n_fed) - 1);
   const int32_t first = static_cast<int32_t>(n_fed) - 1 - d;  // row of the last real token
@@ -257,6 +264,7 @@ void make_drafts(ExecutorState& st, const StepPlan& plan) {
   int64_t budget = st.spec.max_batch_tokens > 0 ? st.spec.max_batch_tokens : 4096;
   struct Act {
     size_t i;
+    DraftSeq* d;
     int32_t k, real, len;
   };
   std::vector<Act> act;
@@ -280,7 +288,7 @@ void make_drafts(ExecutorState& st, const StepPlan& plan) {
     }
     if (d.blocks.size() < need) continue;
     budget -= catch_up;
-    act.push_back({i, k, static_cast<int32_t>(plan.seqs[i].tokens.size()) - k, len});
+    act.push_back({i, &d, k, static_cast<int32_t>(p.tokens.size()) - k, len});
     k_max = std::max(k_max, k);
   }
   if (act.empty()) return;
@@ -290,8 +298,7 @@ void make_drafts(ExecutorState& st, const StepPlan& plan) {
       st.drows.clear();
       for (size_t a = 0; a < act.size(); ++a) {
         if (act[a].k <= j) continue;
-        const SeqPlan& p = plan.seqs[act[a].i];
-        DraftSeq& d = st.dseqs[p.uid];
+        DraftSeq& d = *act[a].d;
         SeqStep s;
         if (j == 0) {
           s.tokens = d.hist.data() + d.n_cached;
@@ -311,8 +318,7 @@ void make_drafts(ExecutorState& st, const StepPlan& plan) {
       if (!greedy) e.step(st.dbatch, st.dout);
       for (size_t b = 0; b < st.drows.size(); ++b) {
         const Act& x = act[st.drows[b]];
-        DraftSeq& d = st.dseqs[plan.seqs[x.i].uid];
-        d.n_cached = x.len + j;  // (catch-up) the sequence's tokens; then each draft fed
+        x.d->n_cached = x.len + j;  // (catch-up) the sequence's tokens; then each draft fed
         const int32_t id = greedy ? st.dids[b] : argmax_row(st.dout.row(b), n_vocab);
         if (id < 0 || id >= n_vocab) throw std::runtime_error("draft model: no usable logits");
         st.fed[x.i][static_cast<size_t>(x.real + j)] = id;
@@ -320,10 +326,7 @@ void make_drafts(ExecutorState& st, const StepPlan& plan) {
     }
   } catch (const std::exception& ex) {
     // The draft cache past the sequences' own tokens is suspect: it is written again next time.
-    for (const Act& x : act) {
-      DraftSeq& d = st.dseqs[plan.seqs[x.i].uid];
-      d.n_cached = 0;
-    }
+    for (const Act& x : act) x.d->n_cached = 0;
     if (!st.draft_failed_logged) log_line(std::string("draft model step failed: ") + ex.what());
     st.draft_failed_logged = true;
     return;
@@ -362,12 +365,12 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
       fail_seq(st, i, ErrorCode::internal, e.what());
     }
   }
-  // The tokens each sequence feeds: the plan's, with the draft model's drafts written in.
+  // A draft_model sequence feeds a copy of its tokens with the draft model's drafts written in.
   st.fed.resize(std::max(st.fed.size(), n));
   st.fed_drafts.assign(n, 0);
   for (size_t i = 0; i < n; ++i) {
     const SeqPlan& p = plan.seqs[i];
-    st.fed[i].assign(p.tokens.begin(), p.tokens.end());
+    if (p.draft_model) st.fed[i].assign(p.tokens.begin(), p.tokens.end());
     st.fed_drafts[i] = p.draft_model ? 0 : std::max(0, p.n_draft);
   }
   if (st.draft) {
@@ -397,8 +400,9 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
       if (!st.failed[i].empty()) continue;
       const SeqPlan& p = plan.seqs[i];
       SeqStep s;
-      s.tokens = st.fed[i].data();
-      s.n_tokens = static_cast<int32_t>(st.fed[i].size());
+      const std::vector<int32_t>& fed = fed_tokens(st, p, i);
+      s.tokens = fed.data();
+      s.n_tokens = static_cast<int32_t>(fed.size());
       s.n_past = p.n_past;
       s.block_table = p.block_table.data();
       s.n_blocks = static_cast<int32_t>(p.block_table.size());

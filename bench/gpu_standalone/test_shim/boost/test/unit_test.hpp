@@ -1,10 +1,12 @@
 // A minimal stand-in for the part of Boost.Test that tests/gpu uses (suites, test cases, BOOST_TEST
-// with an optional message, REQUIRE, CHECK_THROW, FAIL, a global fixture), so that the GPU tests also
-// build on device machines without Boost. Only bench/gpu_standalone puts it on the include path,
+// with an optional message, REQUIRE and its comparisons, CHECK_THROW, CHECK_NO_THROW, FAIL,
+// TEST_CONTEXT, a global fixture), so that the GPU tests also build on device machines without Boost. Only bench/gpu_standalone puts it on the include path,
 // and only when Boost.Test is not found.
 #pragma once
 
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -42,10 +44,28 @@ struct RegisterFixture {
     fixtures().push_back([] { static F f; });
   }
 };
+inline std::vector<std::string>& contexts() {
+  static std::vector<std::string> c;
+  return c;
+}
+/// BOOST_TEST_CONTEXT: a line named in every failure reported while it is open.
+struct Context {
+  explicit Context(std::string s) { contexts().push_back(std::move(s)); }
+  ~Context() { contexts().pop_back(); }
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+};
+template <class F>
+std::string text(F&& write) {
+  std::ostringstream os;
+  write(os);
+  return os.str();
+}
 inline void fail(const char* file, int line, const std::string& what, const std::string& msg) {
   ++failures();
   std::printf("%s(%d): error: check %s has failed%s%s\n", file, line, what.c_str(),
               msg.empty() ? "" : ": ", msg.c_str());
+  for (const auto& c : contexts()) std::printf("    context: %s\n", c.c_str());
 }
 
 }  // namespace sy_test_shim
@@ -99,6 +119,14 @@ inline std::ostream& operator<<(std::ostream& o, const per_element&) {
     }                                                                    \
   } while (0)
 #define BOOST_REQUIRE(cond) BOOST_REQUIRE_MESSAGE(cond, "")
+#define BOOST_TEST_REQUIRE(cond) BOOST_REQUIRE_MESSAGE(cond, "")
+#define BOOST_REQUIRE_EQUAL(a, b) \
+  BOOST_REQUIRE_MESSAGE((a) == (b), "[" << (a) << " != " << (b) << "]")
+#define BOOST_REQUIRE_GE(a, b) BOOST_REQUIRE_MESSAGE((a) >= (b), "[" << (a) << " < " << (b) << "]")
+#define BOOST_TEST_CONTEXT(msg)                                                          \
+  if (::sy_test_shim::Context sy_shim_ctx{                                                \
+          ::sy_test_shim::text([&](std::ostream& sy_shim_os) { sy_shim_os << msg; })}; \
+      true)
 #define BOOST_FAIL(msg) BOOST_REQUIRE_MESSAGE(false, msg)
 #define BOOST_CHECK_THROW(expr, E)                                                  \
   do {                                                                              \
@@ -110,6 +138,14 @@ inline std::ostream& operator<<(std::ostream& o, const per_element&) {
     }                                                                               \
     if (!sy_shim_thrown) ::sy_test_shim::fail(__FILE__, __LINE__, #expr, "no " #E); \
   } while (0)
+#define BOOST_CHECK_NO_THROW(expr)                                                         \
+  do {                                                                                     \
+    try {                                                                                  \
+      expr;                                                                                \
+    } catch (const std::exception& sy_shim_e) {                                            \
+      ::sy_test_shim::fail(__FILE__, __LINE__, #expr, std::string("threw ") + sy_shim_e.what()); \
+    }                                                                                      \
+  } while (0)
 #define BOOST_TEST_MESSAGE(msg)                    \
   do {                                             \
     std::ostringstream sy_shim_os;                 \
@@ -118,13 +154,20 @@ inline std::ostream& operator<<(std::ostream& o, const per_element&) {
   } while (0)
 
 #ifdef BOOST_TEST_MODULE
-/// Runs every test case; exit status 0 when all checks held, 201 otherwise (as Boost.Test). Only
-/// the file that defines BOOST_TEST_MODULE (tests/main.cpp) gets it, as with Boost.Test.
-int main() {
+/// Runs every test case, or those named in --run_test=NAME[,NAME...]; exit status 0 when all
+/// checks held, 201 otherwise (as Boost.Test). Only the file that defines BOOST_TEST_MODULE
+/// (tests/main.cpp) gets it, as with Boost.Test.
+int main(int argc, char** argv) {
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--run_test=", 11) == 0) only = "," + std::string(argv[i] + 11) + ",";
+  }
   for (auto& f : ::sy_test_shim::fixtures()) f();
   int failed_cases = 0;
   for (const auto& c : ::sy_test_shim::cases()) {
+    if (!only.empty() && only.find("," + std::string(c.name) + ",") == std::string::npos) continue;
     const int before = ::sy_test_shim::failures();
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       c.fn();
     } catch (const ::sy_test_shim::Abort&) {
@@ -133,7 +176,9 @@ int main() {
     }
     const bool ok = ::sy_test_shim::failures() == before;
     failed_cases += ok ? 0 : 1;
-    std::printf("%s: %s\n", c.name, ok ? "passed" : "FAILED");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("%s: %s (%.2f s)\n", c.name, ok ? "passed" : "FAILED", s);
+    std::fflush(stdout);
   }
   std::printf("%d of %zu test cases failed, %d failed checks\n", failed_cases,
               ::sy_test_shim::cases().size(), ::sy_test_shim::failures());

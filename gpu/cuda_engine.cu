@@ -49,7 +49,7 @@ namespace {
 using cuda::bf16;
 
 // Sequences adding at most this many tokens go through the decode kernel (one key pass per row);
-// longer ones through the tiled prefill kernel, which reuses each key tile for 16 query rows.
+// longer ones through the tiled prefill kernel, which reuses each key tile for 64 query rows.
 constexpr int32_t kDecodeMaxTokens = 4;
 // Row-splits of decode attention that the workspace holds: 4096 rows x 32 heads x 130 floats is
 // 68 MB for an 8B-shaped model; more rows than this get fewer splits each.

@@ -1,27 +1,69 @@
-// Split-K paged decode attention: pass 1 scores one key range of one row per block (all query
-// heads of one KV head together, so each key and value is read once per group), pass 2 merges.
-// A row's keys are its sink slots (if any) followed by its window, numbered 0.. as one range.
+// Split-K paged decode attention: pass 1 scores one key range of one row per block (up to kMaxG
+// query heads of one KV head together, so each key and value is read once per group), pass 2
+// merges. A row's keys are its sink slots (if any) followed by its window, numbered 0.. as one
+// range. Pass 1 walks its range in tiles of kTile keys, in three phases separated by barriers:
+// scores (a group of 8 lanes per key, 16-byte loads of the key), the online softmax of the tile
+// (a lane per key), and the weighted values (each thread 8 dimensions of every v_groups-th key
+// of the tile; the groups' sums are added through shared memory at the end).
+#include <algorithm>
+#include <cstring>
+
 #include "kernels/cuda/attention_decode.cuh"
 
 namespace sy::cuda {
 namespace {
 
-constexpr int kWarps = 4;                   // keys of a range are dealt round-robin to the warps
-constexpr int kPerLane = kMaxHeadDim / 32;  // head_dim values each lane holds
+constexpr int kWarps = 4;        // 128 threads per block
+constexpr int kTile = 32;        // keys per tile: one per lane in the softmax phase
+constexpr int kMaxG = 8;         // query heads per block; a KV head with more takes several blocks
+constexpr int kChunk = 8;        // dimensions per 16-byte half load (two for a float cache)
+constexpr int kMaxVGroups = 16;  // key groups of the value phase (8 for head_dim 128)
 
-template <class C>
-__global__ void decode_partial_kernel(const float* q, int64_t q_stride, PagedKv<C> kv,
-                                      const int32_t* rows, int n_heads, int n_kv_heads, int hd,
-                                      int n_splits, float scale, float* ws) {
+/// The 8 values at p (16-byte aligned) as floats.
+__device__ __forceinline__ void load8(const half* p, float* out) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  half h[8];
+  memcpy(h, &u, sizeof(u));
+#pragma unroll
+  for (int k = 0; k < 8; ++k) out[k] = __half2float(h[k]);
+}
+__device__ __forceinline__ void load8(const float* p, float* out) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = a.x;
+  out[1] = a.y;
+  out[2] = a.z;
+  out[3] = a.w;
+  out[4] = b.x;
+  out[5] = b.y;
+  out[6] = b.z;
+  out[7] = b.w;
+}
+
+// Block (split, kvh * g_blocks + gb, i): query heads kvh * G + gb * kMaxG + [0, gn) of row
+// rows[i] over key range `split`. head_dim hd is a multiple of 8. The registers are sized by the
+// template: kG >= gn query heads, kChunks >= hd / 64 chunks of a key per scoring lane.
+template <class C, int kG, int kChunks>
+__global__ void __launch_bounds__(kWarps * 32)
+    decode_partial_kernel(const float* q, int64_t q_stride, PagedKv<C> kv, const int32_t* rows,
+                          int n_heads, int n_kv_heads, int hd, int n_splits, float scale,
+                          float* ws) {
   extern __shared__ float smem[];
   const int G = n_heads / n_kv_heads;
+  const int g_blocks = (G + kMaxG - 1) / kMaxG;
+  const int kvh = blockIdx.y / g_blocks, gb = blockIdx.y % g_blocks;
+  const int g0 = gb * kMaxG, gn = min(kMaxG, G - g0);
+  const int h0 = kvh * G + g0;  // first query head of the block
   const bool sinks = kv.row_sinks != nullptr;
-  float* sq = smem;                          // (G, hd) scaled queries
-  float* sqs = sq + G * hd;                  // (G, hd) scaled sink queries, only with sinks
-  float* sacc = sqs + (sinks ? G * hd : 0);  // (warps, G, hd) unnormalised outputs
-  float* sm = sacc + kWarps * G * hd;        // (warps, G) running maxima
-  float* sl = sm + kWarps * G;               // (warps, G) running sums
-  const int i = blockIdx.z, kvh = blockIdx.y, split = blockIdx.x;
+  float* sq = smem;                         // (gn, hd) scaled queries
+  float* sqs = sq + gn * hd;                // (gn, hd) scaled sink queries, only with sinks
+  float* ss = sqs + (sinks ? gn * hd : 0);  // (gn, kTile) the tile's scores, then weights
+  float* sm = ss + gn * kTile;              // (gn) running maxima
+  float* sl = sm + gn;                      // (gn) running sums
+  float* sc = sl + gn;                      // (gn) the tile's rescale factors
+  int64_t* sslot = reinterpret_cast<int64_t*>(sc + gn + (gn & 1));  // (kTile) cache slots
+  float* sred = reinterpret_cast<float*>(sslot + kTile);  // (v_groups, gn, hd) the groups' sums
+  const int i = blockIdx.z, split = blockIdx.x;
   const int64_t t = rows[i];
   const int nk = kv.row_nkeys[t];
   const int start = window_start(kv, t, nk);
@@ -32,107 +74,164 @@ __global__ void decode_partial_kernel(const float* q, int64_t q_stride, PagedKv<
   const int k0 = split * chunk;
   const int k1 = min(n_keys, k0 + chunk);
   const int64_t kv_dim = int64_t{n_kv_heads} * hd;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
-  for (int e = threadIdx.x; e < G * hd; e += blockDim.x) {
-    sq[e] = q[t * q_stride + int64_t{kvh} * G * hd + e] * scale;
-    if (sinks) sqs[e] = kv.q_sink[t * kv.q_sink_stride + int64_t{kvh} * G * hd + e] * scale;
+  for (int e = tid; e < gn * hd; e += blockDim.x) {
+    sq[e] = q[t * q_stride + int64_t{h0} * hd + e] * scale;
+    if (sinks) sqs[e] = kv.q_sink[t * kv.q_sink_stride + int64_t{h0} * hd + e] * scale;
   }
-  for (int e = threadIdx.x; e < kWarps * G * hd; e += blockDim.x) sacc[e] = 0.0f;
-  for (int e = threadIdx.x; e < kWarps * G; e += blockDim.x) {
-    sm[e] = -INFINITY;
-    sl[e] = 0.0f;
+  for (int g = tid; g < gn; g += blockDim.x) {
+    sm[g] = -INFINITY;
+    sl[g] = 0.0f;
   }
-  __syncthreads();
 
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  float* wacc = sacc + warp * G * hd;
-  float* wm = sm + warp * G;
-  float* wl = sl + warp * G;
   const int32_t* bt = kv.block_tables + kv.seq_bt_off[kv.row_seq[t]];
-  for (int j = k0 + warp; j < k1; j += kWarps) {
-    const int key = j < ns ? j : start + j - ns;
-    const float* qbase = j < ns ? sqs : sq;
-    const int64_t slot = int64_t{bt[key / kv.block_size]} * kv.block_size + key % kv.block_size;
-    const C* kp = kv.k + slot * kv_dim + int64_t{kvh} * hd;
-    const C* vp = kv.v + slot * kv_dim + int64_t{kvh} * hd;
-    float kr[kPerLane], vr[kPerLane];
+  const C* kbase = kv.k + int64_t{kvh} * hd;
+  const C* vbase = kv.v + int64_t{kvh} * hd;
+  const int n_chunks = hd / kChunk;
+  // Scores: 8 lanes per key (lane `sub` of group `grp` takes chunks sub, sub + 8, ...).
+  const int grp = lane >> 3, sub = lane & 7;
+  // Values: each thread 8 dimensions (chunk vc) of keys vg, vg + v_groups, ... of the tile;
+  // v_groups is a power of two (at most kMaxVGroups, so a divisor of 32).
+  int v_groups = 1;
+  while (v_groups * 2 <= min(static_cast<int>(blockDim.x) / n_chunks, kMaxVGroups)) v_groups *= 2;
+  const int vc = tid / v_groups, vg = tid % v_groups;
+  float acc[kG][kChunk];
 #pragma unroll
-    for (int u = 0; u < kPerLane; ++u) {
-      const int d = lane + 32 * u;
-      kr[u] = d < hd ? dev::to_f(kp[d]) : 0.0f;
-      vr[u] = d < hd ? dev::to_f(vp[d]) : 0.0f;
+  for (int g = 0; g < kG; ++g) {
+#pragma unroll
+    for (int k = 0; k < kChunk; ++k) acc[g][k] = 0.0f;
+  }
+
+  for (int kb = k0; kb < k1; kb += kTile) {
+    const int nt = min(kTile, k1 - kb);
+    __syncthreads();  // the previous tile's weights and slots are read; the queries are written
+    // Phase 1: scores of the tile's keys.
+    for (int jj = warp * 4 + grp; jj < kTile; jj += kWarps * 4) {
+      int64_t slot = 0;
+      const bool real = jj < nt;
+      const float* qb = sq;
+      if (real) {
+        const int j = kb + jj;
+        const int key = j < ns ? j : start + j - ns;
+        if (j < ns) qb = sqs;
+        slot = int64_t{bt[key / kv.block_size]} * kv.block_size + key % kv.block_size;
+      }
+      float kr[kChunks][kChunk] = {};
+#pragma unroll
+      for (int u = 0; u < kChunks; ++u) {
+        const int c = sub + 8 * u;
+        if (real && c < n_chunks) load8(kbase + slot * kv_dim + c * kChunk, kr[u]);
+      }
+      for (int g = 0; g < gn; ++g) {
+        float s = 0.0f;
+#pragma unroll
+        for (int u = 0; u < kChunks; ++u) {
+          const int c = sub + 8 * u;
+          if (real && c < n_chunks) {
+            const float* qc = qb + g * hd + c * kChunk;
+#pragma unroll
+            for (int k = 0; k < kChunk; ++k) s = fmaf(qc[k], kr[u][k], s);
+          }
+        }
+        s += __shfl_xor_sync(0xffffffffu, s, 4);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        if (sub == 0) ss[g * kTile + jj] = real ? capped(kv, s) : -INFINITY;
+      }
+      if (sub == 0) sslot[jj] = slot;
     }
-    for (int g = 0; g < G; ++g) {
-      const float* qg = qbase + g * hd;
-      float s = 0.0f;
-#pragma unroll
-      for (int u = 0; u < kPerLane; ++u) {
-        const int d = lane + 32 * u;
-        if (d < hd) s += qg[d] * kr[u];
-      }
-      s = capped(kv, dev::warp_sum(s));
-      const float m_old = wm[g];
-      const float m_new = fmaxf(m_old, s);
-      const float corr = expf(m_old - m_new);  // m_old = -inf gives 0: nothing to rescale
-      const float p = expf(s - m_new);
-      float* ag = wacc + g * hd;
-#pragma unroll
-      for (int u = 0; u < kPerLane; ++u) {
-        const int d = lane + 32 * u;
-        if (d < hd) ag[d] = ag[d] * corr + p * vr[u];
-      }
-      __syncwarp();  // every lane has read wm[g] before lane 0 replaces it
+    __syncthreads();
+    // Phase 2: the online softmax over the tile, one warp per query head, one lane per key.
+    for (int g = warp; g < gn; g += kWarps) {
+      const float s = ss[g * kTile + lane];
+      const float m_old = sm[g];
+      const float m_new = fmaxf(m_old, dev::warp_max(s));  // finite: the tile has a real key
+      const float p = s == -INFINITY ? 0.0f : expf(s - m_new);
+      const float sum = dev::warp_sum(p);
+      ss[g * kTile + lane] = p;
+      __syncwarp();  // every lane has read sm[g] before lane 0 replaces it
       if (lane == 0) {
-        wm[g] = m_new;
-        wl[g] = wl[g] * corr + p;
+        const float corr = expf(m_old - m_new);  // m_old = -inf gives 0: nothing to rescale
+        sm[g] = m_new;
+        sl[g] = sl[g] * corr + sum;
+        sc[g] = corr;
       }
-      __syncwarp();
+    }
+    __syncthreads();
+    // Phase 3: the weighted values.
+    if (vc < n_chunks) {
+#pragma unroll
+      for (int g = 0; g < kG; ++g) {
+        if (g < gn) {
+          const float corr = sc[g];
+#pragma unroll
+          for (int k = 0; k < kChunk; ++k) acc[g][k] *= corr;
+        }
+      }
+      for (int jj = vg; jj < nt; jj += v_groups) {
+        float vr[kChunk];
+        load8(vbase + sslot[jj] * kv_dim + vc * kChunk, vr);
+#pragma unroll
+        for (int g = 0; g < kG; ++g) {
+          if (g < gn) {
+            const float p = ss[g * kTile + jj];
+#pragma unroll
+            for (int k = 0; k < kChunk; ++k) acc[g][k] = fmaf(p, vr[k], acc[g][k]);
+          }
+        }
+      }
+    }
+  }
+  // The key groups' sums, added in group order (the same result on every run); the softmax
+  // state as phase 2 left it (published by its barrier).
+  if (vc < n_chunks) {
+#pragma unroll
+    for (int g = 0; g < kG; ++g) {
+      if (g < gn) {
+#pragma unroll
+        for (int k = 0; k < kChunk; ++k) sred[(vg * gn + g) * hd + vc * kChunk + k] = acc[g][k];
+      }
     }
   }
   __syncthreads();
-
-  for (int e = threadIdx.x; e < G * hd; e += blockDim.x) {
+  float* const w0 = ws + (int64_t{i} * n_heads + h0) * n_splits * (hd + 2);
+  for (int e = tid; e < gn * hd; e += blockDim.x) {
     const int g = e / hd, d = e % hd;
-    float M = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, sm[w * G + g]);
-    float L = 0.0f, A = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      const float mw = sm[w * G + g];
-      if (mw == -INFINITY) continue;  // a warp that saw no key
-      const float f = expf(mw - M);
-      L += sl[w * G + g] * f;
-      A += sacc[(w * G + g) * hd + d] * f;
-    }
-    const int h = kvh * G + g;
-    float* p = ws + ((int64_t{i} * n_heads + h) * n_splits + split) * (hd + 2);
+    float a = 0.0f;
+    for (int r = 0; r < v_groups; ++r) a += sred[r * gn * hd + e];
+    float* p = w0 + (int64_t{g} * n_splits + split) * (hd + 2);
     if (d == 0) {
-      p[0] = M;
-      p[1] = L;
+      p[0] = sm[g];
+      p[1] = sl[g];
     }
-    p[2 + d] = A;
+    p[2 + d] = a;
   }
 }
 
+// One block per (row, head): the splits' weights exp(m - M) once, then each dimension's sum.
 template <class T>
 __global__ void decode_combine_kernel(const float* ws, const int32_t* rows, int n_heads, int hd,
                                       int n_splits, T* out, int64_t out_stride) {
+  extern __shared__ float wgt[];  // (n_splits)
+  __shared__ float red[32];
   const int i = blockIdx.x / n_heads, h = blockIdx.x % n_heads;
   const int64_t t = rows[i];
   const float* base = ws + (int64_t{i} * n_heads + h) * n_splits * (hd + 2);
-  float M = -INFINITY;
-  for (int s = 0; s < n_splits; ++s) M = fmaxf(M, base[s * (hd + 2)]);
-  float L = 0.0f;
-  for (int s = 0; s < n_splits; ++s) {
-    const float m = base[s * (hd + 2)];
-    if (m != -INFINITY) L += base[s * (hd + 2) + 1] * expf(m - M);
+  float m = -INFINITY;
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) m = fmaxf(m, base[s * (hd + 2)]);
+  const float M = dev::block_max(m, red);
+  float l = 0.0f;
+  for (int s = threadIdx.x; s < n_splits; s += blockDim.x) {
+    const float ms = base[s * (hd + 2)];
+    const float f = ms == -INFINITY ? 0.0f : expf(ms - M);  // a split that saw no key: 0
+    wgt[s] = f;
+    l += base[s * (hd + 2) + 1] * f;
   }
-  const float inv = 1.0f / L;
+  const float inv = 1.0f / dev::block_sum(l, red);  // its barriers also publish wgt
   for (int d = threadIdx.x; d < hd; d += blockDim.x) {
     float A = 0.0f;
-    for (int s = 0; s < n_splits; ++s) {
-      const float m = base[s * (hd + 2)];
-      if (m != -INFINITY) A += base[s * (hd + 2) + 2 + d] * expf(m - M);
-    }
+    for (int s = 0; s < n_splits; ++s) A = fmaf(base[s * (hd + 2) + 2 + d], wgt[s], A);
     out[t * out_stride + int64_t{h} * hd + d] = dev::from_f<T>(A * inv);
   }
 }
@@ -149,29 +248,39 @@ cudaError_t attention_decode(const float* q, int64_t q_stride, const PagedKv<C>&
                              int head_dim, int n_splits, float* workspace, T* out,
                              int64_t out_stride, cudaStream_t stream) {
   if (n_rows <= 0) return cudaSuccess;
-  if (head_dim > kMaxHeadDim || n_kv_heads <= 0 || n_heads % n_kv_heads != 0 || n_splits < 1) {
+  if (head_dim > kMaxHeadDim || head_dim % kChunk != 0 || n_kv_heads <= 0 ||
+      n_heads % n_kv_heads != 0 || n_splits < 1) {
     return cudaErrorInvalidValue;
   }
   const int G = n_heads / n_kv_heads;
   if (kv.row_sinks && !kv.q_sink) return cudaErrorInvalidValue;
-  const size_t n_q = kv.row_sinks ? 2 : 1;  // the sink queries take a second (G, hd) array
+  const int gn = std::min(G, kMaxG), g_blocks = (G + kMaxG - 1) / kMaxG;
+  const size_t n_q = kv.row_sinks ? 2 : 1;  // the sink queries take a second (gn, hd) array
+  int v_groups = 1;                         // as the kernel computes it
+  while (v_groups * 2 <= std::min(kWarps * 32 / (head_dim / kChunk), kMaxVGroups)) v_groups *= 2;
   const size_t smem =
-      sizeof(float) * (n_q * G * head_dim + size_t{kWarps} * G * head_dim + 2 * size_t{kWarps} * G);
-  if (smem > 48 * 1024) {
-    // Above 48 KB a kernel must opt in to more dynamic shared memory.
-    const cudaError_t e =
-        cudaFuncSetAttribute(decode_partial_kernel<C>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             static_cast<int>(smem));
+      sizeof(float) * ((n_q + v_groups) * gn * head_dim + static_cast<size_t>(gn) * kTile +
+                       3 * static_cast<size_t>(gn) + (gn & 1)) +
+      sizeof(int64_t) * kTile;
+  // At most 50 KB (head_dim 256, 8 query heads, sinks): above 48 KB a kernel must opt in.
+  const bool big = smem > 48 * 1024;
+  const float scale = score_scale(kv, head_dim);
+  const dim3 grid(n_splits, n_kv_heads * g_blocks, n_rows);
+  // Register arrays for at most 4 or 8 query heads and 128 or 256 dimensions per key.
+  auto kernel =
+      gn <= 4 ? (head_dim <= 128 ? decode_partial_kernel<C, 4, 2> : decode_partial_kernel<C, 4, 4>)
+              : (head_dim <= 128 ? decode_partial_kernel<C, 8, 2> : decode_partial_kernel<C, 8, 4>);
+  if (big) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
     if (e != cudaSuccess) return e;
   }
-  const float scale = score_scale(kv, head_dim);
-  const dim3 grid(n_splits, n_kv_heads, n_rows);
-  decode_partial_kernel<C><<<grid, kWarps * 32, smem, stream>>>(
-      q, q_stride, kv, rows, n_heads, n_kv_heads, head_dim, n_splits, scale, workspace);
+  kernel<<<grid, kWarps * 32, smem, stream>>>(q, q_stride, kv, rows, n_heads, n_kv_heads, head_dim,
+                                              n_splits, scale, workspace);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
-  decode_combine_kernel<T><<<n_rows * n_heads, 128, 0, stream>>>(workspace, rows, n_heads, head_dim,
-                                                                 n_splits, out, out_stride);
+  decode_combine_kernel<T><<<n_rows * n_heads, 128, sizeof(float) * n_splits, stream>>>(
+      workspace, rows, n_heads, head_dim, n_splits, out, out_stride);
   return cudaGetLastError();
 }
 

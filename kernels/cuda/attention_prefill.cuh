@@ -7,7 +7,7 @@
 namespace sy::cuda {
 
 /// Query rows per tile: the host cuts each sequence's new rows into tiles of at most this many.
-constexpr int kPrefillTileRows = 16;
+constexpr int kPrefillTileRows = 64;
 
 /// Tile b covers rows [tile_row0[b], tile_row0[b] + tile_len[b]) (tile_len <= kPrefillTileRows),
 /// consecutive rows of one sequence. Same per-row semantics and layout as attention_decode: a

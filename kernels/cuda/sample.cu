@@ -38,18 +38,32 @@ __global__ void sample_kernel(const float* logits, int n_vocab, const SamplePara
   int bi = n_vocab;
   float mn = INFINITY;
   float health = 0.0f;
-  for (int i = tid; i < n_vocab; i += blockDim.x) {
-    const float v = x[i];
-    if (!(v < INFINITY)) {
-      health = 2.0f;  // NaN fails every comparison
-    } else if (v > -INFINITY) {
-      health = fmaxf(health, 1.0f);
+  // kUnroll loads in flight per thread before the first comparison: one block reads the whole
+  // row, so a loop that waits on each load in turn is bound by memory latency.
+  constexpr int kUnroll = 8;
+  for (int i0 = tid; i0 < n_vocab; i0 += kUnroll * blockDim.x) {
+    float vs[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * static_cast<int>(blockDim.x);
+      vs[u] = i < n_vocab ? x[i] : 0.0f;
     }
-    if (v > bv || (v == bv && i < bi)) {
-      bv = v;
-      bi = i;
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * static_cast<int>(blockDim.x);
+      if (i >= n_vocab) break;
+      const float v = vs[u];
+      if (!(v < INFINITY)) {
+        health = 2.0f;  // NaN fails every comparison
+      } else if (v > -INFINITY) {
+        health = fmaxf(health, 1.0f);
+      }
+      if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+      }
+      mn = fminf(mn, v);
     }
-    mn = fminf(mn, v);
   }
   for (int o = 16; o > 0; o >>= 1) {
     const float ov = __shfl_xor_sync(0xffffffffu, bv, o);

@@ -123,8 +123,8 @@ inline std::ostream& operator<<(std::ostream& o, const per_element&) {
 #define BOOST_REQUIRE_EQUAL(a, b) \
   BOOST_REQUIRE_MESSAGE((a) == (b), "[" << (a) << " != " << (b) << "]")
 #define BOOST_REQUIRE_GE(a, b) BOOST_REQUIRE_MESSAGE((a) >= (b), "[" << (a) << " < " << (b) << "]")
-#define BOOST_TEST_CONTEXT(msg)                                                          \
-  if (::sy_test_shim::Context sy_shim_ctx{                                                \
+#define BOOST_TEST_CONTEXT(msg)                                                        \
+  if (::sy_test_shim::Context sy_shim_ctx{                                             \
           ::sy_test_shim::text([&](std::ostream& sy_shim_os) { sy_shim_os << msg; })}; \
       true)
 #define BOOST_FAIL(msg) BOOST_REQUIRE_MESSAGE(false, msg)
@@ -138,13 +138,13 @@ inline std::ostream& operator<<(std::ostream& o, const per_element&) {
     }                                                                               \
     if (!sy_shim_thrown) ::sy_test_shim::fail(__FILE__, __LINE__, #expr, "no " #E); \
   } while (0)
-#define BOOST_CHECK_NO_THROW(expr)                                                         \
-  do {                                                                                     \
-    try {                                                                                  \
-      expr;                                                                                \
-    } catch (const std::exception& sy_shim_e) {                                            \
+#define BOOST_CHECK_NO_THROW(expr)                                                               \
+  do {                                                                                           \
+    try {                                                                                        \
+      expr;                                                                                      \
+    } catch (const std::exception& sy_shim_e) {                                                  \
       ::sy_test_shim::fail(__FILE__, __LINE__, #expr, std::string("threw ") + sy_shim_e.what()); \
-    }                                                                                      \
+    }                                                                                            \
   } while (0)
 #define BOOST_TEST_MESSAGE(msg)                    \
   do {                                             \

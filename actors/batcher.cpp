@@ -547,7 +547,9 @@ void Batcher::on_result(StepResult& r) {
   // The step's measured cost, for speculation's choice (test-only step delays left out).
   const bool timed = step_sent_us_ && cfg_.step_delay_ms <= 0;
   const double step_us = timed ? static_cast<double>(now() - *step_sent_us_) : 0.0;
-  if (timed) step_cost_.observe(step_fed_, step_rows_, step_us);
+  // The target's step apart from the draft model's passes, which have a model of their own.
+  if (timed) step_cost_.observe(step_fed_, step_rows_, std::max(0.0, step_us - r.draft_us));
+  if (timed && r.draft_passes > 0) draft_cost_.observe(r.draft_passes, r.draft_tokens, r.draft_us);
   if (cfg_.traces && step_sent_us_) trace_prefills(*step_sent_us_);
   step_sent_us_.reset();
   // By uid: ending one member of a group may end its group's other members of this step.

@@ -83,6 +83,9 @@ struct Seq {
   int32_t n_draft = 0;
   std::vector<int32_t> drafts;
   int64_t spec_tried = 0, spec_accepted = 0;
+  // With a draft model: how many of `tokens` its cache holds, as far as the batcher can tell
+  // (the executor's own view decides; this prices the catch-up of the sequence's next draft).
+  int64_t draft_seen = 0;
 
   int32_t n_generated() const { return static_cast<int32_t>(tokens.size()) - n_prompt; }
   /// Tokens the KV cache must hold to go on: every token, but the last where it is held back.
@@ -246,6 +249,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   // Speculation: the measured cost of a step by its tokens, the running acceptance estimate of a
   // draft token, the counters, and the tokens of the step in flight.
   policy::StepCostModel step_cost_;
+  policy::DraftCostModel draft_cost_;  // the draft model's passes (extras_.draft_model)
   double spec_prior_ = 0.5;
   double spec_acc_w_ = 1.0, spec_try_w_ = 2.0;  // its decayed sums (a start of 1 in 2)
   int64_t spec_drafted_ = 0, spec_accepted_ = 0, spec_seq_steps_ = 0, spec_steps_ = 0;

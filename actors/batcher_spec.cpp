@@ -87,7 +87,12 @@ void Batcher::speculate(int64_t budget_left) {
       if (n <= 0) continue;
       s->drafts.assign(scratch_draft_.begin(), scratch_draft_.end());
     }
-    cands.push_back({n, alpha});
+    // With a draft model: the tokens its cache lacks, fed before this sequence's first draft.
+    const int64_t setup =
+        extras_.draft_model
+            ? std::max<int64_t>(1, static_cast<int64_t>(s->tokens.size()) - s->draft_seen)
+            : 0;
+    cands.push_back({n, alpha, setup});
     who.push_back(s);
   }
   if (cands.empty()) return;
@@ -103,7 +108,8 @@ void Batcher::speculate(int64_t budget_left) {
     cands[i].available = 0;
   }
   const std::vector<int32_t> chosen =
-      policy::choose_drafts(cands, n_tokens, rows, outputs, step_cost_, budget_left, kMargin);
+      policy::choose_drafts(cands, n_tokens, rows, outputs, step_cost_, budget_left, kMargin,
+                            extras_.draft_model ? &draft_cost_ : nullptr);
   for (size_t i = 0; i < take.size(); ++i) take[i] += chosen[i];
   bool any = false;
   for (size_t i = 0; i < who.size(); ++i) {
@@ -150,6 +156,10 @@ void Batcher::accept_spec(Seq& s, const SeqResult& r, const std::vector<int32_t>
     spec_drafted_ -= static_cast<int64_t>(s.drafts.size() - drafts.size());
   size_t m = 0;
   while (m < r.spec_ids.size() && m < drafts.size() && r.spec_ids[m] == drafts[m]) ++m;
+  // The draft model fed the sequence's tokens and its drafts but the last; the executor cuts its
+  // cache back to the accepted ones.
+  if (extras_.draft_model && !drafts.empty())
+    s.draft_seen = static_cast<int64_t>(s.tokens.size() + std::min(m, drafts.size() - 1));
   spec_accepted_ += static_cast<int64_t>(m);
   step_accepted_ += static_cast<int64_t>(m);
   const int64_t tried = static_cast<int64_t>(std::min(m + 1, drafts.size()));

@@ -256,7 +256,7 @@ int32_t argmax_row(const float* row, int32_t n_vocab) {
 // on the tokens its cache lacks, then decodes greedily, one batched draft step per draft
 // position. A sequence it cannot draft for (tokens never seen here, its context or the draft
 // pool full) feeds no drafts; a draft step that fails leaves every sequence without drafts.
-void make_drafts(ExecutorState& st, const StepPlan& plan) {
+void make_drafts(ExecutorState& st, const StepPlan& plan, StepResult& res) {
   Engine& e = *st.draft;
   const int32_t bs = e.block_size();
   const int32_t ctx = e.config().ctx_len;
@@ -292,6 +292,12 @@ void make_drafts(ExecutorState& st, const StepPlan& plan) {
     k_max = std::max(k_max, k);
   }
   if (act.empty()) return;
+  // What the passes cost, for the batcher's choice of drafts (policy::DraftCostModel).
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto measure = [&] {
+    res.draft_us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  };
   try {
     for (int32_t j = 0; j < k_max; ++j) {
       st.dbatch.clear();
@@ -314,6 +320,8 @@ void make_drafts(ExecutorState& st, const StepPlan& plan) {
         st.dbatch.push_back(s);
         st.drows.push_back(a);
       }
+      ++res.draft_passes;
+      for (const SeqStep& x : st.dbatch) res.draft_tokens += x.n_tokens;
       const bool greedy = e.step_greedy(st.dbatch, st.dids);
       if (!greedy) e.step(st.dbatch, st.dout);
       for (size_t b = 0; b < st.drows.size(); ++b) {
@@ -329,8 +337,10 @@ void make_drafts(ExecutorState& st, const StepPlan& plan) {
     for (const Act& x : act) x.d->n_cached = 0;
     if (!st.draft_failed_logged) log_line(std::string("draft model step failed: ") + ex.what());
     st.draft_failed_logged = true;
+    measure();
     return;
   }
+  measure();
   for (const Act& x : act) st.fed_drafts[x.i] = x.k;
 }
 
@@ -375,7 +385,7 @@ void run_engine(ExecutorState& st, const StepPlan& plan, StepResult& res) {
   }
   if (st.draft) {
     track_drafts(st, plan);
-    make_drafts(st, plan);
+    make_drafts(st, plan, res);
     for (size_t i = 0; i < n; ++i)  // drafts not written: not fed
       if (plan.seqs[i].draft_model)
         st.fed[i].resize(plan.seqs[i].tokens.size() -

@@ -249,10 +249,16 @@ struct StepResult {
   uint64_t step = 0;
   std::vector<SeqResult> seqs;
   std::string error;  // non-empty: the whole step failed (the batcher fails all its jobs)
+  // The draft model's share of the step (SeqPlan::draft_model): its batched passes, the tokens
+  // they fed (catch-ups included) and the microseconds they took; 0 when it did not run.
+  int32_t draft_passes = 0;
+  int64_t draft_tokens = 0;
+  double draft_us = 0.0;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepResult& x) {
-  return f(caf::meta::type_name("StepResult"), x.step, x.seqs, x.error);
+  return f(caf::meta::type_name("StepResult"), x.step, x.seqs, x.error, x.draft_passes,
+           x.draft_tokens, x.draft_us);
 }
 
 // ---- outbound events (to the egress actor, which encodes them for the gateway) and the job's

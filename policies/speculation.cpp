@@ -84,36 +84,97 @@ double StepCostModel::draft_cost() const {
 
 std::vector<int32_t> choose_drafts(const std::vector<SpecCandidate>& cands, int64_t step_tokens,
                                    int64_t rows, int64_t outputs, const StepCostModel& cost,
-                                   int64_t budget, double margin) {
+                                   int64_t budget, double margin, const DraftCostModel* draft) {
   std::vector<int32_t> take(cands.size(), 0);
   if (!cost.ready() || budget <= 0 || outputs <= 0) return take;
   const double b = cost.draft_cost();
   if (!(b > 0)) return take;
   double time = cost.predict(step_tokens, rows);
   if (!(time > 0)) return take;
+  const bool dm = draft && draft->ready();
+  const double per_pass = dm ? draft->per_pass() : 0.0, per_token = dm ? draft->per_token() : 0.0;
   double out = static_cast<double>(outputs);
   // Every (candidate, j) with its value acceptance^j; per candidate the values fall with j, so
-  // taking them in falling order takes a prefix of each one's drafts.
-  std::vector<std::pair<double, size_t>> items;
+  // taking them in falling order meets each one's drafts in order.
+  struct Item {
+    double value;
+    size_t i;
+    int32_t j;
+  };
+  std::vector<Item> items;
   for (size_t i = 0; i < cands.size(); ++i) {
     const double a = std::clamp(cands[i].acceptance, 0.0, 1.0);
     double v = 1.0;
-    for (int32_t j = 0; j < cands[i].available; ++j) {
+    for (int32_t j = 1; j <= cands[i].available; ++j) {
       v *= a;
-      items.emplace_back(v, i);
+      items.push_back({v, i, j});
     }
   }
   std::stable_sort(items.begin(), items.end(),
-                   [](const auto& x, const auto& y) { return x.first > y.first; });
-  for (const auto& [value, i] : items) {
+                   [](const Item& x, const Item& y) { return x.value > y.value; });
+  std::vector<bool> stopped(cands.size(), false);
+  int32_t depth = 0;  // draft passes the drafts taken so far need
+  for (const Item& it : items) {
     if (budget <= 0) break;
-    if (value / b <= (1.0 + margin) * out / time) break;
-    ++take[i];
-    out += value;
-    time += b;
+    if (stopped[it.i]) continue;
+    double c = b;
+    if (dm) {
+      const double fed =
+          it.j == 1 ? static_cast<double>(std::max<int64_t>(1, cands[it.i].setup_tokens)) : 1.0;
+      c += per_token * fed + (it.j > depth ? per_pass : 0.0);
+    }
+    if (it.value / c <= (1.0 + margin) * out / time) {
+      stopped[it.i] = true;
+      continue;
+    }
+    ++take[it.i];
+    depth = std::max(depth, it.j);
+    out += it.value;
+    time += c;
     --budget;
   }
   return take;
+}
+
+void DraftCostModel::observe(int64_t passes, int64_t tokens, double micros) {
+  if (passes <= 0 || tokens <= 0 || !(micros >= 0) || !std::isfinite(micros)) return;
+  const double p = static_cast<double>(passes), n = static_cast<double>(tokens);
+  spp_ = spp_ * decay_ + p * p;
+  spn_ = spn_ * decay_ + p * n;
+  snn_ = snn_ * decay_ + n * n;
+  spt_ = spt_ * decay_ + p * micros;
+  snt_ = snt_ * decay_ + n * micros;
+  ++steps_;
+}
+
+void DraftCostModel::fit(double& p, double& q) const {
+  p = q = 0.0;
+  if (!ready() || !(snn_ > 0)) return;
+  const double det = spp_ * snn_ - spn_ * spn_;
+  // Passes and tokens that move together (a correlation of 0.99 or more) cannot be parted: the
+  // tokens carry the whole cost. So do they where the two-variable fit gives a negative part.
+  bool parted = false;
+  if (det > 0.0199 * spp_ * snn_) {
+    p = (spt_ * snn_ - snt_ * spn_) / det;
+    q = (snt_ * spp_ - spt_ * spn_) / det;
+    parted = p >= 0 && q >= 0;
+  }
+  if (!parted) {
+    p = 0.0;
+    q = std::max(0.0, snt_ / snn_);
+  }
+}
+
+double DraftCostModel::per_pass() const {
+  double p = 0, q = 0;
+  fit(p, q);
+  return p;
+}
+
+double DraftCostModel::per_token() const {
+  double p = 0, q = 0;
+  fit(p, q);
+  return q;
 }
 
 int SpecGuard::bucket(int64_t outputs) {

@@ -69,25 +69,55 @@ class SpecGuard {
   Rate plain_[kBuckets], spec_[kBuckets];
 };
 
+/// The draft model's cost, as the executor measures its draft passes in a step: t = per_pass *
+/// passes + per_token * tokens (a pass is one batched draft-model forward; its tokens are the
+/// catch-ups of the first pass and one a sequence in each later one; no pass, no time), fitted
+/// by least squares over the steps seen, older ones weighing less (`decay` a step). Where the
+/// steps seen never part passes from tokens, the fit is over tokens alone.
+class DraftCostModel {
+ public:
+  explicit DraftCostModel(double decay = 0.98) : decay_(decay) {}
+  void observe(int64_t passes, int64_t tokens, double micros);
+  /// Whether 4 steps with draft passes were seen.
+  bool ready() const { return steps_ >= 4; }
+  /// Microseconds a draft pass costs beyond its tokens, and a token fed to the draft model
+  /// (0 until ready; never below 0).
+  double per_pass() const;
+  double per_token() const;
+
+ private:
+  void fit(double& p, double& q) const;
+  double decay_;
+  double spp_ = 0, spn_ = 0, snn_ = 0, spt_ = 0, snt_ = 0;
+  int64_t steps_ = 0;
+};
+
 /// A decoding sequence that could feed drafts this step: `available` drafted tokens (in order)
 /// and `acceptance`, the estimated probability that each draft token is accepted given the ones
-/// before it were.
+/// before it were. With a draft model, `setup_tokens` is what the draft model must first feed of
+/// the sequence (its catch-up: the whole context the first time, then the tokens since it last
+/// drafted), paid with the sequence's first draft.
 struct SpecCandidate {
   int32_t available = 0;
   double acceptance = 0.0;
+  int64_t setup_tokens = 0;
 };
 
 /// How many of its drafts each candidate feeds (same order as `cands`). The step already feeds
 /// `step_tokens` tokens, computes `rows` logit rows and yields `outputs` sampled tokens; a draft
 /// token j (1-based) of a sequence adds acceptance^j expected tokens and costs cost.draft_cost()
-/// microseconds. Drafts are
-/// taken, the most valuable first, while each one's tokens per microsecond exceed the step's
-/// (tokens out over predicted time, drafts taken so far included) by the factor (1 + margin),
-/// within `budget` more tokens. Nothing before the cost model is ready(): speculation never runs
+/// microseconds in the target's step. With a draft model (`draft` not null and ready) it also
+/// costs the draft model's work for it: per_token() (the first draft: per_token() times the
+/// sequence's setup_tokens), and per_pass() where it is the first draft at its depth j (the step
+/// then needs one more draft pass). Drafts are taken, the most valuable first, while each one's
+/// tokens per microsecond exceed the step's (tokens out over predicted time, drafts taken so far
+/// included) by the factor (1 + margin), within `budget` more tokens; a sequence's drafts stop at
+/// the first that does not pay. Nothing before the cost model is ready(): speculation never runs
 /// on a guess of what a token costs.
 std::vector<int32_t> choose_drafts(const std::vector<SpecCandidate>& cands, int64_t step_tokens,
                                    int64_t rows, int64_t outputs, const StepCostModel& cost,
-                                   int64_t budget, double margin);
+                                   int64_t budget, double margin,
+                                   const DraftCostModel* draft = nullptr);
 
 /// The acceptance estimate of one sequence: its own accepted / tried draft positions, pulled
 /// towards `prior` (the batcher's running estimate) with the weight of `prior_weight` positions.

@@ -117,6 +117,61 @@ BOOST_AUTO_TEST_CASE(drafts_go_to_the_likeliest_and_within_the_budget) {
   BOOST_TEST(c[0] == 0);
 }
 
+// Draft-model steps whose passes and tokens vary apart: p microseconds a pass, q a token.
+DraftCostModel draft_line(double p, double q) {
+  DraftCostModel m;
+  for (int k = 0; k < 30; ++k) {
+    const int64_t passes = 1 + k % 6, tokens = passes * (1 + k % 4) + (k % 5 == 0 ? 200 : 0);
+    m.observe(passes, tokens, p * static_cast<double>(passes) + q * static_cast<double>(tokens));
+  }
+  return m;
+}
+
+BOOST_AUTO_TEST_CASE(draft_cost_model_parts_passes_from_tokens) {
+  const DraftCostModel m = draft_line(300.0, 20.0);
+  BOOST_TEST(m.ready());
+  BOOST_TEST(m.per_pass() == 300.0, boost::test_tools::tolerance(1e-6));
+  BOOST_TEST(m.per_token() == 20.0, boost::test_tools::tolerance(1e-6));
+  DraftCostModel few;
+  for (int k = 0; k < 3; ++k) few.observe(1 + k, 5, 400.0);
+  BOOST_TEST(!few.ready());
+  BOOST_TEST(few.per_pass() == 0.0);
+  // One token a pass always: the two cannot be parted, and a token carries the pass's cost.
+  DraftCostModel tied;
+  for (int k = 0; k < 10; ++k) tied.observe(1 + k, 1 + k, 120.0 * (1 + k));
+  BOOST_TEST(tied.per_pass() == 0.0);
+  BOOST_TEST(tied.per_token() == 120.0, boost::test_tools::tolerance(1e-6));
+}
+
+BOOST_AUTO_TEST_CASE(a_draft_model_prices_its_passes_and_catch_ups) {
+  const StepCostModel target = line(2000.0, 15.0);
+  // A cheap draft model (100 us a pass, 5 a token) at batch 1, acceptance 0.8, caught up: the
+  // first draft costs 15 + 5 + 100 us for 0.8 tokens against 1 token per 2.015 ms: all 6 pay.
+  const DraftCostModel cheap = draft_line(100.0, 5.0);
+  auto one = choose_drafts({{6, 0.8, 1}}, 1, 1, 1, target, 512, 0.1, &cheap);
+  BOOST_TEST(one[0] == 6);
+  // The same sequence with 500 tokens to catch up: its first draft costs 2.6 ms for 0.8 tokens,
+  // less than the step's 1 token per 2.015 ms: no drafts. A caught-up neighbour still drafts;
+  // without the draft model's cost both would.
+  auto two = choose_drafts({{6, 0.8, 500}, {6, 0.8, 1}}, 2, 2, 2, target, 512, 0.1, &cheap);
+  BOOST_TEST(two[0] == 0);
+  BOOST_TEST(two[1] == 6);
+  auto blind = choose_drafts({{6, 0.8, 500}, {6, 0.8, 1}}, 2, 2, 2, target, 512, 0.1);
+  BOOST_TEST(blind[0] == 6);
+  // A draft model whose pass costs as much as a target step: at batch 4 and acceptance 0.6 even
+  // all four first drafts together (2 ms + 4 x 35 us for 2.4 tokens) yield less than the step's
+  // 4 tokens per 2.06 ms: none. Lookup at the same acceptance (15 us a draft) would take some.
+  const DraftCostModel heavy = draft_line(2000.0, 20.0);
+  std::vector<SpecCandidate> four(4, {6, 0.6, 1});
+  for (int32_t d : choose_drafts(four, 4, 4, 4, target, 512, 0.1, &heavy)) BOOST_TEST(d == 0);
+  int32_t lookup = 0;
+  for (int32_t d : choose_drafts(four, 4, 4, 4, target, 512, 0.1)) lookup += d;
+  BOOST_TEST(lookup > 0);
+  // Until the draft model's cost is measured, only the target's is counted (as lookup).
+  const DraftCostModel cold;
+  BOOST_TEST(choose_drafts({{6, 0.8, 500}}, 1, 1, 1, target, 512, 0.1, &cold)[0] == 6);
+}
+
 BOOST_AUTO_TEST_CASE(guard_vetoes_drafts_where_they_measured_slower_by_batch_size) {
   BOOST_TEST(SpecGuard::bucket(1) == 0);
   BOOST_TEST(SpecGuard::bucket(2) == 1);

@@ -613,14 +613,29 @@ ExecutorActor spawn_executor(caf::actor_system& sys, ExecutorSpec spec, int32_t*
     opts.max_batch_tokens = spec.max_batch_tokens;
     opts.kv_type = spec.kv_type;
     opts.n_window_blocks = spec.n_window_blocks;
-    st->engine =
-        make_engine(spec.backend, spec.model, opts, std::max(spec.device, 0), spec.kv_gpu_fraction);
+    // With a draft model on the GPU and no block count given, the two pools have one block
+    // count: the target takes its share of the cache memory by the bytes a block holds in each
+    // model (layers x KV width), and the draft model's pool gets as many blocks from what is
+    // left (the rest of that share; its own weights come out of the headroom the fraction
+    // leaves).
+    double fraction = spec.kv_gpu_fraction, draft_fraction = spec.kv_gpu_fraction;
+    if (spec.draft_model && spec.backend == Backend::cuda && spec.n_blocks <= 0) {
+      const auto per_block = [](const LlamaConfig& c) {
+        return static_cast<double>(c.n_layers) * c.n_kv_heads * c.head_dim;
+      };
+      const double t = per_block(spec.model->config()), d = per_block(spec.draft_model->config());
+      if (t > 0 && d > 0) {
+        fraction = spec.kv_gpu_fraction * t / (t + d);
+        draft_fraction = 1.0;  // a bound only: the draft pool takes exactly the target's count
+      }
+    }
+    st->engine = make_engine(spec.backend, spec.model, opts, std::max(spec.device, 0), fraction);
     if (spec.draft_model) {
       EngineOptions dopts = opts;
       dopts.n_blocks = spec.n_blocks > 0 ? spec.n_blocks : st->engine->pool().n_total();
       dopts.n_window_blocks = 0;
       st->draft = make_engine(spec.backend, spec.draft_model, dopts, std::max(spec.device, 0),
-                              spec.kv_gpu_fraction);
+                              draft_fraction);
     }
   } else if (spec.backend != Backend::null) {
     throw std::invalid_argument("executor: unknown backend '" +

@@ -90,6 +90,30 @@ BOOST_AUTO_TEST_CASE(greedy_matches_llamacpp_streamed_and_not) {
   BOOST_TEST(srv.stop(SIGTERM) == 0);
 }
 
+// Speculation with a draft model on whatever backend the server picks (on the emulated device
+// in emu_it_test_golden: the draft model's CUDA engine and its KV pool beside the target's): the
+// target as its own draft, every decode drafting, gives llama.cpp's ids, and drafts were fed.
+BOOST_AUTO_TEST_CASE(a_draft_model_keeps_the_greedy_ids) {
+  const auto& cases = sy::test::reference_cases();
+  BOOST_REQUIRE(cases.size() >= 2u);
+  sy::it::TempDir dir;
+  const std::string cfg = dir.write("m.yaml", "metrics:\n  bind: \"127.0.0.1:0\"\n");
+  sy::it::ServerProcess srv({"--model", sy::it::kStories, "--draft-model", sy::it::kStories,
+                             "--speculative", "always", "--threads", "1", "--config", cfg});
+  sy::client::Client cl(srv.endpoint());
+  BOOST_REQUIRE(cl.ping_wait(10s));
+  for (size_t i = 0; i < 2; ++i) {
+    const Case& c = cases[i];
+    check(cl.run(greedy("draft" + std::to_string(i), c, false, true), 120s), c, false,
+          c.prompt + " with a draft model");
+  }
+  const std::string page = sy::it::http_get(srv.metrics_endpoint(), "/metrics").body;
+  const auto at = page.find("\nswitchyard_spec_draft_tokens_total ");
+  BOOST_REQUIRE_MESSAGE(at != std::string::npos, page);
+  BOOST_TEST(std::stod(page.substr(at + 36)) > 0.0, page.substr(at, 60));
+  BOOST_TEST(srv.stop(SIGTERM) == 0);
+}
+
 BOOST_AUTO_TEST_CASE(sigterm_and_sigint_exit_zero) {
   for (int sig : {SIGTERM, SIGINT}) {
     sy::it::ServerProcess srv({"--backend", "null", "--grace-ms", "2000"});

@@ -577,17 +577,47 @@ struct Store::Impl : std::enable_shared_from_this<Store::Impl> {
     return true;
   }
 
+  // Syncs the results written since the last sync, on the offload thread where the door has
+  // one: each file through a descriptor of its own (dup), so that a batch closing meanwhile
+  // does not close it under the sync. A batch whose results cannot be synced fails.
   void sync_all() {
-    std::vector<std::string> broken;
+    struct Fds {
+      std::string id;
+      int out, err;
+    };
+    auto todo = std::make_shared<std::vector<Fds>>();
     for (const auto& id : std::exchange(dirty, {})) {
       Batch* b = find_open(id);
       if (!b || !b->run->dirty) continue;
       b->run->dirty = false;
-      if (::fdatasync(b->run->out) != 0 || ::fdatasync(b->run->err) != 0) broken.push_back(id);
+      todo->push_back({id, ::dup(b->run->out), ::dup(b->run->err)});
     }
     unsynced = 0;
-    for (const auto& id : broken)
-      if (Batch* b = find_open(id)) fail(*b, "storage_error", "the results could not be synced");
+    if (todo->empty()) return;
+    auto broken = std::make_shared<std::vector<std::string>>();
+    auto work = [todo, broken] {
+      for (const Fds& f : *todo) {
+        const bool ok =
+            f.out >= 0 && f.err >= 0 && ::fdatasync(f.out) == 0 && ::fdatasync(f.err) == 0;
+        if (!ok) broken->push_back(f.id);
+        if (f.out >= 0) ::close(f.out);
+        if (f.err >= 0) ::close(f.err);
+      }
+    };
+    std::weak_ptr<Impl> w = weak_from_this();
+    auto done = [w, broken] {
+      auto self = w.lock();
+      if (!self) return;
+      for (const auto& id : *broken)
+        if (Batch* b = self->find_open(id))
+          self->fail(*b, "storage_error", "the results could not be synced");
+    };
+    if (!hooks.offload) {
+      work();
+      done();
+      return;
+    }
+    hooks.offload(std::move(work), std::move(done));
   }
 
   // The outcome of a line, to the output file (200) or the error file; false when the batch

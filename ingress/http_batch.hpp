@@ -67,6 +67,9 @@ struct Hooks {
   std::function<void(std::chrono::milliseconds, std::function<void()>)> after;
   /// Wall-clock seconds since the epoch (tests move time); empty: the system clock.
   std::function<int64_t()> now_s;
+  /// Runs `work` on a thread of its own, then `done` on the caller's thread: the results'
+  /// fdatasync, which can take milliseconds, stays off the door's thread. Empty: both at once.
+  std::function<void(std::function<void()> work, std::function<void()> done)> offload;
 };
 
 /// An HTTP response: status, content type and body.

@@ -31,6 +31,13 @@ Span job_span(const TraceContext& ctx, const std::string& id, int64_t end_us) {
   return s;
 }
 
+// The delivery span (from the job's end, or now) and the job's own span, to be filled and added.
+Span delivered(TraceBuffer& buf, const TraceContext& t, const std::string& id, int64_t now_us) {
+  const int64_t from = t.ended_us ? t.ended_us : now_us;
+  buf.add(child_span(t, "delivery", from, now_us));
+  return job_span(t, id, now_us);
+}
+
 }  // namespace
 
 void trace_admit(TraceBuffer* buf, const SubmitRequest& req, Job& job, int64_t now_us) {
@@ -100,9 +107,7 @@ void trace_generated(TraceBuffer* buf, TraceContext& ctx, int64_t first_sched_us
 void trace_delivered(TraceBuffer* buf, const DoneEvent& d, int64_t now_us) {
   const TraceContext& t = d.trace;
   if (!buf || !t.traced()) return;
-  const int64_t from = t.ended_us ? t.ended_us : now_us;
-  buf->add(child_span(t, "delivery", from, now_us));
-  Span s = job_span(t, d.id, now_us);
+  Span s = delivered(*buf, t, d.id, now_us);
   s.num("gen_ai.usage.prompt_tokens", d.prompt_tokens);
   s.num("gen_ai.usage.input_tokens", d.prompt_tokens);
   s.num("gen_ai.usage.completion_tokens", d.completion_tokens);
@@ -127,9 +132,7 @@ void trace_delivered(TraceBuffer* buf, const DoneEvent& d, int64_t now_us) {
 void trace_delivered(TraceBuffer* buf, const ErrorEvent& e, int64_t now_us) {
   const TraceContext& t = e.trace;
   if (!buf || !t.traced()) return;
-  const int64_t from = t.ended_us ? t.ended_us : now_us;
-  buf->add(child_span(t, "delivery", from, now_us));
-  Span s = job_span(t, e.id, now_us);
+  Span s = delivered(*buf, t, e.id, now_us);
   s.error = true;
   s.status_message = std::string(to_string(e.code)) + ": " + e.message;
   s.str("error.type", std::string(to_string(e.code)));

@@ -231,6 +231,15 @@ bool OtlpExporter::post(const std::string& body, std::string& why) {
   }
   ::freeaddrinfo(res);
   if (sock.fd < 0) return false;
+  // Waits for the socket to be ready for `events` within the export's time; false (and why) when
+  // the collector is too slow.
+  auto wait_for = [&](short events) {
+    pollfd p{sock.fd, events, 0};
+    if (::poll(&p, 1, left_ms()) == 1) return true;
+    why = "the collector took longer than " + std::to_string(cfg_.export_timeout_ms) +
+          " ms (tracing.export_timeout_ms)";
+    return false;
+  };
   const std::string head =
       "POST " + ep_.path + " HTTP/1.1\r\nHost: " + ep_.host + ":" + ep_.port +
       "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
@@ -244,10 +253,7 @@ bool OtlpExporter::post(const std::string& body, std::string& why) {
         continue;
       }
       if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-        pollfd p{sock.fd, POLLOUT, 0};
-        if (::poll(&p, 1, left_ms()) == 1) continue;
-        why = "the collector took longer than " + std::to_string(cfg_.export_timeout_ms) +
-              " ms (tracing.export_timeout_ms)";
+        if (wait_for(POLLOUT)) continue;
         return false;
       }
       why = std::string("send: ") + std::strerror(errno);
@@ -264,10 +270,7 @@ bool OtlpExporter::post(const std::string& body, std::string& why) {
       continue;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      pollfd p{sock.fd, POLLIN, 0};
-      if (::poll(&p, 1, left_ms()) == 1) continue;
-      why = "the collector took longer than " + std::to_string(cfg_.export_timeout_ms) +
-            " ms (tracing.export_timeout_ms)";
+      if (wait_for(POLLIN)) continue;
       return false;
     }
     why = n == 0 ? "the collector closed the connection without an answer"

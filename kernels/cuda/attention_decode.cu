@@ -42,12 +42,13 @@ __device__ __forceinline__ void load8(const float* p, float* out) {
 
 // Block (split, kvh * g_blocks + gb, i): query heads kvh * G + gb * kMaxG + [0, gn) of row
 // rows[i] over key range `split`. head_dim hd is a multiple of 8. The registers are sized by the
-// template: kG >= gn query heads, kChunks >= hd / 64 chunks of a key per scoring lane.
+// template: kG >= gn query heads, kChunks >= hd / 64 chunks of a key per scoring lane. v_groups
+// (value_groups(hd)) key groups share the value phase.
 template <class C, int kG, int kChunks>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_partial_kernel(const float* q, int64_t q_stride, PagedKv<C> kv, const int32_t* rows,
-                          int n_heads, int n_kv_heads, int hd, int n_splits, float scale,
-                          float* ws) {
+                          int n_heads, int n_kv_heads, int hd, int n_splits, int v_groups,
+                          float scale, float* ws) {
   extern __shared__ float smem[];
   const int G = n_heads / n_kv_heads;
   const int g_blocks = (G + kMaxG - 1) / kMaxG;
@@ -91,10 +92,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int n_chunks = hd / kChunk;
   // Scores: 8 lanes per key (lane `sub` of group `grp` takes chunks sub, sub + 8, ...).
   const int grp = lane >> 3, sub = lane & 7;
-  // Values: each thread 8 dimensions (chunk vc) of keys vg, vg + v_groups, ... of the tile;
-  // v_groups is a power of two (at most kMaxVGroups, so a divisor of 32).
-  int v_groups = 1;
-  while (v_groups * 2 <= min(static_cast<int>(blockDim.x) / n_chunks, kMaxVGroups)) v_groups *= 2;
+  // Values: each thread 8 dimensions (chunk vc) of keys vg, vg + v_groups, ... of the tile.
   const int vc = tid / v_groups, vg = tid % v_groups;
   float acc[kG][kChunk];
 #pragma unroll
@@ -236,6 +234,14 @@ __global__ void decode_combine_kernel(const float* ws, const int32_t* rows, int 
   }
 }
 
+// Key groups of the value phase for head_dim hd: a power of two, as many as the block's threads
+// allow with 8 dimensions a thread (at most kMaxVGroups).
+int value_groups(int hd) {
+  int v = 1;
+  while (v * 2 <= std::min(kWarps * 32 / (hd / kChunk), kMaxVGroups)) v *= 2;
+  return v;
+}
+
 }  // namespace
 
 size_t attention_decode_workspace(int n_rows, int n_heads, int head_dim, int n_splits) {
@@ -256,8 +262,7 @@ cudaError_t attention_decode(const float* q, int64_t q_stride, const PagedKv<C>&
   if (kv.row_sinks && !kv.q_sink) return cudaErrorInvalidValue;
   const int gn = std::min(G, kMaxG), g_blocks = (G + kMaxG - 1) / kMaxG;
   const size_t n_q = kv.row_sinks ? 2 : 1;  // the sink queries take a second (gn, hd) array
-  int v_groups = 1;                         // as the kernel computes it
-  while (v_groups * 2 <= std::min(kWarps * 32 / (head_dim / kChunk), kMaxVGroups)) v_groups *= 2;
+  const int v_groups = value_groups(head_dim);
   const size_t smem =
       sizeof(float) * ((n_q + v_groups) * gn * head_dim + static_cast<size_t>(gn) * kTile +
                        3 * static_cast<size_t>(gn) + (gn & 1)) +
@@ -276,7 +281,7 @@ cudaError_t attention_decode(const float* q, int64_t q_stride, const PagedKv<C>&
     if (e != cudaSuccess) return e;
   }
   kernel<<<grid, kWarps * 32, smem, stream>>>(q, q_stride, kv, rows, n_heads, n_kv_heads, head_dim,
-                                              n_splits, scale, workspace);
+                                              n_splits, v_groups, scale, workspace);
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   decode_combine_kernel<T><<<n_rows * n_heads, 128, sizeof(float) * n_splits, stream>>>(

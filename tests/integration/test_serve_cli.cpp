@@ -106,15 +106,9 @@ BOOST_AUTO_TEST_CASE(a_draft_model_is_checked_at_start_and_drafts) {
   s.max_tokens = 40;
   s.ignore_eos = true;
   s.temperature = 0;
-  cl.submit(s);
-  std::optional<sy::wire::Done> done;
-  while (!done) {
-    auto m = cl.next(60s);
-    BOOST_REQUIRE_MESSAGE(m.has_value(), "no answer");
-    if (auto* e = std::get_if<sy::wire::Error>(&*m)) BOOST_FAIL(e->message);
-    if (auto* d = std::get_if<sy::wire::Done>(&*m)) done = *d;
-  }
-  BOOST_TEST(done->usage.completion_tokens == 40u);
+  const auto res = cl.run(s, 60s);
+  BOOST_REQUIRE_MESSAGE(res.ok(), (res.error ? res.error->message : std::string("no answer")));
+  BOOST_TEST(res.done->usage.completion_tokens == 40u);
   const std::string page = sy::it::http_get(srv.metrics_endpoint(), "/metrics").body;
   const auto at = page.find("\nswitchyard_spec_draft_tokens_total ");
   BOOST_REQUIRE_MESSAGE(at != std::string::npos, page);

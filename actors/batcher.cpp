@@ -152,6 +152,12 @@ void Batcher::on_run(Job& job, const policy::KvPolicy& pol) {
     return;
   }
   idle_since_us_ = 0;
+  // For pacing (pace): when a job of this class last arrived. Class indices are small (the
+  // configured priority classes); a larger one is not paced for.
+  if (job.class_index < 256) {
+    if (class_seen_us_.size() <= job.class_index) class_seen_us_.resize(job.class_index + 1, 0);
+    class_seen_us_[job.class_index] = now();
+  }
   auto s = std::make_unique<Seq>();
   // A job takes the policy in force when it reaches the batcher; under pressure a `full` one
   // takes the pressure policy (the behavior on top is the pressure one then, so p says so).
@@ -240,6 +246,8 @@ BatcherStats Batcher::stats() const {
   s.spec_accepted_tokens = spec_accepted_;
   s.spec_seq_steps = spec_seq_steps_;
   s.spec_steps = spec_steps_;
+  s.steps_done = steps_done_;
+  s.step_us = step_us_;
   return s;
 }
 
@@ -273,6 +281,25 @@ policy::PlanSeq Batcher::plan_seq_of(const Seq& s) const {
   return p;
 }
 
+void Batcher::pace(policy::PlanInput& in) const {
+  if (cfg_.priority_pacing_ms <= 0 || !(cfg_.priority_pacing > 0)) return;
+  const int64_t t = now(), window = int64_t{cfg_.priority_pacing_ms} * 1000;
+  for (size_t c = 0; c < class_seen_us_.size(); ++c) {
+    if (class_seen_us_[c] == 0 || t - class_seen_us_[c] > window) continue;
+    // The most important active class paces the others: their prompt tokens in a step cost at
+    // most priority_pacing of a decode step of everyone running, by the measured step cost.
+    const auto n = static_cast<int64_t>(running_.size());
+    const double per_token = step_cost_.token_cost();
+    int64_t tokens = kPaceMinTokens;
+    if (per_token > 0)
+      tokens = std::max(tokens, static_cast<int64_t>(cfg_.priority_pacing *
+                                                     step_cost_.predict(n, n) / per_token));
+    in.pace_class = static_cast<uint32_t>(c);
+    in.pace_prefill = tokens;
+    return;
+  }
+}
+
 // The snapshot for one round. Prefix lookups (hashing) only where admission can use them: the
 // waiting jobs it can reach (each one it passes starts, so at most max_sequences + 1 of them),
 // and the running ones it may preempt (one may start again in the same round).
@@ -291,6 +318,7 @@ policy::PlanOutput Batcher::plan_round() {
   in.prefill_chunk = cfg_.prefill_chunk;
   in.urgent_prefill = cfg_.urgent_prefill;
   in.last_step_urgent = last_step_urgent_;
+  pace(in);
   in.running.reserve(running_.size());
   for (Seq* s : running_) {
     kv_.trim(s->kv);  // up to date already; the snapshot must not count a releasable block
@@ -547,6 +575,10 @@ void Batcher::on_result(StepResult& r) {
   // The step's measured cost, for speculation's choice (test-only step delays left out).
   const bool timed = step_sent_us_ && cfg_.step_delay_ms <= 0;
   const double step_us = timed ? static_cast<double>(now() - *step_sent_us_) : 0.0;
+  if (step_sent_us_) {
+    ++steps_done_;
+    step_us_ += now() - *step_sent_us_;
+  }
   // The target's step apart from the draft model's passes, which have a model of their own.
   if (timed) step_cost_.observe(step_fed_, step_rows_, std::max(0.0, step_us - r.draft_us));
   if (timed && r.draft_passes > 0) draft_cost_.observe(r.draft_passes, r.draft_tokens, r.draft_us);

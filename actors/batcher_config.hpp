@@ -18,6 +18,13 @@ struct BatchingConfig {
   // A prompt of a more important class runs in a step of its own when the less important
   // classes' tokens would outweigh it (policies/step_planner.hpp, plan_step 3.)
   bool urgent_prefill = true;
+  // Priority pacing (policies/step_planner.hpp, plan_step 4.): for priority_pacing_ms after a job
+  // of a class reaches the batcher, the less important classes' prompt chunks add at most
+  // priority_pacing times the measured cost of a decode step of the running batch to a step (and
+  // at least kPaceMinTokens tokens), so that the next job of that class waits about one decode
+  // step for the step in flight. 0 ms or 0: off.
+  int32_t priority_pacing_ms = 1000;
+  double priority_pacing = 0.5;
   int32_t kv_block_size = 16;
   int64_t kv_memory_mb = 0;  // KV memory per executor; 0: auto (256 MiB on the CPU; on a GPU
                              // kv_gpu_fraction of what is left after the weights)

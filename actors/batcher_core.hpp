@@ -131,6 +131,11 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   std::string check(const Seq& s) const;
   void schedule();
   policy::PlanOutput plan_round();
+  // Sets the round's pacing (plan_step 4.) from the classes' last arrivals and the step cost.
+  void pace(policy::PlanInput& in) const;
+  // Paced classes feed at least this many prompt tokens a step: progress while the step cost is
+  // not yet measured (or a fit says a token costs nothing), one KV block of the default size.
+  static constexpr int64_t kPaceMinTokens = 16;
   policy::PlanSeq plan_seq_of(const Seq& s) const;
   bool apply(const policy::PlanAction& a);  // false: the round must be planned again
   void admit(Seq& s);
@@ -226,6 +231,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   int64_t idle_since_us_ = 0;            // when the last job ended (0 while jobs are here)
   std::optional<int64_t> step_sent_us_;  // the step in flight: when it was sent (watchdog)
   bool last_step_urgent_ = false;        // it left less important classes out (plan_step 3.)
+  std::vector<int64_t> class_seen_us_;   // by class index: when a job of it last arrived (pace)
   bool watchdog_armed_ = false;          // one pending watchdog timer at most
   Lifecycle life_ = Lifecycle::serving;
   bool router_released_ = false;  // the router acknowledged that it dispatches nothing more here
@@ -253,6 +259,7 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   double spec_prior_ = 0.5;
   double spec_acc_w_ = 1.0, spec_try_w_ = 2.0;  // its decayed sums (a start of 1 in 2)
   int64_t spec_drafted_ = 0, spec_accepted_ = 0, spec_seq_steps_ = 0, spec_steps_ = 0;
+  int64_t steps_done_ = 0, step_us_ = 0;  // engine steps that came back, and their time
   int64_t step_fed_ = 0, step_rows_ = 0;
   // The step in flight for the guard: its sampling sequences, whether any fed drafts, whether it
   // was a pure decode step (no prompt chunk), and the drafts accepted when it returned.

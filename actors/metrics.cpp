@@ -120,6 +120,7 @@ struct Pair {
 struct Retired {
   int64_t preemptions = 0, policy_swaps = 0, seq_failures = 0;
   int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_seq_steps = 0, spec_steps = 0;
+  int64_t steps_done = 0, step_us = 0;
   std::map<std::string, int64_t> preemptions_by;  // by executor label
 };
 
@@ -368,6 +369,15 @@ void scraped_series(Self* self, const Scrape& s, pm::Registry& reg) {
   add(counter("switchyard_spec_steps_total",
               "Engine steps in which some sequence fed drafts, all executors."),
       {}, counted.spec_steps + st.retired.spec_steps);
+  // The engine's steps: their mean time over a window is rate(seconds) / rate(steps), the time
+  // a job arriving at a busy batcher waits at most for the step in flight.
+  add(counter("switchyard_engine_steps_total",
+              "Engine steps that came back from the executors, all executors."),
+      {}, counted.steps_done + st.retired.steps_done);
+  counter("switchyard_engine_step_seconds_total",
+          "Time of those steps, from sending each to its result, all executors.")
+      .Add({})
+      .Increment(static_cast<double>(counted.step_us + st.retired.step_us) / 1e6);
   gauge("switchyard_spec_acceptance_ratio",
         "Accepted over drafted tokens since the start (0 before any draft).")
       .Add({})
@@ -517,6 +527,8 @@ void on_down(Self* self, const caf::down_msg& dm) {
       st.retired.spec_accepted_tokens += p.last.spec_accepted_tokens;
       st.retired.spec_seq_steps += p.last.spec_seq_steps;
       st.retired.spec_steps += p.last.spec_steps;
+      st.retired.steps_done += p.last.steps_done;
+      st.retired.step_us += p.last.step_us;
       it = st.pairs.erase(it);
     } else {
       ++it;

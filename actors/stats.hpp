@@ -190,6 +190,8 @@ struct BatcherStats {
   int64_t spec_accepted_tokens = 0;     ///< of those, accepted (each saved a decode step)
   int64_t spec_seq_steps = 0;           ///< sequence-steps that fed drafts
   int64_t spec_steps = 0;               ///< engine steps in which some sequence fed drafts
+  int64_t steps_done = 0;               ///< engine steps whose results came back
+  int64_t step_us = 0;                  ///< their time, from sending each to its result
 
   template <class S, class F>
   static decltype(auto) fields(S& s, F&& f) {
@@ -225,7 +227,8 @@ struct BatcherStats {
              field("kv_block_copies", s.kv_block_copies),
              field("spec_draft_tokens", s.spec_draft_tokens, kSummary),
              field("spec_accepted_tokens", s.spec_accepted_tokens, kSummary),
-             field("spec_seq_steps", s.spec_seq_steps), field("spec_steps", s.spec_steps));
+             field("spec_seq_steps", s.spec_seq_steps), field("spec_steps", s.spec_steps),
+             field("steps_done", s.steps_done), field("step_us", s.step_us));
   }
 };
 

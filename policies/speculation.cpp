@@ -82,6 +82,11 @@ double StepCostModel::draft_cost() const {
   return f.ok ? std::max(0.0, f.b + f.c) : 0.0;
 }
 
+double StepCostModel::token_cost() const {
+  const Fit f = fit();
+  return f.ok ? std::max(0.0, f.b) : 0.0;
+}
+
 std::vector<int32_t> choose_drafts(const std::vector<SpecCandidate>& cands, int64_t step_tokens,
                                    int64_t rows, int64_t outputs, const StepCostModel& cost,
                                    int64_t budget, double margin, const DraftCostModel* draft) {

@@ -34,6 +34,9 @@ class StepCostModel {
   /// Microseconds one more drafted token adds to a step (0 until ready, or when the fit says a
   /// token costs nothing or less: the cost is then unknown, and no draft is chosen).
   double draft_cost() const;
+  /// Microseconds one more fed token (no logit row) adds to a step (0 until ready, or when the
+  /// fit says a token costs nothing or less).
+  double token_cost() const;
   int64_t steps() const { return steps_; }
 
  private:

@@ -236,14 +236,21 @@ class Round {
     const uint32_t last_class = cutoff();
     out_.urgent = last_class != UINT32_MAX;
     const std::vector<Sim*> order = running_;  // planning may preempt or fail sequences
+    int64_t paced_left = std::max<int64_t>(0, in_.pace_prefill);  // (4.)
     for (int pass = 0; pass < 2; ++pass) {
       for (Sim* s : order) {
         if (budget_ <= 0) break;
         if (!s->running || s->in_step || s->in->class_index > last_class) continue;
         const int32_t rem = s->in->n_tokens - s->n_past;
         if ((pass == 0) != (rem == 1)) continue;
-        const int32_t n = static_cast<int32_t>(std::min<int64_t>({rem, chunk_, budget_}));
-        plan_seq(*s, n);
+        int64_t n = std::min<int64_t>({rem, chunk_, budget_});
+        const bool paced = pass == 1 && s->in->class_index > in_.pace_class;
+        if (paced) {
+          if (paced_left <= 0) continue;
+          n = std::min(n, paced_left);
+        }
+        plan_seq(*s, static_cast<int32_t>(n));
+        if (paced && s->in_step) paced_left -= n;
       }
     }
   }

@@ -50,6 +50,10 @@ struct PlanInput {
   /// Urgent prefills (see plan_step, 3.): on, and whether the batcher's last step was one.
   bool urgent_prefill = false;
   bool last_step_urgent = false;
+  /// Pacing (see plan_step, 4.): the sequences of classes less important than pace_class feed
+  /// at most pace_prefill prompt tokens a step, together. UINT32_MAX: no pacing.
+  uint32_t pace_class = UINT32_MAX;
+  int64_t pace_prefill = 0;
 };
 
 /// One thing the round does, in order. Applying them in this order to the real block pools gives
@@ -108,6 +112,10 @@ struct PlanOutput {
 ///     prompt then runs in a short step: an interactive job's first token comes after the step
 ///     in flight and its own short one, not after a full step of a batch's decodes. Never two
 ///     such steps in a row, so less important classes get at least every other step.
+///  4. pacing (pace_class set): in 2., the prompt chunks of sequences of classes less important
+///     than pace_class take at most pace_prefill tokens of the step together (their decodes are
+///     not limited). While a more important class is active, no step is much longer than a
+///     decode step, so its next job waits about one decode step for the step in flight.
 PlanOutput plan_step(const PlanInput& in);
 
 /// The action's name ("admit", "wait", ...), for test messages and logs.

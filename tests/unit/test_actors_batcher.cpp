@@ -93,6 +93,24 @@ void check_golden_run(Rig& rig) {
   }
 }
 
+// Answers one step plan as a scripted executor (kept in `plans`): each sequence that samples
+// gets token(uid); `error` fails the whole step. Fails the test when no plan comes.
+template <class Token>
+void serve_step(caf::scoped_actor& exec, std::vector<StepPlan>& plans, Token token,
+                const std::string& error = "") {
+  exec->receive(
+      [&](step_atom, const StepPlan& p) -> StepResult {
+        plans.push_back(p);
+        StepResult r;
+        r.step = p.step;
+        for (const SeqPlan& s : p.seqs)
+          if (s.sample) r.seqs.push_back(SeqResult{s.uid, token(s.uid), 0.0f, {}, {}});
+        r.error = error;
+        return r;
+      },
+      caf::after(kWait) >> [&] { BOOST_FAIL("no step plan"); });
+}
+
 }  // namespace
 
 BOOST_AUTO_TEST_CASE(kv_sizing_follows_the_model) {
@@ -247,19 +265,9 @@ BOOST_AUTO_TEST_CASE(chunked_prefill_plans_and_executor_failure) {
   const uint64_t a = rig.submit(rig.job(prompt, 4, false));
   const uint64_t b = rig.submit(rig.job(prompt, 4, false));
   std::vector<StepPlan> plans;
-  for (int step = 0; step < 3; ++step) {
-    exec->receive(
-        [&](step_atom, const StepPlan& p) -> StepResult {
-          plans.push_back(p);
-          StepResult r;
-          r.step = p.step;
-          for (const SeqPlan& s : p.seqs)
-            if (s.sample) r.seqs.push_back(SeqResult{s.uid, 300, 0.0f, {}, {}});
-          if (step == 2) r.error = "device lost";
-          return r;
-        },
-        caf::after(kWait) >> [&] { BOOST_FAIL("no step plan"); });
-  }
+  for (int step = 0; step < 3; ++step)
+    serve_step(
+        exec, plans, [](uint64_t) { return 300; }, step == 2 ? "device lost" : "");
   rig.wait_all({a, b});
   // Step 1 starts a alone (b arrives while it runs): a 2-token chunk. Step 2: a's next chunk,
   // then b gets what is left of the budget of 3. Every chunk stays within the limits.
@@ -383,20 +391,11 @@ BOOST_AUTO_TEST_CASE(lowest_class_is_preempted_and_recomputed_without_resending)
   std::map<uint64_t, std::vector<int32_t>> given;  // tokens the executor sampled, per job
   std::vector<StepPlan> plans;
   auto serve_one_step = [&] {
-    exec->receive(
-        [&](step_atom, const StepPlan& p) -> StepResult {
-          plans.push_back(p);
-          StepResult r;
-          r.step = p.step;
-          for (const SeqPlan& s : p.seqs)
-            if (s.sample) {
-              auto& g = given[s.uid];
-              g.push_back(300 + static_cast<int32_t>(g.size()));
-              r.seqs.push_back(SeqResult{s.uid, g.back(), 0.0f, {}, {}});
-            }
-          return r;
-        },
-        caf::after(kWait) >> [&] { BOOST_FAIL("no step plan"); });
+    serve_step(exec, plans, [&](uint64_t uid) {
+      auto& g = given[uid];
+      g.push_back(300 + static_cast<int32_t>(g.size()));
+      return g.back();
+    });
   };
   serve_one_step();  // the low job starts alone
   const uint64_t b = rig.submit(high);
@@ -436,6 +435,58 @@ BOOST_AUTO_TEST_CASE(lowest_class_is_preempted_and_recomputed_without_resending)
   const BatcherStats st = rig.stats(rig.batcher);
   BOOST_TEST(st.preemptions > 0);
   BOOST_TEST(st.blocks_used == 0);
+}
+
+// Priority pacing (docs/architecture.md): while an interactive job is active, the prompts of the
+// batch class feed at most 16 tokens a step together (the floor, before the step cost is
+// measured: a scripted executor's steps take no time to fit), where without pacing the three
+// 40-token prompts go in whole in one step.
+BOOST_AUTO_TEST_CASE(an_active_class_paces_the_prompts_of_less_important_ones) {
+  for (int paced = 0; paced < 2; ++paced) {
+    BOOST_TEST_CONTEXT("paced " << paced) {
+      Rig rig;
+      caf::scoped_actor exec{rig.sys};
+      BatchingConfig bc = small_config();
+      bc.step_token_budget = 256;
+      bc.prefill_chunk = 64;
+      bc.prefix_cache = false;
+      bc.priority_pacing_ms = paced ? 60000 : 0;  // a minute: the whole test runs inside it
+      rig.start_with(bc, 200, exec, true);
+      Job hi = rig.job({1, 403, 407}, 64, false);
+      hi.class_index = 0;
+      rig.submit(hi);
+      std::vector<StepPlan> plans;
+      auto serve_one_step = [&] { serve_step(exec, plans, [](uint64_t) { return 300; }); };
+      serve_one_step();  // the interactive job starts alone
+      constexpr int32_t kPrompt = 40;
+      std::set<uint64_t> batch;
+      for (int i = 0; i < 3; ++i) {
+        std::vector<int32_t> prompt(kPrompt, 300 + i);
+        prompt[0] = 1;
+        Job lo = rig.job(prompt, 4, false);
+        lo.class_index = 1;
+        batch.insert(rig.submit(lo));
+      }
+      // The batch's prompt tokens in each of the next steps that feed any.
+      std::vector<int32_t> fed;
+      for (int step = 0; step < 6 && fed.size() < 4; ++step) {
+        serve_one_step();
+        int32_t n = 0;
+        for (const SeqPlan& q : plans.back().seqs)
+          if (batch.count(q.uid) && q.n_past < kPrompt)
+            n += std::min<int32_t>(q.n_past + static_cast<int32_t>(q.tokens.size()), kPrompt) -
+                 q.n_past;
+        if (n > 0) fed.push_back(n);
+      }
+      BOOST_REQUIRE(!fed.empty());
+      if (paced) {
+        BOOST_TEST(fed.size() == 4u);
+        for (int32_t n : fed) BOOST_TEST(n <= 16);
+      } else {
+        BOOST_TEST(fed.front() == 3 * kPrompt);
+      }
+    }
+  }
 }
 
 BOOST_AUTO_TEST_CASE(seeded_sampling_survives_preemption) {

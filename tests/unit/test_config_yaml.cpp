@@ -81,6 +81,8 @@ batching:
   kv_dtype: q8_0
   layer_window_kv: keep
   step_delay_ms: 5
+  priority_pacing: 0.25
+  priority_pacing_ms: 0
 executors:
   backend: "null"
   count: 2
@@ -128,6 +130,8 @@ shutdown_grace_ms: 250
   BOOST_TEST((c.batching.kv_dtype == sy::kernels::DType::Q8_0));
   BOOST_TEST(!c.batching.release_layer_windows);
   BOOST_TEST(c.batching.step_delay_ms == 5);
+  BOOST_TEST(c.batching.priority_pacing == 0.25);
+  BOOST_TEST(c.batching.priority_pacing_ms == 0);
   BOOST_TEST((c.executors.backend == sy::Backend::null));
   BOOST_TEST(c.executors.count == 2);
   BOOST_TEST(c.executors.threads == 1);
@@ -194,6 +198,9 @@ BOOST_AUTO_TEST_CASE(errors_name_file_key_and_problem) {
 
   m = load_error("batching:\n  kv_gpu_fraction: 1.5\n");
   BOOST_TEST(contains(m, "'batching.kv_gpu_fraction'"), m);
+
+  m = load_error("batching:\n  priority_pacing: 2\n");
+  BOOST_TEST(contains(m, "'batching.priority_pacing'"), m);
 
   m = load_error("batching:\n  kv_dtype: bf16\n");
   BOOST_TEST(contains(m, "'batching.kv_dtype'"), m);

@@ -291,4 +291,26 @@ BOOST_AUTO_TEST_CASE(urgent_prefill_off_or_not_worth_it_plans_everyone) {
   BOOST_TEST(!plan_step(same).urgent);
 }
 
+// Pacing (4.): while class 0 is active, the prompts of classes 1 and 2 feed 5 tokens a step
+// together (in priority order: uid 8 of class 1 first, then uid 4 gets the last token, uid 5
+// none); their decodes and class 0's prompt are not limited.
+BOOST_AUTO_TEST_CASE(pacing_limits_the_less_important_prompts_together) {
+  PlanInput in = input(64);
+  for (uint64_t u = 1; u <= 3; ++u)
+    in.running.push_back(run(u, 2, static_cast<int64_t>(u), 9, 8,
+                             {static_cast<int32_t>(2 * u), static_cast<int32_t>(2 * u + 1)}));
+  in.waiting = {wait(4, 2, 10, 6), wait(5, 2, 11, 6), wait(8, 1, 12, 4), wait(9, 0, 13, 7)};
+  in.pace_class = 0;
+  in.pace_prefill = 5;
+  const PlanOutput out = plan_step(in);
+  BOOST_TEST(step_of(out) == "1:1 2:1 3:1 9:7 8:4 4:1");
+  BOOST_TEST(out.admitted.size() == 4u);  // admitted all the same: 5 waits for its tokens
+  // Without pacing every prompt runs whole.
+  in.pace_class = UINT32_MAX;
+  BOOST_TEST(step_of(plan_step(in)) == "1:1 2:1 3:1 9:7 8:4 4:6 5:6");
+  // Pacing for class 1: class 2 alone is paced.
+  in.pace_class = 1;
+  BOOST_TEST(step_of(plan_step(in)) == "1:1 2:1 3:1 9:7 8:4 4:5");
+}
+
 BOOST_AUTO_TEST_SUITE_END()  // test_policies_step_planner

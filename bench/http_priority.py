@@ -3,9 +3,10 @@
 then beside a running Batch API batch on the same server (docs/http.md).
 
     /usr/bin/python3 bench/http_priority.py --binary build/switchyard --models ../shared/models \
-        [--lines 20000] [--line-tokens 16] [--requests 60] [--gap-ms 20] [-- extra serve flags]
+        [--model FILE.gguf] [--lines 20000] [--line-tokens 16] [--requests 60] [--gap-ms 20]
+        [-- extra serve flags]
 
-Starts `switchyard serve --http` with a journal on stories260K; sends --requests streamed
+Starts `switchyard serve --http` with a journal on stories260K (or --model); sends --requests streamed
 completions one after another (4 tokens, new connection each, as a client would) and records the
 time from sending to the first chunk with text (tests/python/http_support.py, ttft), each
 request after a random pause in [0, --gap-ms) so that arrivals fall anywhere in the server's
@@ -31,7 +32,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 
 
 def opts():
-    a = {"binary": "build/switchyard", "models": "../shared/models", "lines": 20000,
+    a = {"binary": "build/switchyard", "models": "../shared/models", "model": "", "lines": 20000,
          "requests": 60, "gap_ms": 20.0, "line_tokens": 16, "extra": []}
     argv = sys.argv[1:]
     if "--" in argv:
@@ -70,7 +71,7 @@ def pct(v, p):
 
 def main():
     state = tempfile.mkdtemp(prefix="sy-prio-")
-    model = os.path.join(A["models"], "stories260K.gguf")
+    model = A["model"] or os.path.join(A["models"], "stories260K.gguf")
     srv = hs.Server(A["binary"], model, journal=os.path.join(state, "j") + "/", extra=A["extra"])
     try:
         hs.ttft(srv, 5)  # warm-up

@@ -246,6 +246,9 @@ BOOST_AUTO_TEST_CASE(metrics_agree_with_the_jobs_sent) {
   BOOST_TEST(p.has("switchyard_preemptions_total"));
   BOOST_TEST(p.has("switchyard_prefix_cache_hit_tokens_total"));
   BOOST_TEST(p.has("switchyard_kv_policy_swaps_total"));
+  // Every job took at least a step, and steps take time.
+  BOOST_TEST(p.at("switchyard_engine_steps_total") >= static_cast<double>(max_tokens));
+  BOOST_TEST(p.at("switchyard_engine_step_seconds_total") > 0);
   for (const auto& [k, v] : p.samples)
     if (k.find("_seconds_sum") != std::string::npos) BOOST_TEST_MESSAGE(k << " = " << v);
 

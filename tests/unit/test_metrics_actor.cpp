@@ -115,6 +115,8 @@ BOOST_AUTO_TEST_CASE(jobs_histograms_and_gauges) {
   bs.running = 4;
   bs.blocks_cached = 2;
   bs.policy_swaps = 1;
+  bs.steps_done = 7;
+  bs.step_us = 2500000;
   auto batcher = test::stats_double(sys, bs);
   auto executor = test::stats_double(sys, ExecutorStats{});
   MetricsWiring w;
@@ -159,6 +161,8 @@ BOOST_AUTO_TEST_CASE(jobs_histograms_and_gauges) {
   BOOST_TEST(has_line(t, "switchyard_kv_blocks_total 32"));
   BOOST_TEST(has_line(t, "switchyard_preemptions_total 6"));
   BOOST_TEST(has_line(t, "switchyard_kv_policy_swaps_total 1"));
+  BOOST_TEST(has_line(t, "switchyard_engine_steps_total 7"));
+  BOOST_TEST(has_line(t, "switchyard_engine_step_seconds_total 2.5"));
   BOOST_TEST(has_line(t, "switchyard_executors_running 1"));
   // Tokens of done and cancelled jobs: 11 + 1 + 4 + 2 generated, 4 x 5 prompt, 4 x 2 cached.
   BOOST_TEST(has_line(t, "switchyard_generation_tokens_total 18"));
@@ -190,6 +194,8 @@ BOOST_AUTO_TEST_CASE(jobs_histograms_and_gauges) {
   t = scrape(self, m);
   BOOST_TEST(has_line(t, "switchyard_preemptions_total 6"));
   BOOST_TEST(has_line(t, "switchyard_kv_policy_swaps_total 1"));
+  BOOST_TEST(has_line(t, "switchyard_engine_steps_total 7"));
+  BOOST_TEST(has_line(t, "switchyard_engine_step_seconds_total 2.5"));
   BOOST_TEST(has_line(t, "switchyard_kv_blocks_total 0"));
   BOOST_TEST(has_line(t, "switchyard_executors_running 0"));
   test::stop_all(admission, router, m);

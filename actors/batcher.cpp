@@ -573,11 +573,12 @@ void Batcher::on_result(StepResult& r) {
                              std::to_string(extras_.test_fault_throw_after) + " steps");
   if (life_ == Lifecycle::failed) return;  // a late answer of an executor already given up on
   // The step's measured cost, for speculation's choice (test-only step delays left out).
+  const int64_t took = step_sent_us_ ? now() - *step_sent_us_ : 0;
   const bool timed = step_sent_us_ && cfg_.step_delay_ms <= 0;
-  const double step_us = timed ? static_cast<double>(now() - *step_sent_us_) : 0.0;
+  const double step_us = timed ? static_cast<double>(took) : 0.0;
   if (step_sent_us_) {
     ++steps_done_;
-    step_us_ += now() - *step_sent_us_;
+    step_us_ += took;
   }
   // The target's step apart from the draft model's passes, which have a model of their own.
   if (timed) step_cost_.observe(step_fed_, step_rows_, std::max(0.0, step_us - r.draft_us));

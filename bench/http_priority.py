@@ -6,19 +6,19 @@ then beside a running Batch API batch on the same server (docs/http.md).
         [--model FILE.gguf] [--lines 20000] [--line-tokens 16] [--requests 60] [--gap-ms 20]
         [-- extra serve flags]
 
-Starts `switchyard serve --http` with a journal on stories260K (or --model); sends --requests streamed
-completions one after another (4 tokens, new connection each, as a client would) and records the
-time from sending to the first chunk with text (tests/python/http_support.py, ttft), each
-request after a random pause in [0, --gap-ms) so that arrivals fall anywhere in the server's
-steps (0: each request the moment the previous one ended, which is always just after a step
-began, so each waits a whole step); uploads a
-batch of --lines lines (--line-tokens tokens each) and, once it runs, sends the same requests again. One step is the mean time of the engine's steps over that window
-(switchyard_engine_step_seconds_total over switchyard_engine_steps_total): what a request
-arriving at a random moment waits at most, on average, for the step in flight; the batch's time
-per output token (switchyard_time_per_output_token_seconds{class="batch"}: every running
-sequence gets one token per step, so this is the step as the batch sees it) is printed beside
-it. The goal: busy p99 <= idle p99 + one step. Prints the figures; asserts nothing (speed is
-measured, not tested).
+Starts `switchyard serve --http` with a journal on stories260K (or --model); sends --requests
+streamed completions one after another (4 tokens, new connection each, as a client would) and
+records the time from sending to the first chunk with text (tests/python/http_support.py, ttft),
+each request after a random pause in [0, --gap-ms) so that arrivals fall anywhere in the
+server's steps (0: each request the moment the previous one ended, which is always just after a
+step began, so each waits a whole step); uploads a batch of --lines lines (--line-tokens tokens
+each) and, once it runs, sends the same requests again. One step is the mean time of the
+engine's steps over that window (switchyard_engine_step_seconds_total over
+switchyard_engine_steps_total): a request arriving at a random moment waits for what is left of
+the step in flight, at most one step. The batch's time per output token
+(switchyard_time_per_output_token_seconds{class="batch"}: every running sequence gets one token
+per step, so this is the step as the batch sees it) is printed beside it. The goal: busy p99 <=
+idle p99 + one step. Prints the figures; asserts nothing (speed is measured, not tested).
 """
 
 import os
@@ -42,7 +42,10 @@ def opts():
     for k, v in zip(argv[::2], argv[1::2]):
         key = k.lstrip("-")
         key = key.replace("-", "_")
-        a[key] = int(v) if key in ("lines", "requests", "line_tokens") else float(v) if key == "gap_ms" else v
+        if key in ("lines", "requests", "line_tokens"):
+            a[key] = int(v)
+        else:
+            a[key] = float(v) if key == "gap_ms" else v
     return a
 
 
@@ -51,14 +54,18 @@ sys.argv = [sys.argv[0], "--binary", A["binary"], "--models", A["models"]]
 import http_support as hs  # noqa: E402
 
 
-def hist(srv, name, cls):
+def figures(srv):
+    """(time, count) pairs of one scrape: the engine's steps, and three histograms by class."""
     m = srv.metrics()
-    return (m.get('switchyard_%s_seconds_sum{class="%s"}' % (name, cls), 0.0),
-            m.get('switchyard_%s_seconds_count{class="%s"}' % (name, cls), 0.0))
 
-
-def counter(srv, name):
-    return srv.metrics().get(name, 0.0)
+    def hist(name, cls):
+        return (m.get('switchyard_%s_seconds_sum{class="%s"}' % (name, cls), 0.0),
+                m.get('switchyard_%s_seconds_count{class="%s"}' % (name, cls), 0.0))
+    return {"step": (m.get("switchyard_engine_step_seconds_total", 0.0),
+                     m.get("switchyard_engine_steps_total", 0.0)),
+            "tpot": hist("time_per_output_token", "batch"),
+            "queue": hist("queue_time", "interactive"),
+            "ttft": hist("time_to_first_token", "interactive")}
 
 
 def mean_ms(a, b):
@@ -77,7 +84,8 @@ def main():
         hs.ttft(srv, 5)  # warm-up
         idle = hs.ttft(srv, A["requests"], A["gap_ms"])
         lines = [{"custom_id": "L%05d" % i, "method": "POST", "url": "/v1/completions",
-                  "body": {"prompt": "Story %d:" % i, "max_tokens": A["line_tokens"], "temperature": 0}}
+                  "body": {"prompt": "Story %d:" % i, "max_tokens": A["line_tokens"],
+                           "temperature": 0}}
                  for i in range(A["lines"])]
         st, f = hs.upload(srv, lines)
         if st != 200:
@@ -88,20 +96,12 @@ def main():
         if st != 200:
             raise RuntimeError("batch: %d %s" % (st, b))
         time.sleep(1.0)
-        s0 = (counter(srv, "switchyard_engine_step_seconds_total"),
-              counter(srv, "switchyard_engine_steps_total"))
-        t0 = hist(srv, "time_per_output_token", "batch")
-        q0 = hist(srv, "queue_time", "interactive")
-        f0 = hist(srv, "time_to_first_token", "interactive")
+        a = figures(srv)
         busy = hs.ttft(srv, A["requests"], A["gap_ms"])
-        t1 = hist(srv, "time_per_output_token", "batch")
-        s1 = (counter(srv, "switchyard_engine_step_seconds_total"),
-              counter(srv, "switchyard_engine_steps_total"))
-        q1 = hist(srv, "queue_time", "interactive")
-        f1 = hist(srv, "time_to_first_token", "interactive")
+        z = figures(srv)
         _, _, cur = srv.get_json("/v1/batches/" + b["id"])
-        step = mean_ms(s0, s1)
-        tpot = mean_ms(t0, t1)
+        step = mean_ms(a["step"], z["step"])
+        tpot = mean_ms(a["tpot"], z["tpot"])
         print("batch during the busy window: %s, %s" % (cur["status"], cur["request_counts"]))
         print("idle  first token ms: p50 %.1f p99 %.1f max %.1f" % (pct(idle, .5), pct(idle, .99),
                                                                     idle[-1]))
@@ -110,7 +110,7 @@ def main():
         print("one step (mean engine step) %.2f ms; the batch's time per output token %.2f ms"
               % (step, tpot))
         print("server, busy window: interactive queue time mean %.2f ms, first token mean %.2f ms"
-              % (mean_ms(q0, q1), mean_ms(f0, f1)))
+              % (mean_ms(a["queue"], z["queue"]), mean_ms(a["ttft"], z["ttft"])))
         bound = pct(idle, .99) + step
         print("goal busy p99 <= idle p99 + one step = %.1f ms: %s (busy p99 %.1f)"
               % (bound, "met" if pct(busy, .99) <= bound else "NOT met", pct(busy, .99)))

@@ -298,31 +298,36 @@ void enqueue(Self* self, const std::string& key, Job job) {
   // A refused job's span needs its id (copied only for a traced job).
   std::string traced_id = job.trace.traced() ? job.id : std::string();
   const TraceContext tc = job.trace;
-  self->request(st.router, caf::infinite, enqueue_atom::value, std::move(job))
-      .then(
-          [self, key, uid, tc, id = std::move(traced_id)](const EnqueueReply& r) {
-            auto& s = self->state;
-            if (r.result == EnqueueResult::accepted) {
-              auto i = s.records.find(key);
-              if (i != s.records.end() && i->second.uid == uid) i->second.pending = false;
-              return;
-            }
-            trace_refused(s.cfg.traces.get(), tc, id,
-                          r.result == EnqueueResult::full ? "overloaded" : "internal",
-                          clock_us(self));
-            if (r.result == EnqueueResult::full) {
-              ++s.overloaded;
-              drop_pending(self, key, uid, ErrorCode::overloaded,
-                           "the priority class queue is full", r.retry_after_ms);
-            } else {
-              drop_pending(self, key, uid, ErrorCode::internal,
-                           "the router does not know the job's priority class", -1);
-            }
-          },
-          [self, key, uid](caf::error& err) {
-            drop_pending(self, key, uid, ErrorCode::internal,
-                         "router unavailable: " + self->system().render(err), -1);
-          });
+  auto on_reply = [self, key, uid, tc, id = std::move(traced_id)](const EnqueueReply& r) {
+    auto& s = self->state;
+    if (r.result == EnqueueResult::accepted) {
+      auto i = s.records.find(key);
+      if (i != s.records.end() && i->second.uid == uid) i->second.pending = false;
+      return;
+    }
+    trace_refused(s.cfg.traces.get(), tc, id,
+                  r.result == EnqueueResult::full ? "overloaded" : "internal", clock_us(self));
+    if (r.result == EnqueueResult::full) {
+      ++s.overloaded;
+      drop_pending(self, key, uid, ErrorCode::overloaded, "the priority class queue is full",
+                   r.retry_after_ms);
+    } else {
+      drop_pending(self, key, uid, ErrorCode::internal,
+                   "the router does not know the job's priority class", -1);
+    }
+  };
+  auto on_error = [self, key, uid](caf::error& err) {
+    drop_pending(self, key, uid, ErrorCode::internal,
+                 "router unavailable: " + self->system().render(err), -1);
+  };
+  // The most important class's job goes ahead of the router's normal messages (messages.hpp).
+  if (urgent_class(job.class_index))
+    self->request<caf::message_priority::high>(st.router, caf::infinite, enqueue_atom::value,
+                                               std::move(job))
+        .then(std::move(on_reply), std::move(on_error));
+  else
+    self->request(st.router, caf::infinite, enqueue_atom::value, std::move(job))
+        .then(std::move(on_reply), std::move(on_error));
   // Cancelled while it was being journaled: the cancel reaches the router after the job.
   if (cancel) self->send(st.router, cancel_atom::value, uid);
 }
@@ -488,6 +493,7 @@ void submit(Self* self, SubmitRequest& req) {
   // (docs/durability.md); nor are HTTP requests no client can come back for (journal false).
   if (st.journal && req.journal && job.client.kind != ClientRef::cluster)
     return journal_then_enqueue(self, key, std::move(job));
+  job.journaled = false;
   enqueue(self, key, std::move(job));
 }
 

@@ -76,13 +76,17 @@ BatcherActor spawn_batcher(caf::actor_system& sys, BatchingConfig cfg,
 /// What a supervised batcher knows beyond the plain wiring.
 struct BatcherExtras {
   SupervisorActor supervisor;  ///< gets failed_atom, recovered_atom and kvpolicy_atom notices
-  uint64_t pair = 0;      ///< the supervisor's id of this batcher+executor pair (logs)
+  uint64_t pair = 0;           ///< the supervisor's id of this batcher+executor pair (logs)
   int32_t test_fault_throw_after = 0;  ///< TEST ONLY: throw after this many steps (0: never)
   /// The executor's window-group KV blocks (ExecutorSpec::n_window_blocks): > 0 for a model
   /// whose layers are of two kinds on an engine that splits its cache; 0: one group.
   int32_t window_blocks = 0;
   /// The executor has a draft model (ExecutorSpec::draft_model): it writes the drafts.
   bool draft_model = false;
+  /// Where the events that need no journal record go straight (the egress actor itself, where
+  /// `egress` is the journal standing in front of it): streamed chunks, and the done or error of
+  /// a job that is not journaled (Job::journal false). Invalid: everything goes to `egress`.
+  EgressActor direct_egress;
 };
 
 /// spawn_batcher for a supervised pair. Beyond the above it monitors `executor`; an executor

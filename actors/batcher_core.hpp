@@ -161,6 +161,10 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   // batcher_jobs.cpp: a job's text and its end.
   void accept(Seq& s, const SeqResult& r);
   void emit(Seq& s, int32_t id, size_t upto);
+  // Where a job's done or error goes: through egress_ (the journal, where there is one, holds it
+  // until the job's result is durable) for a journaled job, straight to egress for one that is
+  // not.
+  const EgressActor& end_to(const Job& job) const { return job.journaled ? egress_ : direct_; }
   DoneEvent done_event(Seq& s, FinishReason finish);
   void finish(Seq& s, FinishReason finish);
   void fail(Seq& s, ErrorCode code, const std::string& message);
@@ -208,6 +212,9 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   ExecutorActor executor_;
   RouterActor router_;
   EgressActor egress_;
+  // The egress actor itself (BatcherExtras::direct_egress), else egress_: a streamed chunk or a
+  // job that is not journaled never waits behind the journal's fsync.
+  EgressActor direct_;
   AdmissionActor admission_;
   KvManager kv_;  // block tables over the executor's pools, prefix cache
   int32_t bs_;

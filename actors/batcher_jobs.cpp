@@ -160,7 +160,9 @@ void Batcher::finish(Seq& s, FinishReason finish) {
     }
   }
   // A program's step job ends in its program (admission), which answers the client.
-  if (egress_ && !s.job.is_step()) self_->send(egress_, out_atom::value, std::move(d));
+  if (egress_ && !s.job.is_step())
+    send_urgent_if(self_, urgent_class(s.job.class_index), end_to(s.job), out_atom::value,
+                   std::move(d));
   if (admission_) self_->send(admission_, finished_atom::value, std::move(o));
   end_job(s);
 }
@@ -172,7 +174,9 @@ void Batcher::fail(Seq& s, ErrorCode code, const std::string& message) {
   ErrorEvent e = make_error_event(s.job, code, message);
   JobOutcome o = make_outcome(e);
   o.tokens_used = static_cast<uint32_t>(s.tokens.size());
-  if (egress_ && !s.job.is_step()) self_->send(egress_, out_atom::value, std::move(e));
+  if (egress_ && !s.job.is_step())
+    send_urgent_if(self_, urgent_class(s.job.class_index), end_to(s.job), out_atom::value,
+                   std::move(e));
   if (admission_) self_->send(admission_, finished_atom::value, std::move(o));
   end_job(s);
 }
@@ -212,7 +216,11 @@ void Batcher::emit(Seq& s, int32_t id, size_t upto) {
       t.top_logprobs.assign(s.top_lps.end() - s.job.logprobs, s.top_lps.end());
     }
   }
-  if (egress_) self_->send(egress_, out_atom::value, std::move(t));
+  // A chunk needs no journal record: it goes straight to egress where the journal stands in
+  // front of it (but nowhere for a replayed job whose connection is gone, as the journal drops
+  // that job's other events).
+  if (egress_ && !(extras_.direct_egress && is_orphan(t.to)))
+    send_urgent_if(self_, urgent_class(s.job.class_index), direct_, out_atom::value, std::move(t));
 }
 
 // The step in flight (sent at `sent_us`) came back: a `prefill` span for each traced sequence

@@ -131,12 +131,6 @@ struct JournalState {
 
 using Self = JournalActor::stateful_base<JournalState>;
 
-// A replayed job of a ROUTER client or an HTTP request has no client any more (replay_records
-// empties its routing id or handle; neither door ever gives an empty one): its events go nowhere.
-bool is_orphan(const ClientRef& to) {
-  return is_connected(to) && to.identity.empty();
-}
-
 void forward(Self* self, auto ev) {
   if (is_orphan(ev.to)) {
     ++self->state.dropped;

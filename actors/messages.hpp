@@ -112,7 +112,7 @@ typename Inspector::result_type inspect(Inspector& f, Job& x) {
            x.max_tokens, x.temperature, x.top_k, x.top_p, x.seed, x.stop, x.ignore_eos, x.stream,
            x.logprobs, x.arrival_us, x.deadline_us, x.attempt, x.streamed_ids, x.streamed_bytes,
            x.fault_us, x.controls, x.constraint, x.n, x.prompt_logprobs, x.continuations, x.program,
-           x.inputs, x.program_done, x.program_uid, x.step, x.speculative);
+           x.inputs, x.program_done, x.program_uid, x.step, x.speculative, x.journaled);
 }
 
 template <class Inspector>
@@ -420,6 +420,28 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, PairFailure& x) {
   return f(caf::meta::type_name("PairFailure"), x.pair, x.why, x.fault_us, x.detected_us,
            x.requeued, x.failed);
+}
+
+}  // namespace sy
+
+// ---- urgent messages ----
+namespace sy {
+
+/// Whether the messages of a job of class `class_index` travel as CAF's high-priority messages:
+/// those of the most important class (0). An actor's mailbox hands them out before its normal
+/// messages, so an interactive job's submit, dispatch and tokens do not wait in a mailbox behind
+/// a batch's wave of them (docs/architecture.md, "Urgent messages").
+inline bool urgent_class(uint32_t class_index) {
+  return class_index == 0;
+}
+
+/// self->send(dest, xs...), as a high-priority message when `urgent`.
+template <class Self, class Dest, class... Ts>
+void send_urgent_if(Self* self, bool urgent, const Dest& dest, Ts&&... xs) {
+  if (urgent)
+    self->template send<caf::message_priority::high>(dest, std::forward<Ts>(xs)...);
+  else
+    self->send(dest, std::forward<Ts>(xs)...);
 }
 
 }  // namespace sy

@@ -59,7 +59,8 @@ void send_to_best(Self* self, Job job, int64_t now_ms) {
   ++st.dispatched;
   st.drain->on_completed(1, now_ms);
   best->running.insert_or_assign(job.uid, job);
-  self->send(best->handle, run_atom::value, std::move(job));
+  const bool urgent = urgent_class(job.class_index);
+  send_urgent_if(self, urgent, best->handle, run_atom::value, std::move(job));
 }
 
 /// Forgets `uid` as running anywhere (it ended, or it is back in the router).

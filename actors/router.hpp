@@ -32,6 +32,11 @@ struct RouterOptions {
   /// can hold: 65536 blocks of 16 tokens are 1M tokens, more KV than one device keeps for any
   /// model worth serving, at about 5 MB of router memory per batcher.
   std::size_t prefix_index_capacity = 65536;
+  /// Where a job's `accepted` goes straight when `egress` is the journal standing in front of
+  /// the egress actor: the batchers send the job's chunks straight there too
+  /// (BatcherExtras::direct_egress), and `accepted` must reach egress ahead of them. Invalid:
+  /// `egress`.
+  EgressActor direct_egress;
 };
 
 /// The priority classes the router and admission use: `classes`, or interactive (rank 0, 256

@@ -277,8 +277,13 @@ EnqueueReply enqueue(Self* self, Job job) {
     // Where the fair queue put it, as a status request would tell (jobs_ahead).
     position = jobs_ahead(st, uid).value_or(position);
     acc.queue_position = position;
-    // Sent before any dispatch so that it reaches egress ahead of the job's first chunk.
-    if (is_connected(acc.to) && !step) send_out(self, std::move(acc));
+    // Sent before any dispatch, by the way and at the priority of the job's chunks, so that it
+    // reaches egress ahead of the first one; not for a replayed job whose connection is gone
+    // (egress would try that empty address, and a failed delivery cancels the job).
+    if (is_connected(acc.to) && !is_orphan(acc.to) && !step) {
+      const auto& to = st.opts.direct_egress ? st.opts.direct_egress : st.egress;
+      if (to) send_urgent_if(self, urgent_class(ci), to, out_atom::value, std::move(acc));
+    }
     dispatch(self);
     return {EnqueueResult::accepted, position, -1};
   }

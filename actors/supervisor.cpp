@@ -10,8 +10,8 @@
 #include <string>
 
 #include "actors/batcher.hpp"
-#include "actors/outcomes.hpp"
 #include "actors/messages.hpp"
+#include "actors/outcomes.hpp"
 #include "model/llama.hpp"
 
 namespace sy {
@@ -116,6 +116,7 @@ bool spawn_pair(Self* self) {
   extras.pair = p.id;
   extras.window_blocks = spec.n_window_blocks;  // the engine's window group, if it has one
   extras.draft_model = spec.draft_model != nullptr;
+  extras.direct_egress = st.w.direct_egress;
   if (first) extras.test_fault_throw_after = st.cfg.test_fault_batcher_throw_after;
   p.batcher = spawn_batcher(self->system(), st.cfg.batching, st.w.model, p.executor, st.w.router,
                             st.w.egress, st.w.admission, n_blocks, extras);
@@ -269,7 +270,8 @@ SupervisorStats own_stats(const SupervisorState& st) {
   return s;
 }
 
-SupervisorActor::behavior_type supervisor_actor(Self* self, SupervisorConfig cfg, SupervisorWiring wiring) {
+SupervisorActor::behavior_type supervisor_actor(Self* self, SupervisorConfig cfg,
+                                                SupervisorWiring wiring) {
   auto& st = self->state;
   cfg.knobs.max_executors =
       std::min<int>(std::max(cfg.knobs.max_executors, 1), static_cast<int>(cfg.slots.size()));
@@ -379,7 +381,8 @@ SupervisorActor::behavior_type supervisor_actor(Self* self, SupervisorConfig cfg
 
 }  // namespace
 
-SupervisorActor spawn_supervisor(caf::actor_system& sys, SupervisorConfig cfg, SupervisorWiring wiring) {
+SupervisorActor spawn_supervisor(caf::actor_system& sys, SupervisorConfig cfg,
+                                 SupervisorWiring wiring) {
   if (cfg.slots.empty()) cfg.slots = policy::executor_slots(false, 0, cfg.knobs.max_executors);
   return sys.spawn(supervisor_actor, std::move(cfg), std::move(wiring));
 }

@@ -44,6 +44,9 @@ struct SupervisorConfig {
 struct SupervisorWiring {
   RouterActor router;
   EgressActor egress;
+  /// The egress actor itself where `egress` is the journal in front of it
+  /// (BatcherExtras::direct_egress); invalid: `egress`.
+  EgressActor direct_egress;
   AdmissionActor admission;
   /// gets (observe_atom, batcher, executor, int32 slot) for every new pair and
   /// (recovered_atom, fault_us, at_us) for every recovery
@@ -72,6 +75,7 @@ struct SupervisorWiring {
 ///       recovery_ms_max, detect_ms_last (fault -> detection).
 /// Scale events and failures are logged on stdout ("switchyard: supervisor: ...").
 /// An exit message stops every pair, then the supervisor.
-SupervisorActor spawn_supervisor(caf::actor_system& sys, SupervisorConfig cfg, SupervisorWiring wiring);
+SupervisorActor spawn_supervisor(caf::actor_system& sys, SupervisorConfig cfg,
+                                 SupervisorWiring wiring);
 
 }  // namespace sy

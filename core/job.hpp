@@ -47,6 +47,13 @@ inline bool is_connected(const ClientRef& c) {
   return c.kind == ClientRef::router || c.kind == ClientRef::http;
 }
 
+/// A job replayed from the journal whose client was a connection has no client any more (the
+/// replay empties its routing id or handle; neither door ever gives an empty one): its events go
+/// nowhere.
+inline bool is_orphan(const ClientRef& to) {
+  return is_connected(to) && to.identity.empty();
+}
+
 /// Pipeline and cluster submits each used one PULL credit (the node fetches only what credit
 /// allows): admission gives it back for a submit it answers itself, the router counts it in.
 inline bool uses_pull_credit(const ClientRef& c) {
@@ -115,6 +122,9 @@ struct Job {
   SpecMode speculative = SpecMode::server_default;
   // Tracing (appended; docs/tracing.md): traced() only for a job that produces spans.
   TraceContext trace;
+  // Whether its accept is in the journal (where the server has one; admission clears it for a
+  // job it does not journal): its done or error then waits for its result record.
+  bool journaled = true;
   bool is_program() const { return !program.empty(); }
   bool is_step() const { return program_uid != 0; }
 };

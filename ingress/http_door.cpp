@@ -1,9 +1,14 @@
 // The OpenAI-compatible HTTP door (http_door.hpp): one Asio thread owns the listener, every
-// connection and every request in flight; egress posts the jobs' events onto that thread.
+// connection and every request in flight; a second one owns the Batch API's store and the jobs
+// of its lines. Egress posts each job's events onto the thread of its exchange.
 #include "ingress/http_door.hpp"
+
+#include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -87,6 +92,11 @@ std::string random_hex(std::size_t n) {
   std::string s(n, '0');
   for (auto& c : s) c = digits[rng() & 15];
   return s;
+}
+
+// Names the calling thread as `top -H` and perf show it (at most 15 characters).
+void name_thread(const char* name) {
+  pthread_setname_np(pthread_self(), name);
 }
 
 int64_t wall_seconds() {
@@ -388,16 +398,36 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
   std::string bound;
   std::unordered_map<std::string, std::string> tenant_of_token;
   std::unique_ptr<http_batch::Store> batches;
+  // The Batch API's thread: the store's timers and syncs, and its lines' exchanges and events.
+  // A batch's lines end in waves as the engine's steps end; reading each one's events, building
+  // its response and appending it to the output file takes the tens of microseconds a line, so
+  // a wave on the connections' thread would hold an interactive request's bytes back for
+  // milliseconds. The store itself is guarded by store_mu: the door's thread takes it for the
+  // /v1/files and /v1/batches calls, this thread for everything else.
+  asio::io_context batch_io;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> batch_work;
+  std::thread batch_thread;
+  std::mutex store_mu;
 
   std::mutex admission_mu;
   AdmissionActor admission;
   std::atomic<bool> refusing{false};
 
+  // The requests in flight of one thread: the connections' (door thread) or the batch lines'
+  // (batch thread). A job's client identity is "<tag><handle>/<job>", the tag naming the table.
+  struct Table {
+    explicit Table(char t) : tag(t) {}
+    const char tag;
+    std::unordered_map<uint64_t, Exchange> exchanges;
+    uint64_t next_handle = 1;
+  };
+  Table requests{'h'}, lines{'b'};
+  Table& table_of(const Exchange& ex) { return ex.line ? lines : requests; }
+
   // Door-thread state.
-  std::unordered_map<uint64_t, Exchange> exchanges;
   std::set<std::shared_ptr<Conn>> conns;
-  uint64_t next_handle = 1;
-  std::set<std::string> ignored_logged;  // unknown request fields, logged once each
+  std::mutex ignored_mu;
+  std::set<std::string> ignored_logged;  // unknown request fields, logged once each (both threads)
 
   struct Counters {
     std::atomic<uint64_t> accepted{0}, refused{0}, requests{0}, r2{0}, r4{0}, r5{0}, r429{0},
@@ -464,11 +494,11 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     uint64_t handle = c.exchange;
     c.exchange = 0;
     if (handle) {
-      auto it = exchanges.find(handle);
-      if (it != exchanges.end()) cancel_jobs(it->second, true);
+      auto it = requests.exchanges.find(handle);
+      if (it != requests.exchanges.end()) cancel_jobs(it->second, true);
     }
     asio::post(io, [self = shared_from_this(), keep, handle] {
-      if (handle) self->exchanges.erase(handle);
+      if (handle) self->requests.exchanges.erase(handle);
     });
   }
 
@@ -577,6 +607,8 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
   // ---- generation -----------------------------------------------------------------------------
 
   void log_ignored(const openai::Request& r) {
+    if (r.ignored.empty()) return;
+    std::lock_guard<std::mutex> lock(ignored_mu);
     for (const auto& f : r.ignored)
       if (ignored_logged.size() < 1024 && ignored_logged.insert(f).second)
         log::info("http: request field '" + f + "' is not supported and is ignored");
@@ -648,7 +680,8 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     auto adm = get_admission();
     if (!adm) return api_error(503, "the server is starting", "server_error", "unavailable");
     if (auto e = intake_full()) return e;
-    ex.handle = next_handle++;
+    Table& table = table_of(ex);
+    ex.handle = table.next_handle++;
     ex.req = std::move(r);
     const bool chat = ex.req.endpoint == openai::Endpoint::chat_completions;
     ex.response_id = (chat ? "chatcmpl-" : "cmpl-") + random_hex(24);
@@ -667,8 +700,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       s.stream = ex.req.stream;
       if (auto* text = std::get_if<std::string>(&s.prompt)) ex.results[i].prompt_text = *text;
       ex.ids.push_back(s.id);
-      SubmitRequest sr =
-          to_request(std::move(s), ClientRef{ClientRef::http, identity(ex.handle, i)});
+      SubmitRequest sr = to_request(std::move(s), ClientRef{ClientRef::http, identity(ex, i)});
       // A batch line is never cut short by a shutdown: it resumes with its batch.
       sr.outlive_shutdown = ex.line.has_value();
       // Without a key of the client's, no retry can attach to it after a restart: not journaled.
@@ -680,18 +712,28 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
         ctx.intake->handed.fetch_add(1, std::memory_order_relaxed);
         sr.metered_bytes = b;
       }
-      caf::anon_send(adm, submit_atom::value, std::move(sr));
+      // A request on a connection goes ahead of the Batch API's lines in admission's mailbox
+      // (a batch submits its next lines in waves, as its earlier ones end).
+      if (ex.line)
+        caf::anon_send(adm, submit_atom::value, std::move(sr));
+      else
+        caf::anon_send<caf::message_priority::high>(adm, submit_atom::value, std::move(sr));
     }
     if (auto c = ex.conn.lock()) {
       c->exchange = ex.handle;
       c->probe();
     }
-    exchanges.emplace(ex.handle, std::move(ex));
+    table.exchanges.emplace(ex.handle, std::move(ex));
     return std::nullopt;
   }
 
-  static std::string identity(uint64_t handle, std::size_t job) {
-    return std::to_string(handle) + "/" + std::to_string(job);
+  std::string identity(const Exchange& ex, std::size_t job) {
+    return table_of(ex).tag + std::to_string(ex.handle) + "/" + std::to_string(job);
+  }
+
+  // Whether an event is for a batch line's job (its client identity names the lines' table).
+  static bool is_line_event(const OutMessage& m) {
+    return !m.to.identity.empty() && m.to.identity[0] == 'b';
   }
 
   void cancel_jobs(Exchange& ex, bool client_gone) {
@@ -702,7 +744,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       if (!adm) continue;
       KeyRequest kr;
       kr.kind = KeyRequest::cancel;
-      kr.client = ClientRef{ClientRef::http, identity(ex.handle, i)};
+      kr.client = ClientRef{ClientRef::http, identity(ex, i)};
       kr.id = ex.ids[i];
       kr.tenant = ex.tenant;
       kr.token = ex.token;
@@ -713,19 +755,22 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
 
   // ---- events from egress ---------------------------------------------------------------------
 
-  void on_event(const OutMessage& m) {
-    const auto slash = m.to.identity.find('/');
+  // An event of a job, on the thread of its table (HttpDoor::post).
+  void on_event(Table& table, const OutMessage& m) {
+    const std::string& to = m.to.identity;
+    if (to.empty() || to[0] != table.tag) return;
+    const auto slash = to.find('/');
     if (slash == std::string::npos) return;
     uint64_t handle = 0;
     uint32_t job = 0;
     try {
-      handle = std::stoull(m.to.identity.substr(0, slash));
-      job = static_cast<uint32_t>(std::stoul(m.to.identity.substr(slash + 1)));
+      handle = std::stoull(to.substr(1, slash - 1));
+      job = static_cast<uint32_t>(std::stoul(to.substr(slash + 1)));
     } catch (const std::exception&) {
       return;
     }
-    auto it = exchanges.find(handle);
-    if (it == exchanges.end()) return;  // its client left; the job was cancelled
+    auto it = table.exchanges.find(handle);
+    if (it == table.exchanges.end()) return;  // its client left; the job was cancelled
     Exchange& ex = it->second;
     if (job >= ex.ids.size()) return;
     auto decoded = wire::decode_server(m.bytes.data(), m.bytes.size(), ctx.parse.limits);
@@ -833,7 +878,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     cancel_jobs(ex, false);
     if (ex.line) {
       finish_line(ex, api.status, openai::error_body(api), api.retry_after_ms);
-      exchanges.erase(ex.handle);
+      lines.exchanges.erase(ex.handle);
       return;
     }
     Conn* c = conn_of(ex);
@@ -846,7 +891,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     } else if (c) {
       c->respond(api, ex.keep_alive);
     }
-    exchanges.erase(ex.handle);
+    requests.exchanges.erase(ex.handle);
   }
 
   void complete(Exchange& ex) {
@@ -856,7 +901,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
           ex, 200,
           openai::response_body(ex.req, ex.response_id, ex.created, ex.results, ctx.token_text),
           -1);
-      exchanges.erase(handle);
+      lines.exchanges.erase(handle);
       return;
     }
     Conn* c = conn_of(ex);
@@ -871,7 +916,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
           openai::response_body(ex.req, ex.response_id, ex.created, ex.results, ctx.token_text),
           ex.keep_alive);
     }
-    exchanges.erase(handle);
+    requests.exchanges.erase(handle);
   }
 
   // ---- the Batch API --------------------------------------------------------------------------
@@ -883,6 +928,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     r.body = std::move(body);
     r.request_id = ex.response_id;
     r.retry_after_ms = retry_after_ms;
+    std::lock_guard<std::mutex> lock(store_mu);
     batches->finished(*ex.line, r);
   }
 
@@ -893,6 +939,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       http_batch::LineResult r;
       r.status = e->status;
       r.body = openai::error_body(*e);
+      std::lock_guard<std::mutex> lock(store_mu);
       batches->finished(line, r);
       return;
     }
@@ -914,12 +961,13 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       res.status = e->status;
       res.body = openai::error_body(*e);
       res.retry_after_ms = e->retry_after_ms;
+      std::lock_guard<std::mutex> lock(store_mu);
       batches->finished(line, res);
     }
   }
 
   void cancel_line(const http_batch::LineJob& line) {
-    for (auto& [h, ex] : exchanges)
+    for (auto& [h, ex] : lines.exchanges)
       if (ex.line && ex.line->batch_id == line.batch_id && ex.line->line == line.line) {
         cancel_jobs(ex, false);
         return;
@@ -938,6 +986,8 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     if (auto* e = std::get_if<openai::ApiError>(&w)) return c.respond(*e, keep);
     const std::string tenant = std::get<Who>(w).tenant;
     const auto m = req.method();
+    // The store's calls are short (an upload's write aside); the batch thread waits meanwhile.
+    std::lock_guard<std::mutex> lock(store_mu);
     auto reply = [&](const http_batch::Reply& r) {
       c.respond(r.status, r.content_type, r.body, keep);
     };
@@ -1025,31 +1075,42 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       if (auto d = weak.lock()) {
         // Run from the store's own call stack: defer, so the store finishes its bookkeeping
         // before the line's (possibly immediate) result comes back into it.
-        asio::post(d->io, [d, j] {
+        asio::post(d->batch_io, [d, j] {
           if (d->refusing) return;  // the line runs again at the next start (recover)
           d->submit_line(j);
         });
       }
     };
     h.cancel = [weak](const http_batch::LineJob& j) {
-      if (auto d = weak.lock()) asio::post(d->io, [d, j] { d->cancel_line(j); });
+      if (auto d = weak.lock()) asio::post(d->batch_io, [d, j] { d->cancel_line(j); });
     };
     h.after = [weak](std::chrono::milliseconds ms, std::function<void()> fn) {
       auto d = weak.lock();
       if (!d) return;
-      auto t = std::make_shared<asio::steady_timer>(d->io, ms);
-      t->async_wait([t, fn = std::move(fn)](beast::error_code ec) {
-        if (!ec) fn();
+      auto t = std::make_shared<asio::steady_timer>(d->batch_io, ms);
+      t->async_wait([t, weak, fn = std::move(fn)](beast::error_code ec) {
+        if (ec) return;
+        if (auto d = weak.lock()) {
+          std::lock_guard<std::mutex> lock(d->store_mu);
+          fn();
+        }
       });
     };
     h.now_s = [] { return wall_seconds(); };
     sync_pool.emplace(1);
+    asio::post(*sync_pool, [] { name_thread("sy.http.sync"); });
     h.offload = [weak](std::function<void()> work, std::function<void()> done) {
       auto d = weak.lock();
       if (!d) return;
       asio::post(*d->sync_pool, [weak, work = std::move(work), done = std::move(done)] {
         work();
-        if (auto d = weak.lock()) asio::post(d->io, done);
+        if (auto d = weak.lock())
+          asio::post(d->batch_io, [weak, done] {
+            if (auto d = weak.lock()) {
+              std::lock_guard<std::mutex> lock(d->store_mu);
+              done();
+            }
+          });
       });
     };
     batches = std::make_unique<http_batch::Store>(ctx.batch_dir, l, std::move(h));
@@ -1075,9 +1136,22 @@ void HttpDoor::start() {
   auto& d = *impl_;
   d.acceptor.emplace(d.io);
   d.bound = listen_on(*d.acceptor, d.cfg.bind, "http");
-  if (d.batches) d.batches->recover();
+  if (d.batches) {
+    {
+      std::lock_guard<std::mutex> lock(d.store_mu);
+      d.batches->recover();
+    }
+    d.batch_work.emplace(d.batch_io.get_executor());
+    d.batch_thread = std::thread([impl = impl_] {
+      name_thread("sy.http.batch");
+      impl->batch_io.run();
+    });
+  }
   d.accept();
-  d.thread = std::thread([impl = impl_] { impl->io.run(); });
+  d.thread = std::thread([impl = impl_] {
+    name_thread("sy.http");
+    impl->io.run();
+  });
 }
 
 std::string HttpDoor::address() const {
@@ -1099,16 +1173,26 @@ void HttpDoor::stop() {
     impl->io.stop();
   });
   d.thread.join();
+  if (d.batch_thread.joinable()) {
+    d.batch_work.reset();
+    d.batch_io.stop();
+    d.batch_thread.join();
+  }
   // Syncs under way finish (their results would be posted to a stopped thread, and dropped).
   if (d.sync_pool) d.sync_pool->join();
-  d.exchanges.clear();
+  d.requests.exchanges.clear();
+  d.lines.exchanges.clear();
   d.conns.clear();
   std::lock_guard<std::mutex> lock(d.admission_mu);
   d.admission = AdmissionActor{};
 }
 
 void HttpDoor::post(OutMessage m) {
-  asio::post(impl_->io, [impl = impl_, m = std::move(m)] { impl->on_event(m); });
+  if (Impl::is_line_event(m))
+    asio::post(impl_->batch_io,
+               [impl = impl_, m = std::move(m)] { impl->on_event(impl->lines, m); });
+  else
+    asio::post(impl_->io, [impl = impl_, m = std::move(m)] { impl->on_event(impl->requests, m); });
 }
 
 HttpDoorStats HttpDoor::stats() const {

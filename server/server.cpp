@@ -177,8 +177,9 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   }
   if (!c.draft_model.empty()) {
     if (!d.model)
-      throw std::invalid_argument("--draft-model needs the cpu or cuda backend (the null backend "
-                                  "runs no model)");
+      throw std::invalid_argument(
+          "--draft-model needs the cpu or cuda backend (the null backend "
+          "runs no model)");
     try {
       d.draft = LlamaModel::load(c.draft_model);
     } catch (const std::exception& e) {
@@ -222,8 +223,11 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   if (d.node) outbox->route(ClientRef::cluster, d.node);
   if (d.http) outbox->route(ClientRef::http, d.http);
   d.egress = spawn_egress(*d.sys, outbox, d.traces);
-  // With a journal, every job event goes through the journal actor on its way to egress, so that
-  // a journaled job's done/error leaves only once its result is durable (docs/durability.md).
+  // With a journal, a job's done or error and admission's answers go through the journal actor on
+  // their way to egress, so that a journaled job's result leaves only once it is durable
+  // (docs/durability.md). What needs no record goes straight (d.egress): `accepted` from the
+  // router, the streamed chunks, and the end of a job that is not journaled; they never wait
+  // behind the journal's fsync.
   EgressActor out = d.egress;
   JournalReplay replay;
   if (journal_path.empty() && !why_no_journal.empty()) log::info("no journal: " + why_no_journal);
@@ -242,7 +246,9 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
                       /*own_thread=*/true);
     out = d.journal;
   }
-  d.router = spawn_router(*d.sys, c.router, out, AdmissionActor{}, c.admission.tenants);
+  RouterOptions ro;
+  ro.direct_egress = d.egress;
+  d.router = spawn_router(*d.sys, c.router, out, AdmissionActor{}, c.admission.tenants, ro);
   if (d.journal)
     d.admission =
         spawn_admission(*d.sys, admission_cfg, effective_classes(c.router.classes),
@@ -337,6 +343,7 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   SupervisorWiring sw;
   sw.router = d.router;
   sw.egress = out;
+  sw.direct_egress = d.egress;
   sw.admission = d.admission;
   sw.model = d.model;
   d.supervisor = spawn_supervisor(*d.sys, std::move(sc), std::move(sw));

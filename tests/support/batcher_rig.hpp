@@ -63,7 +63,6 @@ struct Rig {
   uint64_t credit = 0;
   int credit_msgs = 0;
   uint64_t next_uid = 1;
-  uint64_t last_uid = 0;  // the job the last received message was about
   // > 0: the executor's and batcher's window-group KV blocks (a model with two kinds of layers)
   int32_t window_blocks = 0;
   bool draft_model = false;  // the executor of start() has a draft model
@@ -115,7 +114,6 @@ struct Rig {
   // Handles one message; false on timeout.
   bool receive_one(caf::duration timeout = caf::duration{kWait}) {
     bool ok = true;
-    last_uid = 0;
     sink->receive(
         [&](credit_atom, const BatcherActor&, uint32_t n) {
           credit += n;
@@ -138,17 +136,14 @@ struct Rig {
             s.stream_logprob_shape = false;
         },
         [&](out_atom, const DoneEvent& d) {
-          last_uid = d.uid;
           seen[d.uid].done = d;
           ++seen[d.uid].dones;
         },
         [&](out_atom, const ErrorEvent& e) {
-          last_uid = e.uid;
           seen[e.uid].error = e;
           ++seen[e.uid].errors;
         },
         [&](finished_atom, const JobOutcome& o) {
-          last_uid = o.uid;
           seen[o.uid].outcome = o;
           ++seen[o.uid].outcomes;
         },
@@ -166,14 +161,18 @@ struct Rig {
     auto it = seen.find(uid);
     return it != seen.end() && it->second.outcomes > 0 && it->second.dones + it->second.errors > 0;
   }
-  // Receives until every job in `uids` has its terminal event and outcome.
+  // Receives until every job in `uids` has its terminal event and outcome. One receive can
+  // handle more than one message (a blocking actor's mailbox hands out a normal and an urgent
+  // message in one round: the batcher sends the most important class's events urgent), so every
+  // pending job is checked each time, not only the last one named.
   void wait_all(const std::vector<uint64_t>& uids) {
     std::set<uint64_t> pending;
     for (uint64_t u : uids)
       if (!ended(u)) pending.insert(u);
     while (!pending.empty()) {
       BOOST_REQUIRE_MESSAGE(receive_one(), "timed out waiting for jobs to end");
-      if (last_uid && ended(last_uid)) pending.erase(last_uid);
+      for (auto it = pending.begin(); it != pending.end();)
+        it = ended(*it) ? pending.erase(it) : std::next(it);
     }
   }
   /// The stats record of `a` (a batcher's by default; ExecutorStats for the executor).

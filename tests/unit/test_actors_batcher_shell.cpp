@@ -12,9 +12,9 @@
 #include "actors/batcher.hpp"
 #include "actors/messages.hpp"
 #include "core/error_code.hpp"
+#include "tests/support/enum_print.hpp"
 #include "tests/support/executor_stub.hpp"
 #include "tests/support/stand_in.hpp"
-#include "tests/support/enum_print.hpp"
 #include "tests/support/test_system.hpp"
 
 BOOST_AUTO_TEST_SUITE(test_actors_batcher_shell)
@@ -69,16 +69,21 @@ caf::actor spawn_world(caf::actor_system& sys, Record* rec) {
 
 struct Rig : test::TestSystem {
   Record rec;
-  caf::actor exec, world;
+  Record direct;  // what reached the direct egress (with_direct), the journal standing in `world`
+  caf::actor exec, world, direct_world;
   BatcherActor batcher;
   caf::actor watcher;  // monitors the batcher (held: an actor nobody references goes away)
 
-  explicit Rig(BatchingConfig bc = {}, int32_t n_blocks = 64) {
+  explicit Rig(BatchingConfig bc = {}, int32_t n_blocks = 64, bool with_direct = false) {
     exec = spawn_executor_stub(*sys, &rec);
     world = spawn_world(*sys, &rec);
     BatcherExtras extras;
     extras.supervisor = test::stand_in<SupervisorActor>(world);
     extras.pair = 3;
+    if (with_direct) {
+      direct_world = spawn_world(*sys, &direct);
+      extras.direct_egress = test::stand_in<EgressActor>(direct_world);
+    }
     batcher = spawn_batcher(*sys, bc, nullptr, test::stand_in<ExecutorActor>(exec),
                             test::stand_in<RouterActor>(world), test::stand_in<EgressActor>(world),
                             test::stand_in<AdmissionActor>(world), n_blocks, extras);
@@ -93,6 +98,7 @@ struct Rig : test::TestSystem {
   ~Rig() {
     rec.hung.clear();
     test::stop_all(exec, world, batcher, watcher);
+    if (direct_world) test::stop_all(direct_world);
     sched->run();
   }
 
@@ -162,6 +168,39 @@ BOOST_AUTO_TEST_CASE(steps_finish_a_job_by_length) {
   BOOST_TEST(rig.rec.released == std::vector<uint64_t>({1}));
   BOOST_TEST(rig.rec.credit == 5u);  // one more for the ended job
   BOOST_TEST(rig.rec.failures.empty());
+}
+
+// With the journal standing in front of egress (`world` here), what needs no journal record goes
+// straight to egress (BatcherExtras::direct_egress), so that it never waits behind the journal's
+// fsync: every chunk, and the done of a job that is not journaled. A journaled job's done goes
+// through the journal, which holds it until its result is durable; the chunks of a job replayed
+// from the journal whose connection is gone (empty identity) go nowhere, as the journal would
+// have dropped them.
+BOOST_AUTO_TEST_CASE(chunks_and_the_end_of_an_unjournaled_job_go_straight_to_egress) {
+  Rig rig(config(), 64, /*with_direct=*/true);
+  Job kept = rig.job(1, {1, 2, 3}, 2);  // journaled (the default)
+  kept.stream = true;
+  kept.client = ClientRef{ClientRef::http, "h1/0"};
+  rig.run(kept);
+  Job keyless = rig.job(2, {1, 2}, 2);
+  keyless.stream = true;
+  keyless.client = ClientRef{ClientRef::http, "h2/0"};
+  keyless.journaled = false;
+  rig.run(keyless);
+  Job orphan = rig.job(3, {1, 2}, 2);
+  orphan.stream = true;
+  orphan.client = ClientRef{ClientRef::http, ""};
+  rig.run(orphan);
+
+  BOOST_REQUIRE_EQUAL(rig.rec.dones.size(), 2u);  // through the journal: the journaled ones
+  BOOST_TEST(rig.rec.dones[0].uid == 1u);
+  BOOST_TEST(rig.rec.dones[1].uid == 3u);
+  BOOST_TEST(rig.rec.chunks.empty());
+  BOOST_REQUIRE_EQUAL(rig.direct.dones.size(), 1u);
+  BOOST_TEST(rig.direct.dones[0].uid == 2u);
+  std::vector<uint64_t> chunk_uids;
+  for (const auto& c : rig.direct.chunks) chunk_uids.push_back(c.uid);
+  BOOST_TEST(chunk_uids == std::vector<uint64_t>({1, 1, 2, 2}));  // one per token, none for 3
 }
 
 BOOST_AUTO_TEST_CASE(two_jobs_share_steps_under_the_budget) {

@@ -94,13 +94,25 @@ RouterConfig two_classes(std::size_t interactive_limit = 1000, std::size_t batch
 struct Rig : test::TestSystem {
   TraceP t = std::make_shared<Trace>();
   caf::actor egress, admission, batcher, probe;
+  caf::actor direct;  // with_direct: the egress actor behind the journal (`egress` here)
+  std::shared_ptr<std::vector<std::string>> direct_log =
+      std::make_shared<std::vector<std::string>>();
   RouterActor router;
   uint64_t next_uid = 1;
 
   explicit Rig(RouterConfig rc, std::vector<TenantConfig> tenants = {}, RouterOptions opts = {},
-               bool regrant = false) {
+               bool regrant = false, bool with_direct = false) {
     egress = sys->spawn(egress_sink, t);
     admission = sys->spawn(admission_sink, t);
+    if (with_direct) {
+      direct = sys->spawn([log = direct_log](caf::event_based_actor*) -> caf::behavior {
+        return {
+            [log](out_atom, const AcceptedEvent& e) { log->push_back("accepted " + e.id); },
+            [log](out_atom, const StatusEvent& e) { log->push_back("status " + e.id); },
+        };
+      });
+      opts.direct_egress = test::stand_in<EgressActor>(direct);
+    }
     router = spawn_router(*sys, std::move(rc), test::stand_in<EgressActor>(egress),
                           test::stand_in<AdmissionActor>(admission), std::move(tenants), opts);
     batcher = sys->spawn(fake_batcher, t, regrant);
@@ -109,6 +121,7 @@ struct Rig : test::TestSystem {
   }
   ~Rig() {
     test::stop_all(egress, admission, router, batcher, probe);
+    if (direct) test::stop_all(direct);
     sched->run();
   }
 
@@ -484,6 +497,46 @@ BOOST_AUTO_TEST_CASE(status_reports_queued_or_running) {
 }
 
 // queue_position counts the jobs that will run first, in the fair queue's order: not the depth.
+// Where the journal stands in front of egress, `accepted` goes straight to the egress actor
+// (RouterOptions::direct_egress), the way the batchers send the job's chunks, so that it reaches
+// egress ahead of them; for the most important class as an urgent message, as its chunks are, so
+// that a normal message already waiting in egress's mailbox holds it back no more than it holds
+// back the chunks. A job that expires in the queue still ends through the journal.
+BOOST_AUTO_TEST_CASE(accepted_goes_straight_to_egress_at_the_priority_of_the_chunks) {
+  RouterConfig rc = two_classes();
+  rc.classes[1].queue_timeout_ms = 50;
+  Rig rig(rc, {}, {}, false, /*with_direct=*/true);
+  auto enqueue_behind_a_normal_message = [&](Job j) {
+    StatusEvent waiting;
+    waiting.id = "waiting";
+    caf::anon_send(rig.direct, out_atom::value, std::move(waiting));
+    rig.push(std::move(j));
+    // The router handles the job while the normal message still waits in the sink's mailbox.
+    BOOST_REQUIRE(rig.sched->prioritize(rig.router));
+    rig.sched->run_once();
+    rig.sched->run();
+  };
+  Job interactive = rig.job("x", 0), batch = rig.job("x", 1);
+  enqueue_behind_a_normal_message(interactive);
+  enqueue_behind_a_normal_message(batch);
+  // A job replayed from the journal whose connection is gone gets no `accepted` (egress would
+  // try the empty address, and a failed delivery cancels the job).
+  Job orphan = rig.job("x", 0);
+  orphan.client.identity.clear();
+  rig.push(orphan);
+  rig.sched->run();
+  BOOST_TEST(*rig.direct_log ==
+             std::vector<std::string>({"accepted " + interactive.id, "status waiting",
+                                       "status waiting", "accepted " + batch.id}));
+  BOOST_TEST(rig.t->accepted.empty());  // nothing went the journal's way
+  // No credit: the batch job expires in its queue; its error goes through the journal.
+  rig.sched->clock().current_time += std::chrono::milliseconds(60);
+  rig.sched->trigger_timeouts();
+  rig.sched->run();
+  BOOST_REQUIRE_EQUAL(rig.t->errors.size(), 1u);
+  BOOST_TEST(rig.t->errors[0].id == batch.id);
+}
+
 BOOST_AUTO_TEST_CASE(queue_position_counts_the_jobs_ahead) {
   Rig rig(two_classes());
   // No credit: everything waits. x1 x2 x3 of tenant x, then y1 of tenant y, all interactive,

@@ -85,7 +85,7 @@ struct BatcherExtras {
   bool draft_model = false;
   /// Where the events that need no journal record go straight (the egress actor itself, where
   /// `egress` is the journal standing in front of it): streamed chunks, and the done or error of
-  /// a job that is not journaled (Job::journal false). Invalid: everything goes to `egress`.
+  /// a job that is not journaled (Job::journaled false). Invalid: everything goes to `egress`.
   EgressActor direct_egress;
 };
 

@@ -18,6 +18,7 @@
 #include <caf/all.hpp>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <mutex>
@@ -732,8 +733,8 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
   }
 
   // Whether an event is for a batch line's job (its client identity names the lines' table).
-  static bool is_line_event(const OutMessage& m) {
-    return !m.to.identity.empty() && m.to.identity[0] == 'b';
+  bool is_line_event(const OutMessage& m) const {
+    return !m.to.identity.empty() && m.to.identity[0] == lines.tag;
   }
 
   void cancel_jobs(Exchange& ex, bool client_gone) {
@@ -928,8 +929,24 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     r.body = std::move(body);
     r.request_id = ex.response_id;
     r.retry_after_ms = retry_after_ms;
+    line_finished(*ex.line, r);
+  }
+
+  // Hands a line's result to the store (batch thread).
+  void line_finished(const http_batch::LineJob& line, const http_batch::LineResult& r) {
     std::lock_guard<std::mutex> lock(store_mu);
-    batches->finished(*ex.line, r);
+    batches->finished(line, r);
+  }
+
+  // `fn` of the store (a timer's, a sync's end) as a task for the batch thread: under the
+  // store's lock, and not at all once the door is gone.
+  static std::function<void()> store_task(std::weak_ptr<Impl> weak, std::function<void()> fn) {
+    return [weak = std::move(weak), fn = std::move(fn)] {
+      if (auto d = weak.lock()) {
+        std::lock_guard<std::mutex> lock(d->store_mu);
+        fn();
+      }
+    };
   }
 
   // Runs one batch line as a non-streamed request of the batch's tenant in the batch class.
@@ -939,8 +956,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       http_batch::LineResult r;
       r.status = e->status;
       r.body = openai::error_body(*e);
-      std::lock_guard<std::mutex> lock(store_mu);
-      batches->finished(line, r);
+      line_finished(line, r);
       return;
     }
     auto& r = std::get<openai::Request>(parsed);
@@ -961,8 +977,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       res.status = e->status;
       res.body = openai::error_body(*e);
       res.retry_after_ms = e->retry_after_ms;
-      std::lock_guard<std::mutex> lock(store_mu);
-      batches->finished(line, res);
+      line_finished(line, res);
     }
   }
 
@@ -1088,12 +1103,8 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       auto d = weak.lock();
       if (!d) return;
       auto t = std::make_shared<asio::steady_timer>(d->batch_io, ms);
-      t->async_wait([t, weak, fn = std::move(fn)](beast::error_code ec) {
-        if (ec) return;
-        if (auto d = weak.lock()) {
-          std::lock_guard<std::mutex> lock(d->store_mu);
-          fn();
-        }
+      t->async_wait([t, task = store_task(weak, std::move(fn))](beast::error_code ec) {
+        if (!ec) task();
       });
     };
     h.now_s = [] { return wall_seconds(); };
@@ -1104,13 +1115,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
       if (!d) return;
       asio::post(*d->sync_pool, [weak, work = std::move(work), done = std::move(done)] {
         work();
-        if (auto d = weak.lock())
-          asio::post(d->batch_io, [weak, done] {
-            if (auto d = weak.lock()) {
-              std::lock_guard<std::mutex> lock(d->store_mu);
-              done();
-            }
-          });
+        if (auto d = weak.lock()) asio::post(d->batch_io, store_task(weak, done));
       });
     };
     batches = std::make_unique<http_batch::Store>(ctx.batch_dir, l, std::move(h));
@@ -1188,7 +1193,7 @@ void HttpDoor::stop() {
 }
 
 void HttpDoor::post(OutMessage m) {
-  if (Impl::is_line_event(m))
+  if (impl_->is_line_event(m))
     asio::post(impl_->batch_io,
                [impl = impl_, m = std::move(m)] { impl->on_event(impl->lines, m); });
   else

@@ -176,7 +176,39 @@ void Batcher::on_run(Job& job, const policy::KvPolicy& pol) {
     fork_group(*p);  // a one-token prompt: nothing to share, each member feeds it itself
   } else {
     waiting_.insert(p);
+    maybe_interrupt(*p);
   }
+  schedule();
+}
+
+void Batcher::maybe_interrupt(const Seq& s) {
+  if (!extras_.interrupt || !cfg_.urgent_interrupt || !cfg_.urgent_prefill) return;
+  if (!step_sent_us_ || interrupt_raised_ || step_drafted_) return;
+  // Only where urgent prefill (plan_step 3.) would then run the job's prompt in a step of its
+  // own: neither the step in flight nor the one before it was such a step (never two in a row),
+  // the job is more important than every sequence of the step in flight, and that step feeds
+  // more tokens than the job's first chunk.
+  if (last_step_urgent_ || urgent_before_ || s.job.class_index >= step_top_class_) return;
+  if (step_fed_ <= std::min<int64_t>(s.feed_end(), cfg_.prefill_chunk)) return;
+  interrupt_raised_ = true;
+  extras_.interrupt->store(true, std::memory_order_relaxed);
+}
+
+void Batcher::on_interrupted() {
+  ++interrupts_;
+  step_sent_us_.reset();
+  last_step_urgent_ = urgent_before_;  // the stopped step does not count as the batch's turn
+  std::vector<uint64_t> members;
+  for (Seq* s : planned_) members.push_back(s->job.uid);
+  planned_.clear();
+  for (uint64_t uid : members) {
+    Seq* s = find(uid);
+    if (!s) continue;
+    s->in_step = false;
+    s->step_tokens = 0;  // n_past stays: the same tokens go to the same slots again
+    if (s->cancelled) finish(*s, FinishReason::cancelled);
+  }
+  check_pressure();
   schedule();
 }
 
@@ -249,6 +281,7 @@ BatcherStats Batcher::stats() const {
   s.spec_steps = spec_steps_;
   s.steps_done = steps_done_;
   s.step_us = step_us_;
+  s.steps_interrupted = interrupts_;
   return s;
 }
 
@@ -486,6 +519,7 @@ void Batcher::schedule() {
     if (running_.empty()) return;
     flush_notices();
     if (!planned_.empty()) {
+      urgent_before_ = last_step_urgent_;
       last_step_urgent_ = plan.urgent;
       budget_left = plan.budget_left;
       break;
@@ -513,7 +547,9 @@ void Batcher::send_step() {
   step_fed_ = step_rows_ = step_outputs_ = step_accepted_ = 0;
   step_drafted_ = false;
   step_pure_ = true;
+  step_top_class_ = UINT32_MAX;
   for (Seq* s : planned_) {
+    step_top_class_ = std::min(step_top_class_, s->job.class_index);
     step_fed_ += s->step_tokens;
     step_rows_ += logit_rows(*s);
     const bool samples = s->samples_in_step();
@@ -573,6 +609,11 @@ void Batcher::on_result(StepResult& r) {
     throw std::runtime_error("TEST ONLY fault: batcher throws after " +
                              std::to_string(extras_.test_fault_throw_after) + " steps");
   if (life_ == Lifecycle::failed) return;  // a late answer of an executor already given up on
+  if (interrupt_raised_) {  // lowered before the next step is sent, which it must not stop
+    interrupt_raised_ = false;
+    extras_.interrupt->store(false, std::memory_order_relaxed);
+  }
+  if (r.interrupted) return on_interrupted();
   // The step's measured cost, for speculation's choice (test-only step delays left out).
   const int64_t took = step_sent_us_ ? now() - *step_sent_us_ : 0;
   const bool timed = step_sent_us_ && cfg_.step_delay_ms <= 0;

@@ -5,6 +5,7 @@
 // stop strings). Time is the actor clock's, so tests run it on the test scheduler.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 
@@ -87,6 +88,9 @@ struct BatcherExtras {
   /// `egress` is the journal standing in front of it): streamed chunks, and the done or error of
   /// a job that is not journaled (Job::journaled false). Invalid: everything goes to `egress`.
   EgressActor direct_egress;
+  /// Shared with the executor of the pair (ExecutorSpec::interrupt): raised to stop the step in
+  /// flight for a more important job (BatchingConfig::urgent_interrupt). Null: never.
+  std::shared_ptr<std::atomic<bool>> interrupt;
 };
 
 /// spawn_batcher for a supervised pair. Beyond the above it monitors `executor`; an executor

@@ -18,6 +18,11 @@ struct BatchingConfig {
   // A prompt of a more important class runs in a step of its own when the less important
   // classes' tokens would outweigh it (policies/step_planner.hpp, plan_step 3.)
   bool urgent_prefill = true;
+  // Such a prompt does not wait for the step in flight either, where that step holds only less
+  // important classes: the batcher asks the executor to stop it between two layers (an engine
+  // that can: the CPU engine) and plans the prompt's short step at once; the stopped step's
+  // tokens are fed again after it. Never two short steps in a row, as above.
+  bool urgent_interrupt = true;
   // Priority pacing (policies/step_planner.hpp, plan_step 4.): for priority_pacing_ms after a job
   // of a class reaches the batcher, the less important classes' prompt chunks add at most
   // priority_pacing times the measured cost of a decode step of the running batch to a step (and

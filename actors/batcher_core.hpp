@@ -133,6 +133,11 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   policy::PlanOutput plan_round();
   // Sets the round's pacing (plan_step 4.) from the classes' last arrivals and the step cost.
   void pace(policy::PlanInput& in) const;
+  // Asks the executor to stop the step in flight when waiting job s would otherwise wait for it
+  // and then run in a short urgent step (BatchingConfig::urgent_interrupt).
+  void maybe_interrupt(const Seq& s);
+  // The answer to a stopped step: its sequences feed the same tokens again.
+  void on_interrupted();
   // Paced classes feed at least this many prompt tokens a step: progress while the step cost is
   // not yet measured (or a fit says a token costs nothing), one KV block of the default size.
   static constexpr int64_t kPaceMinTokens = 16;
@@ -267,6 +272,12 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   double spec_acc_w_ = 1.0, spec_try_w_ = 2.0;  // its decayed sums (a start of 1 in 2)
   int64_t spec_drafted_ = 0, spec_accepted_ = 0, spec_seq_steps_ = 0, spec_steps_ = 0;
   int64_t steps_done_ = 0, step_us_ = 0;  // engine steps that came back, and their time
+  // Interrupting the step in flight for a more important job (maybe_interrupt): the most
+  // important class in it, last_step_urgent_ before it was planned, whether the flag is up, and
+  // the steps the engine stopped.
+  uint32_t step_top_class_ = UINT32_MAX;
+  bool urgent_before_ = false, interrupt_raised_ = false;
+  int64_t interrupts_ = 0;
   int64_t step_fed_ = 0, step_rows_ = 0;
   // The step in flight for the guard: its sampling sequences, whether any fed drafts, whether it
   // was a pure decode step (no prompt chunk), and the drafts accepted when it returned.

@@ -70,6 +70,7 @@ struct ExecutorState {
   std::vector<ErrorCode> failed_code;  // ... and its code
   int64_t steps = 0, tokens = 0;
   int64_t seq_failures = 0;  // sequences ended alone (bad sampling state, non-finite logits)
+  int64_t interrupted = 0;   // steps the engine stopped on spec.interrupt
   // TEST ONLY (test_nan_logits_token): sequences whose logits are made NaN at every sample.
   std::unordered_set<uint64_t> poisoned;
   // TEST ONLY (hang fault): promises never delivered, kept so that no reply is ever sent.
@@ -571,6 +572,10 @@ ExecutorActor::behavior_type executor_actor(ExecutorActor::pointer self,
             st->tokens += r.error.empty() && r.token >= 0  // (targets alone: no token)
                               ? 1 + static_cast<int64_t>(r.spec_ids.size())
                               : 0;
+        } catch (const StepInterrupted&) {
+          res.seqs.clear();
+          res.interrupted = true;
+          ++st->interrupted;
         } catch (const std::exception& e) {
           res.seqs.clear();
           res.error = std::string("executor step failed: ") + e.what();
@@ -593,6 +598,7 @@ ExecutorActor::behavior_type executor_actor(ExecutorActor::pointer self,
         s.tokens = st->tokens;
         s.samplers = static_cast<int64_t>(st->samplers.size());
         s.seq_failures = st->seq_failures;
+        s.interrupted = st->interrupted;
         return s;
       },
   };
@@ -642,6 +648,7 @@ ExecutorActor spawn_executor(caf::actor_system& sys, ExecutorSpec spec, int32_t*
                                 std::string(to_string(spec.backend)) +
                                 "' (expected cpu, cuda or null)");
   }
+  if (st->engine && spec.interrupt) st->engine->interrupt_on(spec.interrupt.get());
   if (n_blocks) *n_blocks = st->engine ? st->engine->pool().n_total() : spec.n_blocks;
   st->spec = std::move(spec);
   return sys.spawn<caf::detached>(executor_actor, std::move(st));

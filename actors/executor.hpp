@@ -2,6 +2,7 @@
 // sequences that ask for a token. One executor per device; its batcher owns the KV block tables.
 #pragma once
 
+#include <atomic>
 #include <caf/fwd.hpp>
 #include <cstdint>
 #include <memory>
@@ -52,6 +53,10 @@ struct ExecutorSpec {
   /// The vocabulary index and compiled constraints shared with admission; null: the executor
   /// makes its own at the first constrained job.
   std::shared_ptr<ConstraintSupport> constraints;
+  /// Raised by the batcher of the pair (BatcherExtras::interrupt) to stop the step in flight:
+  /// the engine stops it between two layers (Engine::interrupt_on; the CPU engine) and the step
+  /// answers StepResult::interrupted. The batcher clears it. Null: every step runs to its end.
+  std::shared_ptr<std::atomic<bool>> interrupt;
 };
 
 /// Spawns a detached executor. It handles
@@ -60,7 +65,11 @@ struct ExecutorSpec {
 ///       logits or a plan the engine refuses for that sequence only (internal), gets a SeqResult
 ///       with `error` and `code` set while the others of the step get their tokens),
 ///   (release_atom, std::vector<uint64_t> uids)  forgets those sequences' samplers,
-///   (stats_atom) -> ExecutorStats {steps, tokens, samplers, seq_failures} (actors/stats.hpp).
+///   (stats_atom) -> ExecutorStats {steps, tokens, samplers, seq_failures, interrupted}
+///       (actors/stats.hpp).
+/// A step the engine stopped on spec.interrupt answers StepResult::interrupted with no seqs; it
+/// changed no sampler's random stream (nothing was sampled) and records no token twice when its
+/// tokens are fed again.
 /// A sequence's sampler is made on its first plan with sample or reset set and kept until
 /// released, so a recomputed (preempted) sequence continues its random stream.
 /// The test-only fault flags of the spec make it crash or hang after N steps (crash recovery tests).

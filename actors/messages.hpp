@@ -254,11 +254,14 @@ struct StepResult {
   int32_t draft_passes = 0;
   int64_t draft_tokens = 0;
   double draft_us = 0.0;
+  // The batcher asked for the step to stop (ExecutorSpec::interrupt) and the engine stopped it
+  // between two layers: no seqs, nothing sampled; the batcher plans its tokens again.
+  bool interrupted = false;
 };
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, StepResult& x) {
   return f(caf::meta::type_name("StepResult"), x.step, x.seqs, x.error, x.draft_passes,
-           x.draft_tokens, x.draft_us);
+           x.draft_tokens, x.draft_us, x.interrupted);
 }
 
 // ---- outbound events (to the egress actor, which encodes them for the gateway) and the job's

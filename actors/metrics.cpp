@@ -120,7 +120,7 @@ struct Pair {
 struct Retired {
   int64_t preemptions = 0, policy_swaps = 0, seq_failures = 0;
   int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_seq_steps = 0, spec_steps = 0;
-  int64_t steps_done = 0, step_us = 0;
+  int64_t steps_done = 0, step_us = 0, steps_interrupted = 0;
   std::map<std::string, int64_t> preemptions_by;  // by executor label
 };
 
@@ -378,6 +378,11 @@ void scraped_series(Self* self, const Scrape& s, pm::Registry& reg) {
           "Time of those steps, from sending each to its result, all executors.")
       .Add({})
       .Increment(static_cast<double>(counted.step_us + st.retired.step_us) / 1e6);
+  add(counter("switchyard_engine_steps_interrupted_total",
+              "Engine steps stopped between two layers so that a more important job's prompt "
+              "runs at once (batching.urgent_interrupt; not in switchyard_engine_steps_total), "
+              "all executors."),
+      {}, counted.steps_interrupted + st.retired.steps_interrupted);
   gauge("switchyard_spec_acceptance_ratio",
         "Accepted over drafted tokens since the start (0 before any draft).")
       .Add({})
@@ -529,6 +534,7 @@ void on_down(Self* self, const caf::down_msg& dm) {
       st.retired.spec_steps += p.last.spec_steps;
       st.retired.steps_done += p.last.steps_done;
       st.retired.step_us += p.last.step_us;
+      st.retired.steps_interrupted += p.last.steps_interrupted;
       it = st.pairs.erase(it);
     } else {
       ++it;

@@ -192,6 +192,7 @@ struct BatcherStats {
   int64_t spec_steps = 0;               ///< engine steps in which some sequence fed drafts
   int64_t steps_done = 0;               ///< engine steps whose results came back
   int64_t step_us = 0;                  ///< their time, from sending each to its result
+  int64_t steps_interrupted = 0;        ///< steps stopped for a more important job (not above)
 
   template <class S, class F>
   static decltype(auto) fields(S& s, F&& f) {
@@ -228,7 +229,8 @@ struct BatcherStats {
              field("spec_draft_tokens", s.spec_draft_tokens, kSummary),
              field("spec_accepted_tokens", s.spec_accepted_tokens, kSummary),
              field("spec_seq_steps", s.spec_seq_steps), field("spec_steps", s.spec_steps),
-             field("steps_done", s.steps_done), field("step_us", s.step_us));
+             field("steps_done", s.steps_done), field("step_us", s.step_us),
+             field("steps_interrupted", s.steps_interrupted));
   }
 };
 
@@ -309,12 +311,13 @@ struct ExecutorStats {
   int64_t tokens = 0;        ///< tokens sampled (sequences without an error)
   int64_t samplers = 0;      ///< per-sequence samplers held
   int64_t seq_failures = 0;  ///< sequences ended alone with their own error
+  int64_t interrupted = 0;   ///< steps stopped between two layers for an urgent job (not in steps)
 
   template <class S, class F>
   static decltype(auto) fields(S& s, F&& f) {
     using stats_fields::field;
     return f(field("steps", s.steps), field("tokens", s.tokens), field("samplers", s.samplers),
-             field("seq_failures", s.seq_failures));
+             field("seq_failures", s.seq_failures), field("interrupted", s.interrupted));
   }
 };
 

@@ -90,6 +90,8 @@ bool spawn_pair(Self* self) {
   st.fault_flags_used = true;
   // A device slot names its device; the CPU backend ignores it (slot.device is -1 there).
   spec.device = st.cfg.slots[static_cast<size_t>(slot)].device;
+  // The pair's own flag for stopping the step in flight (BatchingConfig::urgent_interrupt).
+  spec.interrupt = std::make_shared<std::atomic<bool>>(false);
   Pair p;
   p.id = st.next_id++;
   p.slot = slot;
@@ -117,6 +119,7 @@ bool spawn_pair(Self* self) {
   extras.window_blocks = spec.n_window_blocks;  // the engine's window group, if it has one
   extras.draft_model = spec.draft_model != nullptr;
   extras.direct_egress = st.w.direct_egress;
+  extras.interrupt = spec.interrupt;
   if (first) extras.test_fault_throw_after = st.cfg.test_fault_batcher_throw_after;
   p.batcher = spawn_batcher(self->system(), st.cfg.batching, st.w.model, p.executor, st.w.router,
                             st.w.egress, st.w.admission, n_blocks, extras);

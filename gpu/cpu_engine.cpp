@@ -79,6 +79,8 @@ class CpuEngine final : public Engine {
   BlockPool* window_pool() override { return wpool_.get(); }
   size_t kv_bytes() const override { return 2 * static_cast<size_t>(kv_cache_bytes_); }
   void step(const std::vector<SeqStep>& batch, StepOutput& out) override;
+  // Read between layers on the fast path; the reference path (a test oracle) runs to the end.
+  void interrupt_on(const std::atomic<bool>* flag) override { interrupt_ = flag; }
   void copy_blocks(const std::vector<KvBlockCopy>& copies) override {
     validate_copies(copies, pool_.n_total(), wpool_ ? wpool_->n_total() : 0);
     // Block-major cache: one block of one layer is one stretch of every head's slots.
@@ -220,6 +222,7 @@ class CpuEngine final : public Engine {
   std::vector<KvElem*> k_base_, v_base_;  // (n_layers)
   int64_t kv_cache_bytes_ = 0;            // bytes of k_cache_ (and of v_cache_)
   std::unique_ptr<kernels::ThreadPool> threads_;
+  const std::atomic<bool>* interrupt_ = nullptr;  // interrupt_on
 
   // The step plan, rebuilt each step in buffers that only grow.
   int32_t n_tok_ = 0;               // T: new tokens in the step
@@ -672,6 +675,10 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
     }
     if (L.post_ffn_norm) rows_norm(xb_.data(), xb_.data(), L.post_ffn_norm);
     kernels::axpy(1.0f, xb_.data(), x_.data(), static_cast<int64_t>(T) * dim);
+    // Between two layers the step can stop (interrupt_on): this layer's K/V slots are written,
+    // the later layers' are not, and the caller feeds the same tokens again.
+    if (interrupt_ && l + 1 < c.n_layers && interrupt_->load(std::memory_order_relaxed))
+      throw StepInterrupted();
   }
 
   const size_t R = out_row_.size();

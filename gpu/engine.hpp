@@ -3,6 +3,7 @@
 // implement it and are checked against the same golden outputs.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -80,6 +81,16 @@ class BadSequence : public std::invalid_argument {
   size_t seq;
 };
 
+/// Engine::step's answer to the flag given to Engine::interrupt_on, raised while the step ran: the
+/// step stopped between two layers. It has no outputs, and the K/V slots of its new tokens may be
+/// partly written; the caller feeds the same tokens at the same slots again (in one step or in
+/// several) before any step reads those slots, which leaves the cache exactly as an uninterrupted
+/// step would. Nothing else changed: the blocks copied before the step (copy_blocks) stay copied.
+class StepInterrupted : public std::runtime_error {
+ public:
+  StepInterrupted() : std::runtime_error("step interrupted") {}
+};
+
 /// One KV block copy (Engine::copy_blocks): block `src` into block `dst` of the same pool, the
 /// window group's where `window` (an engine that splits its cache), else pool()'s.
 struct KvBlockCopy {
@@ -129,6 +140,11 @@ class Engine {
   virtual void copy_blocks(const std::vector<KvBlockCopy>& copies) {
     if (!copies.empty()) throw std::invalid_argument("this engine cannot copy KV blocks");
   }
+  /// From now on, step() reads `flag` after each layer but the last and throws StepInterrupted
+  /// when it is set (the caller clears it). Null: steps run to their end. The CPU engine's fast
+  /// path reads it; its reference path (a test oracle) and the CUDA engine (a step there is
+  /// launched whole) run every step to its end.
+  virtual void interrupt_on(const std::atomic<bool>* flag) { (void)flag; }
   /// A step whose next tokens are picked greedily where the logits are, so that only the ids
   /// (one per sequence, ties to the lowest id, as Sampler) come back. Returns false, doing
   /// nothing, on a backend without it (the CPU engine: its logits are already in host memory).

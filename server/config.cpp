@@ -295,7 +295,7 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
         "kv_high_watermark", "kv_low_watermark", "prefix_cache",   "step_timeout_ms",
         "max_job_retries",   "kv_gpu_fraction",  "kv_dtype",       "layer_window_kv",
         "urgent_prefill",    "speculative",      "spec_max_draft", "spec_ngram_min",
-        "spec_ngram_max",    "priority_pacing",  "priority_pacing_ms"},
+        "spec_ngram_max",    "priority_pacing",  "priority_pacing_ms", "urgent_interrupt"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "step_token_budget")
            b.step_token_budget = static_cast<uint32_t>(get_int(c, key, v, 1, 1 << 20));
@@ -330,6 +330,8 @@ void load_batching(const Ctx& c, const YAML::Node& n, BatchingConfig& b) {
            b.kv_low_watermark = get_real(c, key, v, 0.0, 1.0);
          else if (k == "urgent_prefill")
            b.urgent_prefill = get_bool(c, key, v);
+         else if (k == "urgent_interrupt")
+           b.urgent_interrupt = get_bool(c, key, v);
          // A share of a decode step (more would be no pacing); a minute is past any stream of
          // requests of a class.
          else if (k == "priority_pacing")

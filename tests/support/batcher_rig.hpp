@@ -2,6 +2,7 @@
 // standing in for the router, egress and admission: shared by the batcher and KV-policy tests.
 #pragma once
 
+#include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <chrono>
@@ -66,6 +67,9 @@ struct Rig {
   // > 0: the executor's and batcher's window-group KV blocks (a model with two kinds of layers)
   int32_t window_blocks = 0;
   bool draft_model = false;  // the executor of start() has a draft model
+  // Set: the pair's flag for stopping the step in flight (BatcherExtras::interrupt; start()
+  // gives it to the executor too).
+  std::shared_ptr<std::atomic<bool>> interrupt;
 
   void start(BatchingConfig bc, int32_t n_blocks, ExecutorSpec spec, bool with_model = true) {
     if (spec.model) spec.model = model;
@@ -73,6 +77,7 @@ struct Rig {
     spec.n_window_blocks = window_blocks;
     spec.block_size = bc.kv_block_size;
     draft_model = spec.draft_model != nullptr;
+    spec.interrupt = interrupt;
     executor = spawn_executor(sys, spec);
     start_with(bc, n_blocks, executor, with_model);
   }
@@ -84,6 +89,7 @@ struct Rig {
     BatcherExtras extras;
     extras.window_blocks = window_blocks;
     extras.draft_model = draft_model;
+    extras.interrupt = interrupt;
     batcher = spawn_batcher(sys, bc, with_model ? model : nullptr, exec,
                             test::stand_in<RouterActor>(sink), test::stand_in<EgressActor>(sink),
                             test::stand_in<AdmissionActor>(sink), n_blocks, extras);

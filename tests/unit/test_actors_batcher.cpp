@@ -1,6 +1,8 @@
 // Batcher + executor actors in a real actor system: greedy output equals llama.cpp's golden ids
 // (streamed, not streamed, concurrent, under KV preemption), cancellation, stop strings,
 // max_tokens, chunked prefill plans, executor failure, and the null backend.
+#include <algorithm>
+#include <atomic>
 #include <boost/test/unit_test.hpp>
 #include <caf/all.hpp>
 #include <chrono>
@@ -487,6 +489,149 @@ BOOST_AUTO_TEST_CASE(an_active_class_paces_the_prompts_of_less_important_ones) {
       }
     }
   }
+}
+
+BOOST_AUTO_TEST_CASE(an_interactive_prompt_stops_the_batch_step_in_flight) {
+  Rig rig;
+  rig.interrupt = std::make_shared<std::atomic<bool>>(false);
+  caf::scoped_actor exec{rig.sys};
+  BatchingConfig bc = small_config();
+  bc.prefix_cache = false;
+  bc.priority_pacing_ms = 0;
+  rig.start_with(bc, 200, exec, true);
+  auto batch_job = [&](int32_t i) {
+    Job j = rig.job({1, 300 + i}, 20, false);
+    j.class_index = 1;
+    return j;
+  };
+  auto interactive_job = [&] {
+    Job j = rig.job({1, 403, 407}, 4, false);
+    j.class_index = 0;
+    return j;
+  };
+  std::set<uint64_t> batch;
+  for (int32_t i = 0; i < 6; ++i) batch.insert(rig.submit(batch_job(i)));
+  std::vector<StepPlan> plans;
+  const auto token = [](uint64_t) { return 300; };
+  auto decoding = [&](const StepPlan& p) {
+    if (p.seqs.size() != batch.size()) return false;
+    for (const SeqPlan& q : p.seqs)
+      if (q.tokens.size() != 1u || q.n_past < 2) return false;
+    return true;
+  };
+  for (int step = 0; step < 6 && (plans.empty() || !decoding(plans.back())); ++step)
+    serve_step(exec, plans, token);
+  BOOST_REQUIRE(decoding(plans.back()));
+  // The next step (six decodes) is in flight while two jobs arrive. A batch job of the same
+  // class does not stop it; an interactive one, whose 3-token prompt is lighter than the six
+  // decodes, does. The stats round trip makes sure the batcher has handled each arrival.
+  StepPlan stopped;
+  bool after_batch = true, after_interactive = false;
+  uint64_t hi = 0;
+  exec->receive(
+      [&](step_atom, const StepPlan& p) -> StepResult {
+        stopped = p;
+        rig.submit(batch_job(6));
+        rig.stats(rig.batcher);
+        after_batch = rig.interrupt->load();
+        hi = rig.submit(interactive_job());
+        rig.stats(rig.batcher);
+        after_interactive = rig.interrupt->load();
+        StepResult r;
+        r.step = p.step;
+        r.interrupted = true;
+        return r;
+      },
+      caf::after(kWait) >> [&] { BOOST_FAIL("no step plan"); });
+  BOOST_TEST(!after_batch);
+  BOOST_REQUIRE(after_interactive);
+  BOOST_REQUIRE(decoding(stopped));
+  // At once, the interactive prompt alone, in a short step; the flag is down again.
+  serve_step(exec, plans, token);
+  BOOST_TEST(!rig.interrupt->load());
+  BOOST_REQUIRE(plans.back().seqs.size() == 1u);
+  BOOST_TEST(plans.back().seqs[0].uid == hi);
+  BOOST_TEST(plans.back().seqs[0].n_past == 0);
+  BOOST_TEST(plans.back().seqs[0].tokens.size() == 3u);
+  // Then the batch's turn: the stopped step's sequences feed the same tokens at the same slots.
+  // Another interactive job arriving during it does not stop it (never two short steps in a row).
+  StepPlan resumed;
+  bool after_second = true;
+  exec->receive(
+      [&](step_atom, const StepPlan& p) -> StepResult {
+        resumed = p;
+        rig.submit(interactive_job());
+        rig.stats(rig.batcher);
+        after_second = rig.interrupt->load();
+        StepResult r;
+        r.step = p.step;
+        for (const SeqPlan& q : p.seqs)
+          if (q.sample) r.seqs.push_back(SeqResult{q.uid, 300, 0.0f, {}, {}});
+        return r;
+      },
+      caf::after(kWait) >> [&] { BOOST_FAIL("no step plan"); });
+  BOOST_TEST(!after_second);
+  for (const SeqPlan& q : stopped.seqs) {
+    BOOST_TEST_CONTEXT("uid " << q.uid) {
+      auto it = std::find_if(resumed.seqs.begin(), resumed.seqs.end(),
+                             [&](const SeqPlan& x) { return x.uid == q.uid; });
+      BOOST_REQUIRE(it != resumed.seqs.end());
+      BOOST_TEST(it->n_past == q.n_past);
+      BOOST_TEST(it->tokens == q.tokens, boost::test_tools::per_element());
+      BOOST_TEST(!it->reset);
+    }
+  }
+  const BatcherStats st = rig.stats(rig.batcher);
+  BOOST_TEST(st.steps_interrupted == 1);
+  BOOST_TEST(st.steps_done == static_cast<int64_t>(plans.size()) + 1);  // the stopped one not
+}
+
+// With a real CPU engine: interactive jobs that stop the batch's steps in flight (between two
+// layers, K/V of the stopped step's tokens partly written) leave every output as llama.cpp's.
+BOOST_AUTO_TEST_CASE(stopped_steps_leave_every_output_golden) {
+  Rig rig;
+  rig.interrupt = std::make_shared<std::atomic<bool>>(false);
+  BatchingConfig bc = small_config();
+  bc.max_sequences = 16;
+  bc.priority_pacing_ms = 0;
+  ExecutorSpec spec = cpu_spec();
+  spec.step_delay_ms = 20;  // TEST ONLY: every step is in flight for a while
+  const int32_t n_blocks = kv_blocks_for(bc, stories()->limits().kv_bytes_per_token());
+  rig.start(bc, n_blocks, spec);
+  const auto gold = golden64();
+  std::map<uint64_t, size_t> which;
+  std::vector<uint64_t> uids;
+  for (int round = 0; round < 3; ++round)
+    for (size_t i = 0; i < gold.size(); ++i) {
+      Job j = rig.job(gold[i].prompt, 64, true);
+      j.class_index = 1;
+      const uint64_t u = rig.submit(j);
+      which[u] = i;
+      uids.push_back(u);
+    }
+  // Once the batch streams (nine decodes a step, more than a 5-token prompt), interactive jobs
+  // arrive one after another until one of them has stopped a step (each arrives while a step
+  // is in flight but for a moment between two steps; a few tries make that certain).
+  while (rig.seen.empty()) BOOST_REQUIRE(rig.receive_one());
+  int64_t stopped = 0;
+  for (int k = 0; k < 5 && stopped == 0; ++k) {
+    const size_t i = static_cast<size_t>(k) % gold.size();
+    Job j = rig.job(gold[i].prompt, 8, false);
+    j.class_index = 0;
+    const uint64_t u = rig.submit(j);
+    rig.wait_all({u});
+    const std::vector<int32_t> want(gold[i].ids.begin(), gold[i].ids.begin() + 8);
+    BOOST_TEST(rig.seen[u].done.ids == want, boost::test_tools::per_element());
+    stopped = rig.stats(rig.batcher).steps_interrupted;
+  }
+  BOOST_TEST(stopped >= 1);
+  rig.wait_all(uids);
+  for (uint64_t u : uids) {
+    BOOST_TEST_CONTEXT("batch job " << u) {
+      BOOST_TEST(rig.seen[u].stream_ids == gold[which[u]].ids, boost::test_tools::per_element());
+    }
+  }
+  BOOST_TEST(rig.stats<ExecutorStats>(rig.executor).interrupted == stopped);
 }
 
 BOOST_AUTO_TEST_CASE(seeded_sampling_survives_preemption) {

@@ -16,9 +16,7 @@ using namespace sy::gputest;
 BOOST_TEST_GLOBAL_FIXTURE(RequireGpu);
 
 BOOST_AUTO_TEST_CASE(forked_sequence_continues_as_its_original) {
-  const auto& c = sy::test::reference_cases().front();
-  std::vector<int32_t> prompt = c.prompt_token_ids;
-  prompt.insert(prompt.end(), c.generated_token_ids.begin(), c.generated_token_ids.end());
+  const std::vector<int32_t> prompt = sy::test::reference_text();
   for (auto kv : {sy::kernels::DType::F16, sy::kernels::DType::F32}) {
     sy::CudaEngineOptions o;
     o.f32_weights = true;

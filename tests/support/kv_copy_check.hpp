@@ -20,6 +20,18 @@ struct KvCopyDiffs {
   int32_t n_vocab = 0;
 };
 
+/// One sequence of a step: `toks` at slots [n_past, n_past + toks.size()) of table `tab`.
+inline SeqStep seq_step(const std::vector<int32_t>& toks, int32_t n_past,
+                        const std::vector<int32_t>& tab) {
+  SeqStep s;
+  s.tokens = toks.data();
+  s.n_tokens = static_cast<int32_t>(toks.size());
+  s.n_past = n_past;
+  s.block_table = tab.data();
+  s.n_blocks = static_cast<int32_t>(tab.size());
+  return s;
+}
+
 /// Sequence A feeds prompt[0, n1) (n1 = 1.5 blocks, so its second block is partly filled);
 /// sequence Z writes other tokens into blocks of its own; fork B takes A's first block and Z's
 /// second. B is stepped once on the stale block, then A's second block is copied over Z's and A
@@ -37,15 +49,7 @@ inline KvCopyDiffs kv_copy_check(Engine& e, const std::vector<int32_t>& prompt) 
     return b;
   };
   const std::vector<int32_t> a = take(2), z = take(2), c = take(3);
-  auto seq = [](const std::vector<int32_t>& toks, int32_t n_past, const std::vector<int32_t>& tab) {
-    SeqStep s;
-    s.tokens = toks.data();
-    s.n_tokens = static_cast<int32_t>(toks.size());
-    s.n_past = n_past;
-    s.block_table = tab.data();
-    s.n_blocks = static_cast<int32_t>(tab.size());
-    return s;
-  };
+  const auto seq = seq_step;
   const std::vector<int32_t> b_tab = {a[0], z[1]};
   StepOutput out;
   e.step({seq(head, 0, a), seq(other, 0, z)}, out);

@@ -79,6 +79,15 @@ inline std::vector<ReferenceCase> reference_cases(int n_predict) {
   return out;
 }
 
+/// The first case's prompt followed by llama.cpp's continuation of it: a long text the model
+/// itself would write, for tests that need more tokens than a prompt.
+inline std::vector<int32_t> reference_text() {
+  const ReferenceCase& c = reference_cases().front();
+  std::vector<int32_t> p = c.prompt_token_ids;
+  p.insert(p.end(), c.generated_token_ids.begin(), c.generated_token_ids.end());
+  return p;
+}
+
 /// The case for `prompt` with `n_predict` tokens; throws std::runtime_error when there is none.
 inline const ReferenceCase& reference_case(const std::string& prompt, int n_predict) {
   for (const auto& c : reference_cases())

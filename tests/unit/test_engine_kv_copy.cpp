@@ -9,15 +9,6 @@
 
 BOOST_AUTO_TEST_SUITE(test_engine_kv_copy)
 
-namespace {
-std::vector<int32_t> long_prompt() {
-  const auto& c = sy::test::reference_cases().front();
-  std::vector<int32_t> p = c.prompt_token_ids;
-  p.insert(p.end(), c.generated_token_ids.begin(), c.generated_token_ids.end());
-  return p;
-}
-}  // namespace
-
 BOOST_AUTO_TEST_CASE(forked_sequence_continues_as_its_original) {
   for (auto kv : {sy::kernels::DType::F32, sy::kernels::DType::F16}) {
     for (bool reference : {false, true}) {
@@ -27,7 +18,7 @@ BOOST_AUTO_TEST_CASE(forked_sequence_continues_as_its_original) {
       o.kv_type = kv;
       o.reference = reference;
       auto e = sy::make_cpu_engine(sy::test::stories_model(), o);
-      const sy::test::KvCopyDiffs d = sy::test::kv_copy_check(*e, long_prompt());
+      const sy::test::KvCopyDiffs d = sy::test::kv_copy_check(*e, sy::test::reference_text());
       BOOST_TEST_MESSAGE("fork " << d.fork << " stale " << d.stale << " fresh " << d.fresh);
       BOOST_TEST(d.fork == 0.0f);   // the same KV, the same arithmetic
       BOOST_TEST(d.stale > 1e-2f);  // the copy changed what the fork reads

@@ -19,7 +19,7 @@ struct BatchingConfig {
   // classes' tokens would outweigh it (policies/step_planner.hpp, plan_step 3.)
   bool urgent_prefill = true;
   // Such a prompt does not wait for the step in flight either, where that step holds only less
-  // important classes: the batcher asks the executor to stop it between two layers (an engine
+  // important classes: the batcher asks the executor to stop it inside its layers (an engine
   // that can: the CPU engine) and plans the prompt's short step at once; the stopped step's
   // tokens are fed again after it. Never two short steps in a row, as above.
   bool urgent_interrupt = true;

@@ -54,7 +54,7 @@ struct ExecutorSpec {
   /// makes its own at the first constrained job.
   std::shared_ptr<ConstraintSupport> constraints;
   /// Raised by the batcher of the pair (BatcherExtras::interrupt) to stop the step in flight:
-  /// the engine stops it between two layers (Engine::interrupt_on; the CPU engine) and the step
+  /// the engine stops it inside its layers (Engine::interrupt_on; the CPU engine) and the step
   /// answers StepResult::interrupted. The batcher clears it. Null: every step runs to its end.
   std::shared_ptr<std::atomic<bool>> interrupt;
 };

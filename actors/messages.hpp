@@ -255,7 +255,7 @@ struct StepResult {
   int64_t draft_tokens = 0;
   double draft_us = 0.0;
   // The batcher asked for the step to stop (ExecutorSpec::interrupt) and the engine stopped it
-  // between two layers: no seqs, nothing sampled; the batcher plans its tokens again.
+  // inside its layers: no seqs, nothing sampled; the batcher plans its tokens again.
   bool interrupted = false;
 };
 template <class Inspector>

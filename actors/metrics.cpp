@@ -379,7 +379,7 @@ void scraped_series(Self* self, const Scrape& s, pm::Registry& reg) {
       .Add({})
       .Increment(static_cast<double>(counted.step_us + st.retired.step_us) / 1e6);
   add(counter("switchyard_engine_steps_interrupted_total",
-              "Engine steps stopped between two layers so that a more important job's prompt "
+              "Engine steps stopped inside their layers so that a more important job's prompt "
               "runs at once (batching.urgent_interrupt; not in switchyard_engine_steps_total), "
               "all executors."),
       {}, counted.steps_interrupted + st.retired.steps_interrupted);

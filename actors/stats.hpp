@@ -311,7 +311,7 @@ struct ExecutorStats {
   int64_t tokens = 0;        ///< tokens sampled (sequences without an error)
   int64_t samplers = 0;      ///< per-sequence samplers held
   int64_t seq_failures = 0;  ///< sequences ended alone with their own error
-  int64_t interrupted = 0;   ///< steps stopped between two layers for an urgent job (not in steps)
+  int64_t interrupted = 0;   ///< steps stopped inside their layers for an urgent job (not in steps)
 
   template <class S, class F>
   static decltype(auto) fields(S& s, F&& f) {

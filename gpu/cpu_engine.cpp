@@ -79,7 +79,8 @@ class CpuEngine final : public Engine {
   BlockPool* window_pool() override { return wpool_.get(); }
   size_t kv_bytes() const override { return 2 * static_cast<size_t>(kv_cache_bytes_); }
   void step(const std::vector<SeqStep>& batch, StepOutput& out) override;
-  // Read between layers on the fast path; the reference path (a test oracle) runs to the end.
+  // Read after each half of a layer on the fast path; the reference path (a test oracle) runs
+  // to the end.
   void interrupt_on(const std::atomic<bool>* flag) override { interrupt_ = flag; }
   void copy_blocks(const std::vector<KvBlockCopy>& copies) override {
     validate_copies(copies, pool_.n_total(), wpool_ ? wpool_->n_total() : 0);
@@ -617,6 +618,11 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
   const auto rows_norm = [&](float* y, const float* x, const float* w) {
     for (size_t t = 0; t < T; ++t) kernels::rmsnorm(y + t * dim, x + t * dim, w, dim, c.norm_eps);
   };
+  // After each half of a layer the step can stop (interrupt_on): the K/V slots of the layers
+  // begun are written, the later layers' are not, and the caller feeds the same tokens again.
+  const auto stop_point = [&] {
+    if (interrupt_ && interrupt_->load(std::memory_order_relaxed)) throw StepInterrupted();
+  };
 
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerWeights& L = w_.layers[static_cast<size_t>(l)];
@@ -660,6 +666,7 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
     if (L.bo) kernels::add_bias(xb_.data(), L.bo, n_tok_, dim);
     if (L.post_attn_norm) rows_norm(xb_.data(), xb_.data(), L.post_attn_norm);
     kernels::axpy(1.0f, xb_.data(), x_.data(), static_cast<int64_t>(T) * dim);
+    stop_point();
 
     rows_norm(xb_.data(), x_.data(), L.ffn_norm);
     if (c.n_experts > 0) {
@@ -675,10 +682,7 @@ void CpuEngine::forward_fast(const std::vector<SeqStep>& batch, StepOutput& out)
     }
     if (L.post_ffn_norm) rows_norm(xb_.data(), xb_.data(), L.post_ffn_norm);
     kernels::axpy(1.0f, xb_.data(), x_.data(), static_cast<int64_t>(T) * dim);
-    // Between two layers the step can stop (interrupt_on): this layer's K/V slots are written,
-    // the later layers' are not, and the caller feeds the same tokens again.
-    if (interrupt_ && l + 1 < c.n_layers && interrupt_->load(std::memory_order_relaxed))
-      throw StepInterrupted();
+    stop_point();
   }
 
   const size_t R = out_row_.size();

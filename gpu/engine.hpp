@@ -82,10 +82,10 @@ class BadSequence : public std::invalid_argument {
 };
 
 /// Engine::step's answer to the flag given to Engine::interrupt_on, raised while the step ran: the
-/// step stopped between two layers. It has no outputs, and the K/V slots of its new tokens may be
-/// partly written; the caller feeds the same tokens at the same slots again (in one step or in
-/// several) before any step reads those slots, which leaves the cache exactly as an uninterrupted
-/// step would. Nothing else changed: the blocks copied before the step (copy_blocks) stay copied.
+/// step stopped inside its layers, before its logits. It has no outputs, and the K/V slots of its
+/// new tokens may be partly written; the caller feeds the same tokens at the same slots again (in
+/// one step or in several) before any step reads those slots, which leaves the cache exactly as
+/// an uninterrupted step would. Nothing else changed: the blocks copied before the step (copy_blocks) stay copied.
 class StepInterrupted : public std::runtime_error {
  public:
   StepInterrupted() : std::runtime_error("step interrupted") {}
@@ -140,10 +140,11 @@ class Engine {
   virtual void copy_blocks(const std::vector<KvBlockCopy>& copies) {
     if (!copies.empty()) throw std::invalid_argument("this engine cannot copy KV blocks");
   }
-  /// From now on, step() reads `flag` after each layer but the last and throws StepInterrupted
-  /// when it is set (the caller clears it). Null: steps run to their end. The CPU engine's fast
-  /// path reads it; its reference path (a test oracle) and the CUDA engine (a step there is
-  /// launched whole) run every step to its end.
+  /// From now on, step() reads `flag` at points inside its layers and throws StepInterrupted when
+  /// it is set (the caller clears it); once the layers are done the step runs to its end. Null:
+  /// steps run to their end. The CPU engine's fast path reads it after each layer's attention and
+  /// after its feed-forward; its reference path (a test oracle) and the CUDA engine (a step there
+  /// is launched whole) run every step to its end.
   virtual void interrupt_on(const std::atomic<bool>* flag) { (void)flag; }
   /// A step whose next tokens are picked greedily where the logits are, so that only the ids
   /// (one per sequence, ties to the lowest id, as Sampler) come back. Returns false, doing

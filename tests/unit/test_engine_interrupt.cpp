@@ -1,4 +1,4 @@
-// The CPU engine's Engine::interrupt_on: a step whose flag is raised stops between two layers
+// The CPU engine's Engine::interrupt_on: a step whose flag is raised stops inside its layers
 // (StepInterrupted) after writing some of its K/V; feeding the same tokens again at the same
 // slots gives exactly the logits of a step never stopped, even where the stopped step wrote
 // other tokens' K/V there. A clear flag, and the reference path, run every step to its end.

@@ -17,7 +17,9 @@ engine's steps over that window (switchyard_engine_step_seconds_total over
 switchyard_engine_steps_total): a request arriving at a random moment waits for what is left of
 the step in flight, at most one step. The batch's time per output token
 (switchyard_time_per_output_token_seconds{class="batch"}: every running sequence gets one token
-per step, so this is the step as the batch sees it) is printed beside it. The goal: busy p99 <=
+per step, so this is the step as the batch sees it) is printed beside it, and so are the batch
+steps stopped for an interactive prompt (switchyard_engine_steps_interrupted_total, not counted
+in the engine's steps: docs/architecture.md). The goal: busy p99 <=
 idle p99 + one step. Prints the figures; asserts nothing (speed is measured, not tested).
 """
 
@@ -63,6 +65,7 @@ def figures(srv):
                 m.get('switchyard_%s_seconds_count{class="%s"}' % (name, cls), 0.0))
     return {"step": (m.get("switchyard_engine_step_seconds_total", 0.0),
                      m.get("switchyard_engine_steps_total", 0.0)),
+            "stopped": m.get("switchyard_engine_steps_interrupted_total", 0.0),
             "tpot": hist("time_per_output_token", "batch"),
             "queue": hist("queue_time", "interactive"),
             "ttft": hist("time_to_first_token", "interactive")}
@@ -111,6 +114,8 @@ def main():
               % (step, tpot))
         print("server, busy window: interactive queue time mean %.2f ms, first token mean %.2f ms"
               % (mean_ms(a["queue"], z["queue"]), mean_ms(a["ttft"], z["ttft"])))
+        print("batch steps stopped for an interactive prompt (batching.urgent_interrupt): %d for "
+              "%d requests" % (z["stopped"] - a["stopped"], len(busy)))
         bound = pct(idle, .99) + step
         print("goal busy p99 <= idle p99 + one step = %.1f ms: %s (busy p99 %.1f)"
               % (bound, "met" if pct(busy, .99) <= bound else "NOT met", pct(busy, .99)))

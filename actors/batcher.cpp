@@ -181,16 +181,23 @@ void Batcher::on_run(Job& job, const policy::KvPolicy& pol) {
   schedule();
 }
 
+// By uid: ending one member of a group may end its group's other members of this step.
+std::vector<uint64_t> Batcher::take_step_members() {
+  std::vector<uint64_t> members;
+  for (Seq* s : planned_) members.push_back(s->job.uid);
+  planned_.clear();
+  return members;
+}
+
 void Batcher::maybe_interrupt(const Seq& s) {
   if (!extras_.interrupt || !cfg_.urgent_interrupt || !cfg_.urgent_prefill) return;
-  if (!step_sent_us_ || interrupt_raised_ || step_drafted_) return;
+  if (!step_sent_us_ || step_drafted_ || extras_.interrupt->load(std::memory_order_relaxed)) return;
   // Only where urgent prefill (plan_step 3.) would then run the job's prompt in a step of its
   // own: neither the step in flight nor the one before it was such a step (never two in a row),
   // the job is more important than every sequence of the step in flight, and that step feeds
   // more tokens than the job's first chunk.
   if (last_step_urgent_ || urgent_before_ || s.job.class_index >= step_top_class_) return;
   if (step_fed_ <= std::min<int64_t>(s.feed_end(), cfg_.prefill_chunk)) return;
-  interrupt_raised_ = true;
   extras_.interrupt->store(true, std::memory_order_relaxed);
 }
 
@@ -198,10 +205,7 @@ void Batcher::on_interrupted() {
   ++interrupts_;
   step_sent_us_.reset();
   last_step_urgent_ = urgent_before_;  // the stopped step does not count as the batch's turn
-  std::vector<uint64_t> members;
-  for (Seq* s : planned_) members.push_back(s->job.uid);
-  planned_.clear();
-  for (uint64_t uid : members) {
+  for (uint64_t uid : take_step_members()) {
     Seq* s = find(uid);
     if (!s) continue;
     s->in_step = false;
@@ -609,10 +613,8 @@ void Batcher::on_result(StepResult& r) {
     throw std::runtime_error("TEST ONLY fault: batcher throws after " +
                              std::to_string(extras_.test_fault_throw_after) + " steps");
   if (life_ == Lifecycle::failed) return;  // a late answer of an executor already given up on
-  if (interrupt_raised_) {  // lowered before the next step is sent, which it must not stop
-    interrupt_raised_ = false;
-    extras_.interrupt->store(false, std::memory_order_relaxed);
-  }
+  // Lowered before the next step is sent, which it must not stop (only the batcher writes it).
+  if (extras_.interrupt) extras_.interrupt->store(false, std::memory_order_relaxed);
   if (r.interrupted) return on_interrupted();
   // The step's measured cost, for speculation's choice (test-only step delays left out).
   const int64_t took = step_sent_us_ ? now() - *step_sent_us_ : 0;
@@ -627,10 +629,7 @@ void Batcher::on_result(StepResult& r) {
   if (timed && r.draft_passes > 0) draft_cost_.observe(r.draft_passes, r.draft_tokens, r.draft_us);
   if (cfg_.traces && step_sent_us_) trace_prefills(*step_sent_us_);
   step_sent_us_.reset();
-  // By uid: ending one member of a group may end its group's other members of this step.
-  std::vector<uint64_t> members;
-  for (Seq* s : planned_) members.push_back(s->job.uid);
-  planned_.clear();
+  const std::vector<uint64_t> members = take_step_members();
   if (!r.error.empty()) {
     for (uint64_t uid : members) {
       Seq* s = find(uid);

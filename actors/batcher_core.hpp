@@ -138,6 +138,8 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   void maybe_interrupt(const Seq& s);
   // The answer to a stopped step: its sequences feed the same tokens again.
   void on_interrupted();
+  // The uids of the step in flight's sequences, which it forgets (planned_ cleared).
+  std::vector<uint64_t> take_step_members();
   // Paced classes feed at least this many prompt tokens a step: progress while the step cost is
   // not yet measured (or a fit says a token costs nothing), one KV block of the default size.
   static constexpr int64_t kPaceMinTokens = 16;
@@ -273,10 +275,10 @@ class Batcher : public std::enable_shared_from_this<Batcher> {
   int64_t spec_drafted_ = 0, spec_accepted_ = 0, spec_seq_steps_ = 0, spec_steps_ = 0;
   int64_t steps_done_ = 0, step_us_ = 0;  // engine steps that came back, and their time
   // Interrupting the step in flight for a more important job (maybe_interrupt): the most
-  // important class in it, last_step_urgent_ before it was planned, whether the flag is up, and
-  // the steps the engine stopped.
+  // important class in it, last_step_urgent_ before it was planned, and the steps the engine
+  // stopped. Whether the flag is up is the flag itself (extras_.interrupt).
   uint32_t step_top_class_ = UINT32_MAX;
-  bool urgent_before_ = false, interrupt_raised_ = false;
+  bool urgent_before_ = false;
   int64_t interrupts_ = 0;
   int64_t step_fed_ = 0, step_rows_ = 0;
   // The step in flight for the guard: its sampling sequences, whether any fed drafts, whether it

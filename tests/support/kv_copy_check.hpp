@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gpu/engine.hpp"
+#include "tests/support/seq_step.hpp"
 
 namespace sy::test {
 
@@ -19,18 +20,6 @@ struct KvCopyDiffs {
   float fresh = 0;  ///< the original against the whole prompt fed in one step
   int32_t n_vocab = 0;
 };
-
-/// One sequence of a step: `toks` at slots [n_past, n_past + toks.size()) of table `tab`.
-inline SeqStep seq_step(const std::vector<int32_t>& toks, int32_t n_past,
-                        const std::vector<int32_t>& tab) {
-  SeqStep s;
-  s.tokens = toks.data();
-  s.n_tokens = static_cast<int32_t>(toks.size());
-  s.n_past = n_past;
-  s.block_table = tab.data();
-  s.n_blocks = static_cast<int32_t>(tab.size());
-  return s;
-}
 
 /// Sequence A feeds prompt[0, n1) (n1 = 1.5 blocks, so its second block is partly filled);
 /// sequence Z writes other tokens into blocks of its own; fork B takes A's first block and Z's
@@ -49,17 +38,16 @@ inline KvCopyDiffs kv_copy_check(Engine& e, const std::vector<int32_t>& prompt) 
     return b;
   };
   const std::vector<int32_t> a = take(2), z = take(2), c = take(3);
-  const auto seq = seq_step;
   const std::vector<int32_t> b_tab = {a[0], z[1]};
   StepOutput out;
-  e.step({seq(head, 0, a), seq(other, 0, z)}, out);
-  e.step({seq(next, n1, b_tab)}, out);
+  e.step({seq_step(head, 0, a), seq_step(other, 0, z)}, out);
+  e.step({seq_step(next, n1, b_tab)}, out);
   const std::vector<float> stale(out.row(0), out.row(0) + out.n_vocab);
   e.copy_blocks({KvBlockCopy{a[1], z[1], false}});
-  e.step({seq(next, n1, a), seq(next, n1, b_tab)}, out);
+  e.step({seq_step(next, n1, a), seq_step(next, n1, b_tab)}, out);
   const std::vector<float> la(out.row(0), out.row(0) + out.n_vocab);
   const std::vector<float> lb(out.row(1), out.row(1) + out.n_vocab);
-  e.step({seq(whole, 0, c)}, out);
+  e.step({seq_step(whole, 0, c)}, out);
   const std::vector<float> lc(out.row(0), out.row(0) + out.n_vocab);
   KvCopyDiffs d;
   d.n_vocab = out.n_vocab;

@@ -11,6 +11,7 @@
 
 #include "gpu/engine.hpp"
 #include "model/llama.hpp"
+#include "tests/support/seq_step.hpp"
 
 namespace sy::test {
 
@@ -54,12 +55,7 @@ struct FedSeq {
       if (!b) return false;
       blocks.push_back(*b);
     }
-    st = SeqStep{};
-    st.tokens = cur.data();
-    st.n_tokens = static_cast<int32_t>(cur.size());
-    st.n_past = n_past;
-    st.block_table = blocks.data();
-    st.n_blocks = static_cast<int32_t>(blocks.size());
+    st = seq_step(cur, n_past, blocks);
     return true;
   }
   /// Records that the step built by next_step ran; true when its logits are a sampled token's

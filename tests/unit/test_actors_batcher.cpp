@@ -95,6 +95,16 @@ void check_golden_run(Rig& rig) {
   }
 }
 
+// A scripted executor's answer to step plan p: each sequence that samples gets token(uid).
+template <class Token>
+StepResult answer(const StepPlan& p, Token token) {
+  StepResult r;
+  r.step = p.step;
+  for (const SeqPlan& s : p.seqs)
+    if (s.sample) r.seqs.push_back(SeqResult{s.uid, token(s.uid), 0.0f, {}, {}});
+  return r;
+}
+
 // Answers one step plan as a scripted executor (kept in `plans`): each sequence that samples
 // gets token(uid); `error` fails the whole step. Fails the test when no plan comes.
 template <class Token>
@@ -103,10 +113,7 @@ void serve_step(caf::scoped_actor& exec, std::vector<StepPlan>& plans, Token tok
   exec->receive(
       [&](step_atom, const StepPlan& p) -> StepResult {
         plans.push_back(p);
-        StepResult r;
-        r.step = p.step;
-        for (const SeqPlan& s : p.seqs)
-          if (s.sample) r.seqs.push_back(SeqResult{s.uid, token(s.uid), 0.0f, {}, {}});
+        StepResult r = answer(p, token);
         r.error = error;
         return r;
       },
@@ -563,11 +570,7 @@ BOOST_AUTO_TEST_CASE(an_interactive_prompt_stops_the_batch_step_in_flight) {
         rig.submit(interactive_job());
         rig.stats(rig.batcher);
         after_second = rig.interrupt->load();
-        StepResult r;
-        r.step = p.step;
-        for (const SeqPlan& q : p.seqs)
-          if (q.sample) r.seqs.push_back(SeqResult{q.uid, 300, 0.0f, {}, {}});
-        return r;
+        return answer(p, token);
       },
       caf::after(kWait) >> [&] { BOOST_FAIL("no step plan"); });
   BOOST_TEST(!after_second);
@@ -687,11 +690,7 @@ BOOST_AUTO_TEST_CASE(waiting_higher_class_evicts_lower_running_job) {
           // The interactive job arrives while the first step runs.
           if (plans.empty()) b = rig.submit(high);
           plans.push_back(p);
-          StepResult r;
-          r.step = p.step;
-          for (const SeqPlan& s : p.seqs)
-            if (s.sample) r.seqs.push_back(SeqResult{s.uid, 400, 0.0f, {}, {}});
-          return r;
+          return answer(p, [](uint64_t) { return 400; });
         },
         caf::after(kWait) >> [&] { BOOST_FAIL("no step plan"); });
   };

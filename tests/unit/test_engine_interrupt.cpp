@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "gpu/engine.hpp"
-#include "tests/support/kv_copy_check.hpp"
 #include "tests/support/reference.hpp"
+#include "tests/support/seq_step.hpp"
 #include "tests/support/stories.hpp"
 
 BOOST_AUTO_TEST_SUITE(test_engine_interrupt)
@@ -19,7 +19,6 @@ BOOST_AUTO_TEST_SUITE(test_engine_interrupt)
 namespace {
 
 using sy::test::seq_step;
-constexpr auto seq = seq_step;
 
 struct Fixture {
   explicit Fixture(sy::kernels::DType kv, bool reference = false) {
@@ -66,17 +65,17 @@ BOOST_AUTO_TEST_CASE(a_stopped_step_fed_again_gives_the_logits_of_one_never_stop
     BOOST_TEST_CONTEXT("kv " << sy::kernels::kv_type_name(kv)) {
       BOOST_REQUIRE(sy::test::stories_model()->config().n_layers > 1);
       Fixture clean(kv);
-      clean.e->step({seq(clean.head, 0, clean.tab)}, clean.out);
-      const std::vector<float> want = clean.last_row(seq(clean.rest, clean.k, clean.tab));
+      clean.e->step({seq_step(clean.head, 0, clean.tab)}, clean.out);
+      const std::vector<float> want = clean.last_row(seq_step(clean.rest, clean.k, clean.tab));
 
       Fixture f(kv);
       std::atomic<bool> flag{false};
       f.e->interrupt_on(&flag);
-      f.e->step({seq(f.head, 0, f.tab)}, f.out);  // a clear flag: to the end
+      f.e->step({seq_step(f.head, 0, f.tab)}, f.out);  // a clear flag: to the end
       flag = true;
-      BOOST_CHECK_THROW(f.e->step({seq(f.wrong, f.k, f.tab)}, f.out), sy::StepInterrupted);
+      BOOST_CHECK_THROW(f.e->step({seq_step(f.wrong, f.k, f.tab)}, f.out), sy::StepInterrupted);
       flag = false;
-      const std::vector<float> got = f.last_row(seq(f.rest, f.k, f.tab));
+      const std::vector<float> got = f.last_row(seq_step(f.rest, f.k, f.tab));
       BOOST_TEST(max_diff(got, want) == 0.0f);  // the same K/V, the same arithmetic
 
       // The stopped step did write before it stopped: over a cache that holds the right
@@ -85,16 +84,16 @@ BOOST_AUTO_TEST_CASE(a_stopped_step_fed_again_gives_the_logits_of_one_never_stop
       Fixture dirty(kv), untouched(kv);
       dirty.e->interrupt_on(&flag);
       for (Fixture* x : {&dirty, &untouched}) {
-        x->e->step({seq(x->head, 0, x->tab)}, x->out);
-        x->e->step({seq(x->rest, x->k, x->tab)}, x->out);
+        x->e->step({seq_step(x->head, 0, x->tab)}, x->out);
+        x->e->step({seq_step(x->rest, x->k, x->tab)}, x->out);
       }
       flag = true;
-      BOOST_CHECK_THROW(dirty.e->step({seq(dirty.wrong, dirty.k, dirty.tab)}, dirty.out),
+      BOOST_CHECK_THROW(dirty.e->step({seq_step(dirty.wrong, dirty.k, dirty.tab)}, dirty.out),
                         sy::StepInterrupted);
       flag = false;
-      const std::vector<float> a = dirty.last_row(seq(dirty.last, dirty.n - 1, dirty.tab));
+      const std::vector<float> a = dirty.last_row(seq_step(dirty.last, dirty.n - 1, dirty.tab));
       const std::vector<float> b =
-          untouched.last_row(seq(untouched.last, untouched.n - 1, untouched.tab));
+          untouched.last_row(seq_step(untouched.last, untouched.n - 1, untouched.tab));
       BOOST_TEST(max_diff(a, a) == 0.0f);  // both finite
       BOOST_TEST(max_diff(b, b) == 0.0f);
       BOOST_TEST(max_diff(a, b) > 0.0f);
@@ -106,7 +105,7 @@ BOOST_AUTO_TEST_CASE(the_reference_path_runs_every_step_to_its_end) {
   Fixture f(sy::kernels::DType::F32, true);
   std::atomic<bool> flag{true};
   f.e->interrupt_on(&flag);
-  BOOST_CHECK_NO_THROW(f.e->step({seq(f.head, 0, f.tab)}, f.out));
+  BOOST_CHECK_NO_THROW(f.e->step({seq_step(f.head, 0, f.tab)}, f.out));
   BOOST_TEST(f.out.n_vocab > 0);
 }
 

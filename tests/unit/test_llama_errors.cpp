@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gpu/engine.hpp"
+#include "tests/support/seq_step.hpp"
 
 BOOST_AUTO_TEST_SUITE(test_llama_errors)
 
@@ -265,16 +266,7 @@ struct EngineFixture {
   }
 };
 
-sy::SeqStep seq(const std::vector<int32_t>& toks, int32_t n_past,
-                const std::vector<int32_t>& blocks) {
-  sy::SeqStep s;
-  s.tokens = toks.data();
-  s.n_tokens = static_cast<int32_t>(toks.size());
-  s.n_past = n_past;
-  s.block_table = blocks.data();
-  s.n_blocks = static_cast<int32_t>(blocks.size());
-  return s;
-}
+using sy::test::seq_step;
 
 }  // namespace
 
@@ -287,36 +279,36 @@ BOOST_FIXTURE_TEST_CASE(engine_refuses_malformed_batches, EngineFixture) {
       const auto refuses = [&](std::vector<sy::SeqStep> b) {
         BOOST_CHECK_THROW(e->step(b, out), std::invalid_argument);
       };
-      sy::SeqStep s = seq(toks, 0, blocks);
+      sy::SeqStep s = seq_step(toks, 0, blocks);
       s.n_tokens = 0;
       refuses({s});
-      s = seq(toks, 0, blocks);
+      s = seq_step(toks, 0, blocks);
       s.tokens = nullptr;
       refuses({s});
       const std::vector<int32_t> bad_hi = {1, kVocab}, bad_lo = {-1};
-      refuses({seq(bad_hi, 0, blocks)});
-      refuses({seq(bad_lo, 0, blocks)});
-      refuses({seq(toks, 2, blocks)});   // 5 slots need 2 blocks of 4
-      refuses({seq(toks, -1, blocks)});  // negative n_past
+      refuses({seq_step(bad_hi, 0, blocks)});
+      refuses({seq_step(bad_lo, 0, blocks)});
+      refuses({seq_step(toks, 2, blocks)});   // 5 slots need 2 blocks of 4
+      refuses({seq_step(toks, -1, blocks)});  // negative n_past
       const std::vector<int32_t> bad_block = {8}, neg_block = {-1};
-      refuses({seq(toks, 0, bad_block)});
-      refuses({seq(toks, 0, neg_block)});
-      s = seq(toks, 0, blocks);
+      refuses({seq_step(toks, 0, bad_block)});
+      refuses({seq_step(toks, 0, neg_block)});
+      s = seq_step(toks, 0, blocks);
       s.block_table = nullptr;
       refuses({s});
       const std::vector<int32_t> nine(9, 3);
-      refuses({seq(nine, 0, {0, 1, 2})});                     // over max_batch_tokens
-      refuses({seq(toks, 0, blocks), seq(toks, 0, blocks)});  // same slots written twice
+      refuses({seq_step(nine, 0, {0, 1, 2})});                          // over max_batch_tokens
+      refuses({seq_step(toks, 0, blocks), seq_step(toks, 0, blocks)});  // same slots written twice
       const std::vector<int32_t> neg_pos = {0, -1, 2};
-      s = seq(toks, 0, blocks);
+      s = seq_step(toks, 0, blocks);
       s.positions = neg_pos.data();
       refuses({s});
 
       // A refused step leaves nothing behind: the same valid step still gives the logits of a
       // fresh engine.
       sy::StepOutput a, b;
-      e->step({seq(toks, 0, blocks)}, a);
-      make(reference)->step({seq(toks, 0, blocks)}, b);
+      e->step({seq_step(toks, 0, blocks)}, a);
+      make(reference)->step({seq_step(toks, 0, blocks)}, b);
       BOOST_TEST(a.logits == b.logits, boost::test_tools::per_element());
       BOOST_TEST(a.count.size() == 1u);
       BOOST_TEST(a.count[0] == 1);

@@ -17,6 +17,7 @@
 #include "model/gguf.hpp"
 #include "model/make_model.hpp"
 #include "model/model.hpp"
+#include "tests/support/seq_step.hpp"
 #include "tests/support/temp_dir.hpp"
 
 BOOST_AUTO_TEST_SUITE(test_model_make_quant)
@@ -158,14 +159,8 @@ std::vector<int32_t> greedy(Engine& e, std::vector<int32_t> prompt, int n,
   std::vector<int32_t> feed = prompt;
   int32_t n_past = 0;
   for (int i = 0; i < n; ++i) {
-    SeqStep s;
-    s.tokens = feed.data();
-    s.n_tokens = static_cast<int32_t>(feed.size());
-    s.n_past = n_past;
-    s.block_table = blocks.data();
-    s.n_blocks = static_cast<int32_t>(blocks.size());
     StepOutput o;
-    e.step({s}, o);
+    e.step({test::seq_step(feed, n_past, blocks)}, o);
     const float* row = o.row(0);
     int32_t best = 0;
     for (int32_t v = 1; v < o.n_vocab; ++v)
@@ -175,7 +170,7 @@ std::vector<int32_t> greedy(Engine& e, std::vector<int32_t> prompt, int n,
       if (v != best) second = std::max(second, row[v]);
     if (margins) margins->push_back(row[best] - second);
     out.push_back(best);
-    n_past += s.n_tokens;
+    n_past += static_cast<int32_t>(feed.size());
     feed.assign(1, forced ? (*forced)[static_cast<size_t>(i)] : best);
   }
   return out;

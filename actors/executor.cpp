@@ -543,6 +543,11 @@ void run_null(ExecutorState& st, const StepPlan& plan, StepResult& res) {
 
 ExecutorActor::behavior_type executor_actor(ExecutorActor::pointer self,
                                             std::shared_ptr<ExecutorState> st) {
+  // A detached actor builds its behavior on its own thread.
+  const std::string why = enter_thread_class(st->spec.thread_name, st->spec.cpu_priority);
+  if (!why.empty())
+    log_line("executor: the kernel refused the " + std::string(to_string(st->spec.cpu_priority)) +
+             " CPU priority (" + why + "); the executor runs at the normal one");
   return {
       [self, st](step_atom, const StepPlan& plan) -> caf::result<StepResult> {
         const auto& spec = st->spec;
@@ -619,6 +624,9 @@ ExecutorActor spawn_executor(caf::actor_system& sys, ExecutorSpec spec, int32_t*
     opts.max_batch_tokens = spec.max_batch_tokens;
     opts.kv_type = spec.kv_type;
     opts.n_window_blocks = spec.n_window_blocks;
+    opts.on_thread_start = [name = spec.thread_name, prio = spec.cpu_priority](int i) {
+      enter_thread_class(name + ".w" + std::to_string(i), prio);
+    };
     // With a draft model on the GPU and no block count given, the two pools have one block
     // count: the target takes its share of the cache memory by the bytes a block holds in each
     // model (layers x KV width), and the draft model's pool gets as many blocks from what is

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "actors/protocol.hpp"
+#include "core/thread_class.hpp"
 #include "gpu/backend_kind.hpp"
 #include "kernels/cpu/kernels.hpp"
 
@@ -57,6 +58,10 @@ struct ExecutorSpec {
   /// the engine stops it inside its layers (Engine::interrupt_on; the CPU engine) and the step
   /// answers StepResult::interrupted. The batcher clears it. Null: every step runs to its end.
   std::shared_ptr<std::atomic<bool>> interrupt;
+  /// The executor's thread and its engine's workers (name.w1, ...) take this name and CPU
+  /// priority (config executors.cpu_priority; core/thread_class.hpp).
+  std::string thread_name = "sy.exec";
+  CpuPriority cpu_priority = CpuPriority::normal;
 };
 
 /// Spawns a detached executor. It handles

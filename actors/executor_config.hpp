@@ -1,9 +1,12 @@
-// Configuration of the executors: backend, count, threads and the test-only fault flags.
+// Configuration of the executors: backend, count, threads, CPU priority and the test-only fault
+// flags.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "core/thread_class.hpp"
 #include "gpu/backend_kind.hpp"
 
 namespace sy {
@@ -14,6 +17,9 @@ struct ExecutorConfig {
                                          // cuda | null (fixed tokens, no model: overhead)
   int count = 1;                         // batcher+executor pairs
   int threads = 0;                       // per executor; 0 = cores / count
+  // The executors' threads and the Batch API's (core/thread_class.hpp); nullopt = auto:
+  // background on the cpu backend, normal on the others.
+  std::optional<CpuPriority> cpu_priority;
   int test_fault_throw_after = 0;  // TEST ONLY: the first executor throws after N steps (0 off)
   int test_fault_hang_after = 0;   // TEST ONLY: the first executor stops answering after N steps
   int test_fault_batcher_throw_after = 0;  // TEST ONLY: the first batcher throws after N steps

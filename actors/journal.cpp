@@ -12,6 +12,7 @@
 #include <variant>
 
 #include "actors/log.hpp"
+#include "core/thread_class.hpp"
 #include "storage/journal_codec.hpp"
 #include "storage/journal_file.hpp"
 #include "storage/journal_replay.hpp"
@@ -511,6 +512,9 @@ JournalStats stats(Self* self) {
 JournalActor::behavior_type journal_actor(Self* self, JournalConfig cfg,
                                           std::shared_ptr<JournalFile> file, JournalReplay replay,
                                           std::size_t keep, EgressActor egress) {
+  // A detached actor builds its behavior on its own thread; the journal's stays normal: a
+  // journaled request waits for it (docs/architecture.md, Threads and cores).
+  enter_thread_class("sy.journal", CpuPriority::normal);
   auto& st = self->state;
   st.policy = parse_fsync_policy(cfg.fsync).value_or(FsyncPolicy::batch);
   st.cfg = std::move(cfg);

@@ -95,6 +95,7 @@ bool spawn_pair(Self* self) {
   Pair p;
   p.id = st.next_id++;
   p.slot = slot;
+  spec.thread_name = "sy.exec." + std::to_string(p.id);
   int32_t n_blocks = st.cfg.n_blocks;  // 0: the engine sizes its pool from device memory
   try {
     p.executor = st.cfg.make_executor ? st.cfg.make_executor(self->system(), spec, &n_blocks)

@@ -345,7 +345,7 @@ CpuEngine::CpuEngine(std::shared_ptr<Model> model, const EngineOptions& opts)
   if (!opts_.reference) {
     int n = opts_.n_threads > 0 ? opts_.n_threads
                                 : static_cast<int>(std::thread::hardware_concurrency());
-    threads_ = std::make_unique<kernels::ThreadPool>(std::max(n, 1));
+    threads_ = std::make_unique<kernels::ThreadPool>(std::max(n, 1), opts_.on_thread_start);
   }
 }
 

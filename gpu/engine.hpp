@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -113,6 +114,9 @@ struct EngineOptions {
   // (ModelLimits::split_window() > 0): the windowed layers' K/V then live in a pool of their
   // own, n_blocks being the full-attention layers' pool. 0: one pool for every layer.
   int32_t n_window_blocks = 0;
+  // Runs first on each thread the engine starts for itself (the CPU engine's workers), with its
+  // index from 1: the executor names them and gives them its CPU priority (core/thread_class.hpp).
+  std::function<void(int)> on_thread_start;
 };
 
 class Engine {

@@ -3,8 +3,6 @@
 // of its lines. Egress posts each job's events onto the thread of its exchange.
 #include "ingress/http_door.hpp"
 
-#include <pthread.h>
-
 #include <algorithm>
 #include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
@@ -93,11 +91,6 @@ std::string random_hex(std::size_t n) {
   std::string s(n, '0');
   for (auto& c : s) c = digits[rng() & 15];
   return s;
-}
-
-// Names the calling thread as `top -H` and perf show it (at most 15 characters).
-void name_thread(const char* name) {
-  pthread_setname_np(pthread_self(), name);
 }
 
 int64_t wall_seconds() {
@@ -1109,7 +1102,7 @@ struct HttpDoor::Impl : std::enable_shared_from_this<HttpDoor::Impl> {
     };
     h.now_s = [] { return wall_seconds(); };
     sync_pool.emplace(1);
-    asio::post(*sync_pool, [] { name_thread("sy.http.sync"); });
+    asio::post(*sync_pool, [] { enter_thread_class("sy.http.sync", CpuPriority::normal); });
     h.offload = [weak](std::function<void()> work, std::function<void()> done) {
       auto d = weak.lock();
       if (!d) return;
@@ -1148,13 +1141,14 @@ void HttpDoor::start() {
     }
     d.batch_work.emplace(d.batch_io.get_executor());
     d.batch_thread = std::thread([impl = impl_] {
-      name_thread("sy.http.batch");
+      const std::string why = enter_thread_class("sy.http.batch", impl->ctx.batch_priority);
+      if (!why.empty()) log::warn("http: the Batch API's thread keeps its CPU priority: " + why);
       impl->batch_io.run();
     });
   }
   d.accept();
   d.thread = std::thread([impl = impl_] {
-    name_thread("sy.http");
+    enter_thread_class("sy.http", CpuPriority::normal);
     impl->io.run();
   });
 }

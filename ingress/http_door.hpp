@@ -14,6 +14,7 @@
 #include "actors/admission_config.hpp"
 #include "actors/protocol.hpp"
 #include "core/intake_meter.hpp"
+#include "core/thread_class.hpp"
 #include "ingress/egress.hpp"
 #include "ingress/http_config.hpp"
 #include "ingress/openai.hpp"
@@ -35,6 +36,8 @@ struct HttpDoorContext {
   std::string batch_dir;
   /// The class batch lines run in (already resolved from HttpConfig::batch_class).
   std::string batch_class;
+  /// The CPU priority of the Batch API's thread (executors.cpu_priority).
+  CpuPriority batch_priority = CpuPriority::normal;
   /// Extra /health detail: "" while serving.
   std::function<std::string()> unhealthy;
 };

@@ -393,7 +393,7 @@ void load_autoscale(const Ctx& c, const YAML::Node& n, AutoscaleConfig& a) {
 }
 
 void load_executors(const Ctx& c, const YAML::Node& n, ExecutorConfig& e) {
-  each(c, "executors", n, {"backend", "count", "threads"},
+  each(c, "executors", n, {"backend", "count", "threads", "cpu_priority"},
        [&](const std::string& k, const std::string& key, const YAML::Node& v) {
          if (k == "backend") {
            const auto b = parse_backend(get_string(c, key, v));
@@ -405,6 +405,16 @@ void load_executors(const Ctx& c, const YAML::Node& n, ExecutorConfig& e) {
            e.count = static_cast<int>(get_int(c, key, v, 1, 256));
          else if (k == "threads")
            e.threads = static_cast<int>(get_int(c, key, v, 0, 1024));
+         else if (k == "cpu_priority") {
+           const std::string p = get_string(c, key, v);
+           if (p == "auto") {
+             e.cpu_priority.reset();
+           } else {
+             e.cpu_priority = parse_cpu_priority(p);
+             if (!e.cpu_priority)
+               c.fail(key, v, "unknown CPU priority " + shown(v) + " (auto, background or normal)");
+           }
+         }
        });
 }
 

@@ -86,10 +86,11 @@ void kv_mix(DType t, const float* p, int64_t p_stride, int nq, const void* v, in
 
 /// A fixed set of worker threads; parallel_for splits [0, n) into contiguous chunks (a few per
 /// thread, so fn may run several times on one thread) that whichever thread is free claims, and
-/// returns when all are done. The calling thread takes part. Not reentrant.
+/// returns when all are done. The calling thread takes part. Not reentrant. `on_start`, where
+/// given, runs first on each worker thread with its index (1 to n_threads - 1; the caller is 0).
 class ThreadPool {
  public:
-  explicit ThreadPool(int n_threads);
+  explicit ThreadPool(int n_threads, std::function<void(int)> on_start = {});
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;

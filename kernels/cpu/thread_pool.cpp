@@ -121,9 +121,15 @@ struct ThreadPool::Impl {
   }
 };
 
-ThreadPool::ThreadPool(int n_threads) : impl_(new Impl), n_threads_(n_threads < 1 ? 1 : n_threads) {
+ThreadPool::ThreadPool(int n_threads, std::function<void(int)> on_start)
+    : impl_(new Impl), n_threads_(n_threads < 1 ? 1 : n_threads) {
   impl_->workers.reserve(static_cast<size_t>(n_threads_ - 1));
-  for (int i = 1; i < n_threads_; ++i) impl_->workers.emplace_back([this] { impl_->worker(); });
+  for (int i = 1; i < n_threads_; ++i) {
+    impl_->workers.emplace_back([this, i, on_start] {
+      if (on_start) on_start(i);
+      impl_->worker();
+    });
+  }
 }
 
 ThreadPool::~ThreadPool() {

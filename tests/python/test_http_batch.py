@@ -155,6 +155,72 @@ def batch_runs_with_broken_lines(s):
         eq(sorted(x.keys()), ["custom_id", "error", "id", "response"])
 
 
+def threads_of(srv):
+    """(name, policy, CPU ns) of each thread of the server (proc(5): stat field 41, schedstat)."""
+    out = []
+    task = "/proc/%d/task" % srv.proc.pid
+    for t in os.listdir(task):
+        try:
+            with open("%s/%s/stat" % (task, t)) as f:
+                st = f.read()
+            with open("%s/%s/comm" % (task, t)) as f:
+                name = f.read().strip()
+            with open("%s/%s/schedstat" % (task, t)) as f:
+                ns = int(f.read().split()[0])
+        except OSError:
+            continue  # a thread that ended meanwhile
+        out.append((name, int(st[st.rindex(")") + 2:].split()[38]), ns))
+    return out
+
+
+SCHED_OTHER, SCHED_IDLE = 0, 5
+
+
+def check_thread_classes(srv, want_idle, workers):
+    """The executor threads (sy.exec.N, its engine's workers sy.exec.N.wK) and the Batch API's
+    thread run under SCHED_IDLE exactly when want_idle; every other thread is normal."""
+    ts = threads_of(srv)
+    names = [n for n, _, _ in ts]
+    execs = [t for t in ts if re.fullmatch(r"sy\.exec\.\d+(\.w\d+)?", t[0])]
+    eq(len([t for t in execs if ".w" not in t[0]]), 1, "one executor thread: %s" % names)
+    eq(len([t for t in execs if ".w" in t[0]]), workers, "its engine's workers: %s" % names)
+    check("sy.http.batch" in names, "the Batch API's thread: %s" % names)
+    for name, policy, _ in ts:
+        yields = name == "sy.http.batch" or name.startswith("sy.exec.")
+        eq(policy, SCHED_IDLE if yields and want_idle else SCHED_OTHER, "policy of " + name)
+    return ts
+
+
+@case
+def executor_threads_yield_their_cores(s):
+    # Default on the cpu backend (executors.cpu_priority auto): background.
+    check_thread_classes(s["srv"], True, 0)
+    # Two engine threads: the worker takes the executor's class too. After a batch of 300 lines
+    # (about 5,000 tokens) the executor's thread has used the most CPU time of all (the worker
+    # takes a share only where a core is free for it): the class is on the thread that
+    # computes, not on another that only carries its name.
+    d = os.path.join(os.path.dirname(s["journal"].rstrip("/")), "threads")
+    os.makedirs(d, exist_ok=True)
+    srv = Server(A["binary"], STORIES, journal=os.path.join(d, "a") + "/", extra=["--threads", "2"])
+    try:
+        lines = [line("t%d" % i, "Story %d:" % i, 16) for i in range(300)]
+        b = wait(srv, create(srv, upload(srv, lines)[1]["id"])[1]["id"])
+        eq(b["status"], "completed")
+        ts = sorted(check_thread_classes(srv, True, 1), key=lambda t: -t[2])
+        eq(ts[0][0], "sy.exec.1", "the busiest: %s" % ts)
+    finally:
+        srv.kill()
+    # cpu_priority normal: every thread at the kernel's default, the names as before.
+    srv = Server(A["binary"], STORIES, journal=os.path.join(d, "b") + "/", extra=["--threads", "2"],
+                 config="executors:\n  cpu_priority: normal\n")
+    try:
+        b = wait(srv, create(srv, upload(srv, [line("t1")])[1]["id"])[1]["id"])
+        eq(b["status"], "completed")
+        check_thread_classes(srv, False, 1)
+    finally:
+        srv.kill()
+
+
 @case
 def chat_batch(s):
     srv = s["srv"]

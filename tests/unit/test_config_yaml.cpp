@@ -87,6 +87,7 @@ executors:
   backend: "null"
   count: 2
   threads: 1
+  cpu_priority: normal
 shutdown_grace_ms: 250
 )");
   sy::ServerConfig c;
@@ -135,6 +136,7 @@ shutdown_grace_ms: 250
   BOOST_TEST((c.executors.backend == sy::Backend::null));
   BOOST_TEST(c.executors.count == 2);
   BOOST_TEST(c.executors.threads == 1);
+  BOOST_TEST((c.executors.cpu_priority == sy::CpuPriority::normal));
   BOOST_TEST(c.shutdown_grace_ms == 250);
 }
 
@@ -150,6 +152,7 @@ BOOST_AUTO_TEST_CASE(defaults_without_a_file) {
   BOOST_TEST(c.router.default_class == "interactive");
   BOOST_TEST(c.endpoints.bind == "tcp://127.0.0.1:5555");
   BOOST_TEST((c.executors.backend == sy::Backend::automatic));
+  BOOST_TEST(!c.executors.cpu_priority.has_value());  // auto: by the backend
   BOOST_TEST((c.batching.kv_dtype == sy::kernels::DType::F16));
   BOOST_TEST(c.batching.release_layer_windows);
 }
@@ -195,6 +198,10 @@ BOOST_AUTO_TEST_CASE(errors_name_file_key_and_problem) {
 
   m = load_error("executors:\n  backend: gpu9000\n");
   BOOST_TEST(contains(m, "unknown backend"), m);
+
+  m = load_error("executors:\n  cpu_priority: realtime\n");
+  BOOST_TEST(contains(m, "'executors.cpu_priority'"), m);
+  BOOST_TEST(contains(m, "unknown CPU priority"), m);
 
   m = load_error("batching:\n  kv_gpu_fraction: 1.5\n");
   BOOST_TEST(contains(m, "'batching.kv_gpu_fraction'"), m);

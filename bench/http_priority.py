@@ -4,7 +4,7 @@ then beside a running Batch API batch on the same server (docs/http.md).
 
     /usr/bin/python3 bench/http_priority.py --binary build/switchyard --models ../shared/models \
         [--model FILE.gguf] [--lines 20000] [--line-tokens 16] [--requests 60] [--gap-ms 20]
-        [--rounds 1] [--vs-config FILE.yaml] [-- extra serve flags]
+        [--rounds 1] [--vs-config FILE.yaml] [--keep-alive] [-- extra serve flags]
 
 Starts `switchyard serve --http` with a journal on stories260K (or --model); sends --requests
 streamed completions one after another (4 tokens, new connection each, as a client would) and
@@ -26,6 +26,8 @@ idle p99 + one step. Prints the figures; asserts nothing (speed is measured, not
 requests is their few slowest, so a single run is noisy). --vs-config FILE adds a second arm,
 the same server with `--config FILE` (for instance `executors: {cpu_priority: normal}`): every
 round runs both, in alternating order, and each arm's pooled figures are printed.
+--keep-alive sends every request of a series on one connection, as the OpenAI SDKs' connection
+pools do (without it, a new connection each, as curl would).
 """
 
 import os
@@ -41,12 +43,15 @@ sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 def opts():
     a = {"binary": "build/switchyard", "models": "../shared/models", "model": "", "lines": 20000,
          "requests": 60, "gap_ms": 20.0, "line_tokens": 16, "rounds": 1, "vs_config": "",
-         "extra": []}
+         "keep_alive": False, "extra": []}
     argv = sys.argv[1:]
     if "--" in argv:
         i = argv.index("--")
         a["extra"] = argv[i + 1:]
         argv = argv[:i]
+    if "--keep-alive" in argv:
+        a["keep_alive"] = True
+        argv.remove("--keep-alive")
     for k, v in zip(argv[::2], argv[1::2]):
         key = k.lstrip("-")
         key = key.replace("-", "_")
@@ -89,7 +94,7 @@ def run_once(extra):
     srv = hs.Server(A["binary"], model, journal=os.path.join(state, "j") + "/", extra=extra)
     try:
         hs.ttft(srv, 5)  # warm-up
-        idle = hs.ttft(srv, A["requests"], A["gap_ms"])
+        idle = hs.ttft(srv, A["requests"], A["gap_ms"], keep_alive=A["keep_alive"])
         lines = [{"custom_id": "L%05d" % i, "method": "POST", "url": "/v1/completions",
                   "body": {"prompt": "Story %d:" % i, "max_tokens": A["line_tokens"],
                            "temperature": 0}}
@@ -105,7 +110,7 @@ def run_once(extra):
         time.sleep(1.0)
         _, _, cur0 = srv.get_json("/v1/batches/" + b["id"])
         a = figures(srv)
-        busy = hs.ttft(srv, A["requests"], A["gap_ms"])
+        busy = hs.ttft(srv, A["requests"], A["gap_ms"], keep_alive=A["keep_alive"])
         z = figures(srv)
         _, _, cur = srv.get_json("/v1/batches/" + b["id"])
         return {"idle": idle, "busy": busy, "a": a, "z": z, "status": cur["status"],

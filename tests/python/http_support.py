@@ -285,17 +285,20 @@ def upload(srv, lines, purpose="batch", raw_text=None):
     return st, json.loads(d)
 
 
-def ttft(srv, n, gap_ms=0.0, seed=1):
+def ttft(srv, n, gap_ms=0.0, seed=1, keep_alive=False):
     """Time to the first streamed token of n interactive requests, in ms. With gap_ms, each
     request waits a random pause in [0, gap_ms) first, so that arrivals are not in step with the
     server's engine steps (a request sent the moment the previous one ended always arrives just
-    after a step began)."""
+    after a step began). Each request on a new connection, or with keep_alive all on one (as
+    the OpenAI SDKs' connection pools send them)."""
     rng = random.Random(seed)
     out = []
+    c = srv.conn() if keep_alive else None
     for _ in range(n):
         if gap_ms > 0:
             time.sleep(rng.uniform(0.0, gap_ms) / 1000.0)
-        c = srv.conn()
+        if not keep_alive:
+            c = srv.conn()
         t0 = time.time()
         c.request("POST", "/v1/completions", body=json.dumps(
             {"prompt": "Lily and Tom", "max_tokens": 4, "stream": True, "temperature": 0}),
@@ -309,6 +312,9 @@ def ttft(srv, n, gap_ms=0.0, seed=1):
                 break
             if first is None and b'"text":"' in b and b'"text":""' not in b:
                 first = time.time()
-        c.close()
+        if not keep_alive:
+            c.close()
         out.append((first - t0) * 1000)
+    if keep_alive:
+        c.close()
     return sorted(out)

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <string>
 
 #include "core/thread_class.hpp"
@@ -17,9 +16,8 @@ struct ExecutorConfig {
                                          // cuda | null (fixed tokens, no model: overhead)
   int count = 1;                         // batcher+executor pairs
   int threads = 0;                       // per executor; 0 = cores / count
-  // The executors' threads and the Batch API's (core/thread_class.hpp); nullopt = auto:
-  // background on the cpu backend, normal on the others.
-  std::optional<CpuPriority> cpu_priority;
+  // The executors' threads and the Batch API's (core/thread_class.hpp).
+  CpuPriority cpu_priority = CpuPriority::normal;
   int test_fault_throw_after = 0;  // TEST ONLY: the first executor throws after N steps (0 off)
   int test_fault_hang_after = 0;   // TEST ONLY: the first executor stops answering after N steps
   int test_fault_batcher_throw_after = 0;  // TEST ONLY: the first batcher throws after N steps

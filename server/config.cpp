@@ -406,14 +406,9 @@ void load_executors(const Ctx& c, const YAML::Node& n, ExecutorConfig& e) {
          else if (k == "threads")
            e.threads = static_cast<int>(get_int(c, key, v, 0, 1024));
          else if (k == "cpu_priority") {
-           const std::string p = get_string(c, key, v);
-           if (p == "auto") {
-             e.cpu_priority.reset();
-           } else {
-             e.cpu_priority = parse_cpu_priority(p);
-             if (!e.cpu_priority)
-               c.fail(key, v, "unknown CPU priority " + shown(v) + " (auto, background or normal)");
-           }
+           const auto p = parse_cpu_priority(get_string(c, key, v));
+           if (!p) c.fail(key, v, "unknown CPU priority " + shown(v) + " (normal or background)");
+           e.cpu_priority = *p;
          }
        });
 }

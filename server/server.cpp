@@ -70,13 +70,6 @@ EdgeStats edge_stats(const Gateway& g) {
   return e;
 }
 
-// executors.cpu_priority, auto resolved (the backend is): background on the cpu backend, whose
-// executors keep cores busy computing; normal on a device, where the executor mostly waits.
-CpuPriority executor_cpu_priority(const ExecutorConfig& e) {
-  return e.cpu_priority.value_or(e.backend == Backend::cpu ? CpuPriority::background
-                                                           : CpuPriority::normal);
-}
-
 // The HTTP door of a server (cfg.http.bind set): the model's names, the edge limits and classes
 // it parses requests with, and its Batch API folder beside the journal (no journal: no Batch
 // API, since a batch that could not survive a restart would break its promise).
@@ -115,7 +108,7 @@ std::shared_ptr<HttpDoor> make_http_door(const ServerConfig& c, const GatewayOpt
   x.max_waiting_bytes = c.endpoints.max_waiting_bytes;
   if (!journal.empty())
     x.batch_dir = (std::filesystem::path(journal).parent_path() / "http-batches").string();
-  x.batch_priority = executor_cpu_priority(c.executors);
+  x.batch_priority = c.executors.cpu_priority;
   HttpConfig hc = c.http;
   if (hc.batch_max_in_flight == 0) {
     const uint64_t slots =
@@ -334,11 +327,11 @@ Server::Server(ServerConfig cfg) : impl_(new Impl) {
   sc.executor.draft_model = d.draft;
   sc.executor.constraints = constraints;
   sc.executor.threads = threads;
-  sc.executor.cpu_priority = executor_cpu_priority(c.executors);
-  log::info(std::string("executor threads: CPU priority ") + to_string(sc.executor.cpu_priority) +
-            (sc.executor.cpu_priority == CpuPriority::background
-                 ? " (they yield their cores to the request path's threads)"
-                 : ""));
+  sc.executor.cpu_priority = c.executors.cpu_priority;
+  if (sc.executor.cpu_priority == CpuPriority::background)
+    log::info(
+        "executor threads: CPU priority background (they yield their cores to the request "
+        "path's threads)");
   sc.executor.n_blocks = n_blocks;
   sc.executor.kv_gpu_fraction = c.batching.kv_gpu_fraction;
   sc.executor.kv_type = c.batching.kv_dtype;

@@ -87,7 +87,7 @@ executors:
   backend: "null"
   count: 2
   threads: 1
-  cpu_priority: normal
+  cpu_priority: background
 shutdown_grace_ms: 250
 )");
   sy::ServerConfig c;
@@ -136,7 +136,7 @@ shutdown_grace_ms: 250
   BOOST_TEST((c.executors.backend == sy::Backend::null));
   BOOST_TEST(c.executors.count == 2);
   BOOST_TEST(c.executors.threads == 1);
-  BOOST_TEST((c.executors.cpu_priority == sy::CpuPriority::normal));
+  BOOST_TEST((c.executors.cpu_priority == sy::CpuPriority::background));
   BOOST_TEST(c.shutdown_grace_ms == 250);
 }
 
@@ -152,7 +152,7 @@ BOOST_AUTO_TEST_CASE(defaults_without_a_file) {
   BOOST_TEST(c.router.default_class == "interactive");
   BOOST_TEST(c.endpoints.bind == "tcp://127.0.0.1:5555");
   BOOST_TEST((c.executors.backend == sy::Backend::automatic));
-  BOOST_TEST(!c.executors.cpu_priority.has_value());  // auto: by the backend
+  BOOST_TEST((c.executors.cpu_priority == sy::CpuPriority::normal));
   BOOST_TEST((c.batching.kv_dtype == sy::kernels::DType::F16));
   BOOST_TEST(c.batching.release_layer_windows);
 }

@@ -24,7 +24,7 @@ idle p99 + one step. Prints the figures; asserts nothing (speed is measured, not
 
 --rounds N runs all of it N times, a fresh server each, and pools the samples (a p99 of 60 or 400
 requests is their few slowest, so a single run is noisy). --vs-config FILE adds a second arm,
-the same server with `--config FILE` (for instance `executors: {cpu_priority: normal}`): every
+the same server with `--config FILE` (for instance `executors: {cpu_priority: background}` against the default, normal): every
 round runs both, in alternating order, and each arm's pooled figures are printed.
 --keep-alive sends every request of a series on one connection, as the OpenAI SDKs' connection
 pools do (without it, a new connection each, as curl would).

@@ -185,13 +185,12 @@ def check_thread_classes(srv, want_idle, workers):
     while True:
         ts = threads_of(srv)
         names = [t[0] for t in ts]
-        execs = [n for n in names if n.startswith("sy.exec.")]
+        execs = [n for n in names if re.fullmatch(r"sy\.exec\.\d+(\.w\d+)?", n)]
         if ("sy.http.batch" in names and len(execs) == 1 + workers) or time.time() > deadline:
             break
         time.sleep(0.05)
-    execs = [t for t in ts if re.fullmatch(r"sy\.exec\.\d+(\.w\d+)?", t[0])]
-    eq(len([t for t in execs if ".w" not in t[0]]), 1, "one executor thread: %s" % names)
-    eq(len([t for t in execs if ".w" in t[0]]), workers, "its engine's workers: %s" % names)
+    eq(len([n for n in execs if ".w" not in n]), 1, "one executor thread: %s" % names)
+    eq(len([n for n in execs if ".w" in n]), workers, "its engine's workers: %s" % names)
     check("sy.http.batch" in names, "the Batch API's thread: %s" % names)
     for name, policy, _, _ in ts:
         yields = name == "sy.http.batch" or name.startswith("sy.exec.")

@@ -285,12 +285,14 @@ def upload(srv, lines, purpose="batch", raw_text=None):
     return st, json.loads(d)
 
 
-def ttft(srv, n, gap_ms=0.0, seed=1, keep_alive=False):
+def ttft(srv, n, gap_ms=0.0, seed=1, keep_alive=False, traced=None):
     """Time to the first streamed token of n interactive requests, in ms. With gap_ms, each
     request waits a random pause in [0, gap_ms) first, so that arrivals are not in step with the
     server's engine steps (a request sent the moment the previous one ended always arrives just
     after a step began). Each request on a new connection, or with keep_alive all on one (as
-    the OpenAI SDKs' connection pools send them)."""
+    the OpenAI SDKs' connection pools send them). With a list as traced, each request carries a
+    traceparent of a new trace, and (trace id, ms, the time it was sent as time.time()) is appended
+    to it in the order sent."""
     rng = random.Random(seed)
     out = []
     c = srv.conn() if keep_alive else None
@@ -299,10 +301,14 @@ def ttft(srv, n, gap_ms=0.0, seed=1, keep_alive=False):
             time.sleep(rng.uniform(0.0, gap_ms) / 1000.0)
         if not keep_alive:
             c = srv.conn()
+        headers = {"Content-Type": "application/json"}
+        if traced is not None:
+            trace_id = os.urandom(16).hex()  # not from rng: the pauses stay those of the seed
+            headers["traceparent"] = "00-%s-%s-01" % (trace_id, os.urandom(8).hex())
         t0 = time.time()
         c.request("POST", "/v1/completions", body=json.dumps(
             {"prompt": "Lily and Tom", "max_tokens": 4, "stream": True, "temperature": 0}),
-            headers={"Content-Type": "application/json"})
+            headers=headers)
         r = c.getresponse()
         eq(r.status, 200)
         first = None
@@ -315,6 +321,8 @@ def ttft(srv, n, gap_ms=0.0, seed=1, keep_alive=False):
         if not keep_alive:
             c.close()
         out.append((first - t0) * 1000)
+        if traced is not None:
+            traced.append((trace_id, out[-1], t0))
     if keep_alive:
         c.close()
     return sorted(out)

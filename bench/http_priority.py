@@ -123,22 +123,26 @@ s.serve_forever()
 """
 
 
-def server_split(spans_dir, traced):
-    """Per traced request, its time to the first token in three parts, in ms: from the client's
-    send to the door's receipt (the job span's start), from there to the first token (the
-    `decode` span's start: docs/tracing.md), and from there to the client's first chunk. Server
-    and client read the same clock."""
-    spans = []
+def span_starts(spans_dir):
+    """{trace id: {span name: start in s}} of every span the collector wrote."""
+    by_trace = {}
     for name in sorted(os.listdir(spans_dir)):
         if name.endswith(".json"):
             with open(os.path.join(spans_dir, name)) as f:
                 body = json.load(f)
             for rs in body["resourceSpans"]:
                 for ss in rs["scopeSpans"]:
-                    spans.extend(ss["spans"])
-    by_trace = {}
-    for sp in spans:
-        by_trace.setdefault(sp["traceId"], {})[sp["name"]] = int(sp["startTimeUnixNano"]) / 1e9
+                    for sp in ss["spans"]:
+                        by_trace.setdefault(sp["traceId"], {})[sp["name"]] = \
+                            int(sp["startTimeUnixNano"]) / 1e9
+    return by_trace
+
+
+def server_split(by_trace, traced):
+    """Per traced request, its time to the first token in three parts, in ms: from the client's
+    send to the door's receipt (the job span's start), from there to the first token (the
+    `decode` span's start: docs/tracing.md), and from there to the client's first chunk. Server
+    and client read the same clock."""
     out = []
     for trace_id, ms, t0 in traced:
         t = by_trace.get(trace_id, {})
@@ -205,7 +209,8 @@ def run_once(extra):
         split = {}
         if collector:
             time.sleep(2.5)  # the exporter's interval (1 s by default), and its POST
-            split = {k: server_split(os.path.join(state, "spans"), v) for k, v in traced.items()}
+            by_trace = span_starts(os.path.join(state, "spans"))
+            split = {k: server_split(by_trace, v) for k, v in traced.items()}
         return {"idle": idle, "busy": busy, "a": a, "z": z, "ia": ia, "iz": iz, "split": split,
                 "status": cur["status"],
                 "done": cur["request_counts"]["completed"] - cur0["request_counts"]["completed"]}
